@@ -1,0 +1,1 @@
+"""Analyses: pure metric functions of arrays, and thin runners that read caches and write tidy tables."""

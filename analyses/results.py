@@ -1,0 +1,79 @@
+"""Tidy result tables: one row per measurement, the same columns for every analysis.
+
+Every runner returns a ``pandas.DataFrame`` made by :func:`make_table` and writes it with
+:func:`write_table` (CSV always, Parquet beside it). Extra columns are allowed after the standard ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+
+#: The standard columns, in order. ``format_b`` is the second format of a comparison (empty otherwise).
+RESULT_COLUMNS: tuple[str, ...] = (
+    "analysis", "model", "corpus", "format", "format_b", "layer", "role", "target", "metric",
+    "value", "ci_low", "ci_high", "n", "seed",
+)
+
+
+def make_table(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """Rows (dicts) -> a DataFrame with the standard columns first, missing ones filled with NA."""
+    df = pd.DataFrame(list(rows))
+    for col in RESULT_COLUMNS:
+        if col not in df.columns:
+            df[col] = pd.NA
+    extra = [c for c in df.columns if c not in RESULT_COLUMNS]
+    return df[list(RESULT_COLUMNS) + extra]
+
+
+def _atomic_write(path: Path, write) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_table(df: pd.DataFrame, path: str | os.PathLike) -> Path:
+    """Write ``df`` to ``path`` (``.csv``) and a ``.parquet`` beside it, each atomically. Returns the CSV path."""
+    path = Path(path)
+    if path.suffix != ".csv":
+        path = path.with_suffix(".csv")
+    _atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return path
+    _atomic_write(path.with_suffix(".parquet"), lambda tmp: df.to_parquet(tmp, index=False))
+    return path
+
+
+def read_table(path: str | os.PathLike) -> pd.DataFrame:
+    """Read a result table written by :func:`write_table` (Parquet if present, else CSV)."""
+    path = Path(path)
+    pq = path.with_suffix(".parquet")
+    if pq.exists():
+        return pd.read_parquet(pq)
+    return pd.read_csv(path.with_suffix(".csv"))
+
+
+def result_key(config: Mapping[str, Any]) -> str:
+    """A short content hash of an analysis configuration (inputs' fingerprints and options)."""
+    blob = json.dumps(config, sort_keys=True, default=str).encode("utf-8")
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def result_path(out_dir: str | os.PathLike, analysis: str, config: Mapping[str, Any]) -> Path:
+    """The one place a configuration's result table lives: ``<out_dir>/<analysis>-<hash>.csv``."""
+    return Path(out_dir) / f"{analysis}-{result_key(config)}.csv"

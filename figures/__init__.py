@@ -1,0 +1,1 @@
+"""Figures: plot functions that read result tables only (never caches or models)."""
