@@ -1,0 +1,424 @@
+"""Cosine drift: how much a token's hidden state changes between two input formats.
+
+Pure functions of arrays. ``A`` and ``B`` are paired states of the same token keys at one layer,
+``(n_tokens, dim)``, row ``i`` of each being the same token under format A and format B. Raw cosines
+of BERT-like states are high for any two tokens (anisotropy, Ethayarajh 2019), so each drift comes
+with the layer's random-pair baseline and a drift normalised by it; per-dimension standardisation
+(Timkey & van Schijndel 2021) is offered against rogue dimensions. All arithmetic is in float64 and
+processed in row blocks, so memory stays flat for memory-mapped inputs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Literal, get_args
+
+import numpy as np
+
+from analyses.stats import CIMethod, bootstrap_ci
+
+PoolMode = Literal["first", "mean"]
+#: Subword pooling choices, declared once.
+POOL_MODES: tuple[str, ...] = get_args(PoolMode)
+
+#: The metric names :func:`drift_summary` writes, in order.
+DRIFT_METRICS: tuple[str, ...] = (
+    "cosine_mean", "cosine_median", "drift_mean", "drift_median",
+    "relative_l2_mean", "relative_l2_median", "normalised_drift", "normalised_drift_median",
+    "anisotropy_baseline",
+)
+
+_BLOCK_ROWS = 8192  # rows per float64 block: bounds temporaries for (n, 1024) inputs to ~64 MB
+
+
+def _check_2d(X, name: str) -> np.ndarray:
+    X = X if isinstance(X, np.ndarray) else np.asarray(X)  # keeps a memmap a memmap
+    if X.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (n_tokens, dim), got {name}.shape={X.shape}")
+    if not (np.issubdtype(X.dtype, np.floating) or np.issubdtype(X.dtype, np.integer)):
+        raise ValueError(f"{name} must hold real numbers, got {name}.dtype={X.dtype}")
+    return X
+
+
+def _check_pair(A, B) -> tuple[np.ndarray, np.ndarray]:
+    A = _check_2d(A, "A")
+    B = _check_2d(B, "B")
+    if A.shape != B.shape:
+        raise ValueError(f"A and B must have the same shape (paired rows): {A.shape=} vs {B.shape=}")
+    return A, B
+
+
+def _check_labels(labels, n: int, name: str) -> np.ndarray:
+    labels = np.asarray(labels)
+    if labels.shape != (n,):
+        raise ValueError(f"{name} must have shape ({n},) (one per row), got {name}.shape={labels.shape}")
+    return labels
+
+
+def rowwise_cosine(A, B) -> np.ndarray:
+    """Cosine similarity of matching rows: ``cos_i = <a_i, b_i> / (||a_i|| · ||b_i||)``.
+
+    A, B: (n, dim). Returns (n,) float64, computed in float64 as ``<a,b> / sqrt(<a,a> <b,b>)`` after
+    scaling each row by its largest absolute entry (no overflow or underflow), and clipped to
+    [-1, 1]. Identical rows give exactly 1.0 (``sqrt(fl(x²)) == x`` in IEEE arithmetic). A row whose
+    norm is zero (in A or B) has no direction: its cosine is NaN, never a silent 0/0; callers that
+    aggregate must decide what to do with it (:func:`drift_summary` raises).
+
+    >>> rowwise_cosine([[1.0, 0.0], [1.0, 1.0]], [[2.0, 0.0], [-1.0, -1.0]]).tolist()
+    [1.0, -1.0]
+    """
+    A, B = _check_pair(A, B)
+    out = np.empty(A.shape[0], dtype=np.float64)
+    for s in range(0, A.shape[0], _BLOCK_ROWS):
+        a = np.asarray(A[s:s + _BLOCK_ROWS], dtype=np.float64)
+        b = np.asarray(B[s:s + _BLOCK_ROWS], dtype=np.float64)
+        sa = np.abs(a).max(axis=1, initial=0.0)
+        sb = np.abs(b).max(axis=1, initial=0.0)
+        ok = (sa > 0) & (sb > 0) & np.isfinite(sa) & np.isfinite(sb)
+        a = a[ok] / sa[ok, None]
+        b = b[ok] / sb[ok, None]
+        num = np.einsum("ij,ij->i", a, b)
+        den = np.sqrt(np.einsum("ij,ij->i", a, a) * np.einsum("ij,ij->i", b, b))
+        blk = np.full(ok.shape[0], np.nan)
+        blk[ok] = np.clip(num / den, -1.0, 1.0)
+        out[s:s + _BLOCK_ROWS] = blk
+    return out
+
+
+def relative_l2(A, B) -> np.ndarray:
+    """Relative Euclidean change of matching rows: ``||a_i − b_i|| / ||a_i||``.
+
+    A, B: (n, dim); A is the reference format. Returns (n,) float64 (0 for identical rows). Unlike
+    the cosine it also sees changes of norm. A zero-norm row of A gives NaN, never a silent 0/0.
+
+    >>> relative_l2([[3.0, 4.0]], [[3.0, 4.0]]).tolist(), relative_l2([[3.0, 4.0]], [[0.0, 0.0]]).tolist()
+    ([0.0], [1.0])
+    """
+    A, B = _check_pair(A, B)
+    out = np.empty(A.shape[0], dtype=np.float64)
+    for s in range(0, A.shape[0], _BLOCK_ROWS):
+        a = np.asarray(A[s:s + _BLOCK_ROWS], dtype=np.float64)
+        b = np.asarray(B[s:s + _BLOCK_ROWS], dtype=np.float64)
+        na = np.linalg.norm(a, axis=1)
+        nd = np.linalg.norm(a - b, axis=1)
+        blk = np.full(na.shape, np.nan)
+        ok = na > 0
+        blk[ok] = nd[ok] / na[ok]
+        out[s:s + _BLOCK_ROWS] = blk
+    return out
+
+
+def random_pair_indices(example_ids, n_pairs: int = 10000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Draw ``n_pairs`` ordered row pairs ``(i, j)`` uniformly among pairs from different examples.
+
+    example_ids: (n,) example label of each row. Returns ``(i, j)``, each (n_pairs,) int64, with
+    ``example_ids[i] != example_ids[j]``; pairs are drawn with replacement. Exact and without
+    rejection: ``i`` is drawn with probability proportional to ``n − size(example of i)`` and ``j``
+    uniformly among the rows of other examples, so every valid ordered pair has probability
+    ``1 / (n² − Σ_e size_e²)``. Raises ``ValueError`` with fewer than 2 distinct examples.
+    """
+    if int(n_pairs) != n_pairs or n_pairs < 1:
+        raise ValueError(f"n_pairs must be a positive integer, got {n_pairs=!r}")
+    ids = np.asarray(example_ids)
+    if ids.ndim != 1:
+        raise ValueError(f"example_ids must be 1-D, got example_ids.shape={ids.shape}")
+    _, codes, sizes = np.unique(ids, return_inverse=True, return_counts=True)
+    codes = codes.reshape(-1)
+    if sizes.size < 2:
+        raise ValueError(
+            f"random pairs from different examples need at least 2 examples, got {sizes.size} "
+            f"({ids.size} rows)"
+        )
+    n = ids.size
+    rng = np.random.default_rng(seed)
+    others = (n - sizes[codes]).astype(np.float64)
+    i = rng.choice(n, size=int(n_pairs), p=others / others.sum())
+    order = np.argsort(codes, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    e = codes[i]
+    r = rng.integers(0, n - sizes[e])
+    r = r + sizes[e] * (r >= starts[e])  # skip the block of i's own example
+    j = order[r]
+    return i.astype(np.int64), j.astype(np.int64)
+
+
+def random_pair_cosines(X, example_ids, n_pairs: int = 10000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Cosines of random row pairs from different examples (see :func:`random_pair_indices`).
+
+    X: (n, dim); example_ids: (n,). Returns ``(cos, first_example)``: (n_pairs,) float64 cosines and
+    the example id of each pair's first row (the cluster label used for a bootstrap CI). Raises
+    ``ValueError`` if a sampled row has zero norm.
+    """
+    X = _check_2d(X, "X")
+    ids = _check_labels(example_ids, X.shape[0], "example_ids")
+    i, j = random_pair_indices(ids, n_pairs=n_pairs, seed=seed)
+    cos = rowwise_cosine(X[i], X[j])
+    bad = np.isnan(cos)
+    if bad.any():
+        rows = np.unique(np.concatenate([i[bad], j[bad]]))
+        raise ValueError(f"zero-norm or non-finite rows of X met in random pairs: rows {rows[:10].tolist()}")
+    return cos, ids[i]
+
+
+def anisotropy_baseline(X, example_ids, n_pairs: int = 10000, seed: int = 0) -> float:
+    """Anisotropy baseline: mean cosine of random row pairs drawn from different examples.
+
+    Ethayarajh 2019, "How Contextual are Contextualized Word Representations?", sec. 3.4: the expected
+    cosine ``E[cos(x_i, x_j)]`` of uniformly sampled words from different contexts. X: (n, dim) states
+    of one layer; example_ids: (n,). Near 0 for isotropic data, near 1 when all states share a large
+    common direction. Raises ``ValueError`` with fewer than 2 examples. For its CI see
+    :func:`anisotropy_baseline_ci`.
+    """
+    cos, _ = random_pair_cosines(X, example_ids, n_pairs=n_pairs, seed=seed)
+    return float(cos.mean())
+
+
+def anisotropy_baseline_ci(
+    X, example_ids, n_pairs: int = 10000, seed: int = 0, n_resamples: int = 1000,
+    confidence: float = 0.95, method: CIMethod = "percentile",
+) -> tuple[float, float, float]:
+    """:func:`anisotropy_baseline` with a cluster-bootstrap CI: ``(point, low, high)``.
+
+    Pairs are clustered by the example of their first row; the dependence through the second row is
+    ignored, so the interval is somewhat narrow when examples are few. It covers the sampling of
+    examples and pairs, the point itself being the same as :func:`anisotropy_baseline`.
+    """
+    cos, first = random_pair_cosines(X, example_ids, n_pairs=n_pairs, seed=seed)
+    return bootstrap_ci(cos, first, "mean", n_resamples=n_resamples, confidence=confidence,
+                        seed=seed, method=method)
+
+
+def fit_standardization(reference) -> tuple[np.ndarray, np.ndarray]:
+    """Per-dimension mean and standard deviation (ddof=0) of ``reference`` (n, dim), in float64.
+
+    Dimensions with zero variance get std 1 (they are centred to 0 and carry no information), as in
+    scikit-learn's ``StandardScaler``. Computed in row blocks (two passes), so memory stays flat.
+    """
+    R = _check_2d(reference, "reference")
+    n = R.shape[0]
+    if n < 1:
+        raise ValueError(f"reference has no rows: reference.shape={R.shape}")
+    total = np.zeros(R.shape[1])
+    for s in range(0, n, _BLOCK_ROWS):
+        total += np.asarray(R[s:s + _BLOCK_ROWS], dtype=np.float64).sum(axis=0)
+    mean = total / n
+    ss = np.zeros(R.shape[1])
+    for s in range(0, n, _BLOCK_ROWS):
+        d = np.asarray(R[s:s + _BLOCK_ROWS], dtype=np.float64) - mean
+        ss += np.einsum("ij,ij->j", d, d)
+    if not (np.isfinite(mean).all() and np.isfinite(ss).all()):
+        raise ValueError("reference holds non-finite values (NaN or inf)")
+    std = np.sqrt(ss / n)
+    std[std == 0] = 1.0
+    return mean, std
+
+
+def standardize(X, mean=None, std=None) -> np.ndarray:
+    """Per-dimension z-scoring ``z_id = (x_id − μ_d) / σ_d``, in float64.
+
+    Timkey & van Schijndel 2021, "All Bark and No Bite: Rogue Dimensions in Transformer Language
+    Models Obscure Representational Quality", sec. 5: a few dimensions with huge mean and variance
+    dominate cosine similarity; standardising each dimension removes their weight. X: (n, dim).
+    mean, std: (dim,), fitted on a reference set with :func:`fit_standardization` (e.g. the union of
+    both formats' tokens at the layer, so both sides get the same transform); both ``None`` fits
+    them on X itself. Returns (n, dim) float64.
+    """
+    X = _check_2d(X, "X")
+    if (mean is None) != (std is None):
+        raise ValueError(f"give both mean and std or neither; got mean is None={mean is None}, "
+                         f"std is None={std is None}")
+    if mean is None:
+        mean, std = fit_standardization(X)
+    mean = np.asarray(mean, dtype=np.float64)
+    std = np.asarray(std, dtype=np.float64)
+    if mean.shape != (X.shape[1],) or std.shape != (X.shape[1],):
+        raise ValueError(f"mean and std must have shape ({X.shape[1]},) to match {X.shape=}; "
+                         f"got {mean.shape=}, {std.shape=}")
+    bad = ~(np.isfinite(std) & (std > 0))
+    if bad.any():
+        d = np.flatnonzero(bad)
+        raise ValueError(f"std must be positive and finite; dims {d[:10].tolist()} have {std[d[:10]].tolist()}")
+    return (np.asarray(X, dtype=np.float64) - mean) / std
+
+
+def normalised_drift(cos_mean: float, baseline: float) -> float:
+    """Drift normalised by the anisotropy baseline: ``(1 − cos) / (1 − baseline)``.
+
+    cos_mean: a token's (mean) cosine between formats; baseline: the mean cosine of random token pairs
+    from different examples at the same layer (:func:`anisotropy_baseline`). 0 when the states are
+    identical; 1 when a token is as far from itself across formats as random tokens are from each
+    other; above 1 when farther. Raises ``ValueError`` when ``baseline >= 1`` (no spread to normalise
+    by) or either value lies outside [-1, 1].
+
+    >>> normalised_drift(1.0, 0.5), normalised_drift(0.5, 0.5), normalised_drift(0.75, 0.5)
+    (0.0, 1.0, 0.5)
+    """
+    c, b = float(cos_mean), float(baseline)
+    if not -1.0 <= c <= 1.0:
+        raise ValueError(f"cos_mean must be a cosine in [-1, 1], got {cos_mean=!r}")
+    if not -1.0 <= b < 1.0:
+        raise ValueError(f"baseline must lie in [-1, 1) so that 1 - baseline > 0, got {baseline=!r}")
+    return (1.0 - c) / (1.0 - b)
+
+
+def _row(role, metric, value, low, high, n, n_examples, seed) -> dict:
+    return {"role": role, "target": "", "metric": metric, "value": float(value),
+            "ci_low": float(low), "ci_high": float(high), "n": int(n),
+            "n_examples": int(n_examples), "seed": seed}
+
+
+def drift_summary(
+    A, B, example_ids, groups, baseline_X=None, baseline_example_ids=None, *,
+    standardise: bool = False, n_resamples: int = 1000, confidence: float = 0.95,
+    method: CIMethod = "percentile", n_pairs: int = 10000, seed: int = 0,
+    overall_label: str | None = "all",
+) -> list[dict]:
+    """Cosine drift between two formats at one layer, per role group, with cluster-bootstrap CIs.
+
+    A, B: (n, dim) paired states (row i = the same token key in format A and format B).
+    example_ids: (n,) example of each row (the bootstrap resamples examples). groups: (n,) role
+    group label of each row ("cls", "sep1", "s1 words", ...). baseline_X: (m, dim) states for the
+    anisotropy baseline, with baseline_example_ids (m,); ``None`` uses the union of A's and B's rows.
+    standardise: z-score every dimension (Timkey & van Schijndel 2021) with mean/std fitted on the
+    baseline set, applied to A, B and the baseline set alike.
+
+    For each group in order of first appearance, then for all rows under ``overall_label`` (unless
+    ``None``), one dict per metric of :data:`DRIFT_METRICS`:
+
+    - ``cosine_mean`` / ``cosine_median``: of ``cos_i`` (:func:`rowwise_cosine`);
+    - ``drift_mean`` / ``drift_median``: of ``1 − cos_i``;
+    - ``relative_l2_mean`` / ``relative_l2_median``: of ``||a_i − b_i|| / ||a_i||``;
+    - ``normalised_drift`` / ``normalised_drift_median``: :func:`normalised_drift` of the mean / median
+      cosine, its CI mapped from the cosine's CI with the baseline held fixed (the baseline's own
+      uncertainty is not propagated); NaN with a warning if the baseline is >= 1.
+
+    and one ``anisotropy_baseline`` row (role ``"all"``, ``n`` = number of pairs) with its CI.
+    Keys: ``role, target, metric, value, ci_low, ci_high, n`` (tokens), ``n_examples``, ``seed``,
+    matching :data:`analyses.results.RESULT_COLUMNS` plus ``n_examples``; the caller fills analysis,
+    model, corpus, format, format_b and layer. CIs are cluster bootstraps over examples
+    (:func:`analyses.stats.bootstrap_ci`, same ``seed`` for every cell); with one example they are NaN.
+
+    Raises ``ValueError`` on shape mismatches, fewer than 2 baseline examples, or rows with zero norm
+    (their cosine is undefined).
+    """
+    A, B = _check_pair(A, B)
+    n = A.shape[0]
+    if n == 0:
+        raise ValueError(f"A and B have no rows: {A.shape=}")
+    ex = _check_labels(example_ids, n, "example_ids")
+    grp = _check_labels(groups, n, "groups")
+    if overall_label is not None and overall_label in set(grp.tolist()):
+        raise ValueError(f"a group is named {overall_label!r}, the same as overall_label; rename one")
+    if baseline_X is None:
+        if baseline_example_ids is not None:
+            raise ValueError("baseline_example_ids given without baseline_X")
+        base, base_ex = None, np.concatenate([ex, ex])
+    else:
+        base = _check_2d(baseline_X, "baseline_X")
+        if base.shape[1] != A.shape[1]:
+            raise ValueError(f"baseline_X must have A's dim: {base.shape=} vs {A.shape=}")
+        if baseline_example_ids is None:
+            raise ValueError("baseline_X needs baseline_example_ids (the example of each row)")
+        base_ex = _check_labels(baseline_example_ids, base.shape[0], "baseline_example_ids")
+
+    if standardise:
+        if base is None:
+            mean, std = fit_standardization(np.concatenate([A, B]))
+        else:
+            mean, std = fit_standardization(base)
+        A, B = standardize(A, mean, std), standardize(B, mean, std)
+        if base is not None:
+            base = standardize(base, mean, std)
+    if base is None:
+        base = np.concatenate([A, B])
+
+    cos = rowwise_cosine(A, B)
+    bad = np.isnan(cos)
+    if bad.any():
+        idx = np.flatnonzero(bad)
+        raise ValueError(f"{idx.size} rows have zero norm or non-finite values in A or B, so no "
+                         f"cosine; first rows {idx[:10].tolist()}")
+    rel = relative_l2(A, B)
+    drift = 1.0 - cos
+
+    b_point, b_low, b_high = anisotropy_baseline_ci(
+        base, base_ex, n_pairs=n_pairs, seed=seed, n_resamples=n_resamples,
+        confidence=confidence, method=method)
+    if b_point >= 1.0:
+        warnings.warn(f"anisotropy baseline is {b_point!r} (>= 1): normalised drift is undefined (NaN)",
+                      RuntimeWarning, stacklevel=2)
+
+    def norm(c: float) -> float:
+        if b_point >= 1.0 or np.isnan(c):
+            return float("nan")
+        return normalised_drift(c, b_point)
+
+    cells: list[tuple[str, np.ndarray]] = [(g, grp == g) for g in dict.fromkeys(grp.tolist())]
+    if overall_label is not None:
+        cells.append((overall_label, np.ones(n, dtype=bool)))
+
+    kw = dict(n_resamples=n_resamples, confidence=confidence, seed=seed, method=method)
+    rows: list[dict] = []
+    for role, mask in cells:
+        e = ex[mask]
+        n_tok, n_ex = int(mask.sum()), int(np.unique(e).size)
+        cos_ci = {}
+        for stat in ("mean", "median"):
+            cos_ci[stat] = bootstrap_ci(cos[mask], e, stat, **kw)
+            rows.append(_row(role, f"cosine_{stat}", *cos_ci[stat], n_tok, n_ex, seed))
+        for stat in ("mean", "median"):
+            rows.append(_row(role, f"drift_{stat}", *bootstrap_ci(drift[mask], e, stat, **kw),
+                             n_tok, n_ex, seed))
+        for stat in ("mean", "median"):
+            rows.append(_row(role, f"relative_l2_{stat}", *bootstrap_ci(rel[mask], e, stat, **kw),
+                             n_tok, n_ex, seed))
+        for stat, name in (("mean", "normalised_drift"), ("median", "normalised_drift_median")):
+            c, c_low, c_high = cos_ci[stat]
+            rows.append(_row(role, name, norm(c), norm(c_high), norm(c_low), n_tok, n_ex, seed))
+    rows.append(_row("all", "anisotropy_baseline", b_point, b_low, b_high, n_pairs,
+                     np.unique(base_ex).size, seed))
+    return rows
+
+
+def subword_pool(states, word_ids, subword_index, mode: PoolMode = "first") -> tuple[np.ndarray, np.ndarray]:
+    """Pool subword rows into one row per word.
+
+    states: (n_tokens, dim); word_ids: (n_tokens,) integer id of each row's word, unique per word
+    across the whole array (e.g. a factorised word key); subword_index: (n_tokens,) position of the
+    row within its word (0 for the first subword). ``mode="first"`` takes the row with subword index 0
+    (the usual choice for word-level probing, e.g. Hewitt & Manning 2019) and returns it unchanged in
+    ``states.dtype``; ``mode="mean"`` averages all subwords of the word in float64.
+
+    Returns ``(pooled, words)``: pooled (n_words, dim) and words (n_words,) the sorted unique word ids,
+    row k of ``pooled`` belonging to ``words[k]``. Vectorised (one sort and ``np.add.reduceat``).
+    Raises ``ValueError`` if a (word, subword) pair occurs twice, or, for ``"first"``, if a word has
+    no subword 0.
+    """
+    if mode not in POOL_MODES:
+        raise ValueError(f"mode must be one of {POOL_MODES}, got {mode=!r}")
+    S = _check_2d(states, "states")
+    n = S.shape[0]
+    w = _check_labels(word_ids, n, "word_ids")
+    sub = _check_labels(subword_index, n, "subword_index")
+    if not (np.issubdtype(w.dtype, np.integer) and np.issubdtype(sub.dtype, np.integer)):
+        raise ValueError(f"word_ids and subword_index must be integer arrays, got {w.dtype=}, {sub.dtype=}")
+    if n == 0:
+        return S[:0].copy() if mode == "first" else np.zeros((0, S.shape[1])), w[:0].copy()
+    order = np.lexsort((sub, w))
+    ws, ss = w[order], sub[order]
+    dup = (ws[1:] == ws[:-1]) & (ss[1:] == ss[:-1])
+    if dup.any():
+        k = np.flatnonzero(dup)[:5]
+        pairs = list(zip(ws[k].tolist(), ss[k].tolist()))
+        raise ValueError(f"(word_id, subword_index) pairs occur more than once: {pairs}")
+    starts = np.flatnonzero(np.concatenate([[True], ws[1:] != ws[:-1]]))
+    words = ws[starts]
+    if mode == "first":
+        missing = ss[starts] != 0
+        if missing.any():
+            raise ValueError(f"words without subword 0: word_ids {words[missing][:10].tolist()} "
+                             f"start at subword {ss[starts][missing][:10].tolist()}")
+        return np.asarray(S[order[starts]]), words
+    counts = np.diff(np.append(starts, n))
+    sums = np.add.reduceat(np.asarray(S, dtype=np.float64)[order], starts, axis=0)
+    return sums / counts[:, None], words

