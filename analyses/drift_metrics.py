@@ -55,57 +55,98 @@ def _check_labels(labels, n: int, name: str) -> np.ndarray:
     return labels
 
 
+# Squared norms inside [_LO, _HI] are computed without overflow or loss of precision; rows outside
+# are recomputed after scaling by their largest absolute entry (rare: states are O(1)-O(100)).
+_LO, _HI = 1e-200, 1e200
+
+
+def _in_range(x: np.ndarray) -> np.ndarray:
+    return (x >= _LO) & (x <= _HI)
+
+
+def _max_abs(x: np.ndarray) -> np.ndarray:
+    return np.abs(x).max(axis=1, initial=0.0)
+
+
+def _block_cos_rel(a: np.ndarray, b: np.ndarray, want_cos: bool, want_rel: bool):
+    """Cosine and relative L2 of matching rows of two float64 blocks (NaN where undefined)."""
+    aa = np.einsum("ij,ij->i", a, a)
+    cos = rel = None
+    if want_cos:
+        bb = np.einsum("ij,ij->i", b, b)
+        ab = np.einsum("ij,ij->i", a, b)
+        cos = np.full(aa.shape, np.nan)
+        ok = _in_range(aa) & _in_range(bb)
+        cos[ok] = ab[ok] / np.sqrt(aa[ok] * bb[ok])
+        redo = np.flatnonzero(~ok)
+        if redo.size:
+            sa, sb = _max_abs(a[redo]), _max_abs(b[redo])
+            fine = (sa > 0) & (sb > 0) & np.isfinite(sa) & np.isfinite(sb)
+            x = a[redo[fine]] / sa[fine, None]
+            y = b[redo[fine]] / sb[fine, None]
+            cos[redo[fine]] = np.einsum("ij,ij->i", x, y) / np.sqrt(
+                np.einsum("ij,ij->i", x, x) * np.einsum("ij,ij->i", y, y))
+        np.clip(cos, -1.0, 1.0, out=cos)
+    if want_rel:
+        d = a - b
+        dd = np.einsum("ij,ij->i", d, d)
+        rel = np.full(aa.shape, np.nan)
+        ok = _in_range(aa) & ((dd == 0) | _in_range(dd))
+        rel[ok] = np.sqrt(dd[ok]) / np.sqrt(aa[ok])
+        redo = np.flatnonzero(~ok)
+        if redo.size:
+            sa = _max_abs(a[redo])
+            fine = (sa > 0) & np.isfinite(sa)
+            x = a[redo[fine]] / sa[fine, None]
+            y = d[redo[fine]] / sa[fine, None]
+            rel[redo[fine]] = np.sqrt(np.einsum("ij,ij->i", y, y) / np.einsum("ij,ij->i", x, x))
+    return cos, rel
+
+
+def _cos_rel(A, B, want_cos: bool = True, want_rel: bool = True):
+    """Row-block loop over (n, dim) inputs: bounded float64 temporaries, memmaps read block by block."""
+    A, B = _check_pair(A, B)
+    n = A.shape[0]
+    cos = np.empty(n) if want_cos else None
+    rel = np.empty(n) if want_rel else None
+    for s in range(0, n, _BLOCK_ROWS):
+        a = np.asarray(A[s:s + _BLOCK_ROWS], dtype=np.float64)
+        b = np.asarray(B[s:s + _BLOCK_ROWS], dtype=np.float64)
+        c, r = _block_cos_rel(a, b, want_cos, want_rel)
+        if want_cos:
+            cos[s:s + _BLOCK_ROWS] = c
+        if want_rel:
+            rel[s:s + _BLOCK_ROWS] = r
+    return cos, rel
+
+
 def rowwise_cosine(A, B) -> np.ndarray:
     """Cosine similarity of matching rows: ``cos_i = <a_i, b_i> / (||a_i|| · ||b_i||)``.
 
-    A, B: (n, dim). Returns (n,) float64, computed in float64 as ``<a,b> / sqrt(<a,a> <b,b>)`` after
-    scaling each row by its largest absolute entry (no overflow or underflow), and clipped to
-    [-1, 1]. Identical rows give exactly 1.0 (``sqrt(fl(x²)) == x`` in IEEE arithmetic). A row whose
-    norm is zero (in A or B) has no direction: its cosine is NaN, never a silent 0/0; callers that
-    aggregate must decide what to do with it (:func:`drift_summary` raises).
+    A, B: (n, dim). Returns (n,) float64, computed in float64 as ``<a,b> / sqrt(<a,a> <b,b>)``
+    (rows with extreme magnitudes are first scaled by their largest absolute entry, so nothing
+    overflows or underflows) and clipped to [-1, 1]. Identical rows give exactly 1.0
+    (``sqrt(fl(x²)) == x`` in IEEE arithmetic). A row whose norm is zero (in A or B) has no
+    direction: its cosine is NaN, never a silent 0/0; callers that aggregate must decide what to do
+    with it (:func:`drift_summary` raises). Non-finite rows also give NaN.
 
     >>> rowwise_cosine([[1.0, 0.0], [1.0, 1.0]], [[2.0, 0.0], [-1.0, -1.0]]).tolist()
     [1.0, -1.0]
     """
-    A, B = _check_pair(A, B)
-    out = np.empty(A.shape[0], dtype=np.float64)
-    for s in range(0, A.shape[0], _BLOCK_ROWS):
-        a = np.asarray(A[s:s + _BLOCK_ROWS], dtype=np.float64)
-        b = np.asarray(B[s:s + _BLOCK_ROWS], dtype=np.float64)
-        sa = np.abs(a).max(axis=1, initial=0.0)
-        sb = np.abs(b).max(axis=1, initial=0.0)
-        ok = (sa > 0) & (sb > 0) & np.isfinite(sa) & np.isfinite(sb)
-        a = a[ok] / sa[ok, None]
-        b = b[ok] / sb[ok, None]
-        num = np.einsum("ij,ij->i", a, b)
-        den = np.sqrt(np.einsum("ij,ij->i", a, a) * np.einsum("ij,ij->i", b, b))
-        blk = np.full(ok.shape[0], np.nan)
-        blk[ok] = np.clip(num / den, -1.0, 1.0)
-        out[s:s + _BLOCK_ROWS] = blk
-    return out
+    return _cos_rel(A, B, want_rel=False)[0]
 
 
 def relative_l2(A, B) -> np.ndarray:
     """Relative Euclidean change of matching rows: ``||a_i − b_i|| / ||a_i||``.
 
-    A, B: (n, dim); A is the reference format. Returns (n,) float64 (0 for identical rows). Unlike
-    the cosine it also sees changes of norm. A zero-norm row of A gives NaN, never a silent 0/0.
+    A, B: (n, dim); A is the reference format. Returns (n,) float64 (exactly 0 for identical rows).
+    Unlike the cosine it also sees changes of norm. A zero-norm row of A gives NaN, never a silent
+    0/0.
 
     >>> relative_l2([[3.0, 4.0]], [[3.0, 4.0]]).tolist(), relative_l2([[3.0, 4.0]], [[0.0, 0.0]]).tolist()
     ([0.0], [1.0])
     """
-    A, B = _check_pair(A, B)
-    out = np.empty(A.shape[0], dtype=np.float64)
-    for s in range(0, A.shape[0], _BLOCK_ROWS):
-        a = np.asarray(A[s:s + _BLOCK_ROWS], dtype=np.float64)
-        b = np.asarray(B[s:s + _BLOCK_ROWS], dtype=np.float64)
-        na = np.linalg.norm(a, axis=1)
-        nd = np.linalg.norm(a - b, axis=1)
-        blk = np.full(na.shape, np.nan)
-        ok = na > 0
-        blk[ok] = nd[ok] / na[ok]
-        out[s:s + _BLOCK_ROWS] = blk
-    return out
+    return _cos_rel(A, B, want_cos=False)[1]
 
 
 def random_pair_indices(example_ids, n_pairs: int = 10000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -332,13 +373,12 @@ def drift_summary(
     if base is None:
         base = np.concatenate([A, B])
 
-    cos = rowwise_cosine(A, B)
+    cos, rel = _cos_rel(A, B)
     bad = np.isnan(cos)
     if bad.any():
         idx = np.flatnonzero(bad)
         raise ValueError(f"{idx.size} rows have zero norm or non-finite values in A or B, so no "
                          f"cosine; first rows {idx[:10].tolist()}")
-    rel = relative_l2(A, B)
     drift = 1.0 - cos
 
     b_point, b_low, b_high = anisotropy_baseline_ci(

@@ -24,6 +24,13 @@ CI_METHODS: tuple[str, ...] = get_args(CIMethod)
 # Elements per batch of resamples (resamples x items): bounds peak memory at a few tens of MB.
 _BATCH_ELEMENTS = 4_000_000
 
+
+def _median_window_half(sd_rank: float, max_group: int) -> int:
+    """Half-width of the median's scan window in sorted positions (see :func:`_median_statistic`):
+    8 standard deviations of the median's rank plus twice the largest group (a jackknife drops one
+    group). Any value gives exact results; a larger one only costs time."""
+    return int(8.0 * sd_rank + 2.0 * max_group + 16)
+
 # scipy >= 1.15 takes ``rng``; older releases take ``random_state``. Both accept a Generator.
 _RNG_KW = "rng" if "rng" in inspect.signature(_sps.bootstrap).parameters else "random_state"
 
@@ -65,6 +72,55 @@ def _weighted_median_sorted(v_sorted: np.ndarray, w: np.ndarray) -> np.ndarray:
     lo = (cw <= lo_rank[:, None]).sum(axis=1)
     hi = (cw <= hi_rank[:, None]).sum(axis=1)
     return 0.5 * (v_sorted[lo] + v_sorted[hi])
+
+
+def _median_statistic(v: np.ndarray, codes: np.ndarray, n_groups: int):
+    """Vectorised statistic for :func:`scipy.stats.bootstrap`: resampled group indices -> median.
+
+    A resample is a vector of multiplicities ``m_g``; its median is the value of rank ``(N-1)//2``
+    and ``N//2`` (N = Σ m_g C_g) in the sorted values, each value repeated by its group's
+    multiplicity. Only a window of sorted positions around the full-sample median is scanned: the
+    weighted count below the window is one matrix-vector product. Rows whose middle ranks fall
+    outside the window (rare by construction: the window spans many standard deviations of the
+    median's rank) are redone over all values, so the result is always exact.
+    Returns ``(statistic, elements per resample)``.
+    """
+    n = v.size
+    order = np.argsort(v, kind="stable")
+    v_sorted = v[order]
+    g_sorted = codes[order]
+    counts = np.bincount(codes, minlength=n_groups).astype(np.float64)
+    # Spread of the rank of the full-sample median under resampling: sqrt(Σ_g (below_g − C_g/2)²).
+    mid = n // 2
+    below_mid = np.bincount(g_sorted[:mid], minlength=n_groups)
+    sd_rank = float(np.sqrt(((below_mid - counts / 2.0) ** 2).sum()))
+    half = _median_window_half(sd_rank, int(counts.max()))
+    p0, p1 = max(0, mid - half), min(n, mid + half + 1)
+    below_p0 = np.bincount(g_sorted[:p0], minlength=n_groups).astype(np.float64)
+    g_win = g_sorted[p0:p1]
+
+    def stat(idx, axis=-1):
+        idx = np.moveaxis(np.asarray(idx, dtype=np.intp), axis, -1)
+        lead = idx.shape[:-1]
+        idx2 = idx.reshape(-1, idx.shape[-1])
+        rows = idx2.shape[0]
+        flat = (idx2 + (np.arange(rows)[:, None] * n_groups)).ravel()
+        mult = np.bincount(flat, minlength=rows * n_groups).reshape(rows, n_groups)
+        multf = mult.astype(np.float64)  # exact: integer counts far below 2**53
+        total = (multf @ counts).astype(np.int64)
+        before = (multf @ below_p0).astype(np.int64)
+        cw = before[:, None] + np.cumsum(mult[:, g_win], axis=1)
+        out = np.empty(rows)
+        lo_rank, hi_rank = (total - 1) // 2, total // 2
+        inside = (before <= lo_rank) & (cw[:, -1] > hi_rank)
+        lo = p0 + (cw[inside] <= lo_rank[inside, None]).sum(axis=1)
+        hi = p0 + (cw[inside] <= hi_rank[inside, None]).sum(axis=1)
+        out[inside] = 0.5 * (v_sorted[lo] + v_sorted[hi])
+        if not inside.all():
+            out[~inside] = _weighted_median_sorted(v_sorted, mult[~inside][:, g_sorted])
+        return out.reshape(lead)
+
+    return stat, n_groups + (p1 - p0)
 
 
 def bootstrap_ci(
@@ -135,21 +191,7 @@ def bootstrap_ci(
 
         per_resample = n_groups
     else:
-        order = np.argsort(v, kind="stable")
-        v_sorted = v[order]
-        g_sorted = codes[order]
-
-        def stat(idx, axis=-1):
-            idx = np.moveaxis(np.asarray(idx, dtype=np.intp), axis, -1)
-            lead = idx.shape[:-1]
-            idx2 = idx.reshape(-1, idx.shape[-1])
-            rows = idx2.shape[0]
-            flat = (idx2 + (np.arange(rows)[:, None] * n_groups)).ravel()
-            mult = np.bincount(flat, minlength=rows * n_groups).reshape(rows, n_groups)
-            w = mult[:, g_sorted]
-            return _weighted_median_sorted(v_sorted, w).reshape(lead)
-
-        per_resample = v.size
+        stat, per_resample = _median_statistic(v, codes, n_groups)
 
     batch = max(1, _BATCH_ELEMENTS // per_resample)
     res = _sps.bootstrap(

@@ -426,15 +426,14 @@ def extract(
     unique = list(dict.fromkeys(s for ex in examples for s in ex.sentences))
     tokenized = dict(zip(unique, tokenize_sentences(lm.tokenizer, unique)))
     root = Path(out)
-    paths = []
-    for f in fmts:
-        p = plan(lm, f, examples, tokenized, corpus=corpus, root=root, layers=layer_list, roles=role_list,
-                 dtype=dtype, storage_dtype=storage_dtype, on_overflow=on_overflow, shard_mb=shard_mb,
-                 attention=attention)
+    # every format is planned (rendered and checked) before anything is written
+    plans = [plan(lm, f, examples, tokenized, corpus=corpus, root=root, layers=layer_list, roles=role_list,
+                  dtype=dtype, storage_dtype=storage_dtype, on_overflow=on_overflow, shard_mb=shard_mb,
+                  attention=attention) for f in fmts]
+    for p in plans:
         _extract_one(lm, p, examples, device=dev, batch_tokens=batch_tokens, max_batch=max_batch,
                      force=force, progress=progress, rank=rank, world_size=world_size, barrier=barrier, log=log)
-        paths.append(p.path)
-    return paths
+    return [p.path for p in plans]
 
 
 def _extract_one(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, device: torch.device,

@@ -86,6 +86,12 @@ def test_cosine_blocks_and_float32_and_extreme_scales():
     b = rng.normal(size=(5, 16))
     ref = slow_cosine(a, b)
     np.testing.assert_allclose(rowwise_cosine(a * 1e-200, b * 1e200), ref, atol=1e-12)
+    np.testing.assert_allclose(rowwise_cosine(a * 1e-160, b * 1e-160), ref, atol=1e-12)
+    rel = np.linalg.norm(a - b, axis=1) / np.linalg.norm(a, axis=1)
+    for scale in (1e-200, 1e-160, 1e180):
+        np.testing.assert_allclose(relative_l2(a * scale, b * scale), rel, rtol=1e-12)
+    assert np.all(rowwise_cosine(a * 1e180, a * 1e180) == 1.0)
+    assert np.all(relative_l2(a * 1e-180, a * 1e-180) == 0.0)
 
 
 def test_identical_rows_give_exactly_one_and_zero_drift():
@@ -180,23 +186,27 @@ def test_cluster_bootstrap_coverage_near_nominal():
     assert cover_naive / reps < 0.6
 
 
-@pytest.mark.parametrize("statistic", ["mean", "median"])
+@pytest.mark.parametrize("statistic, window", [("mean", None), ("median", None), ("median", 2)])
 @pytest.mark.parametrize("method", ["percentile", "BCa"])
-def test_bootstrap_matches_slow_reference(statistic, method):
-    """Same resampled group indices (same seed) through an obvious per-resample statistic."""
+def test_bootstrap_matches_slow_reference(statistic, window, method, monkeypatch):
+    """Same resampled group indices (same seed) through an obvious per-resample statistic.
+    A tiny median scan window (window=2) makes most resamples take the exact fallback path."""
+    if window is not None:
+        monkeypatch.setattr(st, "_median_window_half", lambda sd_rank, max_group: window)
     rng = np.random.default_rng(11)
     sizes = rng.integers(1, 7, size=25)
     g = np.repeat(np.arange(25), sizes)
+    g = np.concatenate([g, np.full(150, 25)])  # one big group: a rank far from the window
     v = np.round(rng.normal(size=g.size), 1)  # ties exercise the weighted median
     perm = rng.permutation(g.size)
     v, g = v[perm], g[perm]
-    members = [v[g == k] for k in range(25)]
+    members = [v[g == k] for k in range(26)]
     fn = np.mean if statistic == "mean" else np.median
 
     def slow(idx):
         return fn(np.concatenate([members[int(k)] for k in idx]))
 
-    ref = sps.bootstrap((np.arange(25),), slow, n_resamples=300, vectorized=False, method=method,
+    ref = sps.bootstrap((np.arange(26),), slow, n_resamples=300, vectorized=False, method=method,
                         confidence_level=0.9, rng=np.random.default_rng(4))
     point, lo, hi = bootstrap_ci(v, g, statistic, n_resamples=300, confidence=0.9, seed=4, method=method)
     assert point == pytest.approx(fn(v), abs=1e-14)

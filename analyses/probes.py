@@ -1,0 +1,926 @@
+"""Linear probes: logistic regression on one layer's states of one token choice.
+
+Protocol (DESIGN.md "Linear probes"), shared by the scikit-learn reference and the batched torch path:
+
+* features standardised with the training rows' mean and (population) standard deviation;
+* L2-penalised logistic regression with sklearn's objective
+  ``sum_i log_loss_i + ||W||^2 / (2C)`` (intercept unpenalised), so a given ``C`` means the same
+  thing in both paths; multinomial for more than two classes, a single sigmoid for two, one sigmoid
+  per column (one-vs-rest, one shared ``C``) for multi-label targets;
+* ``C`` chosen from a grid by an inner k-fold cross-validation on the outer training rows (grouped
+  by example id), then the probe is refit on all outer training rows;
+* scored by an outer k-fold cross-validation grouped by example id (the tokens of one example never
+  straddle train and test; stratified by label for single-label targets), with a 95% t-interval
+  over folds, a majority baseline, and optionally a control task (Hewitt & Liang 2019, "Designing
+  and Interpreting Probes with Control Tasks") with selectivity = task accuracy - control accuracy.
+
+``LinearProbe`` / ``cross_validate_probe`` are the scikit-learn reference (float64, one probe at a
+time); ``probe_many`` fits many feature sets (layers x token choices) x folds x Cs as one batched
+L-BFGS problem in torch, on the GPU when there is one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Hashable, Literal, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+from sklearn.base import BaseEstimator, ClassifierMixin, clone
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
+from sklearn.model_selection import GroupKFold, StratifiedGroupKFold
+from sklearn.preprocessing import StandardScaler
+from sklearn.utils.validation import check_is_fitted
+
+from analyses.results import make_table
+
+#: Default grid of inverse regularisation strengths (for standardised features).
+DEFAULT_CS: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
+
+#: How the inner cross-validation ranks the Cs: held-out log-loss (a proper scoring rule, few ties on
+#: small inner folds; the default sklearn's LogisticRegressionCV moves to in 1.11) or the primary
+#: metric (accuracy; micro-F1 for multi-label targets).
+SELECT_BY: tuple[str, ...] = ("log_loss", "metric")
+SelectBy = Literal["log_loss", "metric"]
+
+#: Floating-point types of the batched torch path.
+DTYPES: tuple[str, ...] = ("float32", "float64")
+
+# Logit given to a multi-label column that is constant on the training rows (a word never or always
+# present): the probe predicts that constant with probability sigmoid(30) ~ 1 - 1e-13.
+_CONSTANT_LOGIT = 30.0
+_PROB_FLOOR = 1e-15
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation
+
+
+def _check_X(X: Any, name: str = "X") -> np.ndarray:
+    X = np.asarray(X)
+    if X.ndim != 2:
+        raise ValueError(f"{name} must be (n_items, dim); got {name}.shape={X.shape}")
+    if not np.issubdtype(X.dtype, np.number):
+        raise ValueError(f"{name} must be numeric; got {name}.dtype={X.dtype}")
+    finite = np.isfinite(X)
+    if not finite.all():
+        i, j = np.argwhere(~finite)[0]
+        raise ValueError(f"{name} contains {int((~finite).sum())} NaN/inf values (of {X.size}); "
+                         f"first at {name}[{i}, {j}] = {X[i, j]} ({name}.shape={X.shape})")
+    return X
+
+
+def _check_y(y: Any, X_shape: tuple[int, ...], what: str = "y") -> tuple[np.ndarray, bool]:
+    """Returns ``(y, multilabel)``. Single-label y: (n_items,); multi-label y: (n_items, n_labels) 0/1."""
+    y = np.asarray(y)
+    if y.ndim not in (1, 2):
+        raise ValueError(f"{what} must be (n_items,) labels or (n_items, n_labels) 0/1; got {what}.shape={y.shape}")
+    if y.shape[0] != X_shape[0]:
+        raise ValueError(f"X and {what} differ in n_items: X.shape={X_shape}, {what}.shape={y.shape}")
+    if y.ndim == 1:
+        classes, counts = np.unique(y, return_counts=True)
+        if len(classes) < 2:
+            raise ValueError(f"{what} has a single class {classes.tolist()} over all {len(y)} items; "
+                             "a probe needs at least two classes")
+        return y, False
+    values = np.unique(y)
+    if not np.isin(values, (0, 1)).all():
+        raise ValueError(f"multi-label {what} must hold only 0/1; found values {values[:10].tolist()}")
+    varying = (y.min(axis=0) != y.max(axis=0)).sum()
+    if varying == 0:
+        raise ValueError(f"every column of multi-label {what} (shape {y.shape}) is constant over the "
+                         "items; a probe needs at least one column with both 0 and 1")
+    return y.astype(np.int64), True
+
+
+def _check_groups(groups: Any, n: int) -> np.ndarray:
+    if groups is None:
+        return np.arange(n)
+    groups = np.asarray(groups)
+    if groups.shape != (n,):
+        raise ValueError(f"groups must be (n_items,) = ({n},); got groups.shape={groups.shape}")
+    return groups
+
+
+def _check_n_groups(groups: np.ndarray, n_splits: int, what: str) -> int:
+    if not isinstance(n_splits, (int, np.integer)) or n_splits < 2:
+        raise ValueError(f"{what} must be an integer >= 2; got {what}={n_splits!r}")
+    n_groups = len(np.unique(groups))
+    if n_groups < n_splits:
+        raise ValueError(f"only {n_groups} distinct groups (example ids) for {what}={n_splits}; "
+                         "grouped cross-validation needs at least as many groups as folds")
+    return n_groups
+
+
+def _check_Cs(Cs: Any) -> np.ndarray:
+    Cs = np.atleast_1d(np.asarray(Cs, dtype=np.float64))
+    if Cs.ndim != 1 or Cs.size == 0 or not (np.isfinite(Cs) & (Cs > 0)).all():
+        raise ValueError(f"Cs must be a non-empty list of positive finite numbers; got Cs={Cs.tolist()}")
+    return np.unique(Cs)  # sorted ascending: ties in the inner CV go to the strongest penalty
+
+
+def _check_select_by(select_by: str) -> str:
+    if select_by not in SELECT_BY:
+        raise ValueError(f"select_by must be one of {SELECT_BY}; got select_by={select_by!r}")
+    return select_by
+
+
+# --------------------------------------------------------------------------------------------------
+# Splits, scores and intervals shared by both paths
+
+
+def make_splits(y: np.ndarray, groups: np.ndarray, n_splits: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Grouped k-fold splits ``[(train_idx, test_idx), ...]`` (sorted index arrays).
+
+    Single-label ``y: (n_items,)``: ``StratifiedGroupKFold`` (keeps label proportions per fold);
+    multi-label ``y: (n_items, n_labels)``: ``GroupKFold``. Both shuffled with ``seed``. A group
+    (example id) is always wholly in train or wholly in test.
+    """
+    y = np.asarray(y)
+    groups = np.asarray(groups)
+    _check_n_groups(groups, n_splits, "n_splits")
+    if y.ndim == 1:
+        splitter = StratifiedGroupKFold(n_splits=n_splits, shuffle=True, random_state=seed)
+        splits = list(splitter.split(np.zeros((len(y), 1)), y, groups))
+    else:
+        splitter = GroupKFold(n_splits=n_splits, shuffle=True, random_state=seed)
+        splits = list(splitter.split(np.zeros((len(y), 1)), y, groups))
+    sizes = [len(te) for _, te in splits]
+    if min(sizes) == 0:
+        raise ValueError(f"a fold came out empty (test sizes {sizes}); use fewer folds than {n_splits}")
+    return [(np.sort(tr), np.sort(te)) for tr, te in splits]
+
+
+def fold_t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """Mean and Student-t interval over folds: ``mean -/+ t_{(1+conf)/2, k-1} * s / sqrt(k)``.
+
+    ``s`` is the sample standard deviation (ddof=1) of the k fold values; ``scipy.stats.t.ppf``
+    gives the quantile. Folds share training rows, so the interval is approximate (it tends to be
+    too narrow; Nadeau & Bengio 2003). NaN bounds for fewer than two finite values.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return math.nan, math.nan, math.nan
+    mean = float(v.mean())
+    if v.size < 2:
+        return mean, math.nan, math.nan
+    half = float(stats.t.ppf(0.5 + confidence / 2, df=v.size - 1) * v.std(ddof=1) / math.sqrt(v.size))
+    return mean, mean - half, mean + half
+
+
+def _micro_f1(Y: np.ndarray, pred: np.ndarray) -> float:
+    """Micro-F1 = 2 TP / (2 TP + FP + FN) pooled over items and labels (0 when there are no positives)."""
+    tp = float((pred & (Y == 1)).sum())
+    fp = float((pred & (Y == 0)).sum())
+    fn = float((~pred & (Y == 1)).sum())
+    return 2 * tp / (2 * tp + fp + fn) if tp + fp + fn > 0 else 0.0
+
+
+def _macro_auc(Y: np.ndarray, P: np.ndarray) -> float:
+    """Mean ROC AUC over the labels that have both 0 and 1 among ``Y``'s rows (NaN if none has)."""
+    ok = (Y.min(axis=0) != Y.max(axis=0))
+    if not ok.any():
+        return math.nan
+    return float(roc_auc_score(Y[:, ok], P[:, ok], average="macro"))
+
+
+def _evaluate_fold(y_train: np.ndarray, y_test: np.ndarray, P_test: np.ndarray, classes: np.ndarray,
+                   multilabel: bool) -> dict[str, float]:
+    """Scores of one outer fold.
+
+    Single-label: ``accuracy`` of ``classes[argmax P]``; ``majority_baseline`` = accuracy of always
+    predicting the training fold's most frequent label. Multi-label (``P_test: (n_test, n_labels)``):
+    ``micro_f1`` at threshold 0.5 and ``macro_auc``; ``majority_baseline`` = micro-F1 of predicting
+    each label's training majority value (prevalence > 0.5), ``majority_baseline_macro_auc`` = AUC of
+    scoring every item with the training prevalence (constant scores, so 0.5), and
+    ``chance_micro_f1`` = expected micro-F1 of guessing label j with probability p_j (training
+    prevalence), ``2 sum_j p_j q_j / (sum_j p_j + sum_j q_j)`` with q_j the test prevalence (ratio of
+    expectations).
+    """
+    if not multilabel:
+        pred = classes[np.argmax(P_test, axis=1)]
+        labels, counts = np.unique(y_train, return_counts=True)
+        majority = labels[np.argmax(counts)]
+        return {"accuracy": float(np.mean(pred == y_test)),
+                "majority_baseline": float(np.mean(y_test == majority))}
+    p = y_train.mean(axis=0)
+    q = y_test.mean(axis=0)
+    const = np.broadcast_to(p, y_test.shape)
+    return {
+        "micro_f1": _micro_f1(y_test, P_test > 0.5),
+        "macro_auc": _macro_auc(y_test, P_test),
+        "majority_baseline": _micro_f1(y_test, np.broadcast_to(p > 0.5, y_test.shape)),
+        "majority_baseline_macro_auc": _macro_auc(y_test, const),
+        "chance_micro_f1": float(2 * (p * q).sum() / (p.sum() + q.sum())) if p.sum() + q.sum() > 0 else 0.0,
+    }
+
+
+def _inner_score(y_test: np.ndarray, P_test: np.ndarray, classes: np.ndarray, multilabel: bool,
+                 select_by: str) -> float:
+    """Higher-is-better inner-CV score: minus mean log-loss (per item; per item and label for
+    multi-label), or accuracy / micro-F1."""
+    if multilabel:
+        if select_by == "metric":
+            return _micro_f1(y_test, P_test > 0.5)
+        P = np.clip(P_test, _PROB_FLOOR, 1 - _PROB_FLOOR)
+        return float(np.mean(y_test * np.log(P) + (1 - y_test) * np.log1p(-P)))
+    idx = np.searchsorted(classes, y_test)
+    if select_by == "metric":
+        return float(np.mean(np.argmax(P_test, axis=1) == idx))
+    return float(np.mean(np.log(np.clip(P_test[np.arange(len(idx)), idx], _PROB_FLOOR, None))))
+
+
+def _choose_C(scores: np.ndarray, Cs: np.ndarray) -> float:
+    """``scores: (n_inner, n_Cs)`` higher-is-better; best mean, ties to the smallest C."""
+    mean = scores.mean(axis=0)
+    return float(Cs[np.flatnonzero(mean >= mean.max() - 1e-12)[0]])
+
+
+def control_labels(y: Any, types: Any, seed: int = 0) -> np.ndarray:
+    """Control task of Hewitt & Liang (2019, section 2): each distinct type gets one fixed random label.
+
+    ``y: (n_items,)`` (or ``(n_items, n_labels)``), ``types: (n_items,)`` (word type, example id, ...).
+    For every distinct type one item is drawn uniformly at random and its label (row) becomes the
+    type's control label, so control labels follow the empirical distribution of ``y`` and every
+    item of a type shares one label. Returns an array shaped like ``y``.
+
+    >>> control_labels(np.array([0, 1, 1, 1]), ["a", "b", "a", "c"], seed=0).shape
+    (4,)
+    """
+    y = np.asarray(y)
+    types = np.asarray(types)
+    if types.shape != (y.shape[0],):
+        raise ValueError(f"types must be (n_items,) = ({y.shape[0]},); got types.shape={types.shape}, y.shape={y.shape}")
+    _, inverse = np.unique(types, return_inverse=True)
+    donors = np.random.default_rng(seed).integers(0, y.shape[0], size=inverse.max() + 1)
+    return y[donors][inverse.ravel()]
+
+
+# --------------------------------------------------------------------------------------------------
+# scikit-learn reference
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
+class LinearProbe(ClassifierMixin, BaseEstimator):
+    """L2 logistic-regression probe on standardised features with C chosen by grouped inner CV.
+
+    Objective (sklearn's): ``sum_i log_loss_i + ||W||^2 / (2C)``, intercept unpenalised; multinomial
+    for more than two classes, one sigmoid for two, one sigmoid per column (one shared C) for a 0/1
+    multi-label ``y: (n_items, n_labels)``.
+
+    Parameters: ``Cs`` grid of C (sorted; ties go to the smallest), ``inner_splits`` folds of the
+    inner grouped CV, ``select_by`` in ``SELECT_BY``, ``max_iter`` / ``tol`` of lbfgs, ``seed`` of
+    the inner splits. With a single C no inner CV is run.
+
+    Fitted attributes: ``C_``, ``Cs_`` (sorted grid), ``cv_scores_: (inner_splits, n_Cs)``
+    (higher is better; NaN with one C), ``classes_`` (the labels; column indices for multi-label),
+    ``multilabel_``, ``scaler_`` (``StandardScaler`` fit on the training rows), ``coef_:
+    (n_outputs, dim)`` and ``intercept_: (n_outputs,)`` in standardised units (``n_outputs`` = 1
+    for two classes), ``n_features_in_``.
+
+    >>> rng = np.random.default_rng(0); X = rng.normal(size=(60, 3)); y = (X[:, 0] > 0).astype(int)
+    >>> LinearProbe(Cs=[1.0]).fit(X, y).score(X, y) > 0.9
+    True
+    """
+
+    def __init__(self, Cs: Sequence[float] = DEFAULT_CS, inner_splits: int = 3, select_by: SelectBy = "log_loss",
+                 max_iter: int = 1000, tol: float = 1e-4, seed: int = 0):
+        self.Cs = Cs
+        self.inner_splits = inner_splits
+        self.select_by = select_by
+        self.max_iter = max_iter
+        self.tol = tol
+        self.seed = seed
+
+    # One fit at a given C on standardised rows; ``warm`` carries LogisticRegression objects along the C path.
+    def _fit_at(self, Xs: np.ndarray, y: np.ndarray, C: float, warm: dict) -> tuple[np.ndarray, np.ndarray]:
+        def lr(key):
+            if key not in warm:
+                warm[key] = LogisticRegression(C=C, max_iter=self.max_iter, tol=self.tol, warm_start=True)
+            return warm[key].set_params(C=C)
+
+        if not self.multilabel_:
+            present = np.unique(y)
+            coef = np.zeros((1 if len(self.classes_) == 2 else len(self.classes_), Xs.shape[1]))
+            intercept = np.zeros(coef.shape[0])
+            if len(present) == 1:  # one class on these rows: predict it
+                if len(self.classes_) == 2:
+                    intercept[0] = _CONSTANT_LOGIT if present[0] == self.classes_[1] else -_CONSTANT_LOGIT
+                else:
+                    intercept[:] = -_CONSTANT_LOGIT
+                    intercept[np.searchsorted(self.classes_, present[0])] = 0.0
+                return coef, intercept
+            model = lr("single").fit(Xs, y)
+            if len(self.classes_) == 2:
+                coef[0], intercept[0] = model.coef_[0], model.intercept_[0]
+            elif len(present) == len(self.classes_):
+                coef, intercept = model.coef_.copy(), model.intercept_.copy()
+            else:  # a class absent from these rows: it gets the constant logit -30
+                intercept[:] = -_CONSTANT_LOGIT
+                rows = np.searchsorted(self.classes_, present)
+                if len(present) == 2:
+                    coef[rows[1]], intercept[rows[0]], intercept[rows[1]] = model.coef_[0], 0.0, model.intercept_[0]
+                else:
+                    coef[rows], intercept[rows] = model.coef_, model.intercept_
+            return coef, intercept
+        coef = np.zeros((y.shape[1], Xs.shape[1]))
+        intercept = np.zeros(y.shape[1])
+        for j in range(y.shape[1]):
+            col = y[:, j]
+            if col.min() == col.max():
+                intercept[j] = _CONSTANT_LOGIT if col[0] == 1 else -_CONSTANT_LOGIT
+                continue
+            model = lr(j).fit(Xs, col)
+            coef[j], intercept[j] = model.coef_[0], model.intercept_[0]
+        return coef, intercept
+
+    def _proba(self, Xs: np.ndarray, coef: np.ndarray, intercept: np.ndarray) -> np.ndarray:
+        z = Xs @ coef.T + intercept
+        if self.multilabel_:
+            return _sigmoid(z)
+        if coef.shape[0] == 1:
+            p = _sigmoid(z[:, 0])
+            return np.stack([1 - p, p], axis=1)
+        z = z - z.max(axis=1, keepdims=True)
+        e = np.exp(z)
+        return e / e.sum(axis=1, keepdims=True)
+
+    def fit(self, X: Any, y: Any, groups: Any = None) -> "LinearProbe":
+        """``X: (n_items, dim)``, ``y: (n_items,)`` or 0/1 ``(n_items, n_labels)``, ``groups: (n_items,)``
+        example ids for the inner CV (None: every item its own group). Returns ``self``."""
+        X = _check_X(X).astype(np.float64, copy=False)
+        y, self.multilabel_ = _check_y(y, X.shape)
+        groups = _check_groups(groups, X.shape[0])
+        _check_select_by(self.select_by)
+        self.Cs_ = _check_Cs(self.Cs)
+        self.classes_ = np.arange(y.shape[1]) if self.multilabel_ else np.unique(y)
+        self.n_features_in_ = X.shape[1]
+        if len(self.Cs_) == 1:
+            self.C_ = float(self.Cs_[0])
+            self.cv_scores_ = np.full((self.inner_splits, 1), np.nan)
+        else:
+            _check_n_groups(groups, self.inner_splits, "inner_splits")
+            splits = make_splits(y, groups, self.inner_splits, self.seed)
+            self.cv_scores_ = np.empty((len(splits), len(self.Cs_)))
+            for i, (tr, te) in enumerate(splits):
+                scaler = StandardScaler().fit(X[tr])
+                Xtr, Xte = scaler.transform(X[tr]), scaler.transform(X[te])
+                warm: dict = {}
+                for c, C in enumerate(self.Cs_):
+                    coef, intercept = self._fit_at(Xtr, y[tr], C, warm)
+                    P = self._proba(Xte, coef, intercept)
+                    self.cv_scores_[i, c] = _inner_score(y[te], P, self.classes_, self.multilabel_, self.select_by)
+            self.C_ = _choose_C(self.cv_scores_, self.Cs_)
+        self.scaler_ = StandardScaler().fit(X)
+        self.coef_, self.intercept_ = self._fit_at(self.scaler_.transform(X), y, self.C_, {})
+        return self
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """``(n_items, n_classes)`` class probabilities (columns follow ``classes_``); per-label
+        probabilities ``(n_items, n_labels)`` for multi-label."""
+        check_is_fitted(self, "coef_")
+        X = _check_X(X).astype(np.float64, copy=False)
+        if X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {X.shape[1]} features but the probe was fit on {self.n_features_in_} (X.shape={X.shape})")
+        return self._proba(self.scaler_.transform(X), self.coef_, self.intercept_)
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Most probable class ``(n_items,)``; 0/1 ``(n_items, n_labels)`` at threshold 0.5 for multi-label."""
+        P = self.predict_proba(X)
+        if self.multilabel_:
+            return (P > 0.5).astype(np.int64)
+        return self.classes_[np.argmax(P, axis=1)]
+
+    def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
+        """Accuracy (micro-F1 for multi-label) on ``(X, y)``."""
+        if sample_weight is not None:
+            raise ValueError("LinearProbe.score does not take sample_weight")
+        y = np.asarray(y)
+        pred = self.predict(X)
+        if self.multilabel_:
+            return _micro_f1(y, pred.astype(bool))
+        return float(np.mean(pred == y))
+
+
+# --------------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Cross-validated probe scores.
+
+    ``metric`` is the primary metric: ``"accuracy"`` (single-label) or ``"micro_f1"`` (multi-label).
+    ``folds`` maps each metric name to its ``(n_splits,)`` per-fold values: the primary metric,
+    ``majority_baseline`` (same metric), for multi-label also ``macro_auc``,
+    ``majority_baseline_macro_auc`` and ``chance_micro_f1``; with a control task
+    ``control_<metric>`` and ``selectivity`` = ``<metric> - control_<metric>`` per fold.
+    ``chosen_Cs: (n_splits,)`` is the C picked by the inner CV in each outer fold
+    (``control_chosen_Cs`` for the control probe). Intervals: :func:`fold_t_interval`.
+    """
+
+    metric: str
+    folds: Mapping[str, np.ndarray]
+    chosen_Cs: np.ndarray
+    n: int
+    n_groups: int
+    control_chosen_Cs: np.ndarray | None = None
+    confidence: float = 0.95
+
+    def interval(self, name: str | None = None) -> tuple[float, float, float]:
+        """``(mean, ci_low, ci_high)`` of one metric over folds (the primary metric by default)."""
+        return fold_t_interval(self.folds[name if name is not None else self.metric], self.confidence)
+
+    @property
+    def scores(self) -> np.ndarray:
+        """Per-fold values of the primary metric, ``(n_splits,)``."""
+        return self.folds[self.metric]
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.scores))
+
+    @property
+    def ci(self) -> tuple[float, float]:
+        return self.interval()[1:]
+
+    @property
+    def majority_baseline(self) -> float:
+        return float(np.mean(self.folds["majority_baseline"]))
+
+    @property
+    def control_score(self) -> float | None:
+        key = f"control_{self.metric}"
+        return float(np.mean(self.folds[key])) if key in self.folds else None
+
+    @property
+    def selectivity(self) -> float | None:
+        return float(np.mean(self.folds["selectivity"])) if "selectivity" in self.folds else None
+
+    def summary(self) -> dict[str, tuple[float, float, float]]:
+        """Every metric -> ``(mean, ci_low, ci_high)``."""
+        return {name: self.interval(name) for name in self.folds}
+
+
+def _result(multilabel: bool, fold_dicts: list[dict[str, float]], chosen: list[float], n: int, n_groups: int,
+            control: list[float] | None, control_Cs: list[float] | None, confidence: float) -> ProbeResult:
+    metric = "micro_f1" if multilabel else "accuracy"
+    folds = {k: np.array([d[k] for d in fold_dicts]) for k in fold_dicts[0]}
+    if control is not None:
+        folds[f"control_{metric}"] = np.asarray(control, dtype=np.float64)
+        folds["selectivity"] = folds[metric] - folds[f"control_{metric}"]
+    return ProbeResult(metric=metric, folds=folds, chosen_Cs=np.asarray(chosen), n=n, n_groups=n_groups,
+                       control_chosen_Cs=None if control_Cs is None else np.asarray(control_Cs),
+                       confidence=confidence)
+
+
+def probe_rows(result: ProbeResult, *, analysis: str = "probe", model: str | None = None,
+               corpus: str | None = None, format: str | None = None, layer: int | None = None,
+               role: str | None = None, target: str | None = None, seed: int | None = None,
+               **extra: Any) -> list[dict[str, Any]]:
+    """One tidy row per metric of ``result`` (value = mean over folds, ci_low/ci_high = t-interval,
+    n = items), with extra columns ``n_folds``, ``n_groups`` and ``chosen_C`` (per-fold Cs joined
+    by ';'). Feed to :func:`analyses.results.make_table`."""
+    chosen = ";".join(f"{c:g}" for c in result.chosen_Cs)
+    rows = []
+    for name, (value, lo, hi) in result.summary().items():
+        rows.append({"analysis": analysis, "model": model, "corpus": corpus, "format": format, "layer": layer,
+                     "role": role, "target": target, "metric": name, "value": value, "ci_low": lo, "ci_high": hi,
+                     "n": result.n, "seed": seed, "n_folds": len(result.scores), "n_groups": result.n_groups,
+                     "chosen_C": chosen, **extra})
+    return rows
+
+
+def probe_table(result: ProbeResult, **meta: Any) -> pd.DataFrame:
+    """:func:`probe_rows` as a tidy DataFrame (``make_table``)."""
+    return make_table(probe_rows(result, **meta))
+
+
+# --------------------------------------------------------------------------------------------------
+# Cross-validation with the reference probe
+
+
+def cross_validate_probe(X: Any, y: Any, groups: Any = None, n_splits: int = 5, seed: int = 0, *,
+                         Cs: Sequence[float] = DEFAULT_CS, inner_splits: int = 3, select_by: SelectBy = "log_loss",
+                         max_iter: int = 1000, tol: float = 1e-4, control_types: Any = None,
+                         confidence: float = 0.95) -> ProbeResult:
+    """Grouped outer k-fold CV of :class:`LinearProbe` (scikit-learn reference path).
+
+    ``X: (n_items, dim)``; ``y: (n_items,)`` labels, or ``(n_items, n_labels)`` 0/1 for a
+    multi-label (bag-of-words) target; ``groups: (n_items,)`` example ids (None: each item its own).
+    Outer splits: :func:`make_splits` with ``seed``; in each outer fold the probe standardises on
+    the training rows, picks C by grouped inner CV (``inner_splits``, same ``seed``) and refits.
+
+    Reported (see :class:`ProbeResult`): single-label -> per-fold accuracy, its mean and a 95%
+    Student-t interval over folds (:func:`fold_t_interval`), the majority baseline (most frequent
+    training-fold label scored on the test fold); multi-label -> micro-F1 (threshold 0.5) and macro
+    ROC AUC (over labels with both values in the test fold), with the baselines of
+    :func:`_evaluate_fold`. With ``control_types: (n_items,)`` the same probe is also fit, on the
+    same folds, to :func:`control_labels` ``(y, control_types, seed)`` and ``control_<metric>`` and
+    ``selectivity`` (Hewitt & Liang 2019) are added.
+    """
+    X = _check_X(X).astype(np.float64, copy=False)
+    y, multilabel = _check_y(y, X.shape)
+    groups = _check_groups(groups, X.shape[0])
+    n_groups = _check_n_groups(groups, n_splits, "n_splits")
+    probe = LinearProbe(Cs=Cs, inner_splits=inner_splits, select_by=select_by, max_iter=max_iter, tol=tol, seed=seed)
+    splits = make_splits(y, groups, n_splits, seed)
+    classes = np.arange(y.shape[1]) if multilabel else np.unique(y)
+
+    def run(labels: np.ndarray) -> tuple[list[dict[str, float]], list[float]]:
+        out, chosen = [], []
+        for tr, te in splits:
+            fitted = clone(probe).fit(X[tr], labels[tr], groups[tr])
+            P = fitted.predict_proba(X[te])
+            if not multilabel:  # align columns to the classes of the whole y
+                full = np.zeros((len(te), len(classes)))
+                full[:, np.searchsorted(classes, fitted.classes_)] = P
+                P = full
+            out.append(_evaluate_fold(labels[tr], labels[te], P, classes, multilabel))
+            chosen.append(fitted.C_)
+        return out, chosen
+
+    fold_dicts, chosen = run(y)
+    control = control_Cs = None
+    if control_types is not None:
+        yc, _ = _check_y(control_labels(y, control_types, seed), X.shape, what="control labels")
+        control_dicts, control_Cs = run(yc)
+        control = [d["micro_f1" if multilabel else "accuracy"] for d in control_dicts]
+    return _result(multilabel, fold_dicts, chosen, X.shape[0], n_groups, control, control_Cs, confidence)
+
+
+# --------------------------------------------------------------------------------------------------
+# Batched torch path
+
+
+def _torch():
+    import torch  # deferred: the reference path does not need torch
+
+    return torch
+
+
+class _Problems:
+    """Many independent L2 logistic regressions sharing feature matrices.
+
+    ``X: (B, n, d)`` feature sets; problem ``(b, g)`` uses feature set b, training weights
+    ``masks[:, g]`` (0/1, shape ``(n, G)``), targets ``targets[:, g]`` (class indices ``(n, G)`` for
+    "softmax", 0/1 ``(n, G, K)`` for "sigmoid") and ``inv_C[b, g]``. Standardisation with the
+    training rows' mean ``mu`` and std ``sd`` ``(B, d, G)`` is folded into the weights, so X is
+    never copied per problem: logits ``Z = X @ (W / sd) + (b - (mu / sd) . W)``.
+    Parameters ``theta: (B, d + 1, G, K)``: rows ``:d`` weights in standardised units, row ``d`` the
+    unpenalised intercept. Objective per problem (sklearn's scaling, so ``tol`` means the same):
+    ``f = sum_i m_i loss_i / n_g + ||W||^2 / (2 C n_g)``.
+    """
+
+    def __init__(self, X, masks, targets, inv_C, kind: str, K: int):
+        torch = _torch()
+        self.X, self.masks, self.targets, self.inv_C, self.kind, self.K = X, masks, targets, inv_C, kind, K
+        self.n_g = masks.sum(0)  # (G,)
+        mu = torch.einsum("bnd,ng->bdg", X, masks) / self.n_g
+        ex2 = torch.einsum("bnd,ng->bdg", X * X, masks) / self.n_g
+        var = (ex2 - mu * mu).clamp_min(0)
+        # Features (globally standardised beforehand) that are constant on the training rows get scale 1,
+        # like sklearn's StandardScaler; their weights stay ~0 since the training rows carry no gradient.
+        tiny = 1e3 * torch.finfo(X.dtype).eps
+        self.sd = torch.where(var > tiny, var.sqrt(), torch.ones_like(var))
+        self.mu_sd = mu / self.sd
+
+    def select(self, cols):
+        """The sub-problem made of columns ``cols`` (indices into G)."""
+        new = object.__new__(_Problems)
+        new.X, new.kind, new.K = self.X, self.kind, self.K
+        new.masks, new.targets = self.masks[:, cols], self.targets[:, cols]
+        new.inv_C, new.n_g, new.sd, new.mu_sd = self.inv_C[:, cols], self.n_g[cols], self.sd[:, :, cols], self.mu_sd[:, :, cols]
+        return new
+
+    def logits(self, theta, X=None):
+        X = self.X if X is None else X
+        B, d, G, K = theta.shape[0], theta.shape[1] - 1, theta.shape[2], theta.shape[3]
+        W, b = theta[:, :d], theta[:, d]
+        A = (W / self.sd[..., None]).reshape(B, d, G * K)
+        c = b - (self.mu_sd[..., None] * W).sum(1)
+        return (X @ A).view(B, X.shape[1], G, K) + c[:, None]
+
+    def item_loss(self, Z):
+        """Per-item loss ``(B, n, G)``: cross-entropy (softmax) or summed binary cross-entropy."""
+        torch = _torch()
+        if self.kind == "softmax":
+            idx = self.targets[None, :, :, None].expand(Z.shape[0], -1, -1, 1)
+            return torch.logsumexp(Z, -1) - Z.gather(-1, idx).squeeze(-1)
+        return (torch.nn.functional.softplus(Z) - self.targets * Z).sum(-1)
+
+    def residual(self, Z):
+        """d loss / d Z: ``softmax(Z) - onehot`` or ``sigmoid(Z) - targets``, ``(B, n, G, K)``."""
+        torch = _torch()
+        if self.kind == "softmax":
+            R = torch.softmax(Z, -1)
+            idx = self.targets[None, :, :, None].expand(Z.shape[0], -1, -1, 1)
+            return R.scatter_add_(-1, idx, torch.full_like(R[..., :1], -1.0))
+        return torch.sigmoid(Z) - self.targets
+
+    def value_grad(self, theta):
+        """Objective ``(B, G)`` and its gradient (shaped like theta)."""
+        torch = _torch()
+        B, d, G, K = theta.shape[0], theta.shape[1] - 1, theta.shape[2], theta.shape[3]
+        W = theta[:, :d]
+        Z = self.logits(theta)
+        w = self.masks / self.n_g  # (n, G)
+        pen = self.inv_C / self.n_g  # (B, G)
+        f = (self.item_loss(Z) * w).sum(1) + 0.5 * pen * (W * W).sum((1, 3))
+        R = self.residual(Z) * w[None, :, :, None]
+        gc = R.sum(1)  # (B, G, K)
+        gA = (self.X.transpose(1, 2) @ R.reshape(B, -1, G * K)).view(B, d, G, K)
+        gW = gA / self.sd[..., None] - self.mu_sd[..., None] * gc[:, None] + pen[:, None, :, None] * W
+        return f, torch.cat([gW, gc[:, None]], 1)
+
+
+def _lbfgs(problems: _Problems, d: int, *, max_iter: int, tol: float, history: int = 10, max_ls: int = 40):
+    """Batched L-BFGS, one independent run per problem (own history, step and stopping).
+
+    Two-loop recursion (Nocedal & Wright 2006, alg. 7.4) with per-problem dot products over
+    ``theta: (B, d + 1, G, K)``; backtracking Armijo line search (c1 = 1e-4) from step 1. A problem
+    stops when ``max|grad| <= tol`` (lbfgs' ``gtol`` in sklearn), when its objective stops moving
+    (relative change below 4 machine epsilons) or when no step decreases it. Columns whose problems
+    have all stopped are dropped from the batch as the run goes. Returns ``theta`` and the number
+    of iterations per problem ``(B, G)``.
+    """
+    torch = _torch()
+    X = problems.X
+    B, G, K = X.shape[0], problems.masks.shape[1], problems.K
+    dtype, device = X.dtype, X.device
+    eps = torch.finfo(dtype).eps
+    out = torch.zeros(B, d + 1, G, K, dtype=dtype, device=device)
+    iters = torch.zeros(B, G, dtype=torch.long, device=device)
+    cols = torch.arange(G, device=device)
+
+    def dot(u, v):
+        return (u * v).sum((1, 3))
+
+    def bc(s):  # (B, G) -> broadcastable against theta
+        return s[:, None, :, None]
+
+    theta = torch.zeros(B, d + 1, G, K, dtype=dtype, device=device)
+    f, g = problems.value_grad(theta)
+    S = torch.zeros(history, B, d + 1, G, K, dtype=dtype, device=device)
+    Yh = torch.zeros_like(S)
+    rho = torch.zeros(history, B, G, dtype=dtype, device=device)
+    gamma = torch.clamp(1.0 / dot(g, g).sqrt().clamp_min(1e-30), max=1.0)  # first step: at most unit length
+    done = g.abs().amax((1, 3)) <= tol
+    pos = 0
+    for it in range(max_iter):
+        if bool(done.all()):
+            break
+        # Drop columns whose problems have all stopped once they are a large share of the batch.
+        col_done = done.all(0)
+        if int(col_done.sum()) >= max(1, col_done.numel() // 3):
+            keep = (~col_done).nonzero().squeeze(1)
+            fin = col_done.nonzero().squeeze(1)
+            out[:, :, cols[fin]] = theta[:, :, fin]
+            cols, problems = cols[keep], problems.select(keep)
+            theta, f, g, gamma, done = theta[:, :, keep], f[:, keep], g[:, :, keep], gamma[:, keep], done[:, keep]
+            S, Yh, rho = S[:, :, :, keep], Yh[:, :, :, keep], rho[:, :, keep]
+        iters[:, cols] += (~done).long()
+        # Two-loop recursion: r ~ H^{-1} g.
+        q = g.clone()
+        alpha = torch.zeros_like(rho)
+        order = [(pos - 1 - j) % history for j in range(history)]
+        for j in order:
+            alpha[j] = rho[j] * dot(S[j], q)
+            q -= bc(alpha[j]) * Yh[j]
+        r = bc(gamma) * q
+        for j in reversed(order):
+            beta = rho[j] * dot(Yh[j], r)
+            r += S[j] * bc(alpha[j] - beta)
+        direction = -r
+        gd = dot(g, direction)
+        bad = ~(gd < 0)  # not a descent direction (should not happen for convex f): restart on -g
+        if bool(bad.any()):
+            direction = torch.where(bc(bad), -g, direction)
+            gd = torch.where(bad, -dot(g, g), gd)
+            rho = torch.where(bad[None], torch.zeros_like(rho), rho)
+        direction = torch.where(bc(done), torch.zeros_like(direction), direction)
+        gd = torch.where(done, torch.zeros_like(gd), gd)
+        # Backtracking Armijo line search, per problem.
+        step = torch.ones_like(f)
+        accepted = done.clone()
+        new_theta, new_f, new_g = theta.clone(), f.clone(), g.clone()
+        for _ in range(max_ls):
+            trial = theta + bc(step) * direction
+            ft, gt = problems.value_grad(trial)
+            ok = ~accepted & torch.isfinite(ft) & (ft <= f + 1e-4 * step * gd)
+            new_theta = torch.where(bc(ok), trial, new_theta)
+            new_f = torch.where(ok, ft, new_f)
+            new_g = torch.where(bc(ok), gt, new_g)
+            accepted |= ok
+            if bool(accepted.all()):
+                break
+            step = torch.where(accepted, step, 0.5 * step)
+        stuck = ~accepted
+        s, yv = new_theta - theta, new_g - g
+        sy, yy = dot(s, yv), dot(yv, yv)
+        valid = (sy > eps * yy) & (yy > 0)
+        S[pos], Yh[pos] = s, yv
+        rho[pos] = torch.where(valid, 1.0 / torch.where(valid, sy, torch.ones_like(sy)), torch.zeros_like(sy))
+        gamma = torch.where(valid, sy / torch.where(valid, yy, torch.ones_like(yy)), gamma)
+        pos = (pos + 1) % history
+        flat = (f - new_f).abs() <= 4 * eps * torch.maximum(f.abs(), new_f.abs()).clamp_min(1.0)
+        theta, f, g = new_theta, new_f, new_g
+        done = done | stuck | (flat & ~done & (it > 0)) | (g.abs().amax((1, 3)) <= tol)
+    out[:, :, cols] = theta
+    return out, iters
+
+
+def _solve(X, masks, targets, inv_C, kind, K, *, max_iter, tol):
+    problems = _Problems(X, masks, targets, inv_C, kind, K)
+    theta, iters = _lbfgs(problems, X.shape[2], max_iter=max_iter, tol=tol)
+    return problems, theta, iters
+
+
+def _predict_proba_t(problems: _Problems, theta):
+    """Probabilities ``(B, n, G, n_classes)`` (multi-label: ``(B, n, G, n_labels)``)."""
+    torch = _torch()
+    Z = problems.logits(theta)
+    if problems.kind == "softmax":
+        return torch.softmax(Z, -1)
+    return torch.sigmoid(Z)
+
+
+def _device_inner_scores(problems: _Problems, theta, eval_masks, select_by: str, binary: bool):
+    """Higher-is-better inner-CV score ``(B, G)`` on rows ``eval_masks: (n, G)`` (same definitions as
+    :func:`_inner_score`)."""
+    torch = _torch()
+    Z = problems.logits(theta)
+    n_eval = eval_masks.sum(0)
+    if select_by == "log_loss":
+        loss = problems.item_loss(Z)
+        if problems.kind == "sigmoid" and not binary:
+            loss = loss / problems.K  # mean over labels
+        return -(loss * eval_masks).sum(1) / n_eval
+    if problems.kind == "softmax":
+        correct = (Z.argmax(-1) == problems.targets[None]).to(Z.dtype)
+        return (correct * eval_masks).sum(1) / n_eval
+    pred = Z > 0
+    if binary:
+        correct = (pred[..., 0] == (problems.targets[None, ..., 0] > 0.5)).to(Z.dtype)
+        return (correct * eval_masks).sum(1) / n_eval
+    T = problems.targets[None] > 0.5
+    m = eval_masks[None, :, :, None]
+    tp = ((pred & T) * m).sum((1, 3))
+    fp = ((pred & ~T) * m).sum((1, 3))
+    fn = ((~pred & T) * m).sum((1, 3))
+    den = 2 * tp + fp + fn
+    return torch.where(den > 0, 2 * tp / den.clamp_min(1), torch.zeros_like(den))
+
+
+def probe_many_results(features: Mapping[Hashable, Any], y: Any, groups: Any = None, *, n_splits: int = 5,
+                       seed: int = 0, Cs: Sequence[float] = DEFAULT_CS, inner_splits: int = 3,
+                       select_by: SelectBy = "log_loss", max_iter: int = 1000, tol: float = 1e-4,
+                       control_types: Any = None, device: str | None = None, dtype: str = "float32",
+                       max_batch_elements: int = 2 ** 27, confidence: float = 0.95) -> dict[Hashable, ProbeResult]:
+    """The protocol of :func:`cross_validate_probe` for many feature sets at once, in torch.
+
+    ``features``: name -> ``(n_items, dim)`` array (e.g. ``(layer, role)`` -> states), all with the
+    same items in the same order as ``y`` and ``groups``. Every feature set uses the same outer and
+    inner splits, C grid, standardisation, objective and scoring as the reference, so results agree
+    with :func:`cross_validate_probe` up to optimiser tolerance. All (feature set x outer fold x
+    inner fold x C [x task/control]) problems of a chunk are solved together by :func:`_lbfgs`
+    (stage 1, choosing C), then all (feature set x outer fold) refits (stage 2). ``device``: None ->
+    CUDA if available; ``dtype`` in ``DTYPES``. ``max_batch_elements`` bounds ``B * n * G * K`` per
+    batched solve (memory). Returns name -> :class:`ProbeResult`.
+    """
+    torch = _torch()
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}; got dtype={dtype!r}")
+    tdtype = getattr(torch, dtype)
+    dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if len(features) == 0:
+        raise ValueError("features is empty; pass at least one name -> (n_items, dim) array")
+    names = list(features)
+    arrays = {k: _check_X(features[k], name=f"features[{k!r}]") for k in names}
+    n = next(iter(arrays.values())).shape[0]
+    y, multilabel = _check_y(y, (n,))
+    for k, a in arrays.items():
+        if a.shape[0] != n:
+            raise ValueError(f"features[{k!r}] and y differ in n_items: features[{k!r}].shape={a.shape}, y.shape={y.shape}")
+    groups = _check_groups(groups, n)
+    n_groups = _check_n_groups(groups, n_splits, "n_splits")
+    Cs_arr = _check_Cs(Cs)
+    _check_select_by(select_by)
+
+    classes = np.arange(y.shape[1]) if multilabel else np.unique(y)
+    binary = not multilabel and len(classes) == 2
+    kind = "softmax" if not multilabel and not binary else "sigmoid"
+    K = 1 if binary else len(classes)
+    label_sets = [y]
+    if control_types is not None:
+        label_sets.append(_check_y(control_labels(y, control_types, seed), (n,), what="control labels")[0])
+
+    def encode(lab: np.ndarray) -> np.ndarray:  # (n,) class index, or (n, K) 0/1 float
+        if multilabel:
+            return lab.astype(np.float64)
+        idx = np.searchsorted(classes, lab)
+        return (idx == 1).astype(np.float64)[:, None] if binary else idx
+
+    encoded = [encode(lab) for lab in label_sets]
+    outer = make_splits(y, groups, n_splits, seed)
+    inner = []
+    for tr, _ in outer:  # the same call LinearProbe.fit makes on the outer training rows
+        if len(Cs_arr) > 1:
+            _check_n_groups(groups[tr], inner_splits, "inner_splits")
+            inner.append([(tr[a], tr[b]) for a, b in make_splits(y[tr], groups[tr], inner_splits, seed)])
+
+    def columns(specs):
+        """specs: list of (label_set, train_idx, eval_idx) -> masks, eval masks (n, G), targets."""
+        G = len(specs)
+        masks = np.zeros((n, G))
+        evals = np.zeros((n, G))
+        for g, (_, tr, te) in enumerate(specs):
+            masks[tr, g] = 1.0
+            evals[te, g] = 1.0
+        if kind == "softmax":
+            targets = np.stack([encoded[l] for l, _, _ in specs], axis=1)
+            targets_t = torch.as_tensor(targets, dtype=torch.long, device=dev)
+        else:
+            targets = np.stack([encoded[l] for l, _, _ in specs], axis=1)  # (n, G, K)
+            targets_t = torch.as_tensor(targets, dtype=tdtype, device=dev)
+        return (torch.as_tensor(masks, dtype=tdtype, device=dev), torch.as_tensor(evals, dtype=tdtype, device=dev),
+                targets_t)
+
+    L = len(label_sets)
+    stage1 = [(l, tr_in, te_in) for l in range(L) for o in range(len(inner)) for tr_in, te_in in inner[o]]
+    stage2 = [(l, tr, te) for l in range(L) for tr, te in outer]
+    results: dict[Hashable, ProbeResult] = {}
+
+    # Chunk the feature sets (same dim) so one batched solve stays within max_batch_elements.
+    by_dim: dict[int, list[Hashable]] = {}
+    for k in names:
+        by_dim.setdefault(arrays[k].shape[1], []).append(k)
+    G_max = max(len(stage1) * len(Cs_arr), len(stage2))
+    per_set = n * G_max * K
+    chunk = max(1, max_batch_elements // max(per_set, 1))
+    batches = [ks[i:i + chunk] for ks in by_dim.values() for i in range(0, len(ks), chunk)]
+
+    for keys in batches:
+        B = len(keys)
+        Xnp = np.stack([arrays[k] for k in keys]).astype(np.float64)
+        # A fixed global standardisation first: exact for the per-fold standardisation that follows
+        # (affine per feature) and keeps float32 from cancelling large means.
+        mean, std = Xnp.mean(1, keepdims=True), Xnp.std(1, keepdims=True)
+        Xnp = (Xnp - mean) / np.where(std > 0, std, 1.0)
+        X = torch.as_tensor(Xnp, dtype=tdtype, device=dev)
+        del Xnp
+        chosen = np.full((B, L, n_splits), float(Cs_arr[0]))
+        if len(Cs_arr) > 1:
+            specs = [s for s in stage1 for _ in Cs_arr]
+            masks, evals, targets = columns(specs)
+            inv_C = torch.as_tensor(np.tile(1.0 / Cs_arr, len(stage1)), dtype=tdtype, device=dev)[None].expand(B, -1)
+            problems, theta, _ = _solve(X, masks, targets, inv_C.contiguous(), kind, K, max_iter=max_iter, tol=tol)
+            sc = _device_inner_scores(problems, theta, evals, select_by, binary).double().cpu().numpy()
+            sc = sc.reshape(B, L, n_splits, inner_splits, len(Cs_arr))
+            for b in range(B):
+                for l in range(L):
+                    for o in range(n_splits):
+                        chosen[b, l, o] = _choose_C(sc[b, l, o], Cs_arr)
+            del problems, theta, masks, evals, targets
+        masks, _, targets = columns(stage2)
+        inv_C = torch.as_tensor(1.0 / chosen.reshape(B, L * n_splits), dtype=tdtype, device=dev)
+        problems, theta, _ = _solve(X, masks, targets, inv_C, kind, K, max_iter=max_iter, tol=tol)
+        P = _predict_proba_t(problems, theta).double().cpu().numpy()  # (B, n, G, K)
+        if binary:
+            P = np.concatenate([1 - P, P], axis=-1)
+        for b, key in enumerate(keys):
+            per_label = []
+            for l in range(L):
+                dicts = []
+                for o, (tr, te) in enumerate(outer):
+                    lab = label_sets[l]
+                    dicts.append(_evaluate_fold(lab[tr], lab[te], P[b, te, l * n_splits + o], classes, multilabel))
+                per_label.append(dicts)
+            control = [d["micro_f1" if multilabel else "accuracy"] for d in per_label[1]] if L > 1 else None
+            results[key] = _result(multilabel, per_label[0], list(chosen[b, 0]), n, n_groups, control,
+                                   list(chosen[b, 1]) if L > 1 else None, confidence)
+        del problems, theta, X
+    return {k: results[k] for k in names}
+
+
+def probe_many(features: Mapping[Hashable, Any], y: Any, groups: Any = None, *, meta: Mapping[str, Any] | None = None,
+               **kwargs: Any) -> pd.DataFrame:
+    """:func:`probe_many_results` as one tidy table (``make_table``): rows of :func:`probe_rows` for
+    every feature set, with a ``feature`` column holding its name; a ``(layer, role)`` tuple name
+    also fills the ``layer`` and ``role`` columns. ``meta`` (model, corpus, format, target, seed,
+    analysis) goes on every row; ``kwargs`` go to :func:`probe_many_results`."""
+    results = probe_many_results(features, y, groups, **kwargs)
+    meta = dict(meta or {})
+    meta.setdefault("seed", kwargs.get("seed", 0))
+    rows = []
+    for key, res in results.items():
+        where = {"layer": key[0], "role": key[1]} if isinstance(key, tuple) and len(key) == 2 else {}
+        rows.extend(probe_rows(res, **{**meta, **where}, feature=str(key)))
+    return make_table(rows)

