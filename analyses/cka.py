@@ -401,7 +401,7 @@ def _median(A: Array) -> float:
         return float(np.median(A))
     flat = A.reshape(-1)
     m = flat.numel()
-    lo = float(torch.kthvalue(flat, m // 2 + 1).values)
+    lo = float(torch.kthvalue(flat, (m + 1) // 2).values)
     hi = lo if m % 2 else float(torch.kthvalue(flat, m // 2 + 1).values)
     return (lo + hi) / 2
 

@@ -46,8 +46,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from probing.examples import Example, Label
 
 __all__ = [
-    "CORPORA", "PAIRINGS", "PTB_SPLITS", "bbc_news", "describe_corpora", "generated_corpus", "load_corpus",
-    "parse_corpus_spec", "ptb", "read_table", "swap_adjacent_words",
+    "CORPORA", "PAIRINGS", "PTB_NSP_MIN_DISTANCE", "PTB_SPLITS", "bbc_article_sentences", "bbc_news",
+    "describe_corpora", "generated_corpus", "load_corpus", "parse_corpus_spec", "ptb", "read_table",
+    "swap_adjacent_words",
 ]
 
 #: Ways to build the sentences of an example (see the module docstring).
@@ -477,7 +478,8 @@ def bbc_news(k: int = 2, pairing: str = "nsp", max_examples: int | None = None, 
     ``max_examples`` (subset): each topic gets an equal quota (``n // n_topics``, the first topics in
     sorted order one more for the remainder); its articles are visited in a seeded random order and
     their groups taken, in order, until the quota is filled; a topic that runs out passes its shortfall
-    to the others. Only the visited articles are split (and serve as the ``nsp`` pool), which matters
+    to the others (fewer examples come back only if the whole corpus has fewer). Only the visited
+    articles are split (and serve as the ``nsp`` pool), which matters
     because pysbd is slow: loading all 2,225 articles (19,017 examples for k=2) took 26.5 s on one CPU
     core (~12 ms per article, nearly all of it pysbd), a 200-example subset 0.3 s. Nothing is cached.
 
@@ -538,8 +540,11 @@ def bbc_news(k: int = 2, pairing: str = "nsp", max_examples: int | None = None, 
             for i, t in enumerate(open_topics):
                 quota[t] += short // len(open_topics) + (i < short % len(open_topics))
         rank = {(t, p): i for t in chosen for i, p in enumerate(files[t])}
-        taken = sorted((x for t in chosen for x in per_topic[t]), key=lambda x: (chosen.index(x[0]), rank[x[0], x[1]], x[2]))
+        taken = sorted((x for t in chosen for x in per_topic[t]),
+                       key=lambda x: (chosen.index(x[0]), rank[x[0], x[1]], x[2]))
 
+    if not taken:
+        raise ValueError(f"no BBC examples left for topics={chosen}, k={k}, max_words={max_words}")
     negatives: set[int] = set()
     pool: dict[str, list[list[str]]] = {}
     if k >= 2 and pairing == "nsp":
@@ -549,6 +554,11 @@ def bbc_news(k: int = 2, pairing: str = "nsp", max_examples: int | None = None, 
             ok = [s for s in sents if max_words is None or _n_words(s) <= max_words]
             if ok:
                 pool.setdefault(path.parent.name, []).append(ok)
+        pool = {t: [a for u in chosen if u != t for a in pool.get(u, [])] for t in chosen}  # other topics' articles
+        short_of = [t for i, (t, _, _) in enumerate(taken) if i in negatives and not pool[t]]
+        if short_of:
+            raise ValueError(f"pairing='nsp': no article of a topic other than {short_of[0]!r} has a sentence "
+                             f"within max_words={max_words}")
 
     examples = []
     for i, (topic, path, start) in enumerate(taken):
@@ -557,8 +567,7 @@ def bbc_news(k: int = 2, pairing: str = "nsp", max_examples: int | None = None, 
         labels: dict[str, Label] = {"topic": topic, "doc": doc, "n_words": _n_words(group[0])}
         if k >= 2:
             if i in negatives:
-                others = [a for t in chosen if t != topic for a in pool.get(t, [])]
-                group[-1] = nsp_rng.choice(nsp_rng.choice(others))
+                group[-1] = nsp_rng.choice(nsp_rng.choice(pool[topic]))
             labels["is_next"] = int(i not in negatives)
         examples.append(Example(f"{doc}:{start // k}", tuple(group), labels))
     return examples
@@ -652,7 +661,8 @@ def swap_adjacent_words(examples: Iterable[Example], sentence: int = 1, fraction
             raise ValueError(f"example {ex.id!r} has {ex.n_sentences} sentence(s), no sentence {sentence}")
         for key in ("swapped", "swap_word"):
             if key in ex.labels:
-                raise ValueError(f"example {ex.id!r} already has a {key!r} label; swap_adjacent_words was applied twice?")
+                raise ValueError(f"example {ex.id!r} already has a {key!r} label; "
+                                 f"swap_adjacent_words was applied twice?")
         words = [(m.start(), m.end()) for m in _WORD.finditer(ex.sentences[sentence - 1])]
         text = ex.sentences[sentence - 1]
         spans.append(words)
@@ -724,7 +734,8 @@ _SEED = _Key("seed", _parse_int, "random seed")
 _PAIRING = _Key("pairing", _parse_str, "|".join(PAIRINGS))
 # keys every corpus accepts: applied after loading by swap_adjacent_words (seed: the corpus's seed or 0)
 _COMMON_KEYS = {
-    "swap": _Key("sentence", _parse_int, "swap two adjacent words of this sentence (1-based); labels swapped, swap_word"),
+    "swap": _Key("sentence", _parse_int,
+                 "swap two adjacent words of this sentence (1-based); labels swapped, swap_word"),
     "swap_fraction": _Key("fraction", _parse_float, "fraction of examples swapped when swap is given"),
 }
 
@@ -760,7 +771,9 @@ def parse_corpus_spec(spec: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
     name, _, rest = spec.strip().partition(":")
     name = name.strip()
     if name not in _REGISTRY:
-        hint = f" (for a file, write 'file:path={spec.strip()},sentences=...')" if Path(name).suffix.lower() in _TABLE_SUFFIXES else ""
+        hint = ""
+        if Path(name).suffix.lower() in _TABLE_SUFFIXES:
+            hint = f" (for a file, write 'file:path={spec.strip()},sentences=...')"
         raise ValueError(f"unknown corpus {name!r} in spec {spec!r}; valid: {', '.join(_REGISTRY)}{hint}")
     entry = _REGISTRY[name]
     keys = {**entry.keys, **_COMMON_KEYS}

@@ -9,8 +9,8 @@ From Python::
     from probing.extract import extract
     paths = extract(examples, ["pair", "concat"], model="all-MiniLM-L6-v2", out="caches")
 
-How it runs: every example is rendered in the format (token ids and keys) before any forward pass, so
-bad input fails before anything is written. Examples are cut into shards (contiguous ranges of the
+How it runs: every example is checked against every format (lengths, sentences, special tokens)
+before any forward pass, so bad input fails before anything is written. Examples are cut into shards (contiguous ranges of the
 corpus, sized by the bytes they will store); inside a shard examples are sorted by length and batched
 under a token budget; the forward pass runs under ``torch.inference_mode()``; the stored positions are
 gathered on the device and copied to the host once per batch; a writer thread writes the previous
@@ -97,16 +97,23 @@ def parse_roles(spec: str | Sequence[str] | None) -> list[str]:
 
 @dataclass
 class Plan:
-    """Everything decided before the first forward pass, for one format."""
+    """Everything decided before the first forward pass, for one format. It holds a few integers per
+    example, not the rendered inputs: shards are rendered when they are computed, so memory does not
+    grow with the corpus beyond the corpus itself."""
 
     fmt: Format
     request: dict
     path: Path
-    rendered: list[Rendered | None]  # None: skipped (overlong)
-    stored: list[np.ndarray]  # per example: positions to store
+    lengths: np.ndarray  # (n_examples,) tokens of each example in this format; 0 if skipped
+    n_stored: np.ndarray  # (n_examples,) positions stored per example
     shards: list[tuple[int, int]]  # [start, stop) example ranges
     skipped: list[str]
     groups: list[str]  # attention groups (empty unless attention is on)
+    specials: dict[str, int]
+    zero_types: bool
+
+    def kept(self, start: int, stop: int) -> list[int]:
+        return [e for e in range(start, stop) if self.lengths[e] > 0]
 
 
 def _request(lm: LoadedModel, fmt: Format, corpus: dict, layers: list[int], roles: list[str],
@@ -140,18 +147,19 @@ def _cut_shards(stored_counts: Sequence[int], bytes_per_row: int, shard_mb: floa
     return shards
 
 
-def attention_groups(rendered: Iterable[Rendered | None]) -> list[str]:
+def attention_groups(fmt: Format, sentence_counts: Iterable[int]) -> list[str]:
     """Group names for attention summaries: each special token by role and occurrence (``cls0``,
     ``sep0``, ``sep1``, ...) and the words of each sentence (``s1``, ``s2``, ...)."""
     specials, sentences = set(), set()
-    for r in rendered:
-        if r is None:
-            continue
-        for role, s, o in zip(r.role, r.sentence, r.occurrence):
-            if role == "word":
-                sentences.add(int(s))
+    for k in set(sentence_counts):
+        count: dict[str, int] = {}
+        for kind, value, _ in fmt.expand(k):
+            if kind == "sentence":
+                sentences.add(int(value))
             else:
-                specials.add((role, int(o)))
+                role = str(value).lower()
+                specials.add((role, count.get(role, 0)))
+                count[role] = count.get(role, 0) + 1
     order = [n.lower() for n in SPECIAL_TOKENS]
     names = [f"{role}{o}" for role, o in sorted(specials, key=lambda x: (order.index(x[0]), x[1]))]
     return names + [f"s{s}" for s in sorted(sentences)]
@@ -163,11 +171,24 @@ def _group_ids(r: Rendered, groups: list[str]) -> np.ndarray:
                        for role, s, o in zip(r.role, r.sentence, r.occurrence)], dtype=np.int64)
 
 
-def plan(lm: LoadedModel, fmt: Format, examples: Sequence[Example], tokenized: dict[str, Any], *,
+def sentence_lengths(tokenizer, sentences: Sequence[str], chunk: int = 4096) -> dict[str, int]:
+    """Tokens per sentence (tokenized on its own), tokenizing in chunks to keep memory small."""
+    out: dict[str, int] = {}
+    for i in range(0, len(sentences), chunk):
+        part = list(sentences[i:i + chunk])
+        for text, ts in zip(part, tokenize_sentences(tokenizer, part)):
+            out[text] = len(ts.ids)
+    return out
+
+
+def plan(lm: LoadedModel, fmt: Format, examples: Sequence[Example], lengths_of: dict[str, int], *,
          corpus: dict, root: Path, layers: list[int], roles: list[str], dtype: str, storage_dtype: str,
          on_overflow: str, shard_mb: float, attention: bool) -> Plan:
+    """Check every example against the format and the model, and cut the work into shards."""
     specials = special_token_ids(lm.tokenizer, fmt)
-    max_type = max((seg for _, _, seg in fmt.expand(max(e.n_sentences for e in examples))), default=0)
+    counts = [e.n_sentences for e in examples]
+    expansions = {k: fmt.expand(k) for k in set(counts)}
+    max_type = max(seg for seq in expansions.values() for _, _, seg in seq)
     zero_types = False
     if max_type > 0:
         if lm.type_vocab_size <= 1:
@@ -178,30 +199,27 @@ def plan(lm: LoadedModel, fmt: Format, examples: Sequence[Example], tokenized: d
                 f"type_vocab_size={lm.type_vocab_size}"
             )
     limit = lm.max_length
-    rendered: list[Rendered | None] = []
-    stored: list[np.ndarray] = []
-    skipped: list[str] = []
     role_set = set(roles)
-    for ex in examples:
-        try:
-            r = render(fmt, ex, [tokenized[s] for s in ex.sentences], specials)
-        except FormatError as err:
-            raise FormatError(f"example {ex.id!r}: {err}") from None
-        if len(r) > limit:
+    lengths = np.zeros(len(examples), dtype=np.int64)
+    n_stored = np.zeros(len(examples), dtype=np.int64)
+    skipped: list[str] = []
+    for i, ex in enumerate(examples):
+        seq = expansions[ex.n_sentences]
+        n_special = sum(1 for kind, _, _ in seq if kind == "special")
+        n_special_stored = sum(1 for kind, v, _ in seq if kind == "special" and str(v).lower() in role_set)
+        n_words = sum(lengths_of[ex.sentences[v - 1]] for kind, v, _ in seq if kind == "sentence")
+        n = n_special + n_words
+        if n > limit:
             if on_overflow == "skip":
-                rendered.append(None)
-                stored.append(np.zeros(0, dtype=np.int64))
                 skipped.append(ex.id)
                 continue
             raise ExtractError(
-                f"example {ex.id!r} is {len(r)} tokens in format {fmt.name!r}, longer than the model's "
+                f"example {ex.id!r} is {n} tokens in format {fmt.name!r}, longer than the model's "
                 f"limit of {limit}; it is never truncated (keys would no longer align across formats). "
                 f"Use --on-overflow skip to leave such examples out (their ids are recorded in the manifest)."
             )
-        if zero_types:
-            r.token_type_ids = np.zeros_like(r.token_type_ids)
-        rendered.append(r)
-        stored.append(np.flatnonzero([role in role_set for role in r.role]).astype(np.int64))
+        lengths[i] = n
+        n_stored[i] = n_special_stored + (n_words if "word" in role_set else 0)
     if len(skipped) == len(examples):
         raise ExtractError(f"format {fmt.name!r}: every example is longer than the model's limit of {limit}")
     if zero_types:
@@ -209,15 +227,16 @@ def plan(lm: LoadedModel, fmt: Format, examples: Sequence[Example], tokenized: d
               f"{lm.type_vocab_size}); format {fmt.name!r}'s segment ids are all set to 0", file=sys.stderr)
     request = _request(lm, fmt, corpus, layers, roles, dtype, storage_dtype, on_overflow, shard_mb, attention)
     bytes_per_row = len(layers) * lm.hidden_size * STORAGE_DTYPES[storage_dtype].itemsize
-    shards = _cut_shards([len(s) for s in stored], bytes_per_row, shard_mb)
-    groups = attention_groups(rendered) if attention else []
-    return Plan(fmt, request, cache_path(root, request), rendered, stored, shards, skipped, groups)
+    shards = _cut_shards(n_stored.tolist(), bytes_per_row, shard_mb)
+    groups = attention_groups(fmt, counts) if attention else []
+    return Plan(fmt, request, cache_path(root, request), lengths, n_stored, shards, skipped, groups,
+                specials, zero_types)
 
 
 def assign_shards(plan_: Plan, world_size: int) -> list[list[int]]:
     """Split shards among ``world_size`` processes, balanced by forward-pass tokens (largest first to
     the least loaded process; ties by shard number), deterministically."""
-    costs = [sum(len(r) for r in plan_.rendered[a:b] if r is not None) for a, b in plan_.shards]
+    costs = [int(plan_.lengths[a:b].sum()) for a, b in plan_.shards]
     owners: list[list[int]] = [[] for _ in range(world_size)]
     load = [0] * world_size
     for shard in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
@@ -231,16 +250,34 @@ def assign_shards(plan_: Plan, world_size: int) -> list[list[int]]:
 # The forward pass
 
 
-def _token_table(examples: Sequence[Example], plan_: Plan, start: int, stop: int) -> pd.DataFrame:
+def render_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start: int,
+                 stop: int) -> tuple[list[int], list[Rendered], list[np.ndarray]]:
+    """Render the kept examples of one shard: (corpus indices, renders, stored positions)."""
+    idx = plan_.kept(start, stop)
+    unique = list(dict.fromkeys(s for e in idx for s in examples[e].sentences))
+    tokenized = dict(zip(unique, tokenize_sentences(lm.tokenizer, unique)))
+    role_set = set(plan_.request["roles"])
+    rendered, stored = [], []
+    for e in idx:
+        r = render(plan_.fmt, examples[e], [tokenized[s] for s in examples[e].sentences], plan_.specials)
+        if len(r) != plan_.lengths[e]:
+            raise CacheError(f"example {examples[e].id!r} rendered to {len(r)} tokens, planned {plan_.lengths[e]}")
+        if plan_.zero_types:
+            r.token_type_ids = np.zeros_like(r.token_type_ids)
+        rendered.append(r)
+        stored.append(np.flatnonzero([role in role_set for role in r.role]).astype(np.int64))
+    return idx, rendered, stored
+
+
+def token_table(examples: Sequence[Example], idx: Sequence[int], rendered: Sequence[Rendered],
+                stored: Sequence[np.ndarray], tokenizer) -> pd.DataFrame:
+    """One row per stored position, in corpus order then position order."""
     cols: dict[str, list] = {k: [] for k in ("example", "example_id", "role", "sentence", "index", "subword",
-                                             "occurrence", "position", "segment", "token_id", "token",
-                                             "word_text")}
-    tok = None
-    for e in range(start, stop):
-        r, pos = plan_.rendered[e], plan_.stored[e]
-        if r is None or len(pos) == 0:
-            continue
+                                             "occurrence", "position", "segment", "token_id", "word_text")}
+    for e, r, pos in zip(idx, rendered, stored):
         n = len(pos)
+        if n == 0:
+            continue
         cols["example"].append(np.full(n, e, dtype=np.int64))
         cols["example_id"].extend([examples[e].id] * n)
         cols["role"].extend(r.role[p] for p in pos)
@@ -252,8 +289,11 @@ def _token_table(examples: Sequence[Example], plan_: Plan, start: int, stop: int
         cols["segment"].append(r.token_type_ids[pos].astype(np.int8))
         cols["token_id"].append(r.input_ids[pos])
         cols["word_text"].extend(r.word_text[p] for p in pos)
-    df = pd.DataFrame({k: (np.concatenate(v) if v and isinstance(v[0], np.ndarray) else v)
-                       for k, v in cols.items() if k != "token"})
+    arrays = {"example": np.int64, "sentence": np.int32, "index": np.int32, "subword": np.int32,
+              "occurrence": np.int32, "position": np.int32, "segment": np.int8, "token_id": np.int64}
+    df = pd.DataFrame({k: (np.concatenate(v) if v else np.zeros(0, arrays[k])) if k in arrays else v
+                       for k, v in cols.items()})
+    df["token"] = tokenizer.convert_ids_to_tokens(df["token_id"].tolist())
     return df
 
 
@@ -278,14 +318,14 @@ def _batches(lengths: Sequence[int], batch_tokens: int, max_batch: int) -> list[
     return out
 
 
-def _run_shard(lm: LoadedModel, plan_: Plan, start: int, stop: int, *, device: torch.device,
-               batch_tokens: int, max_batch: int, pad_multiple: int, progress=None) -> tuple[np.ndarray, dict]:
-    """States of the shard's stored positions, rows in corpus order, plus extra arrays."""
+def _run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start: int, stop: int, *,
+               device: torch.device, batch_tokens: int, max_batch: int, pad_multiple: int,
+               progress=None) -> tuple[np.ndarray, pd.DataFrame, dict, list[int]]:
+    """States of the shard's stored positions (rows in corpus order), its token table, extra arrays."""
     layers = plan_.request["layers"]
     storage = STORAGE_DTYPES[plan_.request["storage_dtype"]]
-    idx = [e for e in range(start, stop) if plan_.rendered[e] is not None]
-    counts = [len(plan_.stored[e]) for e in idx]
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    idx, rendered, stored = render_shard(lm, plan_, examples, start, stop)
+    offsets = np.concatenate([[0], np.cumsum([len(s) for s in stored])]).astype(np.int64)
     out = np.empty((int(offsets[-1]), len(layers), lm.hidden_size), dtype=storage)
     attention = plan_.request["attention"]
     groups = plan_.groups
@@ -294,7 +334,7 @@ def _run_shard(lm: LoadedModel, plan_: Plan, start: int, stop: int, *, device: t
     pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     pass_types = _accepts_token_types(lm.model)
     H = lm.hidden_size
-    lengths = [len(plan_.rendered[e]) for e in idx]
+    lengths = [len(r) for r in rendered]
     for batch in _batches(lengths, batch_tokens, max_batch):
         T = max(lengths[i] for i in batch)
         T = -(-T // pad_multiple) * pad_multiple
@@ -303,11 +343,10 @@ def _run_shard(lm: LoadedModel, plan_: Plan, start: int, stop: int, *, device: t
         mask = np.zeros((len(batch), T), dtype=np.int64)
         flat, dest = [], []
         for b, i in enumerate(batch):
-            r = plan_.rendered[idx[i]]
+            r = rendered[i]
             n = len(r)
             ids[b, :n], types[b, :n], mask[b, :n] = r.input_ids, r.token_type_ids, 1
-            pos = plan_.stored[idx[i]]
-            flat.append(b * T + pos)
+            flat.append(b * T + stored[i])
             dest.append(np.arange(offsets[i], offsets[i + 1]))
         flat_t = torch.from_numpy(np.concatenate(flat)).to(device, non_blocking=True)
         inputs = {"input_ids": torch.from_numpy(ids).to(device), "attention_mask": torch.from_numpy(mask).to(device)}
@@ -319,28 +358,37 @@ def _run_shard(lm: LoadedModel, plan_: Plan, start: int, stop: int, *, device: t
             gathered = torch.stack([hs[l].reshape(-1, H).index_select(0, flat_t) for l in layers], dim=1)
             host = gathered.to("cpu", dtype=torch.float32 if storage == np.float32 else torch.float16)
             if attention:
-                gid = torch.full((len(batch), T), -1, dtype=torch.long)
-                for b, i in enumerate(batch):
-                    g = _group_ids(plan_.rendered[idx[i]], groups)
-                    gid[b, :len(g)] = torch.from_numpy(g)
-                onehot = torch.zeros(len(batch), T, len(groups), dtype=torch.float32)
-                valid = gid >= 0
-                onehot[valid.nonzero(as_tuple=True) + (gid[valid],)] = 1.0
-                onehot = onehot.to(device)
-                counts_g = onehot.sum(1)  # (B, G)
-                per_layer = []
-                for a in o.attentions:  # (B, heads, T, T)
-                    to_group = torch.einsum("bhqk,bkg->bhqg", a.float(), onehot)
-                    mass = torch.einsum("bqa,bhqg->bhag", onehot, to_group)
-                    per_layer.append(mass / counts_g[:, None, :, None])
-                summary = torch.stack(per_layer, dim=1).cpu().numpy()  # (B, L, heads, G, G)
+                summary = _attention_summary(o.attentions, [rendered[i] for i in batch], groups, T, device)
                 for b, i in enumerate(batch):
                     att[i] = summary[b]
         out[np.concatenate(dest)] = host.numpy()
         if progress is not None:
             progress.update(len(batch))
+    tokens = token_table(examples, idx, rendered, stored, lm.tokenizer)
     extra = {"attention": att} if attention else {}
-    return out, extra
+    return out, tokens, extra, idx
+
+
+def _attention_summary(attentions, rendered: Sequence[Rendered], groups: list[str], T: int,
+                       device: torch.device) -> np.ndarray:
+    """Attention mass between token groups (Clark et al. 2019, "What Does BERT Look At?"): for each
+    layer and head, ``mass[a, b]`` = mean over query tokens q in group a of sum over key tokens k in
+    group b of attention(q -> k). Returns (batch, layers, heads, G, G); NaN where a group is empty."""
+    gid = torch.full((len(rendered), T), -1, dtype=torch.long)
+    for b, r in enumerate(rendered):
+        g = _group_ids(r, groups)
+        gid[b, :len(g)] = torch.from_numpy(g)
+    onehot = torch.zeros(len(rendered), T, len(groups), dtype=torch.float32)
+    valid = gid >= 0
+    onehot[valid.nonzero(as_tuple=True) + (gid[valid],)] = 1.0
+    onehot = onehot.to(device)
+    counts = onehot.sum(1)  # (B, G)
+    per_layer = []
+    for a in attentions:  # (B, heads, T, T)
+        to_group = torch.einsum("bhqk,bkg->bhqg", a.float(), onehot)
+        mass = torch.einsum("bqa,bhqg->bhag", onehot, to_group)
+        per_layer.append(mass / counts[:, None, :, None])
+    return torch.stack(per_layer, dim=1).cpu().numpy()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -424,10 +472,10 @@ def extract(
                               f"{short.id!r} has {short.n_sentences}")
         special_token_ids(lm.tokenizer, f)
     unique = list(dict.fromkeys(s for ex in examples for s in ex.sentences))
-    tokenized = dict(zip(unique, tokenize_sentences(lm.tokenizer, unique)))
+    lengths_of = sentence_lengths(lm.tokenizer, unique)
     root = Path(out)
     # every format is planned (rendered and checked) before anything is written
-    plans = [plan(lm, f, examples, tokenized, corpus=corpus, root=root, layers=layer_list, roles=role_list,
+    plans = [plan(lm, f, examples, lengths_of, corpus=corpus, root=root, layers=layer_list, roles=role_list,
                   dtype=dtype, storage_dtype=storage_dtype, on_overflow=on_overflow, shard_mb=shard_mb,
                   attention=attention) for f in fmts]
     for p in plans:
@@ -463,8 +511,8 @@ def _extract_one(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, devic
     done = complete_shards(path, verify=False, clean=False)
     mine = assign_shards(p, world_size)[rank]
     todo = [s for s in mine if s not in done]
-    n_todo = sum(1 for s in todo for e in range(*p.shards[s]) if p.rendered[e] is not None)
-    tokens_fwd = sum(len(p.rendered[e]) for s in todo for e in range(*p.shards[s]) if p.rendered[e] is not None)
+    n_todo = sum(len(p.kept(*p.shards[s])) for s in todo)
+    tokens_fwd = int(sum(p.lengths[slice(*p.shards[s])].sum() for s in todo))
     resumed = len(mine) - len(todo)
     t0 = time.perf_counter()
     bar = None
@@ -478,13 +526,12 @@ def _extract_one(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, devic
     with ThreadPoolExecutor(max_workers=1) as writer:
         for s in todo:
             start, stop = p.shards[s]
-            states, extra = _run_shard(lm, p, start, stop, device=device, batch_tokens=batch_tokens,
-                                       max_batch=max_batch, pad_multiple=pad_multiple, progress=bar)
-            tokens = _token_table(examples, p, start, stop)
-            tokens["token"] = lm.tokenizer.convert_ids_to_tokens(tokens["token_id"].tolist())
+            states, tokens, extra, kept = _run_shard(lm, p, examples, start, stop, device=device,
+                                                     batch_tokens=batch_tokens, max_batch=max_batch,
+                                                     pad_multiple=pad_multiple, progress=bar)
             info = {"examples": [start, stop]}
             if extra:
-                info["attention_examples"] = [e for e in range(start, stop) if p.rendered[e] is not None]
+                info["attention_examples"] = kept
             if pending is not None:
                 pending.result()  # at most one shard waits to be written: memory stays flat
             pending = writer.submit(write_shard, path, s, states, tokens, info, extra)
