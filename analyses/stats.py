@@ -105,14 +105,23 @@ class _MedianFromCounts:
         self.width = p1 - self.p0
 
     def __call__(self, mult: np.ndarray, multf: np.ndarray, total: np.ndarray) -> np.ndarray:
+        rows = mult.shape[0]
         before = (multf @ self.below_p0).astype(np.int64)
-        cw = before[:, None] + np.cumsum(mult[:, self.g_win], axis=1)
+        cw = np.cumsum(mult[:, self.g_win], axis=1)
+        cw += before[:, None]
         lo_rank, hi_rank = (total - 1) // 2, total // 2
         inside = (before <= lo_rank) & (cw[:, -1] > hi_rank)
-        out = np.empty(mult.shape[0])
-        lo = self.p0 + (cw[inside] <= lo_rank[inside, None]).sum(axis=1)
-        hi = self.p0 + (cw[inside] <= hi_rank[inside, None]).sum(axis=1)
-        out[inside] = 0.5 * (self.v_sorted[lo] + self.v_sorted[hi])
+        # Rows of cw ascend; offset row b by b * stride so one searchsorted over the flattened array
+        # finds, per row, the first position whose cumulative count exceeds the rank.
+        stride = int(total.max()) + 1
+        offset = np.arange(rows, dtype=np.int64) * stride
+        cw += offset[:, None]
+        flat = cw.ravel()
+        base = np.arange(rows, dtype=np.int64) * self.width - self.p0
+        lo = np.searchsorted(flat, lo_rank + offset, side="right") - base
+        hi = np.searchsorted(flat, hi_rank + offset, side="right") - base
+        out = np.empty(rows)
+        out[inside] = 0.5 * (self.v_sorted[lo[inside]] + self.v_sorted[hi[inside]])
         if not inside.all():
             out[~inside] = _weighted_median_sorted(self.v_sorted, mult[~inside][:, self.g_sorted])
         return out

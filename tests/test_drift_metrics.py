@@ -510,8 +510,10 @@ def slow_pool(states, word_ids, sub, mode):
 
 
 @pytest.mark.parametrize("mode", ["first", "mean"])
-@pytest.mark.parametrize("seed", [0, 1])
-def test_subword_pool_matches_slow_loop(mode, seed):
+@pytest.mark.parametrize("seed, block_rows", [(0, None), (1, None), (2, 5), (3, 1)])
+def test_subword_pool_matches_slow_loop(mode, seed, block_rows, monkeypatch):
+    if block_rows is not None:  # many row blocks, words straddling their ends
+        monkeypatch.setattr(dm, "_BLOCK_ROWS", block_rows)
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 5, size=60)
     word_ids = np.repeat(rng.permutation(1000)[:60], lengths)

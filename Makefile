@@ -1,0 +1,30 @@
+# Two set-up commands (see README): `make study` installs everything and runs the default study;
+# `make test` installs the package with its test dependencies and runs the test suite.
+# torch is installed first, pinned, so that pip takes the local CPU wheel rather than a CUDA build.
+PYTHON ?= python3
+PIP = $(PYTHON) -m pip install --quiet
+STUDY ?= configs/seed_questions.toml
+
+.PHONY: install install-dev study quick test bench
+
+install:
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[corpora]'
+
+install-dev:
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[dev]'
+
+study: install
+	$(PYTHON) -m probing.study $(STUDY)
+
+quick: install
+	$(PYTHON) -m probing.study $(STUDY) --quick
+
+test: install-dev
+	$(PYTHON) -m pytest -q
+
+bench: install-dev
+	$(PYTHON) benchmarks/extract_throughput.py
+	$(PYTHON) benchmarks/cka_speed.py
+	$(PYTHON) benchmarks/probe_speed.py

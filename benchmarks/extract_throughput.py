@@ -1,0 +1,139 @@
+"""Extraction throughput: the toolkit's extractor against a naive loop, measured in the same run.
+
+The naive loop is what people write first: batches of 32 examples in corpus order, padded to the
+longest, float32, ``output_hidden_states=True``, every hidden state of every layer copied to the host
+as NumPy. The toolkit's extractor sorts by length inside shards, batches under a token budget, runs
+under ``inference_mode``, gathers only the stored positions on the device and writes the cache to disk
+(the naive loop writes nothing, so the comparison is generous to it).
+
+    python benchmarks/extract_throughput.py                       # default model, BBC pairs, CPU
+    python benchmarks/extract_throughput.py --corpus generated:n=500 --roles cls,sep,word
+    python benchmarks/extract_throughput.py --random-init-size base --device cuda --dtype bfloat16
+
+Tokens/s counts real (unpadded) tokens through the model. Results: benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+
+def naive_loop(lm, examples, batch_size: int, device: torch.device) -> tuple[int, float]:
+    """Batches of ``batch_size`` in corpus order; every hidden state copied to the host."""
+    tok, model = lm.tokenizer, lm.model
+    n_tokens = 0
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for i in range(0, len(examples), batch_size):
+        batch = examples[i:i + batch_size]
+        enc = tok([e.sentences[0] for e in batch], [e.sentences[1] for e in batch], padding=True,
+                  return_tensors="pt")
+        n_tokens += int(enc["attention_mask"].sum())
+        enc = {k: v.to(device) for k, v in enc.items()}
+        with torch.no_grad():
+            out = model(**enc, output_hidden_states=True)
+        _ = [h.float().cpu().numpy() for h in out.hidden_states]
+    sync()
+    return n_tokens, time.perf_counter() - t0
+
+
+def random_model(size: str, tokenizer, device, dtype):
+    """A randomly initialised BERT of a standard size (same code path as any loaded model)."""
+    from transformers import BertConfig, BertModel
+
+    from probing.models import prepare_model
+
+    sizes = {"base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+             "mini": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)}
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=len(tokenizer), **sizes[size]))
+    return prepare_model(model, tokenizer, name=f"random-bert-{size}", random_init=True, seed=0,
+                         device=device, dtype=dtype)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="model id or path (default: all-MiniLM-L6-v2)")
+    p.add_argument("--random-init-size", choices=["base", "mini"], default=None,
+                   help="use a randomly initialised BERT of this size (tokenizer of --model)")
+    p.add_argument("--corpus", default="bbc:n=1000,k=2,max_words=60",
+                   help="corpus spec of sentence pairs (default: 1,000 BBC News pairs)")
+    p.add_argument("--roles", default="cls,sep", help="roles the extractor stores (default cls,sep)")
+    p.add_argument("--layers", default="all")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="float32", help="extractor compute dtype (the naive loop is float32)")
+    p.add_argument("--batch-tokens", type=int, default=None, help="extractor token budget per batch")
+    p.add_argument("--naive-batch", type=int, default=32)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    args = p.parse_args(argv)
+
+    from probing.corpora import load_corpus
+    from probing.extract import extract
+    from probing.models import load_model, pick_device
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = pick_device(args.device)
+    examples = load_corpus(args.corpus)
+    examples = [e for e in examples if e.n_sentences >= 2]
+    lm = load_model(args.model, device=device, dtype="float32")
+    if args.random_init_size:
+        lm = random_model(args.random_init_size, lm.tokenizer, device, "float32")
+    batch_tokens = args.batch_tokens or (65536 if device.type == "cuda" else 4096)
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
+          f"{torch.__version__}, threads {torch.get_num_threads()}, device {device}"
+          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""))
+    print(f"model: {lm.name} ({lm.n_layers} layers, hidden {lm.hidden_size}); corpus: {args.corpus}, "
+          f"{len(examples)} pairs")
+
+    naive_loop(lm, examples[: args.naive_batch * 2], args.naive_batch, device)  # warm-up
+    n_naive, t_naive = naive_loop(lm, examples, args.naive_batch, device)
+    naive_rate = n_naive / t_naive
+    print(f"naive loop   : {n_naive} tokens in {t_naive:7.2f}s = {naive_rate:12,.0f} tokens/s")
+
+    root = Path(tempfile.mkdtemp(prefix="probing-bench-"))
+    try:
+        lm.model.to(dtype={"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype])
+        extract(examples[:64], ["pair"], model=lm, out=root / "warm", roles=args.roles, layers=args.layers,
+                dtype=args.dtype, device=str(device), batch_tokens=batch_tokens, progress=False,
+                log=lambda *a: None)
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        (path,) = extract(examples, ["pair"], model=lm, out=root / "run", roles=args.roles, layers=args.layers,
+                          dtype=args.dtype, device=str(device), batch_tokens=batch_tokens, progress=False,
+                          log=lambda *a: None)
+        sync()
+        t_ext = time.perf_counter() - t0
+        from probing.extract import sentence_lengths
+
+        lengths = sentence_lengths(lm.tokenizer, list({s for e in examples for s in e.sentences[:2]}))
+        n_ext = sum(lengths[e.sentences[0]] + lengths[e.sentences[1]] + 3 for e in examples)
+        if n_ext != n_naive:
+            raise SystemExit(f"token counts differ: extractor {n_ext}, naive {n_naive}")
+        size_mb = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    rate = n_ext / t_ext
+    print(f"extractor    : {n_ext} tokens in {t_ext:7.2f}s = {rate:12,.0f} tokens/s "
+          f"(roles {args.roles}, {args.dtype}, cache {size_mb:.1f} MiB written)")
+    print(f"ratio extractor / naive = {rate / naive_rate:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
