@@ -11,7 +11,7 @@ processed in row blocks, so memory stays flat for memory-mapped inputs.
 from __future__ import annotations
 
 import warnings
-from typing import Literal, get_args
+from typing import Literal, Sequence, get_args
 
 import numpy as np
 from scipy import sparse as _sparse
@@ -104,8 +104,9 @@ def _block_cos_rel(a: np.ndarray, b: np.ndarray, want_cos: bool, want_rel: bool)
     return cos, rel
 
 
-def _cos_rel(A, B, want_cos: bool = True, want_rel: bool = True):
-    """Row-block loop over (n, dim) inputs: bounded float64 temporaries, memmaps read block by block."""
+def _cos_rel(A, B, want_cos: bool = True, want_rel: bool = True, mean=None, std=None):
+    """Row-block loop over (n, dim) inputs: bounded float64 temporaries, memmaps read block by block.
+    With ``mean``/``std`` (dim,), each block is standardised first (no standardised copy of A, B)."""
     A, B = _check_pair(A, B)
     n = A.shape[0]
     cos = np.empty(n) if want_cos else None
@@ -113,6 +114,9 @@ def _cos_rel(A, B, want_cos: bool = True, want_rel: bool = True):
     for s in range(0, n, _BLOCK_ROWS):
         a = np.asarray(A[s:s + _BLOCK_ROWS], dtype=np.float64)
         b = np.asarray(B[s:s + _BLOCK_ROWS], dtype=np.float64)
+        if mean is not None:
+            a = (a - mean) / std
+            b = (b - mean) / std
         c, r = _block_cos_rel(a, b, want_cos, want_rel)
         if want_cos:
             cos[s:s + _BLOCK_ROWS] = c
@@ -184,6 +188,30 @@ def random_pair_indices(example_ids, n_pairs: int = 10000, seed: int = 0) -> tup
     return i.astype(np.int64), j.astype(np.int64)
 
 
+def _take_rows(parts: Sequence[np.ndarray], idx: np.ndarray) -> np.ndarray:
+    """Rows ``idx`` of the row-wise concatenation of ``parts``, as float64, without concatenating."""
+    out = np.empty((idx.size, parts[0].shape[1]))
+    start = 0
+    for part in parts:
+        sel = np.flatnonzero((idx >= start) & (idx < start + part.shape[0]))
+        out[sel] = part[idx[sel] - start]
+        start += part.shape[0]
+    return out
+
+
+def _pair_cosines(parts, ids, n_pairs, seed, mean=None, std=None):
+    i, j = random_pair_indices(ids, n_pairs=n_pairs, seed=seed)
+    xi, xj = _take_rows(parts, i), _take_rows(parts, j)
+    if mean is not None:
+        xi, xj = (xi - mean) / std, (xj - mean) / std
+    cos = rowwise_cosine(xi, xj)
+    bad = np.isnan(cos)
+    if bad.any():
+        rows = np.unique(np.concatenate([i[bad], j[bad]]))
+        raise ValueError(f"zero-norm or non-finite rows of X met in random pairs: rows {rows[:10].tolist()}")
+    return cos, ids[i]
+
+
 def random_pair_cosines(X, example_ids, n_pairs: int = 10000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Cosines of random row pairs from different examples (see :func:`random_pair_indices`).
 
@@ -193,13 +221,7 @@ def random_pair_cosines(X, example_ids, n_pairs: int = 10000, seed: int = 0) -> 
     """
     X = _check_2d(X, "X")
     ids = _check_labels(example_ids, X.shape[0], "example_ids")
-    i, j = random_pair_indices(ids, n_pairs=n_pairs, seed=seed)
-    cos = rowwise_cosine(X[i], X[j])
-    bad = np.isnan(cos)
-    if bad.any():
-        rows = np.unique(np.concatenate([i[bad], j[bad]]))
-        raise ValueError(f"zero-norm or non-finite rows of X met in random pairs: rows {rows[:10].tolist()}")
-    return cos, ids[i]
+    return _pair_cosines([X], ids, n_pairs, seed)
 
 
 def anisotropy_baseline(X, example_ids, n_pairs: int = 10000, seed: int = 0) -> float:
@@ -231,22 +253,36 @@ def anisotropy_baseline_ci(
 
 
 def fit_standardization(reference) -> tuple[np.ndarray, np.ndarray]:
-    """Per-dimension mean and standard deviation (ddof=0) of ``reference`` (n, dim), in float64.
+    """Per-dimension mean and standard deviation (ddof=0) of ``reference``, in float64.
 
-    Dimensions with zero variance get std 1 (they are centred to 0 and carry no information), as in
-    scikit-learn's ``StandardScaler``. Computed in row blocks (two passes), so memory stays flat.
+    reference: (n, dim), or a list/tuple of (n_k, dim) arrays taken as their row-wise union (e.g.
+    ``[A, B]``, both formats' tokens, without concatenating them). Dimensions with zero variance get
+    std 1 (they are centred to 0 and carry no information), as in scikit-learn's ``StandardScaler``.
+    Computed in row blocks (two passes), so memory stays flat.
     """
-    R = _check_2d(reference, "reference")
-    n = R.shape[0]
+    parts = list(reference) if isinstance(reference, (list, tuple)) else [reference]
+    parts = [_check_2d(p, "reference") for p in parts]
+    if not parts:
+        raise ValueError("reference is an empty list")
+    dims = {p.shape[1] for p in parts}
+    if len(dims) != 1:
+        raise ValueError(f"reference arrays differ in dim: shapes {[p.shape for p in parts]}")
+    n = sum(p.shape[0] for p in parts)
     if n < 1:
-        raise ValueError(f"reference has no rows: reference.shape={R.shape}")
-    total = np.zeros(R.shape[1])
-    for s in range(0, n, _BLOCK_ROWS):
-        total += np.asarray(R[s:s + _BLOCK_ROWS], dtype=np.float64).sum(axis=0)
+        raise ValueError(f"reference has no rows: shapes {[p.shape for p in parts]}")
+
+    def blocks():
+        for p in parts:
+            for s in range(0, p.shape[0], _BLOCK_ROWS):
+                yield np.asarray(p[s:s + _BLOCK_ROWS], dtype=np.float64)
+
+    total = np.zeros(dims.pop())
+    for blk in blocks():
+        total += blk.sum(axis=0)
     mean = total / n
-    ss = np.zeros(R.shape[1])
-    for s in range(0, n, _BLOCK_ROWS):
-        d = np.asarray(R[s:s + _BLOCK_ROWS], dtype=np.float64) - mean
+    ss = np.zeros_like(mean)
+    for blk in blocks():
+        d = blk - mean
         ss += np.einsum("ij,ij->j", d, d)
     if not (np.isfinite(mean).all() and np.isfinite(ss).all()):
         raise ValueError("reference holds non-finite values (NaN or inf)")
@@ -354,27 +390,19 @@ def drift_summary(
     if baseline_X is None:
         if baseline_example_ids is not None:
             raise ValueError("baseline_example_ids given without baseline_X")
-        base, base_ex = None, np.concatenate([ex, ex])
+        base_parts, base_ex = [A, B], np.concatenate([ex, ex])
     else:
         base = _check_2d(baseline_X, "baseline_X")
         if base.shape[1] != A.shape[1]:
             raise ValueError(f"baseline_X must have A's dim: {base.shape=} vs {A.shape=}")
         if baseline_example_ids is None:
             raise ValueError("baseline_X needs baseline_example_ids (the example of each row)")
+        base_parts = [base]
         base_ex = _check_labels(baseline_example_ids, base.shape[0], "baseline_example_ids")
+    # Standardised rows are made block by block and for the sampled pairs only: no full copies.
+    mean, std = fit_standardization(base_parts) if standardise else (None, None)
 
-    if standardise:
-        if base is None:
-            mean, std = fit_standardization(np.concatenate([A, B]))
-        else:
-            mean, std = fit_standardization(base)
-        A, B = standardize(A, mean, std), standardize(B, mean, std)
-        if base is not None:
-            base = standardize(base, mean, std)
-    if base is None:
-        base = np.concatenate([A, B])
-
-    cos, rel = _cos_rel(A, B)
+    cos, rel = _cos_rel(A, B, mean=mean, std=std)
     bad = np.isnan(cos)
     if bad.any():
         idx = np.flatnonzero(bad)
@@ -382,9 +410,9 @@ def drift_summary(
                          f"cosine; first rows {idx[:10].tolist()}")
     drift = 1.0 - cos
 
-    b_point, b_low, b_high = anisotropy_baseline_ci(
-        base, base_ex, n_pairs=n_pairs, seed=seed, n_resamples=n_resamples,
-        confidence=confidence, method=method)
+    pair_cos, pair_first = _pair_cosines(base_parts, base_ex, n_pairs, seed, mean, std)
+    b_point, b_low, b_high = bootstrap_ci(pair_cos, pair_first, "mean", n_resamples=n_resamples,
+                                          confidence=confidence, seed=seed, method=method)
     if b_point >= 1.0:
         warnings.warn(f"anisotropy baseline is {b_point!r} (>= 1): normalised drift is undefined (NaN)",
                       RuntimeWarning, stacklevel=2)

@@ -8,6 +8,7 @@ Layout of one cache (one model x format x corpus x options)::
         shards/00000.tokens.parquet  its token table: one row per stored token, with its key
         shards/00000.json            its record: example range, row count, SHA-256 of both files
                                      (written last: a shard is complete iff its record exists)
+        examples.parquet             the corpus: example index, id, sentences, label_<name> columns
         manifest.json                written when every shard is complete: the cache is complete
 
 Every file is written to a temporary name and renamed into place, so an interrupted run leaves only
@@ -36,6 +37,7 @@ import pandas as pd
 from .formats import KEY_COLUMNS
 
 MANIFEST = "manifest.json"
+EXAMPLES = "examples.parquet"
 REQUEST = "request.json"
 SHARDS = "shards"
 CACHE_VERSION = 1
@@ -268,6 +270,25 @@ class Cache:
                 f"delete the cache or re-run the extraction with --force"
             )
         return p
+
+    @cached_property
+    def examples(self) -> pd.DataFrame:
+        """The corpus: one row per example (skipped ones included), indexed by corpus position, with
+        ``example_id``, ``sentence_<i>`` and ``label_<name>`` columns."""
+        p = self.path / EXAMPLES
+        if self.verify and _sha256_file(p) != self.manifest["examples_sha256"]:
+            raise CacheError(f"{self.path}: {EXAMPLES} is damaged (SHA-256 does not match the manifest)")
+        return pd.read_parquet(p).set_index("example", drop=False)
+
+    def labels(self, name: str, examples: np.ndarray | None = None) -> np.ndarray:
+        """Label ``name`` of the given corpus indices (default: all examples)."""
+        col = f"label_{name}"
+        table = self.examples
+        if col not in table.columns:
+            have = [c[len("label_"):] for c in table.columns if c.startswith("label_")]
+            raise KeyError(f"no label {name!r} in {self.path.name}; labels: {have}")
+        values = table[col].to_numpy()
+        return values if examples is None else values[np.asarray(examples)]
 
     @cached_property
     def tokens(self) -> pd.DataFrame:

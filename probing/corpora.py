@@ -259,6 +259,7 @@ def generated_corpus(n_examples: int = 200, k: int = 2, seed: int = 0, pairing: 
         count[topic] += n_groups
 
     negatives = _nsp_negatives(len(rows), rng) if k >= 2 and pairing == "nsp" else set()
+    others = {t: [d[2] for d in docs if d[1] != t] for t in topics}  # sentences of other topics' documents
     examples = []
     for i, (d, g) in enumerate(rows):
         doc_id, topic, sentences = docs[d]
@@ -266,8 +267,7 @@ def generated_corpus(n_examples: int = 200, k: int = 2, seed: int = 0, pairing: 
         labels: dict[str, Label] = {"topic": topic, "doc": doc_id, "n_words": _n_words(group[0])}
         if k >= 2:
             if i in negatives:
-                others = [o for o in docs if o[1] != topic]
-                group[-1] = rng.choice(rng.choice(others)[2])
+                group[-1] = rng.choice(rng.choice(others[topic]))
             labels["is_next"] = int(i not in negatives)
         examples.append(Example(f"{doc_id}:{g}", tuple(group), labels))
     return examples

@@ -543,7 +543,7 @@ def _extract_one(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, devic
     if barrier is not None:
         barrier()
     if rank == 0:
-        _finish(lm, p, path, log)
+        _finish(lm, p, path, examples, log)
         n_rows = sum(r["n_tokens"] for r in complete_shards(path, verify=False).values())
         rate = tokens_fwd / elapsed if elapsed > 0 and tokens_fwd else 0.0
         log(f"[{p.fmt.name}] {len(examples) - len(p.skipped)} examples"
@@ -554,12 +554,37 @@ def _extract_one(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, devic
             + f"\n[{p.fmt.name}] cache: {path}")
 
 
-def _finish(lm: LoadedModel, p: Plan, path: Path, log) -> None:
+def examples_table(examples: Sequence[Example]) -> pd.DataFrame:
+    """The corpus beside the states, so analyses need nothing else: index, id, sentences, labels."""
+    k = max(e.n_sentences for e in examples)
+    data: dict[str, list] = {"example": list(range(len(examples))), "example_id": [e.id for e in examples],
+                             "n_sentences": [e.n_sentences for e in examples]}
+    for i in range(k):
+        data[f"sentence_{i + 1}"] = [e.sentences[i] if i < e.n_sentences else "" for e in examples]
+    names = sorted({name for e in examples for name in e.labels})
+    for name in names:
+        values = [e.labels.get(name) for e in examples]
+        kinds = {type(v) for v in values if v is not None}
+        if kinds <= {int, bool} and None not in values:
+            data[f"label_{name}"] = [int(v) for v in values]
+        elif kinds <= {int, float, bool}:
+            data[f"label_{name}"] = [float("nan") if v is None else float(v) for v in values]
+        else:
+            data[f"label_{name}"] = ["" if v is None else str(v) for v in values]
+    return pd.DataFrame(data)
+
+
+def _finish(lm: LoadedModel, p: Plan, path: Path, examples: Sequence[Example], log) -> None:
     done = complete_shards(path, verify=False, clean=False)  # each record was checked as it was written
     missing = [s for s in range(len(p.shards)) if s not in done]
     if missing:
         raise CacheError(f"{path}: shards {missing} are missing after extraction; run again to resume")
+    from .cache import EXAMPLES, _sha256_file, _write_parquet, atomic_write
+
+    table = examples_table(examples)
+    atomic_write(path / EXAMPLES, lambda tmp: _write_parquet(tmp, table))
     manifest = dict(p.request)
+    manifest["examples_sha256"] = _sha256_file(path / EXAMPLES)
     manifest["skipped"] = list(p.skipped)
     manifest["shards"] = [done[s] for s in range(len(p.shards))]
     manifest["n_tokens"] = sum(r["n_tokens"] for r in manifest["shards"])

@@ -456,6 +456,29 @@ def test_drift_summary_recovers_planted_group_cosines():
     assert len(df) == 3 * (len(DRIFT_METRICS) - 1) + 1
 
 
+def test_drift_summary_default_baseline_is_union_of_formats():
+    rng = np.random.default_rng(8)
+    A = rng.normal(size=(120, 6)) + 1.0
+    B = rng.normal(size=(120, 6)) - 0.5
+    ex = np.repeat(np.arange(24), 5)
+    g = np.where(np.arange(120) % 5 == 0, "cls", "w")
+    g[:5] = "solo"  # a group of one example: point estimates, NaN intervals, no crash
+    U, U_ex = np.concatenate([A, B]), np.concatenate([ex, ex])
+    for standardise in (False, True):
+        rows = drift_summary(A, B, ex, g, n_resamples=200, seed=3, standardise=standardise)
+        by = {(r["role"], r["metric"]): r for r in rows}
+        X = standardize(U) if standardise else U
+        base = anisotropy_baseline_ci(X, U_ex, seed=3, n_resamples=200)
+        got = by["all", "anisotropy_baseline"]
+        np.testing.assert_allclose((got["value"], got["ci_low"], got["ci_high"]), base, atol=1e-14)
+        assert by["all", "anisotropy_baseline"]["n_examples"] == 24
+        solo = by["solo", "cosine_mean"]
+        assert solo["n_examples"] == 1 and np.isfinite(solo["value"]) and np.isnan(solo["ci_low"])
+        assert np.isnan(by["solo", "normalised_drift"]["ci_high"])
+    np.testing.assert_allclose(np.concatenate(fit_standardization([A, B])),
+                               np.concatenate(fit_standardization(U)), atol=1e-14)
+
+
 def test_drift_summary_with_baseline_set_and_determinism():
     rng = np.random.default_rng(4)
     A = rng.normal(size=(100, 8)) + 5.0
