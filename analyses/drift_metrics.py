@@ -370,7 +370,8 @@ def drift_summary(
       cosine, its CI mapped from the cosine's CI with the baseline held fixed (the baseline's own
       uncertainty is not propagated); NaN with a warning if the baseline is >= 1.
 
-    and one ``anisotropy_baseline`` row (role ``"all"``, ``n`` = number of pairs) with its CI.
+    and one ``anisotropy_baseline`` row (role ``"all"`` whatever ``overall_label``, ``n`` = number of
+    pairs, ``n_examples`` = examples in the baseline set) with its CI (:func:`anisotropy_baseline_ci`).
     Keys: ``role, target, metric, value, ci_low, ci_high, n`` (tokens), ``n_examples``, ``seed``,
     matching :data:`analyses.results.RESULT_COLUMNS` plus ``n_examples``; the caller fills analysis,
     model, corpus, format, format_b and layer. CIs are cluster bootstraps over examples
@@ -450,7 +451,7 @@ def subword_pool(states, word_ids, subword_index, mode: PoolMode = "first") -> t
     states: (n_tokens, dim); word_ids: (n_tokens,) integer id of each row's word, unique per word
     across the whole array (e.g. a factorised word key); subword_index: (n_tokens,) position of the
     row within its word (0 for the first subword). ``mode="first"`` takes the row with subword index 0
-    (the usual choice for word-level probing, e.g. Hewitt & Manning 2019) and returns it unchanged in
+    (as BERT's token-level tasks do, Devlin et al. 2019 sec. 5.3) and returns it unchanged in
     ``states.dtype``; ``mode="mean"`` averages all subwords of the word in float64.
 
     Returns ``(pooled, words)``: pooled (n_words, dim) and words (n_words,) the sorted unique word ids,

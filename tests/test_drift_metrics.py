@@ -461,7 +461,7 @@ def test_drift_summary_default_baseline_is_union_of_formats():
     A = rng.normal(size=(120, 6)) + 1.0
     B = rng.normal(size=(120, 6)) - 0.5
     ex = np.repeat(np.arange(24), 5)
-    g = np.where(np.arange(120) % 5 == 0, "cls", "w")
+    g = np.where(np.arange(120) % 5 == 0, "cls", "w").astype("<U8")
     g[:5] = "solo"  # a group of one example: point estimates, NaN intervals, no crash
     U, U_ex = np.concatenate([A, B]), np.concatenate([ex, ex])
     for standardise in (False, True):

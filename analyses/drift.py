@@ -1,0 +1,180 @@
+"""Cosine drift between two caches (formats A and B of the same model and corpus), per layer and
+role group, with cluster-bootstrap CIs over examples and the anisotropy baseline.
+
+    python -m analyses.drift caches/MODEL/pair-... caches/MODEL/concat-... --out results
+
+Q1 (drop the middle [SEP]): ``pair`` vs ``concat``. Q2 and the "context effect": ``single`` vs
+``pair`` (sentence 1's words alone and inside the pair), ``single2`` vs ``pair`` for sentence 2.
+The metric functions live in :mod:`analyses.drift_metrics`; this module only reads, aligns and writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from analyses.drift_metrics import POOL_MODES, drift_summary, subword_pool
+from analyses.results import make_table, read_table, result_path, write_table
+from probing.cache import Cache, align
+
+
+def model_label(cache: Cache) -> str:
+    m = cache.manifest["model"]
+    return m["name"] + (f" (random init, seed {m['seed']})" if m.get("random_init") else "")
+
+
+def group_labels(tokens: pd.DataFrame) -> np.ndarray:
+    """Role group of each token row: ``cls``, ``sep<i>`` (the [SEP] after sentence i), ``s<i> words``."""
+    role = tokens["role"].to_numpy()
+    sent = tokens["sentence"].to_numpy()
+    idx = tokens["index"].to_numpy()
+    out = np.empty(len(tokens), dtype=object)
+    for i, (r, s, j) in enumerate(zip(role, sent, idx)):
+        if r == "word":
+            out[i] = f"s{s} words"
+        elif r == "sep":
+            out[i] = f"sep{s}" if j == 0 else f"sep{s}.{j}"
+        elif r == "cls":
+            out[i] = "cls" if s == 0 and j == 0 else f"cls@{s}.{j}"
+        else:
+            out[i] = r
+    return out
+
+
+def check_comparable(a: Cache, b: Cache) -> None:
+    ma, mb = a.manifest, b.manifest
+    if ma["model"]["fingerprint"] != mb["model"]["fingerprint"]:
+        raise ValueError(f"drift compares two formats of one model: {a.path.name} and {b.path.name} hold "
+                         f"different models ({model_label(a)} vs {model_label(b)})")
+    if ma["corpus"]["fingerprint"] != mb["corpus"]["fingerprint"]:
+        raise ValueError(f"{a.path.name} and {b.path.name} hold different corpora")
+
+
+def paired_rows(a: Cache, b: Cache, subword: str, words_only: bool = False):
+    """Aligned rows of both caches; for ``subword="first"`` only first subwords of words are kept."""
+    tok = a.tokens
+    keep = np.ones(len(tok), dtype=bool)
+    is_word = tok["role"].to_numpy() == "word"
+    if subword == "first":
+        keep &= ~is_word | (tok["subword"].to_numpy() == 0)
+    if words_only:
+        keep &= is_word
+    rows_a, rows_b = align(a, b, rows_a=np.flatnonzero(keep))
+    if len(rows_a) == 0:
+        raise ValueError(f"{a.format_name} and {b.format_name} share no token keys"
+                         + (" among words" if words_only else ""))
+    return rows_a, rows_b
+
+
+def run_drift(a: Cache, b: Cache, *, layers: Sequence[int] | None = None, subword: str = "first",
+              standardise: bool = False, words_only: bool = False, n_resamples: int = 1000,
+              n_pairs: int = 10000, seed: int = 0, out: str | Path | None = None, force: bool = False,
+              progress: bool = True) -> pd.DataFrame:
+    """Drift of every token key present in both caches, per layer and role group.
+
+    Returns the tidy table of :func:`analyses.drift_metrics.drift_summary` rows with analysis="drift",
+    format=A, format_b=B, layer, model and corpus filled in. With ``out``, writes it there (and reuses
+    an earlier identical result unless ``force``).
+    """
+    if subword not in POOL_MODES:
+        raise ValueError(f"subword must be one of {POOL_MODES}, got {subword!r}")
+    check_comparable(a, b)
+    layers = [l for l in (layers if layers is not None else a.layers) if l in b.layers]
+    if not layers:
+        raise ValueError(f"no layer stored in both caches: {a.layers} vs {b.layers}")
+    config = {"a": a.path.name, "b": b.path.name, "layers": layers, "subword": subword,
+              "standardise": standardise, "words_only": words_only, "n_resamples": n_resamples,
+              "n_pairs": n_pairs, "seed": seed}
+    path = result_path(out, "drift", config) if out is not None else None
+    if path is not None and path.exists() and not force:
+        return read_table(path)
+    rows_a, rows_b = paired_rows(a, b, subword, words_only)
+    tok = a.tokens.iloc[rows_a]
+    groups = group_labels(tok)
+    examples = tok["example"].to_numpy()
+    if subword == "mean":
+        is_word = tok["role"].to_numpy() == "word"
+        word_key = pd.MultiIndex.from_frame(tok[["example", "sentence", "index"]]).factorize()[0] if len(tok) else np.zeros(0, int)
+        word_key = np.where(is_word, word_key, -1 - np.arange(len(tok)))  # specials: their own "word"
+    records = []
+    for layer in tqdm(layers, desc=f"drift {a.format_name} vs {b.format_name}", disable=not progress,
+                      file=sys.stderr):
+        A = a.states(layer, rows_a)
+        B = b.states(layer, rows_b)
+        g, ex = groups, examples
+        if subword == "mean":
+            sub = tok["subword"].to_numpy()
+            A, words = subword_pool(A, word_key, sub, "mean")
+            B, _ = subword_pool(B, word_key, sub, "mean")
+            first = pd.Series(np.arange(len(word_key))).groupby(word_key).first().reindex(words).to_numpy()
+            g, ex = groups[first], examples[first]
+        if layer == 0 and np.allclose(A, B):
+            pass  # embeddings of the same token ids can coincide exactly: drift 0 is the honest answer
+        for r in drift_summary(A, B, ex, g, standardise=standardise, n_resamples=n_resamples,
+                               n_pairs=n_pairs, seed=seed):
+            r.update(analysis="drift", model=model_label(a), corpus=a.manifest["corpus"]["name"],
+                     format=a.format_name, format_b=b.format_name, layer=layer)
+            records.append(r)
+    df = make_table(records)
+    df["standardised"] = standardise
+    df["subword"] = subword
+    if path is not None:
+        write_table(df, path)
+    return df
+
+
+def summary_table(df: pd.DataFrame, metric: str = "drift_mean") -> pd.DataFrame:
+    """Layer x role group table of one metric, for printing."""
+    sub = df[df["metric"] == metric]
+    return sub.pivot_table(index="layer", columns="role", values="value", sort=False)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m analyses.drift",
+        description="Cosine drift of the same tokens between two formats' caches, per layer and role "
+                    "group, with 95%% cluster-bootstrap CIs over examples, the anisotropy baseline "
+                    "(mean cosine of random token pairs from different examples) and drift normalised "
+                    "by it. Writes a tidy table (CSV + Parquet).",
+    )
+    p.add_argument("cache_a", help="cache directory of format A (e.g. caches/all-MiniLM-L6-v2/pair-...)")
+    p.add_argument("cache_b", help="cache directory of format B, same model and corpus")
+    p.add_argument("--layers", default=None, help="comma list of layers (default: every layer in both)")
+    p.add_argument("--subword", default="first", choices=POOL_MODES,
+                   help="word tokens: first subword only, or mean over subwords (default first)")
+    p.add_argument("--standardise", action="store_true",
+                   help="z-score each dimension before the cosine (Timkey & van Schijndel 2021)")
+    p.add_argument("--context", action="store_true",
+                   help="words only: the context effect, e.g. 'single' vs 'pair' caches")
+    p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    p.add_argument("--pairs", type=int, default=10000, help="random pairs for the anisotropy baseline")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="results", help="directory for the result table (default results/)")
+    p.add_argument("--force", action="store_true", help="recompute even if the result exists")
+    args = p.parse_args(argv)
+    try:
+        a, b = Cache.open(args.cache_a), Cache.open(args.cache_b)
+        layers = [int(x) for x in args.layers.split(",")] if args.layers else None
+        df = run_drift(a, b, layers=layers, subword=args.subword, standardise=args.standardise,
+                       words_only=args.context, n_resamples=args.resamples, n_pairs=args.pairs,
+                       seed=args.seed, out=args.out, force=args.force)
+    except (ValueError, KeyError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    with pd.option_context("display.width", 160, "display.precision", 4):
+        print(f"1 - cos (mean) between {a.format_name} and {b.format_name}:")
+        print(summary_table(df).to_string())
+        base = df[df["metric"] == "anisotropy_baseline"].set_index("layer")["value"]
+        print("anisotropy baseline (mean cos of random pairs):", ", ".join(f"L{k}: {v:.3f}" for k, v in base.items()))
+    print(f"table: {result_path(args.out, 'drift', {})!s}".rsplit('-', 1)[0] + "-*.csv")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
