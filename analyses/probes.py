@@ -578,122 +578,124 @@ class _Problems:
     """Many independent L2 logistic regressions sharing feature matrices.
 
     ``X: (B, n, d)`` feature sets; problem ``(b, g)`` uses feature set b, training weights
-    ``masks[:, g]`` (0/1, shape ``(n, G)``), targets ``targets[:, g]`` (class indices ``(n, G)`` for
-    "softmax", 0/1 ``(n, G, K)`` for "sigmoid") and ``inv_C[b, g]``. Standardisation with the
-    training rows' mean ``mu`` and std ``sd`` ``(B, d, G)`` is folded into the weights, so X is
+    ``masks[:, g]`` (0/1, ``(n, G)``), 0/1 targets ``targets[:, :, g]`` (``(n, K, G)``: one-hot
+    classes for "softmax", labels for "sigmoid") and ``inv_C[b, g]``. Standardisation with the
+    training rows' mean ``mu`` and std ``sd`` (``(B, d, G)``) is folded into the weights, so X is
     never copied per problem: logits ``Z = X @ (W / sd) + (b - (mu / sd) . W)``.
-    Parameters ``theta: (B, d + 1, G, K)``: rows ``:d`` weights in standardised units, row ``d`` the
-    unpenalised intercept. Objective per problem (sklearn's scaling, so ``tol`` means the same):
+    Parameters ``theta: (B, d + 1, K, G)``: rows ``:d`` weights in standardised units, row ``d`` the
+    unpenalised intercept; G is the last axis so that reductions over the K classes vectorise.
+    Objective per problem (sklearn's scaling, so ``tol`` means the same):
     ``f = sum_i m_i loss_i / n_g + ||W||^2 / (2 C n_g)``.
     """
 
-    def __init__(self, X, masks, targets, inv_C, kind: str, K: int):
+    def __init__(self, X, masks, targets, inv_C, kind: str):
         torch = _torch()
-        self.X, self.masks, self.targets, self.inv_C, self.kind, self.K = X, masks, targets, inv_C, kind, K
-        self.n_g = masks.sum(0)  # (G,)
-        mu = torch.einsum("bnd,ng->bdg", X, masks) / self.n_g
-        ex2 = torch.einsum("bnd,ng->bdg", X * X, masks) / self.n_g
+        self.X, self.kind = X, kind
+        n_g = masks.sum(0)  # (G,)
+        mu = torch.einsum("bnd,ng->bdg", X, masks) / n_g
+        ex2 = torch.einsum("bnd,ng->bdg", X * X, masks) / n_g
         var = (ex2 - mu * mu).clamp_min(0)
         # Features (globally standardised beforehand) that are constant on the training rows get scale 1,
         # like sklearn's StandardScaler; their weights stay ~0 since the training rows carry no gradient.
         tiny = 1e3 * torch.finfo(X.dtype).eps
         self.sd = torch.where(var > tiny, var.sqrt(), torch.ones_like(var))
         self.mu_sd = mu / self.sd
+        self._set(masks, targets, inv_C, n_g)
+
+    def _set(self, masks, targets, inv_C, n_g):
+        self.masks, self.targets, self.inv_C, self.n_g = masks, targets, inv_C, n_g
+        self.w = masks / n_g  # (n, G) per-row weight in the mean loss
+        self.wT = self.w[:, None, :] * targets  # (n, K, G)
+        self.pen = inv_C / n_g  # (B, G)
 
     def select(self, cols):
         """The sub-problem made of columns ``cols`` (indices into G)."""
         new = object.__new__(_Problems)
-        new.X, new.kind, new.K = self.X, self.kind, self.K
-        new.masks, new.targets = self.masks[:, cols], self.targets[:, cols]
-        new.inv_C, new.n_g, new.sd, new.mu_sd = self.inv_C[:, cols], self.n_g[cols], self.sd[:, :, cols], self.mu_sd[:, :, cols]
+        new.X, new.kind = self.X, self.kind
+        new.sd, new.mu_sd = self.sd[..., cols], self.mu_sd[..., cols]
+        new._set(self.masks[:, cols], self.targets[..., cols], self.inv_C[:, cols], self.n_g[cols])
         return new
 
-    def logits(self, theta, X=None):
-        X = self.X if X is None else X
-        B, d, G, K = theta.shape[0], theta.shape[1] - 1, theta.shape[2], theta.shape[3]
-        W, b = theta[:, :d], theta[:, d]
-        A = (W / self.sd[..., None]).reshape(B, d, G * K)
-        c = b - (self.mu_sd[..., None] * W).sum(1)
-        return (X @ A).view(B, X.shape[1], G, K) + c[:, None]
+    def logits(self, theta):
+        """``Z: (B, n, K, G)``."""
+        B, d, K, G = theta.shape[0], theta.shape[1] - 1, theta.shape[2], theta.shape[3]
+        W = theta[:, :d]
+        A = W / self.sd[:, :, None, :]
+        c = theta[:, d] - (self.mu_sd[:, :, None, :] * W).sum(1)
+        Z = (self.X @ A.reshape(B, d, K * G)).view(B, -1, K, G)
+        return Z.add_(c[:, None])
 
-    def item_loss(self, Z):
-        """Per-item loss ``(B, n, G)``: cross-entropy (softmax) or summed binary cross-entropy."""
+    def item_loss_and_prob(self, Z):
+        """Per-item loss ``(B, n, G)`` (cross-entropy; summed binary cross-entropy for "sigmoid")
+        and probabilities ``(B, n, K, G)``. Overwrites nothing."""
         torch = _torch()
         if self.kind == "softmax":
-            idx = self.targets[None, :, :, None].expand(Z.shape[0], -1, -1, 1)
-            return torch.logsumexp(Z, -1) - Z.gather(-1, idx).squeeze(-1)
-        return (torch.nn.functional.softplus(Z) - self.targets * Z).sum(-1)
-
-    def residual(self, Z):
-        """d loss / d Z: ``softmax(Z) - onehot`` or ``sigmoid(Z) - targets``, ``(B, n, G, K)``."""
-        torch = _torch()
-        if self.kind == "softmax":
-            R = torch.softmax(Z, -1)
-            idx = self.targets[None, :, :, None].expand(Z.shape[0], -1, -1, 1)
-            return R.scatter_add_(-1, idx, torch.full_like(R[..., :1], -1.0))
-        return torch.sigmoid(Z) - self.targets
+            m = Z.amax(2, keepdim=True)
+            E = (Z - m).exp_()
+            S = E.sum(2, keepdim=True)
+            lse = (S.log() + m).squeeze(2)
+            return lse - (Z * self.targets).sum(2), E.div_(S)
+        loss = torch.nn.functional.softplus(Z).sub_(Z * self.targets).sum(2)
+        return loss, torch.sigmoid(Z)
 
     def value_grad(self, theta):
         """Objective ``(B, G)`` and its gradient (shaped like theta)."""
         torch = _torch()
-        B, d, G, K = theta.shape[0], theta.shape[1] - 1, theta.shape[2], theta.shape[3]
+        B, d, K, G = theta.shape[0], theta.shape[1] - 1, theta.shape[2], theta.shape[3]
         W = theta[:, :d]
         Z = self.logits(theta)
-        w = self.masks / self.n_g  # (n, G)
-        pen = self.inv_C / self.n_g  # (B, G)
-        f = (self.item_loss(Z) * w).sum(1) + 0.5 * pen * (W * W).sum((1, 3))
-        R = self.residual(Z) * w[None, :, :, None]
-        gc = R.sum(1)  # (B, G, K)
-        gA = (self.X.transpose(1, 2) @ R.reshape(B, -1, G * K)).view(B, d, G, K)
-        gW = gA / self.sd[..., None] - self.mu_sd[..., None] * gc[:, None] + pen[:, None, :, None] * W
+        loss, P = self.item_loss_and_prob(Z)
+        del Z
+        f = (loss * self.w).sum(1) + 0.5 * self.pen * (W * W).sum((1, 2))
+        R = P.mul_(self.w[:, None, :]).sub_(self.wT)  # d f / d Z
+        gc = R.sum(1)  # (B, K, G)
+        gA = (self.X.transpose(1, 2) @ R.view(B, -1, K * G)).view(B, d, K, G)
+        gW = gA.div_(self.sd[:, :, None, :]).sub_(self.mu_sd[:, :, None, :] * gc[:, None]).add_(self.pen[:, None, None, :] * W)
         return f, torch.cat([gW, gc[:, None]], 1)
 
 
-def _lbfgs(problems: _Problems, d: int, *, max_iter: int, tol: float, history: int = 10, max_ls: int = 40):
+def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: int = 10, max_ls: int = 40):
     """Batched L-BFGS, one independent run per problem (own history, step and stopping).
 
     Two-loop recursion (Nocedal & Wright 2006, alg. 7.4) with per-problem dot products over
-    ``theta: (B, d + 1, G, K)``; backtracking Armijo line search (c1 = 1e-4) from step 1. A problem
+    ``theta: (B, d + 1, K, G)``; backtracking Armijo line search (c1 = 1e-4) from step 1. A problem
     stops when ``max|grad| <= tol`` (lbfgs' ``gtol`` in sklearn), when its objective stops moving
     (relative change below 4 machine epsilons) or when no step decreases it. Columns whose problems
-    have all stopped are dropped from the batch as the run goes. Returns ``theta`` and the number
-    of iterations per problem ``(B, G)``.
+    have all stopped leave the batch as the run goes. Returns ``theta`` and the number of iterations
+    per problem ``(B, G)``.
     """
     torch = _torch()
-    X = problems.X
-    B, G, K = X.shape[0], problems.masks.shape[1], problems.K
-    dtype, device = X.dtype, X.device
-    eps = torch.finfo(dtype).eps
-    out = torch.zeros(B, d + 1, G, K, dtype=dtype, device=device)
-    iters = torch.zeros(B, G, dtype=torch.long, device=device)
-    cols = torch.arange(G, device=device)
+    theta = theta0.clone()
+    B, G = theta.shape[0], theta.shape[3]
+    eps = torch.finfo(theta.dtype).eps
+    out = torch.empty_like(theta)
+    iters = torch.zeros(B, G, dtype=torch.long, device=theta.device)
+    cols = torch.arange(G, device=theta.device)
 
     def dot(u, v):
-        return (u * v).sum((1, 3))
+        return (u * v).sum((1, 2))
 
     def bc(s):  # (B, G) -> broadcastable against theta
-        return s[:, None, :, None]
+        return s[:, None, None, :]
 
-    theta = torch.zeros(B, d + 1, G, K, dtype=dtype, device=device)
     f, g = problems.value_grad(theta)
-    S = torch.zeros(history, B, d + 1, G, K, dtype=dtype, device=device)
+    S = torch.zeros((history,) + theta.shape, dtype=theta.dtype, device=theta.device)
     Yh = torch.zeros_like(S)
-    rho = torch.zeros(history, B, G, dtype=dtype, device=device)
+    rho = torch.zeros(history, B, G, dtype=theta.dtype, device=theta.device)
     gamma = torch.clamp(1.0 / dot(g, g).sqrt().clamp_min(1e-30), max=1.0)  # first step: at most unit length
-    done = g.abs().amax((1, 3)) <= tol
+    done = g.abs().amax((1, 2)) <= tol
     pos = 0
     for it in range(max_iter):
         if bool(done.all()):
             break
-        # Drop columns whose problems have all stopped once they are a large share of the batch.
+        # Drop columns whose problems have all stopped once they are a third of the batch.
         col_done = done.all(0)
         if int(col_done.sum()) >= max(1, col_done.numel() // 3):
-            keep = (~col_done).nonzero().squeeze(1)
-            fin = col_done.nonzero().squeeze(1)
-            out[:, :, cols[fin]] = theta[:, :, fin]
+            keep, fin = (~col_done).nonzero().squeeze(1), col_done.nonzero().squeeze(1)
+            out[..., cols[fin]] = theta[..., fin]
             cols, problems = cols[keep], problems.select(keep)
-            theta, f, g, gamma, done = theta[:, :, keep], f[:, keep], g[:, :, keep], gamma[:, keep], done[:, keep]
-            S, Yh, rho = S[:, :, :, keep], Yh[:, :, :, keep], rho[:, :, keep]
+            theta, f, g, gamma, done = theta[..., keep], f[:, keep], g[..., keep], gamma[:, keep], done[:, keep]
+            S, Yh, rho = S[..., keep], Yh[..., keep], rho[..., keep]
         iters[:, cols] += (~done).long()
         # Two-loop recursion: r ~ H^{-1} g.
         q = g.clone()
@@ -701,14 +703,14 @@ def _lbfgs(problems: _Problems, d: int, *, max_iter: int, tol: float, history: i
         order = [(pos - 1 - j) % history for j in range(history)]
         for j in order:
             alpha[j] = rho[j] * dot(S[j], q)
-            q -= bc(alpha[j]) * Yh[j]
-        r = bc(gamma) * q
+            q.sub_(bc(alpha[j]) * Yh[j])
+        r = q.mul_(bc(gamma))
         for j in reversed(order):
             beta = rho[j] * dot(Yh[j], r)
-            r += S[j] * bc(alpha[j] - beta)
-        direction = -r
+            r.add_(S[j] * bc(alpha[j] - beta))
+        direction = r.neg_()
         gd = dot(g, direction)
-        bad = ~(gd < 0)  # not a descent direction (should not happen for convex f): restart on -g
+        bad = ~(gd < 0) & ~done  # not a descent direction (not expected for convex f): restart on -g
         if bool(bad.any()):
             direction = torch.where(bc(bad), -g, direction)
             gd = torch.where(bad, -dot(g, g), gd)
@@ -718,7 +720,7 @@ def _lbfgs(problems: _Problems, d: int, *, max_iter: int, tol: float, history: i
         # Backtracking Armijo line search, per problem.
         step = torch.ones_like(f)
         accepted = done.clone()
-        new_theta, new_f, new_g = theta.clone(), f.clone(), g.clone()
+        new_theta, new_f, new_g = theta, f, g
         for _ in range(max_ls):
             trial = theta + bc(step) * direction
             ft, gt = problems.value_grad(trial)
@@ -730,7 +732,6 @@ def _lbfgs(problems: _Problems, d: int, *, max_iter: int, tol: float, history: i
             if bool(accepted.all()):
                 break
             step = torch.where(accepted, step, 0.5 * step)
-        stuck = ~accepted
         s, yv = new_theta - theta, new_g - g
         sy, yy = dot(s, yv), dot(yv, yv)
         valid = (sy > eps * yy) & (yy > 0)
@@ -740,49 +741,31 @@ def _lbfgs(problems: _Problems, d: int, *, max_iter: int, tol: float, history: i
         pos = (pos + 1) % history
         flat = (f - new_f).abs() <= 4 * eps * torch.maximum(f.abs(), new_f.abs()).clamp_min(1.0)
         theta, f, g = new_theta, new_f, new_g
-        done = done | stuck | (flat & ~done & (it > 0)) | (g.abs().amax((1, 3)) <= tol)
-    out[:, :, cols] = theta
+        done = done | ~accepted | (flat & (it > 0)) | (g.abs().amax((1, 2)) <= tol)
+    out[..., cols] = theta
     return out, iters
 
 
-def _solve(X, masks, targets, inv_C, kind, K, *, max_iter, tol):
-    problems = _Problems(X, masks, targets, inv_C, kind, K)
-    theta, iters = _lbfgs(problems, X.shape[2], max_iter=max_iter, tol=tol)
-    return problems, theta, iters
-
-
-def _predict_proba_t(problems: _Problems, theta):
-    """Probabilities ``(B, n, G, n_classes)`` (multi-label: ``(B, n, G, n_labels)``)."""
-    torch = _torch()
-    Z = problems.logits(theta)
-    if problems.kind == "softmax":
-        return torch.softmax(Z, -1)
-    return torch.sigmoid(Z)
-
-
-def _device_inner_scores(problems: _Problems, theta, eval_masks, select_by: str, binary: bool):
-    """Higher-is-better inner-CV score ``(B, G)`` on rows ``eval_masks: (n, G)`` (same definitions as
-    :func:`_inner_score`)."""
+def _device_inner_scores(problems: _Problems, theta, eval_masks, select_by: str, multilabel: bool):
+    """Higher-is-better inner-CV score ``(B, G)`` on rows ``eval_masks: (n, G)``, with the
+    definitions of :func:`_inner_score`."""
     torch = _torch()
     Z = problems.logits(theta)
     n_eval = eval_masks.sum(0)
+    T = problems.targets  # (n, K, G)
     if select_by == "log_loss":
-        loss = problems.item_loss(Z)
-        if problems.kind == "sigmoid" and not binary:
-            loss = loss / problems.K  # mean over labels
+        loss, _ = problems.item_loss_and_prob(Z)
+        if multilabel:
+            loss = loss / T.shape[1]  # mean over labels
         return -(loss * eval_masks).sum(1) / n_eval
     if problems.kind == "softmax":
-        correct = (Z.argmax(-1) == problems.targets[None]).to(Z.dtype)
+        correct = (Z.argmax(2) == T.argmax(1)[None]).to(Z.dtype)
         return (correct * eval_masks).sum(1) / n_eval
-    pred = Z > 0
-    if binary:
-        correct = (pred[..., 0] == (problems.targets[None, ..., 0] > 0.5)).to(Z.dtype)
-        return (correct * eval_masks).sum(1) / n_eval
-    T = problems.targets[None] > 0.5
-    m = eval_masks[None, :, :, None]
-    tp = ((pred & T) * m).sum((1, 3))
-    fp = ((pred & ~T) * m).sum((1, 3))
-    fn = ((~pred & T) * m).sum((1, 3))
+    pred, truth = Z > 0, (T > 0.5)[None]
+    if not multilabel:  # binary: one sigmoid column
+        return (((pred == truth)[:, :, 0]).to(Z.dtype) * eval_masks).sum(1) / n_eval
+    m = eval_masks[None, :, None, :]
+    tp, fp, fn = ((pred & truth) * m).sum((1, 2)), ((pred & ~truth) * m).sum((1, 2)), ((~pred & truth) * m).sum((1, 2))
     den = 2 * tp + fp + fn
     return torch.where(den > 0, 2 * tp / den.clamp_min(1), torch.zeros_like(den))
 
@@ -825,93 +808,81 @@ def probe_many_results(features: Mapping[Hashable, Any], y: Any, groups: Any = N
     classes = np.arange(y.shape[1]) if multilabel else np.unique(y)
     binary = not multilabel and len(classes) == 2
     kind = "softmax" if not multilabel and not binary else "sigmoid"
-    K = 1 if binary else len(classes)
     label_sets = [y]
     if control_types is not None:
         label_sets.append(_check_y(control_labels(y, control_types, seed), (n,), what="control labels")[0])
+    L = len(label_sets)
 
-    def encode(lab: np.ndarray) -> np.ndarray:  # (n,) class index, or (n, K) 0/1 float
+    def encode(lab: np.ndarray) -> np.ndarray:  # 0/1 targets (n, K): one-hot classes or labels
         if multilabel:
             return lab.astype(np.float64)
         idx = np.searchsorted(classes, lab)
-        return (idx == 1).astype(np.float64)[:, None] if binary else idx
+        if binary:
+            return (idx == 1).astype(np.float64)[:, None]
+        return np.eye(len(classes))[idx]
 
     encoded = [encode(lab) for lab in label_sets]
+    K = encoded[0].shape[1]
     outer = make_splits(y, groups, n_splits, seed)
     inner = []
-    for tr, _ in outer:  # the same call LinearProbe.fit makes on the outer training rows
-        if len(Cs_arr) > 1:
+    if len(Cs_arr) > 1:
+        for tr, _ in outer:  # the same call LinearProbe.fit makes on the outer training rows
             _check_n_groups(groups[tr], inner_splits, "inner_splits")
             inner.append([(tr[a], tr[b]) for a, b in make_splits(y[tr], groups[tr], inner_splits, seed)])
 
     def columns(specs):
-        """specs: list of (label_set, train_idx, eval_idx) -> masks, eval masks (n, G), targets."""
-        G = len(specs)
-        masks = np.zeros((n, G))
-        evals = np.zeros((n, G))
+        """specs: [(label_set, train_idx, eval_idx)] -> train masks, eval masks (n, G), targets (n, K, G)."""
+        masks, evals = np.zeros((n, len(specs))), np.zeros((n, len(specs)))
         for g, (_, tr, te) in enumerate(specs):
             masks[tr, g] = 1.0
             evals[te, g] = 1.0
-        if kind == "softmax":
-            targets = np.stack([encoded[l] for l, _, _ in specs], axis=1)
-            targets_t = torch.as_tensor(targets, dtype=torch.long, device=dev)
-        else:
-            targets = np.stack([encoded[l] for l, _, _ in specs], axis=1)  # (n, G, K)
-            targets_t = torch.as_tensor(targets, dtype=tdtype, device=dev)
-        return (torch.as_tensor(masks, dtype=tdtype, device=dev), torch.as_tensor(evals, dtype=tdtype, device=dev),
-                targets_t)
+        targets = np.stack([encoded[l] for l, _, _ in specs], axis=2)
+        return tuple(torch.as_tensor(a, dtype=tdtype, device=dev) for a in (masks, evals, targets))
 
-    L = len(label_sets)
-    stage1 = [(l, tr_in, te_in) for l in range(L) for o in range(len(inner)) for tr_in, te_in in inner[o]]
+    # Stage 1 columns: label set x outer fold x inner fold x C; stage 2: label set x outer fold.
+    stage1 = [(l, tr_in, te_in) for l in range(L) for folds in inner for tr_in, te_in in folds for _ in Cs_arr]
     stage2 = [(l, tr, te) for l in range(L) for tr, te in outer]
-    results: dict[Hashable, ProbeResult] = {}
-
-    # Chunk the feature sets (same dim) so one batched solve stays within max_batch_elements.
+    per_set = n * K * max(len(stage1), len(stage2))
+    chunk = max(1, max_batch_elements // per_set)
     by_dim: dict[int, list[Hashable]] = {}
     for k in names:
         by_dim.setdefault(arrays[k].shape[1], []).append(k)
-    G_max = max(len(stage1) * len(Cs_arr), len(stage2))
-    per_set = n * G_max * K
-    chunk = max(1, max_batch_elements // max(per_set, 1))
     batches = [ks[i:i + chunk] for ks in by_dim.values() for i in range(0, len(ks), chunk)]
-
+    results: dict[Hashable, ProbeResult] = {}
     for keys in batches:
-        B = len(keys)
+        B, d = len(keys), arrays[keys[0]].shape[1]
         Xnp = np.stack([arrays[k] for k in keys]).astype(np.float64)
         # A fixed global standardisation first: exact for the per-fold standardisation that follows
         # (affine per feature) and keeps float32 from cancelling large means.
         mean, std = Xnp.mean(1, keepdims=True), Xnp.std(1, keepdims=True)
-        Xnp = (Xnp - mean) / np.where(std > 0, std, 1.0)
-        X = torch.as_tensor(Xnp, dtype=tdtype, device=dev)
+        X = torch.as_tensor((Xnp - mean) / np.where(std > 0, std, 1.0), dtype=tdtype, device=dev)
         del Xnp
         chosen = np.full((B, L, n_splits), float(Cs_arr[0]))
-        if len(Cs_arr) > 1:
-            specs = [s for s in stage1 for _ in Cs_arr]
-            masks, evals, targets = columns(specs)
-            inv_C = torch.as_tensor(np.tile(1.0 / Cs_arr, len(stage1)), dtype=tdtype, device=dev)[None].expand(B, -1)
-            problems, theta, _ = _solve(X, masks, targets, inv_C.contiguous(), kind, K, max_iter=max_iter, tol=tol)
-            sc = _device_inner_scores(problems, theta, evals, select_by, binary).double().cpu().numpy()
+        if stage1:
+            masks, evals, targets = columns(stage1)
+            inv_C = torch.as_tensor(np.tile(1.0 / Cs_arr, len(stage1) // len(Cs_arr)), dtype=tdtype, device=dev)
+            problems = _Problems(X, masks, targets, inv_C[None].repeat(B, 1), kind)
+            theta0 = torch.zeros(B, d + 1, K, len(stage1), dtype=tdtype, device=dev)
+            theta, _ = _lbfgs(problems, theta0, max_iter=max_iter, tol=tol)
+            sc = _device_inner_scores(problems, theta, evals, select_by, multilabel).double().cpu().numpy()
             sc = sc.reshape(B, L, n_splits, inner_splits, len(Cs_arr))
-            for b in range(B):
-                for l in range(L):
-                    for o in range(n_splits):
-                        chosen[b, l, o] = _choose_C(sc[b, l, o], Cs_arr)
+            for b, l, o in np.ndindex(B, L, n_splits):
+                chosen[b, l, o] = _choose_C(sc[b, l, o], Cs_arr)
             del problems, theta, masks, evals, targets
         masks, _, targets = columns(stage2)
         inv_C = torch.as_tensor(1.0 / chosen.reshape(B, L * n_splits), dtype=tdtype, device=dev)
-        problems, theta, _ = _solve(X, masks, targets, inv_C, kind, K, max_iter=max_iter, tol=tol)
-        P = _predict_proba_t(problems, theta).double().cpu().numpy()  # (B, n, G, K)
+        problems = _Problems(X, masks, targets, inv_C, kind)
+        theta0 = torch.zeros(B, d + 1, K, len(stage2), dtype=tdtype, device=dev)
+        theta, _ = _lbfgs(problems, theta0, max_iter=max_iter, tol=tol)
+        P = problems.item_loss_and_prob(problems.logits(theta))[1].double().cpu().numpy()  # (B, n, K, G)
         if binary:
-            P = np.concatenate([1 - P, P], axis=-1)
+            P = np.concatenate([1 - P, P], axis=2)
         for b, key in enumerate(keys):
             per_label = []
-            for l in range(L):
-                dicts = []
-                for o, (tr, te) in enumerate(outer):
-                    lab = label_sets[l]
-                    dicts.append(_evaluate_fold(lab[tr], lab[te], P[b, te, l * n_splits + o], classes, multilabel))
-                per_label.append(dicts)
-            control = [d["micro_f1" if multilabel else "accuracy"] for d in per_label[1]] if L > 1 else None
+            for l, lab in enumerate(label_sets):
+                per_label.append([_evaluate_fold(lab[tr], lab[te], P[b, te, :, l * n_splits + o], classes, multilabel)
+                                  for o, (tr, te) in enumerate(outer)])
+            control = [d_["micro_f1" if multilabel else "accuracy"] for d_ in per_label[1]] if L > 1 else None
             results[key] = _result(multilabel, per_label[0], list(chosen[b, 0]), n, n_groups, control,
                                    list(chosen[b, 1]) if L > 1 else None, confidence)
         del problems, theta, X

@@ -368,7 +368,7 @@ class Cache:
 
     @property
     def has_attention(self) -> bool:
-        return "attention" in self.manifest
+        return bool(self.manifest.get("attention"))
 
     def attention(self) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """Attention summaries recorded at extraction (``--attention``): ``(examples, mass, groups)``

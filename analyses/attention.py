@@ -1,0 +1,122 @@
+"""Attention to special tokens and between sentences (Clark et al. 2019, "What Does BERT Look At?").
+
+Reads the attention summaries a cache recorded at extraction (``python -m probing.extract
+--attention``): for each example, layer and head, the attention mass flowing from each token group
+(``[CLS]``, each ``[SEP]``, the words of each sentence) to each other group. This module turns them
+into a tidy table: mass from each source group to ``[CLS]``, to each ``[SEP]``, to all ``[SEP]``s, to
+its own sentence, to other sentences and to each sentence, per layer (averaged over heads, with a 95%
+bootstrap CI over examples) and per head (mean only).
+
+    python -m analyses.attention caches/MODEL/pair-... --out results
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from analyses.drift import model_label
+from analyses.results import make_table, read_table, result_path, write_table
+from analyses.stats import bootstrap_ci
+from probing.cache import Cache
+
+
+def _pretty(group: str) -> str:
+    """``cls0`` -> ``[CLS]``, ``sep1`` -> ``[SEP]#2``, ``s1`` -> ``s1 words``."""
+    m = re.fullmatch(r"([a-z]+)(\d+)", group)
+    if group.startswith("s") and group[1:].isdigit():
+        return f"{group} words"
+    name, occ = m.group(1), int(m.group(2))
+    return f"[{name.upper()}]" + (f"#{occ + 1}" if name != "cls" or occ else "")
+
+
+def target_masses(mass: np.ndarray, groups: list[str]) -> dict[tuple[str, str], np.ndarray]:
+    """From ``mass (n_examples, layers, heads, G, G)`` to named (source, target) arrays of shape
+    (n_examples, layers, heads). Targets: each group, all [SEP]s, own sentence, other sentences."""
+    out: dict[tuple[str, str], np.ndarray] = {}
+    seps = [j for j, g in enumerate(groups) if g.startswith("sep")]
+    sents = [j for j, g in enumerate(groups) if g.startswith("s") and g[1:].isdigit()]
+    for a, ga in enumerate(groups):
+        src = _pretty(ga)
+        for b, gb in enumerate(groups):
+            out[(src, _pretty(gb))] = mass[..., a, b]
+        if seps:
+            out[(src, "all [SEP]")] = np.nansum(mass[..., a, seps], axis=-1)
+        if ga in [groups[j] for j in sents]:
+            out[(src, "own sentence")] = mass[..., a, a]
+            others = [j for j in sents if j != a]
+            if others:
+                out[(src, "other sentences")] = mass[..., a, others].sum(-1)
+    return out
+
+
+def run_attention(cache: Cache, *, n_resamples: int = 1000, seed: int = 0, per_head: bool = True,
+                  out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
+    """Tidy table of attention mass (metric ``attention_mass``): role = source group, target = target
+    group; ``head`` column: ``"mean"`` for the head average (with CI) or the head number (no CI)."""
+    config = {"cache": cache.path.name, "n_resamples": n_resamples, "seed": seed, "per_head": per_head}
+    path = result_path(out, "attention", config) if out is not None else None
+    if path is not None and path.exists() and not force:
+        return read_table(path)
+    examples, mass, groups = cache.attention()
+    layers = cache.manifest["attention"]["layers"]
+    base = {"analysis": "attention", "model": model_label(cache), "corpus": cache.manifest["corpus"]["name"],
+            "format": cache.format_name, "metric": "attention_mass", "seed": seed}
+    rows = []
+    for (src, tgt), arr in target_masses(mass, groups).items():
+        head_mean = arr.mean(axis=2)  # (n_examples, layers)
+        for li, layer in enumerate(layers):
+            v = head_mean[:, li]
+            ok = np.isfinite(v)
+            if not ok.any():
+                continue
+            point, lo, hi = bootstrap_ci(v[ok], examples[ok], "mean", n_resamples=n_resamples, seed=seed)
+            rows.append({**base, "layer": layer, "role": src, "target": tgt, "value": point, "ci_low": lo,
+                         "ci_high": hi, "n": int(ok.sum()), "head": "mean"})
+            if per_head:
+                hv = np.nanmean(arr[ok, li, :], axis=0)
+                for h, val in enumerate(hv):
+                    rows.append({**base, "layer": layer, "role": src, "target": tgt, "value": float(val),
+                                 "ci_low": np.nan, "ci_high": np.nan, "n": int(ok.sum()), "head": str(h)})
+    df = make_table(rows)
+    if path is not None:
+        write_table(df, path)
+    return df
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m analyses.attention",
+        description="Attention mass from each token group to [CLS], each [SEP], its own sentence and other "
+                    "sentences, per layer (head mean with 95%% bootstrap CI over examples) and per head. "
+                    "Needs a cache extracted with --attention.",
+    )
+    p.add_argument("cache", help="cache directory extracted with --attention")
+    p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    p.add_argument("--no-per-head", action="store_true", help="only the head average")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="results", help="directory for the result table (default results/)")
+    p.add_argument("--force", action="store_true", help="recompute even if the result exists")
+    args = p.parse_args(argv)
+    try:
+        cache = Cache.open(args.cache)
+        df = run_attention(cache, n_resamples=args.resamples, seed=args.seed, per_head=not args.no_per_head,
+                           out=args.out, force=args.force)
+    except (ValueError, KeyError, OSError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    mean = df[(df["head"] == "mean")]
+    show = mean[mean["target"].isin(["[CLS]", "all [SEP]", "own sentence", "other sentences"])]
+    with pd.option_context("display.width", 160, "display.precision", 3):
+        print(show.pivot_table(index=["role", "target"], columns="layer", values="value", sort=False).to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
