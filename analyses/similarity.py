@@ -1,0 +1,208 @@
+"""CKA runners: read caches, call the metric functions of :mod:`analyses.cka`, write tidy tables.
+
+Three shapes of comparison (``python -m analyses.cka --help``):
+
+* ``formats``: per layer, the same token choice under two formats (e.g. ``[CLS]`` in ``pair`` vs in
+  ``concat``), one vector per example; or a word group (``s1 words``) token by token, aligned by key.
+* ``matrix``: layer x layer CKA of one token choice, within one cache or across two (extra column
+  ``layer_b``).
+* ``roles``: within one cache, per layer, two token choices (``sep1`` vs ``cls``, ``sep1`` vs
+  ``mean_s1``).
+
+Every CKA is computed in float64; a representation with no variance (``[CLS]`` at the embedding
+layer, identical for every example) gives NaN with a warning, recorded in the ``note`` column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from analyses.cka import linear_cka, linear_cka_matrix, rbf_cka
+from analyses.drift import model_label
+from analyses.results import make_table, read_table, result_path, write_table
+from analyses.selection import pooled
+from probing.cache import Cache, align
+
+#: CKA variants, declared once: name -> function of (X, Y).
+METRICS = {
+    "linear_cka": lambda X, Y: linear_cka(X, Y),
+    "linear_cka_debiased": lambda X, Y: linear_cka(X, Y, debiased=True),
+    "rbf_cka": lambda X, Y: rbf_cka(X, Y, sigma=0.5),
+}
+DEFAULT_METRICS = ("linear_cka", "linear_cka_debiased")
+#: Above this many items the RBF Gram matrices (n x n float64) get too large: it is skipped.
+RBF_MAX_ITEMS = 5000
+
+
+def _measure(X: np.ndarray, Y: np.ndarray, metrics: Sequence[str]) -> list[tuple[str, float, str]]:
+    out = []
+    for m in metrics:
+        if m == "rbf_cka" and len(X) > RBF_MAX_ITEMS:
+            out.append((m, float("nan"), f"skipped: n={len(X)} > {RBF_MAX_ITEMS} for the n x n RBF Gram"))
+            continue
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = METRICS[m](X, Y)
+        note = "; ".join(str(w.message) for w in caught) if np.isnan(value) else ""
+        out.append((m, float(value), note))
+    return out
+
+
+def _paired(a: Cache, b: Cache, choice: str, layer: int) -> tuple[np.ndarray, np.ndarray]:
+    """Paired (n, d) arrays of ``choice`` in both caches at ``layer``: per example for token choices,
+    per aligned token for word groups ``s<i> words``."""
+    if choice.endswith(" words"):
+        s = int(choice.split()[0][1:])
+        tok = a.tokens
+        rows = np.flatnonzero((tok["role"].to_numpy() == "word") & (tok["sentence"].to_numpy() == s))
+        ra, rb = align(a, b, rows_a=rows)
+        return a.states(layer, ra), b.states(layer, rb)
+    ex_a, Xa = pooled(a, layer, choice)
+    ex_b, Xb = pooled(b, layer, choice)
+    common, ia, ib = np.intersect1d(ex_a, ex_b, return_indices=True)
+    if len(common) < 4:
+        raise ValueError(f"{choice!r}: only {len(common)} examples in both {a.path.name} and {b.path.name}")
+    return Xa[ia], Xb[ib]
+
+
+def _base(a: Cache, b: Cache, seed: int = 0) -> dict:
+    return {"analysis": "cka", "model": model_label(a), "corpus": a.manifest["corpus"]["name"],
+            "format": a.format_name, "format_b": b.format_name, "seed": seed}
+
+
+def run_cka_formats(a: Cache, b: Cache, choices: Sequence[str] = ("cls", "mean"), *,
+                    layers: Sequence[int] | None = None, metrics: Sequence[str] = DEFAULT_METRICS,
+                    out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
+    """Per layer, CKA of each token choice between format A and format B (role = target = choice)."""
+    layers = [l for l in (layers if layers is not None else a.layers) if l in b.layers]
+    config = {"kind": "formats", "a": a.path.name, "b": b.path.name, "choices": list(choices),
+              "layers": layers, "metrics": list(metrics)}
+    path = result_path(out, "cka", config) if out is not None else None
+    if path is not None and path.exists() and not force:
+        return read_table(path)
+    rows = []
+    for choice in choices:
+        for layer in layers:
+            X, Y = _paired(a, b, choice, layer)
+            for m, v, note in _measure(X, Y, metrics):
+                rows.append({**_base(a, b), "layer": layer, "role": choice, "target": choice, "metric": m,
+                             "value": v, "n": len(X), "note": note})
+    df = make_table(rows)
+    if path is not None:
+        write_table(df, path)
+    return df
+
+
+def run_cka_matrix(a: Cache, b: Cache | None = None, choice: str = "cls", *,
+                   debiased: bool = False, out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
+    """Layer x layer linear CKA of one token choice, within ``a`` or between ``a`` and ``b``."""
+    b = a if b is None else b
+    config = {"kind": "matrix", "a": a.path.name, "b": b.path.name, "choice": choice, "debiased": debiased}
+    path = result_path(out, "cka", config) if out is not None else None
+    if path is not None and path.exists() and not force:
+        return read_table(path)
+    Xs, Ys = [], []
+    for layer in a.layers:
+        X, _ = _paired(a, b, choice, layer)
+        Xs.append(X)
+    for layer in b.layers:
+        _, Y = _paired(a, b, choice, layer)
+        Ys.append(Y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # NaN cells are explained in the note column
+        M = linear_cka_matrix(Xs, Ys, debiased=debiased)
+    metric = "linear_cka_debiased" if debiased else "linear_cka"
+    rows = []
+    for i, la in enumerate(a.layers):
+        for j, lb in enumerate(b.layers):
+            v = float(M[i, j])
+            rows.append({**_base(a, b), "layer": la, "layer_b": lb, "role": choice, "target": choice,
+                         "metric": metric, "value": v, "n": len(Xs[i]),
+                         "note": "" if np.isfinite(v) else "undefined: a representation has zero variance"})
+    df = make_table(rows)
+    if path is not None:
+        write_table(df, path)
+    return df
+
+
+def run_cka_roles(cache: Cache, pairs: Sequence[tuple[str, str]] = (("sep1", "cls"), ("sep1", "mean_s1"),
+                                                                      ("sep1", "mean_s2")), *,
+                  layers: Sequence[int] | None = None, metrics: Sequence[str] = DEFAULT_METRICS,
+                  out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
+    """Per layer, CKA between two token choices of the same examples in one cache."""
+    layers = list(layers if layers is not None else cache.layers)
+    config = {"kind": "roles", "cache": cache.path.name, "pairs": [list(p) for p in pairs], "layers": layers,
+              "metrics": list(metrics)}
+    path = result_path(out, "cka", config) if out is not None else None
+    if path is not None and path.exists() and not force:
+        return read_table(path)
+    rows = []
+    for ca, cb in pairs:
+        for layer in layers:
+            ex_a, X = pooled(cache, layer, ca)
+            ex_b, Y = pooled(cache, layer, cb)
+            common, ia, ib = np.intersect1d(ex_a, ex_b, return_indices=True)
+            for m, v, note in _measure(X[ia], Y[ib], metrics):
+                rows.append({**_base(cache, cache), "layer": layer, "role": ca, "target": cb, "metric": m,
+                             "value": v, "n": len(common), "note": note})
+    df = make_table(rows)
+    if path is not None:
+        write_table(df, path)
+    return df
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m analyses.cka",
+        description="CKA (Kornblith et al. 2019) between caches: per layer across two formats, layer x layer, "
+                    "or between token choices within one cache. Writes a tidy table (CSV + Parquet).",
+        epilog="token choices: cls, sep<i>, sep_last, mean, max, first_word, mean_s<i>, pos<k>; for 'formats' also "
+               "'s<i> words' (every word token of sentence i, aligned by key)",
+    )
+    p.add_argument("mode", choices=["formats", "matrix", "roles"],
+                   help="formats: A vs B per layer; matrix: layer x layer; roles: two choices in one cache")
+    p.add_argument("cache_a", help="cache directory")
+    p.add_argument("cache_b", nargs="?", default=None, help="second cache (formats; optional for matrix)")
+    p.add_argument("--choices", default="cls,mean", help="token choices for 'formats' (default cls,mean)")
+    p.add_argument("--choice", default="cls", help="token choice for 'matrix' (default cls)")
+    p.add_argument("--pairs", default="sep1:cls,sep1:mean_s1,sep1:mean_s2",
+                   help="choice pairs for 'roles' (default sep1:cls,sep1:mean_s1,sep1:mean_s2)")
+    p.add_argument("--metrics", default=",".join(DEFAULT_METRICS),
+                   help=f"comma list of {', '.join(METRICS)} (default {','.join(DEFAULT_METRICS)}); "
+                        f"rbf_cka is skipped above {RBF_MAX_ITEMS} items")
+    p.add_argument("--debiased", action="store_true", help="debiased CKA for 'matrix'")
+    p.add_argument("--out", default="results", help="directory for the result table (default results/)")
+    p.add_argument("--force", action="store_true", help="recompute even if the result exists")
+    args = p.parse_args(argv)
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    bad = [m for m in metrics if m not in METRICS]
+    if bad:
+        p.error(f"unknown metric(s) {bad}; choose from {list(METRICS)}")
+    try:
+        a = Cache.open(args.cache_a)
+        b = Cache.open(args.cache_b) if args.cache_b else None
+        if args.mode == "formats":
+            if b is None:
+                p.error("mode 'formats' needs two caches")
+            df = run_cka_formats(a, b, args.choices.split(","), metrics=metrics, out=args.out, force=args.force)
+            show = df.pivot_table(index="layer", columns=["role", "metric"], values="value", sort=False)
+        elif args.mode == "matrix":
+            df = run_cka_matrix(a, b, args.choice, debiased=args.debiased, out=args.out, force=args.force)
+            show = df.pivot_table(index="layer", columns="layer_b", values="value", sort=False, dropna=False)
+        else:
+            pairs = [tuple(x.split(":")) for x in args.pairs.split(",")]
+            df = run_cka_roles(a, pairs, metrics=metrics, out=args.out, force=args.force)
+            show = df.pivot_table(index="layer", columns=["role", "target", "metric"], values="value", sort=False)
+    except (ValueError, KeyError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    with pd.option_context("display.width", 200, "display.precision", 3):
+        print(show.to_string())
+    return 0

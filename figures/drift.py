@@ -1,0 +1,392 @@
+"""Cosine drift between two formats per layer and role group (Q1, Q2, Q3), against the anisotropy
+baseline.
+
+``plot_drift`` reads the tidy table of :mod:`analyses.drift` (``analysis="drift"``) and draws, per
+format pair, x = layer and y = the chosen drift metric (default ``drift_mean`` = mean of 1 − cos)
+with one line per role group and its bootstrap CI band. The random-pair (anisotropy) baseline is
+drawn on the same scale as a dashed black line: ``1 − anisotropy_baseline`` for drift metrics,
+``anisotropy_baseline`` itself for cosine metrics, and the level 1 for normalised drift
+(``(1 − cos) / (1 − baseline)``, where 1 means "as far apart as random tokens"). A second row of
+panels shows ``normalised_drift`` when the table has it.
+
+This module also holds the small table and layout helpers every figure module shares
+(:func:`select`, :func:`title_for`, :func:`ci_band`, :func:`add_note`, ...); ``figures.style`` is
+the shared look and is not edited here.
+
+CLI: ``python -m figures.drift TABLE.csv --out figs/drift [--metric drift_mean] [--roles cls,sep1]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from figures import style
+
+# --------------------------------------------------------------------------------------------------
+# Shared helpers (used by every figure module)
+
+#: Data colours: the Okabe-Ito palette without black, which is kept for baselines. Yellow comes last
+#: because it is faint on white.
+DATA_COLORS: tuple[str, ...] = tuple(c for c in style.PALETTE if c != "#000000")
+MARKERS: tuple[str, ...] = ("o", "s", "^", "D", "v", "P", "X")
+BAND_ALPHA = 0.18
+LEGEND_FONTSIZE = 8
+NOTE_FONTSIZE = 7
+
+
+def data_color(i: int) -> str:
+    """The i-th data colour (cycles through :data:`DATA_COLORS`)."""
+    return DATA_COLORS[i % len(DATA_COLORS)]
+
+
+def numeric(df: pd.DataFrame, columns: Iterable[str] = ("layer", "value", "ci_low", "ci_high")) -> pd.DataFrame:
+    """A copy with ``columns`` (those present) as float64; NA and unparsable values become NaN."""
+    out = df.copy()
+    for c in columns:
+        if c in out.columns:
+            out[c] = pd.to_numeric(out[c], errors="coerce").astype("float64")
+    return out
+
+
+def _present(df: pd.DataFrame, col: str, limit: int = 25) -> str:
+    vals = sorted({str(v) for v in df[col].dropna().unique()}) if col in df.columns else []
+    more = f" (+{len(vals) - limit} more)" if len(vals) > limit else ""
+    return "[" + ", ".join(repr(v) for v in vals[:limit]) + "]" + more
+
+
+def select(df: pd.DataFrame, what: str, **where: Any) -> pd.DataFrame:
+    """Rows of ``df`` where every ``column == value`` (or ``value`` in a list/tuple/set), applied in order.
+
+    ``None`` values are skipped. Raises ``ValueError`` naming the first condition no row meets,
+    the conditions already applied, and the values the column does hold, e.g. ``drift figure: no rows
+    with metric='drift_mean' (after analysis='drift'); metric values present: ['cosine_mean']``.
+    """
+    out = df
+    applied: list[str] = []
+    for col, val in where.items():
+        if val is None:
+            continue
+        if col not in out.columns:
+            raise ValueError(f"{what}: the table has no column {col!r}; columns: {list(df.columns)}")
+        many = isinstance(val, (list, tuple, set, frozenset))
+        keep = out[col].astype(str).isin([str(v) for v in val]) if many else out[col].astype(str) == str(val)
+        keep = keep.fillna(False).astype(bool)
+        if not keep.any():
+            after = f" (after {', '.join(applied)})" if applied else ""
+            raise ValueError(f"{what}: no rows with {col}={list(val) if many else val!r}{after}; "
+                             f"{col} values present: {_present(out, col)}")
+        out = out[keep]
+        applied.append(f"{col}={list(val) if many else val!r}")
+    return out
+
+
+def unique_or_error(df: pd.DataFrame, col: str, what: str, option: str | None = None) -> Any:
+    """The single non-null value of ``col``; ``ValueError`` listing them when there are several."""
+    vals = [v for v in df[col].dropna().unique()] if col in df.columns else []
+    if len(vals) != 1:
+        hint = f"; pick one with {option or col}=" if len(vals) > 1 else ""
+        raise ValueError(f"{what}: expected one {col}, found {len(vals)}: {_present(df, col)}{hint}")
+    return vals[0]
+
+
+def _labels(df: pd.DataFrame, col: str) -> str | None:
+    if col not in df.columns:
+        return None
+    vals = [str(v) for v in pd.unique(df[col].dropna()) if str(v).strip()]
+    if not vals:
+        return None
+    return " / ".join(vals) if len(vals) <= 2 else f"{len(vals)} {col}s"
+
+
+def title_for(df: pd.DataFrame, what: str) -> str:
+    """:func:`figures.style.title` with the table's model(s) and corpus (corpora)."""
+    return style.title(_labels(df, "model"), _labels(df, "corpus"), what)
+
+
+def ci_band(ax, x: np.ndarray, lo: Any, hi: Any, color: str, alpha: float = BAND_ALPHA) -> bool:
+    """Shade ``lo..hi`` over ``x`` where both are finite (NaN leaves a gap). Returns whether drawn."""
+    lo = np.asarray(lo, dtype=float)
+    hi = np.asarray(hi, dtype=float)
+    ok = np.isfinite(lo) & np.isfinite(hi)
+    if not ok.any():
+        return False
+    ax.fill_between(x, np.where(ok, lo, np.nan), np.where(ok, hi, np.nan), color=color, alpha=alpha,
+                    linewidth=0, where=ok, interpolate=False)
+    return True
+
+
+def add_note(fig, ax, lines: Sequence[str], width_chars: int | None = None) -> None:
+    """Small italic note under ``ax`` (inside the figure's tight layout), e.g. which values are NaN."""
+    lines = [ln for ln in lines if ln]
+    if not lines:
+        return
+    width = width_chars or max(40, int(fig.get_figwidth() * 15))
+    text = "\n".join(textwrap.fill(ln, width) for ln in lines)
+    ax.annotate(text, xy=(0, 0), xycoords="axes fraction", xytext=(0, -30), textcoords="offset points",
+                ha="left", va="top", fontsize=NOTE_FONTSIZE, style="italic", color="#444444")
+
+
+def legend_right(ax, handles=None, labels=None, title: str | None = None) -> None:
+    """Legend outside the axes, on its right, so it never hides data."""
+    if handles is None:
+        handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+              fontsize=LEGEND_FONTSIZE, title=title, title_fontsize=LEGEND_FONTSIZE, frameon=False)
+
+
+def layer_ticks(ax, layers: Iterable[float], label: str | None = None) -> None:
+    """:func:`figures.style.layer_axis`, thinned to every 2nd/4th tick for deep models."""
+    layers = sorted({int(l) for l in layers if np.isfinite(l)})
+    if not layers:
+        return
+    style.layer_axis(ax, layers)
+    step = 1 if len(layers) <= 13 else (2 if len(layers) <= 26 else 4)
+    if step > 1:
+        ax.set_xticks(layers[::step])
+    if label is not None:
+        ax.set_xlabel(label)
+
+
+def nan_cells(df: pd.DataFrame, keys: Sequence[str], max_items: int = 6) -> str:
+    """``"cls at layer 0; sep1 at layers 0, 1"`` for the rows whose value is NaN ('' if none)."""
+    bad = df[~np.isfinite(df["value"].to_numpy(dtype=float))]
+    if bad.empty:
+        return ""
+    parts = []
+    for key, g in bad.groupby(list(keys), sort=False, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        name = " ".join(str(k) for k in key)
+        ls = sorted({int(l) for l in g["layer"] if np.isfinite(l)}) if "layer" in g else []
+        parts.append(f"{name} at layer{'s' if len(ls) != 1 else ''} {', '.join(map(str, ls))}" if ls else name)
+    more = f"; +{len(parts) - max_items} more" if len(parts) > max_items else ""
+    return "; ".join(parts[:max_items]) + more
+
+
+def _natural(s: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(s))]
+
+
+def order_roles(roles: Iterable[str]) -> list[str]:
+    """Role groups / token choices in reading order: cls, sep<i>, sep_last, words by sentence, pooled
+    choices, pos<k>, others; ``all`` last."""
+    def rank(r: str) -> tuple:
+        r = str(r)
+        for i, pat in enumerate([r"cls", r"\[CLS\]", r"sep\d.*", r"\[SEP\].*", r"sep_last", r"all \[SEP\]",
+                                 r"s\d+ words", r"mean", r"max", r"first_word", r"mean_s\d+",
+                                 r"own sentence", r"other sentences", r"pos\d+"]):
+            if re.fullmatch(pat, r):
+                return (i, _natural(r))
+        return (98 if r != "all" else 99, _natural(r))
+    return sorted(dict.fromkeys(str(r) for r in roles), key=rank)
+
+
+def panel_grid(n_panels: int, rows_per_panel: int = 1, max_cols: int = 3, panel_w: float = 4.8,
+               panel_h: float = 3.0, extra_w: float = 1.6):
+    """``(fig, axes, where)`` for ``n_panels`` panels wrapped at ``max_cols`` columns, each panel a
+    stack of ``rows_per_panel`` axes; ``where(i, r)`` -> the axes of panel i, row r. ``extra_w``
+    inches leave room for a legend on the right."""
+    ncols = max(1, min(n_panels, max_cols))
+    blocks = math.ceil(n_panels / ncols)
+    nrows = blocks * rows_per_panel
+    fig, axes = style.new_figure(ncols=ncols, nrows=nrows, width=panel_w * ncols + extra_w,
+                                 height=panel_h * nrows + 0.9)
+
+    def where(i: int, r: int = 0):
+        return axes[(i // ncols) * rows_per_panel + r, i % ncols]
+
+    for i in range(n_panels, blocks * ncols):
+        for r in range(rows_per_panel):
+            where(i, r).set_visible(False)
+    return fig, axes, where
+
+
+def share_ylim(axes: Sequence) -> None:
+    """Give ``axes`` the union of their y-limits, so panels of one metric compare at a glance."""
+    lims = [ax.get_ylim() for ax in axes]
+    if len(lims) > 1:
+        lo, hi = min(l[0] for l in lims), max(l[1] for l in lims)
+        for ax in axes:
+            ax.set_ylim(lo, hi)
+
+
+def suptitle(fig, text: str) -> None:
+    fig.suptitle(text, fontsize=10)
+
+
+def run_cli(parser: argparse.ArgumentParser, plot: Callable[..., list[Path]],
+            options: Callable[[argparse.Namespace], Mapping[str, Any]], argv: Sequence[str] | None) -> int:
+    """Shared CLI body: read ``args.table`` (:func:`analyses.results.read_table`), call ``plot(df,
+    args.out, **options(args))``, print the written paths; a ``ValueError`` exits 2 with its message."""
+    from analyses.results import read_table
+
+    args = parser.parse_args(argv)
+    try:
+        df = read_table(args.table)
+        paths = plot(df, args.out, **options(args))
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for p in paths:
+        print(p)
+    return 0
+
+
+def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("table", help="result table (CSV; a Parquet file beside it is read instead if present)")
+    p.add_argument("--out", required=True, help="output path without suffix (writes OUT.png at 150 dpi and OUT.pdf)")
+    return p
+
+
+def comma_list(s: str | None) -> list[str] | None:
+    return [x.strip() for x in s.split(",") if x.strip()] if s else None
+
+
+# --------------------------------------------------------------------------------------------------
+# Drift
+
+#: Metric -> y-axis label. Declared once: used for validation, the CLI choices and the labels.
+DRIFT_LABELS: dict[str, str] = {
+    "drift_mean": "drift, mean of 1 − cos",
+    "drift_median": "drift, median of 1 − cos",
+    "cosine_mean": "cosine, mean",
+    "cosine_median": "cosine, median",
+    "relative_l2_mean": "relative L2, mean ‖a − b‖ / ‖a‖",
+    "relative_l2_median": "relative L2, median ‖a − b‖ / ‖a‖",
+    "normalised_drift": "normalised drift, (1 − cos) / (1 − baseline)",
+    "normalised_drift_median": "normalised drift (median), (1 − cos) / (1 − baseline)",
+}
+BASELINE = "anisotropy_baseline"
+
+
+def _baseline_curve(metric: str, base: pd.DataFrame) -> tuple[str, Any] | None:
+    """(label, (x, y, lo, hi)) of the random-pair baseline on ``metric``'s scale, or None."""
+    if metric.startswith("normalised"):
+        return "random-pair level (= 1)", None
+    if base.empty:
+        return None
+    b = base.groupby("layer", sort=True)[["value", "ci_low", "ci_high"]].mean()
+    x = b.index.to_numpy(dtype=float)
+    if metric.startswith("drift"):
+        return "random-pair baseline (1 − mean cos)", (x, 1 - b["value"].to_numpy(), 1 - b["ci_high"].to_numpy(),
+                                                       1 - b["ci_low"].to_numpy())
+    if metric.startswith("cosine"):
+        return "random-pair baseline (mean cos)", (x, b["value"].to_numpy(), b["ci_low"].to_numpy(),
+                                                   b["ci_high"].to_numpy())
+    return None
+
+
+def _role_sets(roles: list[str], max_lines: int) -> list[tuple[str, list[str]]]:
+    """One panel row of all roles, or (many roles) special tokens and words in separate rows."""
+    if len(roles) <= max_lines:
+        return [("", roles)]
+    special = [r for r in roles if not re.fullmatch(r"s\d+ words|all", r)]
+    words = [r for r in roles if r not in special]
+    return [(name, rs) for name, rs in (("special tokens", special), ("words", words)) if rs]
+
+
+def plot_drift(df: pd.DataFrame, out: str | Path, metric: str = "drift_mean", roles: Sequence[str] | None = None,
+               normalised: bool | None = None, max_lines: int = 7) -> list[Path]:
+    """Drift per layer and role group, one panel per format pair (A → B), with CI bands and the
+    random-pair baseline; writes ``out``.png (150 dpi) and ``out``.pdf and returns both paths.
+
+    ``df``: rows of :mod:`analyses.drift` (``analysis="drift"``; ``role`` = role group, ``format`` /
+    ``format_b`` = the pair). ``metric``: a key of :data:`DRIFT_LABELS`. ``roles``: role groups to
+    draw (default all, in reading order); more than ``max_lines`` are split into a special-token row
+    and a word row. ``normalised``: add a row with ``normalised_drift`` (None: when the table has it).
+    NaN values leave gaps and are listed in a note under the figure.
+    """
+    if metric not in DRIFT_LABELS:
+        raise ValueError(f"metric must be one of {list(DRIFT_LABELS)}, got {metric!r}")
+    what = "drift figure"
+    d = numeric(select(df, what, analysis="drift"))
+    rows = select(d, what, metric=metric)
+    if roles is not None:
+        rows = select(rows, what, role=list(roles))
+        role_list = [str(r) for r in roles]
+    else:
+        role_list = order_roles(rows["role"].dropna())
+    base = d[d["metric"].astype(str) == BASELINE]
+    norm_metric = "normalised_drift"
+    norm_rows = d[d["metric"].astype(str) == norm_metric]
+    if normalised is True and norm_rows.empty:
+        select(d, what, metric=norm_metric)  # raises, naming what is there
+    show_norm = bool(normalised if normalised is not None else not norm_rows.empty) and metric != norm_metric
+
+    pairs = list(dict.fromkeys(zip(rows["format"].astype(str), rows["format_b"].astype(str))))
+    role_sets = _role_sets(role_list, max_lines)
+    metrics = [metric] + ([norm_metric] if show_norm else [])
+    per_panel = len(role_sets) * len(metrics)
+    fig, axes, where = panel_grid(len(pairs), rows_per_panel=per_panel, max_cols=3)
+    colors = {r: data_color(i) for _, rs in role_sets for i, r in enumerate(rs)}
+    by_metric: dict[str, list] = {m: [] for m in metrics}
+    notes: list[str] = []
+    for pi, (fa, fb) in enumerate(pairs):
+        pair_rows = d[(d["format"].astype(str) == fa) & (d["format_b"].astype(str) == fb)]
+        pair_base = base[(base["format"].astype(str) == fa) & (base["format_b"].astype(str) == fb)]
+        for mi, m in enumerate(metrics):
+            mrows = pair_rows[pair_rows["metric"].astype(str) == m]
+            for si, (set_name, rs) in enumerate(role_sets):
+                ax = where(pi, mi * len(role_sets) + si)
+                by_metric[m].append(ax)
+                for r in rs:
+                    g = mrows[mrows["role"].astype(str) == r].sort_values("layer")
+                    if g.empty:
+                        continue
+                    x = g["layer"].to_numpy()
+                    ax.plot(x, g["value"].to_numpy(), color=colors[r], marker="o", markersize=3, linewidth=1.5,
+                            label=r)
+                    ci_band(ax, x, g["ci_low"], g["ci_high"], colors[r])
+                curve = _baseline_curve(m, pair_base)
+                if curve is not None:
+                    label, xy = curve
+                    if xy is None:
+                        ax.axhline(1.0, color="black", linestyle="--", linewidth=1.2, label=label)
+                    else:
+                        ax.plot(xy[0], xy[1], color="black", linestyle="--", linewidth=1.2, label=label)
+                        ci_band(ax, xy[0], xy[2], xy[3], "black", alpha=0.10)
+                elif mi == 0 and pi == 0 and si == 0:
+                    notes.append(f"No random-pair baseline drawn: {m} is not on the cosine scale"
+                                 if not pair_base.empty or not m.startswith(("drift", "cosine"))
+                                 else "No anisotropy_baseline rows in the table: no random-pair baseline drawn.")
+                layer_ticks(ax, pair_rows["layer"].dropna())
+                ax.set_ylabel(DRIFT_LABELS[m])
+                head = f"{fa} → {fb}"
+                ax.set_title(head + (f" — {set_name}" if set_name else ""), fontsize=9)
+                if pi % 3 == 2 or pi == len(pairs) - 1:
+                    legend_right(ax, title="role group")
+            bad = nan_cells(mrows[mrows["role"].astype(str).isin(role_list)], ["role"])
+            if bad:
+                notes.append(f"{fa} → {fb}, {m}: NaN (left as gaps) for {bad}.")
+    for axs in by_metric.values():
+        share_ylim(axs)
+    suptitle(fig, title_for(rows, f"Drift of the same tokens between formats ({metric})"))
+    notes.append("Bands: 95% bootstrap CIs over examples (where present).")
+    add_note(fig, axes[-1, 0], notes)
+    return style.save(fig, out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = base_parser("python -m figures.drift",
+                    "Plot cosine drift between two formats per layer and role group (table of "
+                    "analyses.drift), with 95% CI bands and the random-pair (anisotropy) baseline.")
+    p.add_argument("--metric", default="drift_mean", choices=list(DRIFT_LABELS), help="y metric (default drift_mean)")
+    p.add_argument("--roles", default=None, help="comma list of role groups (default: all)")
+    p.add_argument("--no-normalised", action="store_true", help="no second row with normalised_drift")
+    return run_cli(p, plot_drift, lambda a: {"metric": a.metric, "roles": comma_list(a.roles),
+                                             "normalised": False if a.no_normalised else None}, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
