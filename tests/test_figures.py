@@ -45,3 +45,28 @@ def drift_table(pairs=(("pair", "nosep"),), k: int = 2, seed: int = 0) -> pd.Dat
     df["standardised"] = False
     df["subword"] = "first"
     return df
+
+
+def cka_table(seed: int = 0, matrix: bool = True, layers=LAYERS) -> pd.DataFrame:
+    """Per-layer CKA rows across formats (cls, mean) and within one format (sep1 vs cls / mean_s1),
+    NaN for [CLS] at layer 0 (no variance), plus layer x layer rows with ``layer_b``."""
+    rng = np.random.default_rng(seed)
+    base = dict(analysis="cka", model=MODEL, corpus=CORPUS, metric="linear_cka", n=200, seed=0)
+    rows = []
+    n_layers = len(layers)
+    for layer in layers:
+        for role, target, fa, fb, v in (("cls", "cls", "pair", "nosep", 1 - 0.06 * layer),
+                                        ("mean", "mean", "pair", "nosep", 1 - 0.02 * layer),
+                                        ("sep1", "cls", "pair", "pair", 0.2 + 0.1 * layer),
+                                        ("sep1", "mean_s1", "pair", "pair", 0.5 + 0.04 * layer)):
+            v = np.nan if layer == 0 and "cls" in (role, target) else float(np.clip(v + 0.02 * rng.random(), 0, 1))
+            rows.append(dict(base, format=fa, format_b=fb, layer=layer, role=role, target=target, value=v,
+                             ci_low=v - 0.03, ci_high=min(v + 0.03, 1.0)))
+    if matrix:
+        for layer in layers:
+            for lb in layers:
+                v = np.nan if 0 in (layer, lb) else float(np.exp(-abs(layer - lb) / 3) * (1 - 0.02 * (layer + lb)))
+                rows.append(dict(base, format="pair", format_b="nosep", layer=layer, layer_b=lb, role="cls",
+                                 target="cls", value=v))
+    assert n_layers > 0
+    return make_table(rows)
