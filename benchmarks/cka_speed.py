@@ -5,8 +5,9 @@
    product: Kornblith et al. 2019, eq. 3). The Gram form is timed on ``--gram-pairs`` pairs and
    extrapolated to L*L (printed as EXTRAPOLATED); the two are checked to agree on those pairs.
 2. Streaming: ``StreamingCKAMatrix`` over ``--stream-n`` items generated batch by batch from a seeded
-   generator (Y = X A + noise), in a fresh process so that its peak RSS (resource.getrusage) is its
-   own; RSS is reported after imports, after 10% of the batches and at the end.
+   generator (Y = X A + noise), in a worker process started before anything large is allocated, so
+   that its peak RSS (resource.getrusage) is its own; reported after imports, after 10% of the
+   batches and at the end.
 
 Full size (the defaults) takes a few minutes on 2 cores and ~10 GB RAM (the Gram form needs two
 3.2 GB matrices at n=20,000). Smoke test:
@@ -84,6 +85,19 @@ def make_layers(n: int, d: int, layers: int, rng: np.random.Generator) -> tuple[
     return out[0], out[1]
 
 
+def outer_self_blocked(A: np.ndarray, G: np.ndarray, block: int = 4096) -> None:
+    """G = A Aᵀ for A (n, d): upper-triangle row blocks by gemm, mirrored (half the flops).
+
+    A plain ``np.matmul(A, A.T)`` goes to OpenBLAS syrk, which segfaults at n ~ 16,000 (numpy issue
+    #19685); each syrk/gemm call here sees at most ``block`` rows on the left.
+    """
+    n = A.shape[0]
+    for s in range(0, n, block):
+        e = min(s + block, n)
+        np.matmul(A[s:e], A[s:].T, out=G[s:e, s:])
+        G[e:, s:e] = G[s:e, e:].T
+
+
 def gram_form_cka(X, Y, K, L, debiased: bool) -> float:
     """Linear CKA via n x n Gram matrices written into preallocated float64 buffers ``K``, ``L``.
 
@@ -97,11 +111,11 @@ def gram_form_cka(X, Y, K, L, debiased: bool) -> float:
             import torch
             torch.matmul(A, A.T, out=G)
         else:
-            np.matmul(A, A.T, out=G)
+            outer_self_blocked(A, G)
         n = G.shape[0]
-        diag = G.diagonal()
+        zero_diag = (lambda M: M.fill_diagonal_(0)) if is_torch else (lambda M: np.fill_diagonal(M, 0))
         if debiased:
-            diag[:] = 0
+            zero_diag(G)
             means = G.sum(0) / (n - 2)
             means = means - means.sum() / (2 * (n - 1))
         else:
@@ -110,7 +124,7 @@ def gram_form_cka(X, Y, K, L, debiased: bool) -> float:
         G -= means[:, None]
         G -= means[None, :]
         if debiased:
-            diag[:] = 0
+            zero_diag(G)
     if is_torch:
         import torch
         dot = lambda a, b: float(torch.dot(a.reshape(-1), b.reshape(-1)))
@@ -212,15 +226,17 @@ def stream_worker(n_total: int, batch: int, d: int, layers: int, debiased: bool,
             "cka": R, "pop": pop, "rss_start": rss_start, "rss_10": rss_10, "rss_end": _rss_mb()}
 
 
-def run_stream(args) -> None:
+def _noop() -> None:
+    return None
+
+
+def run_stream(args, executor) -> None:
     L = args.stream_layers
     print(f"== streaming: {args.stream_n:,} items in batches of {args.stream_batch:,}, d={args.d}, "
           f"{L} x {L} layer pair(s), {'debiased, ' if args.debiased else ''}backend={args.device}, "
           "fresh process", flush=True)
-    ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as ex:
-        r = ex.submit(stream_worker, args.stream_n, args.stream_batch, args.d, L, args.debiased,
-                      args.device, args.seed).result()
+    r = executor.submit(stream_worker, args.stream_n, args.stream_batch, args.d, L, args.debiased,
+                        args.device, args.seed).result()
     data_mb = r["n"] * args.d * L * 2 * 4 / 2**20
     print(f"accumulate (update): {r['t_acc']:.1f} s ({r['t_acc'] / r['batches'] * 1e3:.0f} ms/batch); "
           f"data generation: {r['t_gen']:.1f} s; result(): {r['t_res']:.2f} s; items: {r['n']:,}")
@@ -241,10 +257,21 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     print(f"machine: {os.cpu_count()} cpus, {_load()}: timings are only comparable on an idle machine")
     t0 = time.perf_counter()
-    if not args.skip_memory:
-        run_in_memory(args)
+    executor = None
     if not args.skip_stream:
-        run_stream(args)
+        # Start the streaming worker now, while this process is small: Linux carries a process's peak
+        # RSS (ru_maxrss) over fork+exec, so a worker started after the in-memory part would inherit it.
+        ctx = multiprocessing.get_context("spawn")
+        executor = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+        executor.submit(_noop).result()
+    try:
+        if not args.skip_memory:
+            run_in_memory(args)
+        if executor is not None:
+            run_stream(args, executor)
+    finally:
+        if executor is not None:
+            executor.shutdown()
     print(f"total wall time {time.perf_counter() - t0:.0f} s; {_load()}")
 
 

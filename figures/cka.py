@@ -29,8 +29,8 @@ import pandas as pd
 
 from figures import style
 from figures.drift import (add_note, base_parser, ci_band, data_color, layer_ticks, legend_right, nan_cells,
-                           numeric, order_roles, panel_grid, run_cli, select, share_ylim, suptitle, title_for,
-                           unique_or_error)
+                           numeric, one_source, order_roles, panel_grid, run_cli, select, share_ylim, suptitle,
+                           title_for, unique_or_error)
 
 #: Metric -> axis / colour-bar label; declared once for validation, CLI choices and labels.
 CKA_LABELS: dict[str, str] = {
@@ -58,17 +58,19 @@ def _series_label(role: str, target: str) -> str:
 
 
 def plot_cka_layers(df: pd.DataFrame, out: str | Path, metric: str = "linear_cka",
-                    roles: Sequence[str] | None = None) -> list[Path]:
+                    roles: Sequence[str] | None = None, model: str | None = None,
+                    corpus: str | None = None) -> list[Path]:
     """Per-layer CKA: x = layer, y = CKA, one line per role (A) vs target (B), one panel per format
     pair (``format == format_b``: role-vs-role within one format); CI bands where ``ci_low`` /
     ``ci_high`` exist; writes ``out``.png / ``out``.pdf and returns both paths.
 
     Uses the rows without ``layer_b``; a table holding only layer × layer rows is drawn from their
     diagonal (``layer == layer_b``), as the note says. ``roles`` keeps only those token choices (A).
+    ``model`` / ``corpus`` pick one when the table holds several.
     """
     _check_metric(metric)
     what = "CKA per-layer figure"
-    d = numeric(select(df, what, analysis="cka", metric=metric))
+    d = numeric(one_source(select(df, what, analysis="cka", metric=metric), what, model, corpus))
     notes = []
     flat = d[~_has_layer_b(d)]
     if flat.empty:
@@ -111,19 +113,21 @@ def plot_cka_layers(df: pd.DataFrame, out: str | Path, metric: str = "linear_cka
     if flat[["ci_low", "ci_high"]].notna().any().any():
         notes.append("Bands: bootstrap CIs over examples.")
     suptitle(fig, title_for(flat, f"{CKA_LABELS[metric]} between representations, per layer"))
-    add_note(fig, axes[-1, 0], notes)
+    add_note(fig, notes)
     return style.save(fig, out)
 
 
 def plot_cka_heatmap(df: pd.DataFrame, out: str | Path, metric: str = "linear_cka", format: str | None = None,
-                     format_b: str | None = None, role: str | None = None, target: str | None = None) -> list[Path]:
+                     format_b: str | None = None, role: str | None = None, target: str | None = None,
+                     model: str | None = None, corpus: str | None = None) -> list[Path]:
     """Layer × layer CKA matrix: layer in A (``format``, ``role``) on y, ``layer_b`` in B (``format_b``,
     ``target``) on x, colour bar 0..1 (colour-blind-safe viridis), values in the cells when the matrix
     is at most 13 × 13, NaN cells grey. Options left ``None`` must be unique in the table (else a
     ``ValueError`` lists the choices). Writes ``out``.png / ``out``.pdf and returns both paths."""
     _check_metric(metric)
     what = "CKA heatmap"
-    d = numeric(select(df, what, analysis="cka", metric=metric), ("layer", "layer_b", "value"))
+    d = numeric(one_source(select(df, what, analysis="cka", metric=metric), what, model, corpus),
+                ("layer", "layer_b", "value"))
     if "layer_b" not in d.columns or d["layer_b"].isna().all():
         raise ValueError(f"{what}: needs layer × layer rows (a non-null 'layer_b' column); the {metric} rows "
                          f"have none (columns: {list(df.columns)}); use plot_cka_layers for per-layer rows")
@@ -141,8 +145,7 @@ def plot_cka_heatmap(df: pd.DataFrame, out: str | Path, metric: str = "linear_ck
     fig, axes = style.new_figure(width=side + 1.2, height=side + 0.3)
     ax = axes[0, 0]
     ax.grid(False)
-    cmap = matplotlib.colormaps["viridis"].copy()
-    cmap.set_bad("#d9d9d9")
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#d9d9d9")
     im = ax.imshow(np.ma.masked_invalid(vals), origin="lower", cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto",
                    interpolation="nearest")
     step = 1 if n <= 13 else (2 if n <= 26 else 4)
@@ -164,7 +167,7 @@ def plot_cka_heatmap(df: pd.DataFrame, out: str | Path, metric: str = "linear_ck
     ax.set_title(title_for(d, f"{CKA_LABELS[metric]}, layer × layer: {ra} in {fa} vs {tb} in {fb}"), fontsize=10)
     n_nan = int((~np.isfinite(vals)).sum())
     if n_nan:
-        add_note(fig, ax, [f"{n_nan} grey cell{'s' if n_nan != 1 else ''}: {NAN_NOTE}."])
+        add_note(fig, [f"{n_nan} grey cell{'s' if n_nan != 1 else ''}: {NAN_NOTE}."])
     return style.save(fig, out)
 
 
@@ -185,8 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     def options(a):
         if a.heatmap:
             return {"heatmap": True, "metric": a.metric, "format": a.format, "format_b": a.format_b,
-                    "role": a.role, "target": a.target}
-        return {"heatmap": False, "metric": a.metric, "roles": a.roles.split(",") if a.roles else None}
+                    "role": a.role, "target": a.target, "model": a.model, "corpus": a.corpus}
+        return {"heatmap": False, "metric": a.metric, "roles": a.roles.split(",") if a.roles else None,
+                "model": a.model, "corpus": a.corpus}
 
     return run_cli(p, plot, options, argv)
 

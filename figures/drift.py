@@ -98,6 +98,18 @@ def unique_or_error(df: pd.DataFrame, col: str, what: str, option: str | None = 
     return vals[0]
 
 
+def one_source(df: pd.DataFrame, what: str, model: str | None = None, corpus: str | None = None,
+               check: Sequence[str] = ("model", "corpus")) -> pd.DataFrame:
+    """Rows of one model and one corpus: those named, else the only ones. A table mixing several
+    (columns in ``check``) without a choice is a ``ValueError`` listing them, since lines of
+    different models or corpora must not be joined into one."""
+    df = select(df, what, model=model, corpus=corpus)
+    for col in check:
+        if col in df.columns and df[col].dropna().astype(str).nunique() > 1:
+            raise ValueError(f"{what}: the table holds several {col} values {_present(df, col)}; pick one with {col}=")
+    return df
+
+
 def _labels(df: pd.DataFrame, col: str) -> str | None:
     if col not in df.columns:
         return None
@@ -124,15 +136,18 @@ def ci_band(ax, x: np.ndarray, lo: Any, hi: Any, color: str, alpha: float = BAND
     return True
 
 
-def add_note(fig, ax, lines: Sequence[str], width_chars: int | None = None) -> None:
-    """Small italic note under ``ax`` (inside the figure's tight layout), e.g. which values are NaN."""
+def add_note(fig, lines: Sequence[str], width_chars: int | None = None) -> None:
+    """Small italic note at the bottom left of the figure, e.g. which values are NaN.
+
+    Drawn as the figure's ``supxlabel``: ``tight_layout`` (called by :func:`figures.style.save`)
+    reserves its height, while an annotation under one axes would widen that axes' column.
+    One note per figure (a second call replaces the first)."""
     lines = [ln for ln in lines if ln]
     if not lines:
         return
-    width = width_chars or max(40, int(fig.get_figwidth() * 15))
+    width = width_chars or max(40, int(fig.get_figwidth() * 16))
     text = "\n".join(textwrap.fill(ln, width) for ln in lines)
-    ax.annotate(text, xy=(0, 0), xycoords="axes fraction", xytext=(0, -30), textcoords="offset points",
-                ha="left", va="top", fontsize=NOTE_FONTSIZE, style="italic", color="#444444")
+    fig.supxlabel(text, x=0.01, ha="left", va="bottom", fontsize=NOTE_FONTSIZE, style="italic", color="#444444")
 
 
 def legend_right(ax, handles=None, labels=None, title: str | None = None) -> None:
@@ -178,12 +193,12 @@ def _natural(s: str) -> list:
 
 
 def order_roles(roles: Iterable[str]) -> list[str]:
-    """Role groups / token choices in reading order: cls, sep<i>, sep_last, words by sentence, pooled
-    choices, pos<k>, others; ``all`` last."""
+    """Role groups / token choices in reading order: cls, pooled choices (mean, max, first_word,
+    mean_s<i>), sep<i>, sep_last, words by sentence, own / other sentences, pos<k>, others; ``all`` last."""
     def rank(r: str) -> tuple:
         r = str(r)
-        for i, pat in enumerate([r"cls", r"\[CLS\]", r"sep\d.*", r"\[SEP\].*", r"sep_last", r"all \[SEP\]",
-                                 r"s\d+ words", r"mean", r"max", r"first_word", r"mean_s\d+",
+        for i, pat in enumerate([r"cls", r"\[CLS\]", r"mean", r"max", r"first_word", r"mean_s\d+",
+                                 r"sep(\d.*)?", r"\[SEP\].*", r"sep_last", r"all \[SEP\]", r"s\d+ words",
                                  r"own sentence", r"other sentences", r"pos\d+"]):
             if re.fullmatch(pat, r):
                 return (i, _natural(r))
@@ -246,6 +261,8 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("table", help="result table (CSV; a Parquet file beside it is read instead if present)")
     p.add_argument("--out", required=True, help="output path without suffix (writes OUT.png at 150 dpi and OUT.pdf)")
+    p.add_argument("--model", default=None, help="the model to draw, when the table holds several")
+    p.add_argument("--corpus", default=None, help="the corpus to draw, when the table holds several")
     return p
 
 
@@ -297,7 +314,8 @@ def _role_sets(roles: list[str], max_lines: int) -> list[tuple[str, list[str]]]:
 
 
 def plot_drift(df: pd.DataFrame, out: str | Path, metric: str = "drift_mean", roles: Sequence[str] | None = None,
-               normalised: bool | None = None, max_lines: int = 7) -> list[Path]:
+               normalised: bool | None = None, max_lines: int = 7, model: str | None = None,
+               corpus: str | None = None) -> list[Path]:
     """Drift per layer and role group, one panel per format pair (A → B), with CI bands and the
     random-pair baseline; writes ``out``.png (150 dpi) and ``out``.pdf and returns both paths.
 
@@ -305,12 +323,13 @@ def plot_drift(df: pd.DataFrame, out: str | Path, metric: str = "drift_mean", ro
     ``format_b`` = the pair). ``metric``: a key of :data:`DRIFT_LABELS`. ``roles``: role groups to
     draw (default all, in reading order); more than ``max_lines`` are split into a special-token row
     and a word row. ``normalised``: add a row with ``normalised_drift`` (None: when the table has it).
-    NaN values leave gaps and are listed in a note under the figure.
+    NaN values leave gaps and are listed in a note under the figure. ``model`` / ``corpus`` pick
+    one when the table holds several.
     """
     if metric not in DRIFT_LABELS:
         raise ValueError(f"metric must be one of {list(DRIFT_LABELS)}, got {metric!r}")
     what = "drift figure"
-    d = numeric(select(df, what, analysis="drift"))
+    d = numeric(one_source(select(df, what, analysis="drift"), what, model, corpus))
     rows = select(d, what, metric=metric)
     if roles is not None:
         rows = select(rows, what, role=list(roles))
@@ -373,7 +392,7 @@ def plot_drift(df: pd.DataFrame, out: str | Path, metric: str = "drift_mean", ro
         share_ylim(axs)
     suptitle(fig, title_for(rows, f"Drift of the same tokens between formats ({metric})"))
     notes.append("Bands: 95% bootstrap CIs over examples (where present).")
-    add_note(fig, axes[-1, 0], notes)
+    add_note(fig, notes)
     return style.save(fig, out)
 
 
@@ -384,8 +403,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--metric", default="drift_mean", choices=list(DRIFT_LABELS), help="y metric (default drift_mean)")
     p.add_argument("--roles", default=None, help="comma list of role groups (default: all)")
     p.add_argument("--no-normalised", action="store_true", help="no second row with normalised_drift")
-    return run_cli(p, plot_drift, lambda a: {"metric": a.metric, "roles": comma_list(a.roles),
-                                             "normalised": False if a.no_normalised else None}, argv)
+    return run_cli(p, plot_drift, lambda a: {"metric": a.metric, "roles": comma_list(a.roles), "model": a.model,
+                                             "corpus": a.corpus, "normalised": False if a.no_normalised else None},
+                   argv)
 
 
 if __name__ == "__main__":

@@ -422,3 +422,23 @@ def test_inputs_not_modified():
     K0 = K.copy()
     linear_cka(X, Y, True), rbf_cka(X, Y, debiased=True), gram_cka(K, L, True), linear_cka_matrix([X], [Y])
     assert np.array_equal(X, X0) and np.array_equal(Y, Y0) and np.array_equal(K, K0)
+
+
+def test_blocked_symmetric_products_match(monkeypatch):
+    """numpy's A @ A.T (syrk) segfaults for large A (numpy #19685); the blocked path must agree."""
+    import analyses.cka as cka_mod
+
+    X, Y = related(6, n=50, d1=23, d2=9)
+    rng = np.random.default_rng(6)
+    Xs = [X, rng.normal(size=(50, 12))]
+    before = (linear_cka(X, Y, True), rbf_cka(X, Y, 0.5, True), linear_cka_matrix(Xs, debiased=True))
+    acc_before = StreamingCKAMatrix(debiased=True).update(Xs).update([A + 1 for A in Xs]).result()
+    monkeypatch.setattr(cka_mod, "_SYRK_BLOCK", 7)
+    G = cka_mod._outer_self(X)
+    np.testing.assert_allclose(G, X @ X.T.copy(), atol=1e-12, rtol=0)
+    assert np.array_equal(G, G.T)
+    assert linear_cka(X, Y, True) == pytest.approx(before[0], abs=1e-12)
+    assert rbf_cka(X, Y, 0.5, True) == pytest.approx(before[1], abs=1e-12)
+    np.testing.assert_allclose(linear_cka_matrix(Xs, debiased=True), before[2], atol=1e-12, rtol=0)
+    acc = StreamingCKAMatrix(debiased=True).update(Xs).update([A + 1 for A in Xs]).result()
+    np.testing.assert_allclose(acc, acc_before, atol=1e-12, rtol=0)
