@@ -242,20 +242,20 @@ TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in fields(TrainConfig))
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {
         "corpus": "generated:n=120,k=2", "label": "topic", "poolings": ("cls", "mean"), "seeds": (0,),
-        "train": {"epochs": 1, "lr": 1e-4, "batch_size": 16, "max_train": 64, "max_length": 64,
-                  "on_overflow": "skip"},
+        "train": {"epochs": 1, "lr": 2e-4, "head_lr": 2e-3, "freeze_embeddings": True, "batch_size": 16,
+                  "max_train": 64, "max_length": 64, "on_overflow": "skip"},
     },
     "default": {
-        "corpus": "generated:n=300,k=2", "label": "topic",
+        "corpus": "generated:n=260,k=2", "label": "topic",
         "poolings": ("cls", "mean", "max", "sep", "first_word"), "seeds": (0, 1, 2),
-        "train": {"epochs": 1, "lr": 1e-4, "batch_size": 16, "max_train": 160, "max_length": 64,
-                  "on_overflow": "skip"},
+        "train": {"epochs": 3, "lr": 2e-4, "head_lr": 3e-3, "freeze_embeddings": True, "batch_size": 16,
+                  "max_train": 160, "max_length": 64, "on_overflow": "skip"},
     },
     "full": {
         "corpus": "bbc:k=2,n=6000", "label": "topic",
         "poolings": ("cls", "mean", "max", "sep", "first_word", "pos3"), "seeds": tuple(range(10)),
-        "train": {"epochs": 3, "lr": 5e-5, "batch_size": 32, "max_train": None, "max_length": 128,
-                  "on_overflow": "skip", "eval_batch_size": 256},
+        "train": {"epochs": 3, "lr": 5e-5, "head_lr": 5e-4, "freeze_embeddings": False, "batch_size": 32,
+                  "max_train": None, "max_length": 128, "on_overflow": "skip", "eval_batch_size": 256},
     },
 }
 
@@ -659,7 +659,8 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
       ``first_train_loss`` (first step), ``final_train_loss`` (last epoch's mean), ``seconds``;
     * per run and epoch: ``metric="train_loss_epoch"`` with extra column ``epoch`` (0-based);
     * per pooling: ``metric="test_accuracy_mean"``, ``value`` the mean over seeds, ``ci_low``/``ci_high``
-      a 95% t-interval over seeds (NaN for one seed), ``sd`` the sample sd (ddof=1), ``n`` = seeds;
+      a 95% t-interval over seeds (:func:`t_interval`, clipped to [0, 1]; NaN for one seed), ``sd``
+      the sample sd (ddof=1), ``n`` = seeds;
     * one row ``role="majority"``, ``metric="majority_baseline"``: test accuracy of always predicting
       the most frequent training class.
 
@@ -715,6 +716,7 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
         bar.close()
     for p in checked:
         mean, sd, lo, hi = t_interval(accs[p.name])
+        lo, hi = max(lo, 0.0), min(hi, 1.0)  # an accuracy; NaN (one seed) stays NaN
         rows.append({**base, "role": p.name, "metric": "test_accuracy_mean", "value": mean, "ci_low": lo,
                      "ci_high": hi, "n": len(seeds), "sd": sd})
     train_y = task.y[task.train]
@@ -804,6 +806,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="label that keeps examples together in the split; 'auto' = doc when present, "
                         "'id' = each example alone (default auto)")
     p.add_argument("--device", default="auto", help="'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ...")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's own choice). On a machine whose cores are busy "
+                        "with other work, 1 can be many times faster than oversubscribed threads")
     p.add_argument("--out", default="results", help="directory of result tables (default: ./results)")
     p.add_argument("--force", action="store_true", help="recompute even if a stored result exists")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -824,6 +829,11 @@ def main(argv: Sequence[str] | None = None) -> int:
              "warmup_fraction": args.warmup_fraction, "schedule": args.schedule,
              "test_fraction": args.test_fraction, "split_seed": args.split_seed,
              "split_group": args.split_group}
+    if args.threads is not None:
+        if args.threads < 1:
+            print(f"error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
+            return 2
+        torch.set_num_threads(args.threads)
     try:
         examples = load_corpus(corpus)
         lm = load_model(args.model, random_init=args.random_init)

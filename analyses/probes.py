@@ -15,8 +15,17 @@ Protocol (DESIGN.md "Linear probes"), shared by the scikit-learn reference and t
   and Interpreting Probes with Control Tasks") with selectivity = task accuracy - control accuracy.
 
 ``LinearProbe`` / ``cross_validate_probe`` are the scikit-learn reference (float64, one probe at a
-time); ``probe_many`` fits many feature sets (layers x token choices) x folds x Cs as one batched
-L-BFGS problem in torch, on the GPU when there is one.
+time); ``probe_many`` / ``probe_many_results`` fit many feature sets (layers x token choices) x folds
+x Cs as one batched L-BFGS problem in torch (float32 or float64, on the GPU when there is one) with
+the same splits, grid, standardisation and objective, and agree with the reference to optimiser
+tolerance (``tests/test_probes.py``; ``benchmarks/probe_speed.py`` times both).
+``mdl_online_codelength`` gives the online code length of Voita & Titov (2020).
+
+>>> rng = np.random.default_rng(0)
+>>> y = rng.integers(0, 3, 90); X = rng.normal(size=(90, 4)) + 3 * np.eye(4)[y]
+>>> res = cross_validate_probe(X, y, groups=np.arange(90) // 3, Cs=(0.1, 1.0))
+>>> res.mean > 0.9, res.scores.shape, round(res.majority_baseline, 2) < 0.5
+(True, (5,), True)
 """
 
 from __future__ import annotations
@@ -50,8 +59,8 @@ SelectBy = Literal["log_loss", "metric"]
 #: Floating-point types of the batched torch path.
 DTYPES: tuple[str, ...] = ("float32", "float64")
 
-# Logit given to a multi-label column that is constant on the training rows (a word never or always
-# present): the probe predicts that constant with probability sigmoid(30) ~ 1 - 1e-13.
+# Logit margin for what the training rows leave no doubt about: a multi-label column constant on them
+# (a word never or always present) or a class absent from them; sigmoid(30) ~ 1 - 1e-13.
 _CONSTANT_LOGIT = 30.0
 _PROB_FLOOR = 1e-15
 
@@ -82,7 +91,7 @@ def _check_y(y: Any, X_shape: tuple[int, ...], what: str = "y") -> tuple[np.ndar
     if y.shape[0] != X_shape[0]:
         raise ValueError(f"X and {what} differ in n_items: X.shape={X_shape}, {what}.shape={y.shape}")
     if y.ndim == 1:
-        classes, counts = np.unique(y, return_counts=True)
+        classes = np.unique(y)
         if len(classes) < 2:
             raise ValueError(f"{what} has a single class {classes.tolist()} over all {len(y)} items; "
                              "a probe needs at least two classes")
@@ -577,57 +586,69 @@ def _torch():
 class _Problems:
     """Many independent L2 logistic regressions sharing feature matrices.
 
-    ``X: (B, n, d)`` feature sets; problem ``(b, g)`` uses feature set b, training weights
-    ``masks[:, g]`` (0/1, ``(n, G)``), 0/1 targets ``targets[:, :, g]`` (``(n, K, G)``: one-hot
-    classes for "softmax", labels for "sigmoid") and ``inv_C[b, g]``. Standardisation with the
-    training rows' mean ``mu`` and std ``sd`` (``(B, d, G)``) is folded into the weights, so X is
-    never copied per problem: logits ``Z = X @ (W / sd) + (b - (mu / sd) . W)``.
-    Parameters ``theta: (B, d + 1, K, G)``: rows ``:d`` weights in standardised units, row ``d`` the
-    unpenalised intercept; G is the last axis so that reductions over the K classes vectorise.
+    ``X1: (B, n, d + 1)`` feature sets with a trailing column of ones; problem ``(b, g)`` uses
+    feature set b, training weights ``masks[:, g]`` (0/1, ``(n, G)``), 0/1 targets
+    ``targets[:, :, g]`` (``(n, K, G)``: one-hot classes for "softmax", labels for "sigmoid") and
+    ``inv_C[b, g]``. Standardisation with the training rows' mean ``mu`` and std ``sd``
+    (``(B, G, d)``) is folded into the weights, so X is never copied per problem: logits
+    ``Z = X @ (W / sd) + (b - (mu / sd) . W)``, one matmul with the intercept as the ones column's
+    weight, laid out ``(B, n, K, G)``. Parameters ``theta: (B, G, (d + 1) * K)``, a view of
+    ``(B, G, d + 1, K)``: rows ``:d`` weights in standardised units, row ``d`` the unpenalised
+    intercept; each problem's parameters are contiguous so the optimiser's dot products are cheap.
     Objective per problem (sklearn's scaling, so ``tol`` means the same):
     ``f = sum_i m_i loss_i / n_g + ||W||^2 / (2 C n_g)``.
     """
 
-    def __init__(self, X, masks, targets, inv_C, kind: str):
+    def __init__(self, X1, masks, targets, inv_C, kind: str):
         torch = _torch()
-        self.X, self.kind = X, kind
+        self.X1, self.kind, self.K = X1, kind, targets.shape[1]
         n_g = masks.sum(0)  # (G,)
-        mu = torch.einsum("bnd,ng->bdg", X, masks) / n_g
-        ex2 = torch.einsum("bnd,ng->bdg", X * X, masks) / n_g
+        mu = torch.einsum("bnd,ng->bgd", X1, masks) / n_g[:, None]
+        ex2 = torch.einsum("bnd,ng->bgd", X1 * X1, masks) / n_g[:, None]
         var = (ex2 - mu * mu).clamp_min(0)
         # Features (globally standardised beforehand) that are constant on the training rows get scale 1,
         # like sklearn's StandardScaler; their weights stay ~0 since the training rows carry no gradient.
-        tiny = 1e3 * torch.finfo(X.dtype).eps
+        tiny = 1e3 * torch.finfo(X1.dtype).eps
         self.sd = torch.where(var > tiny, var.sqrt(), torch.ones_like(var))
+        self.sd[..., -1] = 1.0  # the ones column carries the intercept: not standardised
         self.mu_sd = mu / self.sd
+        self.mu_sd[..., -1] = 0.0
         self._set(masks, targets, inv_C, n_g)
 
     def _set(self, masks, targets, inv_C, n_g):
-        self.masks, self.targets, self.inv_C, self.n_g = masks, targets, inv_C, n_g
+        self.masks, self.targets, self.n_g = masks, targets, n_g
         self.w = masks / n_g  # (n, G) per-row weight in the mean loss
         self.wT = self.w[:, None, :] * targets  # (n, K, G)
-        self.pen = inv_C / n_g  # (B, G)
+        self.with_inv_C(inv_C, inplace=True)
 
-    def select(self, cols):
-        """The sub-problem made of columns ``cols`` (indices into G)."""
+    def with_inv_C(self, inv_C, inplace: bool = False) -> "_Problems":
+        """The same problems with penalties ``inv_C: (B, G)`` (shares every other tensor)."""
+        new = self if inplace else object.__new__(_Problems)
+        if not inplace:
+            new.__dict__.update(self.__dict__)
+        new.inv_C, new.pen = inv_C, inv_C / self.n_g  # pen: (B, G)
+        return new
+
+    def select(self, rows, cols):
+        """The sub-problem made of feature sets ``rows`` (indices into B) and columns ``cols`` (into G)."""
         new = object.__new__(_Problems)
-        new.X, new.kind = self.X, self.kind
-        new.sd, new.mu_sd = self.sd[..., cols], self.mu_sd[..., cols]
-        new._set(self.masks[:, cols], self.targets[..., cols], self.inv_C[:, cols], self.n_g[cols])
+        new.X1 = self.X1 if len(rows) == self.X1.shape[0] else self.X1[rows]
+        new.kind, new.K = self.kind, self.K
+        new.sd, new.mu_sd = self.sd[rows][:, cols], self.mu_sd[rows][:, cols]
+        new._set(self.masks[:, cols], self.targets[..., cols], self.inv_C[rows][:, cols], self.n_g[cols])
         return new
 
     def logits(self, theta):
-        """``Z: (B, n, K, G)``."""
-        B, d, K, G = theta.shape[0], theta.shape[1] - 1, theta.shape[2], theta.shape[3]
-        W = theta[:, :d]
-        A = W / self.sd[:, :, None, :]
-        c = theta[:, d] - (self.mu_sd[:, :, None, :] * W).sum(1)
-        Z = (self.X @ A.reshape(B, d, K * G)).view(B, -1, K, G)
-        return Z.add_(c[:, None])
+        """``Z: (B, n, K, G)`` for ``theta: (B, G, (d + 1) * K)``."""
+        B, G, K, d1 = theta.shape[0], theta.shape[1], self.K, self.X1.shape[2]
+        Wb = theta.view(B, G, d1, K)
+        A = Wb / self.sd[..., None]
+        A[:, :, -1] -= (self.mu_sd[:, :, None, :] @ Wb).squeeze(2)
+        return (self.X1 @ A.permute(0, 2, 3, 1).reshape(B, d1, K * G)).view(B, -1, K, G)
 
     def item_loss_and_prob(self, Z):
         """Per-item loss ``(B, n, G)`` (cross-entropy; summed binary cross-entropy for "sigmoid")
-        and probabilities ``(B, n, K, G)``. Overwrites nothing."""
+        and probabilities ``(B, n, K, G)``."""
         torch = _torch()
         if self.kind == "softmax":
             m = Z.amax(2, keepdim=True)
@@ -639,95 +660,111 @@ class _Problems:
         return loss, torch.sigmoid(Z)
 
     def value_grad(self, theta):
-        """Objective ``(B, G)`` and its gradient (shaped like theta)."""
+        """Objective ``(B, G)`` and its gradient ``(B, G, (d + 1) * K)``."""
         torch = _torch()
-        B, d, K, G = theta.shape[0], theta.shape[1] - 1, theta.shape[2], theta.shape[3]
-        W = theta[:, :d]
+        B, G, K, d1 = theta.shape[0], theta.shape[1], self.K, self.X1.shape[2]
+        Wb = theta.view(B, G, d1, K)
+        W = Wb[:, :, :-1]
         Z = self.logits(theta)
-        loss, P = self.item_loss_and_prob(Z)
-        del Z
-        f = (loss * self.w).sum(1) + 0.5 * self.pen * (W * W).sum((1, 2))
-        R = P.mul_(self.w[:, None, :]).sub_(self.wT)  # d f / d Z
-        gc = R.sum(1)  # (B, K, G)
-        gA = (self.X.transpose(1, 2) @ R.view(B, -1, K * G)).view(B, d, K, G)
-        gW = gA.div_(self.sd[:, :, None, :]).sub_(self.mu_sd[:, :, None, :] * gc[:, None]).add_(self.pen[:, None, None, :] * W)
-        return f, torch.cat([gW, gc[:, None]], 1)
+        fit = -(Z * self.wT).sum((1, 2))  # - sum_i w_i sum_k t_ik z_ik
+        if self.kind == "softmax":
+            m = Z.amax(2, keepdim=True)
+            R = Z.sub_(m).exp_()  # Z is not needed any more
+            S = R.sum(2, keepdim=True)
+            fit += ((S.log() + m).squeeze(2) * self.w).sum(1)
+            R.mul_(self.w[:, None, :] / S)
+        else:
+            fit += (torch.nn.functional.softplus(Z).sum(2) * self.w).sum(1)
+            R = Z.sigmoid_().mul_(self.w[:, None, :])
+        R.sub_(self.wT)  # d f / d Z
+        f = fit + 0.5 * self.pen * (W * W).sum((2, 3))
+        g = (self.X1.transpose(1, 2) @ R.view(B, -1, K * G)).view(B, d1, K, G).permute(0, 3, 1, 2)
+        gc = g[:, :, -1:]  # (B, G, 1, K): d f / d intercept
+        g = g / self.sd[..., None] - self.mu_sd[..., None] * gc
+        g[:, :, :-1] += self.pen[..., None, None] * W
+        return f, g.reshape(B, G, -1)
 
 
 def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: int = 10, max_ls: int = 40):
     """Batched L-BFGS, one independent run per problem (own history, step and stopping).
 
-    Two-loop recursion (Nocedal & Wright 2006, alg. 7.4) with per-problem dot products over
-    ``theta: (B, d + 1, K, G)``; backtracking Armijo line search (c1 = 1e-4) from step 1. A problem
-    stops when ``max|grad| <= tol`` (lbfgs' ``gtol`` in sklearn), when its objective stops moving
-    (relative change below 4 machine epsilons) or when no step decreases it. Columns whose problems
-    have all stopped leave the batch as the run goes. Returns ``theta`` and the number of iterations
-    per problem ``(B, G)``.
+    Two-loop recursion (Nocedal & Wright 2006, alg. 7.4) on ``theta: (B, G, D)``; backtracking
+    Armijo line search (c1 = 1e-4) from step 1. A problem stops when ``max|grad| <= tol`` (lbfgs'
+    ``gtol`` in sklearn), when its objective stops moving (relative change below 4 machine
+    epsilons) or when no step decreases it. Feature sets (rows) and columns whose problems have all
+    stopped leave the batch as the run goes. Returns ``theta`` and the number of iterations per
+    problem ``(B, G)``.
     """
     torch = _torch()
     theta = theta0.clone()
-    B, G = theta.shape[0], theta.shape[3]
+    B, G = theta.shape[:2]
     eps = torch.finfo(theta.dtype).eps
-    out = torch.empty_like(theta)
+    out = theta.clone()
     iters = torch.zeros(B, G, dtype=torch.long, device=theta.device)
-    cols = torch.arange(G, device=theta.device)
+    rows, cols = torch.arange(B, device=theta.device), torch.arange(G, device=theta.device)
 
     def dot(u, v):
-        return (u * v).sum((1, 2))
-
-    def bc(s):  # (B, G) -> broadcastable against theta
-        return s[:, None, None, :]
+        return (u * v).sum(-1)
 
     f, g = problems.value_grad(theta)
     S = torch.zeros((history,) + theta.shape, dtype=theta.dtype, device=theta.device)
     Yh = torch.zeros_like(S)
     rho = torch.zeros(history, B, G, dtype=theta.dtype, device=theta.device)
     gamma = torch.clamp(1.0 / dot(g, g).sqrt().clamp_min(1e-30), max=1.0)  # first step: at most unit length
-    done = g.abs().amax((1, 2)) <= tol
+    done = g.abs().amax(-1) <= tol
     pos = 0
     for it in range(max_iter):
         if bool(done.all()):
             break
-        # Drop columns whose problems have all stopped once they are a third of the batch.
-        col_done = done.all(0)
-        if int(col_done.sum()) >= max(1, col_done.numel() // 3):
-            keep, fin = (~col_done).nonzero().squeeze(1), col_done.nonzero().squeeze(1)
-            out[..., cols[fin]] = theta[..., fin]
-            cols, problems = cols[keep], problems.select(keep)
-            theta, f, g, gamma, done = theta[..., keep], f[:, keep], g[..., keep], gamma[:, keep], done[:, keep]
-            S, Yh, rho = S[..., keep], Yh[..., keep], rho[..., keep]
-        iters[:, cols] += (~done).long()
+        # Drop the feature sets / columns whose problems have all stopped once they are a third of the batch.
+        row_keep, col_keep = ~done.all(1), ~done.all(0)
+        if int((~row_keep).sum()) * 3 >= len(row_keep) or int((~col_keep).sum()) * 3 >= len(col_keep):
+            out[rows[:, None], cols[None, :]] = theta
+            kr, kc = row_keep.nonzero().squeeze(1), col_keep.nonzero().squeeze(1)
+            rows, cols, problems = rows[kr], cols[kc], problems.select(kr, kc)
+
+            def sub(t, lead=0):
+                t = t[(slice(None),) * lead + (kr,)]
+                return t[(slice(None),) * (lead + 1) + (kc,)]
+
+            theta, f, g, gamma, done = sub(theta), sub(f), sub(g), sub(gamma), sub(done)
+            S, Yh, rho = sub(S, 1), sub(Yh, 1), sub(rho, 1)
+        iters[rows[:, None], cols[None, :]] += (~done).long()
         # Two-loop recursion: r ~ H^{-1} g.
         q = g.clone()
         alpha = torch.zeros_like(rho)
         order = [(pos - 1 - j) % history for j in range(history)]
         for j in order:
             alpha[j] = rho[j] * dot(S[j], q)
-            q.sub_(bc(alpha[j]) * Yh[j])
-        r = q.mul_(bc(gamma))
+            q.addcmul_(alpha[j][..., None], Yh[j], value=-1)
+        r = q.mul_(gamma[..., None])
         for j in reversed(order):
             beta = rho[j] * dot(Yh[j], r)
-            r.add_(S[j] * bc(alpha[j] - beta))
+            r.addcmul_(S[j], (alpha[j] - beta)[..., None])
         direction = r.neg_()
         gd = dot(g, direction)
         bad = ~(gd < 0) & ~done  # not a descent direction (not expected for convex f): restart on -g
         if bool(bad.any()):
-            direction = torch.where(bc(bad), -g, direction)
+            direction = torch.where(bad[..., None], -g, direction)
             gd = torch.where(bad, -dot(g, g), gd)
             rho = torch.where(bad[None], torch.zeros_like(rho), rho)
-        direction = torch.where(bc(done), torch.zeros_like(direction), direction)
+        direction = torch.where(done[..., None], torch.zeros_like(direction), direction)
         gd = torch.where(done, torch.zeros_like(gd), gd)
         # Backtracking Armijo line search, per problem.
         step = torch.ones_like(f)
         accepted = done.clone()
         new_theta, new_f, new_g = theta, f, g
         for _ in range(max_ls):
-            trial = theta + bc(step) * direction
+            trial = torch.addcmul(theta, step[..., None], direction)
             ft, gt = problems.value_grad(trial)
             ok = ~accepted & torch.isfinite(ft) & (ft <= f + 1e-4 * step * gd)
-            new_theta = torch.where(bc(ok), trial, new_theta)
+            if bool((ok | done).all()):  # the usual case (stopped problems have direction 0, trial = theta)
+                new_theta, new_f, new_g = trial, torch.where(done, f, ft), gt
+                accepted |= ok
+                break
+            new_theta = torch.where(ok[..., None], trial, new_theta)
             new_f = torch.where(ok, ft, new_f)
-            new_g = torch.where(bc(ok), gt, new_g)
+            new_g = torch.where(ok[..., None], gt, new_g)
             accepted |= ok
             if bool(accepted.all()):
                 break
@@ -741,8 +778,8 @@ def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: i
         pos = (pos + 1) % history
         flat = (f - new_f).abs() <= 4 * eps * torch.maximum(f.abs(), new_f.abs()).clamp_min(1.0)
         theta, f, g = new_theta, new_f, new_g
-        done = done | ~accepted | (flat & (it > 0)) | (g.abs().amax((1, 2)) <= tol)
-    out[..., cols] = theta
+        done = done | ~accepted | (flat & (it > 0)) | (g.abs().amax(-1) <= tol)
+    out[rows[:, None], cols[None, :]] = theta
     return out, iters
 
 
@@ -774,7 +811,8 @@ def probe_many_results(features: Mapping[Hashable, Any], y: Any, groups: Any = N
                        seed: int = 0, Cs: Sequence[float] = DEFAULT_CS, inner_splits: int = 3,
                        select_by: SelectBy = "log_loss", max_iter: int = 1000, tol: float = 1e-4,
                        control_types: Any = None, device: str | None = None, dtype: str = "float32",
-                       max_batch_elements: int = 2 ** 27, confidence: float = 0.95) -> dict[Hashable, ProbeResult]:
+                       max_batch_elements: int = 2 ** 27, num_threads: int | None = None,
+                       confidence: float = 0.95) -> dict[Hashable, ProbeResult]:
     """The protocol of :func:`cross_validate_probe` for many feature sets at once, in torch.
 
     ``features``: name -> ``(n_items, dim)`` array (e.g. ``(layer, role)`` -> states), all with the
@@ -783,9 +821,30 @@ def probe_many_results(features: Mapping[Hashable, Any], y: Any, groups: Any = N
     with :func:`cross_validate_probe` up to optimiser tolerance. All (feature set x outer fold x
     inner fold x C [x task/control]) problems of a chunk are solved together by :func:`_lbfgs`
     (stage 1, choosing C), then all (feature set x outer fold) refits (stage 2). ``device``: None ->
-    CUDA if available; ``dtype`` in ``DTYPES``. ``max_batch_elements`` bounds ``B * n * G * K`` per
-    batched solve (memory). Returns name -> :class:`ProbeResult`.
+    CUDA if available; ``dtype`` in ``DTYPES``. ``max_batch_elements`` bounds the elements of the
+    largest tensors of one batched solve, ``B * G * K * (n + 20 (d + 1))`` (memory). ``num_threads``: torch CPU threads during the call, restored afterwards
+    (None: leave torch's setting; 1 is fastest on small CPU machines, where thread hand-offs cost
+    more than the work of each operation). Returns name -> :class:`ProbeResult`.
     """
+    torch = _torch()
+    if num_threads is None:
+        return _probe_many_results(features, y, groups, n_splits=n_splits, seed=seed, Cs=Cs, inner_splits=inner_splits,
+                                   select_by=select_by, max_iter=max_iter, tol=tol, control_types=control_types,
+                                   device=device, dtype=dtype, max_batch_elements=max_batch_elements,
+                                   confidence=confidence)
+    before = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        return _probe_many_results(features, y, groups, n_splits=n_splits, seed=seed, Cs=Cs, inner_splits=inner_splits,
+                                   select_by=select_by, max_iter=max_iter, tol=tol, control_types=control_types,
+                                   device=device, dtype=dtype, max_batch_elements=max_batch_elements,
+                                   confidence=confidence)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits, select_by, max_iter, tol,
+                        control_types, device, dtype, max_batch_elements, confidence):
     torch = _torch()
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}; got dtype={dtype!r}")
@@ -795,8 +854,8 @@ def probe_many_results(features: Mapping[Hashable, Any], y: Any, groups: Any = N
         raise ValueError("features is empty; pass at least one name -> (n_items, dim) array")
     names = list(features)
     arrays = {k: _check_X(features[k], name=f"features[{k!r}]") for k in names}
-    n = next(iter(arrays.values())).shape[0]
-    y, multilabel = _check_y(y, (n,))
+    n = arrays[names[0]].shape[0]
+    y, multilabel = _check_y(y, arrays[names[0]].shape)
     for k, a in arrays.items():
         if a.shape[0] != n:
             raise ValueError(f"features[{k!r}] and y differ in n_items: features[{k!r}].shape={a.shape}, y.shape={y.shape}")
@@ -839,15 +898,19 @@ def probe_many_results(features: Mapping[Hashable, Any], y: Any, groups: Any = N
         targets = np.stack([encoded[l] for l, _, _ in specs], axis=2)
         return tuple(torch.as_tensor(a, dtype=tdtype, device=dev) for a in (masks, evals, targets))
 
-    # Stage 1 columns: label set x outer fold x inner fold x C; stage 2: label set x outer fold.
-    stage1 = [(l, tr_in, te_in) for l in range(L) for folds in inner for tr_in, te_in in folds for _ in Cs_arr]
+    # Stage 1 columns: label set x outer fold x inner fold, solved for each C in turn (ascending, each
+    # started from the previous C's solution, as LogisticRegressionCV does); stage 2: label set x outer fold.
+    stage1 = [(l, tr_in, te_in) for l in range(L) for folds in inner for tr_in, te_in in folds]
     stage2 = [(l, tr, te) for l in range(L) for tr, te in outer]
-    per_set = n * K * max(len(stage1), len(stage2))
-    chunk = max(1, max_batch_elements // per_set)
     by_dim: dict[int, list[Hashable]] = {}
     for k in names:
         by_dim.setdefault(arrays[k].shape[1], []).append(k)
-    batches = [ks[i:i + chunk] for ks in by_dim.values() for i in range(0, len(ks), chunk)]
+    batches = []
+    for dim, ks in by_dim.items():
+        # logits (n rows) and the optimiser's 2 x 10 history vectors (dim + 1 rows) per feature set
+        per_set = K * max(len(stage1), len(stage2)) * (n + 20 * (dim + 1))
+        chunk = max(1, max_batch_elements // per_set)
+        batches += [ks[i:i + chunk] for i in range(0, len(ks), chunk)]
     results: dict[Hashable, ProbeResult] = {}
     for keys in batches:
         B, d = len(keys), arrays[keys[0]].shape[1]
@@ -855,24 +918,27 @@ def probe_many_results(features: Mapping[Hashable, Any], y: Any, groups: Any = N
         # A fixed global standardisation first: exact for the per-fold standardisation that follows
         # (affine per feature) and keeps float32 from cancelling large means.
         mean, std = Xnp.mean(1, keepdims=True), Xnp.std(1, keepdims=True)
-        X = torch.as_tensor((Xnp - mean) / np.where(std > 0, std, 1.0), dtype=tdtype, device=dev)
+        Xnp = np.concatenate([(Xnp - mean) / np.where(std > 0, std, 1.0), np.ones((B, n, 1))], axis=2)
+        X = torch.as_tensor(Xnp, dtype=tdtype, device=dev)  # (B, n, d + 1): ones column for the intercept
         del Xnp
         chosen = np.full((B, L, n_splits), float(Cs_arr[0]))
         if stage1:
             masks, evals, targets = columns(stage1)
-            inv_C = torch.as_tensor(np.tile(1.0 / Cs_arr, len(stage1) // len(Cs_arr)), dtype=tdtype, device=dev)
-            problems = _Problems(X, masks, targets, inv_C[None].repeat(B, 1), kind)
-            theta0 = torch.zeros(B, d + 1, K, len(stage1), dtype=tdtype, device=dev)
-            theta, _ = _lbfgs(problems, theta0, max_iter=max_iter, tol=tol)
-            sc = _device_inner_scores(problems, theta, evals, select_by, multilabel).double().cpu().numpy()
+            problems = _Problems(X, masks, targets, torch.ones(B, len(stage1), dtype=tdtype, device=dev), kind)
+            theta = torch.zeros(B, len(stage1), (d + 1) * K, dtype=tdtype, device=dev)
+            sc = np.empty((B, len(stage1), len(Cs_arr)))
+            for c, C in enumerate(Cs_arr):
+                at_C = problems.with_inv_C(torch.full((B, len(stage1)), 1.0 / C, dtype=tdtype, device=dev))
+                theta, _ = _lbfgs(at_C, theta, max_iter=max_iter, tol=tol)
+                sc[:, :, c] = _device_inner_scores(at_C, theta, evals, select_by, multilabel).double().cpu().numpy()
             sc = sc.reshape(B, L, n_splits, inner_splits, len(Cs_arr))
             for b, l, o in np.ndindex(B, L, n_splits):
                 chosen[b, l, o] = _choose_C(sc[b, l, o], Cs_arr)
-            del problems, theta, masks, evals, targets
+            del problems, at_C, theta, masks, evals, targets
         masks, _, targets = columns(stage2)
         inv_C = torch.as_tensor(1.0 / chosen.reshape(B, L * n_splits), dtype=tdtype, device=dev)
         problems = _Problems(X, masks, targets, inv_C, kind)
-        theta0 = torch.zeros(B, d + 1, K, len(stage2), dtype=tdtype, device=dev)
+        theta0 = torch.zeros(B, len(stage2), (d + 1) * K, dtype=tdtype, device=dev)
         theta, _ = _lbfgs(problems, theta0, max_iter=max_iter, tol=tol)
         P = problems.item_loss_and_prob(problems.logits(theta))[1].double().cpu().numpy()  # (B, n, K, G)
         if binary:
@@ -903,3 +969,75 @@ def probe_many(features: Mapping[Hashable, Any], y: Any, groups: Any = None, *, 
         where = {"layer": key[0], "role": key[1]} if isinstance(key, tuple) and len(key) == 2 else {}
         rows.extend(probe_rows(res, **{**meta, **where}, feature=str(key)))
     return make_table(rows)
+
+
+# --------------------------------------------------------------------------------------------------
+# Minimum description length
+
+
+#: Block boundaries of the online code as fractions of the items (Voita & Titov 2020, section 3.2).
+MDL_FRACTIONS: tuple[float, ...] = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.0625, 0.125, 0.25, 0.5, 1.0)
+
+
+def mdl_online_codelength(X: Any, y: Any, groups: Any = None, *, fractions: Sequence[float] = MDL_FRACTIONS,
+                          C: float = 1.0, seed: int = 0, max_iter: int = 1000) -> dict[str, float]:
+    """Online code length of single-label ``y: (n_items,)`` given ``X: (n_items, dim)``, in bits.
+
+    Voita & Titov 2020 ("Information-Theoretic Probing with Minimum Description Length", eq. 3):
+    items are sent in a random order of whole groups (``groups: (n_items,)`` example ids; None: each
+    item its own), in blocks ending at ``t_i ~ fractions[i] * n`` (moved forward to the next group
+    boundary, so an example's tokens never straddle a block); the first block costs the uniform
+    code ``t_1 log2 K`` and every later block ``-sum_j log2 p_i(y_j | x_j)`` under a
+    :class:`LinearProbe` (fixed ``C``) trained on everything sent before it (a class it has not seen
+    gets probability 1e-15). A block whose predecessors hold a single class is also sent with the
+    uniform code.
+
+    Returns ``codelength_bits``, ``uniform_bits`` (= n log2 K) and ``compression`` (= uniform /
+    online; 1 means the probe learned nothing usable, larger is more easily extractable).
+    """
+    X = _check_X(X).astype(np.float64, copy=False)
+    y, multilabel = _check_y(y, X.shape)
+    if multilabel:
+        raise ValueError(f"mdl_online_codelength takes single-label y; got y.shape={y.shape}")
+    groups = _check_groups(groups, X.shape[0])
+    fr = np.asarray(fractions, dtype=np.float64)
+    if fr.ndim != 1 or fr.size < 2 or not (np.all(np.diff(fr) > 0) and fr[0] > 0 and fr[-1] == 1.0):
+        raise ValueError(f"fractions must increase from above 0 to exactly 1; got fractions={fr.tolist()}")
+    n, classes = len(y), np.unique(y)
+    rng = np.random.default_rng(seed)
+    uniq, inverse = np.unique(groups, return_inverse=True)
+    rank = rng.permutation(len(uniq))[inverse.ravel()]
+    order = np.lexsort((rng.permutation(n), rank))  # whole groups in random order
+    Xo, yo, go = X[order], y[order], rank[order]
+    boundaries = np.flatnonzero(np.diff(go)) + 1  # first index of each new group
+    cuts = []
+    for f in fr:
+        t = max(1, int(math.ceil(f * n)))
+        after = boundaries[boundaries >= t]
+        cuts.append(int(after[0]) if t < n and len(after) else n)
+    cuts = sorted(set(cuts))
+    bits = cuts[0] * math.log2(len(classes))
+    for start, stop in zip(cuts[:-1], cuts[1:]):
+        if len(np.unique(yo[:start])) < 2:
+            bits += (stop - start) * math.log2(len(classes))
+            continue
+        probe = LinearProbe(Cs=(C,), max_iter=max_iter).fit(Xo[:start], yo[:start])
+        P = probe.predict_proba(Xo[start:stop])
+        column = {c: i for i, c in enumerate(probe.classes_.tolist())}  # a class not seen yet gets p = 0
+        p = np.array([P[j, column[v]] if v in column else 0.0 for j, v in enumerate(yo[start:stop].tolist())])
+        bits += float(-np.log2(np.clip(p, _PROB_FLOOR, None)).sum())
+    uniform = n * math.log2(len(classes))
+    return {"codelength_bits": bits, "uniform_bits": uniform, "compression": uniform / bits}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m analyses.probes``: the cache runner of :mod:`analyses.probe_runner`."""
+    from analyses.probe_runner import main as run
+
+    return run(argv)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -1,0 +1,467 @@
+"""One command answers the seed questions Q1-Q8: extract, analyse, draw, report.
+
+    python -m probing.study configs/seed_questions.toml [--quick] [--force] [--model NAME]
+
+A study is a TOML config (see ``configs/seed_questions.toml``): model, corpora, options. The runner
+extracts every cache it needs (existing caches are reused), runs the analyses (existing result
+tables are reused), draws the figures from the tables and writes ``<out>/report.md`` and
+``<out>/report.html`` (figures inline). Every number in the report is read from that run's tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .examples import Example
+
+QUESTIONS = ("Q1", "Q2", "Q3", "Q4", "Q5", "Q6", "Q7", "Q8")
+
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "study": {"name": "study", "out": "runs/study", "caches": "caches", "seed": 0, "bootstrap_resamples": 1000,
+              "questions": list(QUESTIONS)},
+    "model": {"name": None, "random_init_baseline": True, "random_init_seed": 0, "trust_remote_code": False},
+    "corpus": {"pairs": "generated:n=200,k=2", "groups": "generated:n=100,k=4,pairing=consecutive",
+               "swap": "generated:n=200,k=2,seed=1,swap=1"},
+    "extract": {"dtype": "float32", "batch_tokens": 4096, "device": "auto"},
+    "probes": {"folds": 5, "vocab": 50, "max_tokens": 6000, "device": None},
+    "finetune": {"preset": "default", "label": "topic", "poolings": ["cls", "mean", "max", "sep", "first_word"],
+                 "seeds": [0, 1, 2]},
+}
+
+PAIR_FORMATS = ("pair", "concat", "concat_segments", "single", "single2", "cls_last", "cls_mid")
+ATTENTION_FORMATS = ("pair", "concat")
+PROBE_CHOICES = ("cls", "mean", "max", "sep1", "sep2", "mean_s1", "mean_s2", "first_word", "pos3")
+PROBE_TARGETS = ("topic", "is_next", "length", "bow_s1", "bow_s2", "segment")
+
+
+class StudyError(ValueError):
+    """A study config is malformed."""
+
+
+def load_config(path: str | os.PathLike | None, quick: bool = False,
+                overrides: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """Read a TOML study config over :data:`DEFAULTS`; ``quick`` applies its ``[quick]`` table."""
+    cfg = copy.deepcopy(DEFAULTS)
+    raw: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise StudyError(f"config {path} does not exist")
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as err:
+            raise StudyError(f"config {path}: {err}") from None
+    quick_table = raw.pop("quick", {})
+    for section, values in raw.items():
+        if section not in cfg:
+            raise StudyError(f"config: unknown section [{section}]; known: {', '.join(cfg)}, quick")
+        for key, value in values.items():
+            if key not in cfg[section]:
+                raise StudyError(f"config: unknown key {section}.{key}; known: {', '.join(cfg[section])}")
+            cfg[section][key] = value
+    extra = dict(quick_table) if quick else {}
+    extra.update(overrides or {})
+    for dotted, value in extra.items():
+        section, _, key = dotted.partition(".")
+        if section not in cfg or key not in cfg[section]:
+            raise StudyError(f"config: override {dotted!r} names no known key")
+        cfg[section][key] = value
+    bad = [q for q in cfg["study"]["questions"] if q not in QUESTIONS]
+    if bad:
+        raise StudyError(f"config: unknown questions {bad}; known: {QUESTIONS}")
+    cfg["study"]["quick"] = quick
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------------
+# Extraction
+
+
+@dataclass
+class Caches:
+    """The caches of one study: ``get(corpus, format, random=False)``."""
+
+    paths: dict[tuple[str, str, bool], Path] = field(default_factory=dict)
+
+    def get(self, corpus: str, fmt: str, random: bool = False):
+        from .cache import Cache
+
+        return Cache.open(self.paths[(corpus, fmt, random)])
+
+    def has(self, corpus: str, fmt: str, random: bool = False) -> bool:
+        return (corpus, fmt, random) in self.paths
+
+
+def prefix(examples: Sequence[Example], k: int) -> list[Example]:
+    """The first ``k`` sentences of each example (Q3's k-segment inputs from the same groups)."""
+    return [Example(e.id, e.sentences[:k], e.labels) for e in examples]
+
+
+def extract_all(cfg: dict, log) -> tuple[Caches, dict[str, list[Example]], Any]:
+    from .corpora import load_corpus
+    from .extract import extract
+    from .models import load_model
+
+    ex_cfg, m_cfg, st = cfg["extract"], cfg["model"], cfg["study"]
+    qs = set(st["questions"])
+    corpora: dict[str, list[Example]] = {"pairs": load_corpus(cfg["corpus"]["pairs"])}
+    if qs & {"Q3", "Q5"}:
+        corpora["groups"] = load_corpus(cfg["corpus"]["groups"])
+        K = min(e.n_sentences for e in corpora["groups"])
+        if K < 2:
+            raise StudyError("corpus.groups needs examples of at least 2 sentences")
+        for k in range(2, K + 1):
+            corpora[f"groups_k{k}"] = prefix(corpora["groups"], k)
+    if "Q7" in qs:
+        corpora["swap"] = load_corpus(cfg["corpus"]["swap"])
+    specs = {"pairs": cfg["corpus"]["pairs"], "groups": cfg["corpus"]["groups"], "swap": cfg["corpus"]["swap"]}
+    names = {c: (specs[c] if c in specs else f"{specs['groups']} (first {c.rsplit('k', 1)[1]} sentences)")
+             for c in corpora}
+    jobs: list[tuple[str, str, bool, bool]] = []  # corpus, format, random, attention
+    for f in PAIR_FORMATS:
+        jobs.append(("pairs", f, False, f in ATTENTION_FORMATS))
+    if m_cfg["random_init_baseline"]:
+        jobs.append(("pairs", "pair", True, False))
+    for c in corpora:
+        if c.startswith("groups_k"):
+            jobs += [(c, "multi", False, False), (c, "concat", False, False)]
+    if "swap" in corpora:
+        jobs.append(("swap", "pair", False, False))
+        if m_cfg["random_init_baseline"]:
+            jobs.append(("swap", "pair", True, False))
+    caches = Caches()
+    common = dict(out=st["caches"], dtype=ex_cfg["dtype"], batch_tokens=ex_cfg["batch_tokens"],
+                  device=ex_cfg["device"], on_overflow="skip", log=log)
+    models = {}
+    for random in (False, True):
+        wanted = [j for j in jobs if j[2] == random]
+        if not wanted:
+            continue
+        lm = load_model(m_cfg["name"], random_init=random, seed=m_cfg["random_init_seed"],
+                        trust_remote_code=m_cfg["trust_remote_code"], attn_implementation="eager")
+        models[random] = lm
+        for corpus in dict.fromkeys(j[0] for j in wanted):
+            for attention in (False, True):
+                fmts = [j[1] for j in wanted if j[0] == corpus and j[3] == attention]
+                if not fmts:
+                    continue
+                paths = extract(corpora[corpus], fmts, model=lm, corpus_name=names[corpus], attention=attention,
+                                **common)
+                for f, p in zip(fmts, paths):
+                    caches.paths[(corpus, f, random)] = p
+    return caches, corpora, models[False]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Analyses, one function per question; each returns its tables
+
+
+def _tables_dir(cfg) -> Path:
+    return Path(cfg["study"]["out"]) / "tables"
+
+
+def analyse(cfg: dict, caches: Caches, corpora: dict, lm, log) -> dict[str, pd.DataFrame]:
+    from analyses.attention import run_attention
+    from analyses.drift import run_drift
+    from analyses.probe_runner import run_probes
+    from analyses.similarity import run_cka_formats, run_cka_roles
+
+    st, pr = cfg["study"], cfg["probes"]
+    out, seed, R = _tables_dir(cfg), st["seed"], st["bootstrap_resamples"]
+    qs = set(st["questions"])
+    T: dict[str, pd.DataFrame] = {}
+    drift = lambda a, b, **kw: run_drift(a, b, n_resamples=R, seed=seed, out=out, **kw)  # noqa: E731
+    pair = caches.get("pairs", "pair")
+    rnd = caches.get("pairs", "pair", True) if caches.has("pairs", "pair", True) else None
+    if qs & {"Q1", "Q2", "Q4"}:
+        log("analyses: drift and CKA across formats")
+        concat, concat_seg = caches.get("pairs", "concat"), caches.get("pairs", "concat_segments")
+        T["drift_q1"] = pd.concat([drift(pair, concat), drift(pair, concat_seg), drift(concat_seg, concat)],
+                                  ignore_index=True)
+        T["cka_q1"] = run_cka_formats(pair, concat, ["cls", "mean_s1", "mean_s2", "sep_last"], out=out)
+    if "Q2" in qs:
+        single, single2 = caches.get("pairs", "single"), caches.get("pairs", "single2")
+        T["drift_q2"] = pd.concat([drift(single, pair, words_only=True), drift(single, concat, words_only=True),
+                                   drift(single2, pair, words_only=True), drift(single2, concat, words_only=True)],
+                                  ignore_index=True)
+    if qs & {"Q2", "Q4"}:
+        log("analyses: attention")
+        T["attention"] = pd.concat([run_attention(caches.get("pairs", f), n_resamples=R, seed=seed, out=out)
+                                    for f in ATTENTION_FORMATS], ignore_index=True)
+    if "Q3" in qs:
+        log("analyses: k segments")
+        frames = []
+        for c in sorted((c for c in corpora if c.startswith("groups_k")), key=lambda c: int(c.rsplit("k", 1)[1])):
+            d = drift(caches.get(c, "multi"), caches.get(c, "concat"))
+            d["k"] = int(c.rsplit("k", 1)[1])
+            frames.append(d)
+        T["drift_q3"] = pd.concat(frames, ignore_index=True)
+    if qs & {"Q4", "Q7", "Q8"}:
+        log("analyses: probes on the pair format (trained and random-init)")
+        T["probes_pair"] = run_probes(pair, PROBE_CHOICES, PROBE_TARGETS, random_cache=rnd, n_splits=pr["folds"],
+                                      seed=seed, vocab=pr["vocab"], max_tokens=pr["max_tokens"],
+                                      device=pr["device"], out=out)
+    if "Q4" in qs:
+        T["cka_q4"] = run_cka_roles(pair, [("sep1", "cls"), ("sep1", "mean_s1"), ("sep1", "mean_s2"),
+                                           ("sep2", "cls")], out=out)
+    if "Q5" in qs:
+        log("analyses: [CLS] content of sentence i")
+        K = max(int(c.rsplit("k", 1)[1]) for c in corpora if c.startswith("groups_k"))
+        multi = caches.get(f"groups_k{K}", "multi")
+        T["probes_q5"] = run_probes(multi, ("cls", "mean"), [f"bow_s{i}" for i in range(1, K + 1)],
+                                    n_splits=pr["folds"], seed=seed, vocab=pr["vocab"], device=pr["device"], out=out)
+    if "Q6" in qs:
+        log("analyses: classification token position")
+        T["probes_q6"] = pd.concat([run_probes(caches.get("pairs", f), ("cls",), ("topic", "is_next"),
+                                               n_splits=pr["folds"], seed=seed, device=pr["device"], out=out)
+                                    for f in ("pair", "cls_mid", "cls_last")], ignore_index=True)
+    if "Q7" in qs:
+        log("analyses: word order")
+        sw = caches.get("swap", "pair")
+        swr = caches.get("swap", "pair", True) if caches.has("swap", "pair", True) else None
+        T["probes_q7"] = run_probes(sw, ("cls", "mean"), ("swapped",), random_cache=swr, n_splits=pr["folds"],
+                                    seed=seed, device=pr["device"], out=out)
+    if "Q8" in qs:
+        log("analyses: fine-tuning with each pooling")
+        from analyses.pooling import run_pooling_experiment
+
+        ft = cfg["finetune"]
+        T["finetune"] = run_pooling_experiment(corpora["pairs"], ft["label"], ft["poolings"], ft["seeds"], model=lm,
+                                               preset=ft["preset"], out=str(out), corpus_name=cfg["corpus"]["pairs"])
+    for name, df in T.items():
+        from analyses.results import write_table
+
+        write_table(df, out / f"{name}.csv")
+    return T
+
+
+# ---------------------------------------------------------------------------------------------------
+# Figures and report
+
+
+def _safe(fn, *args, log=print, **kwargs) -> list[Path]:
+    """Draw one figure; a figure that cannot be drawn from the tables is reported, not fatal."""
+    try:
+        return [p for p in fn(*args, **kwargs) if str(p).endswith(".png")]
+    except (ValueError, KeyError) as err:
+        log(f"figure skipped ({getattr(fn, '__name__', fn)}): {err}")
+        return []
+
+
+def draw_figures(cfg: dict, T: dict[str, pd.DataFrame], log) -> dict[str, list[Path]]:
+    from figures.attention import plot_attention
+    from figures.cka import plot_cka_layers
+    from figures.drift import plot_drift
+    from figures.pooling import plot_pooling
+    from figures.probes import plot_probe_position, plot_probes
+
+    fig = Path(cfg["study"]["out"]) / "figures"
+    F: dict[str, list[Path]] = {q: [] for q in QUESTIONS}
+    if "drift_q1" in T:
+        d = T["drift_q1"]
+        F["Q1"] += _safe(plot_drift, d[(d["format"] == "pair") & (d["format_b"] == "concat")], fig / "q1_drift_pair_concat", log=log)
+        F["Q1"] += _safe(plot_drift, d[(d["format"] != "pair") | (d["format_b"] != "concat")], fig / "q1_drift_sep_vs_segments",
+                         roles=["cls", "s1 words", "s2 words"], log=log)
+    if "cka_q1" in T:
+        F["Q1"] += _safe(plot_cka_layers, T["cka_q1"], fig / "q1_cka_pair_concat", log=log)
+    if "drift_q2" in T:
+        F["Q2"] += _safe(plot_drift, T["drift_q2"], fig / "q2_context_drift", log=log)
+    if "attention" in T:
+        a = T["attention"]
+        F["Q2"] += _safe(plot_attention, a, fig / "q2_attention_pair", format="pair", log=log)
+        F["Q4"] += _safe(plot_attention, a, fig / "q4_attention_concat", format="concat", log=log)
+    if "drift_q3" in T:
+        d = T["drift_q3"]
+        ks = sorted(d["k"].unique())
+        for k in (ks[0], ks[-1]) if len(ks) > 1 else ks:
+            F["Q3"] += _safe(plot_drift, d[d["k"] == k].drop(columns="k"), fig / f"q3_drift_multi_concat_k{k}", log=log)
+    if "probes_pair" in T:
+        p = T["probes_pair"]
+        F["Q4"] += _safe(plot_probes, p, fig / "q4_probes_is_next", target="is_next",
+                         roles=["sep1", "sep2", "cls", "mean_s1", "mean_s2"], log=log)
+        F["Q4"] += _safe(plot_probes, p, fig / "q4_probes_bow_s2", target="bow_s2", metric="micro_f1",
+                         roles=["sep1", "sep2", "cls", "mean_s1", "mean_s2"], log=log)
+        F["Q7"] += _safe(plot_probes, p, fig / "q7_probes_bow_s1", target="bow_s1", metric="micro_f1",
+                         roles=["cls", "mean"], log=log)
+        F["Q7"] += _safe(plot_probes, p, fig / "q7_probes_length", target="length", roles=["cls", "mean"], log=log)
+        F["Q8"] += _safe(plot_probes, p, fig / "q8_probes_topic", target="topic",
+                         roles=["cls", "mean", "max", "sep1", "first_word", "pos3"], log=log)
+    if "cka_q4" in T:
+        F["Q4"] += _safe(plot_cka_layers, T["cka_q4"], fig / "q4_cka_sep", log=log)
+    if "probes_q5" in T:
+        F["Q5"] += _safe(plot_probe_position, T["probes_q5"], fig / "q5_cls_content_by_position", metric="micro_f1",
+                         choice=["cls", "mean"], layer="last", log=log)
+    if "probes_q6" in T:
+        p = T["probes_q6"].copy()
+        p["role"] = p["format"].map({"pair": "cls first", "cls_mid": "cls middle", "cls_last": "cls last"})
+        p["format"] = "pair / cls_mid / cls_last"
+        F["Q6"] += _safe(plot_probes, p, fig / "q6_cls_position_topic", target="topic", log=log)
+        F["Q6"] += _safe(plot_probes, p, fig / "q6_cls_position_is_next", target="is_next", log=log)
+    if "probes_q7" in T:
+        F["Q7"] += _safe(plot_probes, T["probes_q7"], fig / "q7_probes_word_order", target="swapped", log=log)
+    if "finetune" in T:
+        frozen = T.get("probes_pair")
+        frozen = frozen[frozen["model_kind"] == "trained"] if frozen is not None else None
+        F["Q8"] += _safe(plot_pooling, T["finetune"], fig / "q8_pooling", frozen_df=frozen, log=log)
+    return F
+
+
+def _tables_for_report(T: dict) -> dict[str, tuple[pd.DataFrame, str]]:
+    from .report import last_layer, pick
+
+    out = {}
+    if "drift_q1" in T:
+        d = pick(T["drift_q1"], metric="drift_mean")
+        L = last_layer(d)
+        t = d[d["layer"] == L].pivot_table(index=["format", "format_b"], columns="role", values="value", sort=False)
+        out["Q1"] = (t.reset_index(), f"1 − cos (mean) at layer {L}, per role group")
+    if "drift_q2" in T:
+        d = pick(T["drift_q2"], metric="drift_mean")
+        t = d.pivot_table(index="layer", columns=["format", "format_b"], values="value", aggfunc="first", sort=False)
+        t.columns = [f"{a}→{b}" for a, b in t.columns]
+        out["Q2"] = (t.reset_index(), "1 − cos (mean) of the words of the single sentence (role 'all')")
+    if "drift_q3" in T:
+        d = pick(T["drift_q3"], metric="drift_mean")
+        L = last_layer(d)
+        t = d[d["layer"] == L].pivot_table(index="k", columns="role", values="value", sort=False)
+        out["Q3"] = (t.reset_index(), f"1 − cos (mean) between multi and concat at layer {L}, by k")
+    if "probes_pair" in T:
+        p = pick(T["probes_pair"], model_kind="trained")
+        p = p[p["metric"].isin(["accuracy", "micro_f1"])]
+        L = last_layer(p)
+        t = p[p["layer"] == L].pivot_table(index="role", columns="target", values="value", sort=False)
+        out["Q4"] = (t.reset_index(), f"probe scores at layer {L} (accuracy; micro-F1 for bow_*; trained model)")
+    if "probes_q5" in T:
+        p = pick(T["probes_q5"], metric="micro_f1")
+        L = last_layer(p)
+        t = p[p["layer"] == L].pivot_table(index="role", columns="target", values="value", sort=False)
+        out["Q5"] = (t.reset_index(), f"bag-of-words micro-F1 per sentence position at layer {L}")
+    if "probes_q6" in T:
+        p = pick(T["probes_q6"], metric="accuracy")
+        t = p.pivot_table(index="layer", columns=["target", "format"], values="value", sort=False)
+        t.columns = [f"{a} / {b}" for a, b in t.columns]
+        out["Q6"] = (t.reset_index(), "probe accuracy of the classification token by layer and position")
+    if "probes_q7" in T:
+        p = pick(T["probes_q7"], metric="accuracy")
+        t = p.pivot_table(index="layer", columns=["model_kind", "role"], values="value", sort=False)
+        t.columns = [f"{a} / {b}" for a, b in t.columns]
+        out["Q7"] = (t.reset_index(), "word-order (swapped) probe accuracy by layer")
+    if "finetune" in T:
+        f = pick(T["finetune"], metric="test_accuracy")
+        t = f.pivot_table(index="role", columns="seed", values="value", sort=False)
+        t.columns = [f"seed {c}" for c in t.columns]
+        t["mean"] = t.mean(axis=1)
+        t["sd"] = t.drop(columns="mean").std(axis=1, ddof=1)
+        out["Q8"] = (t.reset_index().rename(columns={"role": "pooling"}), "fine-tuned test accuracy per pooling and seed")
+    return out
+
+
+def write_report(cfg: dict, T: dict, F: dict, caches: Caches, corpora: dict, lm, elapsed: float) -> Path:
+    from . import __version__
+    from .report import ANSWERS, NOTES, TITLES, Section, machine, render_html, render_markdown
+
+    out = Path(cfg["study"]["out"])
+    tables = _tables_for_report(T)
+    sections = []
+    for q in cfg["study"]["questions"]:
+        t, caption = tables.get(q, (None, ""))
+        sections.append(Section(TITLES[q], ANSWERS[q](T), F.get(q, []), t, caption, NOTES[q]))
+    import torch
+    import transformers
+
+    pair = caches.get("pairs", "pair")
+    provenance = {
+        "model": f"{lm.name} (fingerprint {lm.fingerprint[:16]}…, {lm.n_layers} layers, hidden {lm.hidden_size})",
+        "random-init baseline": (f"same architecture, seed {cfg['model']['random_init_seed']}"
+                                 if cfg["model"]["random_init_baseline"] else "not run"),
+        "corpora": "; ".join(f"{k}: {cfg['corpus'][k]} ({len(corpora[k])} examples)" for k in ("pairs", "groups", "swap")
+                             if k in corpora),
+        "pairs corpus fingerprint": pair.manifest["corpus"]["fingerprint"][:16] + "…",
+        "examples skipped as too long": len(pair.manifest["skipped"]),
+        "seed": cfg["study"]["seed"],
+        "bootstrap resamples": cfg["study"]["bootstrap_resamples"],
+        "versions": f"probing {__version__}, torch {torch.__version__}, transformers {transformers.__version__}, "
+                    f"numpy {np.__version__}, pandas {pd.__version__}, python {platform.python_version()}",
+        "machine": machine(),
+        "run time": f"{elapsed:.0f} s" + (" (quick mode)" if cfg["study"]["quick"] else ""),
+        "tables": str((out / "tables").resolve()),
+        "caches": str(Path(cfg["study"]["caches"]).resolve()),
+    }
+    title = f"probing study '{cfg['study']['name']}': what input formatting does to {lm.name}"
+    intro = ("Every number below was computed by this run from the result tables in tables/; CIs are 95% "
+             "(cluster bootstrap over examples for drift and attention, t-interval over cross-validation folds "
+             "for probes).")
+    md = render_markdown(title, intro, sections, provenance, out)
+    (out / "report.md").write_text(md, encoding="utf-8")
+    (out / "report.html").write_text(render_html(title, intro, sections, provenance), encoding="utf-8")
+    return out / "report.md"
+
+
+def run_study(config: str | os.PathLike | None, *, quick: bool = False, force_analyses: bool = False,
+              overrides: dict[str, Any] | None = None, log=print) -> Path:
+    """Run a whole study; returns the path of ``report.md``."""
+    t0 = time.perf_counter()
+    cfg = load_config(config, quick=quick, overrides=overrides)
+    out = Path(cfg["study"]["out"])
+    if force_analyses and (out / "tables").exists():
+        import shutil
+
+        shutil.rmtree(out / "tables")
+    log(f"study {cfg['study']['name']!r}{' (quick)' if quick else ''}: extracting")
+    caches, corpora, lm = extract_all(cfg, log)
+    T = analyse(cfg, caches, corpora, lm, log)
+    log("drawing figures")
+    F = draw_figures(cfg, T, log)
+    report = write_report(cfg, T, F, caches, corpora, lm, time.perf_counter() - t0)
+    log(f"report: {report} (and {report.with_suffix('.html')}), {time.perf_counter() - t0:.0f} s")
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m probing.study",
+        description="Run a study from a TOML config: extract the caches it needs (reusing existing ones), run the "
+                    "analyses for Q1-Q8 (reusing existing result tables), draw the figures and write "
+                    "<out>/report.md and report.html.",
+    )
+    p.add_argument("config", nargs="?", default="configs/seed_questions.toml",
+                   help="study config (default configs/seed_questions.toml)")
+    p.add_argument("--quick", action="store_true", help="the config's [quick] settings: a small run in minutes")
+    p.add_argument("--model", default=None, help="override [model] name (a Hugging Face id or local path)")
+    p.add_argument("--out", default=None, help="override [study] out")
+    p.add_argument("--caches", default=None, help="override [study] caches")
+    p.add_argument("--questions", default=None, help="comma list, e.g. Q1,Q4 (default: the config's)")
+    p.add_argument("--force", action="store_true", help="recompute the analyses (caches are still reused)")
+    args = p.parse_args(argv)
+    overrides: dict[str, Any] = {}
+    if args.model:
+        overrides["model.name"] = args.model
+    if args.out:
+        overrides["study.out"] = args.out
+    if args.caches:
+        overrides["study.caches"] = args.caches
+    if args.questions:
+        overrides["study.questions"] = [q.strip() for q in args.questions.split(",")]
+    try:
+        run_study(args.config, quick=args.quick, force_analyses=args.force, overrides=overrides)
+    except StudyError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,348 @@
+"""Fine-tuning with different poolings (Q8): pools read the right positions (never padding), training
+learns, the split is fixed and disjoint, results are tidy and reused, bad input fails clearly."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from scipy import stats
+
+import analyses.pooling as P
+from analyses.pooling import (POOLINGS, PRESETS, TrainConfig, epoch_batches, finetune, get_pooling, pool,
+                              pooling_mask, run_pooling_experiment, t_interval, train_test_split)
+from probing.examples import Example
+from probing.formats import Format, render, special_token_ids, tokenize_sentences
+from probing.models import prepare_model
+
+from .conftest import make_tiny_bert, sample_examples
+
+FILLER = ["the", "a", "man", "woman", "saw", "took", "house", "river", "green", "old", "quickly", "went", "near"]
+
+
+def keyword_examples(n: int = 48, seed: int = 0) -> list[Example]:
+    """A learnable task: the label says which key word ('apple' or 'stone') sentence 2 contains.
+    Examples come in documents of two (label ``doc``), both of one class."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        key = ["apple", "stone"][(i // 2) % 2]
+        s1 = " ".join(rng.choice(FILLER) for _ in range(rng.randint(3, 7))) + "."
+        words = [rng.choice(FILLER) for _ in range(rng.randint(3, 7))]
+        words.insert(rng.randint(0, len(words)), key)
+        out.append(Example(f"k{i:03d}", (s1, " ".join(words) + "."), {"kind": key, "doc": f"d{i // 2}"}))
+    return out
+
+
+@pytest.fixture()
+def tiny(bert_tokenizer):
+    return prepare_model(make_tiny_bert(bert_tokenizer, seed=0), bert_tokenizer, name="tiny-bert")
+
+
+FAST = dict(epochs=1, batch_size=8, lr=1e-3, max_length=None, device="cpu", preset="quick")
+
+
+def _render(tokenizer, examples, fmt="pair"):
+    fmt = Format.parse(fmt)
+    specials = special_token_ids(tokenizer, fmt)
+    return [render(fmt, e, tokenize_sentences(tokenizer, list(e.sentences)), specials) for e in examples]
+
+
+# --------------------------------------------------------------------------------------------------
+# pools select the right positions
+
+
+def test_registry_and_pos_names():
+    assert set(POOLINGS) == {"cls", "mean", "max", "sep", "first_word"}
+    assert get_pooling("pos0").position == 0 and get_pooling("pos17").position == 17
+    assert get_pooling("mean").reduce == "mean" and get_pooling("max").reduce == "max"
+
+
+def test_masks_on_hand_built_batch(bert_tokenizer):
+    ex = [Example("a", ("The cat sat.", "Unbelievably, dogs bark loudly today.")),
+          Example("b", ("Hi.", "Yo."))]
+    rendered = _render(bert_tokenizer, ex)
+    T = max(len(r) for r in rendered)
+    assert len(rendered[1]) < T  # example b is padded
+    sep_id, cls_id = bert_tokenizer.sep_token_id, bert_tokenizer.cls_token_id
+    for b, r in enumerate(rendered):
+        ids = r.input_ids.tolist()
+        words = [t for t, role in enumerate(r.role) if role == "word"]
+        # reference positions computed from the token ids (allowed in a test, not in the code)
+        expect = {
+            "cls": [ids.index(cls_id)], "sep": [ids.index(sep_id)], "first_word": [1], "pos2": [2],
+            "mean": [t for t, i in enumerate(ids) if i not in (cls_id, sep_id)], "max": words,
+        }
+        assert expect["mean"] == words
+        for name, pos in expect.items():
+            m = pooling_mask(rendered, name, T)
+            assert np.flatnonzero(m[b]).tolist() == pos, (name, b)
+            assert not m[b, len(r):].any()  # padding never selected
+    # the first [SEP] of 'pair' closes sentence 1: right after its last word
+    n1 = len(bert_tokenizer("The cat sat.", add_special_tokens=False)["input_ids"])
+    assert np.flatnonzero(pooling_mask(rendered, "sep", T)[0]).tolist() == [1 + n1]
+
+
+def test_pool_values_equal_reference_and_ignore_padding(bert_tokenizer):
+    ex = [Example("a", ("The cat sat on the mat.", "It purred.")), Example("b", ("Hi.", "Yo."))]
+    rendered = _render(bert_tokenizer, ex)
+    T = max(len(r) for r in rendered)
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(2, T, 5, generator=g, dtype=torch.float64)
+    h[1, len(rendered[1]):] = 1e6  # padding: would dominate mean and max if it leaked in
+    for name in ["cls", "sep", "first_word", "pos2", "mean", "max"]:
+        p = get_pooling(name)
+        got = pool(h, torch.from_numpy(pooling_mask(rendered, name, T)), p.reduce).numpy()
+        for b, r in enumerate(rendered):
+            words = [t for t, role in enumerate(r.role) if role == "word"]
+            ref = {"cls": h[b, 0], "sep": h[b, r.role.index("sep")], "first_word": h[b, 1], "pos2": h[b, 2],
+                   "mean": h[b, words].mean(0), "max": h[b, words].max(0).values}[name].numpy()
+            np.testing.assert_allclose(got[b], ref, rtol=0, atol=1e-12, err_msg=f"{name} example {b}")
+    assert pool(h, torch.from_numpy(pooling_mask(rendered, "max", T)), "max").max() < 1e5
+
+
+def test_classifier_pool_equals_unpadded_forward(bert_tokenizer, tiny):
+    """End to end: the pooled vector of a padded batch equals the pool of each example run alone."""
+    ex = [Example("a", ("The cat sat on the mat.", "It purred loudly.")), Example("b", ("Hi.", "Yo."))]
+    rendered = _render(bert_tokenizer, ex)
+    model = tiny.model.eval()
+    for name in ["mean", "max", "sep", "cls"]:
+        p = get_pooling(name)
+        batch = P._collate(rendered, p, bert_tokenizer.pad_token_id, torch.device("cpu"))
+        with torch.no_grad():
+            h = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                      token_type_ids=batch["token_type_ids"]).last_hidden_state
+            got = pool(h, batch["pool_mask"], p.reduce)
+            for b, r in enumerate(rendered):
+                alone = model(input_ids=torch.from_numpy(r.input_ids)[None],
+                              token_type_ids=torch.from_numpy(r.token_type_ids)[None]).last_hidden_state[0]
+                pos = torch.from_numpy(p.select(r))
+                ref = alone[pos].mean(0) if p.reduce == "mean" else alone[pos].max(0).values
+                torch.testing.assert_close(got[b], ref, atol=1e-5, rtol=1e-5)
+
+
+def test_roles_work_for_roberta_style_tokenizer(roberta_tokenizer):
+    ex = [Example("a", ("The cat sat.", "A dog barked."))]
+    (r,) = _render(roberta_tokenizer, ex)
+    ids = r.input_ids.tolist()
+    assert np.flatnonzero(pooling_mask([r], "cls")[0]).tolist() == [ids.index(roberta_tokenizer.cls_token_id)] == [0]
+    assert np.flatnonzero(pooling_mask([r], "sep")[0]).tolist() == [ids.index(roberta_tokenizer.sep_token_id)]
+    specials = {roberta_tokenizer.cls_token_id, roberta_tokenizer.sep_token_id}
+    assert np.flatnonzero(pooling_mask([r], "mean")[0]).tolist() == [t for t, i in enumerate(ids) if i not in specials]
+
+
+# --------------------------------------------------------------------------------------------------
+# training
+
+
+def test_training_lowers_loss_and_learns(tiny):
+    ex = keyword_examples(64)
+    r = finetune(ex, "kind", model=tiny, pooling="mean", seed=0,
+                 **{**FAST, "epochs": 8, "lr": 3e-3, "head_lr": 1e-2, "max_train": None})
+    first, last = r["train_loss_epochs"][0], r["train_loss_epochs"][-1]
+    assert len(r["train_loss_epochs"]) == 8
+    assert len(r["train_loss_steps"]) == 8 * math.ceil(r["n_train"] / 8)
+    assert first == pytest.approx(math.log(2), abs=0.05)  # an untrained 2-class head is near chance
+    assert last < 0.4 * first, r["train_loss_epochs"]
+    assert r["test_accuracy"] >= 0.75
+    assert r["n_train"] + r["n_test"] == 64
+
+
+def test_same_seed_same_run_other_seed_differs(tiny):
+    ex = keyword_examples(32)
+    a = finetune(ex, "kind", model=tiny, pooling="cls", seed=3, **FAST)
+    b = finetune(ex, "kind", model=tiny, pooling="cls", seed=3, **FAST)
+    c = finetune(ex, "kind", model=tiny, pooling="cls", seed=4, **FAST)
+    assert a["train_loss_steps"] == b["train_loss_steps"] and a["test_accuracy"] == b["test_accuracy"]
+    assert a["train_loss_steps"] != c["train_loss_steps"]
+
+
+def test_model_is_not_modified(tiny):
+    before = {k: v.clone() for k, v in tiny.model.state_dict().items()}
+    finetune(keyword_examples(24), "kind", model=tiny, pooling="max", **FAST)
+    for k, v in tiny.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_training_never_reads_test_examples(tiny):
+    """Changing the test examples' text and labels leaves the training run bit-identical."""
+    ex = keyword_examples(32)
+    test_ids = {e.id for e in ex[-8:]}
+    a = finetune(ex, "kind", model=tiny, pooling="mean", test_ids=test_ids, **FAST)
+    changed = ex[:-8] + [Example(e.id, ("Completely different words here.", "And more of them."),
+                                 {"kind": "apple"}) for e in ex[-8:]]
+    b = finetune(changed, "kind", model=tiny, pooling="mean", test_ids=test_ids, **FAST)
+    assert a["train_loss_steps"] == b["train_loss_steps"]
+    assert sorted(a["test_ids"]) == sorted(test_ids)
+
+
+def test_epoch_batches_cover_each_index_once():
+    train = np.array([0, 2, 3, 5, 7, 8, 9, 11, 12, 13, 15])
+    lengths = np.arange(20) % 7
+    g = torch.Generator().manual_seed(1)
+    batches = epoch_batches(train, lengths, 3, 2, g)
+    assert sorted(np.concatenate(batches).tolist()) == train.tolist()
+    assert [len(b) for b in batches] == [3, 3, 3, 2]
+    g2 = torch.Generator().manual_seed(1)
+    assert all((x == y).all() for x, y in zip(batches, epoch_batches(train, lengths, 3, 2, g2)))
+
+
+# --------------------------------------------------------------------------------------------------
+# the split
+
+
+def test_split_is_fixed_grouped_and_disjoint(tiny):
+    ex = keyword_examples(40)
+    runs = [finetune(ex, "kind", model=tiny, pooling=p, seed=s, **FAST) for p in ("cls", "pos2") for s in (0, 1)]
+    train, test = runs[0]["train_ids"], runs[0]["test_ids"]
+    for r in runs[1:]:
+        assert r["train_ids"] == train and r["test_ids"] == test
+    assert not set(train) & set(test) and len(set(train) | set(test)) == 40
+    doc = {e.id: e.labels["doc"] for e in ex}
+    assert not {doc[i] for i in train} & {doc[i] for i in test}  # documents never straddle
+
+
+def test_split_depends_on_ids_not_order():
+    ex = keyword_examples(60)
+    tr, te = train_test_split(ex, test_fraction=0.3, split_group="id")
+    shuffled = list(ex)
+    random.Random(5).shuffle(shuffled)
+    tr2, te2 = train_test_split(shuffled, test_fraction=0.3, split_group="id")
+    assert {ex[i].id for i in te} == {shuffled[i].id for i in te2}
+    assert 0.1 < len(te) / 60 < 0.5
+    # a different split seed gives a different split; max_train keeps a subset of the same train side
+    _, te3 = train_test_split(ex, test_fraction=0.3, split_seed=1, split_group="id")
+    assert set(te3.tolist()) != set(te.tolist())
+    tr4, te4 = train_test_split(ex, test_fraction=0.3, split_group="id", max_train=10)
+    assert len(tr4) == 10 and set(tr4) <= set(tr) and (te4 == te).all()
+
+
+# --------------------------------------------------------------------------------------------------
+# the experiment table and its reuse
+
+POOLS = ["cls", "mean", "max", "sep", "first_word", "pos2"]
+
+
+def test_table_has_every_run_and_summaries(tiny):
+    ex = keyword_examples(32)
+    df = run_pooling_experiment(ex, "kind", POOLS, [0, 1, 2], model=tiny, progress=False, **FAST)
+    acc = df[df.metric == "test_accuracy"]
+    assert sorted(zip(acc.role, acc.seed.astype(int))) == sorted((p, s) for p in POOLS for s in (0, 1, 2))
+    assert (df.analysis == "finetune_pooling").all() and (df.target == "kind").all()
+    assert acc.value.between(0, 1).all() and (acc.n == acc.n.iloc[0]).all()
+    summ = df[df.metric == "test_accuracy_mean"].set_index("role")
+    assert sorted(summ.index) == sorted(POOLS)
+    for p in POOLS:
+        v = acc[acc.role == p].value.to_numpy(dtype=float)
+        half = stats.t.ppf(0.975, 2) * v.std(ddof=1) / math.sqrt(3)
+        assert summ.loc[p, "value"] == pytest.approx(v.mean())
+        assert summ.loc[p, "sd"] == pytest.approx(v.std(ddof=1))
+        assert summ.loc[p, "ci_low"] == pytest.approx(max(0.0, v.mean() - half))
+        assert summ.loc[p, "ci_high"] == pytest.approx(min(1.0, v.mean() + half))
+        assert summ.loc[p, "n"] == 3
+    losses = df[df.metric == "train_loss_epoch"]
+    assert len(losses) == len(POOLS) * 3  # one epoch each
+    assert len(df[df.metric == "majority_baseline"]) == 1
+
+
+def test_stored_result_is_reused(tiny, tmp_path, monkeypatch):
+    ex = keyword_examples(24)
+    df = run_pooling_experiment(ex, "kind", "cls,mean", "0", model=tiny, out=tmp_path, progress=False, **FAST)
+    assert len(list(tmp_path.glob("finetune_pooling-*.csv"))) == 1
+
+    def no_training(*a, **k):
+        raise AssertionError("trained although a stored result exists")
+
+    monkeypatch.setattr(P, "_finetune_task", no_training)
+    again = run_pooling_experiment(ex, "kind", "cls,mean", "0", model=tiny, out=tmp_path, progress=False, **FAST)
+    assert again.attrs["reused"] is True
+    pd.testing.assert_frame_equal(df.reset_index(drop=True), again.reset_index(drop=True), check_dtype=False)
+    with pytest.raises(AssertionError, match="trained although"):
+        run_pooling_experiment(ex, "kind", "cls,mean", "0", model=tiny, out=tmp_path, force=True,
+                               progress=False, **FAST)
+    with pytest.raises(AssertionError, match="trained although"):  # other hyperparameters: a new result
+        run_pooling_experiment(ex, "kind", "cls,mean", "0", model=tiny, out=tmp_path, progress=False,
+                               **{**FAST, "lr": 2e-3})
+
+
+def test_t_interval_known_values():
+    mean, sd, lo, hi = t_interval([0.5, 0.7, 0.9])
+    assert mean == pytest.approx(0.7) and sd == pytest.approx(0.2)
+    assert hi - mean == pytest.approx(4.302652729911275 * 0.2 / math.sqrt(3))
+    assert all(math.isnan(x) for x in t_interval([0.4])[1:])
+
+
+# --------------------------------------------------------------------------------------------------
+# bad input
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(pooling="avg"), "'avg'"),
+    (dict(pooling="pos999"), "pos999"),
+    (dict(label="sentiment"), "'sentiment'"),
+    (dict(pooling="sep", fmt="no_special"), "'sep'"),
+    (dict(epochs=0), "epochs=0"),
+    (dict(schedule="cosine"), "'cosine'"),
+    (dict(max_length=4, on_overflow="error"), "max_length=4"),
+])
+def test_bad_input_names_the_value(tiny, kwargs, match):
+    kw = {**FAST, "label": "kind", **kwargs}
+    label = kw.pop("label")
+    with pytest.raises(ValueError, match=match):
+        finetune(keyword_examples(16), label, model=tiny, **kw)
+
+
+def test_single_class_and_bad_lists(tiny):
+    one = [Example(f"e{i}", ("A b c.", "D e f."), {"kind": "apple"}) for i in range(8)]
+    with pytest.raises(ValueError, match="single class.*'apple'"):
+        finetune(one, "kind", model=tiny, **FAST)
+    with pytest.raises(ValueError, match="'avg'"):
+        run_pooling_experiment(keyword_examples(8), "kind", "cls,avg", "0", model=tiny, **FAST)
+    with pytest.raises(ValueError, match="'x'"):
+        run_pooling_experiment(keyword_examples(8), "kind", "cls", "0,x", model=tiny, **FAST)
+    with pytest.raises(ValueError, match="'nope'"):
+        run_pooling_experiment(keyword_examples(8), "kind", "cls", "0", model=tiny, **{**FAST, "preset": "nope"})
+
+
+def test_presets_are_valid():
+    assert {"quick", "default", "full"} <= set(PRESETS)
+    for name, pre in PRESETS.items():
+        TrainConfig(**pre["train"])
+        for p in pre["poolings"]:
+            get_pooling(p)
+    assert PRESETS["default"]["poolings"] == ("cls", "mean", "max", "sep", "first_word")
+    assert len(PRESETS["default"]["seeds"]) == 3
+
+
+# --------------------------------------------------------------------------------------------------
+# command line
+
+
+def test_cli_help_lists_every_choice(capsys):
+    with pytest.raises(SystemExit):
+        P.main(["--help"])
+    text = capsys.readouterr().out
+    for name in list(POOLINGS) + list(PRESETS) + ["pos<k>", "--force", "--out", "--model", "--seeds"]:
+        assert name in text
+
+
+def test_cli_runs_end_to_end(tmp_path, bert_tokenizer, capsys):
+    model_dir = tmp_path / "tiny"
+    make_tiny_bert(bert_tokenizer, seed=0).save_pretrained(model_dir)
+    bert_tokenizer.save_pretrained(model_dir)
+    argv = ["--corpus", "generated:n=30,k=2", "--label", "topic", "--poolings", "cls,mean", "--seeds", "0,1",
+            "--preset", "quick", "--model", str(model_dir), "--out", str(tmp_path / "res"), "--device", "cpu",
+            "--no-progress", "--lr", "1e-3"]
+    assert P.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "cls" in out and "mean" in out and "±" in out and "written" in out
+    t0 = time.perf_counter()
+    assert P.main(argv) == 0
+    assert "reused" in capsys.readouterr().out
+    assert P.main(argv[:4] + ["--poolings", "avg"] + argv[6:]) == 2
+    assert "'avg'" in capsys.readouterr().err

@@ -1,0 +1,358 @@
+"""Linear probes: known answers on planted data, grouping, control task, batched path vs sklearn."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from scipy import stats
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
+from sklearn.linear_model import LogisticRegression
+from sklearn.preprocessing import StandardScaler
+
+from analyses.probes import (DEFAULT_CS, LinearProbe, ProbeResult, _evaluate_fold, _lbfgs, _Problems,
+                             control_labels, cross_validate_probe, fold_t_interval, make_splits,
+                             mdl_online_codelength, probe_many, probe_many_results, probe_rows, probe_table)
+from analyses.results import RESULT_COLUMNS
+
+CS = (1e-2, 1.0, 100.0)  # a short grid keeps the sklearn path quick
+
+
+def planted(n=240, d=10, k=3, strength=2.0, seed=0, per_group=3, offset=5.0):
+    """Class-mean signal of ``strength`` along random directions, items grouped in threes, non-zero means."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, k, n)
+    means = rng.normal(size=(k, d))
+    X = offset + strength * means[y] + rng.normal(size=(n, d))
+    return X, y, np.arange(n) // per_group
+
+
+def planted_bow(n=240, d=10, words=8, strength=3.0, seed=0):
+    """Multi-label y (n, words): word j present when a noisy linear score beats a word-specific cut."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    V = rng.normal(size=(d, words))
+    score = strength * X @ V / np.sqrt(d) + rng.normal(size=(n, words))
+    cuts = np.quantile(score, np.linspace(0.3, 0.85, words), axis=0).diagonal()  # prevalences 0.7 .. 0.15
+    return X, (score > cuts).astype(int), np.arange(n) // 2
+
+
+# ----------------------------------------------------------------------------------------------
+# Known answers on planted data (sklearn reference path)
+
+
+def test_planted_signal_scores_near_one():
+    X, y, groups = planted(strength=2.0)
+    res = cross_validate_probe(X, y, groups, n_splits=5, Cs=CS)
+    assert isinstance(res, ProbeResult)
+    assert res.metric == "accuracy" and res.scores.shape == (5,)
+    assert res.mean > 0.95
+    assert res.ci[0] <= res.mean <= res.ci[1]
+    assert res.n == 240 and res.n_groups == 80
+    assert 0.2 < res.majority_baseline < 0.5
+    assert set(res.chosen_Cs) <= set(CS)
+
+
+def test_noise_scores_near_imbalanced_majority_baseline():
+    rng = np.random.default_rng(1)
+    n = 300
+    y = rng.choice(["a", "b", "c"], size=n, p=[0.7, 0.2, 0.1])
+    X = rng.normal(size=(n, 12))
+    res = cross_validate_probe(X, y, np.arange(n) // 3, Cs=CS)
+    assert 0.6 < res.majority_baseline < 0.8
+    assert abs(res.mean - res.majority_baseline) < 0.05
+    assert res.chosen_Cs.min() == CS[0]  # pure noise: the strongest penalty wins the inner CV somewhere
+
+
+def test_grouped_cv_defeats_memorising_example_ids():
+    """Labels that are random per example: only memorising the example would help. Grouped CV scores
+    chance; CV that lets an example straddle train and test (groups=None) is fooled."""
+    rng = np.random.default_rng(2)
+    n_ex, per, d = 50, 4, 80  # d > examples: a linear probe can memorise every example's label
+    groups = np.repeat(np.arange(n_ex), per)
+    y = rng.integers(0, 2, n_ex)[groups]
+    X = rng.normal(size=(n_ex, d))[groups] * 3 + 0.3 * rng.normal(size=(n_ex * per, d))
+    grouped = cross_validate_probe(X, y, groups, Cs=CS)
+    leaky = cross_validate_probe(X, y, None, Cs=CS)
+    assert grouped.mean < 0.65
+    assert leaky.mean > 0.9
+
+
+@pytest.mark.parametrize("multilabel", [False, True])
+def test_splits_never_put_a_group_on_both_sides(multilabel):
+    rng = np.random.default_rng(3)
+    groups = rng.integers(0, 37, 200)
+    y = rng.integers(0, 2, (200, 4)) if multilabel else rng.integers(0, 3, 200)
+    splits = make_splits(y, groups, 5, seed=0)
+    assert len(splits) == 5
+    seen = np.concatenate([te for _, te in splits])
+    assert np.array_equal(np.sort(seen), np.arange(200))  # test folds partition the items
+    for tr, te in splits:
+        assert len(np.intersect1d(tr, te)) == 0
+        assert len(np.intersect1d(groups[tr], groups[te])) == 0
+    # inner splits of LinearProbe are grouped too: the same function on the training rows
+    tr = splits[0][0]
+    for itr, ite in make_splits(y[tr], groups[tr], 3, seed=0):
+        assert len(np.intersect1d(groups[tr][itr], groups[tr][ite])) == 0
+
+
+def test_fold_t_interval_known_answer():
+    mean, lo, hi = fold_t_interval([1.0, 2.0, 3.0, 4.0, 5.0])
+    half = stats.t.ppf(0.975, 4) * math.sqrt(2.5) / math.sqrt(5)
+    assert mean == 3.0
+    assert lo == pytest.approx(3.0 - half) and hi == pytest.approx(3.0 + half)
+    assert fold_t_interval([0.5, 0.5, 0.5])[1:] == (0.5, 0.5)
+    assert math.isnan(fold_t_interval([0.7])[1])
+
+
+# ----------------------------------------------------------------------------------------------
+# Control task (Hewitt & Liang 2019)
+
+
+def test_control_labels_one_label_per_type_from_y():
+    rng = np.random.default_rng(4)
+    y = rng.choice([0, 1, 2], size=4000, p=[0.6, 0.3, 0.1])
+    types = rng.integers(0, 1500, 4000)
+    yc = control_labels(y, types, seed=0)
+    assert yc.shape == y.shape
+    for t in np.unique(types)[:200]:
+        assert len(np.unique(yc[types == t])) == 1
+    assert set(np.unique(yc)) <= {0, 1, 2}
+    per_type = np.array([yc[types == t][0] for t in np.unique(types)])
+    assert abs(np.mean(per_type == 0) - 0.6) < 0.05  # drawn from y's empirical distribution
+    assert np.array_equal(yc, control_labels(y, types, seed=0))
+    assert not np.array_equal(yc, control_labels(y, types, seed=1))
+
+
+def test_control_task_scores_below_real_task():
+    """Word types with a type embedding; the real label is a linear function of the embedding, the
+    control label a random one per type: the same probe learns the first far better."""
+    rng = np.random.default_rng(5)
+    n_types, d, n = 60, 6, 600
+    emb = rng.normal(size=(n_types, d))
+    type_label = (emb @ rng.normal(size=d) > 0).astype(int)
+    types = rng.integers(0, n_types, n)
+    X = emb[types] + 0.3 * rng.normal(size=(n, d))
+    y = type_label[types]
+    res = cross_validate_probe(X, y, np.arange(n) // 2, Cs=CS, control_types=types)
+    assert res.mean > 0.9
+    assert res.control_score < res.mean - 0.1
+    assert res.selectivity > 0.1
+    np.testing.assert_allclose(res.folds["selectivity"], res.folds["accuracy"] - res.folds["control_accuracy"])
+    assert res.control_chosen_Cs.shape == (5,)
+
+
+# ----------------------------------------------------------------------------------------------
+# Multi-label (bag of words)
+
+
+def test_multilabel_planted_and_noise():
+    X, Y, groups = planted_bow()
+    res = cross_validate_probe(X, Y, groups, Cs=CS)
+    assert res.metric == "micro_f1"
+    assert res.mean > 0.8
+    assert res.interval("macro_auc")[0] > 0.9
+    assert res.folds["majority_baseline_macro_auc"].tolist() == [0.5] * 5
+    rng = np.random.default_rng(6)
+    noise = cross_validate_probe(rng.normal(size=X.shape), Y, groups, Cs=CS)
+    assert abs(noise.interval("macro_auc")[0] - 0.5) < 0.08
+    assert abs(noise.mean - noise.majority_baseline) < 0.08
+    assert 0.2 < noise.majority_baseline < noise.mean + 0.1
+
+
+def test_multilabel_baselines_known_answer():
+    y_train = np.array([[1, 0], [1, 0], [1, 1], [0, 0]])  # prevalence p = (0.75, 0.25)
+    y_test = np.array([[1, 0], [0, 1]])  # q = (0.5, 0.5)
+    out = _evaluate_fold(y_train, y_test, np.array([[0.9, 0.1], [0.2, 0.8]]), np.arange(2), True)
+    assert out["micro_f1"] == 1.0 and out["macro_auc"] == 1.0
+    # majority predicts word 0 always, word 1 never: TP=1, FP=1, FN=1 -> F1 = 2/4
+    assert out["majority_baseline"] == 0.5
+    assert out["majority_baseline_macro_auc"] == 0.5
+    assert out["chance_micro_f1"] == pytest.approx(2 * (0.75 * 0.5 + 0.25 * 0.5) / (1.0 + 1.0))
+
+
+# ----------------------------------------------------------------------------------------------
+# Batched torch path against the sklearn reference
+
+
+@pytest.mark.parametrize("kind, k", [("softmax", 4), ("sigmoid", 1)])
+def test_batched_solver_matches_sklearn_coefficients(kind, k):
+    """One masked problem in float64: the folded standardisation + L-BFGS reach sklearn's optimum."""
+    rng = np.random.default_rng(7)
+    n, d = 150, 5
+    y = rng.integers(0, 4, n) if kind == "softmax" else rng.integers(0, 2, n)
+    X = 3.0 + 2.0 * (rng.normal(size=(4, d))[y] * 0.7 + rng.normal(size=(n, d)))
+    mask = rng.random(n) < 0.7
+    T = np.eye(4)[y] if kind == "softmax" else y[:, None].astype(float)
+    Xg = (X - X.mean(0)) / X.std(0)
+    X1 = torch.tensor(np.concatenate([Xg, np.ones((n, 1))], 1)[None])
+    for C in (0.05, 3.0):
+        ref = LogisticRegression(C=C, tol=1e-12, max_iter=10_000).fit(StandardScaler().fit_transform(X[mask]), y[mask])
+        problems = _Problems(X1, torch.tensor(mask[:, None], dtype=torch.float64), torch.tensor(T[:, :, None]),
+                             torch.tensor([[1.0 / C]], dtype=torch.float64), kind)
+        theta, iters = _lbfgs(problems, torch.zeros(1, 1, (d + 1) * k, dtype=torch.float64), max_iter=2000, tol=1e-10)
+        Wb = theta.view(d + 1, k).numpy()
+        np.testing.assert_allclose(Wb[:d].T, ref.coef_, atol=1e-6)
+        np.testing.assert_allclose(Wb[d], ref.intercept_, atol=1e-6)
+        assert 0 < int(iters) < 2000
+
+
+def test_batched_gradient_matches_autograd():
+    rng = np.random.default_rng(8)
+    n, d, k, G = 40, 3, 3, 2
+    X1 = torch.tensor(np.concatenate([rng.normal(size=(2, n, d)), np.ones((2, n, 1))], 2))
+    masks = torch.tensor((rng.random((n, G)) < 0.6).astype(float))
+    T = torch.tensor(np.eye(k)[rng.integers(0, k, (n, G))].transpose(0, 2, 1).copy())
+    problems = _Problems(X1, masks, T, torch.tensor([[0.5, 2.0], [1.0, 4.0]], dtype=torch.float64), "softmax")
+    theta = torch.tensor(rng.normal(size=(2, G, (d + 1) * k)), requires_grad=True)
+    f, g = problems.value_grad(theta.detach())
+    Z = problems.logits(theta)
+    loss = torch.logsumexp(Z, 2) - (Z * T).sum(2)
+    W = theta.view(2, G, d + 1, k)[:, :, :d]
+    f_ref = (loss * masks / masks.sum(0)).sum(1) + 0.5 * problems.pen * (W ** 2).sum((2, 3))
+    f_ref.sum().backward()
+    torch.testing.assert_close(f, f_ref.detach())
+    torch.testing.assert_close(g, theta.grad)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_batched_path_agrees_with_sklearn(dtype):
+    feats, y, groups = {}, None, None
+    for i, s in enumerate([0.0, 0.3, 2.0]):
+        X, y, groups = planted(n=180, d=8, k=3, strength=s, seed=9)
+        feats[(i, "cls")] = X if i != 1 else X * 40 + 300  # large means/scales: float32 must cope
+    ref = {key: cross_validate_probe(X, y, groups, Cs=CS, control_types=groups) for key, X in feats.items()}
+    fast = probe_many_results(feats, y, groups, Cs=CS, control_types=groups, dtype=dtype, device="cpu",
+                              num_threads=1)
+    for key in feats:
+        assert abs(fast[key].mean - ref[key].mean) <= 0.02
+        assert abs(fast[key].control_score - ref[key].control_score) <= 0.02
+        assert np.mean(fast[key].chosen_Cs == ref[key].chosen_Cs) >= 0.8
+        assert fast[key].majority_baseline == ref[key].majority_baseline
+    assert fast[(2, "cls")].mean > 0.95
+    assert np.median(fast[(2, "cls")].chosen_Cs) > np.median(fast[(0, "cls")].chosen_Cs)  # sensible Cs
+
+
+def test_batched_path_binary_and_multilabel_agree_with_sklearn():
+    X, y, groups = planted(n=150, d=6, k=2, strength=0.8, seed=10)
+    ref = cross_validate_probe(X, y, groups, Cs=CS)
+    fast = probe_many_results({"x": X}, y, groups, Cs=CS, num_threads=1)["x"]
+    assert abs(fast.mean - ref.mean) <= 0.02
+    Xb, Y, gb = planted_bow(n=160, d=6, words=5)
+    ref = cross_validate_probe(Xb, Y, gb, Cs=CS)
+    fast = probe_many_results({"x": Xb}, Y, gb, Cs=CS, num_threads=1)["x"]
+    assert fast.metric == "micro_f1"
+    assert abs(fast.mean - ref.mean) <= 0.02
+    assert abs(fast.interval("macro_auc")[0] - ref.interval("macro_auc")[0]) <= 0.02
+
+
+def test_batched_path_select_by_metric_and_chunking_agree():
+    feats = {}
+    for i, s in enumerate([0.2, 1.0]):
+        X, y, groups = planted(n=150, d=6, k=3, strength=s, seed=11)
+        feats[i] = X
+    ref = {k: cross_validate_probe(X, y, groups, Cs=CS, select_by="metric") for k, X in feats.items()}
+    one = probe_many_results(feats, y, groups, Cs=CS, select_by="metric", num_threads=1)
+    chunked = probe_many_results(feats, y, groups, Cs=CS, select_by="metric", num_threads=1, max_batch_elements=1)
+    for k in feats:
+        assert abs(one[k].mean - ref[k].mean) <= 0.02
+        np.testing.assert_allclose(chunked[k].scores, one[k].scores)
+        np.testing.assert_array_equal(chunked[k].chosen_Cs, one[k].chosen_Cs)
+
+
+def test_probe_many_table():
+    X, y, groups = planted(n=120, d=5, strength=1.0)
+    df = probe_many({(3, "cls"): X, (4, "mean"): X[:, ::-1]}, y, groups, Cs=(1.0,), control_types=groups,
+                    meta={"model": "m", "format": "pair", "target": "topic", "analysis": "probe"}, num_threads=1)
+    assert list(df.columns[: len(RESULT_COLUMNS)]) == list(RESULT_COLUMNS)
+    assert set(df["metric"]) == {"accuracy", "majority_baseline", "control_accuracy", "selectivity"}
+    assert sorted(set(zip(df["layer"], df["role"]))) == [(3, "cls"), (4, "mean")]
+    assert (df["model"] == "m").all() and (df["n"] == 120).all() and (df["seed"] == 0).all()
+    assert (df["chosen_C"] == "1;1;1;1;1").all()
+
+
+# ----------------------------------------------------------------------------------------------
+# Rows, estimator conventions, errors
+
+
+def test_probe_rows_match_result():
+    X, y, groups = planted(n=120, d=5, strength=1.0)
+    res = cross_validate_probe(X, y, groups, Cs=(0.1, 1.0), control_types=groups)
+    rows = probe_rows(res, model="m", corpus="c", format="pair", layer=2, role="cls", target="topic", seed=0)
+    df = pd.DataFrame(rows)
+    acc = df.set_index("metric").loc["accuracy"]
+    assert acc["value"] == pytest.approx(res.mean)
+    assert acc["ci_low"] <= acc["value"] <= acc["ci_high"]
+    assert df.set_index("metric").loc["selectivity", "value"] == pytest.approx(res.selectivity)
+    table = probe_table(res, layer=2, role="cls")
+    assert list(table.columns[: len(RESULT_COLUMNS)]) == list(RESULT_COLUMNS)
+    assert len(table) == 4 and (table["n_folds"] == 5).all()
+
+
+def test_sklearn_estimator_conventions():
+    X, y, groups = planted(n=90, d=4, strength=2.0)
+    probe = LinearProbe(Cs=(0.1, 1.0), inner_splits=3, seed=1)
+    with pytest.raises(NotFittedError):
+        probe.predict(X)
+    assert not hasattr(probe, "C_")
+    assert probe.fit(X, y, groups) is probe
+    for attr in ("C_", "Cs_", "classes_", "coef_", "intercept_", "scaler_", "cv_scores_", "n_features_in_"):
+        assert hasattr(probe, attr)
+    assert probe.coef_.shape == (3, 4) and probe.cv_scores_.shape == (3, 2)
+    twin = clone(probe)
+    assert twin.get_params() == probe.get_params() and not hasattr(twin, "coef_")
+    P = probe.predict_proba(X)
+    np.testing.assert_allclose(P.sum(1), 1.0)
+    assert probe.score(X, y) == pytest.approx(np.mean(probe.predict(X) == y))
+    assert probe.set_params(Cs=(5.0,)).fit(X, y).C_ == 5.0
+    # binary: one weight vector, as sklearn; string labels come back as strings
+    yb = np.where(y == 0, "no", "yes")
+    binary = LinearProbe(Cs=(1.0,)).fit(X, yb)
+    assert binary.coef_.shape == (1, 4) and set(binary.predict(X)) <= {"no", "yes"}
+
+
+def test_default_grid_is_sorted_and_positive():
+    assert list(DEFAULT_CS) == sorted(DEFAULT_CS) and min(DEFAULT_CS) > 0
+
+
+def test_error_messages_name_the_offending_values():
+    X, y, groups = planted(n=30, d=3)
+    with pytest.raises(ValueError, match=r"X\.shape=\(30, 3\).*y\.shape=\(29,\)"):
+        cross_validate_probe(X, y[:29], groups[:29])
+    with pytest.raises(ValueError, match=r"single class \[7\]"):
+        cross_validate_probe(X, np.full(30, 7), groups)
+    with pytest.raises(ValueError, match=r"only 3 distinct groups .*n_splits=5"):
+        cross_validate_probe(X, y, np.arange(30) % 3)
+    bad = X.copy()
+    bad[4, 2] = np.nan
+    with pytest.raises(ValueError, match=r"1 NaN/inf .*X\[4, 2\] = nan"):
+        cross_validate_probe(bad, y, groups)
+    with pytest.raises(ValueError, match=r"groups\.shape=\(10,\)"):
+        cross_validate_probe(X, y, groups[:10])
+    with pytest.raises(ValueError, match=r"Cs=\[-1\.0\]"):
+        LinearProbe(Cs=(-1.0,)).fit(X, y)
+    with pytest.raises(ValueError, match=r"select_by='auc'"):
+        LinearProbe(select_by="auc").fit(X, y)
+    with pytest.raises(ValueError, match=r"features\[\('b', 1\)\]\.shape=\(29, 3\)"):
+        probe_many_results({("a", 0): X, ("b", 1): X[:29]}, y, groups)
+    with pytest.raises(ValueError, match=r"features\[1\] contains 1 NaN/inf"):
+        probe_many_results({1: bad}, y, groups)
+    with pytest.raises(ValueError, match=r"dtype='float16'"):
+        probe_many_results({1: X}, y, groups, dtype="float16")
+    with pytest.raises(ValueError, match=r"multi-label y must hold only 0/1; found values \[0, 2\]"):
+        cross_validate_probe(X, np.where(np.eye(30, 4) > 0, 2, 0), groups)
+
+
+def test_mdl_online_code_known_answers():
+    X, y, groups = planted(n=300, d=8, k=3, strength=2.0, seed=12)
+    strong = mdl_online_codelength(X, y, groups)
+    assert strong["uniform_bits"] == pytest.approx(300 * math.log2(3))
+    assert strong["compression"] > 2.0
+    noise = mdl_online_codelength(np.random.default_rng(13).normal(size=X.shape), y, groups)
+    assert 0.6 < noise["compression"] < 1.1  # overfitting the first small blocks costs a little
+    with pytest.raises(ValueError, match=r"fractions=\[0.5, 0.9\]"):
+        mdl_online_codelength(X, y, fractions=(0.5, 0.9))
