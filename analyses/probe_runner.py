@@ -97,6 +97,15 @@ def _token_features(cache: Cache, layers: Sequence[int], max_tokens: int, seed: 
 BACKENDS = ("auto", "torch", "sklearn")
 
 
+def clip_intervals(df: pd.DataFrame) -> pd.DataFrame:
+    """A t-interval over a few folds can reach past the metric's range (accuracy 1.03): clip it to
+    [0, 1], or [-1, 1] for selectivity (a difference of two scores)."""
+    lo = np.where(df["metric"].astype(str) == "selectivity", -1.0, 0.0)
+    for col in ("ci_low", "ci_high"):
+        df[col] = np.clip(pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=float), lo, 1.0)
+    return df
+
+
 def fit_probes(features: dict, y: np.ndarray, groups: np.ndarray, *, meta: dict, n_splits: int, seed: int,
                control_types, backend: str, device: str | None, Cs=None, inner_splits: int = 3,
                max_iter: int = 1000) -> pd.DataFrame:
@@ -112,13 +121,14 @@ def fit_probes(features: dict, y: np.ndarray, groups: np.ndarray, *, meta: dict,
         extra["Cs"] = tuple(Cs)
     if backend in ("auto", "torch"):
         on_gpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
-        return probe_many(features, y, groups, meta=meta, n_splits=n_splits, seed=seed,
-                          control_types=control_types, device=device, num_threads=None if on_gpu else 1, **extra)
+        return clip_intervals(probe_many(features, y, groups, meta=meta, n_splits=n_splits, seed=seed,
+                                         control_types=control_types, device=device,
+                                         num_threads=None if on_gpu else 1, **extra))
     rows = []
     for (layer, role), X in features.items():
         res = cross_validate_probe(X, y, groups, n_splits=n_splits, seed=seed, control_types=control_types, **extra)
         rows.extend(probe_rows(res, **meta, layer=layer, role=role, seed=seed, feature=str((layer, role))))
-    return make_table(rows)
+    return clip_intervals(make_table(rows))
 
 
 def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: Sequence[str] = ("topic",), *,

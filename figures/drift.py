@@ -315,7 +315,7 @@ def _role_sets(roles: list[str], max_lines: int) -> list[tuple[str, list[str]]]:
 
 def plot_drift(df: pd.DataFrame, out: str | Path, metric: str = "drift_mean", roles: Sequence[str] | None = None,
                normalised: bool | None = None, max_lines: int = 7, model: str | None = None,
-               corpus: str | None = None) -> list[Path]:
+               corpus: str | None = None, log_scale: bool = True) -> list[Path]:
     """Drift per layer and role group, one panel per format pair (A → B), with CI bands and the
     random-pair baseline; writes ``out``.png (150 dpi) and ``out``.pdf and returns both paths.
 
@@ -324,7 +324,8 @@ def plot_drift(df: pd.DataFrame, out: str | Path, metric: str = "drift_mean", ro
     draw (default all, in reading order); more than ``max_lines`` are split into a special-token row
     and a word row. ``normalised``: add a row with ``normalised_drift`` (None: when the table has it).
     NaN values leave gaps and are listed in a note under the figure. ``model`` / ``corpus`` pick
-    one when the table holds several.
+    one when the table holds several. ``log_scale``: a symmetric-log y axis (linear below 1e-3), so
+    drifts far below the random-pair baseline stay readable beside it.
     """
     if metric not in DRIFT_LABELS:
         raise ValueError(f"metric must be one of {list(DRIFT_LABELS)}, got {metric!r}")
@@ -390,8 +391,13 @@ def plot_drift(df: pd.DataFrame, out: str | Path, metric: str = "drift_mean", ro
                 notes.append(f"{fa} → {fb}, {m}: NaN (left as gaps) for {bad}.")
     for axs in by_metric.values():
         share_ylim(axs)
+        if log_scale:
+            for ax in axs:
+                ax.set_yscale("symlog", linthresh=1e-3)
+                ax.set_ylim(bottom=0)
     suptitle(fig, title_for(rows, f"Drift of the same tokens between formats ({metric})"))
-    notes.append("Bands: 95% bootstrap CIs over examples (where present).")
+    notes.append("Bands: 95% bootstrap CIs over examples (where present)."
+                 + (" Symmetric-log y axis: linear below 0.001." if log_scale else ""))
     add_note(fig, notes)
     return style.save(fig, out)
 
@@ -403,8 +409,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--metric", default="drift_mean", choices=list(DRIFT_LABELS), help="y metric (default drift_mean)")
     p.add_argument("--roles", default=None, help="comma list of role groups (default: all)")
     p.add_argument("--no-normalised", action="store_true", help="no second row with normalised_drift")
+    p.add_argument("--linear", action="store_true", help="linear y axis (default: symmetric log)")
     return run_cli(p, plot_drift, lambda a: {"metric": a.metric, "roles": comma_list(a.roles), "model": a.model,
-                                             "corpus": a.corpus, "normalised": False if a.no_normalised else None},
+                                             "corpus": a.corpus, "normalised": False if a.no_normalised else None,
+                                             "log_scale": not a.linear},
                    argv)
 
 

@@ -37,7 +37,8 @@ def one(df: pd.DataFrame | None, **where: Any) -> tuple[float, float, float] | N
     if r.empty:
         return None
     r = r.iloc[0]
-    return float(r["value"]), float(r["ci_low"]), float(r["ci_high"])
+    num = lambda v: float("nan") if v is None or pd.isna(v) else float(v)  # noqa: E731
+    return num(r["value"]), num(r["ci_low"]), num(r["ci_high"])
 
 
 def fmt(v: tuple[float, float, float] | float | None, digits: int = 3) -> str:
@@ -197,7 +198,7 @@ def answer_q1(T: dict) -> str:
     d = T.get("drift_q1")
     if d is None:
         return "not measured"
-    s = "Removing the middle [SEP] changes " + _drift_sentence(d, "pair", "concat") + ". "
+    s = "Removing the middle [SEP] changes, " + _drift_sentence(d, "pair", "concat") + ". "
     cls = pick(d, format="pair", format_b="concat", role="cls", metric="drift_mean")
     if not cls.empty:
         worst = cls.loc[cls["value"].idxmax()]

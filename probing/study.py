@@ -36,15 +36,20 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "corpus": {"pairs": "generated:n=200,k=2", "groups": "generated:n=100,k=4,pairing=consecutive",
                "swap": "generated:n=200,k=2,seed=1,swap=1"},
     "extract": {"dtype": "float32", "batch_tokens": 4096, "device": "auto"},
-    "probes": {"folds": 5, "vocab": 50, "max_tokens": 6000, "device": None},
+    "probes": {"folds": 5, "vocab": 50, "max_tokens": 6000, "device": None, "Cs": [1e-3, 1e-2, 1e-1, 1.0, 10.0],
+               "inner_splits": 3, "max_iter": 1000},
     "finetune": {"preset": "default", "label": "topic", "poolings": ["cls", "mean", "max", "sep", "first_word"],
                  "seeds": [0, 1, 2]},
 }
 
 PAIR_FORMATS = ("pair", "concat", "concat_segments", "single", "single2", "cls_last", "cls_mid")
 ATTENTION_FORMATS = ("pair", "concat")
-PROBE_CHOICES = ("cls", "mean", "max", "sep1", "sep2", "mean_s1", "mean_s2", "first_word", "pos3")
-PROBE_TARGETS = ("topic", "is_next", "length", "bow_s1", "bow_s2", "segment")
+#: The probes of the pair format, per question: (token choices, targets).
+PAIR_PROBES = {
+    "Q8": (("cls", "mean", "max", "sep1", "first_word", "pos3"), ("topic",)),
+    "Q4": (("sep1", "sep2", "cls", "mean_s1", "mean_s2"), ("is_next", "bow_s1", "bow_s2")),
+    "Q7": (("cls", "mean"), ("bow_s1", "length")),
+}
 
 
 class StudyError(ValueError):
@@ -209,11 +214,14 @@ def analyse(cfg: dict, caches: Caches, corpora: dict, lm, log) -> dict[str, pd.D
             d["k"] = int(c.rsplit("k", 1)[1])
             frames.append(d)
         T["drift_q3"] = pd.concat(frames, ignore_index=True)
-    if qs & {"Q4", "Q7", "Q8"}:
+    probe_kw = dict(n_splits=pr["folds"], seed=seed, vocab=pr["vocab"], device=pr["device"], Cs=pr["Cs"],
+                    inner_splits=pr["inner_splits"], max_iter=pr["max_iter"], out=out)
+    wanted = [q for q in PAIR_PROBES if q in qs]
+    if wanted:
         log("analyses: probes on the pair format (trained and random-init)")
-        T["probes_pair"] = run_probes(pair, PROBE_CHOICES, PROBE_TARGETS, random_cache=rnd, n_splits=pr["folds"],
-                                      seed=seed, vocab=pr["vocab"], max_tokens=pr["max_tokens"],
-                                      device=pr["device"], out=out)
+        frames = [run_probes(pair, *PAIR_PROBES[q], random_cache=rnd, **probe_kw) for q in wanted]
+        keys = ["model_kind", "layer", "role", "target", "metric"]
+        T["probes_pair"] = pd.concat(frames, ignore_index=True).drop_duplicates(keys)
     if "Q4" in qs:
         T["cka_q4"] = run_cka_roles(pair, [("sep1", "cls"), ("sep1", "mean_s1"), ("sep1", "mean_s2"),
                                            ("sep2", "cls")], out=out)
@@ -221,19 +229,16 @@ def analyse(cfg: dict, caches: Caches, corpora: dict, lm, log) -> dict[str, pd.D
         log("analyses: [CLS] content of sentence i")
         K = max(int(c.rsplit("k", 1)[1]) for c in corpora if c.startswith("groups_k"))
         multi = caches.get(f"groups_k{K}", "multi")
-        T["probes_q5"] = run_probes(multi, ("cls", "mean"), [f"bow_s{i}" for i in range(1, K + 1)],
-                                    n_splits=pr["folds"], seed=seed, vocab=pr["vocab"], device=pr["device"], out=out)
+        T["probes_q5"] = run_probes(multi, ("cls", "mean"), [f"bow_s{i}" for i in range(1, K + 1)], **probe_kw)
     if "Q6" in qs:
         log("analyses: classification token position")
-        T["probes_q6"] = pd.concat([run_probes(caches.get("pairs", f), ("cls",), ("topic", "is_next"),
-                                               n_splits=pr["folds"], seed=seed, device=pr["device"], out=out)
+        T["probes_q6"] = pd.concat([run_probes(caches.get("pairs", f), ("cls",), ("topic", "is_next"), **probe_kw)
                                     for f in ("pair", "cls_mid", "cls_last")], ignore_index=True)
     if "Q7" in qs:
         log("analyses: word order")
         sw = caches.get("swap", "pair")
         swr = caches.get("swap", "pair", True) if caches.has("swap", "pair", True) else None
-        T["probes_q7"] = run_probes(sw, ("cls", "mean"), ("swapped",), random_cache=swr, n_splits=pr["folds"],
-                                    seed=seed, device=pr["device"], out=out)
+        T["probes_q7"] = run_probes(sw, ("cls", "mean"), ("swapped",), random_cache=swr, **probe_kw)
     if "Q8" in qs:
         log("analyses: fine-tuning with each pooling")
         from analyses.pooling import run_pooling_experiment
@@ -414,6 +419,8 @@ def run_study(config: str | os.PathLike | None, *, quick: bool = False, force_an
               overrides: dict[str, Any] | None = None, log=print) -> Path:
     """Run a whole study; returns the path of ``report.md``."""
     t0 = time.perf_counter()
+    plain_log = log
+    log = lambda msg: plain_log(f"[{time.perf_counter() - t0:6.0f}s] {msg}")  # noqa: E731
     cfg = load_config(config, quick=quick, overrides=overrides)
     out = Path(cfg["study"]["out"])
     if force_analyses and (out / "tables").exists():

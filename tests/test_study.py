@@ -1,0 +1,115 @@
+"""The study end to end in --quick mode on a tiny random model and the generated corpus."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from probing.study import QUESTIONS, StudyError, load_config, run_study
+
+from .conftest import make_tiny_bert
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory, bert_tokenizer):
+    d = tmp_path_factory.mktemp("tiny-model")
+    make_tiny_bert(bert_tokenizer, max_position_embeddings=128).save_pretrained(d)
+    bert_tokenizer.save_pretrained(d)
+    return d
+
+
+def _config(tmp_path: Path, model_dir: Path) -> Path:
+    cfg = tmp_path / "study.toml"
+    cfg.write_text(f"""
+[study]
+name = "tiny"
+out = "{tmp_path / 'run'}"
+caches = "{tmp_path / 'caches'}"
+bootstrap_resamples = 50
+
+[model]
+name = "{model_dir}"
+
+[corpus]
+pairs = "generated:n=60,k=2"
+groups = "generated:n=40,k=3,pairing=consecutive"
+swap = "generated:n=60,k=2,seed=1,swap=1"
+
+[probes]
+folds = 3
+inner_splits = 2
+Cs = [0.1, 1.0]
+max_iter = 100
+vocab = 10
+max_tokens = 400
+
+[finetune]
+preset = "quick"
+poolings = ["cls", "mean"]
+seeds = [0, 1]
+
+[quick]
+"study.bootstrap_resamples" = 30
+""")
+    return cfg
+
+
+@pytest.mark.slow
+def test_quick_study_end_to_end_and_reuse(tmp_path, tiny_model_dir):
+    cfg = _config(tmp_path, tiny_model_dir)
+    logs: list[str] = []
+    report = run_study(cfg, quick=True, log=logs.append)
+    text = report.read_text()
+    for q in QUESTIONS:
+        m = re.search(rf"^## {q}\..*?(?=^## )", text, flags=re.S | re.M)
+        assert m, f"section {q} missing"
+        answer = re.search(r"\*\*Answer\.\*\* (.*)", m.group(0)).group(1)
+        assert re.search(r"\d\.\d{3}", answer), f"{q} answer has no measured number: {answer}"
+        assert "not measured" not in answer
+    assert "95% CI" in text and "random-pair baseline" in text and "majority baseline" in text
+    assert "## Provenance" in text and "fingerprint" in text
+    figures = sorted((tmp_path / "run" / "figures").glob("*.png"))
+    linked = re.findall(r"!\[[^]]*\]\(([^)]+)\)", text)
+    assert len(figures) >= 8 and len(linked) == len(figures)
+    import matplotlib.image as mpimg
+
+    for png in figures:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        img = mpimg.imread(png)
+        assert img.ndim == 3 and img.shape[0] > 100 and len(np.unique(img.reshape(-1, img.shape[-1]), axis=0)) > 10
+        assert png.with_suffix(".pdf").read_bytes()[:4] == b"%PDF"
+    html = (tmp_path / "run" / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == len(figures)
+    # a second run extracts nothing: every cache is reused
+    logs2: list[str] = []
+    run_study(cfg, quick=True, log=logs2.append)
+    extraction = [l for l in logs2 if "] cache: " in l or "tokens through the model" in l]
+    assert extraction == [], extraction
+    assert sum("cached:" in l for l in logs2) >= 10
+
+
+def test_config_errors(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[study]\nnmae = 'x'\n")
+    with pytest.raises(StudyError, match="unknown key study.nmae"):
+        load_config(bad)
+    bad.write_text("[nonsense]\nx = 1\n")
+    with pytest.raises(StudyError, match=r"unknown section \[nonsense\]"):
+        load_config(bad)
+    bad.write_text("[study]\nquestions = ['Q9']\n")
+    with pytest.raises(StudyError, match="unknown questions"):
+        load_config(bad)
+    with pytest.raises(StudyError, match="does not exist"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_shipped_configs_parse():
+    cfg = load_config(REPO / "configs" / "seed_questions.toml")
+    quick = load_config(REPO / "configs" / "seed_questions.toml", quick=True)
+    assert cfg["study"]["questions"] == list(QUESTIONS)
+    assert quick["corpus"]["pairs"] != cfg["corpus"]["pairs"] and quick["study"]["quick"]
