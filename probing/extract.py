@@ -445,6 +445,8 @@ def extract(
         raise ExtractError(f"--storage-dtype must be one of {list(STORAGE_DTYPES)}, got {storage_dtype!r}")
     if batch_tokens < 1 or max_batch < 1 or shard_mb <= 0:
         raise ExtractError(f"{batch_tokens=}, {max_batch=} and {shard_mb=} must be positive")
+    if not 0 <= rank < world_size:
+        raise ExtractError(f"{rank=} must be in 0..world_size-1 ({world_size=})")
     examples = list(examples)
     if not examples:
         raise ExtractError("the corpus is empty")
@@ -459,8 +461,22 @@ def extract(
         lm = load_model(model, random_init=random_init, seed=seed, device=dev, dtype=dtype,
                         trust_remote_code=trust_remote_code,
                         attn_implementation="eager" if attention else None)
-    if attention and getattr(lm.model.config, "_attn_implementation", "eager") != "eager":
-        lm.model.set_attn_implementation("eager")
+    previous_attn = getattr(lm.model.config, "_attn_implementation", "eager")
+    if attention and previous_attn != "eager":
+        lm.model.set_attn_implementation("eager")  # attention weights need the eager kernel
+    try:
+        return _extract(lm, examples, fmts, dev, layers=layers, roles=roles, dtype=dtype, storage_dtype=storage_dtype,
+                        out=out, corpus_name=corpus_name, batch_tokens=batch_tokens, max_batch=max_batch,
+                        shard_mb=shard_mb, on_overflow=on_overflow, attention=attention, force=force,
+                        progress=progress, rank=rank, world_size=world_size, barrier=barrier, log=log)
+    finally:
+        if attention and previous_attn != "eager":
+            lm.model.set_attn_implementation(previous_attn)
+
+
+def _extract(lm: LoadedModel, examples: list[Example], fmts: list[Format], dev: torch.device, *, layers, roles,
+             dtype, storage_dtype, out, corpus_name, batch_tokens, max_batch, shard_mb, on_overflow, attention,
+             force, progress, rank, world_size, barrier, log) -> list[Path]:
     layer_list = parse_layers(layers, lm.n_layers)
     role_list = parse_roles(roles)
     corpus = {"name": corpus_name, "fingerprint": corpus_fingerprint(examples), "n_examples": len(examples)}
@@ -508,6 +524,11 @@ def _extract_one(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, devic
         complete_shards(path, verify=True, clean=True)  # drop temporaries and damaged shards first
     if barrier is not None:
         barrier()
+    if rank != 0 and not (path / REQUEST).exists():
+        raise CacheError(
+            f"rank {rank} of {world_size}: {path / REQUEST}, which rank 0 writes before any shard, is not "
+            f"there; with several machines the cache root (--out) must be a directory every machine shares"
+        )
     done = complete_shards(path, verify=False, clean=False)
     mine = assign_shards(p, world_size)[rank]
     todo = [s for s in mine if s not in done]
@@ -552,6 +573,8 @@ def _extract_one(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, devic
             + (f", {tokens_fwd} tokens through the model in {elapsed:.1f}s ({rate:,.0f} tokens/s)" if tokens_fwd else "")
             + (f", {resumed} shard(s) resumed" if resumed else "")
             + f"\n[{p.fmt.name}] cache: {path}")
+    if barrier is not None:
+        barrier()  # no rank returns before the manifest exists: the returned path is a complete cache
 
 
 def examples_table(examples: Sequence[Example]) -> pd.DataFrame:

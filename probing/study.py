@@ -156,7 +156,7 @@ def extract_all(cfg: dict, log) -> tuple[Caches, dict[str, list[Example]], Any]:
         if not wanted:
             continue
         lm = load_model(m_cfg["name"], random_init=random, seed=m_cfg["random_init_seed"],
-                        trust_remote_code=m_cfg["trust_remote_code"], attn_implementation="eager")
+                        trust_remote_code=m_cfg["trust_remote_code"])
         models[random] = lm
         for corpus in dict.fromkeys(j[0] for j in wanted):
             for attention in (False, True):
