@@ -135,16 +135,21 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                layers: Sequence[int] | None = None, random_cache: Cache | None = None, n_splits: int = 5,
                seed: int = 0, control: bool = True, vocab: int = 50, max_tokens: int = 6000,
                device: str | None = None, backend: str = "auto", Cs: Sequence[float] | None = None,
-               inner_splits: int = 3, max_iter: int = 1000,
+               inner_splits: int = 3, max_iter: int = 1000, bow_Cs: Sequence[float] | None = None,
                out: str | Path | None = None, force: bool = False, progress: bool = True) -> pd.DataFrame:
-    """Probes for every layer x token choice x target, on ``cache`` and optionally ``random_cache``."""
+    """Probes for every layer x token choice x target, on ``cache`` and optionally ``random_cache``.
+
+    ``Cs`` is the grid the inner CV chooses C from; ``bow_Cs``, if given, replaces it for the
+    multi-label bag-of-words targets (one value = a fixed C, no inner CV: many labels make those
+    probes the slowest, and the study uses this to stay within its time budget)."""
     for c in choices:
         parse_choice(c)
     layers = list(layers if layers is not None else cache.layers)
     config = {"cache": cache.path.name, "random": random_cache.path.name if random_cache else None,
               "choices": list(choices), "targets": list(targets), "layers": layers, "n_splits": n_splits,
               "seed": seed, "control": control, "vocab": vocab, "max_tokens": max_tokens,
-              "Cs": None if Cs is None else list(Cs), "inner_splits": inner_splits, "max_iter": max_iter}
+              "Cs": None if Cs is None else list(Cs), "inner_splits": inner_splits, "max_iter": max_iter,
+              "bow_Cs": None if bow_Cs is None else list(bow_Cs)}
     path = result_path(out, "probe", config) if out is not None else None
     if path is not None and path.exists() and not force:
         return read_table(path)
@@ -179,7 +184,8 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                 y, multilabel = example_target(c, target, common, vocab)
                 df = fit_probes(features, y, common, meta=meta, n_splits=n_splits, seed=seed,
                                 control_types=common if control and not multilabel else None, backend=backend,
-                                device=device, Cs=Cs, inner_splits=inner_splits, max_iter=max_iter)
+                                device=device, Cs=bow_Cs if multilabel and bow_Cs is not None else Cs,
+                                inner_splits=inner_splits, max_iter=max_iter)
             df["model_kind"] = kind
             frames.append(df)
             bar.update(1)

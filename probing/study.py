@@ -37,7 +37,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                "swap": "generated:n=200,k=2,seed=1,swap=1"},
     "extract": {"dtype": "float32", "batch_tokens": 4096, "device": "auto"},
     "probes": {"folds": 5, "vocab": 50, "max_tokens": 6000, "device": None, "Cs": [1e-3, 1e-2, 1e-1, 1.0, 10.0],
-               "inner_splits": 3, "max_iter": 1000},
+               "inner_splits": 3, "max_iter": 1000, "bow_Cs": None},
     "finetune": {"preset": "default", "label": "topic", "poolings": ["cls", "mean", "max", "sep", "first_word"],
                  "seeds": [0, 1, 2]},
 }
@@ -215,7 +215,7 @@ def analyse(cfg: dict, caches: Caches, corpora: dict, lm, log) -> dict[str, pd.D
             frames.append(d)
         T["drift_q3"] = pd.concat(frames, ignore_index=True)
     probe_kw = dict(n_splits=pr["folds"], seed=seed, vocab=pr["vocab"], device=pr["device"], Cs=pr["Cs"],
-                    inner_splits=pr["inner_splits"], max_iter=pr["max_iter"], out=out)
+                    inner_splits=pr["inner_splits"], max_iter=pr["max_iter"], bow_Cs=pr["bow_Cs"], out=out)
     wanted = [q for q in PAIR_PROBES if q in qs]
     if wanted:
         log("analyses: probes on the pair format (trained and random-init)")
