@@ -3,15 +3,63 @@
 ``torchrun --nproc-per-node N -m probing.extract ...`` sets RANK, WORLD_SIZE and LOCAL_RANK; each
 process then takes a disjoint, deterministic set of shards (balanced by token count,
 :func:`probing.extract.assign_shards`) and writes them into the same cache; rank 0 writes the manifest
-after a barrier. Without those variables everything runs in one process and no process group is made.
+after a barrier, and every rank returns once the manifest is there. Without those variables
+everything runs in one process and no process group is made.
+
+One machine, 4 GPUs::
+
+    torchrun --standalone --nproc-per-node 4 -m probing.extract --model bert-base-uncased --out caches
+
+Several machines (here 2 x 8 GPUs; run the same line on each machine with its own ``--node-rank``;
+``--out`` must be a directory every machine sees, e.g. NFS or Lustre)::
+
+    torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --master-addr node0.example --master-port 29500 \\
+        -m probing.extract --model bert-base-uncased --out /shared/caches
+
+or, with torchrun's own rendezvous (the same line on every machine, no ``--node-rank``)::
+
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node0.example:29500 \\
+        --rdzv-id probing-1 -m probing.extract --model bert-base-uncased --out /shared/caches
+
+Processes exchange no tensors, only barriers, so the process group uses the gloo backend (a CPU
+barrier over TCP) even on GPUs: no NCCL communicators, no GPU memory for them, and two processes may
+share one GPU. ``PROBING_DIST_BACKEND`` names another backend. A rank that finishes its shards early
+waits at a barrier for the slowest one, which for a large corpus can be hours: the barrier timeout is
+``PROBING_DIST_TIMEOUT_S`` seconds (default 24 hours), not torch's default (10 or 30 minutes). A rank
+that dies is noticed by torchrun at once, which stops the others; running the same command again
+resumes from the shards already written, with any number of processes.
+
+The cache's bytes do not depend on how many processes wrote it: shard boundaries and the batches
+inside a shard are fixed by the plan, not by the rank. (torchrun sets ``OMP_NUM_THREADS=1`` in each
+worker when it starts several per machine; on the CPU this was tested on, MKL's results did not
+depend on the thread count, 1 to 16.)
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
+
+#: Environment variables torchrun sets in each worker that this module reads.
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+DEFAULT_TIMEOUT_S = 24 * 3600.0
+
+
+def barrier_timeout() -> timedelta:
+    """``PROBING_DIST_TIMEOUT_S`` (seconds) as a timedelta; the default is 24 hours."""
+    raw = os.environ.get("PROBING_DIST_TIMEOUT_S")
+    if raw is None:
+        return timedelta(seconds=DEFAULT_TIMEOUT_S)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise ValueError(f"PROBING_DIST_TIMEOUT_S={raw!r} is not a number of seconds") from None
+    if not seconds > 0:
+        raise ValueError(f"PROBING_DIST_TIMEOUT_S={raw!r} must be positive")
+    return timedelta(seconds=seconds)
 
 
 @dataclass
@@ -30,17 +78,22 @@ class DistContext:
 
         ctx = cls(rank=int(os.environ["RANK"]), world_size=world, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
         if not dist.is_initialized():
-            backend = "nccl" if torch.cuda.is_available() and os.environ.get("PROBING_DIST_BACKEND") != "gloo" else "gloo"
+            backend = os.environ.get("PROBING_DIST_BACKEND", "gloo")
             if backend == "nccl":
-                torch.cuda.set_device(ctx.local_rank)
-            dist.init_process_group(backend=backend)
+                torch.cuda.set_device(ctx._cuda_index())
+            dist.init_process_group(backend=backend, timeout=barrier_timeout())
             ctx.initialised_here = True
         return ctx
 
+    def _cuda_index(self) -> int:
+        # more processes than visible GPUs (e.g. 2 small extractors on one GPU) share them round-robin
+        return self.local_rank % max(torch.cuda.device_count(), 1)
+
     def device(self, requested: str | None) -> str | None:
-        """Under torchrun each process uses its own GPU (cuda:LOCAL_RANK) when CUDA is asked for."""
+        """Under torchrun each process uses its own GPU (cuda:LOCAL_RANK, modulo the number of
+        visible GPUs) when CUDA is asked for, or 'auto' finds it."""
         if self.world_size > 1 and requested in (None, "auto", "cuda") and torch.cuda.is_available():
-            return f"cuda:{self.local_rank}"
+            return f"cuda:{self._cuda_index()}"
         return requested
 
     def barrier(self) -> None:
