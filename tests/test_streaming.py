@@ -1,0 +1,153 @@
+"""Streaming drift and CKA (probing.streaming) against the cached path: same numbers to 1e-6, flat
+accumulator memory, clear errors."""
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyses.drift import run_drift
+from analyses.similarity import run_cka_formats
+from probing.cache import Cache
+from probing.examples import Example
+from probing.extract import ExtractError, extract
+from probing.models import prepare_model
+from probing.streaming import stream_compare
+
+from .conftest import make_tiny_bert, sample_examples
+
+CHOICES = ["cls", "mean", "sep2", "sep_last", "max", "mean_s1", "first_word", "pos3"]
+DRIFT = ["cosine_mean", "drift_mean", "relative_l2_mean"]
+
+
+@pytest.fixture(scope="module")
+def lm(bert_tokenizer):
+    return prepare_model(make_tiny_bert(bert_tokenizer), bert_tokenizer, name="tiny-bert")
+
+
+def _cached(lm, examples, formats, tmp_path, **kw):
+    paths = extract(examples, formats, model=lm, out=tmp_path, progress=False, log=lambda *a: None, **kw)
+    return [Cache.open(p) for p in paths]
+
+
+def _compare_drift(cached: pd.DataFrame, streamed: pd.DataFrame) -> None:
+    key = ["layer", "role", "metric"]
+    c = cached[cached["metric"].isin(DRIFT)].set_index(key).sort_index()
+    s = streamed.set_index(key).sort_index()
+    assert list(c.index) == list(s.index)  # same layers, role groups and metrics, row for row
+    np.testing.assert_allclose(s["value"].to_numpy(float), c["value"].to_numpy(float), rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(s["n"].to_numpy(int), c["n"].to_numpy(int))
+    np.testing.assert_array_equal(s["n_examples"].to_numpy(int), c["n_examples"].to_numpy(int))
+
+
+def _compare_cka(cached: pd.DataFrame, streamed: pd.DataFrame) -> None:
+    key = ["layer", "role", "metric"]
+    c = cached.set_index(key).sort_index()
+    s = streamed.set_index(key).sort_index()
+    assert list(c.index) == list(s.index)
+    cv, sv = c["value"].to_numpy(float), s["value"].to_numpy(float)
+    np.testing.assert_array_equal(np.isnan(sv), np.isnan(cv))  # [CLS] at layer 0: NaN in both
+    np.testing.assert_allclose(sv[~np.isnan(sv)], cv[~np.isnan(cv)], rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(s["n"].to_numpy(int), c["n"].to_numpy(int))
+
+
+@pytest.mark.parametrize("fa,fb,k,batch_tokens", [
+    ("pair", "concat", 2, 8192),
+    ("pair", "concat", 2, 48),  # a few examples per batch: other batch compositions than the extractor's
+    ("bertsum", "plain=( [CLS] {i} [SEP] )", 3, 8192),  # several [CLS] and [SEP]: cls@1.0, sep1, sep2, ...
+])
+def test_streaming_equals_cached(lm, tmp_path, fa, fb, k, batch_tokens):
+    examples = sample_examples(16, k=k)
+    a, b = _cached(lm, examples, [fa, fb], tmp_path)
+    fb = b.format_name
+    choices = CHOICES
+    cached_drift = run_drift(a, b, n_resamples=50, n_pairs=200, progress=False)
+    words = [f"s{i} words" for i in range(1, k + 1)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the zero-variance warning of [CLS] at layer 0
+        cached_cka = run_cka_formats(a, b, choices + words)
+    out = stream_compare(examples, a.manifest["format"]["name"] + "=" + a.manifest["format"]["template"],
+                         fb + "=" + b.manifest["format"]["template"], model=lm, choices=choices, word_groups=True, n_resamples=50,
+                         batch_tokens=batch_tokens, progress=False)
+    _compare_drift(cached_drift, out["drift"])
+    _compare_cka(cached_cka, out["cka"])
+    if k == 3:
+        assert {"cls", "cls@1.0", "cls@2.0", "sep1", "sep2", "sep3", "s3 words", "all"} <= set(out["drift"]["role"])
+    assert (out["drift"]["format"] == fa).all() and (out["drift"]["format_b"] == fb).all()
+    assert (out["cka"]["model"] == "tiny-bert").all()
+
+
+def test_context_effect_words_only_mean_subwords(lm, tmp_path):
+    examples = sample_examples(12, k=2)
+    single, pair = _cached(lm, examples, ["single", "pair"], tmp_path)
+    cached = run_drift(single, pair, words_only=True, subword="mean", n_resamples=20, n_pairs=100, progress=False)
+    out = stream_compare(examples, "single", "pair", model=lm, words_only=True, subword="mean",
+                         choices=["mean_s1"], word_groups=False, n_resamples=20, progress=False)
+    _compare_drift(cached, out["drift"])
+    assert set(out["drift"]["role"]) == {"s1 words", "all"}
+    d = out["drift"][(out["drift"]["metric"] == "drift_mean") & (out["drift"]["role"] == "s1 words")]
+    assert (d.set_index("layer")["value"].loc[1:] > 0).all()  # sentence 2 changes sentence 1's words
+
+
+def test_a_format_against_itself(lm):
+    out = stream_compare(sample_examples(10, k=2), "pair", "pair", model=lm, n_resamples=20, progress=False)
+    d = out["drift"]
+    assert (d[d["metric"] == "drift_mean"]["value"].abs() < 1e-12).all()
+    assert (d[d["metric"] == "cosine_mean"]["value"] > 1 - 1e-12).all()
+    c = out["cka"]
+    undefined = (c["role"] == "cls") & (c["layer"] == 0)
+    np.testing.assert_allclose(c[~undefined]["value"], 1.0, atol=1e-9)
+    assert c[undefined]["value"].isna().all() and c[undefined]["note"].str.contains("variance").all()
+    assert {"s1 words", "s2 words"} <= set(c["role"])
+
+
+def test_accumulator_memory_does_not_grow_with_the_corpus(lm):
+    small = stream_compare(sample_examples(8, k=2), "pair", "concat", model=lm, n_resamples=30, progress=False)
+    large = stream_compare(sample_examples(40, k=2), "pair", "concat", model=lm, n_resamples=30, progress=False)
+    pd.testing.assert_frame_equal(small["memory"], large["memory"])
+    assert small["memory"]["bytes"].sum() > 0
+    n = lambda t: t["cka"].query("role == 'cls'")["n"].max()  # noqa: E731
+    assert (n(small), n(large)) == (8, 40)
+
+
+def test_bootstrap_intervals_do_not_depend_on_batching(lm, tmp_path):
+    examples = sample_examples(16, k=2)
+    kw = dict(model=lm, choices=[], word_groups=False, n_resamples=400, progress=False)
+    one = stream_compare(examples, "pair", "concat", batch_tokens=8192, **kw)["drift"]
+    many = stream_compare(examples, "pair", "concat", batch_tokens=48, **kw)["drift"]
+    np.testing.assert_allclose(one[["ci_low", "ci_high"]], many[["ci_low", "ci_high"]], atol=1e-9)
+    ok = one["n_examples"] >= 2
+    assert ((one["ci_low"] <= one["value"] + 1e-12) & (one["value"] <= one["ci_high"] + 1e-12))[ok].all()
+    # Poisson and multinomial cluster bootstraps estimate the same interval: widths of the same size
+    a, b = _cached(lm, examples, ["pair", "concat"], tmp_path)
+    cached = run_drift(a, b, n_resamples=400, n_pairs=100, progress=False)
+    sel = lambda t: t[(t["metric"] == "drift_mean") & (t["role"] == "s2 words")].set_index("layer")  # noqa: E731
+    ratio = (sel(one)["ci_high"] - sel(one)["ci_low"]) / (sel(cached)["ci_high"] - sel(cached)["ci_low"])
+    assert ((ratio > 0.5) & (ratio < 2.0)).all(), ratio
+    none = stream_compare(examples, "pair", "concat", model=lm, choices=[], n_resamples=0, progress=False)
+    assert none["drift"]["ci_low"].isna().all() and "drift.bootstrap" not in set(none["memory"]["accumulator"])
+
+
+def test_bad_inputs_name_the_offending_values(lm):
+    ex = sample_examples(6, k=2)
+    with pytest.raises(ValueError, match=r"'left'.*'right'.*share no token keys"):
+        stream_compare(ex, "left=[CLS] {1}", "right={2} [SEP]", model=lm, choices=[], progress=False)
+    with pytest.raises(ValueError, match="'bogus'"):
+        stream_compare(ex, "pair", "concat", model=lm, choices=["cls", "bogus"], progress=False)
+    with pytest.raises(ValueError, match=r"\['sep1'\].*'concat'"):
+        stream_compare(ex, "pair", "concat", model=lm, choices=["sep1"], progress=False)
+    with pytest.raises(ValueError, match="rbf_cka"):
+        stream_compare(ex, "pair", "concat", model=lm, metrics=["rbf_cka"], progress=False)
+    with pytest.raises(ValueError, match="'last'"):
+        stream_compare(ex, "pair", "concat", model=lm, subword="last", progress=False)
+
+
+def test_overlong_examples_error_or_are_skipped_in_both_formats(lm):
+    ex = sample_examples(8, k=2)
+    long = Example("too-long", (" ".join(["word"] * 80) + ".", "Short one."), {})
+    with pytest.raises(ExtractError, match="'too-long'"):
+        stream_compare(ex + [long], "pair", "concat", model=lm, progress=False)
+    out = stream_compare(ex + [long], "pair", "concat", model=lm, on_overflow="skip", n_resamples=10, progress=False)
+    assert (out["cka"]["n"][out["cka"]["role"] == "cls"] == 8).all()
+    assert (out["drift"].query("role == 'all'")["n_examples"] == 8).all()
