@@ -4,7 +4,9 @@ For corpora whose states do not fit on disk: every batch of examples is run thro
 format A and in format B (the same examples in the same batch), the positions each measurement needs
 are gathered on the device, and float64 accumulators on the device are updated; nothing is written.
 Memory is O(batch + d² per layer and token choice) plus two integers per example (the planned
-lengths), whatever the corpus size.
+lengths), whatever the corpus size; a corpus given as a (possibly lazy) ``Sequence`` is indexed, never
+copied, and freed heap pages are handed back to the system as the run goes (glibc ``malloc_trim``),
+so the resident size does not creep up with heap fragmentation (``benchmarks/memory.py``).
 
     from probing.streaming import stream_compare
     tables = stream_compare(examples, "pair", "concat", model="all-MiniLM-L6-v2")
@@ -47,6 +49,7 @@ import dataclasses
 import io
 import re
 import sys
+import time
 import warnings
 from dataclasses import dataclass
 from collections.abc import Sequence
@@ -174,25 +177,33 @@ class DriftAccumulator:
         return rows
 
 
-def _release_free_memory() -> None:
-    """Hand freed heap pages back to the system (glibc ``malloc_trim``; a no-op elsewhere). Without it
-    glibc keeps the pages of freed batch temporaries and the heap fragments slowly, so the RSS of a
-    long run creeps up although the live memory is flat."""
-    global _MALLOC_TRIM
-    if _MALLOC_TRIM is None:
-        _MALLOC_TRIM = False
+class _HeapTrimmer:
+    """Hands freed heap pages back to the system (glibc ``malloc_trim``; a no-op elsewhere). Without it
+    glibc keeps the pages of freed batch temporaries (its mmap threshold rises after the first large
+    free) and the heap fragments, so the RSS of a long run creeps up although the live memory is flat.
+    A trim costs milliseconds on a large heap, so it runs at most once per 20 times its own cost
+    (under 5% of the time)."""
+
+    def __init__(self) -> None:
+        self._trim = None
         if sys.platform.startswith("linux"):
             try:
                 import ctypes
 
-                _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+                self._trim = ctypes.CDLL("libc.so.6").malloc_trim
             except (OSError, AttributeError):
                 pass
-    if _MALLOC_TRIM:
-        _MALLOC_TRIM(0)
+        self._last, self._cost = 0.0, 0.0
 
-
-_MALLOC_TRIM: Any = None
+    def __call__(self) -> None:
+        if self._trim is None:
+            return
+        now = time.perf_counter()
+        if now - self._last < 20 * self._cost:
+            return
+        self._trim(0)
+        self._last = time.perf_counter()
+        self._cost = self._last - now
 
 
 def _poisson_weights(start: int, stop: int, n_resamples: int, seed: int) -> np.ndarray:
@@ -581,6 +592,8 @@ def stream_compare(
     layer_list = parse_layers(layers, lm.n_layers)
     role_list = parse_roles(roles)
     codes = np.asarray([_CODE[r] for r in role_list], dtype=np.int64)
+    if not metrics:  # no CKA asked for: no CKA accumulators
+        parsed, word_groups = {}, False
     all_choices = _check_structure(lm, fa, fb, examples, codes, parsed, word_groups, subword, words_only, drift)
     plans, lengths = _plan_lengths(lm, (fa, fb), examples, layers=layer_list, roles=role_list, dtype=dtype,
                                    on_overflow=on_overflow, corpus_name=corpus_name)
@@ -600,6 +613,7 @@ def stream_compare(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=n_kept, desc=f"stream {fa.name} vs {fb.name}", unit="ex", dynamic_ncols=True, file=sys.stderr)
+    trim = _HeapTrimmer()
     with torch.inference_mode():
         for start in range(0, len(examples), _CHUNK):
             stop = min(start + _CHUNK, len(examples))
@@ -618,25 +632,12 @@ def stream_compare(
                 d_index, c_index = _index_batch(sa, sb, Ta, Tb, all_choices, acc_drift, subword, words_only, dev)
                 weights = None
                 if W is not None and d_index is not None:
-                    rows = np.asarray([idx[i] - start for i in batch])
-                    weights = torch.from_numpy(W[rows]).to(dev)
+                    weights = torch.from_numpy(W[[idx[i] - start for i in batch]]).to(dev)
                 for li, layer in enumerate(layer_list):
-                    Ha, Hb = hs_a[layer].reshape(-1, H), hs_b[layer].reshape(-1, H)
-                    if d_index is not None:
-                        A = Ha.index_select(0, d_index.flat_a).double()
-                        B = Hb.index_select(0, d_index.flat_b).double()
-                        if d_index.unit is not None:
-                            A = _pool(A, d_index.unit, d_index.unit_count, d_index.n_units, "mean")
-                            B = _pool(B, d_index.unit, d_index.unit_count, d_index.n_units, "mean")
-                        acc_drift.update(li, A, B, d_index.slot, d_index.group, len(batch), weights)
-                    for name, ci in c_index.items():
-                        X, Y = Ha.index_select(0, ci.flat_a), Hb.index_select(0, ci.flat_b)
-                        if ci.item_a is not None:
-                            X = _pool(X, ci.item_a, ci.count_a, ci.n_items, ci.kind)
-                            Y = _pool(Y, ci.item_b, ci.count_b, ci.n_items, ci.kind)
-                        acc_cka[name, li].update(X, Y)
-                del hs_a, hs_b, Ha, Hb, d_index, c_index, weights
-                _release_free_memory()
+                    _accumulate_layer(li, hs_a[layer].reshape(-1, H), hs_b[layer].reshape(-1, H), d_index, c_index,
+                                      acc_drift, acc_cka, len(batch), weights)
+                del hs_a, hs_b, d_index, c_index, weights
+                trim()
                 if bar is not None:
                     bar.update(len(batch))
         if bar is not None:
@@ -644,6 +645,26 @@ def stream_compare(
         tables = _tables(lm, fa, fb, layer_list, corpus_name, acc_drift, acc_cka, all_choices, wanted, confidence,
                          bootstrap_seed, subword, words_only)
     return {k: make_table(v) if k != "memory" else pd.DataFrame(v) for k, v in tables.items()}
+
+
+def _accumulate_layer(li: int, Ha: torch.Tensor, Hb: torch.Tensor, d_index: _DriftIndex | None,
+                      c_index: dict[str, _ChoiceIndex], acc_drift: DriftAccumulator | None, acc_cka: dict,
+                      n_slots: int, weights: torch.Tensor | None) -> None:
+    """Update every accumulator of layer index ``li`` from one batch's states ``Ha: (B*T_a, hidden)``
+    and ``Hb: (B*T_b, hidden)`` (flattened (batch, position))."""
+    if d_index is not None:
+        A = Ha.index_select(0, d_index.flat_a).double()
+        B = Hb.index_select(0, d_index.flat_b).double()
+        if d_index.unit is not None:
+            A = _pool(A, d_index.unit, d_index.unit_count, d_index.n_units, "mean")
+            B = _pool(B, d_index.unit, d_index.unit_count, d_index.n_units, "mean")
+        acc_drift.update(li, A, B, d_index.slot, d_index.group, n_slots, weights)
+    for name, ci in c_index.items():
+        X, Y = Ha.index_select(0, ci.flat_a), Hb.index_select(0, ci.flat_b)
+        if ci.item_a is not None:
+            X = _pool(X, ci.item_a, ci.count_a, ci.n_items, ci.kind)
+            Y = _pool(Y, ci.item_b, ci.count_b, ci.n_items, ci.kind)
+        acc_cka[name, li].update(X, Y)
 
 
 def _model_label(lm: LoadedModel) -> str:

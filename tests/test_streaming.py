@@ -21,6 +21,18 @@ CHOICES = ["cls", "mean", "sep2", "sep_last", "max", "mean_s1", "first_word", "p
 DRIFT = ["cosine_mean", "drift_mean", "relative_l2_mean"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model's operations are microseconds; with several threads each pays a thread-pool
+    wake-up, which on a busy machine costs milliseconds (the whole file: ~5 s instead of ~20 s)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def lm(bert_tokenizer):
     return prepare_model(make_tiny_bert(bert_tokenizer), bert_tokenizer, name="tiny-bert")
