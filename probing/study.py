@@ -283,7 +283,7 @@ def draw_figures(cfg: dict, T: dict[str, pd.DataFrame], log) -> dict[str, list[P
     if "cka_q1" in T:
         F["Q1"] += _safe(plot_cka_layers, T["cka_q1"], fig / "q1_cka_pair_concat", log=log)
     if "drift_q2" in T:
-        F["Q2"] += _safe(plot_drift, T["drift_q2"], fig / "q2_context_drift", log=log)
+        F["Q2"] += _safe(plot_drift, T["drift_q2"], fig / "q2_context_drift", roles=["s1 words", "s2 words"], log=log)
     if "attention" in T:
         a = T["attention"]
         F["Q2"] += _safe(plot_attention, a, fig / "q2_attention_pair", format="pair", log=log)
