@@ -16,6 +16,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "probes": ("figures.probes", "probe scores per layer (or per sentence position with --position)"),
     "attention": ("figures.attention", "attention mass per layer (or per head with --heads)"),
     "pooling": ("figures.pooling", "fine-tuned vs frozen accuracy per pooling choice"),
+    "contextuality": ("figures.contextuality", "self-similarity, intra-similarity, MEV vs anisotropy per layer"),
 }
 
 

@@ -1,0 +1,516 @@
+"""How contextual are the word representations? The measures of Ethayarajh 2019, per layer.
+
+Ethayarajh 2019, "How Contextual are Contextualized Word Representations? Comparing the Geometry of
+BERT, ELMo, and GPT-2 Embeddings", EMNLP, sec. 3.3-3.4. Over the word tokens of one cache:
+
+- ``anisotropy_baseline``: mean cosine of uniformly random word tokens from different examples
+  (:func:`analyses.drift_metrics.anisotropy_baseline_ci`; CI: cluster bootstrap over the example of
+  each pair's first token). ``n`` = number of pairs.
+- ``self_similarity``: for a word type w seen in n >= ``min_contexts`` distinct examples (one
+  occurrence per example, at most ``max_contexts`` examples sampled with ``seed``), the mean cosine
+  over all ordered pairs j != k of its n occurrence vectors, ``1/(n(n-1)) Σ_j Σ_{k≠j} cos(v_j, v_k)``;
+  averaged over word types. 1: the same vector in every context (static); low: context-specific.
+  ``self_similarity_adjusted`` = ``self_similarity`` − the layer's anisotropy baseline.
+- ``intra_similarity``: for each sentence of >= 2 words, the mean cosine between each word vector and
+  the sentence's mean word vector, ``1/m Σ_i cos(v_i, mean_k v_k)``; averaged over sentences.
+  ``intra_similarity_adjusted`` = ``intra_similarity`` − the anisotropy baseline.
+- ``mev`` (maximum explainable variance): for the same word types, ``σ_1² / Σ_i σ_i²`` of the
+  (n × d) matrix of the n occurrence vectors, uncentred as in the paper: the share of the matrix's
+  squared norm that its best rank-1 approximation (one static vector) keeps; averaged over types.
+  Between 1/min(n, d) and 1. ``mev_adjusted`` = mean over types of ``mev(w)`` − the MEV of n word
+  tokens drawn at random: for each type, n examples drawn without replacement with probability
+  proportional to their number of words, one word uniformly within each (the same n as the type,
+  since MEV falls with n: n isotropic vectors give about 1/n).
+
+A word is the subword tokens sharing (example, sentence, word index); its vector is its first subword
+(``subword="first"``, default) or the mean of its subwords (``"mean"``). Its type is its surface text
+(the cache's ``word_text``, or the joined subword tokens without their ``##`` / ``Ġ`` / ``▁`` / ``</w>``
+markers where that column is missing or empty), lower-cased by default. A context is an example: a
+type's first occurrence in each example is used, so repeats inside one example do not count as
+contexts. The same occurrences and the same random tokens are used at every layer.
+
+CIs are 95% bootstraps (:func:`analyses.stats.bootstrap_ci`): over word types for self-similarity and
+MEV (each type one cluster), over examples for intra-similarity (the sentences of one example form
+one cluster). The adjusted self- and intra-similarity CIs are the raw CIs shifted by the baseline's
+point value (the baseline's own uncertainty is not propagated, as for normalised drift); the
+adjusted MEV's CI comes from bootstrapping the per-type differences.
+
+    python -m analyses.contextuality caches/MODEL/single-... --out results
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import sparse as _sparse
+from tqdm.auto import tqdm
+
+from analyses.drift import model_label
+from analyses.drift_metrics import POOL_MODES, anisotropy_baseline_ci, subword_pool
+from analyses.results import make_table, read_table, result_path, write_table
+from analyses.stats import bootstrap_ci, bootstrap_cis
+from probing.cache import Cache
+
+#: The metrics of the table, in order.
+METRICS: tuple[str, ...] = (
+    "anisotropy_baseline", "self_similarity", "self_similarity_adjusted", "intra_similarity",
+    "intra_similarity_adjusted", "mev", "mev_adjusted",
+)
+
+_BLOCK_ROWS = 8192  # rows per float64 block in group sums
+_BATCH_ELEMENTS = 4_000_000  # elements of one (types, n, d) batch in the MEV
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pure metric functions
+
+
+def _codes(codes, n: int, name: str = "codes") -> tuple[np.ndarray, int]:
+    c = np.asarray(codes)
+    if c.shape != (n,):
+        raise ValueError(f"{name} must have shape ({n},) (one per row), got {name}.shape={c.shape}")
+    if n == 0:
+        raise ValueError(f"{name} is empty: no rows")
+    if not np.issubdtype(c.dtype, np.integer) or c.min() < 0:
+        raise ValueError(f"{name} must be non-negative integers (0..n_groups-1), got dtype {c.dtype}")
+    return c.astype(np.int64), int(c.max()) + 1
+
+
+def _matrix(X) -> np.ndarray:
+    X = X if isinstance(X, np.ndarray) else np.asarray(X)
+    if X.ndim != 2:
+        raise ValueError(f"X must be 2-D (n, dim), got X.shape={X.shape}")
+    return X
+
+
+def _row_norms(X: np.ndarray) -> np.ndarray:
+    out = np.empty(X.shape[0])
+    for s in range(0, X.shape[0], _BLOCK_ROWS):
+        b = np.asarray(X[s:s + _BLOCK_ROWS], dtype=np.float64)
+        out[s:s + _BLOCK_ROWS] = np.sqrt(np.einsum("ij,ij->i", b, b))
+    bad = ~(np.isfinite(out) & (out > 0))
+    if bad.any():
+        idx = np.flatnonzero(bad)
+        raise ValueError(f"{idx.size} rows have zero norm or non-finite values, so no cosine; "
+                         f"first rows {idx[:10].tolist()}")
+    return out
+
+
+def group_sums(X, codes, n_groups: int, scale=None) -> np.ndarray:
+    """``out[g] = Σ_{i: codes[i] = g} X[i] * scale[i]``: (n_groups, dim) float64, in row blocks (a
+    sparse indicator product per block, so ``X`` is never copied whole)."""
+    X = _matrix(X)
+    out = np.zeros((n_groups, X.shape[1]))
+    for s in range(0, X.shape[0], _BLOCK_ROWS):
+        c = codes[s:s + _BLOCK_ROWS]
+        w = np.ones(c.size) if scale is None else scale[s:s + _BLOCK_ROWS]
+        ind = _sparse.csr_matrix((w, (c, np.arange(c.size))), shape=(n_groups, c.size))
+        out += ind @ np.asarray(X[s:s + _BLOCK_ROWS], dtype=np.float64)
+    return out
+
+
+def self_similarity(X, type_codes) -> np.ndarray:
+    """Self-similarity of each word type: the mean cosine over ordered pairs j != k of its rows.
+
+    X: (m, dim) occurrence vectors; type_codes: (m,) type of each row, 0..T-1, every type with at
+    least 2 rows. Returns (T,) float64: ``(‖Σ_j u_j‖² − Σ_j ‖u_j‖²) / (n(n−1))`` with ``u_j`` the
+    unit rows, which equals ``1/(n(n−1)) Σ_j Σ_{k≠j} cos(x_j, x_k)``. Raises ``ValueError`` on a
+    zero-norm row or a type with fewer than 2 rows.
+
+    >>> self_similarity([[1.0, 0.0], [2.0, 0.0], [0.0, 1.0], [0.0, 3.0]], [0, 0, 1, 1]).tolist()
+    [1.0, 1.0]
+    """
+    X = _matrix(X)
+    codes, T = _codes(type_codes, X.shape[0], "type_codes")
+    n = np.bincount(codes, minlength=T).astype(np.float64)
+    if (n < 2).any():
+        bad = np.flatnonzero(n < 2)
+        raise ValueError(f"self-similarity needs >= 2 occurrences per type; types {bad[:10].tolist()} "
+                         f"have {n[bad[:10]].astype(int).tolist()}")
+    inv = 1.0 / _row_norms(X)
+    S = group_sums(X, codes, T, scale=inv)
+    # Σ_j ‖u_j‖² is n up to rounding; computing it keeps identical rows at exactly 1 within ulps.
+    sq = np.zeros(T)
+    for s in range(0, X.shape[0], _BLOCK_ROWS):
+        b = np.asarray(X[s:s + _BLOCK_ROWS], dtype=np.float64) * inv[s:s + _BLOCK_ROWS, None]
+        sq += np.bincount(codes[s:s + _BLOCK_ROWS], weights=np.einsum("ij,ij->i", b, b), minlength=T)
+    return np.clip((np.einsum("ij,ij->i", S, S) - sq) / (n * (n - 1.0)), -1.0, 1.0)
+
+
+def max_explainable_variance(X, type_codes) -> np.ndarray:
+    """Maximum explainable variance of each group of rows: ``σ_1² / Σ_i σ_i²`` of its (n × dim)
+    matrix (uncentred), the largest eigenvalue of its Gram matrix over its trace.
+
+    X: (m, dim); type_codes: (m,) group of each row, 0..T-1. Returns (T,) float64 in
+    [1/min(n, dim), 1]: 1 when all rows are multiples of one vector, 1/n for n orthogonal rows of
+    equal norm. Groups of equal size are batched (``numpy.linalg.eigvalsh`` on stacked Gram
+    matrices). Raises ``ValueError`` for a group whose rows are all zero.
+
+    >>> max_explainable_variance([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 2.0]], [0, 0, 1, 1]).tolist()
+    [0.5, 1.0]
+    """
+    X = _matrix(X)
+    codes, T = _codes(type_codes, X.shape[0], "type_codes")
+    sizes = np.bincount(codes, minlength=T)
+    order = np.argsort(codes, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    out = np.full(T, np.nan)
+    for size in np.unique(sizes[sizes > 0]):
+        types = np.flatnonzero(sizes == size)
+        step = max(1, _BATCH_ELEMENTS // int(size * max(size, X.shape[1])))
+        for b in range(0, types.size, step):
+            t = types[b:b + step]
+            idx = order[starts[t][:, None] + np.arange(size)]  # (b, size)
+            V = np.asarray(X[idx.ravel()], dtype=np.float64).reshape(t.size, size, X.shape[1])
+            G = V @ V.transpose(0, 2, 1)
+            trace = np.einsum("bii->b", G)
+            top = np.linalg.eigvalsh(G)[:, -1]
+            if not (np.isfinite(trace).all() and (trace > 0).all()):
+                bad = t[~(np.isfinite(trace) & (trace > 0))]
+                raise ValueError(f"groups {bad[:10].tolist()} have only zero or non-finite rows: MEV undefined")
+            out[t] = np.clip(top / trace, 0.0, 1.0)
+    return out
+
+
+def intra_similarity(X, sentence_codes) -> np.ndarray:
+    """Intra-sentence similarity of each sentence: ``1/m Σ_i cos(x_i, s)`` with ``s`` the mean of
+    its m word vectors.
+
+    X: (n, dim) word vectors; sentence_codes: (n,) sentence of each row, 0..S-1. Returns (S,)
+    float64, from two group sums (of the unit rows and of the rows): ``<Σ_i u_i, s> / (m ‖s‖)``. A
+    one-word sentence gives 1. Raises ``ValueError`` on a zero-norm row or a zero mean vector.
+    """
+    X = _matrix(X)
+    codes, S = _codes(sentence_codes, X.shape[0], "sentence_codes")
+    m = np.bincount(codes, minlength=S).astype(np.float64)
+    U = group_sums(X, codes, S, scale=1.0 / _row_norms(X))
+    mean = group_sums(X, codes, S) / np.maximum(m, 1.0)[:, None]
+    mean_norm = np.sqrt(np.einsum("ij,ij->i", mean, mean))
+    bad = (m > 0) & ~(mean_norm > 0)
+    if bad.any():
+        raise ValueError(f"sentences {np.flatnonzero(bad)[:10].tolist()} have a zero mean word vector")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.clip(np.einsum("ij,ij->i", U, mean) / (m * mean_norm), -1.0, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Words, types and the occurrences to use
+
+_MARKERS = r"^(?:Ġ|▁|Ċ)+|</w>$"  # byte-level BPE / SentencePiece word starts, original BPE word ends
+
+
+def _clean_subwords(tokens: pd.Series, subword_index: np.ndarray) -> pd.Series:
+    s = tokens.astype(str).str.replace(_MARKERS, "", regex=True)
+    return s.where(np.asarray(subword_index) == 0, s.str.replace(r"^##", "", regex=True))
+
+
+def join_subwords(tokens: Sequence[str], subword_index: Sequence[int]) -> str:
+    """Surface text of one word from its subword tokens (in subword order): WordPiece ``##`` is
+    dropped from continuations, ``Ġ`` / ``▁`` from word starts, ``</w>`` from word ends.
+
+    >>> join_subwords(["un", "##believ", "##ably"], [0, 1, 2]), join_subwords(["Ġparrot"], [0])
+    ('unbelievably', 'parrot')
+    """
+    return "".join(_clean_subwords(pd.Series(list(tokens), dtype=object), np.asarray(subword_index)).tolist())
+
+
+def word_table(tokens: pd.DataFrame, lowercase: bool = True) -> tuple[pd.DataFrame, np.ndarray]:
+    """One row per word of the token table, and each word token row's word number.
+
+    Returns ``(words, word_of_row)``: ``words`` has columns ``example``, ``sentence``, ``index``,
+    ``first_row`` (global row of the first subword) and ``type`` (surface text, see the module
+    docstring), in order of first appearance; ``word_of_row`` (n_word_rows,) gives, for each row of
+    ``tokens[role == "word"]`` in order, its word's position in ``words``. Raises ``ValueError`` if
+    the table holds no word tokens or a word has no first subword.
+    """
+    is_word = tokens["role"].to_numpy() == "word"
+    if not is_word.any():
+        raise ValueError(f"no word tokens (roles stored: {sorted(set(tokens['role']))}); extract the cache "
+                         "with --roles word (or cls,sep,word)")
+    tw = tokens[is_word]
+    rows = np.flatnonzero(is_word)
+    word = tw.groupby(["example", "sentence", "index"], sort=False).ngroup().to_numpy()
+    sub = tw["subword"].to_numpy()
+    n_words = int(word.max()) + 1
+    first = np.full(n_words, -1, dtype=np.int64)
+    first[word[sub == 0]] = rows[sub == 0]
+    if (first < 0).any():
+        w = np.flatnonzero(first < 0)[:5]
+        raise ValueError(f"{(first < 0).sum()} words have no first subword (subword 0); word numbers {w.tolist()}")
+    head = tokens.iloc[first][["example", "sentence", "index"]].reset_index(drop=True)
+    text = (tokens["word_text"].iloc[first].astype(str).str.strip().to_numpy(dtype=object)
+            if "word_text" in tokens.columns else np.full(n_words, "", dtype=object))
+    missing = text == ""
+    if missing.any() and "token" in tokens.columns:
+        part = pd.DataFrame({"w": word, "sub": sub, "tok": _clean_subwords(tw["token"], sub).to_numpy()})
+        part = part[missing[word]].sort_values(["w", "sub"], kind="stable")
+        joined = part.groupby("w", sort=True)["tok"].agg("".join)
+        text[joined.index.to_numpy()] = joined.to_numpy(dtype=object)
+    head["first_row"] = first
+    head["type"] = pd.Series(text, dtype=object).str.lower() if lowercase else pd.Series(text, dtype=object)
+    return head, word
+
+
+def choose_contexts(types, examples, min_contexts: int = 5, max_contexts: int = 50, seed: int = 0):
+    """The occurrences of each word type to measure: its first occurrence in each example, for types
+    seen in at least ``min_contexts`` examples, at most ``max_contexts`` of them (a uniform sample
+    without replacement, drawn with ``seed``).
+
+    types, examples: (W,) type and example of each word, in token order. Returns ``(words, codes,
+    names, available)``: ``words`` the chosen word positions grouped by type (ascending within a
+    type), ``codes`` their type 0..T-1, ``names`` (T,) the type strings (sorted), ``available`` (T,)
+    the number of examples each type occurs in before the cap.
+    """
+    types = np.asarray(types, dtype=object)
+    examples = np.asarray(examples)
+    first = ~pd.DataFrame({"t": types, "e": examples}).duplicated().to_numpy()
+    cand = np.flatnonzero(first & (types != ""))
+    codes, names = pd.factorize(types[cand], sort=True)
+    counts = np.bincount(codes, minlength=len(names))
+    keep_type = counts >= min_contexts
+    rank = np.empty(cand.size, dtype=np.int64)
+    order = np.lexsort((np.random.default_rng([seed, 1]).random(cand.size), codes))
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rank[order] = np.arange(cand.size) - starts[codes[order]]
+    keep = keep_type[codes] & (rank < max_contexts)
+    new = np.cumsum(keep_type) - 1
+    words, c = cand[keep], new[codes[keep]]
+    o = np.lexsort((words, c))
+    return words[o], c[o], np.asarray(names, dtype=object)[keep_type], counts[keep_type]
+
+
+def random_word_sets(sizes, examples, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """For each size n in ``sizes``, n random words from n different examples: the examples drawn
+    without replacement with probability proportional to their number of words, then one word
+    uniformly within each. examples: (W,) example of each word. Returns ``(words, codes)``, the
+    word positions and their set number 0..len(sizes)-1."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    _, ex_code, ex_size = np.unique(np.asarray(examples), return_inverse=True, return_counts=True)
+    ex_code = ex_code.reshape(-1)
+    if sizes.size and sizes.max() > ex_size.size:
+        raise ValueError(f"cannot draw {sizes.max()} words from different examples: only {ex_size.size} examples")
+    by_ex = np.argsort(ex_code, kind="stable")
+    ex_start = np.concatenate([[0], np.cumsum(ex_size)[:-1]])
+    p = ex_size / ex_size.sum()
+    rng = np.random.default_rng([seed, 2])
+    words, codes = [], []
+    for k, n in enumerate(sizes):
+        e = rng.choice(ex_size.size, size=int(n), replace=False, p=p)
+        words.append(by_ex[ex_start[e] + rng.integers(0, ex_size[e])])
+        codes.append(np.full(int(n), k, dtype=np.int64))
+    if not words:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(words), np.concatenate(codes)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Runner
+
+
+def _layers(cache: Cache, layers: Sequence[int] | None) -> list[int]:
+    if layers is None:
+        return cache.layers
+    return list(dict.fromkeys(cache.layers[cache.layer_index(int(l))] for l in layers))
+
+
+def _config(cache: Cache, layers, min_contexts, max_contexts, subword, lowercase, n_pairs, n_resamples,
+            seed) -> dict:
+    return {"cache": cache.path.name, "layers": layers, "min_contexts": min_contexts,
+            "max_contexts": max_contexts, "subword": subword, "lowercase": lowercase, "n_pairs": n_pairs,
+            "n_resamples": n_resamples, "seed": seed}
+
+
+def contextuality_path(cache: Cache, out: str | Path, *, layers: Sequence[int] | None = None,
+                       min_contexts: int = 5, max_contexts: int = 50, subword: str = "first",
+                       lowercase: bool = True, n_pairs: int = 10000, n_resamples: int = 1000,
+                       seed: int = 0) -> Path:
+    """Where :func:`run_contextuality` with these options writes its table."""
+    return result_path(out, "contextuality", _config(cache, _layers(cache, layers), min_contexts, max_contexts,
+                                                      subword, lowercase, n_pairs, n_resamples, seed))
+
+
+def _check_options(min_contexts, max_contexts, subword, n_pairs, n_resamples) -> None:
+    if subword not in POOL_MODES:
+        raise ValueError(f"subword must be one of {POOL_MODES}, got {subword!r}")
+    if int(min_contexts) != min_contexts or min_contexts < 2:
+        raise ValueError(f"min_contexts must be an integer >= 2 (pairs of contexts), got {min_contexts!r}")
+    if int(max_contexts) != max_contexts or max_contexts < min_contexts:
+        raise ValueError(f"max_contexts must be an integer >= min_contexts ({min_contexts}), got {max_contexts!r}")
+    if int(n_pairs) != n_pairs or n_pairs < 1:
+        raise ValueError(f"n_pairs must be a positive integer, got {n_pairs!r}")
+    if int(n_resamples) != n_resamples or n_resamples < 1:
+        raise ValueError(f"n_resamples must be a positive integer, got {n_resamples!r}")
+
+
+def run_contextuality(cache: Cache, *, layers: Sequence[int] | None = None, min_contexts: int = 5,
+                      max_contexts: int = 50, subword: str = "first", lowercase: bool = True,
+                      n_pairs: int = 10000, n_resamples: int = 1000, seed: int = 0,
+                      out: str | Path | None = None, force: bool = False, progress: bool = False) -> pd.DataFrame:
+    """Anisotropy baseline, self-similarity, intra-sentence similarity and MEV of the cache's words,
+    raw and adjusted for anisotropy, per layer (module docstring: definitions).
+
+    Returns the tidy table of :func:`analyses.results.make_table`: analysis="contextuality",
+    role="word", metric one of :data:`METRICS`, value with its 95% CI, and ``n`` = word types
+    (self-similarity, MEV), sentences (intra-similarity) or random pairs (baseline); extra columns
+    ``n_examples``, ``subword``, ``lowercase``, ``min_contexts``, ``max_contexts``. With ``out``,
+    writes it there (:func:`contextuality_path`) and reuses it unless ``force``.
+
+    Raises ``ValueError`` for a cache without word tokens, no word type in ``min_contexts``
+    examples, fewer than 2 examples, or bad options.
+    """
+    _check_options(min_contexts, max_contexts, subword, n_pairs, n_resamples)
+    layers = _layers(cache, layers)
+    path = (result_path(out, "contextuality", _config(cache, layers, min_contexts, max_contexts, subword,
+                                                       lowercase, n_pairs, n_resamples, seed))
+            if out is not None else None)
+    if path is not None and path.exists() and not force:
+        return read_table(path)
+
+    tokens = cache.tokens
+    try:
+        words, word_of_row = word_table(tokens, lowercase=lowercase)
+    except ValueError as err:
+        raise ValueError(f"{cache.path.name}: {err}") from None
+    w_ex = words["example"].to_numpy()
+    if np.unique(w_ex).size < 2:
+        raise ValueError(f"{cache.path.name}: the words come from {np.unique(w_ex).size} example(s); "
+                         "the measures need at least 2")
+    sel, sel_type, names, available = choose_contexts(words["type"].to_numpy(dtype=object), w_ex, min_contexts,
+                                                      max_contexts, seed)
+    if names.size == 0:
+        n_ctx = pd.DataFrame({"t": words["type"], "e": w_ex}).drop_duplicates().groupby("t").size()
+        top = n_ctx.sort_values(ascending=False).head(3)
+        raise ValueError(f"{cache.path.name}: no word type occurs in {min_contexts} or more examples "
+                         f"(most: {', '.join(f'{t!r} in {k}' for t, k in top.items())}); use a larger corpus "
+                         f"or a smaller min_contexts")
+    n_types = names.size
+    sizes = np.bincount(sel_type, minlength=n_types)
+    rnd, rnd_set = random_word_sets(sizes, w_ex, seed)
+    sent = words.groupby(["example", "sentence"], sort=False).ngroup().to_numpy()
+    sent_size = np.bincount(sent)
+    sent_keep = sent_size >= 2
+    sent_ex = np.zeros(sent_size.size, dtype=w_ex.dtype)
+    sent_ex[sent] = w_ex
+    if not sent_keep.any():
+        raise ValueError(f"{cache.path.name}: no sentence has 2 or more words: intra-sentence similarity is undefined")
+    word_rows = np.flatnonzero(tokens["role"].to_numpy() == "word")
+    word_sub = tokens["subword"].to_numpy()[word_rows]
+    first_rows = words["first_row"].to_numpy()
+
+    base = {"analysis": "contextuality", "model": model_label(cache), "corpus": cache.manifest["corpus"]["name"],
+            "format": cache.format_name, "format_b": "", "role": "word", "target": "", "seed": seed}
+    kw = dict(n_resamples=n_resamples, seed=seed)
+    type_groups = np.arange(n_types)
+    n_ex_types = int(np.unique(w_ex[sel]).size)
+    n_ex_sent = int(np.unique(sent_ex[sent_keep]).size)
+    records = []
+
+    def row(layer, metric, point, lo, hi, n, n_examples):
+        records.append({**base, "layer": layer, "metric": metric, "value": float(point), "ci_low": float(lo),
+                        "ci_high": float(hi), "n": int(n), "n_examples": int(n_examples)})
+
+    for layer in tqdm(layers, desc=f"contextuality {cache.format_name}", disable=not progress, file=sys.stderr):
+        if subword == "first":
+            X = cache.states(layer, first_rows)
+        else:
+            X, _ = subword_pool(cache.states(layer, word_rows), word_of_row, word_sub, "mean")
+        b, b_lo, b_hi = anisotropy_baseline_ci(X, w_ex, n_pairs=n_pairs, seed=seed, n_resamples=n_resamples)
+        ss = self_similarity(X[sel], sel_type)
+        mev = max_explainable_variance(X[sel], sel_type)
+        mev_rand = max_explainable_variance(X[rnd], rnd_set)
+        ci = bootstrap_cis({"ss": ss, "mev": mev, "mev_adj": mev - mev_rand}, type_groups, ("mean",), **kw)
+        intra = intra_similarity(X, sent)[sent_keep]
+        i_pt, i_lo, i_hi = bootstrap_ci(intra, sent_ex[sent_keep], "mean", **kw)
+        n_sent = int(sent_keep.sum())
+        row(layer, "anisotropy_baseline", b, b_lo, b_hi, n_pairs, np.unique(w_ex).size)
+        row(layer, "self_similarity", *ci["ss", "mean"], n_types, n_ex_types)
+        row(layer, "self_similarity_adjusted", *(v - b for v in ci["ss", "mean"]), n_types, n_ex_types)
+        row(layer, "intra_similarity", i_pt, i_lo, i_hi, n_sent, n_ex_sent)
+        row(layer, "intra_similarity_adjusted", i_pt - b, i_lo - b, i_hi - b, n_sent, n_ex_sent)
+        row(layer, "mev", *ci["mev", "mean"], n_types, n_ex_types)
+        row(layer, "mev_adjusted", *ci["mev_adj", "mean"], n_types, n_ex_types)
+    df = make_table(records)
+    df["subword"] = subword
+    df["lowercase"] = bool(lowercase)
+    df["min_contexts"] = int(min_contexts)
+    df["max_contexts"] = int(max_contexts)
+    if path is not None:
+        write_table(df, path)
+    return df
+
+
+def summary_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Layer x metric table of the values, metrics in :data:`METRICS` order, for printing."""
+    t = df.pivot_table(index="layer", columns="metric", values="value", sort=False)
+    return t[[m for m in METRICS if m in t.columns]]
+
+
+HELP = """\
+How contextual are a cache's word representations? The measures of Ethayarajh 2019 ("How Contextual
+are Contextualized Word Representations?", EMNLP), per layer, over the cache's word tokens:
+
+  anisotropy_baseline  mean cosine of random pairs of word tokens from different examples: what any
+                       two words score at this layer (high = anisotropic, all vectors in a narrow cone).
+  self_similarity      per word type seen in >= --min-contexts examples (one occurrence per example,
+                       at most --max-contexts sampled): mean cosine between its occurrences over all
+                       pairs; averaged over types. 1 = the same vector in every context.
+  intra_similarity     per sentence (>= 2 words): mean cosine between each word and the sentence's
+                       mean word vector; averaged over sentences.
+  mev                  maximum explainable variance per type: sigma_1^2 / sum sigma_i^2 of its
+                       (occurrences x hidden) matrix, the share one static vector can explain;
+                       averaged over types.
+  *_adjusted           self/intra similarity minus the anisotropy baseline; for MEV, minus the MEV of
+                       as many random word tokens from different examples (per type, then averaged).
+
+A word is the subword tokens of one (example, sentence, word index); its type is its surface text
+(lower-cased unless --cased). 95% bootstrap CIs: over word types (self-similarity, MEV), over examples
+(intra-similarity). Writes a tidy table (CSV + Parquet) to --out and prints the values per layer.
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m analyses.contextuality", description=HELP,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("cache", help="cache directory holding word tokens (extracted with --roles word or cls,sep,word)")
+    p.add_argument("--layers", default=None, help="comma list of layers (default: every stored layer)")
+    p.add_argument("--min-contexts", type=int, default=5,
+                   help="a word type counts if it occurs in at least this many examples (default 5, as the paper)")
+    p.add_argument("--max-contexts", type=int, default=50,
+                   help="at most this many occurrences per type, sampled with --seed (default 50)")
+    p.add_argument("--subword", default="first", choices=POOL_MODES,
+                   help="a word's vector: its first subword, or the mean over its subwords (default first)")
+    p.add_argument("--cased", action="store_true", help="do not lower-case word types ('The' and 'the' differ)")
+    p.add_argument("--pairs", type=int, default=10000, help="random pairs for the anisotropy baseline (default 10000)")
+    p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="results", help="directory for the result table (default results/)")
+    p.add_argument("--force", action="store_true", help="recompute even if the result exists")
+    args = p.parse_args(argv)
+    try:
+        cache = Cache.open(args.cache)
+        layers = [int(x) for x in args.layers.split(",")] if args.layers else None
+        opts = dict(layers=layers, min_contexts=args.min_contexts, max_contexts=args.max_contexts,
+                    subword=args.subword, lowercase=not args.cased, n_pairs=args.pairs,
+                    n_resamples=args.resamples, seed=args.seed)
+        df = run_contextuality(cache, **opts, out=args.out, force=args.force, progress=True)
+        path = contextuality_path(cache, args.out, **opts)
+    except (ValueError, KeyError, OSError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    n = df.drop_duplicates("metric").set_index("metric")["n"]
+    print(f"{model_label(cache)}, {cache.manifest['corpus']['name']}, format {cache.format_name}: "
+          f"{n['self_similarity']} word types in >= {args.min_contexts} examples, "
+          f"{n['intra_similarity']} sentences, {n['anisotropy_baseline']} random pairs")
+    with pd.option_context("display.width", 160, "display.precision", 3):
+        print(summary_table(df).to_string())
+    print(f"table: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
