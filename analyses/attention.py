@@ -3,7 +3,7 @@
 Reads the attention summaries a cache recorded at extraction (``python -m probing.extract
 --attention``): for each example, layer and head, the attention mass flowing from each token group
 (``[CLS]``, each ``[SEP]``, the words of each sentence) to each other group. This module turns them
-into a tidy table: mass from each source group to ``[CLS]``, to each ``[SEP]``, to all ``[SEP]``s, to
+into a tidy table: mass from each source group (and from all tokens together, weighted by group size) to ``[CLS]``, to each ``[SEP]``, to all ``[SEP]``s, to
 its own sentence, to other sentences and to each sentence, per layer (averaged over heads, with a 95%
 bootstrap CI over examples) and per head (mean only).
 
@@ -56,6 +56,34 @@ def target_masses(mass: np.ndarray, groups: list[str]) -> dict[tuple[str, str], 
     return out
 
 
+def group_counts(cache: Cache, examples: np.ndarray, groups: list[str]) -> np.ndarray | None:
+    """Tokens per attention group for each example, ``(n_examples, G)``, from the token table; None
+    when the cache does not store every token (then the group sizes are unknown)."""
+    stored = set(cache.manifest.get("roles") or [])
+    if not {g.rstrip("0123456789") for g in groups if not re.fullmatch(r"s\d+", g)} <= stored or "word" not in stored:
+        return None
+    tok = cache.tokens
+    role = tok["role"].to_numpy().astype(str)
+    name = np.where(role == "word", "s" + tok["sentence"].astype(str).to_numpy(),
+                    np.char.add(role, tok["occurrence"].astype(str).to_numpy().astype(str)))
+    index = {g: i for i, g in enumerate(groups)}
+    gid = np.asarray([index.get(n, -1) for n in name])
+    ex = tok["example"].to_numpy()
+    pos = {e: i for i, e in enumerate(examples)}
+    rows = np.asarray([pos.get(e, -1) for e in ex])
+    ok = (gid >= 0) & (rows >= 0)
+    counts = np.zeros((len(examples), len(groups)))
+    np.add.at(counts, (rows[ok], gid[ok]), 1.0)
+    return counts
+
+
+def from_all_tokens(mass: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Mass from every token of an example to each group (Clark et al.'s per-head average over all
+    query tokens): ``sum_a n_a mass[a, b] / sum_a n_a`` -> ``(n_examples, layers, heads, G)``."""
+    w = counts[:, None, None, :, None]
+    return np.nansum(np.nan_to_num(mass) * w, axis=3) / counts.sum(1)[:, None, None, None]
+
+
 def run_attention(cache: Cache, *, n_resamples: int = 1000, seed: int = 0, per_head: bool = True,
                   out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
     """Tidy table of attention mass (metric ``attention_mass``): role = source group, target = target
@@ -68,8 +96,17 @@ def run_attention(cache: Cache, *, n_resamples: int = 1000, seed: int = 0, per_h
     layers = cache.manifest["attention"]["layers"]
     base = {"analysis": "attention", "model": model_label(cache), "corpus": cache.manifest["corpus"]["name"],
             "format": cache.format_name, "metric": "attention_mass", "seed": seed}
+    named = target_masses(mass, groups)
+    counts = group_counts(cache, examples, groups)
+    if counts is not None:  # source "all tokens": the query-token-weighted average over the groups
+        everyone = from_all_tokens(mass, counts)
+        seps = [j for j, g in enumerate(groups) if g.startswith("sep")]
+        for b, gb in enumerate(groups):
+            named[("all tokens", _pretty(gb))] = everyone[..., b]
+        if seps:
+            named[("all tokens", "all [SEP]")] = everyone[..., seps].sum(-1)
     rows = []
-    for (src, tgt), arr in target_masses(mass, groups).items():
+    for (src, tgt), arr in named.items():
         head_mean = arr.mean(axis=2)  # (n_examples, layers)
         for li, layer in enumerate(layers):
             v = head_mean[:, li]

@@ -40,6 +40,7 @@ from probing.cache import Cache
 TARGETS: dict[str, str] = {
     "<label>": "an example label stored with the corpus (topic, is_next, swapped, ...)",
     "length": "words in sentence 1, 3 equal-count bins",
+    "length<k>": "words in sentence 1, k equal-count bins (length6: SentEval's SentLen has 6 classes)",
     "bow_s<i>": "bag of words of sentence i (multi-label, top --vocab words)",
     "segment": "token level: the sentence a word token belongs to",
 }
@@ -53,9 +54,13 @@ def words_of(text: str) -> list[str]:
 def example_target(cache: Cache, target: str, examples: np.ndarray, vocab: int = 50) -> tuple[np.ndarray, bool]:
     """Target values for corpus indices ``examples``: ``(y, multilabel)``."""
     table = cache.examples.loc[examples]
-    if target == "length":
+    m = re.fullmatch(r"length(\d*)", target)
+    if m:
+        bins = int(m.group(1) or 3)
+        if bins < 2:
+            raise ValueError(f"target {target!r}: need at least 2 length bins")
         n = np.asarray([len(s.split()) for s in table["sentence_1"]])
-        edges = np.quantile(n, [1 / 3, 2 / 3])
+        edges = np.unique(np.quantile(n, np.arange(1, bins) / bins))
         return np.searchsorted(edges, n, side="right"), False
     m = re.fullmatch(r"bow_s(\d+)", target)
     if m:

@@ -313,11 +313,29 @@ def _role_sets(roles: list[str], max_lines: int) -> list[tuple[str, list[str]]]:
     return [(name, rs) for name, rs in (("special tokens", special), ("words", words)) if rs]
 
 
+def _overlay(d: pd.DataFrame, rows: pd.DataFrame, roles: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """Fold every format pair into one: role ``r`` of pair A → B becomes ``"r: A → B"``."""
+    def fold(t: pd.DataFrame) -> pd.DataFrame:
+        label = t["role"].astype(str) + ": " + t["format"].astype(str) + " → " + t["format_b"].astype(str)
+        keep = t["metric"].astype(str) == BASELINE
+        return t.assign(role=label.where(~keep, t["role"]), format="all", format_b="all")
+
+    wanted = d["role"].astype(str).isin(roles) | (d["metric"].astype(str) == BASELINE)
+    d2 = fold(d[wanted])
+    rows2 = fold(rows)
+    order = [f"{r}: {a} → {b}" for r in roles
+             for a, b in dict.fromkeys(zip(rows["format"].astype(str), rows["format_b"].astype(str)))]
+    present = set(rows2["role"])
+    return d2, rows2, [r for r in order if r in present]
+
+
 def plot_drift(df: pd.DataFrame, out: str | Path, metric: str = "drift_mean", roles: Sequence[str] | None = None,
                normalised: bool | None = None, max_lines: int = 7, model: str | None = None,
-               corpus: str | None = None, log_scale: bool = True) -> list[Path]:
+               corpus: str | None = None, log_scale: bool = True, overlay: bool = False) -> list[Path]:
     """Drift per layer and role group, one panel per format pair (A → B), with CI bands and the
     random-pair baseline; writes ``out``.png (150 dpi) and ``out``.pdf and returns both paths.
+    ``overlay``: all format pairs in one panel, one line per (role group, pair) that has rows, with
+    the baselines averaged over the pairs.
 
     ``df``: rows of :mod:`analyses.drift` (``analysis="drift"``; ``role`` = role group, ``format`` /
     ``format_b`` = the pair). ``metric``: a key of :data:`DRIFT_LABELS`. ``roles``: role groups to
@@ -337,6 +355,8 @@ def plot_drift(df: pd.DataFrame, out: str | Path, metric: str = "drift_mean", ro
         role_list = [str(r) for r in roles]
     else:
         role_list = order_roles(rows["role"].dropna())
+    if overlay:
+        d, rows, role_list = _overlay(d, rows, role_list)
     base = d[d["metric"].astype(str) == BASELINE]
     norm_metric = "normalised_drift"
     norm_rows = d[d["metric"].astype(str) == norm_metric]
@@ -382,10 +402,10 @@ def plot_drift(df: pd.DataFrame, out: str | Path, metric: str = "drift_mean", ro
                                  else "No anisotropy_baseline rows in the table: no random-pair baseline drawn.")
                 layer_ticks(ax, pair_rows["layer"].dropna())
                 ax.set_ylabel(DRIFT_LABELS[m])
-                head = f"{fa} → {fb}"
+                head = "all format pairs (A → B)" if overlay else f"{fa} → {fb}"
                 ax.set_title(head + (f" — {set_name}" if set_name else ""), fontsize=9)
                 if pi % 3 == 2 or pi == len(pairs) - 1:
-                    legend_right(ax, title="role group")
+                    legend_right(ax, title="role group" + (": A → B" if overlay else ""))
             bad = nan_cells(mrows[mrows["role"].astype(str).isin(role_list)], ["role"])
             if bad:
                 notes.append(f"{fa} → {fb}, {m}: NaN (left as gaps) for {bad}.")
@@ -399,6 +419,57 @@ def plot_drift(df: pd.DataFrame, out: str | Path, metric: str = "drift_mean", ro
     notes.append("Bands: 95% bootstrap CIs over examples (where present)."
                  + (" Symmetric-log y axis: linear below 0.001." if log_scale else ""))
     add_note(fig, notes)
+    return style.save(fig, out)
+
+
+def plot_drift_by_k(df: pd.DataFrame, out: str | Path, roles: Sequence[str] = ("cls", "all", "s1 words", "s2 words"),
+                    layers: Sequence[int] | None = None, model: str | None = None,
+                    corpus: str | None = None) -> list[Path]:
+    """Drift against the number of segments ``k`` (a ``k`` column, as the study's Q3 table has): one
+    panel per layer (default: the middle and the last), one line per role group with its CI band,
+    raw drift above and normalised drift below. Writes ``out``.png / ``out``.pdf."""
+    what = "drift-by-k figure"
+    d = select(df, what, analysis="drift")
+    # Each k is its own corpus (the first k sentences of the same groups): one source once that is cut off.
+    d = d.assign(corpus=d["corpus"].astype(str).str.replace(r" \(first \d+ sentences\)$", "", regex=True))
+    d = numeric(one_source(d, what, model, corpus), ("layer", "value", "ci_low", "ci_high", "k"))
+    if "k" not in d.columns or d["k"].isna().all():
+        raise ValueError(f"{what}: the table has no 'k' column")
+    all_layers = sorted(d["layer"].dropna().astype(int).unique())
+    layers = list(layers) if layers is not None else sorted({all_layers[len(all_layers) // 2], all_layers[-1]})
+    metrics = [m for m in ("drift_mean", "normalised_drift") if (d["metric"].astype(str) == m).any()]
+    if not metrics:
+        select(d, what, metric="drift_mean")  # raises, naming what is there
+    fig, axes = style.new_figure(ncols=len(layers), nrows=len(metrics), width=4.2 * len(layers) + 1.8,
+                                 height=3.0 * len(metrics) + 0.9)
+    colors = {r: data_color(i) for i, r in enumerate(roles)}
+    for mi, m in enumerate(metrics):
+        for li, layer in enumerate(layers):
+            ax = axes[mi, li]
+            g = d[(d["metric"].astype(str) == m) & (d["layer"] == layer)]
+            for r in roles:
+                gr = g[g["role"].astype(str) == r].sort_values("k")
+                if gr.empty:
+                    continue
+                x = gr["k"].to_numpy(dtype=float)
+                ax.plot(x, gr["value"].to_numpy(), color=colors[r], marker="o", markersize=3, linewidth=1.5, label=r)
+                ci_band(ax, x, gr["ci_low"], gr["ci_high"], colors[r])
+            base = d[(d["metric"].astype(str) == BASELINE) & (d["layer"] == layer)].sort_values("k")
+            if m == "normalised_drift":
+                ax.axhline(1.0, color="black", linestyle="--", linewidth=1.2, label="random-pair level (= 1)")
+            elif not base.empty:
+                ax.plot(base["k"].to_numpy(dtype=float), 1 - base["value"].to_numpy(), color="black", linestyle="--",
+                        linewidth=1.2, label="random-pair baseline (1 − mean cos)")
+            ax.set_yscale("symlog", linthresh=1e-3)
+            ax.set_ylim(bottom=0)
+            ax.set_xticks(sorted(d["k"].dropna().unique()))
+            ax.set_xlabel("k (sentences in the input)")
+            ax.set_ylabel(DRIFT_LABELS[m])
+            ax.set_title(f"layer {layer}", fontsize=9)
+        legend_right(axes[mi, -1], title="role group")
+    pairs = sorted({f"{a} → {b}" for a, b in zip(d["format"].astype(str), d["format_b"].astype(str))})
+    suptitle(fig, title_for(d, f"Drift with k segments ({', '.join(pairs)})"))
+    add_note(fig, ["Bands: 95% bootstrap CIs over examples. Symmetric-log y axis: linear below 0.001."])
     return style.save(fig, out)
 
 

@@ -163,7 +163,11 @@ def plot_pooling(finetune_df: pd.DataFrame, out: str | Path, frozen_df: pd.DataF
     base = ft[(ft["metric"].astype(str) == "majority_baseline")]
     if not base.empty:
         ax.axhline(float(base["value"].mean()), color=BASELINE_COLOR, linestyle="--", linewidth=1.2,
-                   label="majority baseline")
+                   label="majority baseline (training majority class)")
+    best = ft[(ft["metric"].astype(str) == "best_constant")]
+    if not best.empty:
+        ax.axhline(float(best["value"].mean()), color=BASELINE_COLOR, linestyle=":", linewidth=1.2,
+                   label="best constant (largest test class)")
     ax.set_xticks(x, poolings)
     ax.set_xlabel("pooling / token choice (last layer for fine-tuning)")
     ax.set_ylabel("test accuracy")
@@ -171,7 +175,7 @@ def plot_pooling(finetune_df: pd.DataFrame, out: str | Path, frozen_df: pd.DataF
     ax.grid(True, axis="y", alpha=0.3)
     ax.grid(False, axis="x")
     h, lab = ax.get_legend_handles_labels()
-    rank = {"fine": 0, "one ": 1, "froz": 2, "majo": 3}
+    rank = {"fine": 0, "one ": 1, "froz": 2, "majo": 3, "best": 4}
     order = sorted(range(len(lab)), key=lambda i: rank.get(lab[i][:4], 4))
     legend_right(ax, [h[i] for i in order], [lab[i] for i in order])
     ax.set_title(title_for(ft, f"Pooling choices for {target!r}: fine-tuned vs frozen" if frozen

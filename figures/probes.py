@@ -36,6 +36,7 @@ PROBE_LABELS: dict[str, str] = {
     "selectivity": "selectivity (task − control)",
     "control_accuracy": "control-task accuracy",
     "control_micro_f1": "control-task micro-F1",
+    "knn_accuracy": "nearest-neighbour label agreement",
 }
 BASELINE_COLOR = "#777777"
 TRAINED, RANDOM = "trained", "random_init"
@@ -111,7 +112,11 @@ def _role_groups(roles: list[str], max_lines: int) -> list[tuple[str, list[str]]
     return out
 
 
-def _draw_baselines(ax, d: pd.DataFrame, m: str, metric: str, base_metric: str | None, fmt: str) -> list:
+CHANCE_LABEL = "chance (guess at training prevalence)"
+
+
+def _draw_baselines(ax, d: pd.DataFrame, m: str, metric: str, base_metric: str | None, fmt: str,
+                    chance_label: str = CHANCE_LABEL) -> list:
     """Majority (and chance) baseline on the metric panel, the zero line on the selectivity panel;
     returns ``[(label, line kwargs)]`` for the legend."""
     out = []
@@ -120,7 +125,7 @@ def _draw_baselines(ax, d: pd.DataFrame, m: str, metric: str, base_metric: str |
         ax.axhline(0.0, **kw)
         return [("no selectivity (= 0)", kw)]
     for name, label, ls in ((base_metric, "majority baseline", "--"),
-                            (f"chance_{metric}", "chance (guess at training prevalence)", "-.")):
+                            (f"chance_{metric}", chance_label, "-.")):
         if name is None:
             continue
         b = d[(d["metric"].astype(str) == name) & (d["format"] == fmt) & (d["kind"] != RANDOM)]
@@ -134,7 +139,8 @@ def _draw_baselines(ax, d: pd.DataFrame, m: str, metric: str, base_metric: str |
 
 def plot_probes(df: pd.DataFrame, out: str | Path, target: str = "topic", metric: str = "accuracy",
                 roles: Sequence[str] | None = None, model: str | None = None, selectivity: bool | None = None,
-                max_lines: int = 6, corpus: str | None = None) -> list[Path]:
+                max_lines: int = 6, corpus: str | None = None, heading: str | None = None,
+                band_note: str | None = None, chance_label: str = CHANCE_LABEL) -> list[Path]:
     """Probe ``metric`` for ``target`` per layer: one colour per token choice (trained model solid
     with its CI band, random-init model the same colour dotted), the majority baseline grey dashed,
     one column per format, and a second row with selectivity (task − control) when the table has
@@ -144,7 +150,10 @@ def plot_probes(df: pd.DataFrame, out: str | Path, target: str = "topic", metric
     choices (cls, mean, max, first_word, mean_s<i>) and single tokens ([SEP]s, positions), so no
     panel holds more than ``max_lines`` colours. ``selectivity``: add the selectivity row (None:
     when the table has it). ``model`` picks the trained model when the table holds
-    several (random-init rows whose model name starts with it are kept).
+    several (random-init rows whose model name starts with it are kept). ``heading`` replaces the
+    default title's first part ("Linear probes for ..."), ``band_note`` the note on what the bands
+    are, ``chance_label`` the legend label of the ``chance_<metric>`` line (tables of other
+    per-layer scores drawn in the same style, e.g. :mod:`analyses.neighbours`).
     """
     what = f"probe figure (target={target!r})"
     d = _probe_rows(df, what, model, corpus)
@@ -186,7 +195,7 @@ def plot_probes(df: pd.DataFrame, out: str | Path, target: str = "topic", metric
                                 label=r if kind == TRAINED else None)
                         if kind == TRAINED:
                             ci_band(ax, x, g["ci_low"], g["ci_high"], colors[r])
-                baselines = _draw_baselines(ax, d, m, metric, base_metric, fmt)
+                baselines = _draw_baselines(ax, d, m, metric, base_metric, fmt, chance_label)
                 layer_ticks(ax, d["layer"].dropna())
                 ax.set_ylabel(_label(m) if m != "selectivity" else f"selectivity ({_label(metric)} − control)")
                 parts = [f"format {fmt}", group_name, "selectivity" if m != metric else ""]
@@ -200,11 +209,12 @@ def plot_probes(df: pd.DataFrame, out: str | Path, target: str = "topic", metric
                 notes.append(f"{fmt}, {m}: NaN (left as gaps) for {bad}.")
     for axs in by_metric.values():
         share_ylim(axs)
-    if base_metric is None and metric != "selectivity":
+    if base_metric is None and metric != "selectivity" and band_note is None:
         notes.append(f"No majority-baseline rows for {metric}.")
-    notes.append("Bands: 95% t-intervals over cross-validation folds."
+    notes.append((band_note or "Bands: 95% t-intervals over cross-validation folds.")
                  + (" Selectivity: task minus control-task score (Hewitt & Liang 2019)." if show_sel else ""))
-    suptitle(fig, title_for(_title_rows(rows), f"Linear probes for {target!r}: {_label(metric)} per layer"))
+    head = heading or f"Linear probes for {target!r}"
+    suptitle(fig, title_for(_title_rows(rows), f"{head}: {_label(metric)} per layer"))
     add_note(fig, notes)
     return style.save(fig, out)
 
@@ -284,7 +294,7 @@ def plot_probe_position(df: pd.DataFrame, out: str | Path, metric: str = "micro_
             best_notes.append(f"{label}: " + ", ".join(f"s{p}→L{int(r['layer'])}" for p, r in pts
                                                        if np.isfinite(r["layer"])))
     for name, blabel, ls, marker in ((base_metric, "majority baseline", "--", "x"),
-                                     (f"chance_{metric}", "chance (guess at training prevalence)", "-.", "+")):
+                                     (f"chance_{metric}", CHANCE_LABEL, "-.", "+")):
         pts_b = base_pts.get(name, {})
         if pts_b:
             bx = [_position(t) for t in targets if t in pts_b]
@@ -299,7 +309,7 @@ def plot_probe_position(df: pd.DataFrame, out: str | Path, metric: str = "micro_
         str(layer), f"at layer {layer}")
     ax.set_ylabel(f"{_label(metric)} {where_layer if layer != 'best' else 'at best layer'}")
     h, lab = ax.get_legend_handles_labels()
-    baseline_labels = ("majority baseline", "chance (guess at training prevalence)")
+    baseline_labels = ("majority baseline", CHANCE_LABEL)
     order = sorted(range(len(lab)), key=lambda i: lab[i] in baseline_labels)
     legend_right(ax, [h[i] for i in order], [lab[i] for i in order],
                  title="token choice" + (" (format)" if len(formats) > 1 else ""))

@@ -358,6 +358,9 @@ def answer_q8(T: dict) -> str:
         if not m.empty:
             vals = [f"{r.role} {r.value:.3f} ± {getattr(r, 'sd', float('nan')):.3f}" for r in m.itertuples()]
             s += f"Fine-tuned (mean ± sd over {pick(f, metric='test_accuracy')['seed'].nunique()} seeds): " + ", ".join(vals) + "."
+            base, best = one(f, metric="majority_baseline"), one(f, metric="best_constant")
+            if base is not None:
+                s += f" Majority baseline {fmt(base[0])}" + (f", best constant {fmt(best[0])}" if best else "") + "."
     return s or "not measured"
 
 

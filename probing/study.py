@@ -26,23 +26,30 @@ import numpy as np
 import pandas as pd
 
 from .examples import Example
+from .reproductions import safe_plot as _safe
 
 QUESTIONS = ("Q1", "Q2", "Q3", "Q4", "Q5", "Q6", "Q7", "Q8")
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "study": {"name": "study", "out": "runs/study", "caches": "caches", "seed": 0, "bootstrap_resamples": 1000,
-              "questions": list(QUESTIONS)},
+              "questions": list(QUESTIONS), "title": None},
     "model": {"name": None, "random_init_baseline": True, "random_init_seed": 0, "trust_remote_code": False},
     "corpus": {"pairs": "generated:n=200,k=2", "groups": "generated:n=100,k=4,pairing=consecutive",
-               "swap": "generated:n=200,k=2,seed=1,swap=1"},
+               "swap": "generated:n=200,k=2,seed=1,swap=1",
+               # paper reproductions (probing.reproductions)
+               "sentences": "generated:n=300,k=1", "paragraphs": "generated:n=100,k=4,pairing=consecutive",
+               "swap_sentences": "generated:n=300,k=1,seed=1,swap=1"},
     "extract": {"dtype": "float32", "batch_tokens": 4096, "device": "auto"},
     "probes": {"folds": 5, "vocab": 50, "max_tokens": 6000, "device": None, "Cs": [1e-3, 1e-2, 1e-1, 1.0, 10.0],
                "inner_splits": 3, "max_iter": 1000, "bow_Cs": None},
     "finetune": {"preset": "default", "label": "topic", "poolings": ["cls", "mean", "max", "sep", "first_word"],
                  "seeds": [0, 1, 2]},
+    "papers": {"clark_format": "[CLS] {1} {2} [SEP] <1> {3} {4} [SEP]", "min_contexts": 5, "max_contexts": 50,
+               "label": "topic", "knn_k": 1},
 }
 
 PAIR_FORMATS = ("pair", "concat", "concat_segments", "single", "single2", "cls_last", "cls_mid")
+#: Pair formats extracted with attention summaries (whichever section asks, so caches are shared).
 ATTENTION_FORMATS = ("pair", "concat")
 #: The probes of the pair format, per question: (token choices, targets).
 PAIR_PROBES = {
@@ -50,6 +57,16 @@ PAIR_PROBES = {
     "Q4": (("sep1", "sep2", "cls", "mean_s1", "mean_s2"), ("is_next", "bow_s1", "bow_s2")),
     "Q7": (("cls", "mean"), ("bow_s1", "length")),
 }
+#: Formats of the pairs corpus each question reads.
+PAIR_NEEDS = {"Q1": ("pair", "concat", "concat_segments"), "Q2": ("pair", "concat", "single", "single2"),
+              "Q4": ("pair", "concat"), "Q6": ("pair", "cls_mid", "cls_last"), "Q7": ("pair",), "Q8": ("pair",)}
+
+
+def sections() -> tuple[str, ...]:
+    """Every section a study can hold: the questions Q1-Q8, then the paper reproductions."""
+    from .reproductions import PAPERS
+
+    return QUESTIONS + tuple(PAPERS)
 
 
 class StudyError(ValueError):
@@ -84,9 +101,9 @@ def load_config(path: str | os.PathLike | None, quick: bool = False,
         if section not in cfg or key not in cfg[section]:
             raise StudyError(f"config: override {dotted!r} names no known key")
         cfg[section][key] = value
-    bad = [q for q in cfg["study"]["questions"] if q not in QUESTIONS]
+    bad = [q for q in cfg["study"]["questions"] if q not in sections()]
     if bad:
-        raise StudyError(f"config: unknown questions {bad}; known: {QUESTIONS}")
+        raise StudyError(f"config: unknown questions {bad}; known: {', '.join(sections())}")
     cfg["study"]["quick"] = quick
     return cfg
 
@@ -115,58 +132,88 @@ def prefix(examples: Sequence[Example], k: int) -> list[Example]:
     return [Example(e.id, e.sentences[:k], e.labels) for e in examples]
 
 
-def extract_all(cfg: dict, log) -> tuple[Caches, dict[str, list[Example]], Any]:
+def study_jobs(cfg: dict) -> list:
+    """The caches the config's sections need (:class:`probing.reproductions.Job`), without repeats."""
+    from .reproductions import PAPERS, Job
+
+    qs, rnd = set(cfg["study"]["questions"]), cfg["model"]["random_init_baseline"]
+    jobs: list[Job] = []
+    pair_formats = {f for q in qs for f in PAIR_NEEDS.get(q, ())}
+    jobs += [Job("pairs", f, attention=f in ATTENTION_FORMATS) for f in PAIR_FORMATS if f in pair_formats]
+    if rnd and qs & set(PAIR_PROBES):
+        jobs.append(Job("pairs", "pair", random=True))
+    if qs & {"Q3", "Q5"}:
+        K = cfg["_groups_k"]
+        ks = range(2, K + 1) if "Q3" in qs else [K]
+        for k in ks:
+            jobs.append(Job(f"groups_k{k}", "multi"))
+            if "Q3" in qs:
+                jobs.append(Job(f"groups_k{k}", "concat"))
+    if "Q7" in qs:
+        jobs.append(Job("swap", "pair"))
+        if rnd:
+            jobs.append(Job("swap", "pair", random=True))
+    for key in (q for q in cfg["study"]["questions"] if q in PAPERS):
+        jobs += PAPERS[key].jobs(cfg)
+    return list(dict.fromkeys(jobs))
+
+
+def load_corpora(cfg: dict) -> tuple[dict[str, list[Example]], dict[str, str]]:
+    """The corpora the sections read, and a display name for each (the spec)."""
     from .corpora import load_corpus
+    from .reproductions import PAPERS
+
+    qs = set(cfg["study"]["questions"])
+    wanted = set()
+    if qs & set(PAIR_NEEDS):
+        wanted.add("pairs")
+    if qs & {"Q3", "Q5"}:
+        wanted.add("groups")
+    if "Q7" in qs:
+        wanted.add("swap")
+    for key in qs & set(PAPERS):
+        wanted |= {j.corpus for j in PAPERS[key].jobs(cfg)}
+    specs = cfg["corpus"]
+    corpora = {c: load_corpus(specs[c]) for c in specs if c in wanted}
+    names = {c: specs[c] for c in corpora}
+    if "groups" in corpora:
+        K = min(e.n_sentences for e in corpora["groups"])
+        if K < 2:
+            raise StudyError("corpus.groups needs examples of at least 2 sentences")
+        cfg["_groups_k"] = K
+        for k in range(2, K + 1):
+            corpora[f"groups_k{k}"] = prefix(corpora["groups"], k)
+            names[f"groups_k{k}"] = f"{specs['groups']} (first {k} sentences)"
+    return corpora, names
+
+
+def extract_all(cfg: dict, log) -> tuple[Caches, dict[str, list[Example]], Any]:
     from .extract import extract
     from .models import load_model
 
     ex_cfg, m_cfg, st = cfg["extract"], cfg["model"], cfg["study"]
-    qs = set(st["questions"])
-    corpora: dict[str, list[Example]] = {"pairs": load_corpus(cfg["corpus"]["pairs"])}
-    if qs & {"Q3", "Q5"}:
-        corpora["groups"] = load_corpus(cfg["corpus"]["groups"])
-        K = min(e.n_sentences for e in corpora["groups"])
-        if K < 2:
-            raise StudyError("corpus.groups needs examples of at least 2 sentences")
-        for k in range(2, K + 1):
-            corpora[f"groups_k{k}"] = prefix(corpora["groups"], k)
-    if "Q7" in qs:
-        corpora["swap"] = load_corpus(cfg["corpus"]["swap"])
-    specs = {"pairs": cfg["corpus"]["pairs"], "groups": cfg["corpus"]["groups"], "swap": cfg["corpus"]["swap"]}
-    names = {c: (specs[c] if c in specs else f"{specs['groups']} (first {c.rsplit('k', 1)[1]} sentences)")
-             for c in corpora}
-    jobs: list[tuple[str, str, bool, bool]] = []  # corpus, format, random, attention
-    for f in PAIR_FORMATS:
-        jobs.append(("pairs", f, False, f in ATTENTION_FORMATS))
-    if m_cfg["random_init_baseline"]:
-        jobs.append(("pairs", "pair", True, False))
-    for c in corpora:
-        if c.startswith("groups_k"):
-            jobs += [(c, "multi", False, False), (c, "concat", False, False)]
-    if "swap" in corpora:
-        jobs.append(("swap", "pair", False, False))
-        if m_cfg["random_init_baseline"]:
-            jobs.append(("swap", "pair", True, False))
+    corpora, names = load_corpora(cfg)
+    jobs = study_jobs(cfg)
     caches = Caches()
     common = dict(out=st["caches"], dtype=ex_cfg["dtype"], batch_tokens=ex_cfg["batch_tokens"],
                   device=ex_cfg["device"], on_overflow="skip", log=log)
     models = {}
     for random in (False, True):
-        wanted = [j for j in jobs if j[2] == random]
-        if not wanted:
+        wanted = [j for j in jobs if j.random == random]
+        if not wanted and random:
             continue
         lm = load_model(m_cfg["name"], random_init=random, seed=m_cfg["random_init_seed"],
                         trust_remote_code=m_cfg["trust_remote_code"])
         models[random] = lm
-        for corpus in dict.fromkeys(j[0] for j in wanted):
+        for corpus in dict.fromkeys(j.corpus for j in wanted):
             for attention in (False, True):
-                fmts = [j[1] for j in wanted if j[0] == corpus and j[3] == attention]
+                fmts = [j for j in wanted if j.corpus == corpus and j.attention == attention]
                 if not fmts:
                     continue
-                paths = extract(corpora[corpus], fmts, model=lm, corpus_name=names[corpus], attention=attention,
-                                **common)
-                for f, p in zip(fmts, paths):
-                    caches.paths[(corpus, f, random)] = p
+                paths = extract(corpora[corpus], [j.format for j in fmts], model=lm, corpus_name=names[corpus],
+                                attention=attention, **common)
+                for j, p in zip(fmts, paths):
+                    caches.paths[(corpus, j.name, random)] = p
     return caches, corpora, models[False]
 
 
@@ -189,7 +236,7 @@ def analyse(cfg: dict, caches: Caches, corpora: dict, lm, log) -> dict[str, pd.D
     qs = set(st["questions"])
     T: dict[str, pd.DataFrame] = {}
     drift = lambda a, b, **kw: run_drift(a, b, n_resamples=R, seed=seed, out=out, **kw)  # noqa: E731
-    pair = caches.get("pairs", "pair")
+    pair = caches.get("pairs", "pair") if caches.has("pairs", "pair") else None
     rnd = caches.get("pairs", "pair", True) if caches.has("pairs", "pair", True) else None
     if qs & {"Q1", "Q2", "Q4"}:
         log("analyses: drift and CKA across formats")
@@ -246,6 +293,10 @@ def analyse(cfg: dict, caches: Caches, corpora: dict, lm, log) -> dict[str, pd.D
         ft = cfg["finetune"]
         T["finetune"] = run_pooling_experiment(corpora["pairs"], ft["label"], ft["poolings"], ft["seeds"], model=lm,
                                                preset=ft["preset"], out=str(out), corpus_name=cfg["corpus"]["pairs"])
+    from .reproductions import PAPERS
+
+    for key in (q for q in st["questions"] if q in PAPERS):
+        T.update(PAPERS[key].analyse(cfg, caches, out, log))
     for name, df in T.items():
         from analyses.results import write_table
 
@@ -257,24 +308,15 @@ def analyse(cfg: dict, caches: Caches, corpora: dict, lm, log) -> dict[str, pd.D
 # Figures and report
 
 
-def _safe(fn, *args, log=print, **kwargs) -> list[Path]:
-    """Draw one figure; a figure that cannot be drawn from the tables is reported, not fatal."""
-    try:
-        return [p for p in fn(*args, **kwargs) if str(p).endswith(".png")]
-    except (ValueError, KeyError) as err:
-        log(f"figure skipped ({getattr(fn, '__name__', fn)}): {err}")
-        return []
-
-
 def draw_figures(cfg: dict, T: dict[str, pd.DataFrame], log) -> dict[str, list[Path]]:
     from figures.attention import plot_attention
     from figures.cka import plot_cka_layers
-    from figures.drift import plot_drift
+    from figures.drift import plot_drift, plot_drift_by_k
     from figures.pooling import plot_pooling
     from figures.probes import plot_probe_position, plot_probes
 
     fig = Path(cfg["study"]["out"]) / "figures"
-    F: dict[str, list[Path]] = {q: [] for q in QUESTIONS}
+    F: dict[str, list[Path]] = {q: [] for q in sections()}
     if "drift_q1" in T:
         d = T["drift_q1"]
         F["Q1"] += _safe(plot_drift, d[(d["format"] == "pair") & (d["format_b"] == "concat")], fig / "q1_drift_pair_concat", log=log)
@@ -283,16 +325,14 @@ def draw_figures(cfg: dict, T: dict[str, pd.DataFrame], log) -> dict[str, list[P
     if "cka_q1" in T:
         F["Q1"] += _safe(plot_cka_layers, T["cka_q1"], fig / "q1_cka_pair_concat", log=log)
     if "drift_q2" in T:
-        F["Q2"] += _safe(plot_drift, T["drift_q2"], fig / "q2_context_drift", roles=["s1 words", "s2 words"], log=log)
+        F["Q2"] += _safe(plot_drift, T["drift_q2"], fig / "q2_context_drift", roles=["s1 words", "s2 words"],
+                         overlay=True, log=log)
     if "attention" in T:
         a = T["attention"]
         F["Q2"] += _safe(plot_attention, a, fig / "q2_attention_pair", format="pair", log=log)
         F["Q4"] += _safe(plot_attention, a, fig / "q4_attention_concat", format="concat", log=log)
     if "drift_q3" in T:
-        d = T["drift_q3"]
-        ks = sorted(d["k"].unique())
-        for k in (ks[0], ks[-1]) if len(ks) > 1 else ks:
-            F["Q3"] += _safe(plot_drift, d[d["k"] == k].drop(columns="k"), fig / f"q3_drift_multi_concat_k{k}", log=log)
+        F["Q3"] += _safe(plot_drift_by_k, T["drift_q3"], fig / "q3_drift_by_k", log=log)
     if "probes_pair" in T:
         p = T["probes_pair"]
         F["Q4"] += _safe(plot_probes, p, fig / "q4_probes_is_next", target="is_next",
@@ -321,6 +361,10 @@ def draw_figures(cfg: dict, T: dict[str, pd.DataFrame], log) -> dict[str, list[P
         frozen = T.get("probes_pair")
         frozen = frozen[frozen["model_kind"] == "trained"] if frozen is not None else None
         F["Q8"] += _safe(plot_pooling, T["finetune"], fig / "q8_pooling", frozen_df=frozen, log=log)
+    from .reproductions import PAPERS
+
+    for key in (q for q in cfg["study"]["questions"] if q in PAPERS):
+        F[key] += PAPERS[key].figures(T, fig, log)
     return F
 
 
@@ -367,58 +411,84 @@ def _tables_for_report(T: dict) -> dict[str, tuple[pd.DataFrame, str]]:
     if "finetune" in T:
         f = pick(T["finetune"], metric="test_accuracy")
         t = f.pivot_table(index="role", columns="seed", values="value", sort=False)
-        t.columns = [f"seed {c}" for c in t.columns]
+        t.columns = [f"seed {int(c)}" for c in t.columns]
         t["mean"] = t.mean(axis=1)
         t["sd"] = t.drop(columns="mean").std(axis=1, ddof=1)
         out["Q8"] = (t.reset_index().rename(columns={"role": "pooling"}), "fine-tuned test accuracy per pooling and seed")
     return out
 
 
-def write_report(cfg: dict, T: dict, F: dict, caches: Caches, corpora: dict, lm, elapsed: float) -> Path:
+def write_report(cfg: dict, T: dict, F: dict, caches: Caches, corpora: dict, lm, run_time: str) -> Path:
     from . import __version__
     from .report import ANSWERS, NOTES, TITLES, Section, machine, render_html, render_markdown
 
+    from .reproductions import PAPERS
+
     out = Path(cfg["study"]["out"])
     tables = _tables_for_report(T)
-    sections = []
+    sections_ = []
     for q in cfg["study"]["questions"]:
+        if q in PAPERS:
+            r = PAPERS[q]
+            t = r.table(T)
+            sections_.append(Section(r.title, r.answer(T), F.get(q, []), *(t or (None, "")),
+                                     f"{r.notes} Reference: {r.citation}."))
+            continue
         t, caption = tables.get(q, (None, ""))
-        sections.append(Section(TITLES[q], ANSWERS[q](T), F.get(q, []), t, caption, NOTES[q]))
+        sections_.append(Section(TITLES[q], ANSWERS[q](T), F.get(q, []), t, caption, NOTES[q]))
     import torch
     import transformers
 
-    pair = caches.get("pairs", "pair")
+    first = next(iter(caches.paths.values()))
+    from .cache import Cache
+
+    manifest = Cache.open(first).manifest
+    skipped = {c: len(Cache.open(p).manifest["skipped"]) for (c, _, _), p in caches.paths.items()}
     provenance = {
         "model": f"{lm.name} (fingerprint {lm.fingerprint[:16]}…, {lm.n_layers} layers, hidden {lm.hidden_size})",
         "random-init baseline": (f"same architecture, seed {cfg['model']['random_init_seed']}"
                                  if cfg["model"]["random_init_baseline"] else "not run"),
-        "corpora": "; ".join(f"{k}: {cfg['corpus'][k]} ({len(corpora[k])} examples)" for k in ("pairs", "groups", "swap")
+        "corpora": "; ".join(f"{k}: {cfg['corpus'][k]} ({len(corpora[k])} examples)" for k in cfg["corpus"]
                              if k in corpora),
-        "pairs corpus fingerprint": pair.manifest["corpus"]["fingerprint"][:16] + "…",
-        "examples skipped as too long": len(pair.manifest["skipped"]),
+        "examples skipped as too long": sum(skipped.values()),
+        "caches": f"{len(caches.paths)} under {Path(cfg['study']['caches']).resolve()} "
+                  f"(e.g. {Path(first).name}, corpus fingerprint {manifest['corpus']['fingerprint'][:16]}…)",
         "seed": cfg["study"]["seed"],
         "bootstrap resamples": cfg["study"]["bootstrap_resamples"],
         "versions": f"probing {__version__}, torch {torch.__version__}, transformers {transformers.__version__}, "
                     f"numpy {np.__version__}, pandas {pd.__version__}, python {platform.python_version()}",
         "machine": machine(),
-        "run time": f"{elapsed:.0f} s" + (" (quick mode)" if cfg["study"]["quick"] else ""),
+        "run time": run_time,
         "tables": str((out / "tables").resolve()),
-        "caches": str(Path(cfg["study"]["caches"]).resolve()),
     }
-    title = f"probing study '{cfg['study']['name']}': what input formatting does to {lm.name}"
+    title = cfg["study"]["title"] or f"probing study '{cfg['study']['name']}': what input formatting does to {lm.name}"
     intro = ("Every number below was computed by this run from the result tables in tables/; CIs are 95% "
-             "(cluster bootstrap over examples for drift and attention, t-interval over cross-validation folds "
-             "for probes).")
-    md = render_markdown(title, intro, sections, provenance, out)
+             "(cluster bootstrap over examples, or over word types for self-similarity, for drift, attention and "
+             "similarity measures; t-interval over cross-validation folds for probes).")
+    md = render_markdown(title, intro, sections_, provenance, out)
     (out / "report.md").write_text(md, encoding="utf-8")
-    (out / "report.html").write_text(render_html(title, intro, sections, provenance), encoding="utf-8")
+    (out / "report.html").write_text(render_html(title, intro, sections_, provenance), encoding="utf-8")
     return out / "report.md"
+
+
+def _run_time(seconds: float, started: float, caches: Caches, out: Path, quick: bool) -> str:
+    """This run's wall time, and how much of the work earlier runs had already done (files older than
+    this run's start were reused, not recomputed)."""
+    manifests = [Path(p) / "manifest.json" for p in caches.paths.values()]
+    old_caches = sum(m.stat().st_mtime < started for m in manifests)
+    tables = [t for t in (out / "tables").glob("*.csv") if "-" in t.stem]  # result_path files: <analysis>-<hash>
+    old_tables = sum(t.stat().st_mtime < started for t in tables)
+    s = f"{seconds:.0f} s" + (" (quick mode)" if quick else "")
+    if old_caches or old_tables:
+        s += (f"; reused from earlier runs: {old_caches} of {len(manifests)} caches, {old_tables} of {len(tables)} "
+              "result tables")
+    return s
 
 
 def run_study(config: str | os.PathLike | None, *, quick: bool = False, force_analyses: bool = False,
               overrides: dict[str, Any] | None = None, log=print) -> Path:
     """Run a whole study; returns the path of ``report.md``."""
-    t0 = time.perf_counter()
+    t0, started = time.perf_counter(), time.time()
     plain_log = log
     log = lambda msg: plain_log(f"[{time.perf_counter() - t0:6.0f}s] {msg}")  # noqa: E731
     cfg = load_config(config, quick=quick, overrides=overrides)
@@ -432,7 +502,8 @@ def run_study(config: str | os.PathLike | None, *, quick: bool = False, force_an
     T = analyse(cfg, caches, corpora, lm, log)
     log("drawing figures")
     F = draw_figures(cfg, T, log)
-    report = write_report(cfg, T, F, caches, corpora, lm, time.perf_counter() - t0)
+    report = write_report(cfg, T, F, caches, corpora, lm, _run_time(time.perf_counter() - t0, started, caches, out,
+                                                                   quick))
     log(f"report: {report} (and {report.with_suffix('.html')}), {time.perf_counter() - t0:.0f} s")
     return report
 

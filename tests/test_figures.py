@@ -285,6 +285,45 @@ def test_drift_facets_format_pairs_and_splits_many_roles(tmp_path, figs):
     assert data(words) == ["s1 words", "s2 words", "s3 words", "s4 words", "s5 words", "all"]
 
 
+def test_drift_overlay_puts_every_format_pair_in_one_panel(tmp_path, figs):
+    from figures.drift import plot_drift
+
+    pairs = (("single", "pair"), ("single", "concat"), ("single2", "pair"))
+    df = drift_table(pairs=pairs)
+    render_once(figs, plot_drift, tmp_path / "overlay", df, roles=["s1 words", "s2 words"], overlay=True)
+    main_ax, norm_ax = visible_axes(figs[0])
+    labels = [ln.get_label() for ln in main_ax.get_lines() if not ln.get_label().startswith("random")]
+    assert labels == [f"{r}: {a} → {b}" for r in ("s1 words", "s2 words") for a, b in pairs]
+    want = df[(df.metric == "drift_mean") & (df.role == "s2 words") & (df.format == "single")
+              & (df.format_b == "concat")].sort_values("layer")["value"]
+    np.testing.assert_allclose(line_by_label(main_ax, "s2 words: single → concat").get_ydata(), want)
+    # the baseline drawn is the mean of the pairs' baselines
+    base = df[df.metric == "anisotropy_baseline"].groupby("layer")["value"].mean()
+    np.testing.assert_allclose(line_by_label(main_ax, "random-pair baseline (1 − mean cos)").get_ydata(), 1 - base)
+
+
+def test_drift_by_k(tmp_path, figs):
+    from figures.drift import plot_drift_by_k
+
+    frames = []
+    for k in (2, 3, 4):
+        d = drift_table(pairs=(("multi", "concat"),), k=k, seed=k)
+        d["k"] = k
+        d["corpus"] = f"{CORPUS} (first {k} sentences)"
+        frames.append(d)
+    df = pd.concat(frames, ignore_index=True)
+    render_once(figs, plot_drift_by_k, tmp_path / "byk", df, layers=[3])
+    raw, norm = visible_axes(figs[0])
+    want = df[(df.metric == "drift_mean") & (df.role == "cls") & (df.layer == 3)].sort_values("k")
+    line = line_by_label(raw, "cls")
+    np.testing.assert_allclose(line.get_xdata(), [2, 3, 4])
+    np.testing.assert_allclose(line.get_ydata(), want["value"])
+    assert raw.get_xlabel().startswith("k") and CORPUS in figs[0]._suptitle.get_text()
+    assert line_by_label(norm, "random-pair level (= 1)").get_ydata()[0] == 1.0
+    with pytest.raises(ValueError, match="no 'k' column"):
+        plot_drift_by_k(drift_table(), tmp_path / "nok")
+
+
 def test_drift_roles_option_and_nan_gaps(tmp_path, figs):
     from figures.drift import plot_drift
 
@@ -550,7 +589,7 @@ def test_pooling_bars_seeds_and_frozen(tmp_path, figs):
 
     dots = np.concatenate([c.get_offsets()[:, 1] for c in ax.collections if isinstance(c, PathCollection)])
     assert len(dots) == 18 and np.allclose(sorted(dots), sorted(ft[ft.metric == "test_accuracy"]["value"]))
-    assert np.isclose(line_by_label(ax, "majority baseline").get_ydata()[0], 0.34)
+    assert np.isclose(line_by_label(ax, "majority baseline (training majority class)").get_ydata()[0], 0.34)
     assert ax.get_ylabel() == "test accuracy"
 
     probes = probe_table()

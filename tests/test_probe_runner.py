@@ -56,6 +56,12 @@ def test_targets(caches):
     ex = np.arange(30)
     y, ml = example_target(a, "length", ex)
     assert not ml and set(y) <= {0, 1, 2}
+    y6, _ = example_target(a, "length6", ex)
+    n = np.asarray([len(s.split()) for s in a.examples.loc[ex, "sentence_1"]])
+    assert len(set(y6)) >= len(set(y)) and set(y6) <= set(range(6))
+    assert all(n[y6 == c].max() <= n[y6 == c + 1].min() for c in sorted(set(y6))[:-1])  # bins ordered by length
+    with pytest.raises(ValueError, match="at least 2 length bins"):
+        example_target(a, "length1", ex)
     Y, ml = example_target(a, "bow_s2", ex, vocab=5)
     assert ml and Y.shape[0] == 30 and 0 < Y.shape[1] <= 5
     with pytest.raises(KeyError, match="no label 'nope'"):

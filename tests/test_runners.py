@@ -74,6 +74,34 @@ def test_attention_table(caches):
     assert (df["metric"] == "attention_mass").all()
 
 
+def test_attention_from_all_tokens_matches_the_model(caches, tiny_bert):
+    """Clark et al.'s measure: attention to [CLS] averaged over every query token, head and example,
+    recomputed here from the model's own attention maps."""
+    import torch
+
+    df = run_attention(caches[0], n_resamples=20, per_head=False)
+    table = df[(df["role"] == "all tokens") & (df["head"] == "mean")].set_index(["layer", "target"])["value"]
+    for layer in (1, 2):
+        parts = ["[CLS]", "[SEP]#1", "[SEP]#2", "s1 words", "s2 words"]
+        assert sum(table[(layer, t)] for t in parts) == pytest.approx(1.0, abs=1e-5)
+        assert table[(layer, "all [SEP]")] == pytest.approx(table[(layer, "[SEP]#1")] + table[(layer, "[SEP]#2")])
+    model, tok = tiny_bert.model, tiny_bert.tokenizer
+    before = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        to_cls = {1: [], 2: []}
+        for r in caches[0].examples.itertuples():
+            enc = tok(r.sentence_1, r.sentence_2, return_tensors="pt", split_special_tokens=True)
+            with torch.inference_mode():
+                att = model(**enc, output_attentions=True).attentions
+            for layer in (1, 2):
+                to_cls[layer].append(att[layer - 1][0, :, :, 0].mean().item())  # heads x queries -> [CLS]
+    finally:
+        model.set_attn_implementation(before)
+    for layer in (1, 2):
+        assert table[(layer, "[CLS]")] == pytest.approx(np.mean(to_cls[layer]), abs=1e-5)
+
+
 def _to_examples(table):
     from probing.examples import Example
 

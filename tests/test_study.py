@@ -113,3 +113,44 @@ def test_shipped_configs_parse():
     quick = load_config(REPO / "configs" / "seed_questions.toml", quick=True)
     assert cfg["study"]["questions"] == list(QUESTIONS)
     assert quick["corpus"]["pairs"] != cfg["corpus"]["pairs"] and quick["study"]["quick"]
+
+
+PAPER_CONFIGS = {"clark2019": "clark2019_attention.toml", "ethayarajh2019": "ethayarajh2019_anisotropy.toml",
+                 "reimers2019": "reimers2019_pooling.toml", "jawahar2019": "jawahar2019_probing.toml"}
+
+
+def test_paper_configs_cite_their_paper():
+    from probing.reproductions import PAPERS
+
+    assert set(PAPER_CONFIGS) == set(PAPERS)
+    for key, name in PAPER_CONFIGS.items():
+        text = (REPO / "configs" / name).read_text()
+        cfg = load_config(REPO / "configs" / name)
+        assert cfg["study"]["questions"] == [key]
+        assert "doi:10.18653/" in text and "2019" in text  # the citation
+        assert load_config(REPO / "configs" / name, quick=True)["study"]["quick"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", sorted(PAPER_CONFIGS))
+def test_paper_config_runs_quick_on_a_tiny_model(key, tmp_path, tiny_model_dir):
+    """Each shipped reproduction config, in its --quick form with the tiny model: a report section with
+    measured numbers, a table, and valid figures; a second run reuses everything."""
+    from probing.reproductions import PAPERS
+
+    over = {"model.name": str(tiny_model_dir), "study.out": str(tmp_path / "run"),
+            "study.caches": str(tmp_path / "caches"), "probes.max_iter": 100}
+    report = run_study(REPO / "configs" / PAPER_CONFIGS[key], quick=True, overrides=over, log=lambda *a: None)
+    text = report.read_text()
+    section = text.split(f"## {PAPERS[key].title}", 1)[1].split("## Provenance", 1)[0]
+    answer = re.search(r"\*\*Answer\.\*\* (.*)", section).group(1)
+    assert re.search(r"\d\.\d{3}", answer) and "not measured" not in answer, answer
+    assert "95% CI" in answer
+    assert "| layer |" in section or "| pooling |" in section  # the section's table
+    figures = sorted((tmp_path / "run" / "figures").glob("*.png"))
+    assert figures and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in figures)
+    assert all(f"figures/{p.name}" in section for p in figures)
+    logs: list[str] = []
+    run_study(REPO / "configs" / PAPER_CONFIGS[key], quick=True, overrides=over, log=logs.append)
+    assert not [l for l in logs if "tokens through the model" in l]
+    assert "reused from earlier runs" in (tmp_path / "run" / "report.md").read_text()

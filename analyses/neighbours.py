@@ -1,0 +1,149 @@
+"""Nearest-neighbour label agreement of pooled sentence vectors under cosine similarity.
+
+A training-free test of an embedding's geometry, in the spirit of Reimers & Gurevych (2019), who
+showed that cosine similarity between raw BERT sentence vectors ranks sentence pairs poorly ([CLS]
+worse than mean pooling) even though a trained linear classifier reads both about equally well. No
+gold similarity scores are shipped offline, so this module uses labels instead: for each example,
+take its ``k`` nearest neighbours by cosine among the examples of *other* documents (``group``
+label: same-document neighbours would share words and make the task trivial) and score whether
+their majority label equals its own. The chance level is what a random neighbour gives,
+``sum_c p_c * (n_c - 1) / (n - 1)`` for ``k = 1`` (computed from the label counts; reported as
+``chance_knn_accuracy``).
+
+    python -m analyses.neighbours CACHE --choices cls,mean,max --label topic --out results
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from analyses.drift import model_label
+from analyses.results import make_table, read_table, result_path, write_table
+from analyses.selection import parse_choice, pooled
+from analyses.stats import bootstrap_ci
+from probing.cache import Cache
+
+#: Rows scored per block of the similarity matrix (memory: block x n floats).
+_BLOCK = 2048
+
+
+def knn_predict(X: np.ndarray, labels: np.ndarray, groups: np.ndarray | None = None, k: int = 1) -> np.ndarray:
+    """For each row of ``X`` the majority label among its ``k`` most cosine-similar rows, excluding
+    itself and every row of the same ``groups`` value (ties: the label of the nearest among the tied).
+
+    >>> X = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
+    >>> knn_predict(X, np.array([0, 0, 1, 1])).tolist()
+    [0, 0, 1, 1]
+    """
+    X = np.asarray(X, dtype=np.float64)
+    labels = np.asarray(labels)
+    n = len(X)
+    if n < 2:
+        raise ValueError("nearest neighbours need at least 2 examples")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    norms = np.linalg.norm(X, axis=1, keepdims=True)
+    Xn = X / np.where(norms > 0, norms, 1.0)
+    g = np.arange(n) if groups is None else pd.factorize(np.asarray(groups))[0]
+    out = np.empty(n, dtype=labels.dtype)
+    for start in range(0, n, _BLOCK):
+        stop = min(start + _BLOCK, n)
+        S = Xn[start:stop] @ Xn.T
+        S[g[start:stop, None] == g[None, :]] = -np.inf  # itself and its own document
+        S[np.arange(stop - start), np.arange(start, stop)] = -np.inf
+        kk = min(k, n - 1)
+        nearest = np.argpartition(-S, kk - 1, axis=1)[:, :kk]
+        order = np.argsort(-np.take_along_axis(S, nearest, axis=1), axis=1, kind="stable")
+        nearest = np.take_along_axis(nearest, order, axis=1)
+        for i, row in enumerate(nearest):
+            row = row[np.isfinite(S[i, row])]
+            if row.size == 0:
+                raise ValueError("an example has no neighbour outside its own group")
+            vals, first, counts = np.unique(labels[row], return_index=True, return_counts=True)
+            best = np.flatnonzero(counts == counts.max())
+            out[start + i] = vals[best[np.argmin(first[best])]]
+    return out
+
+
+def chance_agreement(labels: np.ndarray) -> float:
+    """Probability that a uniformly random *other* example has the same label (``k = 1`` chance)."""
+    _, counts = np.unique(np.asarray(labels), return_counts=True)
+    n = counts.sum()
+    return float((counts * (counts - 1)).sum() / (n * (n - 1)))
+
+
+def run_knn(cache: Cache, choices: Sequence[str] = ("cls", "mean"), label: str = "topic", *,
+            group: str | None = "doc", k: int = 1, layers: Sequence[int] | None = None, n_resamples: int = 1000,
+            seed: int = 0, out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
+    """Tidy table (``analysis="knn"``, metric ``knn_accuracy`` with a 95% bootstrap CI over examples,
+    and ``chance_knn_accuracy``) per layer and token choice. ``group``: a label whose equal values
+    are never neighbours (``None``: only the example itself is excluded)."""
+    for c in choices:
+        parse_choice(c)
+    layers = list(layers if layers is not None else cache.layers)
+    config = {"cache": cache.path.name, "choices": list(choices), "label": label, "group": group, "k": k,
+              "layers": layers, "n_resamples": n_resamples, "seed": seed}
+    path = result_path(out, "knn", config) if out is not None else None
+    if path is not None and path.exists() and not force:
+        return read_table(path)
+    base = {"analysis": "knn", "model": model_label(cache), "corpus": cache.manifest["corpus"]["name"],
+            "format": cache.format_name, "target": label, "seed": seed}
+    rows = []
+    for choice in choices:
+        for layer in layers:
+            ex, X = pooled(cache, layer, choice)
+            y = cache.labels(label, ex)
+            groups = cache.labels(group, ex) if group is not None else None
+            hit = (knn_predict(X, y, groups, k) == y).astype(np.float64)
+            point, lo, hi = bootstrap_ci(hit, ex, "mean", n_resamples=n_resamples, seed=seed)
+            rows.append({**base, "layer": layer, "role": choice, "metric": "knn_accuracy", "value": point,
+                         "ci_low": lo, "ci_high": hi, "n": len(ex)})
+            rows.append({**base, "layer": layer, "role": choice, "metric": "chance_knn_accuracy",
+                         "value": chance_agreement(y), "ci_low": np.nan, "ci_high": np.nan, "n": len(ex)})
+    df = make_table(rows)
+    if path is not None:
+        write_table(df, path)
+    return df
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m analyses.neighbours",
+        description="Training-free label agreement of nearest neighbours (cosine) of pooled sentence vectors, "
+                    "per layer and token choice, with a 95%% bootstrap CI over examples and the chance level. "
+                    "Neighbours from the same document (--group) are excluded.",
+    )
+    p.add_argument("cache", help="cache directory (python -m probing.extract)")
+    p.add_argument("--choices", default="cls,mean", help="comma list of token choices (default cls,mean)")
+    p.add_argument("--label", default="topic", help="example label to agree on (default topic)")
+    p.add_argument("--group", default="doc", help="label whose equal values are never neighbours (default doc; "
+                                                  "'none' excludes only the example itself)")
+    p.add_argument("-k", type=int, default=1, help="neighbours voting (default 1)")
+    p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="results", help="directory for the result table (default results/)")
+    p.add_argument("--force", action="store_true", help="recompute even if the result exists")
+    args = p.parse_args(argv)
+    try:
+        cache = Cache.open(args.cache)
+        df = run_knn(cache, [c.strip() for c in args.choices.split(",") if c.strip()], args.label,
+                     group=None if args.group == "none" else args.group, k=args.k, n_resamples=args.resamples,
+                     seed=args.seed, out=args.out, force=args.force)
+    except (ValueError, KeyError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    acc = df[df["metric"] == "knn_accuracy"]
+    with pd.option_context("display.width", 160, "display.precision", 3):
+        print(acc.pivot_table(index="layer", columns="role", values="value", sort=False).to_string())
+    print(f"chance: {df.loc[df['metric'] == 'chance_knn_accuracy', 'value'].iloc[0]:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

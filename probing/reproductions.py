@@ -1,0 +1,403 @@
+"""Paper reproductions as sections of a study: each re-runs a published analysis's protocol on any
+model and corpus, and its report section sets the measured numbers beside what the paper reports
+for BERT-base (cited; the configs in ``configs/`` list the paper's numbers in their comments).
+
+A reproduction names the corpus it reads (a key of the config's ``[corpus]`` table), the formats it
+extracts, its analyses (tidy tables), figures, report table and answer sentence. The study runner
+(:mod:`probing.study`) treats the keys of :data:`PAPERS` like the questions Q1-Q8:
+``questions = ["clark2019"]`` in a config, or ``--questions clark2019,Q1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from .report import fmt, last_layer, one, pick
+
+Tables = dict[str, pd.DataFrame]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One cache a section needs: ``format`` is a built-in name or ``name=TEMPLATE``."""
+
+    corpus: str
+    format: str
+    random: bool = False
+    attention: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.format.split("=", 1)[0].strip()
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    key: str
+    title: str
+    citation: str
+    jobs: Callable[[dict], list[Job]]
+    analyse: Callable[[dict, Any, Path, Callable], Tables]
+    figures: Callable[[Tables, Path, Callable], list[Path]]
+    table: Callable[[Tables], tuple[pd.DataFrame, str] | None]
+    answer: Callable[[Tables], str]
+    notes: str
+
+
+def safe_plot(fn, *args, log=print, **kwargs) -> list[Path]:
+    """Draw one figure; one that cannot be drawn from the tables is logged, not fatal."""
+    try:
+        return [p for p in fn(*args, **kwargs) if str(p).endswith(".png")]
+    except (ValueError, KeyError) as err:
+        log(f"figure skipped ({getattr(fn, '__name__', fn)}): {err}")
+        return []
+
+
+def _rs(cfg: dict) -> tuple[int, int]:
+    return cfg["study"]["bootstrap_resamples"], cfg["study"]["seed"]
+
+
+def _probe_kw(cfg: dict, out: Path) -> dict:
+    pr = cfg["probes"]
+    return dict(n_splits=pr["folds"], seed=cfg["study"]["seed"], vocab=pr["vocab"], device=pr["device"], Cs=pr["Cs"],
+                inner_splits=pr["inner_splits"], max_iter=pr["max_iter"], bow_Cs=pr["bow_Cs"], out=out)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Clark et al. 2019: attention to [CLS] and [SEP] by layer
+
+CLARK = ("Clark, Khandelwal, Levy & Manning (2019), What Does BERT Look At? An Analysis of BERT's Attention, "
+         "BlackboxNLP")
+
+
+def _clark_jobs(cfg):
+    return [Job("paragraphs", f"clark={cfg['papers']['clark_format']}", attention=True)]
+
+
+def _clark_analyse(cfg, caches, out, log):
+    from analyses.attention import run_attention
+
+    R, seed = _rs(cfg)
+    log("clark2019: attention to [CLS] and [SEP]")
+    return {"clark2019_attention": run_attention(caches.get("paragraphs", "clark"), n_resamples=R, seed=seed,
+                                                 out=out)}
+
+
+def _clark_figures(T, fig, log):
+    from figures.attention import plot_attention
+
+    a = T.get("clark2019_attention")
+    if a is None:
+        return []
+    return safe_plot(plot_attention, a, fig / "clark2019_attention", format="clark",
+                      targets=("[CLS]", "all [SEP]"), sources=("all tokens", "[CLS]", "[SEP]#1"), log=log)
+
+
+def _clark_mass(T) -> pd.DataFrame:
+    a = pick(T.get("clark2019_attention"), head="mean", role="all tokens")
+    return a[a["target"].isin(["[CLS]", "all [SEP]"])]
+
+
+def _clark_table(T):
+    a = _clark_mass(T)
+    if a.empty:
+        return None
+    t = a.pivot_table(index="layer", columns="target", values="value", sort=True)
+    sep = pick(T.get("clark2019_attention"), head="mean", role="[SEP]#1", target="all [SEP]")
+    if not sep.empty:
+        t["[SEP]#1 → all [SEP]"] = sep.set_index("layer")["value"]
+    return t.reset_index(), "attention mass from all tokens (mean over query tokens and heads), and from the first [SEP] to the [SEP]s"
+
+
+def _clark_answer(T):
+    a = _clark_mass(T)
+    if a.empty:
+        return "not measured"
+    sep = a[a["target"] == "all [SEP]"].sort_values("layer")
+    cls = a[a["target"] == "[CLS]"].sort_values("layer")
+    top = sep.loc[sep["value"].idxmax()]
+    over = sep.loc[sep["value"] > 0.5, "layer"].astype(int).tolist()
+    s = (f"Averaged over all query tokens and heads, attention to the [SEP] tokens peaks at layer {int(top['layer'])} "
+         f"with {fmt((top['value'], top['ci_low'], top['ci_high']))}; it is above one half in "
+         + (f"layers {', '.join(map(str, over))}" if over else "no layer") + ". ")
+    ctop = cls.loc[cls["value"].idxmax()]
+    s += f"Attention to [CLS] is highest at layer {int(ctop['layer'])} ({ctop['value']:.3f}). "
+    own = pick(T.get("clark2019_attention"), head="mean", role="[SEP]#1", target="all [SEP]")
+    if not own.empty:
+        s += (f"From the first [SEP], {own['value'].min():.3f}–{own['value'].max():.3f} of the attention goes to the "
+              f"[SEP]s (range over layers). ")
+    s += ("Clark et al. (2019) report for BERT-base (12 layers) that over half of the attention in layers 6–10 goes "
+          "to [SEP], that early heads attend to [CLS], and that heads attending from [SEP] put more than 90% on the "
+          "[SEP]s.")
+    return s
+
+
+# ---------------------------------------------------------------------------------------------------
+# Ethayarajh 2019: anisotropy and self-similarity
+
+ETHAYARAJH = ("Ethayarajh (2019), How Contextual are Contextualized Word Representations? Comparing the Geometry "
+              "of BERT, ELMo, and GPT-2 Embeddings, EMNLP")
+
+
+def _eth_jobs(cfg):
+    return [Job("sentences", "single")]
+
+
+def _eth_analyse(cfg, caches, out, log):
+    from analyses.contextuality import run_contextuality
+
+    R, seed = _rs(cfg)
+    p = cfg["papers"]
+    log("ethayarajh2019: anisotropy, self-similarity, intra-sentence similarity, MEV")
+    return {"ethayarajh2019": run_contextuality(caches.get("sentences", "single"), min_contexts=p["min_contexts"],
+                                                max_contexts=p["max_contexts"], n_resamples=R, seed=seed, out=out)}
+
+
+def _eth_figures(T, fig, log):
+    from figures.contextuality import plot_contextuality
+
+    d = T.get("ethayarajh2019")
+    return [] if d is None else safe_plot(plot_contextuality, d, fig / "ethayarajh2019_contextuality", log=log)
+
+
+_ETH_METRICS = ("anisotropy_baseline", "self_similarity", "self_similarity_adjusted", "intra_similarity",
+                "intra_similarity_adjusted", "mev", "mev_adjusted")
+
+
+def _eth_table(T):
+    d = T.get("ethayarajh2019")
+    if d is None:
+        return None
+    d = d[d["metric"].isin(_ETH_METRICS)]
+    t = d.pivot_table(index="layer", columns="metric", values="value", aggfunc="first", sort=True)
+    return t[[m for m in _ETH_METRICS if m in t.columns]].reset_index(), "per layer (raw and anisotropy-adjusted)"
+
+
+def _eth_answer(T):
+    d = T.get("ethayarajh2019")
+    if d is None or d.empty:
+        return "not measured"
+    L = last_layer(d)
+    get = lambda m, layer: one(d, metric=m, layer=layer)  # noqa: E731
+    s = ""
+    base = pick(d, metric="anisotropy_baseline").sort_values("layer")
+    if not base.empty:
+        hi = base.loc[base["value"].idxmax()]
+        s += (f"The mean cosine of two random words (anisotropy) runs from {base['value'].iloc[0]:.3f} at layer "
+              f"{int(base['layer'].iloc[0])} to {fmt(get('anisotropy_baseline', L))} at layer {L}, highest at layer "
+              f"{int(hi['layer'])} ({hi['value']:.3f}). ")
+    ss = pick(d, metric="self_similarity_adjusted").sort_values("layer")
+    if not ss.empty:
+        first = int(ss["layer"].iloc[1] if len(ss) > 1 else ss["layer"].iloc[0])
+        a, b = get("self_similarity_adjusted", first), get("self_similarity_adjusted", L)
+        verb = "falls" if b[0] < a[0] else "rises"
+        low = ss.loc[ss["value"].idxmin()]
+        s += (f"Anisotropy-adjusted self-similarity of the same word in different sentences {verb} from {fmt(a)} at "
+              f"layer {first} to {fmt(b)} at layer {L} (lowest at layer {int(low['layer'])}, {low['value']:.3f}). ")
+    mev = pick(d, metric="mev_adjusted")
+    if not mev.empty:
+        s += (f"A static vector explains at most {mev['value'].max():.3f} of a word's variance beyond the random "
+              f"baseline (adjusted MEV, max over layers). ")
+    s += ("Ethayarajh (2019) reports for BERT-base that representations are anisotropic in every layer, that "
+          "self-similarity falls in the upper layers, and that on average less than 5% of a word's variance is "
+          "explained by a static embedding.")
+    return s
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reimers & Gurevych 2019: [CLS] vs mean pooling
+
+REIMERS = "Reimers & Gurevych (2019), Sentence-BERT: Sentence Embeddings using Siamese BERT-Networks, EMNLP"
+REIMERS_CHOICES = ("cls", "mean", "max")
+
+
+def _rg_jobs(cfg):
+    return [Job("sentences", "single")]
+
+
+def _rg_analyse(cfg, caches, out, log):
+    from analyses.neighbours import run_knn
+    from analyses.probe_runner import run_probes
+
+    R, seed = _rs(cfg)
+    c = caches.get("sentences", "single")
+    label = cfg["papers"]["label"]
+    log("reimers2019: [CLS] vs mean vs max pooling, probes and nearest neighbours")
+    return {"reimers2019_probes": run_probes(c, REIMERS_CHOICES, (label,), **_probe_kw(cfg, out)),
+            "reimers2019_knn": run_knn(c, REIMERS_CHOICES, label, k=cfg["papers"]["knn_k"], n_resamples=R,
+                                       seed=seed, out=out)}
+
+
+def _rg_figures(T, fig, log):
+    from figures.probes import plot_probes
+
+    out = []
+    p, k = T.get("reimers2019_probes"), T.get("reimers2019_knn")
+    if p is not None:
+        t = p["target"].iloc[0]
+        out += safe_plot(plot_probes, p, fig / "reimers2019_probes", target=t, roles=list(REIMERS_CHOICES), log=log)
+    if k is not None:
+        t = k["target"].iloc[0]
+        out += safe_plot(plot_probes, k.assign(analysis="probe"), fig / "reimers2019_knn", target=t,
+                          metric="knn_accuracy", roles=list(REIMERS_CHOICES),
+                          heading=f"Nearest neighbour (cosine) agrees on {t!r}",
+                          band_note="Bands: 95% bootstrap CIs over examples. Neighbours from the same document are "
+                                    "excluded.", chance_label="chance (a random neighbour)", log=log)
+    return out
+
+
+def _rg_table(T):
+    p, k = T.get("reimers2019_probes"), T.get("reimers2019_knn")
+    if p is None or k is None:
+        return None
+    L = last_layer(p)
+    rows = []
+    for c in REIMERS_CHOICES:
+        rows.append({"pooling": c,
+                     "probe accuracy": (one(p, role=c, metric="accuracy", layer=L) or (np.nan,))[0],
+                     "nearest-neighbour accuracy": (one(k, role=c, metric="knn_accuracy", layer=L) or (np.nan,))[0]})
+    base = one(p, role="cls", metric="majority_baseline", layer=L)
+    chance = one(k, role="cls", metric="chance_knn_accuracy", layer=L)
+    rows.append({"pooling": "baseline (majority / chance)", "probe accuracy": base[0] if base else np.nan,
+                 "nearest-neighbour accuracy": chance[0] if chance else np.nan})
+    return pd.DataFrame(rows), f"last layer ({L}): trained linear probe vs training-free cosine neighbours"
+
+
+def _rg_answer(T):
+    p, k = T.get("reimers2019_probes"), T.get("reimers2019_knn")
+    if p is None or k is None:
+        return "not measured"
+    L = last_layer(p)
+    t = p["target"].iloc[0]
+    probe = ", ".join(f"{c} {fmt(one(p, role=c, metric='accuracy', layer=L))}" for c in REIMERS_CHOICES)
+    knn = ", ".join(f"{c} {fmt(one(k, role=c, metric='knn_accuracy', layer=L))}" for c in REIMERS_CHOICES)
+    chance = one(k, role="cls", metric="chance_knn_accuracy", layer=L)
+    return (f"At the last layer ({L}), a linear probe for {t!r} reads {probe}; without training, the nearest "
+            f"neighbour by cosine has the same {t!r} for {knn} (chance {fmt(chance[0] if chance else None)}). "
+            "Reimers & Gurevych (2019) report for BERT-base that cosine similarity of [CLS] vectors ranks STS "
+            "pairs far worse than mean pooling (Spearman ×100 averaged over 7 STS sets: 29.19 vs 54.81), while "
+            "logistic-regression probes on SentEval barely differ (84.66 vs 84.94).")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Jawahar et al. 2019: a per-layer probing table
+
+JAWAHAR = "Jawahar, Sagot & Seddah (2019), What Does BERT Learn about the Structure of Language?, ACL"
+#: SentEval-like tasks: (our target, the SentEval task it stands in for).
+JAWAHAR_TASKS = (("length6", "SentLen"), ("bow_s1", "WC (bag of words)"), ("swapped", "BShift"))
+
+
+def _jw_jobs(cfg):
+    jobs = [Job("swap_sentences", "single")]
+    if cfg["model"]["random_init_baseline"]:
+        jobs.append(Job("swap_sentences", "single", random=True))
+    return jobs
+
+
+def _jw_analyse(cfg, caches, out, log):
+    from analyses.probe_runner import run_probes
+
+    c = caches.get("swap_sentences", "single")
+    rnd = caches.get("swap_sentences", "single", True) if caches.has("swap_sentences", "single", True) else None
+    log("jawahar2019: per-layer probing table")
+    return {"jawahar2019_probes": run_probes(c, ("cls", "mean"), [t for t, _ in JAWAHAR_TASKS], random_cache=rnd,
+                                             **_probe_kw(cfg, out))}
+
+
+def _jw_metric(target: str) -> str:
+    return "micro_f1" if target.startswith("bow_") else "accuracy"
+
+
+def _jw_figures(T, fig, log):
+    from figures.probes import plot_probes
+
+    p = T.get("jawahar2019_probes")
+    if p is None:
+        return []
+    return [f for t, _ in JAWAHAR_TASKS
+            for f in safe_plot(plot_probes, p, fig / f"jawahar2019_{t}", target=t, metric=_jw_metric(t), log=log)]
+
+
+def _jw_table(T):
+    p = T.get("jawahar2019_probes")
+    if p is None:
+        return None
+    p = p[(p["role"] == "cls") & (p.get("model_kind", "trained") == "trained")]
+    cols = {}
+    for t, name in JAWAHAR_TASKS:
+        g = p[(p["target"] == t) & (p["metric"] == _jw_metric(t))]
+        cols[name] = g.set_index("layer")["value"]
+    t = pd.DataFrame(cols).sort_index()
+    return t.reset_index(names="layer"), "[CLS] probe score per layer (accuracy; micro-F1 for the bag of words)"
+
+
+def _jw_answer(T):
+    p = T.get("jawahar2019_probes")
+    if p is None or p.empty:
+        return "not measured"
+    tr = pick(p, model_kind="trained", role="cls")
+    parts = []
+    for t, name in JAWAHAR_TASKS:
+        g = tr[(tr["target"] == t) & (tr["metric"] == _jw_metric(t))]
+        if g.empty:
+            continue
+        best = g.loc[g["value"].idxmax()]
+        base = one(tr, target=t, metric="majority_baseline", layer=int(best["layer"]))
+        parts.append(f"{name} is best read at layer {int(best['layer'])} "
+                     f"({fmt((best['value'], best['ci_low'], best['ci_high']))}; majority {fmt(base[0] if base else None)})")
+    s = "From [CLS]: " + "; ".join(parts) + "."
+    rnd = pick(p, model_kind="random_init", role="cls", target="length6", metric="accuracy")
+    trn = tr[(tr["target"] == "length6") & (tr["metric"] == "accuracy")]
+    if not rnd.empty and not trn.empty:
+        L = last_layer(trn)
+        s += (f" Sentence length at the last layer: trained {fmt(one(trn, layer=L))}, random-init "
+              f"{fmt(one(rnd, layer=L))}.")
+    s += (" Jawahar et al. (2019) find for BERT-base a hierarchy: surface features (SentLen) best in the lowest "
+          "layers, syntactic ones (BShift) in the middle and semantic ones at the top.")
+    return s
+
+
+PAPERS: dict[str, Reproduction] = {
+    "clark2019": Reproduction(
+        "clark2019", "Clark et al. 2019: attention to [CLS] and [SEP] by layer", CLARK, _clark_jobs, _clark_analyse,
+        _clark_figures, _clark_table, _clark_answer,
+        "Protocol: two consecutive passages of one article as [CLS] A [SEP] B [SEP] (the config's clark_format), "
+        "attention weights of every head summed over the target tokens, averaged over all query tokens (special "
+        "tokens included, as in the authors' notebook), then over heads and examples; 95% bootstrap CIs over "
+        "examples. The passages are news sentences, not Wikipedia paragraphs, and shorter than the paper's 128 "
+        "tokens, which puts more of the mass on special tokens. Attention weights are not explanations: Clark et "
+        "al. argue that attention to [SEP] is largely a no-op."),
+    "ethayarajh2019": Reproduction(
+        "ethayarajh2019", "Ethayarajh 2019: anisotropy and self-similarity", ETHAYARAJH, _eth_jobs, _eth_analyse,
+        _eth_figures, _eth_table, _eth_answer,
+        "Protocol: each sentence encoded alone ([CLS] s [SEP]); a word's vector is its first subword; words "
+        "occurring in at least min_contexts sentences; self-similarity = mean pairwise cosine of a word's "
+        "occurrences, intra-sentence similarity = mean cosine of a sentence's words with their mean, MEV = share "
+        "of variance on the first principal direction; each adjusted by its random-word baseline of the same "
+        "layer. The paper used STS sentences and WordPiece tokens as words; here news sentences and whole "
+        "words. MEV is the paper's uncentred definition (the authors' code uses centred PCA) over at most "
+        "max_contexts occurrences per word; a share of variance on one direction is larger for fewer "
+        "occurrences, so it is not comparable with the paper's 'less than 5%', which came from words with many "
+        "more contexts."),
+    "reimers2019": Reproduction(
+        "reimers2019", "Reimers & Gurevych 2019: [CLS] vs mean pooling", REIMERS, _rg_jobs, _rg_analyse, _rg_figures,
+        _rg_table, _rg_answer,
+        "Protocol: single sentences; the last layer's [CLS] vector against the mean (and max) of the word vectors. "
+        "Two readings: a logistic-regression probe with cross-validation (the SentEval protocol) and a "
+        "training-free one, whether the cosine nearest neighbour from another document shares the label. No "
+        "gold similarity scores (STS) are available offline, so the second stands in for the paper's Spearman "
+        "correlation; it tests the same property, that cosine distances are meaningful."),
+    "jawahar2019": Reproduction(
+        "jawahar2019", "Jawahar et al. 2019: a per-layer probing table", JAWAHAR, _jw_jobs, _jw_analyse, _jw_figures,
+        _jw_table, _jw_answer,
+        "Protocol: single sentences, [CLS] (and mean pooling) of every layer, for the trained and a randomly "
+        "initialised model. Tasks stand in for SentEval's: SentLen = sentence length in 6 equal-count bins, WC "
+        "= a multi-label bag of the most frequent words (SentEval: which one of 1000 mid-frequency words), "
+        "BShift = two adjacent words swapped in half of the sentences. Probes are linear (the paper used "
+        "SentEval's MLP), with grouped cross-validation; CIs are t-intervals over folds."),
+}
