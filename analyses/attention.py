@@ -22,7 +22,8 @@ import numpy as np
 import pandas as pd
 
 from analyses.drift import model_label
-from analyses.results import make_table, read_table, result_path, write_table
+from analyses.results import (CLI_ERRORS, add_output_options, cli_error, make_table, read_table, result_path,
+                              write_table)
 from analyses.stats import bootstrap_ci
 from probing.cache import Cache
 
@@ -135,19 +136,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "Needs a cache extracted with --attention.",
     )
     p.add_argument("cache", help="cache directory extracted with --attention")
-    p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
     p.add_argument("--no-per-head", action="store_true", help="only the head average")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="results", help="directory for the result table (default results/)")
-    p.add_argument("--force", action="store_true", help="recompute even if the result exists")
+    add_output_options(p, resamples=True)
     args = p.parse_args(argv)
     try:
         cache = Cache.open(args.cache)
         df = run_attention(cache, n_resamples=args.resamples, seed=args.seed, per_head=not args.no_per_head,
                            out=args.out, force=args.force)
-    except (ValueError, KeyError, OSError, RuntimeError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except CLI_ERRORS as err:
+        return cli_error(err)
     mean = df[(df["head"] == "mean")]
     show = mean[mean["target"].isin(["[CLS]", "all [SEP]", "own sentence", "other sentences"])]
     with pd.option_context("display.width", 160, "display.precision", 3):

@@ -52,7 +52,8 @@ from tqdm.auto import tqdm
 
 from analyses.drift import model_label
 from analyses.drift_metrics import POOL_MODES, anisotropy_baseline_ci, subword_pool
-from analyses.results import make_table, read_table, result_path, write_table
+from analyses.results import (CLI_ERRORS, add_output_options, cli_error, make_table, parse_layers, read_table,
+                              result_path, write_table)
 from analyses.stats import bootstrap_ci, bootstrap_cis
 from probing.cache import Cache
 
@@ -486,22 +487,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="a word's vector: its first subword, or the mean over its subwords (default first)")
     p.add_argument("--cased", action="store_true", help="do not lower-case word types ('The' and 'the' differ)")
     p.add_argument("--pairs", type=int, default=10000, help="random pairs for the anisotropy baseline (default 10000)")
-    p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="results", help="directory for the result table (default results/)")
-    p.add_argument("--force", action="store_true", help="recompute even if the result exists")
+    add_output_options(p, resamples=True)
     args = p.parse_args(argv)
     try:
         cache = Cache.open(args.cache)
-        layers = [int(x) for x in args.layers.split(",")] if args.layers else None
+        layers = parse_layers(args.layers)
         opts = dict(layers=layers, min_contexts=args.min_contexts, max_contexts=args.max_contexts,
                     subword=args.subword, lowercase=not args.cased, n_pairs=args.pairs,
                     n_resamples=args.resamples, seed=args.seed)
         df = run_contextuality(cache, **opts, out=args.out, force=args.force, progress=True)
         path = contextuality_path(cache, args.out, **opts)
-    except (ValueError, KeyError, OSError, RuntimeError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except CLI_ERRORS as err:
+        return cli_error(err)
     n = df.drop_duplicates("metric").set_index("metric")["n"]
     print(f"{model_label(cache)}, {cache.manifest['corpus']['name']}, format {cache.format_name}: "
           f"{n['self_similarity']} word types in >= {args.min_contexts} examples, "

@@ -20,7 +20,8 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from analyses.drift_metrics import POOL_MODES, drift_summary, subword_pool
-from analyses.results import make_table, read_table, result_path, write_table
+from analyses.results import (CLI_ERRORS, add_output_options, cli_error, make_table, parse_layers, read_table,
+                              result_path, write_table)
 from probing.cache import Cache, align
 
 
@@ -152,21 +153,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="z-score each dimension before the cosine (Timkey & van Schijndel 2021)")
     p.add_argument("--context", action="store_true",
                    help="words only: the context effect, e.g. 'single' vs 'pair' caches")
-    p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
     p.add_argument("--pairs", type=int, default=10000, help="random pairs for the anisotropy baseline")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="results", help="directory for the result table (default results/)")
-    p.add_argument("--force", action="store_true", help="recompute even if the result exists")
+    add_output_options(p, resamples=True)
     args = p.parse_args(argv)
     try:
         a, b = Cache.open(args.cache_a), Cache.open(args.cache_b)
-        layers = [int(x) for x in args.layers.split(",")] if args.layers else None
+        layers = parse_layers(args.layers)
         df = run_drift(a, b, layers=layers, subword=args.subword, standardise=args.standardise,
                        words_only=args.context, n_resamples=args.resamples, n_pairs=args.pairs,
                        seed=args.seed, out=args.out, force=args.force)
-    except (ValueError, KeyError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except CLI_ERRORS as err:
+        return cli_error(err)
     with pd.option_context("display.width", 160, "display.precision", 4):
         print(f"1 - cos (mean) between {a.format_name} and {b.format_name}:")
         print(summary_table(df).to_string())

@@ -24,7 +24,8 @@ import numpy as np
 import pandas as pd
 
 from analyses.drift import model_label
-from analyses.results import make_table, read_table, result_path, write_table
+from analyses.results import (CLI_ERRORS, add_output_options, cli_error, make_table, read_table, result_path,
+                              write_table)
 from analyses.selection import parse_choice, pooled
 from analyses.stats import bootstrap_ci
 from probing.cache import Cache
@@ -125,19 +126,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--group", default="doc", help="label whose equal values are never neighbours (default doc; "
                                                   "'none' excludes only the example itself)")
     p.add_argument("-k", type=int, default=1, help="neighbours voting (default 1)")
-    p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="results", help="directory for the result table (default results/)")
-    p.add_argument("--force", action="store_true", help="recompute even if the result exists")
+    add_output_options(p, resamples=True)
     args = p.parse_args(argv)
     try:
         cache = Cache.open(args.cache)
         df = run_knn(cache, [c.strip() for c in args.choices.split(",") if c.strip()], args.label,
                      group=None if args.group == "none" else args.group, k=args.k, n_resamples=args.resamples,
                      seed=args.seed, out=args.out, force=args.force)
-    except (ValueError, KeyError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except CLI_ERRORS as err:
+        return cli_error(err)
     acc = df[df["metric"] == "knn_accuracy"]
     with pd.option_context("display.width", 160, "display.precision", 3):
         print(acc.pivot_table(index="layer", columns="role", values="value", sort=False).to_string())

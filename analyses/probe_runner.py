@@ -33,7 +33,8 @@ import pandas as pd
 
 from analyses.drift import model_label
 from analyses.probes import cross_validate_probe, probe_many, probe_rows
-from analyses.results import make_table, read_table, result_path, write_table
+from analyses.results import (CLI_ERRORS, add_output_options, cli_error, make_table, parse_layers, read_table,
+                              result_path, write_table)
 from analyses.selection import parse_choice, pooled
 from probing.cache import Cache
 
@@ -224,21 +225,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default=None, help="torch device for the batched probes (default: CUDA if available)")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="torch (default): all probes batched, on the GPU when present; sklearn: one CV per probe (reference)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="results", help="directory for the result table (default results/)")
-    p.add_argument("--force", action="store_true", help="recompute even if the result exists")
+    add_output_options(p)
     args = p.parse_args(argv)
     try:
         cache = Cache.open(args.cache)
         rnd = Cache.open(args.random_cache) if args.random_cache else None
-        layers = [int(x) for x in args.layers.split(",")] if args.layers else None
+        layers = parse_layers(args.layers)
         df = run_probes(cache, args.choices.split(","), args.targets.split(","), layers=layers, random_cache=rnd,
                         n_splits=args.folds, seed=args.seed, control=not args.no_control, vocab=args.vocab,
                         max_tokens=args.max_tokens, device=args.device, backend=args.backend, out=args.out,
                         force=args.force)
-    except (ValueError, KeyError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except CLI_ERRORS as err:
+        return cli_error(err)
     main_metric = df["metric"].isin(["accuracy", "micro_f1"])
     with pd.option_context("display.width", 200, "display.precision", 3):
         print(df[main_metric].pivot_table(index="layer", columns=["model_kind", "target", "role"], values="value",

@@ -77,3 +77,32 @@ def result_key(config: Mapping[str, Any]) -> str:
 def result_path(out_dir: str | os.PathLike, analysis: str, config: Mapping[str, Any]) -> Path:
     """The one place a configuration's result table lives: ``<out_dir>/<analysis>-<hash>.csv``."""
     return Path(out_dir) / f"{analysis}-{result_key(config)}.csv"
+
+
+# --------------------------------------------------------------------------------------------------
+# What every runner's command line shares
+
+#: Errors a runner's command line reports as one ``error: ...`` line with exit status 2.
+CLI_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, OSError, RuntimeError)
+
+
+def add_output_options(parser, *, resamples: bool = False) -> None:
+    """Add ``--resamples`` (if asked), ``--seed``, ``--out`` and ``--force`` to an analysis CLI."""
+    if resamples:
+        parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--out", default="results", help="directory for the result table (default results/)")
+    parser.add_argument("--force", action="store_true", help="recompute even if the result exists")
+
+
+def parse_layers(spec: str | None) -> list[int] | None:
+    """``"0,3,6"`` -> ``[0, 3, 6]``; None or empty -> None (every stored layer)."""
+    return [int(x) for x in spec.split(",") if x.strip()] if spec else None
+
+
+def cli_error(err: BaseException) -> int:
+    """Print ``error: <message>`` to stderr; the exit status for it (2)."""
+    import sys
+
+    print(f"error: {err}", file=sys.stderr)
+    return 2

@@ -16,7 +16,6 @@ layer, identical for every example) gives NaN with a warning, recorded in the ``
 from __future__ import annotations
 
 import argparse
-import sys
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -26,7 +25,7 @@ import pandas as pd
 
 from analyses.cka import linear_cka, linear_cka_matrix, rbf_cka
 from analyses.drift import model_label
-from analyses.results import make_table, read_table, result_path, write_table
+from analyses.results import CLI_ERRORS, cli_error, make_table, read_table, result_path, write_table
 from analyses.selection import pooled
 from probing.cache import Cache, align
 
@@ -200,9 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             pairs = [tuple(x.split(":")) for x in args.pairs.split(",")]
             df = run_cka_roles(a, pairs, metrics=metrics, out=args.out, force=args.force)
             show = df.pivot_table(index="layer", columns=["role", "target", "metric"], values="value", sort=False)
-    except (ValueError, KeyError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except CLI_ERRORS as err:
+        return cli_error(err)
     with pd.option_context("display.width", 200, "display.precision", 3):
         print(show.to_string())
     return 0

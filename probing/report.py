@@ -339,7 +339,7 @@ def answer_q7(T: dict) -> str:
         vals = [f"{c} ({k.replace('_', ' ')}) {fmt(one(q, model_kind=k, role=c, target='swapped', metric='accuracy', layer=L))}"
                 for k in ("trained", "random_init") for c in ("cls", "mean")]
         b = one(q, role="cls", target="swapped", metric="majority_baseline", layer=L)
-        parts.append(f"word order (swapped) accuracy: " + ", ".join(vals) + f", majority {fmt(b[0] if b else None)}")
+        parts.append("word order (swapped) accuracy: " + ", ".join(vals) + f", majority {fmt(b[0] if b else None)}")
     return "At the last layer — " + "; ".join(parts) + "." if parts else "not measured"
 
 
