@@ -369,8 +369,8 @@ PAPERS: dict[str, Reproduction] = {
         "Protocol: two consecutive passages of one article as [CLS] A [SEP] B [SEP] (the config's clark_format), "
         "attention weights of every head summed over the target tokens, averaged over all query tokens (special "
         "tokens included, as in the authors' notebook), then over heads and examples; 95% bootstrap CIs over "
-        "examples. The passages are news sentences, not Wikipedia paragraphs, and shorter than the paper's 128 "
-        "tokens, which puts more of the mass on special tokens. Attention weights are not explanations: Clark et "
+        "examples. The passages are news sentences (2 + 2 of at most 25 words, so around the paper's 128 tokens), "
+        "not Wikipedia paragraphs. The figure also shows attention from [CLS] and from the first [SEP]. Attention weights are not explanations: Clark et "
         "al. argue that attention to [SEP] is largely a no-op."),
     "ethayarajh2019": Reproduction(
         "ethayarajh2019", "Ethayarajh 2019: anisotropy and self-similarity", ETHAYARAJH, _eth_jobs, _eth_analyse,
