@@ -15,6 +15,11 @@ corpus, sized by the bytes they will store); inside a shard examples are sorted 
 under a token budget; the forward pass runs under ``torch.inference_mode()``; the stored positions are
 gathered on the device and copied to the host once per batch; a writer thread writes the previous
 shard while the next one is computed, so memory holds at most two shards whatever the corpus size.
+
+Memory beyond the corpus itself does not grow with the corpus (``benchmarks/memory.py``): planning
+tokenizes ``_CHUNK`` examples at a time and keeps a few integers per example, ``examples.parquet`` is
+written one row group at a time, and freed pages go back to the system after every batch and shard
+(glibc ``malloc_trim`` through :func:`heap_trimmer`, Arrow's pool through :func:`release_arrow_pages`).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -47,10 +52,41 @@ ROLES: tuple[str, ...] = ("word",) + tuple(name.lower() for name in SPECIAL_TOKE
 DEFAULT_ROLES: tuple[str, ...] = ("cls", "sep", "word")
 STORAGE_DTYPES: dict[str, np.dtype] = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16)}
 ON_OVERFLOW = ("error", "skip")
+_CHUNK = 1024  # examples tokenized at a time while planning
+EXAMPLES_ROW_GROUP = 8192  # rows per row group of examples.parquet, written one group at a time
 
 
 class ExtractError(ValueError):
     """The request cannot be carried out (bad option, overlong example, unsupported model)."""
+
+
+def heap_trimmer():
+    """A callable that hands freed heap pages back to the system: :class:`probing.streaming._HeapTrimmer`
+    (glibc ``malloc_trim(0)``, rate-limited; a no-op where libc has none). Without it glibc keeps the
+    pages of freed shards and planning chunks, and the resident size grows with the corpus."""
+    from .streaming import _HeapTrimmer  # streaming imports this module, so import it when called
+
+    return _HeapTrimmer()
+
+
+def release_arrow_pages() -> None:
+    """Ask Arrow's allocator to hand back the pages it keeps (``MemoryPool.release_unused``). pyarrow's
+    default pool (mimalloc in its wheels) keeps freed pages per thread where ``malloc_trim`` cannot
+    reach them; Parquet writing and pandas' Arrow-backed strings allocate there."""
+    try:
+        import pyarrow as pa
+
+        pa.default_memory_pool().release_unused()
+    except (ImportError, AttributeError):
+        pass
+
+
+def _write_shard(*args) -> dict:
+    """:func:`probing.cache.write_shard` on the writer thread, then release the Arrow pages that thread
+    kept (mimalloc's are per thread, so the release has to run there)."""
+    record = write_shard(*args)
+    release_arrow_pages()
+    return record
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -181,13 +217,51 @@ def sentence_lengths(tokenizer, sentences: Sequence[str], chunk: int = 4096) -> 
     return out
 
 
-def plan(lm: LoadedModel, fmt: Format, examples: Sequence[Example], lengths_of: dict[str, int], *,
+def sentence_token_counts(tokenizer, examples: Sequence[Example], chunk: int | None = None) -> np.ndarray:
+    """``(n_examples, most sentences)`` int32: the tokens of sentence ``j + 1`` of each example, tokenized
+    on its own (0 past an example's last sentence). The corpus is tokenized ``chunk`` (default
+    :data:`_CHUNK`) examples at a time
+    and only the integers are kept, so planning holds no Python object per example: memory does not
+    grow with the corpus beyond these few bytes per example (``benchmarks/memory.py``)."""
+    n, chunk = len(examples), chunk or _CHUNK
+    k = max((e.n_sentences for e in examples), default=0)
+    out = np.zeros((n, k), dtype=np.int32)
+    trim = heap_trimmer()
+    for start in range(0, n, chunk):
+        part = [examples[i] for i in range(start, min(start + chunk, n))]
+        lengths_of = sentence_lengths(tokenizer, list(dict.fromkeys(s for e in part for s in e.sentences)))
+        _fill_token_counts(out[start:start + len(part)], part, lengths_of)
+        del part, lengths_of
+        trim()
+    return out
+
+
+def _fill_token_counts(out: np.ndarray, examples: Sequence[Example], lengths_of: Mapping[str, int]) -> None:
+    for i, e in enumerate(examples):
+        out[i, :e.n_sentences] = [lengths_of[s] for s in e.sentences]
+
+
+def plan(lm: LoadedModel, fmt: Format, examples: Sequence[Example], lengths_of: Mapping[str, int] | np.ndarray, *,
          corpus: dict, root: Path, layers: list[int], roles: list[str], dtype: str, storage_dtype: str,
          on_overflow: str, shard_mb: float, attention: bool) -> Plan:
-    """Check every example against the format and the model, and cut the work into shards."""
+    """Check every example against the format and the model, and cut the work into shards.
+
+    ``lengths_of`` gives the tokens of each sentence: the array of :func:`sentence_token_counts` (one
+    row per example), or a dict sentence -> tokens (:func:`sentence_lengths`) covering ``examples``.
+    Lengths are computed per sentence count with array operations, so the plan holds a few integers
+    per example and no Python object per example."""
     specials = special_token_ids(lm.tokenizer, fmt)
-    counts = [e.n_sentences for e in examples]
-    expansions = {k: fmt.expand(k) for k in set(counts)}
+    n = len(examples)
+    if isinstance(lengths_of, np.ndarray):
+        tokens = lengths_of
+        if tokens.shape[0] != n:
+            raise ValueError(f"sentence token counts hold {tokens.shape[0]} rows for {n} examples")
+    else:
+        tokens = np.zeros((n, max((e.n_sentences for e in examples), default=0)), dtype=np.int32)
+        _fill_token_counts(tokens, examples, lengths_of)
+    n_sentences = np.fromiter((e.n_sentences for e in examples), dtype=np.int64, count=n)
+    counts = np.unique(n_sentences).tolist()  # sorted sentence counts present
+    expansions = {k: fmt.expand(k) for k in counts}
     max_type = max(seg for seq in expansions.values() for _, _, seg in seq)
     zero_types = False
     if max_type > 0:
@@ -200,34 +274,40 @@ def plan(lm: LoadedModel, fmt: Format, examples: Sequence[Example], lengths_of: 
             )
     limit = lm.max_length
     role_set = set(roles)
-    lengths = np.zeros(len(examples), dtype=np.int64)
-    n_stored = np.zeros(len(examples), dtype=np.int64)
-    skipped: list[str] = []
-    for i, ex in enumerate(examples):
-        seq = expansions[ex.n_sentences]
+    lengths = np.zeros(n, dtype=np.int64)
+    n_stored = np.zeros(n, dtype=np.int64)
+    for k, seq in expansions.items():
+        rows = np.flatnonzero(n_sentences == k)
         n_special = sum(1 for kind, _, _ in seq if kind == "special")
         n_special_stored = sum(1 for kind, v, _ in seq if kind == "special" and str(v).lower() in role_set)
-        n_words = sum(lengths_of[ex.sentences[v - 1]] for kind, v, _ in seq if kind == "sentence")
-        n = n_special + n_words
-        if n > limit:
-            if on_overflow == "skip":
-                skipped.append(ex.id)
-                continue
+        refs = [int(v) - 1 for kind, v, _ in seq if kind == "sentence"]
+        if any(r >= k for r in refs):
+            raise FormatError(f"format {fmt.name!r} ({fmt.template}) names sentence {max(refs) + 1} but example "
+                              f"{examples[int(rows[0])].id!r} has {k}")
+        n_words = tokens[rows][:, refs].sum(1, dtype=np.int64) if refs else np.zeros(len(rows), np.int64)
+        lengths[rows] = n_special + n_words
+        n_stored[rows] = n_special_stored + (n_words if "word" in role_set else 0)
+    over = np.flatnonzero(lengths > limit)
+    skipped: list[str] = []
+    if over.size:
+        if on_overflow != "skip":
+            i = int(over[0])
             raise ExtractError(
-                f"example {ex.id!r} is {n} tokens in format {fmt.name!r}, longer than the model's "
-                f"limit of {limit}; it is never truncated (keys would no longer align across formats). "
+                f"example {examples[i].id!r} is {int(lengths[i])} tokens in format {fmt.name!r}, longer than the "
+                f"model's limit of {limit}; it is never truncated (keys would no longer align across formats). "
                 f"Use --on-overflow skip to leave such examples out (their ids are recorded in the manifest)."
             )
-        lengths[i] = n
-        n_stored[i] = n_special_stored + (n_words if "word" in role_set else 0)
-    if len(skipped) == len(examples):
+        skipped = [examples[int(i)].id for i in over]
+        lengths[over] = 0
+        n_stored[over] = 0
+    if len(skipped) == n:
         raise ExtractError(f"format {fmt.name!r}: every example is longer than the model's limit of {limit}")
     if zero_types:
         print(f"note: model {lm.name!r} has no segment embeddings (type_vocab_size="
               f"{lm.type_vocab_size}); format {fmt.name!r}'s segment ids are all set to 0", file=sys.stderr)
     request = _request(lm, fmt, corpus, layers, roles, dtype, storage_dtype, on_overflow, shard_mb, attention)
     bytes_per_row = len(layers) * lm.hidden_size * STORAGE_DTYPES[storage_dtype].itemsize
-    shards = _cut_shards(n_stored.tolist(), bytes_per_row, shard_mb)
+    shards = _cut_shards(n_stored, bytes_per_row, shard_mb)
     groups = attention_groups(fmt, counts) if attention else []
     return Plan(fmt, request, cache_path(root, request), lengths, n_stored, shards, skipped, groups,
                 specials, zero_types)
@@ -320,8 +400,10 @@ def _batches(lengths: Sequence[int], batch_tokens: int, max_batch: int) -> list[
 
 def _run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start: int, stop: int, *,
                device: torch.device, batch_tokens: int, max_batch: int, pad_multiple: int,
-               progress=None) -> tuple[np.ndarray, pd.DataFrame, dict, list[int]]:
-    """States of the shard's stored positions (rows in corpus order), its token table, extra arrays."""
+               progress=None, trim=None) -> tuple[np.ndarray, pd.DataFrame, dict, list[int]]:
+    """States of the shard's stored positions (rows in corpus order), its token table, extra arrays.
+    ``trim`` (see :func:`heap_trimmer`) is called after every batch: glibc otherwise keeps the freed
+    temporaries of each new batch shape, and the resident size grows with the number of batches."""
     layers = plan_.request["layers"]
     storage = STORAGE_DTYPES[plan_.request["storage_dtype"]]
     idx, rendered, stored = render_shard(lm, plan_, examples, start, stop)
@@ -362,6 +444,9 @@ def _run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start:
                 for b, i in enumerate(batch):
                     att[i] = summary[b]
         out[np.concatenate(dest)] = host.numpy()
+        del o, hs, gathered, host, inputs, flat_t
+        if trim is not None:
+            trim()
         if progress is not None:
             progress.update(len(batch))
     tokens = token_table(examples, idx, rendered, stored, lm.tokenizer)
@@ -487,13 +572,13 @@ def _extract(lm: LoadedModel, examples: list[Example], fmts: list[Format], dev: 
             raise FormatError(f"format {f.name!r} ({f.template}) needs {need} sentences but example "
                               f"{short.id!r} has {short.n_sentences}")
         special_token_ids(lm.tokenizer, f)
-    unique = list(dict.fromkeys(s for ex in examples for s in ex.sentences))
-    lengths_of = sentence_lengths(lm.tokenizer, unique)
+    tokens = sentence_token_counts(lm.tokenizer, examples)  # chunk by chunk: a few integers per example
     root = Path(out)
-    # every format is planned (rendered and checked) before anything is written
-    plans = [plan(lm, f, examples, lengths_of, corpus=corpus, root=root, layers=layer_list, roles=role_list,
+    # every format is planned (every example checked) before anything is written
+    plans = [plan(lm, f, examples, tokens, corpus=corpus, root=root, layers=layer_list, roles=role_list,
                   dtype=dtype, storage_dtype=storage_dtype, on_overflow=on_overflow, shard_mb=shard_mb,
                   attention=attention) for f in fmts]
+    del tokens
     for p in plans:
         _extract_one(lm, p, examples, device=dev, batch_tokens=batch_tokens, max_batch=max_batch,
                      force=force, progress=progress, rank=rank, world_size=world_size, barrier=barrier, log=log)
@@ -544,20 +629,26 @@ def _extract_one(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, devic
                    unit="ex", dynamic_ncols=True, file=sys.stderr)
     pad_multiple = 8 if device.type == "cuda" else 1
     pending: Future | None = None
+    trim = heap_trimmer()
     with ThreadPoolExecutor(max_workers=1) as writer:
         for s in todo:
             start, stop = p.shards[s]
             states, tokens, extra, kept = _run_shard(lm, p, examples, start, stop, device=device,
                                                      batch_tokens=batch_tokens, max_batch=max_batch,
-                                                     pad_multiple=pad_multiple, progress=bar)
+                                                     pad_multiple=pad_multiple, progress=bar, trim=trim)
             info = {"examples": [start, stop]}
             if extra:
                 info["attention_examples"] = kept
             if pending is not None:
                 pending.result()  # at most one shard waits to be written: memory stays flat
-            pending = writer.submit(write_shard, path, s, states, tokens, info, extra)
+                release_arrow_pages()
+                trim()  # the shard just written is freed: hand its pages back (glibc keeps them otherwise)
+            pending = writer.submit(_write_shard, path, s, states, tokens, info, extra)
+            del states, tokens, extra, kept  # only the writer holds the shard now
         if pending is not None:
             pending.result()
+            release_arrow_pages()
+            trim()
     if bar is not None:
         bar.close()
     elapsed = time.perf_counter() - t0
@@ -577,24 +668,83 @@ def _extract_one(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, devic
         barrier()  # no rank returns before the manifest exists: the returned path is a complete cache
 
 
-def examples_table(examples: Sequence[Example]) -> pd.DataFrame:
-    """The corpus beside the states, so analyses need nothing else: index, id, sentences, labels."""
-    k = max(e.n_sentences for e in examples)
-    data: dict[str, list] = {"example": list(range(len(examples))), "example_id": [e.id for e in examples],
-                             "n_sentences": [e.n_sentences for e in examples]}
+def _label_kinds(examples: Sequence[Example]) -> dict[str, type]:
+    """Column type of every label, decided over the whole corpus in one pass (a label column is int
+    if every example has an int or bool value, float if every value is a number or missing, else
+    str), so that each row group of ``examples.parquet`` gets the same schema."""
+    kinds: dict[str, set] = {}
+    present: dict[str, int] = {}  # examples with a value that is not None
+    for e in examples:
+        for name, v in e.labels.items():
+            seen = kinds.setdefault(name, set())
+            if v is not None:
+                seen.add(type(v))
+                present[name] = present.get(name, 0) + 1
+    out = {}
+    for name in sorted(kinds):
+        seen = kinds[name]
+        if seen <= {int, bool} and present.get(name, 0) == len(examples):
+            out[name] = int
+        elif seen <= {int, float, bool}:
+            out[name] = float
+        else:
+            out[name] = str
+    return out
+
+
+def examples_table(examples: Sequence[Example], start: int = 0, stop: int | None = None, *,
+                   n_sentence_columns: int | None = None, label_kinds: Mapping[str, type] | None = None
+                   ) -> pd.DataFrame:
+    """The corpus beside the states, so analyses need nothing else: index, id, sentences, labels.
+    Rows ``start:stop``; ``n_sentence_columns`` and ``label_kinds`` must be given for the whole corpus
+    when only a part is built (:func:`write_examples` builds one row group at a time)."""
+    stop = len(examples) if stop is None else stop
+    part = [examples[i] for i in range(start, stop)]
+    k = max(e.n_sentences for e in examples) if n_sentence_columns is None else n_sentence_columns
+    kinds = _label_kinds(examples) if label_kinds is None else label_kinds
+    data: dict[str, list] = {"example": list(range(start, stop)), "example_id": [e.id for e in part],
+                             "n_sentences": [e.n_sentences for e in part]}
     for i in range(k):
-        data[f"sentence_{i + 1}"] = [e.sentences[i] if i < e.n_sentences else "" for e in examples]
-    names = sorted({name for e in examples for name in e.labels})
-    for name in names:
-        values = [e.labels.get(name) for e in examples]
-        kinds = {type(v) for v in values if v is not None}
-        if kinds <= {int, bool} and None not in values:
+        data[f"sentence_{i + 1}"] = [e.sentences[i] if i < e.n_sentences else "" for e in part]
+    for name, kind in kinds.items():
+        values = [e.labels.get(name) for e in part]
+        if kind is int:
             data[f"label_{name}"] = [int(v) for v in values]
-        elif kinds <= {int, float, bool}:
+        elif kind is float:
             data[f"label_{name}"] = [float("nan") if v is None else float(v) for v in values]
         else:
             data[f"label_{name}"] = ["" if v is None else str(v) for v in values]
     return pd.DataFrame(data)
+
+
+def write_examples(tmp: str, examples: Sequence[Example], rows: int | None = None) -> None:
+    """Write ``examples.parquet`` one row group of ``rows`` (default :data:`EXAMPLES_ROW_GROUP`)
+    examples at a time with ``ParquetWriter``, so its memory does not grow with the corpus. The table
+    read back is the same whatever ``rows``; a corpus of at most ``rows`` examples gives the same bytes
+    as writing the whole table at once (one row group)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = rows or EXAMPLES_ROW_GROUP
+    k = max(e.n_sentences for e in examples)
+    kinds = _label_kinds(examples)
+    trim = heap_trimmer()
+    writer = None
+    try:
+        for start in range(0, len(examples), rows):
+            df = examples_table(examples, start, min(start + rows, len(examples)), n_sentence_columns=k,
+                                label_kinds=kinds)
+            table = pa.Table.from_pandas(df, preserve_index=False)
+            del df
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, table.schema)
+            writer.write_table(table)
+            del table
+            release_arrow_pages()
+            trim()
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 def _finish(lm: LoadedModel, p: Plan, path: Path, examples: Sequence[Example], log) -> None:
@@ -602,10 +752,9 @@ def _finish(lm: LoadedModel, p: Plan, path: Path, examples: Sequence[Example], l
     missing = [s for s in range(len(p.shards)) if s not in done]
     if missing:
         raise CacheError(f"{path}: shards {missing} are missing after extraction; run again to resume")
-    from .cache import EXAMPLES, _sha256_file, _write_parquet, atomic_write
+    from .cache import EXAMPLES, _sha256_file, atomic_write
 
-    table = examples_table(examples)
-    atomic_write(path / EXAMPLES, lambda tmp: _write_parquet(tmp, table))
+    atomic_write(path / EXAMPLES, lambda tmp: write_examples(tmp, examples))
     manifest = dict(p.request)
     manifest["examples_sha256"] = _sha256_file(path / EXAMPLES)
     manifest["skipped"] = list(p.skipped)

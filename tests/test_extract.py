@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -224,6 +225,95 @@ def test_attention_summaries(tmp_path, tiny_bert, examples):
     s2 = (tok["role"] == "word").to_numpy() & (tok["sentence"] == 2).to_numpy()
     ref = att[1][0, 2].numpy()[s1][:, s2].sum(1).mean()
     assert mass[3, 1, 2, groups.index("s1"), groups.index("s2")] == pytest.approx(ref, abs=1e-5)
+
+
+def _mixed_examples(n: int = 23) -> list[Example]:
+    """2 or 3 sentences, and labels of every kind: int, bool, numbers with gaps, strings with gaps, rare."""
+    out = []
+    for i, e in enumerate(sample_examples(n)):
+        labels = {"topic": i % 3, "flag": bool(i % 2), "score": i / 7 if i % 5 else None,
+                  "name": f"x{i}" if i % 4 else None}
+        if i % 6 == 0:
+            labels["rare"] = i
+        out.append(Example(f"m{i}", e.sentences[:2 + i % 2], labels))
+    return out
+
+
+def test_planning_in_chunks_equals_planning_the_whole_corpus(tiny_bert):
+    from probing.extract import parse_formats, plan, render_shard, sentence_lengths, sentence_token_counts
+
+    data = _mixed_examples(40)
+    data.insert(7, Example("too-long", ("word " * 80, "short.")))
+    whole = sentence_lengths(tiny_bert.tokenizer, list({s for e in data for s in e.sentences}))
+    chunked = sentence_token_counts(tiny_bert.tokenizer, data, chunk=3)
+    assert chunked.shape == (len(data), 3) and chunked.dtype == np.int32
+    opts = dict(corpus={}, root=Path("."), layers=[0, 2], roles=["cls", "sep", "word"], dtype="float32",
+                storage_dtype="float32", on_overflow="skip", shard_mb=0.01, attention=True)
+    for fmt in parse_formats(["pair", "concat", "multi", "bertsum", "single2"]):
+        a = plan(tiny_bert, fmt, data, whole, **opts)
+        b = plan(tiny_bert, fmt, data, chunked, **opts)
+        too_long = fmt.name != "single2"  # its sentence 2 is short
+        assert 2 < len(a.shards) < len(data) and a.shards == b.shards
+        assert a.skipped == b.skipped == (["too-long"] if too_long else [])
+        np.testing.assert_array_equal(a.lengths, b.lengths)
+        np.testing.assert_array_equal(a.n_stored, b.n_stored)
+        assert a.groups == b.groups and a.path == b.path
+        assert (a.lengths[7] == 0) == too_long and (np.delete(a.lengths, 7) > 0).all()
+        render_shard(tiny_bert, b, data, 0, len(data))  # checks every rendered length against the plan
+
+
+def test_planning_tokenizes_the_corpus_in_bounded_chunks(tmp_path, tiny_bert, monkeypatch):
+    import probing.extract as X
+
+    asked, real = [], X.sentence_lengths
+
+    def counting(tokenizer, sentences, **kw):
+        asked.append(len(sentences))
+        return real(tokenizer, sentences, **kw)
+
+    monkeypatch.setattr(X, "sentence_lengths", counting)
+    monkeypatch.setattr(X, "_CHUNK", 5)
+    (p,) = extract(sample_examples(40), ["pair"], model=tiny_bert, out=tmp_path, progress=False, log=lambda *a: None)
+    assert len(asked) == 8 and max(asked) <= 5 * 3  # 8 chunks of 5 examples, never the whole corpus
+    assert len(Cache.open(p).rows(role="cls")) == 40
+
+
+def test_examples_parquet_is_written_in_row_groups(tmp_path, tiny_bert, monkeypatch):
+    import pyarrow.parquet as pq
+
+    import probing.extract as X
+    from probing.cache import _write_parquet
+
+    data = _mixed_examples()
+    (one,) = extract(data, ["pair"], model=tiny_bert, out=tmp_path / "one", progress=False, log=lambda *a: None)
+    monkeypatch.setattr(X, "EXAMPLES_ROW_GROUP", 5)
+    (many,) = extract(data, ["pair"], model=tiny_bert, out=tmp_path / "many", progress=False, log=lambda *a: None)
+    a, b = Cache.open(one), Cache.open(many)
+    assert pq.ParquetFile(one / "examples.parquet").metadata.num_row_groups == 1
+    assert pq.ParquetFile(many / "examples.parquet").metadata.num_row_groups == 5
+    pd.testing.assert_frame_equal(a.examples, b.examples)
+    assert str(a.examples["label_topic"].dtype) == "int64" and str(a.examples["label_flag"].dtype) == "int64"
+    assert str(a.examples["label_score"].dtype) == "float64" and a.examples["label_score"].isna().sum() == 5
+    assert str(a.examples["label_rare"].dtype) == "float64"  # missing in most examples
+    assert list(a.examples["label_name"][:2]) == ["", "x1"]
+    assert list(a.examples["sentence_3"][:2]) == ["", data[1].sentences[2]]
+    # one row group: the same bytes as the whole table written at once (the layout before row groups)
+    whole = tmp_path / "whole.parquet"
+    _write_parquet(str(whole), X.examples_table(data))
+    assert whole.read_bytes() == (one / "examples.parquet").read_bytes()
+    # only examples.parquet (and the manifest's checksum of it) depends on the row groups
+    for f in sorted(q.relative_to(one) for q in one.rglob("*") if q.is_file()):
+        if f.name not in ("examples.parquet", "manifest.json"):
+            assert (one / f).read_bytes() == (many / f).read_bytes(), f
+
+
+def test_heap_trimmer_is_callable_everywhere():
+    from probing.extract import heap_trimmer, release_arrow_pages
+
+    trim = heap_trimmer()
+    trim()
+    trim()  # rate-limited and a no-op where libc has no malloc_trim
+    release_arrow_pages()
 
 
 _DRIVER = textwrap.dedent("""
