@@ -54,7 +54,11 @@ def new_figure(ncols: int = 1, nrows: int = 1, width: float | None = None, heigh
 def title(model: str | None, corpus: str | None, what: str) -> str:
     """``"what — model, corpus"``, the form every figure title takes."""
     parts = [p for p in (model, corpus) if p]
-    return what + (f"\n{', '.join(parts)}" if parts else "")
+    if not parts:
+        return what
+    joined = ", ".join(parts)
+    # a long corpus spec goes on its own line, so the title fits a single-panel figure
+    return what + "\n" + (joined if len(joined) <= 70 else "\n".join(parts))
 
 
 def layer_axis(ax, layers: Iterable[int]) -> None:
