@@ -60,13 +60,19 @@ class ExtractError(ValueError):
     """The request cannot be carried out (bad option, overlong example, unsupported model)."""
 
 
-def heap_trimmer():
+#: Between batches the heap is trimmed only once the resident size has grown this much (MiB) since the
+#: last trim: enough to keep it flat (benchmarks/memory.py) without re-faulting pages after every batch.
+BATCH_TRIM_GROW_MB = 16.0
+
+
+def heap_trimmer(grow_mb: float | None = None):
     """A callable that hands freed heap pages back to the system: :class:`probing.streaming._HeapTrimmer`
-    (glibc ``malloc_trim(0)``, rate-limited; a no-op where libc has none). Without it glibc keeps the
-    pages of freed shards and planning chunks, and the resident size grows with the corpus."""
+    (glibc ``malloc_trim(0)``, rate-limited, with ``grow_mb`` only after the resident size grew that
+    much; a no-op where libc has none). Without it glibc keeps the pages of freed shards and planning
+    chunks, and the resident size grows with the corpus."""
     from .streaming import _HeapTrimmer  # streaming imports this module, so import it when called
 
-    return _HeapTrimmer()
+    return _HeapTrimmer(grow_mb)
 
 
 def release_arrow_pages() -> None:
@@ -629,13 +635,13 @@ def _extract_one(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, devic
                    unit="ex", dynamic_ncols=True, file=sys.stderr)
     pad_multiple = 8 if device.type == "cuda" else 1
     pending: Future | None = None
-    trim = heap_trimmer()
+    trim, batch_trim = heap_trimmer(), heap_trimmer(BATCH_TRIM_GROW_MB)
     with ThreadPoolExecutor(max_workers=1) as writer:
         for s in todo:
             start, stop = p.shards[s]
             states, tokens, extra, kept = _run_shard(lm, p, examples, start, stop, device=device,
                                                      batch_tokens=batch_tokens, max_batch=max_batch,
-                                                     pad_multiple=pad_multiple, progress=bar, trim=trim)
+                                                     pad_multiple=pad_multiple, progress=bar, trim=batch_trim)
             info = {"examples": [start, stop]}
             if extra:
                 info["attention_examples"] = kept

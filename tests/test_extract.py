@@ -374,3 +374,32 @@ def test_kill_9_then_rerun_is_byte_identical(tmp_path):
         assert (clean / rel).read_bytes() == (killed / rel).read_bytes(), rel
     manifest = json.loads(next(clean.glob("*/*/manifest.json")).read_text())
     assert 4 <= n_done < len(manifest["shards"])
+
+
+def test_batch_trimmer_waits_for_the_heap_to_grow(monkeypatch):
+    """With grow_mb the trimmer hands pages back only after the resident size grew that much since
+    its last trim (a trim after every batch costs re-faulted pages)."""
+    import sys
+
+    import probing.streaming as streaming
+
+    if sys.platform.startswith("linux"):
+        assert streaming._rss_bytes() > 10 * 2 ** 20  # this process holds torch: well over 10 MiB resident
+    rss = {"now": 100 * 2 ** 20}
+    monkeypatch.setattr(streaming, "_rss_bytes", lambda: rss["now"])
+    calls = []
+    trim = streaming._HeapTrimmer(grow_mb=16)
+    trim._trim = lambda pad: calls.append(pad)  # stands in for libc's malloc_trim
+    trim()  # 100 MiB above nothing: trims, and remembers 100 MiB
+    assert calls == [0]
+    rss["now"] += 8 * 2 ** 20
+    trim._last = trim._cost = 0.0
+    trim()
+    assert calls == [0], "8 MiB of growth is below the 16 MiB threshold"
+    rss["now"] += 10 * 2 ** 20
+    trim()
+    assert calls == [0, 0]
+    always = streaming._HeapTrimmer()
+    always._trim = lambda pad: calls.append(pad)
+    always()
+    assert len(calls) == 3  # without grow_mb only the rate limit applies
