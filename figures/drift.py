@@ -481,9 +481,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--roles", default=None, help="comma list of role groups (default: all)")
     p.add_argument("--no-normalised", action="store_true", help="no second row with normalised_drift")
     p.add_argument("--linear", action="store_true", help="linear y axis (default: symmetric log)")
-    return run_cli(p, plot_drift, lambda a: {"metric": a.metric, "roles": comma_list(a.roles), "model": a.model,
-                                             "corpus": a.corpus, "normalised": False if a.no_normalised else None,
-                                             "log_scale": not a.linear},
+    p.add_argument("--overlay", action="store_true", help="every format pair in one panel (one line per role and pair)")
+    p.add_argument("--by-k", action="store_true",
+                   help="drift against the number of segments k (a table with a 'k' column, as the study's Q3)")
+    p.add_argument("--layers", default=None, help="--by-k: comma list of layers, one panel each (default middle, last)")
+
+    def plot(df, out, by_k, **kw):
+        if by_k:
+            return plot_drift_by_k(df, out, roles=kw["roles"] or ("cls", "all", "s1 words", "s2 words"),
+                                   layers=kw["layers"], model=kw["model"], corpus=kw["corpus"])
+        kw.pop("layers")
+        return plot_drift(df, out, **kw)
+
+    return run_cli(p, plot, lambda a: {"by_k": a.by_k, "metric": a.metric, "roles": comma_list(a.roles),
+                                       "model": a.model, "corpus": a.corpus,
+                                       "normalised": False if a.no_normalised else None, "log_scale": not a.linear,
+                                       "overlay": a.overlay,
+                                       "layers": [int(x) for x in comma_list(a.layers)] if a.layers else None},
                    argv)
 
 

@@ -64,7 +64,8 @@ def _kinds(d: pd.DataFrame) -> pd.Series:
 def _probe_rows(df: pd.DataFrame, what: str, model: str | None, corpus: str | None) -> pd.DataFrame:
     """Probe rows with a ``kind`` column; one corpus and one trained model (``corpus`` / ``model``
     pick them); random-init rows are kept when their model name starts with the trained one's."""
-    d = numeric(one_source(select(df, what, analysis="probe"), what, corpus=corpus, check=("corpus",)))
+    # nearest-neighbour tables (analyses.neighbours) share the layout and are drawn the same way
+    d = numeric(one_source(select(df, what, analysis=["probe", "knn"]), what, corpus=corpus, check=("corpus",)))
     d = d.assign(kind=_kinds(d).to_numpy(), role=d["role"].astype(str),
                  format=d["format"].astype(str).where(d["format"].notna(), ""))
     trained = d[d["kind"] != RANDOM]

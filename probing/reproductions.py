@@ -243,7 +243,7 @@ def _rg_figures(T, fig, log):
         out += safe_plot(plot_probes, p, fig / "reimers2019_probes", target=t, roles=list(REIMERS_CHOICES), log=log)
     if k is not None:
         t = k["target"].iloc[0]
-        out += safe_plot(plot_probes, k.assign(analysis="probe"), fig / "reimers2019_knn", target=t,
+        out += safe_plot(plot_probes, k, fig / "reimers2019_knn", target=t,
                           metric="knn_accuracy", roles=list(REIMERS_CHOICES),
                           heading=f"Nearest neighbour (cosine) agrees on {t!r}",
                           band_note="Bands: 95% bootstrap CIs over examples. Neighbours from the same document are "

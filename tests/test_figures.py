@@ -727,3 +727,40 @@ def test_tables_mixing_models_or_corpora_need_a_choice(tmp_path, figs):
         plot_probes(pd.concat([p, p.assign(corpus="other")]), tmp_path / "x")
     plot_probes(pd.concat([p, p.assign(corpus="other")]), tmp_path / "ok", corpus="other")
     assert "other" in figs[-1]._suptitle.get_text()
+
+
+def test_drift_cli_overlay_and_by_k(tmp_path, figs):
+    from figures import drift
+
+    pairs = (("single", "pair"), ("single", "concat"))
+    csv = write_table(drift_table(pairs=pairs), tmp_path / "d.csv")
+    assert drift.main([str(csv), "--overlay", "--roles", "s1 words", "--out", str(tmp_path / "o")]) == 0
+    labels = [ln.get_label() for ln in visible_axes(figs[0])[0].get_lines()]
+    assert labels[:2] == ["s1 words: single → pair", "s1 words: single → concat"]
+    frames = []
+    for k in (2, 3):
+        d = drift_table(pairs=(("multi", "concat"),), k=k, seed=k)
+        d["k"] = k
+        frames.append(d)
+    csv = write_table(pd.concat(frames, ignore_index=True), tmp_path / "k.csv")
+    assert drift.main([str(csv), "--by-k", "--layers", "2,4", "--roles", "cls,all", "--out", str(tmp_path / "k")]) == 0
+    axes = visible_axes(figs[1])
+    assert [ax.get_title() for ax in axes[:2]] == ["layer 2", "layer 4"]
+    assert [ln.get_label() for ln in axes[0].get_lines()][:2] == ["cls", "all"]
+
+
+def test_probe_figure_draws_a_nearest_neighbour_table(tmp_path, figs):
+    from figures import probes
+
+    rows = []
+    for layer in LAYERS:
+        for role, v in (("cls", 0.5 + 0.05 * layer), ("mean", 0.6 + 0.04 * layer)):
+            rows.append(dict(analysis="knn", model=MODEL, corpus=CORPUS, format="single", layer=layer, role=role,
+                             target="topic", metric="knn_accuracy", value=v, ci_low=v - 0.02, ci_high=v + 0.02, n=100))
+            rows.append(dict(analysis="knn", model=MODEL, corpus=CORPUS, format="single", layer=layer, role=role,
+                             target="topic", metric="chance_knn_accuracy", value=0.2, n=100))
+    csv = write_table(make_table(rows), tmp_path / "knn.csv")
+    assert probes.main([str(csv), "--metric", "knn_accuracy", "--out", str(tmp_path / "knn")]) == 0
+    ax = visible_axes(figs[0])[0]
+    np.testing.assert_allclose(line_by_label(ax, "mean").get_ydata(), [0.6 + 0.04 * l for l in LAYERS])
+    assert ax.get_ylabel() == "nearest-neighbour label agreement"
