@@ -22,8 +22,7 @@ import numpy as np
 import pandas as pd
 
 from analyses.drift import model_label
-from analyses.results import (CLI_ERRORS, add_output_options, cli_error, make_table, read_table, result_path,
-                              write_table)
+from analyses.results import CLI_ERRORS, add_output_options, cli_error, keep_table, make_table, stored_table
 from analyses.stats import bootstrap_ci
 from probing.cache import Cache
 
@@ -90,9 +89,9 @@ def run_attention(cache: Cache, *, n_resamples: int = 1000, seed: int = 0, per_h
     """Tidy table of attention mass (metric ``attention_mass``): role = source group, target = target
     group; ``head`` column: ``"mean"`` for the head average (with CI) or the head number (no CI)."""
     config = {"cache": cache.path.name, "n_resamples": n_resamples, "seed": seed, "per_head": per_head}
-    path = result_path(out, "attention", config) if out is not None else None
-    if path is not None and path.exists() and not force:
-        return read_table(path)
+    path, done = stored_table(out, "attention", config, force)
+    if done is not None:
+        return done
     examples, mass, groups = cache.attention()
     layers = cache.manifest["attention"]["layers"]
     base = {"analysis": "attention", "model": model_label(cache), "corpus": cache.manifest["corpus"]["name"],
@@ -123,9 +122,7 @@ def run_attention(cache: Cache, *, n_resamples: int = 1000, seed: int = 0, per_h
                     rows.append({**base, "layer": layer, "role": src, "target": tgt, "value": float(val),
                                  "ci_low": np.nan, "ci_high": np.nan, "n": int(ok.sum()), "head": str(h)})
     df = make_table(rows)
-    if path is not None:
-        write_table(df, path)
-    return df
+    return keep_table(df, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

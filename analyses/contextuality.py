@@ -52,8 +52,8 @@ from tqdm.auto import tqdm
 
 from analyses.drift import model_label
 from analyses.drift_metrics import POOL_MODES, anisotropy_baseline_ci, subword_pool
-from analyses.results import (CLI_ERRORS, add_output_options, cli_error, make_table, parse_layers, read_table,
-                              result_path, write_table)
+from analyses.results import (CLI_ERRORS, add_output_options, cli_error, keep_table, make_table, parse_layers,
+                              result_path, stored_table)
 from analyses.stats import bootstrap_ci, bootstrap_cis
 from probing.cache import Cache
 
@@ -366,11 +366,10 @@ def run_contextuality(cache: Cache, *, layers: Sequence[int] | None = None, min_
     """
     _check_options(min_contexts, max_contexts, subword, n_pairs, n_resamples)
     layers = _layers(cache, layers)
-    path = (result_path(out, "contextuality", _config(cache, layers, min_contexts, max_contexts, subword,
-                                                       lowercase, n_pairs, n_resamples, seed))
-            if out is not None else None)
-    if path is not None and path.exists() and not force:
-        return read_table(path)
+    path, done = stored_table(out, "contextuality", _config(cache, layers, min_contexts, max_contexts, subword,
+                                                            lowercase, n_pairs, n_resamples, seed), force)
+    if done is not None:
+        return done
 
     tokens = cache.tokens
     try:
@@ -440,9 +439,7 @@ def run_contextuality(cache: Cache, *, layers: Sequence[int] | None = None, min_
     df["lowercase"] = bool(lowercase)
     df["min_contexts"] = int(min_contexts)
     df["max_contexts"] = int(max_contexts)
-    if path is not None:
-        write_table(df, path)
-    return df
+    return keep_table(df, path)
 
 
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:

@@ -20,8 +20,8 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from analyses.drift_metrics import POOL_MODES, drift_summary, subword_pool
-from analyses.results import (CLI_ERRORS, add_output_options, cli_error, make_table, parse_layers, read_table,
-                              result_path, write_table)
+from analyses.results import (CLI_ERRORS, add_output_options, cli_error, keep_table, make_table, parse_layers,
+                              result_path, stored_table)
 from probing.cache import Cache, align
 
 
@@ -92,9 +92,9 @@ def run_drift(a: Cache, b: Cache, *, layers: Sequence[int] | None = None, subwor
     config = {"a": a.path.name, "b": b.path.name, "layers": layers, "subword": subword,
               "standardise": standardise, "words_only": words_only, "n_resamples": n_resamples,
               "n_pairs": n_pairs, "seed": seed}
-    path = result_path(out, "drift", config) if out is not None else None
-    if path is not None and path.exists() and not force:
-        return read_table(path)
+    path, done = stored_table(out, "drift", config, force)
+    if done is not None:
+        return done
     rows_a, rows_b = paired_rows(a, b, subword, words_only)
     tok = a.tokens.iloc[rows_a]
     groups = group_labels(tok)
@@ -125,9 +125,7 @@ def run_drift(a: Cache, b: Cache, *, layers: Sequence[int] | None = None, subwor
     df = make_table(records)
     df["standardised"] = standardise
     df["subword"] = subword
-    if path is not None:
-        write_table(df, path)
-    return df
+    return keep_table(df, path)
 
 
 def summary_table(df: pd.DataFrame, metric: str = "drift_mean") -> pd.DataFrame:

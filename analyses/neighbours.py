@@ -24,8 +24,7 @@ import numpy as np
 import pandas as pd
 
 from analyses.drift import model_label
-from analyses.results import (CLI_ERRORS, add_output_options, cli_error, make_table, read_table, result_path,
-                              write_table)
+from analyses.results import CLI_ERRORS, add_output_options, cli_error, keep_table, make_table, stored_table
 from analyses.selection import parse_choice, pooled
 from analyses.stats import bootstrap_ci
 from probing.cache import Cache
@@ -62,6 +61,11 @@ def knn_predict(X: np.ndarray, labels: np.ndarray, groups: np.ndarray | None = N
         nearest = np.argpartition(-S, kk - 1, axis=1)[:, :kk]
         order = np.argsort(-np.take_along_axis(S, nearest, axis=1), axis=1, kind="stable")
         nearest = np.take_along_axis(nearest, order, axis=1)
+        if kk == 1:  # the usual case: no vote to count
+            if not np.isfinite(S[np.arange(stop - start), nearest[:, 0]]).all():
+                raise ValueError("an example has no neighbour outside its own group")
+            out[start:stop] = labels[nearest[:, 0]]
+            continue
         for i, row in enumerate(nearest):
             row = row[np.isfinite(S[i, row])]
             if row.size == 0:
@@ -90,9 +94,9 @@ def run_knn(cache: Cache, choices: Sequence[str] = ("cls", "mean"), label: str =
     layers = list(layers if layers is not None else cache.layers)
     config = {"cache": cache.path.name, "choices": list(choices), "label": label, "group": group, "k": k,
               "layers": layers, "n_resamples": n_resamples, "seed": seed}
-    path = result_path(out, "knn", config) if out is not None else None
-    if path is not None and path.exists() and not force:
-        return read_table(path)
+    path, done = stored_table(out, "knn", config, force)
+    if done is not None:
+        return done
     base = {"analysis": "knn", "model": model_label(cache), "corpus": cache.manifest["corpus"]["name"],
             "format": cache.format_name, "target": label, "seed": seed}
     rows = []
@@ -108,9 +112,7 @@ def run_knn(cache: Cache, choices: Sequence[str] = ("cls", "mean"), label: str =
             rows.append({**base, "layer": layer, "role": choice, "metric": "chance_knn_accuracy",
                          "value": chance_agreement(y), "ci_low": np.nan, "ci_high": np.nan, "n": len(ex)})
     df = make_table(rows)
-    if path is not None:
-        write_table(df, path)
-    return df
+    return keep_table(df, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

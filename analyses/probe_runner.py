@@ -33,8 +33,8 @@ import pandas as pd
 
 from analyses.drift import model_label
 from analyses.probes import cross_validate_probe, probe_many, probe_rows
-from analyses.results import (CLI_ERRORS, add_output_options, cli_error, make_table, parse_layers, read_table,
-                              result_path, write_table)
+from analyses.results import (CLI_ERRORS, add_output_options, cli_error, keep_table, make_table, parse_layers,
+                              stored_table)
 from analyses.selection import parse_choice, pooled
 from probing.cache import Cache
 
@@ -156,9 +156,9 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
               "seed": seed, "control": control, "vocab": vocab, "max_tokens": max_tokens,
               "Cs": None if Cs is None else list(Cs), "inner_splits": inner_splits, "max_iter": max_iter,
               "bow_Cs": None if bow_Cs is None else list(bow_Cs)}
-    path = result_path(out, "probe", config) if out is not None else None
-    if path is not None and path.exists() and not force:
-        return read_table(path)
+    path, done = stored_table(out, "probe", config, force)
+    if done is not None:
+        return done
     frames = []
     pairs = [(cache, "trained")] + ([(random_cache, "random_init")] if random_cache is not None else [])
     from tqdm.auto import tqdm
@@ -197,9 +197,7 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
             bar.update(1)
     bar.close()
     df = pd.concat(frames, ignore_index=True) if frames else make_table([])
-    if path is not None:
-        write_table(df, path)
-    return df
+    return keep_table(df, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

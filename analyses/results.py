@@ -79,6 +79,30 @@ def result_path(out_dir: str | os.PathLike, analysis: str, config: Mapping[str, 
     return Path(out_dir) / f"{analysis}-{result_key(config)}.csv"
 
 
+def stored_table(out_dir: str | os.PathLike | None, analysis: str, config: Mapping[str, Any],
+                 force: bool = False) -> tuple[Path | None, pd.DataFrame | None]:
+    """``(path, table)``: where a runner's table for ``config`` lives (None without ``out_dir``) and the
+    table already stored there (None if there is none, or ``force``). Every runner starts with it::
+
+        path, done = stored_table(out, "knn", config, force)
+        if done is not None:
+            return done
+        ...
+        return keep_table(df, path)
+    """
+    path = result_path(out_dir, analysis, config) if out_dir is not None else None
+    if path is not None and path.exists() and not force:
+        return path, read_table(path)
+    return path, None
+
+
+def keep_table(df: pd.DataFrame, path: Path | None) -> pd.DataFrame:
+    """Write a runner's fresh table to the path of :func:`stored_table` (nothing if None); returns it."""
+    if path is not None:
+        write_table(df, path)
+    return df
+
+
 # --------------------------------------------------------------------------------------------------
 # What every runner's command line shares
 

@@ -25,7 +25,7 @@ import pandas as pd
 
 from analyses.cka import linear_cka, linear_cka_matrix, rbf_cka
 from analyses.drift import model_label
-from analyses.results import CLI_ERRORS, cli_error, make_table, read_table, result_path, write_table
+from analyses.results import CLI_ERRORS, cli_error, keep_table, make_table, stored_table
 from analyses.selection import pooled
 from probing.cache import Cache, align
 
@@ -83,9 +83,9 @@ def run_cka_formats(a: Cache, b: Cache, choices: Sequence[str] = ("cls", "mean")
     layers = [l for l in (layers if layers is not None else a.layers) if l in b.layers]
     config = {"kind": "formats", "a": a.path.name, "b": b.path.name, "choices": list(choices),
               "layers": layers, "metrics": list(metrics)}
-    path = result_path(out, "cka", config) if out is not None else None
-    if path is not None and path.exists() and not force:
-        return read_table(path)
+    path, done = stored_table(out, "cka", config, force)
+    if done is not None:
+        return done
     rows = []
     for choice in choices:
         for layer in layers:
@@ -94,9 +94,7 @@ def run_cka_formats(a: Cache, b: Cache, choices: Sequence[str] = ("cls", "mean")
                 rows.append({**_base(a, b), "layer": layer, "role": choice, "target": choice, "metric": m,
                              "value": v, "n": len(X), "note": note})
     df = make_table(rows)
-    if path is not None:
-        write_table(df, path)
-    return df
+    return keep_table(df, path)
 
 
 def run_cka_matrix(a: Cache, b: Cache | None = None, choice: str = "cls", *,
@@ -104,9 +102,9 @@ def run_cka_matrix(a: Cache, b: Cache | None = None, choice: str = "cls", *,
     """Layer x layer linear CKA of one token choice, within ``a`` or between ``a`` and ``b``."""
     b = a if b is None else b
     config = {"kind": "matrix", "a": a.path.name, "b": b.path.name, "choice": choice, "debiased": debiased}
-    path = result_path(out, "cka", config) if out is not None else None
-    if path is not None and path.exists() and not force:
-        return read_table(path)
+    path, done = stored_table(out, "cka", config, force)
+    if done is not None:
+        return done
     Xs, Ys = [], []
     for layer in a.layers:
         X, _ = _paired(a, b, choice, layer)
@@ -126,9 +124,7 @@ def run_cka_matrix(a: Cache, b: Cache | None = None, choice: str = "cls", *,
                          "metric": metric, "value": v, "n": len(Xs[i]),
                          "note": "" if np.isfinite(v) else "undefined: a representation has zero variance"})
     df = make_table(rows)
-    if path is not None:
-        write_table(df, path)
-    return df
+    return keep_table(df, path)
 
 
 def run_cka_roles(cache: Cache, pairs: Sequence[tuple[str, str]] = (("sep1", "cls"), ("sep1", "mean_s1"),
@@ -139,9 +135,9 @@ def run_cka_roles(cache: Cache, pairs: Sequence[tuple[str, str]] = (("sep1", "cl
     layers = list(layers if layers is not None else cache.layers)
     config = {"kind": "roles", "cache": cache.path.name, "pairs": [list(p) for p in pairs], "layers": layers,
               "metrics": list(metrics)}
-    path = result_path(out, "cka", config) if out is not None else None
-    if path is not None and path.exists() and not force:
-        return read_table(path)
+    path, done = stored_table(out, "cka", config, force)
+    if done is not None:
+        return done
     rows = []
     for ca, cb in pairs:
         for layer in layers:
@@ -152,9 +148,7 @@ def run_cka_roles(cache: Cache, pairs: Sequence[tuple[str, str]] = (("sep1", "cl
                 rows.append({**_base(cache, cache), "layer": layer, "role": ca, "target": cb, "metric": m,
                              "value": v, "n": len(common), "note": note})
     df = make_table(rows)
-    if path is not None:
-        write_table(df, path)
-    return df
+    return keep_table(df, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
