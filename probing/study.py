@@ -131,8 +131,15 @@ def prefix(examples: Sequence[Example], k: int) -> list[Example]:
     return [Example(e.id, e.sentences[:k], e.labels) for e in examples]
 
 
-def study_jobs(cfg: dict) -> list:
-    """The caches the config's sections need (:class:`probing.reproductions.Job`), without repeats."""
+def group_prefixes(corpora: dict) -> dict[int, str]:
+    """``{k: corpus key}`` of the ``groups_k<k>`` prefixes :func:`load_corpora` made, in order of k."""
+    ks = {int(c.rsplit("k", 1)[1]): c for c in corpora if c.startswith("groups_k")}
+    return dict(sorted(ks.items()))
+
+
+def study_jobs(cfg: dict, corpora: dict[str, list[Example]]) -> list:
+    """The caches the config's sections need (:class:`probing.reproductions.Job`), without repeats;
+    ``corpora`` as :func:`load_corpora` returns them (Q3/Q5 read its ``groups_k<k>`` prefixes)."""
     from .reproductions import PAPERS, Job
 
     qs, rnd = set(cfg["study"]["questions"]), cfg["model"]["random_init_baseline"]
@@ -142,7 +149,7 @@ def study_jobs(cfg: dict) -> list:
     if rnd and qs & set(PAIR_PROBES):
         jobs.append(Job("pairs", "pair", random=True))
     if qs & {"Q3", "Q5"}:
-        K = cfg["_groups_k"]
+        K = max(group_prefixes(corpora))
         ks = range(2, K + 1) if "Q3" in qs else [K]
         for k in ks:
             jobs.append(Job(f"groups_k{k}", "multi"))
@@ -179,7 +186,6 @@ def load_corpora(cfg: dict) -> tuple[dict[str, list[Example]], dict[str, str]]:
         K = min(e.n_sentences for e in corpora["groups"])
         if K < 2:
             raise StudyError("corpus.groups needs examples of at least 2 sentences")
-        cfg["_groups_k"] = K
         for k in range(2, K + 1):
             corpora[f"groups_k{k}"] = prefix(corpora["groups"], k)
             names[f"groups_k{k}"] = f"{specs['groups']} (first {k} sentences)"
@@ -192,7 +198,7 @@ def extract_all(cfg: dict, log) -> tuple[Caches, dict[str, list[Example]], Any]:
 
     ex_cfg, m_cfg, st = cfg["extract"], cfg["model"], cfg["study"]
     corpora, names = load_corpora(cfg)
-    jobs = study_jobs(cfg)
+    jobs = study_jobs(cfg, corpora)
     caches = Caches()
     common = dict(out=st["caches"], dtype=ex_cfg["dtype"], batch_tokens=ex_cfg["batch_tokens"],
                   device=ex_cfg["device"], on_overflow="skip", log=log)
@@ -255,9 +261,9 @@ def analyse(cfg: dict, caches: Caches, corpora: dict, lm, log) -> dict[str, pd.D
     if "Q3" in qs:
         log("analyses: k segments")
         frames = []
-        for c in sorted((c for c in corpora if c.startswith("groups_k")), key=lambda c: int(c.rsplit("k", 1)[1])):
+        for k, c in group_prefixes(corpora).items():
             d = drift(caches.get(c, "multi"), caches.get(c, "concat"))
-            d["k"] = int(c.rsplit("k", 1)[1])
+            d["k"] = k
             frames.append(d)
         T["drift_q3"] = pd.concat(frames, ignore_index=True)
     probe_kw = dict(n_splits=pr["folds"], seed=seed, vocab=pr["vocab"], device=pr["device"], Cs=pr["Cs"],
@@ -273,7 +279,7 @@ def analyse(cfg: dict, caches: Caches, corpora: dict, lm, log) -> dict[str, pd.D
                                            ("sep2", "cls")], out=out)
     if "Q5" in qs:
         log("analyses: [CLS] content of sentence i")
-        K = max(int(c.rsplit("k", 1)[1]) for c in corpora if c.startswith("groups_k"))
+        K = max(group_prefixes(corpora))
         multi = caches.get(f"groups_k{K}", "multi")
         T["probes_q5"] = run_probes(multi, ("cls", "mean"), [f"bow_s{i}" for i in range(1, K + 1)], **probe_kw)
     if "Q6" in qs:
