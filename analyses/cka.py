@@ -211,9 +211,50 @@ def _ratio(xy: float, xx: float, yy: float, debiased: bool) -> float:
     return xy / (math.sqrt(xx) * math.sqrt(yy))
 
 
-def _check_debiased_n(n: int) -> None:
-    if n < 4:
-        raise ValueError(f"debiased CKA needs n_items >= 4 (the U-statistic divides by n(n-3)), got {n=}")
+#: The fewest items any CKA here accepts. Below 4 the number says nothing about the representations:
+#: with n = 2 centred items span one direction, so linear CKA is 1 for any X and Y; with n = 3 it is
+#: fixed by two directions per side; the debiased estimator divides by n(n - 3).
+MIN_ITEMS = 4
+
+
+def _check_n(n: int, debiased: bool = False) -> None:
+    if n < MIN_ITEMS:
+        why = ("the U-statistic divides by n(n-3)" if debiased else
+               "with n = 2 linear CKA is 1 for any inputs, and n = 3 is nearly as fixed")
+        raise ValueError(f"{'debiased ' if debiased else ''}CKA needs n_items >= {MIN_ITEMS} ({why}), got {n=}")
+
+
+def _exponent(A: Array) -> int:
+    """The binary exponent e of max|A| (max|A| in [2^(e-1), 2^e)); 0 for an all-zero array."""
+    m = float(abs(A).max())
+    return math.frexp(m)[1] if m > 0 else 0
+
+
+def _ldexp(A: Array, k) -> Array:
+    """``A * 2**k`` exactly (k: int or int array broadcastable to A), without forming 2**k when it
+    would overflow: numpy's ldexp, or in torch two exactly representable halves."""
+    if not isinstance(A, torch.Tensor):
+        return np.ldexp(A, np.asarray(k, dtype=np.int64))
+    k = torch.as_tensor(np.asarray(k, dtype=np.float64), device=A.device)
+    half = torch.floor(k / 2)
+    return A * torch.exp2(half) * torch.exp2(k - half)
+
+
+def _unit_scale(A: Array) -> Array:
+    """``A`` times the power of two that brings max|A| into [0.5, 1).
+
+    CKA is invariant to scaling each input, and a power of two is exact in floating point, so this
+    changes no result bit for bit, while the sums of squares and fourth powers below neither
+    overflow (|x| > 1e77) nor underflow (|x| < 1e-75) at extreme scales.
+    """
+    return _ldexp(A, -_exponent(A))
+
+
+def _centred_unit(A: Array) -> Array:
+    """Columns of ``A: (n, d)`` centred, scaled to max-abs in [0.5, 1): before centring, so the mean
+    cannot overflow, and after, so a small spread about a large mean does not underflow."""
+    A = _unit_scale(A)
+    return _unit_scale(A - A.mean(0))
 
 
 # --------------------------------------------------------------------------- in-memory linear CKA
@@ -233,13 +274,12 @@ def linear_cka(X: Array, Y: Array, debiased: bool = False) -> float:
     """
     X, Y = _prepare([X, Y], ["X", "Y"])
     n = X.shape[0]
-    if debiased:
-        _check_debiased_n(n)
+    _check_n(n, debiased)
     for name, A in (("X", X), ("Y", Y)):
         if _is_constant(A):
             return _undefined(_zero_variance_msg(name, n))
-    Xc = X - X.mean(0)
-    Yc = Y - Y.mean(0)
+    Xc = _centred_unit(X)
+    Yc = _centred_unit(Y)
     xy = _sq(Xc.T @ Yc)
     xx = _sq(_outer_self(Xc.T))
     yy = _sq(_outer_self(Yc.T))
@@ -275,7 +315,7 @@ def _centred_concat(layers: Sequence[Any], side: str, device, first: tuple[str, 
         if buf is None:
             buf = _zeros((n, int(o[-1])), device) if device is not None else np.empty((n, int(o[-1])))
         consts.append(_is_constant(A))
-        buf[:, o[i]:o[i + 1]] = A - A.mean(0)
+        buf[:, o[i]:o[i + 1]] = _centred_unit(A)
     return buf, [buf[:, o[i]:o[i + 1]] for i in range(len(layers))], consts
 
 
@@ -301,8 +341,7 @@ def linear_cka_matrix(Xs: Sequence[Array], Ys: Sequence[Array] | None = None, de
     first = ("Xs[0]", tuple(np.shape(Xs[0])))
     Xcat, Xcs, const_x = _centred_concat(Xs, "Xs", device, first)
     n = Xcat.shape[0]
-    if debiased:
-        _check_debiased_n(n)
+    _check_n(n, debiased)
     if self_mode:
         Ycat, Ycs, const_y = Xcat, Xcs, const_x
     else:
@@ -411,9 +450,8 @@ def gram_cka(gram_x: Array, gram_y: Array, debiased: bool = False) -> float:
         asym = float(abs(M - M.T).max())
         if asym > 1e-8 * max(float(abs(M).max()), 1e-300):
             raise ValueError(f"{name} must be symmetric; max |K - Kᵀ| = {asym:.3g}")
-    if debiased:
-        _check_debiased_n(K.shape[0])
-    return _gram_cka_(_copy(K), _copy(L), debiased)
+    _check_n(K.shape[0], debiased)
+    return _gram_cka_(_unit_scale(K), _unit_scale(L), debiased)
 
 
 def _median(A: Array) -> float:
@@ -433,7 +471,7 @@ def _rbf_gram(X: Array, sigma: float, name: str) -> Array | None:
     Kornblith et al.'s convention (``gram_rbf(x, threshold)``): bandwidth = σ × median distance,
     with the median over the full n×n matrix, zero diagonal included. None if that median is 0.
     """
-    Xc = X - X.mean(0)  # distances are translation invariant; centring reduces cancellation
+    Xc = _centred_unit(X)  # distances are translation invariant; centring reduces cancellation
     D = _outer_self(Xc)
     sq = (Xc * Xc).sum(1)
     D *= -2.0
@@ -466,8 +504,7 @@ def rbf_cka(X: Array, Y: Array, sigma: float = 0.5, debiased: bool = False) -> f
         raise ValueError(f"sigma must be a positive finite number, got {sigma=!r}")
     X, Y = _prepare([X, Y], ["X", "Y"])
     n = X.shape[0]
-    if debiased:
-        _check_debiased_n(n)
+    _check_n(n, debiased)
     for name, A in (("X", X), ("Y", Y)):
         if _is_constant(A):
             return _undefined(_zero_variance_msg(name, n))
@@ -486,6 +523,8 @@ _SELF_ALIAS = {
     "sb": "sa", "sbb": "saa", "sax": "say", "sby": "say", "sbx": "say",
 }
 _DEBIASED_KEYS = ("sa", "sb", "saa", "sbb", "sab", "sax", "sby", "say", "sbx")
+#: Per-layer binary exponents of the units the statistics are kept in (int64 numpy, never on a device).
+_EXPONENT_KEYS = ("exp_x", "exp_y")
 
 
 class StreamingCKAMatrix:
@@ -584,12 +623,74 @@ class StreamingCKAMatrix:
         self._accumulate(Xs, Ys)
         return self
 
+    # ---- scale: each layer is stored in units of 2^exp, so no sum of squares over- or underflows
+    def _first_exponents(self, layers) -> np.ndarray:
+        """Per layer, the exponent that brings the first batch's spread about its mean to max-abs
+        ~1 (as :func:`_centred_unit`): ``exp = e(max|A|) + e(max|A/2^e - mean|)``."""
+        out = []
+        for A in layers:
+            e = _exponent(A)
+            U = _ldexp(A, -e)
+            out.append(e + _exponent(U - U.mean(0)))
+        return np.asarray(out, dtype=np.int64)
+
+    def _feature_exp(self, exps: np.ndarray, dims) -> np.ndarray:
+        return np.repeat(np.asarray(exps, dtype=np.int64), list(dims))
+
+    def _in_units(self, layers, side: str) -> list:
+        """The batch's layers in the state's units, raising a layer's exponent first (and rescaling
+        the statistics) where the batch's values, shifted, would exceed 2^8 in them."""
+        key, dims = ("exp_x", self._layout[0]) if side == "x" else ("exp_y", self._layout[1])
+        shift_key = "shift_x" if side == "x" else "shift_y"
+        o = self._offsets(dims)
+        exps = self._st[key].copy()
+        for i, A in enumerate(layers):
+            exps[i] = max(exps[i], _exponent(A) - 960)  # so A / 2^exp below cannot overflow
+        for i, A in enumerate(layers):
+            shift = _ldexp(self._st[shift_key][o[i]:o[i + 1]], self._st[key][i] - exps[i])
+            m = float(abs(_ldexp(A, -exps[i]) - shift).max())
+            if m > 256.0:
+                exps[i] += math.frexp(m)[1]
+        if (exps != self._st[key]).any():
+            new = {"exp_x": self._st["exp_x"], "exp_y": self._st.get("exp_y")}
+            new[key] = exps
+            self._st = self._rescaled(new["exp_x"], new["exp_y"])
+        return [_ldexp(A, -exps[i]) for i, A in enumerate(layers)]
+
+    def _rescaled(self, exp_x: np.ndarray, exp_y: np.ndarray | None) -> dict:
+        """The statistics re-expressed in units of 2^exp_x (and 2^exp_y): exact powers of two. Each
+        statistic scales with its degree in x and y (e.g. Σxyᵀ by 2^(kx+ky), Σa² by 2^(4kx))."""
+        st = dict(self._st)
+        kx = np.asarray(st["exp_x"], dtype=np.int64) - np.asarray(exp_x, dtype=np.int64)
+        fx = self._feature_exp(kx, self._layout[0])
+        if self.self_mode:
+            ky, fy = kx, fx
+        else:
+            ky = np.asarray(st["exp_y"], dtype=np.int64) - np.asarray(exp_y, dtype=np.int64)
+            fy = self._feature_exp(ky, self._layout[1])
+        degree = {"shift_x": fx, "sx": fx, "gxy": fx[:, None] + fy[None, :],
+                  "sa": 2 * kx, "saa": 4 * kx, "sab": 2 * kx[:, None] + 2 * ky[None, :],
+                  "say": 2 * kx[:, None] + fy[None, :]}
+        if not self.self_mode:
+            degree.update(shift_y=fy, sy=fy, sb=2 * ky, sbb=4 * ky, sax=2 * kx[:, None] + fx[None, :],
+                          sby=2 * ky[:, None] + fy[None, :], sbx=2 * ky[:, None] + fx[None, :])
+            st["gxx"] = [_ldexp(B, 2 * kx[i]) for i, B in enumerate(st["gxx"])]
+            st["gyy"] = [_ldexp(B, 2 * ky[j]) for j, B in enumerate(st["gyy"])]
+            st["exp_y"] = np.asarray(exp_y, dtype=np.int64)
+        for key, k in degree.items():
+            if key in st:
+                st[key] = _ldexp(st[key], k)
+        st["exp_x"] = np.asarray(exp_x, dtype=np.int64)
+        return st
+
     def _init_state(self, Xs, Ys) -> None:
         dev = self.device
         cat = (lambda a: np.concatenate(a)) if dev is None else (lambda a: torch.cat(a))
         dims_x, dims_y = self._layout
         Dx, Lx = int(sum(dims_x)), len(dims_x)
-        st: dict[str, Any] = {"n": 0, "shift_x": cat([A.mean(0) for A in Xs])}
+        exp_x = self._first_exponents(Xs)
+        st: dict[str, Any] = {"n": 0, "exp_x": exp_x,
+                              "shift_x": cat([_ldexp(A, -exp_x[i]).mean(0) for i, A in enumerate(Xs)])}
         st["sx"] = _zeros((Dx,), dev)
         st["minx"] = cat([_col_min(A) for A in Xs])
         st["maxx"] = cat([_col_max(A) for A in Xs])
@@ -600,7 +701,8 @@ class StreamingCKAMatrix:
                           say=_zeros((Lx, Dx), dev))
         else:
             Dy, Ly = int(sum(dims_y)), len(dims_y)
-            st["shift_y"] = cat([A.mean(0) for A in Ys])
+            st["exp_y"] = exp_y = self._first_exponents(Ys)
+            st["shift_y"] = cat([_ldexp(A, -exp_y[i]).mean(0) for i, A in enumerate(Ys)])
             st["sy"] = _zeros((Dy,), dev)
             st["miny"] = cat([_col_min(A) for A in Ys])
             st["maxy"] = cat([_col_max(A) for A in Ys])
@@ -627,17 +729,20 @@ class StreamingCKAMatrix:
         return torch.cat(layers, dim=1) - shift
 
     def _accumulate(self, Xs, Ys) -> None:
+        self._st["minx"] = _minimum(self._st["minx"], _cat_backend([_col_min(A) for A in Xs]))
+        self._st["maxx"] = _maximum(self._st["maxx"], _cat_backend([_col_max(A) for A in Xs]))
+        if Ys is not None:
+            self._st["miny"] = _minimum(self._st["miny"], _cat_backend([_col_min(A) for A in Ys]))
+            self._st["maxy"] = _maximum(self._st["maxy"], _cat_backend([_col_max(A) for A in Ys]))
+        Xs = self._in_units(Xs, "x")  # min/max above stay in the inputs' units: only equality matters
+        Ys = None if Ys is None else self._in_units(Ys, "y")
         st = self._st
-        st["minx"] = _minimum(st["minx"], _cat_backend([_col_min(A) for A in Xs]))
-        st["maxx"] = _maximum(st["maxx"], _cat_backend([_col_max(A) for A in Xs]))
         Xc = self._shifted_concat(Xs, st["shift_x"])
         st["n"] += Xc.shape[0]
         st["sx"] += Xc.sum(0)
         if Ys is None:
             Yc = Xc
         else:
-            st["miny"] = _minimum(st["miny"], _cat_backend([_col_min(A) for A in Ys]))
-            st["maxy"] = _maximum(st["maxy"], _cat_backend([_col_max(A) for A in Ys]))
             Yc = self._shifted_concat(Ys, st["shift_y"])
             st["sy"] += Yc.sum(0)
             ox, oy = self._offsets(self._layout[0]), self._offsets(self._layout[1])
@@ -742,10 +847,13 @@ class StreamingCKAMatrix:
             self._layout = o._layout
             self._st, self._mx, self._my = o._st, o._mx, o._my
             return self
+        exp_x = np.maximum(self._st["exp_x"], o._st["exp_x"])  # both in the larger units: nothing overflows
+        exp_y = None if self.self_mode else np.maximum(self._st["exp_y"], o._st["exp_y"])
+        self._st, o._st = self._rescaled(exp_x, exp_y), o._rescaled(exp_x, exp_y)
         st = self._st
         oth = o._reshifted(st["shift_x"], None if self.self_mode else st["shift_y"])
         for key, val in oth.items():
-            if key in ("shift_x", "shift_y"):
+            if key in ("shift_x", "shift_y", "exp_x", "exp_y"):
                 continue
             if key in ("minx", "miny"):
                 st[key] = _minimum(st[key], val)
@@ -770,6 +878,8 @@ class StreamingCKAMatrix:
                 continue
             if key == "n":
                 out._st[key] = int(val)
+            elif key in _EXPONENT_KEYS:
+                out._st[key] = np.array(val, dtype=np.int64)
             elif isinstance(val, list):
                 out._st[key] = [_to_backend(_copy(v), device) for v in val]
             else:
@@ -809,6 +919,8 @@ class StreamingCKAMatrix:
                 continue
             if key == "n":
                 st["n"] = int(val)
+            elif key in _EXPONENT_KEYS:
+                st[key] = np.asarray(val, dtype=np.int64)
             elif "." in key:
                 base, i = key.split(".")
                 st.setdefault(base, {})[int(i)] = _to_backend(np.asarray(val, dtype=np.float64), acc.device)
@@ -817,6 +929,9 @@ class StreamingCKAMatrix:
         for key in ("gxx", "gyy"):
             if key in st:
                 st[key] = [st[key][i] for i in range(len(st[key]))]
+        for key, dims in (("exp_x", dims_x), ("exp_y", dims_y)):
+            if dims is not None and key not in st:  # saved before the statistics were scaled: units of 1
+                st[key] = np.zeros(len(dims), dtype=np.int64)
         acc._st = st
         acc._mx = acc._masks(dims_x)
         acc._my = acc._mx if dims_y is None else acc._masks(dims_y)
@@ -838,8 +953,7 @@ class StreamingCKAMatrix:
             raise ValueError("debiased result requested but debiased statistics were not accumulated "
                              "(construct with debiased=True)")
         g, n = self._g, int(self._st["n"])
-        if debiased:
-            _check_debiased_n(n)
+        _check_n(n, debiased)
         dims_x = self._layout[0]
         dims_y = dims_x if self.self_mode else self._layout[1]
         ox, oy = self._offsets(dims_x), self._offsets(dims_y)

@@ -357,18 +357,24 @@ def test_no_warning_for_ordinary_input():
         rbf_cka(X, Y, debiased=True)
 
 
-@pytest.mark.parametrize("fn", [linear_cka, rbf_cka])
-def test_debiased_needs_four_items(fn):
-    rng = np.random.default_rng(0)
-    X, Y = rng.normal(size=(3, 2)), rng.normal(size=(3, 2))
-    with pytest.raises(ValueError, match="n_items >= 4.*n=3"):
-        fn(X, Y, debiased=True)
-    assert np.isfinite(fn(X, Y))  # the biased estimator is defined
-    with pytest.raises(ValueError, match="n=3"):
-        linear_cka_matrix([X], [Y], debiased=True)
-    acc = StreamingLinearCKA(debiased=True).update(X, Y)
-    with pytest.raises(ValueError, match="n=3"):
-        acc.result()
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("debiased", [False, True])
+def test_every_cka_needs_four_items(n, debiased):
+    """At n = 2 the centred items span one direction and linear CKA is 1 whatever X and Y are (issue
+    10, item 4: ``analyses.cka roles`` on 2 examples reported 1.0 at every layer): every variant
+    refuses n < 4, naming n."""
+    rng = np.random.default_rng(n)
+    X, Y = rng.normal(size=(n, 5)), rng.normal(size=(n, 3))
+    calls = [lambda: linear_cka(X, Y, debiased=debiased), lambda: rbf_cka(X, Y, debiased=debiased),
+             lambda: gram_cka(X @ X.T, Y @ Y.T, debiased=debiased),
+             lambda: linear_cka_matrix([X], [Y], debiased=debiased),
+             lambda: linear_cka_matrix([X], debiased=debiased),
+             lambda: StreamingLinearCKA(debiased=debiased).update(X, Y).result()]
+    for call in calls:
+        with pytest.raises(ValueError, match=f"n_items >= 4.*n={n}"):
+            call()
+    X4, Y4 = rng.normal(size=(4, 5)), rng.normal(size=(4, 3))
+    assert np.isfinite(linear_cka(X4, Y4, debiased=debiased)) and linear_cka(X4, Y4) < 1
 
 
 @pytest.mark.parametrize("fn", [linear_cka, rbf_cka])
@@ -442,3 +448,65 @@ def test_blocked_symmetric_products_match(monkeypatch):
     np.testing.assert_allclose(linear_cka_matrix(Xs, debiased=True), before[2], atol=1e-12, rtol=0)
     acc = StreamingCKAMatrix(debiased=True).update(Xs).update([A + 1 for A in Xs]).result()
     np.testing.assert_allclose(acc, acc_before, atol=1e-12, rtol=0)
+
+
+# --------------------------------------------------------------------------- extreme scales (issue 10, item 10)
+
+SCALES = [1e-200, 1e-100, 1e-75, 1e77, 1e100, 1e200]
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("debiased", [False, True])
+@pytest.mark.parametrize("backend", ["numpy", *DEVICES])
+def test_every_cka_path_is_scale_invariant_at_extreme_scales(scale, debiased, backend):
+    """Before the fix |x| > 1e77 gave 0.0 and |x| < 1e-75 gave NaN (sums of fourth powers over- or
+    underflow in float64). Every path (linear, debiased, RBF, Gram, matrix, streaming, merge, torch)
+    must give the value of the unscaled inputs, whatever the scale of each input."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 6))
+    Y = X[:, :4] @ rng.normal(size=(4, 5)) + 0.5 * rng.normal(size=(40, 5))
+    as_in = (lambda A: A) if backend == "numpy" else (lambda A: torch.from_numpy(A).to(backend))
+    Xs, Ys = as_in(X * scale), as_in(Y / scale)  # one input huge, the other tiny
+    expect = linear_cka(X, Y, debiased=debiased)
+    assert 0.3 < expect < 1
+    assert linear_cka(Xs, Ys, debiased=debiased) == pytest.approx(expect, rel=1e-9)
+    assert linear_cka(Xs, as_in(Y * scale + 3 * scale), debiased=debiased) == pytest.approx(expect, rel=1e-9)
+    assert rbf_cka(Xs, Ys, debiased=debiased) == pytest.approx(rbf_cka(X, Y, debiased=debiased), rel=1e-9)
+    K, L = X @ X.T, Y @ Y.T
+    assert gram_cka(as_in(K * scale), as_in(L / scale), debiased=debiased) == pytest.approx(
+        gram_cka(K, L, debiased=debiased), rel=1e-9)
+    M = linear_cka_matrix([Xs, as_in(X)], [Ys, as_in(Y)], debiased=debiased)
+    np.testing.assert_allclose(M, linear_cka_matrix([X, X], [Y, Y], debiased=debiased), rtol=1e-9)
+    np.testing.assert_allclose(linear_cka_matrix([Xs, Ys], debiased=debiased),
+                               linear_cka_matrix([X, Y], debiased=debiased), rtol=1e-9)
+    acc, parts = StreamingLinearCKA(debiased=debiased), []
+    for k in range(0, 40, 16):
+        acc.update(Xs[k:k + 16], Ys[k:k + 16])
+        parts.append(StreamingLinearCKA(debiased=debiased).update(Xs[k:k + 16], Ys[k:k + 16]))
+    assert acc.result() == pytest.approx(expect, rel=1e-9)
+    merged = parts[0].merge(parts[1]).merge(parts[2])
+    assert merged.result() == pytest.approx(expect, rel=1e-9)
+    restored = StreamingLinearCKA.from_state_dict(merged.state_dict())
+    assert restored.result() == pytest.approx(expect, rel=1e-9)
+    self_acc = StreamingCKAMatrix(debiased=debiased)
+    for k in range(0, 40, 16):
+        self_acc.update([Xs[k:k + 16], Ys[k:k + 16]])
+    np.testing.assert_allclose(self_acc.result(), linear_cka_matrix([X, Y], debiased=debiased), rtol=1e-9)
+
+
+@pytest.mark.parametrize("debiased", [False, True])
+def test_streaming_batches_of_very_different_scales(debiased):
+    """The accumulator's units follow the data: a later batch 1e150 times larger than the first (or a
+    merge of accumulators of different scales) rescales the statistics instead of overflowing."""
+    rng = np.random.default_rng(1)
+    X, Y = rng.normal(size=(60, 5)), rng.normal(size=(60, 4))
+    Y[:, :2] += X[:, :2]
+    scale = np.where(np.arange(60) < 20, 1.0, 1e150)[:, None]
+    expect = linear_cka(X * scale, Y * scale, debiased=debiased)
+    acc = StreamingLinearCKA(debiased=debiased)
+    for k in range(0, 60, 10):
+        acc.update(X[k:k + 10] * scale[k:k + 10], Y[k:k + 10] * scale[k:k + 10])
+    assert np.isfinite(expect) and acc.result() == pytest.approx(expect, rel=1e-6)
+    a = StreamingLinearCKA(debiased=debiased).update(X[:20], Y[:20])
+    b = StreamingLinearCKA(debiased=debiased).update(X[20:] * 1e150, Y[20:] * 1e150)
+    assert a.merge(b).result() == pytest.approx(expect, rel=1e-6)
