@@ -22,7 +22,8 @@ import numpy as np
 import pandas as pd
 
 from analyses.drift import model_label
-from analyses.results import CLI_ERRORS, add_output_options, cli_error, keep_table, make_table, stored_table
+from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
+                              stored_table)
 from analyses.stats import bootstrap_ci
 from probing.cache import Cache
 
@@ -88,7 +89,7 @@ def run_attention(cache: Cache, *, n_resamples: int = 1000, seed: int = 0, per_h
                   out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
     """Tidy table of attention mass (metric ``attention_mass``): role = source group, target = target
     group; ``head`` column: ``"mean"`` for the head average (with CI) or the head number (no CI)."""
-    config = {"cache": cache.path.name, "n_resamples": n_resamples, "seed": seed, "per_head": per_head}
+    config = {"cache": cache_identity(cache), "n_resamples": n_resamples, "seed": seed, "per_head": per_head}
     path, done = stored_table(out, "attention", config, force)
     if done is not None:
         return done

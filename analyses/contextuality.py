@@ -52,8 +52,8 @@ from tqdm.auto import tqdm
 
 from analyses.drift import model_label
 from analyses.drift_metrics import POOL_MODES, anisotropy_baseline_ci, subword_pool
-from analyses.results import (CLI_ERRORS, add_output_options, cli_error, keep_table, make_table, parse_layers,
-                              result_path, stored_table)
+from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
+                              parse_layers, result_path, stored_table)
 from analyses.stats import bootstrap_ci, bootstrap_cis
 from probing.cache import Cache
 
@@ -321,7 +321,7 @@ def _layers(cache: Cache, layers: Sequence[int] | None) -> list[int]:
 
 def _config(cache: Cache, layers, min_contexts, max_contexts, subword, lowercase, n_pairs, n_resamples,
             seed) -> dict:
-    return {"cache": cache.path.name, "layers": layers, "min_contexts": min_contexts,
+    return {"cache": cache_identity(cache), "layers": layers, "min_contexts": min_contexts,
             "max_contexts": max_contexts, "subword": subword, "lowercase": lowercase, "n_pairs": n_pairs,
             "n_resamples": n_resamples, "seed": seed}
 

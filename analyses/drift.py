@@ -20,9 +20,9 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from analyses.drift_metrics import POOL_MODES, drift_summary, subword_pool
-from analyses.results import (CLI_ERRORS, add_output_options, cli_error, keep_table, make_table, parse_layers,
-                              result_path, stored_table)
-from probing.cache import Cache, align
+from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
+                              parse_layers, result_path, stored_table)
+from probing.cache import Cache, align, check_comparable
 
 
 def model_label(cache: Cache) -> str:
@@ -46,15 +46,6 @@ def group_labels(tokens: pd.DataFrame) -> np.ndarray:
         else:
             out[i] = r
     return out
-
-
-def check_comparable(a: Cache, b: Cache) -> None:
-    ma, mb = a.manifest, b.manifest
-    if ma["model"]["fingerprint"] != mb["model"]["fingerprint"]:
-        raise ValueError(f"drift compares two formats of one model: {a.path.name} and {b.path.name} hold "
-                         f"different models ({model_label(a)} vs {model_label(b)})")
-    if ma["corpus"]["fingerprint"] != mb["corpus"]["fingerprint"]:
-        raise ValueError(f"{a.path.name} and {b.path.name} hold different corpora")
 
 
 def paired_rows(a: Cache, b: Cache, subword: str, words_only: bool = False):
@@ -85,11 +76,11 @@ def run_drift(a: Cache, b: Cache, *, layers: Sequence[int] | None = None, subwor
     """
     if subword not in POOL_MODES:
         raise ValueError(f"subword must be one of {POOL_MODES}, got {subword!r}")
-    check_comparable(a, b)
+    check_comparable(a, b, same_model=True)  # drift compares two formats of one model on one corpus
     layers = [l for l in (layers if layers is not None else a.layers) if l in b.layers]
     if not layers:
         raise ValueError(f"no layer stored in both caches: {a.layers} vs {b.layers}")
-    config = {"a": a.path.name, "b": b.path.name, "layers": layers, "subword": subword,
+    config = {"a": cache_identity(a), "b": cache_identity(b), "layers": layers, "subword": subword,
               "standardise": standardise, "words_only": words_only, "n_resamples": n_resamples,
               "n_pairs": n_pairs, "seed": seed}
     path, done = stored_table(out, "drift", config, force)

@@ -24,7 +24,8 @@ import numpy as np
 import pandas as pd
 
 from analyses.drift import model_label
-from analyses.results import CLI_ERRORS, add_output_options, cli_error, keep_table, make_table, stored_table
+from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
+                              stored_table)
 from analyses.selection import parse_choice, pooled
 from analyses.stats import bootstrap_ci
 from probing.cache import Cache
@@ -92,7 +93,7 @@ def run_knn(cache: Cache, choices: Sequence[str] = ("cls", "mean"), label: str =
     for c in choices:
         parse_choice(c)
     layers = list(layers if layers is not None else cache.layers)
-    config = {"cache": cache.path.name, "choices": list(choices), "label": label, "group": group, "k": k,
+    config = {"cache": cache_identity(cache), "choices": list(choices), "label": label, "group": group, "k": k,
               "layers": layers, "n_resamples": n_resamples, "seed": seed}
     path, done = stored_table(out, "knn", config, force)
     if done is not None:

@@ -33,10 +33,10 @@ import pandas as pd
 
 from analyses.drift import model_label
 from analyses.probes import cross_validate_probe, probe_many, probe_rows
-from analyses.results import (CLI_ERRORS, add_output_options, cli_error, keep_table, make_table, parse_layers,
-                              stored_table)
+from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
+                              parse_layers, stored_table)
 from analyses.selection import parse_choice, pooled
-from probing.cache import Cache
+from probing.cache import Cache, check_comparable
 
 TARGETS: dict[str, str] = {
     "<label>": "an example label stored with the corpus (topic, is_next, swapped, ...)",
@@ -148,10 +148,19 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
     ``Cs`` is the grid the inner CV chooses C from; ``bow_Cs``, if given, replaces it for the
     multi-label bag-of-words targets (one value = a fixed C, no inner CV: many labels make those
     probes the slowest, and the study uses this to stay within its time budget)."""
+    import torch
+
     for c in choices:
         parse_choice(c)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if random_cache is not None:
+        # the baseline must be this model's architecture with random weights, same corpus and format
+        check_comparable(cache, random_cache, random_baseline=True)
     layers = list(layers if layers is not None else cache.layers)
-    config = {"cache": cache.path.name, "random": random_cache.path.name if random_cache else None,
+    run_device = None if backend == "sklearn" else (device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    config = {"cache": cache_identity(cache), "random": cache_identity(random_cache) if random_cache else None,
+              "backend": "sklearn" if backend == "sklearn" else "torch", "device": run_device,
               "choices": list(choices), "targets": list(targets), "layers": layers, "n_splits": n_splits,
               "seed": seed, "control": control, "vocab": vocab, "max_tokens": max_tokens,
               "Cs": None if Cs is None else list(Cs), "inner_splits": inner_splits, "max_iter": max_iter,

@@ -6,6 +6,7 @@ Every runner returns a ``pandas.DataFrame`` made by :func:`make_table` and write
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -68,9 +69,30 @@ def read_table(path: str | os.PathLike) -> pd.DataFrame:
     return pd.read_csv(path.with_suffix(".csv"))
 
 
+@functools.cache
+def code_version() -> dict[str, str]:
+    """What decides the numbers besides the options: the toolkit version and a SHA-256 over the source
+    of every module of :mod:`analyses` and of :mod:`probing.cache` (the read path), computed once per
+    process. A code change gives new result keys, so a table computed by old code is not reused."""
+    import probing
+
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for f in [*sorted(here.glob("*.py")), Path(probing.__file__).resolve().parent / "cache.py"]:
+        h.update(f.name.encode("utf-8") + b"\0" + f.read_bytes() + b"\0")
+    return {"toolkit": probing.__version__, "code_sha256": h.hexdigest()}
+
+
+def cache_identity(cache) -> dict[str, Any]:
+    """A cache as a result key sees it: its directory name and its manifest's checksum, which covers
+    the model and corpus fingerprints and every shard's SHA-256 (a rebuilt cache gets a new key)."""
+    return {"name": cache.path.name, "manifest_sha256": cache.manifest.get("manifest_sha256")}
+
+
 def result_key(config: Mapping[str, Any]) -> str:
-    """A short content hash of an analysis configuration (inputs' fingerprints and options)."""
-    blob = json.dumps(config, sort_keys=True, default=str).encode("utf-8")
+    """A short content hash of an analysis configuration (inputs' identities from
+    :func:`cache_identity`, every option) together with :func:`code_version`."""
+    blob = json.dumps({"config": config, "code": code_version()}, sort_keys=True, default=str).encode("utf-8")
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

@@ -11,6 +11,11 @@ Three shapes of comparison (``python -m analyses.cka --help``):
 
 Every CKA is computed in float64; a representation with no variance (``[CLS]`` at the embedding
 layer, identical for every example) gives NaN with a warning, recorded in the ``note`` column.
+
+Two caches are combined only if :func:`probing.cache.check_comparable` allows it: the same corpus
+(examples are paired by index and key), another model allowed. Every table names both sides:
+``model``/``model_b`` and ``format``/``format_b``. Fewer than :data:`analyses.cka.MIN_ITEMS` (4)
+paired items is refused.
 """
 
 from __future__ import annotations
@@ -23,11 +28,11 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from analyses.cka import linear_cka, linear_cka_matrix, rbf_cka
+from analyses.cka import MIN_ITEMS, linear_cka, linear_cka_matrix, rbf_cka
 from analyses.drift import model_label
-from analyses.results import CLI_ERRORS, cli_error, keep_table, make_table, stored_table
+from analyses.results import CLI_ERRORS, cache_identity, cli_error, keep_table, make_table, stored_table
 from analyses.selection import pooled
-from probing.cache import Cache, align
+from probing.cache import Cache, align, check_comparable
 
 #: CKA variants, declared once: name -> function of (X, Y).
 METRICS = {
@@ -54,6 +59,14 @@ def _measure(X: np.ndarray, Y: np.ndarray, metrics: Sequence[str]) -> list[tuple
     return out
 
 
+def _enough(n: int, a: Cache, b: Cache, what: str) -> None:
+    """Refuse a comparison on fewer items than CKA needs (:data:`analyses.cka.MIN_ITEMS`)."""
+    if n < MIN_ITEMS:
+        where = a.path.name if a is b else f"both {a.path.name} and {b.path.name}"
+        raise ValueError(f"{what}: only {n} items in {where}; CKA needs at least {MIN_ITEMS} "
+                         f"(with 2 it is 1 whatever the representations)")
+
+
 def _paired(a: Cache, b: Cache, choice: str, layer: int) -> tuple[np.ndarray, np.ndarray]:
     """Paired (n, d) arrays of ``choice`` in both caches at ``layer``: per example for token choices,
     per aligned token for word groups ``s<i> words``."""
@@ -62,26 +75,29 @@ def _paired(a: Cache, b: Cache, choice: str, layer: int) -> tuple[np.ndarray, np
         tok = a.tokens
         rows = np.flatnonzero((tok["role"].to_numpy() == "word") & (tok["sentence"].to_numpy() == s))
         ra, rb = align(a, b, rows_a=rows)
+        _enough(len(ra), a, b, repr(choice))
         return a.states(layer, ra), b.states(layer, rb)
     ex_a, Xa = pooled(a, layer, choice)
     ex_b, Xb = pooled(b, layer, choice)
     common, ia, ib = np.intersect1d(ex_a, ex_b, return_indices=True)
-    if len(common) < 4:
-        raise ValueError(f"{choice!r}: only {len(common)} examples in both {a.path.name} and {b.path.name}")
+    _enough(len(common), a, b, repr(choice))
     return Xa[ia], Xb[ib]
 
 
 def _base(a: Cache, b: Cache, seed: int = 0) -> dict:
-    return {"analysis": "cka", "model": model_label(a), "corpus": a.manifest["corpus"]["name"],
-            "format": a.format_name, "format_b": b.format_name, "seed": seed}
+    """The columns naming what is compared: both models (``model``, ``model_b``) and both formats."""
+    return {"analysis": "cka", "model": model_label(a), "model_b": model_label(b),
+            "corpus": a.manifest["corpus"]["name"], "format": a.format_name, "format_b": b.format_name,
+            "seed": seed}
 
 
 def run_cka_formats(a: Cache, b: Cache, choices: Sequence[str] = ("cls", "mean"), *,
                     layers: Sequence[int] | None = None, metrics: Sequence[str] = DEFAULT_METRICS,
                     out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
     """Per layer, CKA of each token choice between format A and format B (role = target = choice)."""
+    check_comparable(a, b, same_model=False)  # another model is allowed (model_b names it); not another corpus
     layers = [l for l in (layers if layers is not None else a.layers) if l in b.layers]
-    config = {"kind": "formats", "a": a.path.name, "b": b.path.name, "choices": list(choices),
+    config = {"kind": "formats", "a": cache_identity(a), "b": cache_identity(b), "choices": list(choices),
               "layers": layers, "metrics": list(metrics)}
     path, done = stored_table(out, "cka", config, force)
     if done is not None:
@@ -101,7 +117,8 @@ def run_cka_matrix(a: Cache, b: Cache | None = None, choice: str = "cls", *,
                    debiased: bool = False, out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
     """Layer x layer linear CKA of one token choice, within ``a`` or between ``a`` and ``b``."""
     b = a if b is None else b
-    config = {"kind": "matrix", "a": a.path.name, "b": b.path.name, "choice": choice, "debiased": debiased}
+    check_comparable(a, b, same_model=False)
+    config = {"kind": "matrix", "a": cache_identity(a), "b": cache_identity(b), "choice": choice, "debiased": debiased}
     path, done = stored_table(out, "cka", config, force)
     if done is not None:
         return done
@@ -133,7 +150,7 @@ def run_cka_roles(cache: Cache, pairs: Sequence[tuple[str, str]] = (("sep1", "cl
                   out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
     """Per layer, CKA between two token choices of the same examples in one cache."""
     layers = list(layers if layers is not None else cache.layers)
-    config = {"kind": "roles", "cache": cache.path.name, "pairs": [list(p) for p in pairs], "layers": layers,
+    config = {"kind": "roles", "cache": cache_identity(cache), "pairs": [list(p) for p in pairs], "layers": layers,
               "metrics": list(metrics)}
     path, done = stored_table(out, "cka", config, force)
     if done is not None:
@@ -144,6 +161,7 @@ def run_cka_roles(cache: Cache, pairs: Sequence[tuple[str, str]] = (("sep1", "cl
             ex_a, X = pooled(cache, layer, ca)
             ex_b, Y = pooled(cache, layer, cb)
             common, ia, ib = np.intersect1d(ex_a, ex_b, return_indices=True)
+            _enough(len(common), cache, cache, f"{ca!r} vs {cb!r}")
             for m, v, note in _measure(X[ia], Y[ib], metrics):
                 rows.append({**_base(cache, cache), "layer": layer, "role": ca, "target": cb, "metric": m,
                              "value": v, "n": len(common), "note": note})

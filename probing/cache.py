@@ -9,17 +9,24 @@ Layout of one cache (one model x format x corpus x options)::
         shards/00000.json            its record: example range, row count, SHA-256 of both files
                                      (written last: a shard is complete iff its record exists)
         examples.parquet             the corpus: example index, id, sentences, label_<name> columns
-        manifest.json                written when every shard is complete: the cache is complete
+        manifest.json                written when every shard is complete: the cache is complete;
+                                     it holds the SHA-256 of its own canonical content
+                                     (``manifest_sha256``), checked on open
+    <root>/<model-slug>/.<format>-<key>.lock
+                                     the writers' lock (empty at rest; see :func:`writer_lock`)
 
 Every file is written to a temporary name and renamed into place, so an interrupted run leaves only
 complete shards; the next run of the same request skips them and ends with the same bytes. Several
 processes may write disjoint shards of one cache at once (one extractor per GPU); the manifest is
-written once all are there. Nothing is pickled: states are ``.npy`` (memory-mapped on read, loaded
+written once all are there. One extraction at a time holds a cache's lock; an independent second
+writer is refused instead of deleting the first one's temporaries. Nothing is pickled: states are ``.npy`` (memory-mapped on read, loaded
 with ``allow_pickle=False``), tables are Parquet, metadata JSON.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -40,11 +47,17 @@ MANIFEST = "manifest.json"
 EXAMPLES = "examples.parquet"
 REQUEST = "request.json"
 SHARDS = "shards"
-CACHE_VERSION = 1
+#: 2: manifest.json carries ``manifest_sha256``, its own checksum (version 1 had none).
+CACHE_VERSION = 2
+MANIFEST_CHECKSUM = "manifest_sha256"
 
 
 class CacheError(RuntimeError):
     """A cache is incomplete, damaged, or does not match what was asked for."""
+
+
+class IncomparableCaches(CacheError, ValueError):
+    """Two caches cannot be combined in one measurement (see :func:`check_comparable`)."""
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -110,6 +123,48 @@ def write_json(path: Path, obj: Any) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
+def read_json(path: Path) -> Any:
+    """Parse a JSON file; a file that is not valid UTF-8 JSON raises :class:`CacheError` naming it."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CacheError(f"{path} is damaged (not valid JSON: {err}); delete the cache directory "
+                         f"{path.parent} or re-run the extraction with --force") from None
+
+
+def manifest_checksum(manifest: Mapping[str, Any]) -> str:
+    """SHA-256 of a manifest's canonical JSON (sorted keys, compact), its own checksum field left out."""
+    return hashlib.sha256(_canonical({k: v for k, v in manifest.items() if k != MANIFEST_CHECKSUM})).hexdigest()
+
+
+def write_manifest(cache_dir: Path, manifest: Mapping[str, Any]) -> None:
+    """Write ``manifest.json`` with its checksum (``manifest_sha256``) embedded; atomic."""
+    write_json(Path(cache_dir) / MANIFEST, {**manifest, MANIFEST_CHECKSUM: manifest_checksum(manifest)})
+
+
+def read_manifest(cache_dir: Path) -> dict:
+    """Read and verify ``manifest.json``: a damaged file (invalid JSON, a checksum that does not match
+    its content, e.g. one flipped bit that relabels a layer) raises :class:`CacheError` naming it."""
+    path = Path(cache_dir) / MANIFEST
+    manifest = read_json(path)
+    if not isinstance(manifest, dict):
+        raise CacheError(f"{path} is damaged (a JSON {type(manifest).__name__}, not an object)")
+    version = manifest.get("cache_version")
+    if MANIFEST_CHECKSUM not in manifest:
+        if version == 1:
+            raise CacheError(f"{path}: cache version 1 (written by an older probing, no manifest checksum) is "
+                             f"not {CACHE_VERSION}; extract again (the new cache goes to a new directory)")
+        raise CacheError(f"{path} is damaged: it has no {MANIFEST_CHECKSUM}; delete the cache directory or "
+                         f"re-run the extraction with --force")
+    if manifest_checksum(manifest) != manifest[MANIFEST_CHECKSUM]:
+        raise CacheError(f"{path} is damaged (its content does not match its SHA-256 {MANIFEST_CHECKSUM}); "
+                         f"delete the cache directory or re-run the extraction with --force")
+    if version != CACHE_VERSION:
+        raise CacheError(f"{path}: cache version {version} is not {CACHE_VERSION}")
+    return manifest
+
+
 def _write_npy(tmp: str, array: np.ndarray) -> None:
     with open(tmp, "wb") as f:
         np.lib.format.write_array(f, np.ascontiguousarray(array), allow_pickle=False)
@@ -155,21 +210,83 @@ def write_shard(cache_dir: Path, index: int, states: np.ndarray, tokens: pd.Data
     return record
 
 
+def remove_temporaries(cache_dir: Path) -> list[Path]:
+    """Remove the temporary files (``.*.tmp``) an interrupted writer left in the cache directory and
+    its ``shards/``; returns them. Only call it while holding :func:`writer_lock` and before this
+    extraction's ranks start writing: then no live writer owns a temporary there."""
+    d = Path(cache_dir)
+    gone = [*d.glob(".*.tmp"), *(d / SHARDS).glob(".*.tmp")]
+    for tmp in gone:
+        tmp.unlink(missing_ok=True)
+    return gone
+
+
+def lock_path(cache_dir: Path) -> Path:
+    """The lock file of a cache directory: beside it (``.<name>.lock``), so clearing the directory
+    (``--force``) never removes a lock that is held."""
+    cache_dir = Path(cache_dir)
+    return cache_dir.parent / f".{cache_dir.name}.lock"
+
+
+class writer_lock:
+    """Exclusive lock of one cache directory for one extraction (``fcntl.flock`` on
+    :func:`lock_path`, non-blocking).
+
+    An independent second writer is refused at once with a :class:`CacheError` that names the
+    directory and the holder's process id; it never waits and never touches the holder's files. The
+    kernel drops the lock when its holder dies, so a killed run leaves no stale lock. Under torchrun
+    only rank 0 takes it: the ranks of one extraction write disjoint shards inside it.
+
+    >>> with writer_lock(path):           # doctest: +SKIP
+    ...     ...  # clean temporaries, write shards, write the manifest
+    """
+
+    def __init__(self, cache_dir: Path):
+        self.path = lock_path(cache_dir)
+        self.cache_dir = Path(cache_dir)
+        self._fd: int | None = None
+
+    def __enter__(self) -> "writer_lock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise CacheError(
+                f"{self.cache_dir}: another extraction (process {holder}) is writing this cache; this one "
+                f"is refused and leaves it alone. Wait for it to finish (then this request is already "
+                f"cached), or give another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)  # empty at rest: the cache tree is the same bytes after any run
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
 def complete_shards(cache_dir: Path, verify: bool = True, clean: bool = False) -> dict[int, dict]:
     """Records of shards already written (and, with ``verify``, whose checksums still match; damaged
     shards are dropped so they are written again). ``clean`` removes temporary files an interrupted
-    run left behind: only call it when no other process is writing."""
+    run left behind (:func:`remove_temporaries`): only under :func:`writer_lock`, before writing."""
     d = Path(cache_dir) / SHARDS
     if not d.is_dir():
         return {}
     if clean:
-        for tmp in d.glob(".*.tmp"):
-            tmp.unlink(missing_ok=True)
+        remove_temporaries(cache_dir)
     out: dict[int, dict] = {}
     for rec_path in sorted(d.glob("[0-9]*.json")):
         try:
             rec = json.loads(rec_path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             continue
         if verify:
             files = [(rec[k], rec[k + "_sha256"]) for k in ("states", "tokens")]
@@ -229,10 +346,7 @@ class Cache:
                 f"{path} is not a complete cache (no {MANIFEST})"
                 + ("; an extraction was started there and did not finish: run it again to resume" if partial else "")
             )
-        manifest = json.loads(mf.read_text(encoding="utf-8"))
-        if manifest.get("cache_version") != CACHE_VERSION:
-            raise CacheError(f"{path}: cache version {manifest.get('cache_version')} is not {CACHE_VERSION}")
-        return cls(path, manifest, verify=verify)
+        return cls(path, read_manifest(path), verify=verify)
 
     # -- metadata -----------------------------------------------------------------------------------
     @property
@@ -384,14 +498,75 @@ class Cache:
         return np.asarray(ex, dtype=np.int64), np.concatenate(arrs), list(self.manifest["attention"]["groups"])
 
 
+# ---------------------------------------------------------------------------------------------------
+# Comparability: the one place that decides whether two caches may be combined
+
+#: Model fields that describe the architecture, for caches written before ``architecture`` was recorded.
+_ARCH_FIELDS = ("model_type", "n_layers", "hidden_size", "type_vocab_size")
+
+
+def describe_model(model: Mapping[str, Any]) -> str:
+    """``name (random init, seed s) [fingerprint]`` of a manifest's ``model`` entry."""
+    return (model["name"] + (f" (random init, seed {model.get('seed')})" if model.get("random_init") else "")
+            + f" [{str(model.get('fingerprint', ''))[:12]}]")
+
+
+def _architecture(model: Mapping[str, Any]) -> Any:
+    return model.get("architecture") or {k: model.get(k) for k in _ARCH_FIELDS}
+
+
+def check_comparable(a: "Cache", b: "Cache", *, same_model: bool = True, random_baseline: bool = False,
+                     roles: Iterable[str] = ()) -> None:
+    """Refuse to combine caches ``a`` and ``b`` whose tokens cannot be paired or whose comparison
+    would not mean what the caller's table says. Raises :class:`IncomparableCaches` (a
+    :class:`CacheError` and a ``ValueError``) naming both caches and every difference.
+
+    Always: the same corpus (fingerprint), and every role in ``roles`` stored in both.
+    ``same_model``: the same weights (model fingerprint), e.g. drift between two formats of one model.
+    ``random_baseline``: ``b`` is the random-init baseline of ``a``: ``b`` has random weights and ``a``
+    does not, the same architecture (``architecture`` hash of the config, or for older caches model
+    type, layers, hidden size and token types), the same format (template and segments), and every
+    layer and role ``a`` stores. Same model is not asked then (the weights differ by design).
+    """
+    ma, mb = a.manifest, b.manifest
+    diffs = []
+    ca, cb = ma["corpus"], mb["corpus"]
+    if ca["fingerprint"] != cb["fingerprint"]:
+        diffs.append(f"different corpora ({ca['name']!r}, {ca.get('n_examples')} examples, "
+                     f"{ca['fingerprint'][:12]} vs {cb['name']!r}, {cb.get('n_examples')} examples, "
+                     f"{cb['fingerprint'][:12]}): their examples cannot be paired")
+    A, B = ma["model"], mb["model"]
+    if random_baseline:
+        if A.get("random_init"):
+            diffs.append(f"the first cache is itself a random-init model ({describe_model(A)})")
+        if not B.get("random_init"):
+            diffs.append(f"the baseline cache holds trained weights ({describe_model(B)}), not a randomly "
+                         f"initialised model (extract it with --random-init)")
+        if _architecture(A) != _architecture(B):
+            diffs.append(f"different architectures ({_architecture(A)} vs {_architecture(B)})")
+        if ma["format"] != mb["format"]:
+            diffs.append(f"different formats ({ma['format'].get('name')!r} vs {mb['format'].get('name')!r})")
+        missing = [l for l in ma["layers"] if l not in mb["layers"]]
+        if missing:
+            diffs.append(f"layers {missing} are not in the baseline cache (it stores {mb['layers']})")
+        roles = [*roles, *ma.get("roles", ())]
+    elif same_model and A["fingerprint"] != B["fingerprint"]:
+        diffs.append(f"different models ({describe_model(A)} vs {describe_model(B)})")
+    for name, m in (("first", ma), ("second", mb)):
+        lacking = sorted({r for r in roles if r not in m.get("roles", ())})
+        if lacking:
+            diffs.append(f"the {name} cache stores no {lacking} tokens (it stores {m.get('roles')})")
+    if diffs:
+        raise IncomparableCaches(f"cannot combine caches {a.path} and {b.path}: " + "; ".join(diffs))
+
+
 def align(a: Cache, b: Cache, rows_a: np.ndarray | None = None,
           on: Sequence[str] = KEY_COLUMNS) -> tuple[np.ndarray, np.ndarray]:
     """Pair the tokens of two caches by key: returns ``(rows_a, rows_b)``, equal-length arrays of row
     numbers such that ``a.tokens.iloc[rows_a[i]]`` and ``b.tokens.iloc[rows_b[i]]`` have the same key.
-    Only keys present in both are kept, in ``a``'s order. The caches must hold the same corpus."""
-    ca, cb = a.manifest["corpus"]["fingerprint"], b.manifest["corpus"]["fingerprint"]
-    if ca != cb:
-        raise CacheError(f"cannot align caches of different corpora: {a.path} ({ca[:12]}) vs {b.path} ({cb[:12]})")
+    Only keys present in both are kept, in ``a``'s order. The caches must hold the same corpus
+    (:func:`check_comparable` with ``same_model=False``)."""
+    check_comparable(a, b, same_model=False)
     ta = a.tokens[list(on)]
     if rows_a is not None:
         ta = ta.iloc[np.asarray(rows_a)]

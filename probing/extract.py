@@ -40,8 +40,8 @@ import pandas as pd
 import torch
 
 from . import __version__
-from .cache import (CACHE_VERSION, MANIFEST, REQUEST, CacheError, cache_path, clear, complete_shards,
-                    write_json, write_shard)
+from .cache import (CACHE_VERSION, MANIFEST, REQUEST, CacheError, cache_path, clear, complete_shards, read_json,
+                    write_json, write_manifest, write_shard, writer_lock)
 from .examples import Example, corpus_fingerprint
 from .formats import (SPECIAL_TOKENS, Format, FormatError, Rendered, parse_formats, render,
                       special_token_ids, tokenize_sentences)
@@ -591,7 +591,18 @@ def _extract(lm: LoadedModel, examples: list[Example], fmts: list[Format], dev: 
     return [p.path for p in plans]
 
 
-def _extract_one(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, device: torch.device,
+def _extract_one(lm: LoadedModel, p: Plan, examples: Sequence[Example], **kw) -> None:
+    """Extract one format's cache. Rank 0 (the only process outside torchrun) holds the cache's
+    :class:`~probing.cache.writer_lock` throughout: an independent second extractor on the same cache
+    is refused and cannot delete this one's temporaries; the ranks of one torchrun extraction share
+    it (they wait at barriers for rank 0, which cleans stale temporaries under the lock first)."""
+    if kw["rank"] != 0:
+        return _extract_locked(lm, p, examples, **kw)
+    with writer_lock(p.path):
+        return _extract_locked(lm, p, examples, **kw)
+
+
+def _extract_locked(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, device: torch.device,
                  batch_tokens: int, max_batch: int, force: bool, progress: bool, rank: int,
                  world_size: int, barrier, log) -> None:
     path = p.path
@@ -605,14 +616,12 @@ def _extract_one(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, devic
         return
     if rank == 0:
         if (path / REQUEST).exists():
-            import json
-
-            old = json.loads((path / REQUEST).read_text(encoding="utf-8"))
+            old = read_json(path / REQUEST)
             if old != p.request:
                 raise CacheError(f"{path}: request.json does not match this request; delete the directory")
         else:
             write_json(path / REQUEST, p.request)
-        complete_shards(path, verify=True, clean=True)  # drop temporaries and damaged shards first
+        complete_shards(path, verify=True, clean=True)  # under the lock: drop stale temporaries, damaged shards
     if barrier is not None:
         barrier()
     if rank != 0 and not (path / REQUEST).exists():
@@ -771,7 +780,7 @@ def _finish(lm: LoadedModel, p: Plan, path: Path, examples: Sequence[Example], l
     if p.request["attention"]:
         manifest["attention"] = {"groups": p.groups, "layers": list(range(1, lm.n_layers + 1)),
                                  "heads": int(lm.config.num_attention_heads)}
-    write_json(path / MANIFEST, manifest)
+    write_manifest(path, manifest)
 
 
 # ---------------------------------------------------------------------------------------------------

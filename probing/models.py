@@ -84,6 +84,7 @@ class LoadedModel:
             "random_init": self.random_init,
             "seed": self.seed,
             "model_type": getattr(self.model.config, "model_type", None),
+            "architecture": architecture_fingerprint(getattr(self.model, "config", None)),
             "n_layers": self.n_layers,
             "hidden_size": self.hidden_size,
             "type_vocab_size": self.type_vocab_size,
@@ -116,6 +117,15 @@ def resolve_model(name: str | None) -> str:
 
 _IGNORED_CONFIG_KEYS = {"_name_or_path", "transformers_version", "architectures", "torch_dtype", "dtype",
                         "_attn_implementation", "_attn_implementation_autoset", "use_cache"}
+
+
+def architecture_fingerprint(config) -> str:
+    """SHA-256 of the architecture config alone (no weights, no path): equal for a trained model and
+    its random-init baseline, which is how :func:`probing.cache.check_comparable` tells them apart
+    from a baseline of another architecture."""
+    cfg = config.to_dict() if config is not None else {}
+    cfg = {k: v for k, v in cfg.items() if k not in _IGNORED_CONFIG_KEYS}
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:

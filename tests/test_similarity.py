@@ -44,3 +44,58 @@ def test_cka_roles(caches):
     df = run_cka_roles(caches[0], [("sep1", "cls"), ("sep1", "mean_s1")])
     assert set(zip(df["role"], df["target"])) == {("sep1", "cls"), ("sep1", "mean_s1")}
     assert (df["n"] == 16).all()
+
+
+def _other_corpus(tmp_path, tiny_bert):
+    """The same formats on another corpus of the same size (other sentences, other fingerprint)."""
+    (p,) = extract(sample_examples(18, k=2)[2:], ["concat"], model=tiny_bert, out=tmp_path / "other",
+                   progress=False, log=lambda *a: None)
+    return Cache.open(p)
+
+
+@pytest.mark.parametrize("mode", ["formats", "matrix"])
+def test_cka_refuses_caches_of_different_corpora(caches, tmp_path, tiny_bert, capsys, mode):
+    """Issue 10, item 3: pairing examples of different corpora by index gave CKA 0.30-0.46 with exit 0."""
+    from analyses.similarity import main
+    from probing.cache import IncomparableCaches
+
+    other = _other_corpus(tmp_path, tiny_bert)
+    run = run_cka_formats if mode == "formats" else run_cka_matrix
+    with pytest.raises(IncomparableCaches, match="different corpora"):
+        run(caches[0], other)
+    out = tmp_path / "results"
+    assert main([mode, str(caches[0].path), str(other.path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot combine caches") and "different corpora" in err
+    assert str(caches[0].path) in err and str(other.path) in err
+    assert not out.exists()
+
+
+def test_cross_model_cka_names_both_models(caches, tmp_path, bert_tokenizer):
+    from probing.models import prepare_model
+
+    from .conftest import make_tiny_bert
+
+    other = prepare_model(make_tiny_bert(bert_tokenizer, seed=3), bert_tokenizer, name="other-bert")
+    (p,) = extract(sample_examples(16, k=2), ["pair"], model=other, out=tmp_path / "o", progress=False,
+                   log=lambda *a: None)
+    df = run_cka_formats(caches[0], Cache.open(p), ["mean"], metrics=["linear_cka"])
+    assert set(df["model"]) == {"tiny-bert"} and set(df["model_b"]) == {"other-bert"}
+    assert (df[df["layer"] > 0]["value"] < 1 - 1e-6).all()
+    M = run_cka_matrix(caches[0], Cache.open(p), "mean")
+    assert set(M["model_b"]) == {"other-bert"}
+
+
+def test_cka_roles_refuses_two_examples(tmp_path, tiny_bert, capsys):
+    """Issue 10, item 4: on a 2-example cache linear CKA was 1.0 at every layer (always 1 at n = 2)."""
+    from analyses.similarity import main
+
+    (p,) = extract(sample_examples(2, k=2), ["pair"], model=tiny_bert, out=tmp_path / "c", progress=False,
+                   log=lambda *a: None)
+    with pytest.raises(ValueError, match="only 2 items.*at least 4"):
+        run_cka_roles(Cache.open(p), [("sep1", "cls")])
+    out = tmp_path / "results"
+    assert main(["roles", str(p), "--pairs", "sep1:cls", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and p.name in err and "only 2 items" in err
+    assert not out.exists()
