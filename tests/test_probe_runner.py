@@ -68,3 +68,58 @@ def test_targets(caches):
         example_target(a, "nope", ex)
     with pytest.raises(ValueError, match="unknown token choice"):
         run_probes(a, ("bogus",), ("topic",), progress=False)
+
+
+def test_random_cache_must_be_the_random_init_baseline(caches, tmp_path, bert_tokenizer, capsys):
+    """Issue 10, item 5: a trained model on another corpus was accepted as --random-cache and labelled
+    random_init. The baseline must have random weights, this model's architecture, corpus and format."""
+    from analyses.probe_runner import main
+    from probing.cache import IncomparableCaches
+
+    a, _ = caches
+    root = tmp_path / "c"
+    trained = prepare_model(make_tiny_bert(bert_tokenizer, seed=2), bert_tokenizer, name="tiny")
+    (other,) = extract(sample_examples(33, k=2)[3:], ["pair"], model=trained, out=root, progress=False,
+                       log=lambda *x: None)
+    deeper = prepare_model(make_tiny_bert(bert_tokenizer, seed=5, num_hidden_layers=3), bert_tokenizer, name="tiny",
+                           random_init=True, seed=5)
+    (arch,) = extract(sample_examples(30, k=2), ["pair"], model=deeper, out=root, progress=False,
+                      log=lambda *x: None)
+    rnd = prepare_model(make_tiny_bert(bert_tokenizer, seed=5), bert_tokenizer, name="tiny", random_init=True, seed=5)
+    (fmt,) = extract(sample_examples(30, k=2), ["concat"], model=rnd, out=root, progress=False, log=lambda *x: None)
+    kw = dict(n_splits=2, Cs=(1.0,), max_iter=50, progress=False)
+    for path, why in [(other, "trained weights.*different corpora|different corpora.*trained weights"),
+                      (arch, "different architectures"), (fmt, "different formats")]:
+        with pytest.raises(IncomparableCaches, match=why):
+            run_probes(a, ("cls",), ("topic",), random_cache=Cache.open(path), **kw)
+    out = tmp_path / "results"
+    assert main([str(a.path), "--choices", "cls", "--random-cache", str(other), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot combine caches") and str(a.path) in err and str(other) in err
+    assert "random" in err and not out.exists()
+
+
+def test_stored_tables_are_keyed_by_backend_code_and_cache_content(caches, tmp_path, monkeypatch):
+    """Issue 10, item 6: --backend sklearn after a torch run returned the torch table, and after a code
+    fix the old table came back: keys now hold the backend, device, caches' manifests and code hash."""
+    import types
+
+    import analyses.results as R
+
+    a, _ = caches
+    kw = dict(n_splits=2, Cs=(1.0,), inner_splits=2, max_iter=50, progress=False, out=tmp_path, layers=[2],
+              device="cpu")
+    torch_df = run_probes(a, ("cls",), ("topic",), backend="torch", **kw)
+    sk_df = run_probes(a, ("cls",), ("topic",), backend="sklearn", **kw)
+    assert len(list(tmp_path.glob("probe-*.csv"))) == 2  # the sklearn run computed its own table
+    assert len(sk_df) == len(torch_df)
+    again = run_probes(a, ("cls",), ("topic",), backend="auto", **kw)  # auto is torch on the CPU
+    assert len(list(tmp_path.glob("probe-*.csv"))) == 2 and len(again) == len(torch_df)
+    code = R.code_version()
+    assert len(code["code_sha256"]) == 64 and code["toolkit"]
+    monkeypatch.setattr(R, "code_version", lambda: {**code, "code_sha256": "0" * 64})  # the code changed
+    run_probes(a, ("cls",), ("topic",), backend="torch", **kw)
+    assert len(list(tmp_path.glob("probe-*.csv"))) == 3
+    # a cache rebuilt under the same directory name (other shards, so another manifest) is another input
+    same_name = types.SimpleNamespace(path=a.path, manifest={**a.manifest, "manifest_sha256": "f" * 64})
+    assert R.result_key({"cache": R.cache_identity(a)}) != R.result_key({"cache": R.cache_identity(same_name)})

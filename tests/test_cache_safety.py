@@ -1,0 +1,143 @@
+"""Cache integrity (issue 10): the manifest's own checksum (item 7) and one writer per cache with safe
+removal of stale temporaries (item 8)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from probing.cache import MANIFEST, SHARDS, Cache, CacheError, lock_path, writer_lock
+from probing.extract import extract
+from probing.extract import main as extract_main
+
+from .conftest import make_tiny_bert, sample_examples
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _extract(tiny_bert, out: Path) -> Path:
+    (path,) = extract(sample_examples(12, k=2), ["pair"], model=tiny_bert, out=out, shard_mb=0.002,
+                      progress=False, log=lambda *a: None)
+    return path
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# --------------------------------------------------------------------------- item 7: manifest checksum
+
+
+def test_one_flipped_bit_that_relabels_a_layer_is_refused(tmp_path, tiny_bert):
+    """Before: flipping one bit turned layers [0, 1, 2] into [0, 3, 2] and the cache opened."""
+    path = _extract(tiny_bert, tmp_path / "c")
+    mf = path / MANIFEST
+    text = mf.read_bytes()
+    start = text.index(b'"layers": [')
+    at = text.index(b"1", start)  # '1' (0x31) -> '3' (0x33): still valid JSON, another layer
+    mf.write_bytes(text[:at] + bytes([text[at] ^ 0x02]) + text[at + 1:])
+    assert json.loads(mf.read_text())["layers"] == [0, 3, 2]
+    with pytest.raises(CacheError, match="manifest.json is damaged.*SHA-256") as err:
+        Cache.open(path)
+    assert str(mf) in str(err.value)
+
+
+def test_every_flipped_bit_is_refused_naming_the_manifest(tmp_path, tiny_bert):
+    """Before: most flips ended in a bare JSONDecodeError that named no file. Now every flip is
+    refused with a CacheError naming manifest.json, or leaves the parsed content unchanged."""
+    path = _extract(tiny_bert, tmp_path / "c")
+    mf = path / MANIFEST
+    original = mf.read_bytes()
+    manifest = Cache.open(path).manifest
+    positions = range(0, len(original), max(1, len(original) // 150))
+    refused = 0
+    for at in positions:
+        for bit in (0, 1, 5):
+            mf.write_bytes(original[:at] + bytes([original[at] ^ (1 << bit)]) + original[at + 1:])
+            try:
+                opened = Cache.open(path)
+            except CacheError as err:
+                assert str(mf) in str(err), err
+                refused += 1
+            else:
+                assert opened.manifest == manifest  # only a flip that changes nothing may pass
+    assert refused >= 0.95 * 3 * len(positions)
+    mf.write_bytes(original)
+    assert Cache.open(path).manifest == manifest
+
+
+def test_manifest_written_without_a_checksum_is_refused(tmp_path, tiny_bert):
+    path = _extract(tiny_bert, tmp_path / "c")
+    m = json.loads((path / MANIFEST).read_text())
+    del m["manifest_sha256"]
+    (path / MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(CacheError, match="no manifest_sha256"):
+        Cache.open(path)
+    m["cache_version"] = 1  # what an older probing wrote
+    (path / MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(CacheError, match="cache version 1.*extract again"):
+        Cache.open(path)
+
+
+def test_damaged_request_json_is_named(tmp_path, tiny_bert):
+    path = _extract(tiny_bert, tmp_path / "c")
+    (path / MANIFEST).unlink()  # an interrupted run: the next one reads request.json
+    (path / "request.json").write_bytes(b"\xff" + (path / "request.json").read_bytes()[1:])
+    with pytest.raises(CacheError, match="request.json is damaged") as err:
+        _extract(tiny_bert, tmp_path / "c")
+    assert str(path / "request.json") in str(err.value)
+
+
+# --------------------------------------------------------------------------- item 8: one writer per cache
+
+
+def test_second_writer_is_refused_and_leaves_the_first_ones_temporaries(tmp_path, tiny_bert):
+    """Before: a second extractor on the same --out deleted the first one's in-flight temporaries."""
+    reference = _extract(tiny_bert, tmp_path / "ref")
+    path = _extract(tiny_bert, tmp_path / "c")
+    (path / MANIFEST).unlink()  # the first writer is still running: no manifest yet
+    in_flight = [path / SHARDS / ".00001.npy.abc123.tmp", path / ".examples.parquet.def456.tmp"]
+    for f in in_flight:
+        f.write_bytes(b"being written")
+    with writer_lock(path):
+        with pytest.raises(CacheError, match=f"another extraction \\(process {os.getpid()}\\) is writing"):
+            _extract(tiny_bert, tmp_path / "c")
+        assert all(f.read_bytes() == b"being written" for f in in_flight)
+    # the first writer was killed: its lock went with it, and the next run removes its temporaries
+    again = _extract(tiny_bert, tmp_path / "c")
+    assert not any(f.exists() for f in in_flight) and not list(path.rglob("*.tmp"))
+    assert _tree(again) == _tree(reference)
+    assert lock_path(path).read_bytes() == b""  # empty at rest
+
+
+def test_second_writer_from_another_process_gets_exit_2(tmp_path, tiny_bert, bert_tokenizer, capsys):
+    """The lock holds across processes: a writer in a child process blocks this process's CLI run."""
+    model_dir = tmp_path / "model"
+    make_tiny_bert(bert_tokenizer).save_pretrained(model_dir)
+    bert_tokenizer.save_pretrained(model_dir)
+    args = ["--model", str(model_dir), "--corpus", "generated:n=6", "--formats", "pair", "--device", "cpu",
+            "--no-progress", "--out", str(tmp_path / "c")]
+    assert extract_main(args) == 0
+    (path,) = [p.parent for p in (tmp_path / "c").glob(f"*/*/{MANIFEST}")]
+    (path / MANIFEST).unlink()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from probing.cache import writer_lock\n"
+         f"with writer_lock({str(path)!r}):\n    print('held', flush=True); time.sleep(60)"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        capsys.readouterr()
+        assert extract_main(args) == 2
+        err = capsys.readouterr().err
+        err = err[err.index("error: "):]  # after transformers' loading progress bar
+        assert str(path) in err and f"process {holder.pid}" in err and "refused" in err
+        assert not (path / MANIFEST).exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert extract_main(args) == 0 and (path / MANIFEST).exists()
