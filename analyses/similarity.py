@@ -31,7 +31,7 @@ import pandas as pd
 from analyses.cka import MIN_ITEMS, linear_cka, linear_cka_matrix, rbf_cka
 from analyses.drift import model_label
 from analyses.results import CLI_ERRORS, cache_identity, cli_error, keep_table, make_table, stored_table
-from analyses.selection import pooled
+from analyses.selection import parse_choice, pooled
 from probing.cache import Cache, align, check_comparable
 
 #: CKA variants, declared once: name -> function of (X, Y).
@@ -57,6 +57,17 @@ def _measure(X: np.ndarray, Y: np.ndarray, metrics: Sequence[str]) -> list[tuple
         note = "; ".join(str(w.message) for w in caught) if np.isnan(value) else ""
         out.append((m, float(value), note))
     return out
+
+
+#: The stored role a token choice reads (``pos<k>`` reads whatever is at position k: no one role).
+_ROLE_OF = {"cls": "cls", "sep<i>": "sep", "sep_last": "sep", "mean": "word", "max": "word",
+            "first_word": "word", "mean_s<i>": "word"}
+
+
+def roles_needed(choices: Sequence[str]) -> list[str]:
+    """The roles both caches must store for ``choices`` (token choices or ``s<i> words``)."""
+    kinds = ["word" if c.endswith(" words") else _ROLE_OF.get(parse_choice(c)[0]) for c in choices]
+    return sorted({k for k in kinds if k is not None})
 
 
 def _enough(n: int, a: Cache, b: Cache, what: str) -> None:
@@ -95,7 +106,8 @@ def run_cka_formats(a: Cache, b: Cache, choices: Sequence[str] = ("cls", "mean")
                     layers: Sequence[int] | None = None, metrics: Sequence[str] = DEFAULT_METRICS,
                     out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
     """Per layer, CKA of each token choice between format A and format B (role = target = choice)."""
-    check_comparable(a, b, same_model=False)  # another model is allowed (model_b names it); not another corpus
+    # another model is allowed (model_b names it); not another corpus
+    check_comparable(a, b, same_model=False, roles=roles_needed(choices))
     layers = [l for l in (layers if layers is not None else a.layers) if l in b.layers]
     config = {"kind": "formats", "a": cache_identity(a), "b": cache_identity(b), "choices": list(choices),
               "layers": layers, "metrics": list(metrics)}
@@ -117,7 +129,7 @@ def run_cka_matrix(a: Cache, b: Cache | None = None, choice: str = "cls", *,
                    debiased: bool = False, out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
     """Layer x layer linear CKA of one token choice, within ``a`` or between ``a`` and ``b``."""
     b = a if b is None else b
-    check_comparable(a, b, same_model=False)
+    check_comparable(a, b, same_model=False, roles=roles_needed([choice]))
     config = {"kind": "matrix", "a": cache_identity(a), "b": cache_identity(b), "choice": choice, "debiased": debiased}
     path, done = stored_table(out, "cka", config, force)
     if done is not None:

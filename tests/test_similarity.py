@@ -99,3 +99,15 @@ def test_cka_roles_refuses_two_examples(tmp_path, tiny_bert, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and p.name in err and "only 2 items" in err
     assert not out.exists()
+
+
+def test_cka_names_both_caches_when_one_lacks_the_role(caches, tmp_path, tiny_bert):
+    """A choice reading [SEP] states needs [SEP] stored in both caches; the error names both."""
+    from probing.cache import IncomparableCaches
+
+    (p,) = extract(sample_examples(16, k=2), ["concat"], model=tiny_bert, out=tmp_path / "nosep", roles="cls,word",
+                   progress=False, log=lambda *a: None)
+    with pytest.raises(IncomparableCaches, match=r"second cache stores no \['sep'\] tokens") as err:
+        run_cka_formats(caches[0], Cache.open(p), ["sep_last"])
+    assert str(caches[0].path) in str(err.value) and str(p) in str(err.value)
+    assert len(run_cka_formats(caches[0], Cache.open(p), ["cls"], metrics=["linear_cka"])) == 3
