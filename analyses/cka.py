@@ -16,13 +16,16 @@ U-statistic of Song et al. (2012, JMLR 13, "Feature Selection via Dependence Max
 its linear form can also be written in feature space (Kornblith et al.'s published code). The
 conventions here (RBF bandwidth, U-centring) follow that published code so results agree with it.
 
-Everything is accumulated in float64 whatever the input dtype. Inputs may be numpy arrays or torch
+Everything is accumulated in float64 whatever the input dtype, after scaling each input by a power
+of two (exact, so no result changes) so that no sum of squares over- or underflows: CKA is scale
+invariant from 1e-200 to 1e200. Every variant needs at least :data:`MIN_ITEMS` (4) items and raises
+``ValueError`` below. Inputs may be numpy arrays or torch
 tensors; with a tensor the computation runs on the tensor's device (numpy inputs are moved there).
 A representation whose rows are all identical (e.g. ``[CLS]`` at the embedding layer) has no defined
 CKA (0/0): the functions return ``nan`` with a :class:`CKAUndefinedWarning`, never 1.0.
 
 Public API: :func:`linear_cka`, :func:`rbf_cka`, :func:`gram_cka`, :func:`linear_cka_matrix`,
-:class:`StreamingCKAMatrix`, :class:`StreamingLinearCKA`, :class:`CKAUndefinedWarning`.
+:class:`StreamingCKAMatrix`, :class:`StreamingLinearCKA`, :class:`CKAUndefinedWarning`, :data:`MIN_ITEMS`.
 
 >>> rng = np.random.default_rng(0)
 >>> X = rng.normal(size=(100, 8))
@@ -41,6 +44,7 @@ import numpy as np
 import torch
 
 __all__ = [
+    "MIN_ITEMS",
     "CKAUndefinedWarning",
     "linear_cka",
     "rbf_cka",
@@ -266,11 +270,11 @@ def linear_cka(X: Array, Y: Array, debiased: bool = False) -> float:
     Feature-space form (Kornblith et al. 2019, eq. 5): with columns centred,
     ``||YᵀX||_F² / (||XᵀX||_F ||YᵀY||_F)``, O(n·d²) time, no n×n matrix. With ``debiased=True`` each
     HSIC is the unbiased estimator of Song et al. (2012), in feature space (see
-    :func:`_debiased_dot`); it needs n_items >= 4 and may be slightly negative.
+    :func:`_debiased_dot`); it may be slightly negative. Both need n_items >= :data:`MIN_ITEMS` (4).
 
     Computed in float64 on the inputs' device (torch) or with numpy. Returns ``nan`` with a
     :class:`CKAUndefinedWarning` when X or Y has zero variance. Raises ``ValueError`` for non-2-D,
-    non-finite or empty input and for differing n_items.
+    non-finite or empty input, for differing n_items and for n_items < 4.
     """
     X, Y = _prepare([X, Y], ["X", "Y"])
     n = X.shape[0]
@@ -543,6 +547,11 @@ class StreamingCKAMatrix:
     quantities of Kornblith et al. (2019, eq. 5) and the feature-space debiased HSIC follow by
     expanding ||x - μ||² = a - 2xᵀμ + ||μ||² (see :meth:`result`).
 
+    Each layer's statistics are kept in units of 2^exp (``exp_x``, ``exp_y``: per-layer int64): set
+    from the first batch's spread, raised when a later batch (or a merged accumulator) is larger, the
+    statistics then rescaled exactly by powers of two, so nothing over- or underflows whatever the
+    inputs' scale. Min/max stay in the inputs' units.
+
     Accumulators live on ``device`` (a torch device), or on the device of the first torch batch,
     or in numpy when the first batch is numpy and ``device`` is None. ``merge(other)`` adds another
     accumulator's statistics (re-expressed about this one's shift); ``state_dict()`` /
@@ -646,16 +655,19 @@ class StreamingCKAMatrix:
         exps = self._st[key].copy()
         for i, A in enumerate(layers):
             exps[i] = max(exps[i], _exponent(A) - 960)  # so A / 2^exp below cannot overflow
+        scaled = []
         for i, A in enumerate(layers):
-            shift = _ldexp(self._st[shift_key][o[i]:o[i + 1]], self._st[key][i] - exps[i])
-            m = float(abs(_ldexp(A, -exps[i]) - shift).max())
+            U = _ldexp(A, -exps[i])
+            m = float(abs(U - _ldexp(self._st[shift_key][o[i]:o[i + 1]], self._st[key][i] - exps[i])).max())
             if m > 256.0:
                 exps[i] += math.frexp(m)[1]
+                U = _ldexp(A, -exps[i])
+            scaled.append(U)
         if (exps != self._st[key]).any():
             new = {"exp_x": self._st["exp_x"], "exp_y": self._st.get("exp_y")}
             new[key] = exps
             self._st = self._rescaled(new["exp_x"], new["exp_y"])
-        return [_ldexp(A, -exps[i]) for i, A in enumerate(layers)]
+        return scaled
 
     def _rescaled(self, exp_x: np.ndarray, exp_y: np.ndarray | None) -> dict:
         """The statistics re-expressed in units of 2^exp_x (and 2^exp_y): exact powers of two. Each

@@ -22,12 +22,12 @@ from tqdm.auto import tqdm
 from analyses.drift_metrics import POOL_MODES, drift_summary, subword_pool
 from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
                               parse_layers, result_path, stored_table)
-from probing.cache import Cache, align, check_comparable
+from probing.cache import Cache, align, check_comparable, describe_model
 
 
 def model_label(cache: Cache) -> str:
-    m = cache.manifest["model"]
-    return m["name"] + (f" (random init, seed {m['seed']})" if m.get("random_init") else "")
+    """The model column of result tables: ``name``, or ``name (random init, seed s)``."""
+    return describe_model(cache.manifest["model"], fingerprint=False)
 
 
 def group_labels(tokens: pd.DataFrame) -> np.ndarray:

@@ -16,7 +16,9 @@ Targets, declared once in :data:`TARGETS`:
 Every probe uses the protocol of :mod:`analyses.probes` (standardised features, C by grouped inner CV,
 grouped outer CV over examples, majority baseline, control task and selectivity). With
 ``random_cache`` (the same format extracted with ``--random-init``) the same probes are fit on the
-randomly initialised model (``model_kind = random_init``).
+randomly initialised model (``model_kind = random_init``); it must be the baseline of ``cache``:
+random weights, the same architecture, corpus, format and layers
+(:func:`probing.cache.check_comparable` with ``random_baseline=True``), or the run is refused.
 """
 
 from __future__ import annotations

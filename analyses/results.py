@@ -2,6 +2,9 @@
 
 Every runner returns a ``pandas.DataFrame`` made by :func:`make_table` and writes it with
 :func:`write_table` (CSV always, Parquet beside it). Extra columns are allowed after the standard ones.
+A stored table is found again by :func:`result_key`: a hash of the runner's config (every option, each
+input cache as :func:`cache_identity`) and :func:`code_version`, so only the same options on the same
+caches with the same code return it.
 """
 
 from __future__ import annotations

@@ -19,8 +19,9 @@ Every file is written to a temporary name and renamed into place, so an interrup
 complete shards; the next run of the same request skips them and ends with the same bytes. Several
 processes may write disjoint shards of one cache at once (one extractor per GPU); the manifest is
 written once all are there. One extraction at a time holds a cache's lock; an independent second
-writer is refused instead of deleting the first one's temporaries. Nothing is pickled: states are ``.npy`` (memory-mapped on read, loaded
-with ``allow_pickle=False``), tables are Parquet, metadata JSON.
+writer is refused instead of deleting the first one's temporaries. Nothing is pickled: states are
+``.npy`` (memory-mapped on read, loaded with ``allow_pickle=False``), tables are Parquet, metadata
+JSON. :func:`check_comparable` decides whether two caches may be combined in one measurement.
 """
 
 from __future__ import annotations
@@ -505,10 +506,11 @@ class Cache:
 _ARCH_FIELDS = ("model_type", "n_layers", "hidden_size", "type_vocab_size")
 
 
-def describe_model(model: Mapping[str, Any]) -> str:
-    """``name (random init, seed s) [fingerprint]`` of a manifest's ``model`` entry."""
+def describe_model(model: Mapping[str, Any], fingerprint: bool = True) -> str:
+    """``name (random init, seed s) [fingerprint]`` of a manifest's ``model`` entry (the label of result
+    tables is the same without the fingerprint)."""
     return (model["name"] + (f" (random init, seed {model.get('seed')})" if model.get("random_init") else "")
-            + f" [{str(model.get('fingerprint', ''))[:12]}]")
+            + (f" [{str(model.get('fingerprint', ''))[:12]}]" if fingerprint else ""))
 
 
 def _architecture(model: Mapping[str, Any]) -> Any:
