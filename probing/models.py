@@ -119,13 +119,18 @@ _IGNORED_CONFIG_KEYS = {"_name_or_path", "transformers_version", "architectures"
                         "_attn_implementation", "_attn_implementation_autoset", "use_cache"}
 
 
+def _config_bytes(config) -> bytes:
+    """The architecture config as canonical JSON, without paths, dtypes and runtime switches."""
+    cfg = config.to_dict() if config is not None else {}
+    cfg = {k: v for k, v in cfg.items() if k not in _IGNORED_CONFIG_KEYS}
+    return json.dumps(cfg, sort_keys=True, default=str).encode()
+
+
 def architecture_fingerprint(config) -> str:
     """SHA-256 of the architecture config alone (no weights, no path): equal for a trained model and
     its random-init baseline, which is how :func:`probing.cache.check_comparable` tells them apart
     from a baseline of another architecture."""
-    cfg = config.to_dict() if config is not None else {}
-    cfg = {k: v for k, v in cfg.items() if k not in _IGNORED_CONFIG_KEYS}
-    return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()
+    return hashlib.sha256(_config_bytes(config)).hexdigest()
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
@@ -133,10 +138,7 @@ def model_fingerprint(model: torch.nn.Module) -> str:
 
     Two models with the same fingerprint compute the same function, whatever path they came from.
     """
-    h = hashlib.sha256()
-    cfg = model.config.to_dict() if hasattr(model, "config") else {}
-    cfg = {k: v for k, v in cfg.items() if k not in _IGNORED_CONFIG_KEYS}
-    h.update(json.dumps(cfg, sort_keys=True, default=str).encode())
+    h = hashlib.sha256(_config_bytes(getattr(model, "config", None)))
     state = model.state_dict()
     for name in sorted(state):
         t = state[name].detach()
