@@ -1,5 +1,5 @@
-"""Cache integrity (issue 10): the manifest's own checksum (item 7) and one writer per cache with safe
-removal of stale temporaries (item 8)."""
+"""Cache integrity and comparability (issue 10): the manifest's own checksum (item 7), one writer per
+cache with safe removal of stale temporaries (item 8), and the rules of check_comparable (items 3, 5)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from probing.cache import MANIFEST, SHARDS, Cache, CacheError, lock_path, writer_lock
+from probing.cache import (MANIFEST, SHARDS, Cache, CacheError, IncomparableCaches, check_comparable, lock_path,
+                           writer_lock)
 from probing.extract import extract
 from probing.extract import main as extract_main
 
@@ -141,3 +142,52 @@ def test_second_writer_from_another_process_gets_exit_2(tmp_path, tiny_bert, ber
         holder.kill()
         holder.wait()
     assert extract_main(args) == 0 and (path / MANIFEST).exists()
+
+
+# --------------------------------------------------------------------------- items 3 and 5: comparability rules
+
+
+def _fake(name: str, *, corpus="c0", weights="w0", random_init=False, architecture="a0", template="T",
+          layers=(0, 1, 2), roles=("cls", "sep", "word")):
+    import types
+
+    model = {"name": "m", "fingerprint": weights, "random_init": random_init, "seed": 1 if random_init else None,
+             "model_type": "bert", "n_layers": 2, "hidden_size": 32, "type_vocab_size": 2}
+    if architecture is not None:
+        model["architecture"] = architecture
+    manifest = {"corpus": {"name": corpus, "fingerprint": corpus * 8, "n_examples": 10}, "model": model,
+                "format": {"name": "pair", "template": template}, "layers": list(layers), "roles": list(roles)}
+    return types.SimpleNamespace(path=Path("/caches") / name, manifest=manifest)
+
+
+def test_check_comparable_rules():
+    a = _fake("a")
+    check_comparable(a, _fake("b", template="U"))  # two formats of one model on one corpus
+    check_comparable(a, _fake("b", weights="w1"), same_model=False)
+    cases = [
+        (_fake("b", corpus="c1"), {}, "different corpora"),
+        (_fake("b", weights="w1"), {}, "different models"),
+        (_fake("b", roles=("cls", "word")), {"roles": ["sep"]}, r"second cache stores no \['sep'\]"),
+        (_fake("b", weights="w1"), {"random_baseline": True}, "trained weights"),
+        (_fake("b", weights="w1", random_init=True, architecture="a1"), {"random_baseline": True},
+         "different architectures"),
+        (_fake("b", weights="w1", random_init=True, template="U"), {"random_baseline": True}, "different formats"),
+        (_fake("b", weights="w1", random_init=True, layers=(0, 2)), {"random_baseline": True}, r"layers \[1\]"),
+        (_fake("b", weights="w1", random_init=True, roles=("cls",)), {"random_baseline": True}, "stores no"),
+    ]
+    for b, kw, why in cases:
+        with pytest.raises(IncomparableCaches, match=why) as err:
+            check_comparable(a, b, **kw)
+        assert "/caches/a" in str(err.value) and "/caches/b" in str(err.value)
+        assert isinstance(err.value, ValueError) and isinstance(err.value, CacheError)
+    check_comparable(a, _fake("b", weights="w1", random_init=True), random_baseline=True)
+    # caches written before the architecture hash: model type, layers, hidden size and token types decide
+    old = _fake("a", architecture=None)
+    check_comparable(old, _fake("b", weights="w1", random_init=True, architecture=None), random_baseline=True)
+    wider = _fake("b", weights="w1", random_init=True, architecture=None)
+    wider.manifest["model"]["hidden_size"] = 64
+    with pytest.raises(IncomparableCaches, match="different architectures"):
+        check_comparable(old, wider, random_baseline=True)
+    both = _fake("b", corpus="c1", weights="w1")
+    with pytest.raises(IncomparableCaches, match="different corpora.*different models"):
+        check_comparable(a, both)
