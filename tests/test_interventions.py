@@ -259,3 +259,18 @@ def test_norm_based_attention_equals_a_literal_per_head_computation(tmp_path, ti
                     want = w[qs][:, ks].sum(1).mean().item()
                     assert norm[list(ex).index(e), l - 1, h, a, b] == pytest.approx(want, abs=1e-5)
     assert np.abs(norm - raw).max() > 1e-3
+
+
+def test_attention_runner_reports_either_weighting(tmp_path, tiny_bert, examples, capsys):
+    from analyses.attention import main as attention_main, run_attention
+
+    (path,) = extract(examples, ["pair"], model=tiny_bert, out=tmp_path, roles="all", attention_norm=True, **QUIET)
+    cache = Cache.open(path)
+    df = run_attention(cache, n_resamples=20, per_head=False, weighting="norm")
+    ex, norm, groups = cache.attention("norm")
+    row = df[(df["role"] == "[CLS]") & (df["target"] == "[SEP]#1") & (df["layer"] == 2)].iloc[0]
+    assert row["metric"] == "attention_norm_mass"
+    assert row["value"] == pytest.approx(norm[:, 1, :, groups.index("cls0"), groups.index("sep0")].mean(), abs=1e-6)
+    (raw_only,) = extract(examples, ["pair"], model=tiny_bert, out=tmp_path / "raw", attention=True, **QUIET)
+    assert attention_main([str(raw_only), "--weighting", "norm", "--no-per-head"]) == 2
+    assert "holds no norm-based attention; extract with --attention-norm" in capsys.readouterr().err
