@@ -342,3 +342,72 @@ def q1_patching(pair: Cache, concat: Cache, patched: Mapping[int, Cache], *, n_r
     comes through the other tokens, [SEP] among them."""
     return {"q1_cls_patching": patching_effect(concat, pair, patched, group="cls", layer=-1,
                                                n_resamples=n_resamples, seed=seed, out=out, force=force)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    from analyses.results import CLI_ERRORS, add_output_options, cli_error
+
+    p = argparse.ArgumentParser(prog="python -m analyses.interventions",
+                                description="Effects of an intervention against the clean run (and a control).")
+    sub = p.add_subparsers(dest="kind", required=True)
+    k = sub.add_parser("knockout", help="drift and probe change of TREATED (and CONTROL) against CLEAN")
+    k.add_argument("clean")
+    k.add_argument("treated")
+    k.add_argument("control", nargs="?", default=None)
+    k.add_argument("--groups", default="cls,sep,word", help="role groups for drift (default cls,sep,word)")
+    k.add_argument("--targets", default="topic,is_next", help="probe targets (default topic,is_next)")
+    k.add_argument("--choice", default="cls", help="token choice probed (default cls)")
+    k.add_argument("--probe-layer", type=int, default=-1, help="layer probed (default: the last)")
+    k.add_argument("--mode", choices=PROBE_MODES, default="transfer",
+                   help="transfer: probe fitted on clean states; retrain: fitted on the intervened states")
+    add_output_options(k, resamples=True)
+    q = sub.add_parser("patching", help="share of SOURCE vs TARGET drift reproduced by each patched cache")
+    q.add_argument("source", help="the format the states came from (e.g. concat)")
+    q.add_argument("target", help="the clean cache that was patched (e.g. pair)")
+    q.add_argument("patched", nargs="+", help="patched caches (their patch layers are read from the manifests)")
+    q.add_argument("--group", default="cls")
+    q.add_argument("--layer", type=int, default=-1, help="layer where the drift is measured (default: the last)")
+    add_output_options(q, resamples=True)
+    args = p.parse_args(argv)
+    try:
+        if args.kind == "knockout":
+            caches = [Cache.open(c) for c in (args.clean, args.treated)]
+            control = Cache.open(args.control) if args.control else None
+            drift = knockout_drift(*caches, control, groups=[g for g in args.groups.split(",") if g],
+                                   n_resamples=args.resamples, seed=args.seed, out=args.out, force=args.force)
+            probes = knockout_probes(*caches, control, targets=[t for t in args.targets.split(",") if t],
+                                     choice=args.choice, layer=args.probe_layer, mode=args.mode,
+                                     n_resamples=args.resamples, seed=args.seed, out=args.out, force=args.force)
+            shown = [drift.pivot_table(index=["role", "layer"], columns="metric", values="value"),
+                     probes.pivot_table(index="target", columns="metric", values="value")]
+        else:
+            patched = {}
+            for path in args.patched:
+                c = Cache.open(path)
+                layers = [x["layer"] for x in (c.manifest.get("intervention") or {}).get("patch", [])]
+                if len(layers) != 1:
+                    raise ValueError(f"{path}: expected a cache with exactly one --patch, found {len(layers)}")
+                patched[layers[0]] = c
+            df = patching_effect(Cache.open(args.source), Cache.open(args.target), patched, group=args.group,
+                                 layer=args.layer, n_resamples=args.resamples, seed=args.seed, out=args.out,
+                                 force=args.force)
+            shown = [df.pivot_table(index="layer", columns="metric", values="value")]
+    except CLI_ERRORS as err:
+        return cli_error(err)
+    with pd.option_context("display.width", 160, "display.float_format", "{:.3g}".format):
+        for t in shown:
+            print(t.to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

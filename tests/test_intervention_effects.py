@@ -154,3 +154,16 @@ def test_q4_tables_and_figures(runs, tmp_path):
     for paths in (plot_knockout_drift(tables["q4_knockout_drift"], tmp_path / "fig" / "drift"),
                   plot_knockout_probes(tables["q4_knockout_probes"], tmp_path / "fig" / "probes")):
         assert [p.suffix for p in paths] == [".png", ".pdf"] and all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_command_line(runs, tmp_path, capsys):
+    from analyses.interventions import main
+
+    out = str(tmp_path / "results")
+    assert main(["knockout", str(runs["clean"].path), str(runs["ko"].path), str(runs["control"].path),
+                 "--groups", "cls", "--targets", "topic", "--resamples", "50", "--out", out]) == 0
+    printed = capsys.readouterr().out
+    assert "drift_difference" in printed and "change_difference" in printed
+    assert main(["patching", str(runs["clean"].path), str(runs["clean"].path), str(runs["ko"].path),
+                 "--out", out]) == 2
+    assert "expected a cache with exactly one --patch, found 0" in capsys.readouterr().err
