@@ -38,7 +38,7 @@ from analyses.drift_metrics import rowwise_cosine
 from analyses.results import keep_table, make_table, stored_table
 from analyses.stats import _RNG_KW, bootstrap_ci
 from probing.cache import Cache, align
-from probing.interventions import Intervention, Knockout, Patch, check_group, table_mask
+from probing.interventions import Intervention, Knockout, Patch, check_group, describe, table_mask
 
 PROBE_MODES = ("transfer", "retrain")
 #: Labels asked only of coherent pairs (``is_next == 1``) when the corpus has ``is_next``: a pair whose
@@ -159,14 +159,7 @@ def _base(clean: Cache, analysis: str, seed: int) -> dict:
 
 
 def _describe(cache: Cache) -> str:
-    iv = cache.manifest.get("intervention")
-    if not iv:
-        return "clean"
-    parts = [f"{'control ' if k['control'] else ''}knockout {k['from']}->{k['to']}@{';'.join(map(str, k['layers']))}"
-             for k in iv.get("knockout", [])]
-    parts += [f"patch {p['keys']}@{p['layer']} from {p['source']['format']}" for p in iv.get("patch", [])]
-    parts += [f"ablate {a['keys']}@{a['layer']}={a['value']}" for a in iv.get("ablate", [])]
-    return "; ".join(parts)
+    return describe(cache.manifest.get("intervention"))
 
 
 def _ci_row(base: dict, values: np.ndarray, groups: np.ndarray, n_resamples: int, seed: int, **kw) -> dict:

@@ -37,9 +37,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Literal, Sequence
+from dataclasses import dataclass
+from typing import Literal, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -255,18 +254,17 @@ class Intervention:
                              for a in self.ablations]
         return out
 
-    def describe(self) -> str:
-        """A short label such as ``knockout all->sep@3-4``, for logs and tables."""
-        parts = [f"{'control ' if k.control else ''}knockout {k.queries}->{k.keys}@{_layers_label(k.layers)}"
-                 for k in self.knockouts]
-        parts += [f"patch {p.keys}@{p.layer} from {_open_source(p.source).format_name}" for p in self.patches]
-        parts += [f"ablate {a.keys}@{a.layer}={a.value}" for a in self.ablations]
-        return "; ".join(parts)
 
-
-def _layers_label(layers: Sequence[int]) -> str:
-    ls = list(layers)
-    return f"{ls[0]}-{ls[-1]}" if len(ls) > 1 and ls == list(range(ls[0], ls[-1] + 1)) else ";".join(map(str, ls))
+def describe(request: Mapping | None) -> str:
+    """A short label of an intervention from its request form (:meth:`Intervention.to_json`, as the
+    manifest records it), e.g. ``knockout all->sep@3;4``; ``"clean"`` for None or an empty one."""
+    if not request:
+        return "clean"
+    parts = [f"{'control ' if k['control'] else ''}knockout {k['from']}->{k['to']}@{';'.join(map(str, k['layers']))}"
+             for k in request.get("knockout", [])]
+    parts += [f"patch {p['keys']}@{p['layer']} from {p['source']['format']}" for p in request.get("patch", [])]
+    parts += [f"ablate {a['keys']}@{a['layer']}={a['value']}" for a in request.get("ablate", [])]
+    return "; ".join(parts)
 
 
 def _open_source(path: str) -> Cache:

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from analyses.interventions import (cls_patches, fraction_closed, knockout_drift, knockout_probes, middle_layers,
-                                    patching_effect, per_example_drift, probe_correctness, q1_patching,
+                                    per_example_drift, probe_correctness, q1_patching,
                                     q4_sep_knockout, sep_knockouts)
 from probing.cache import Cache
 from probing.examples import Example
