@@ -20,8 +20,9 @@ comparison: the per-item difference of the two effects, with a cluster-bootstrap
 multiple comparisons is applied (each layer and target is reported on its own).
 
 Study functions: :func:`q4_sep_knockout` (does the model use [SEP]?) and :func:`q1_patching` (how
-much of [CLS]'s pair → concat change comes through [CLS]'s own state at layer l), with the
-interventions they need from :func:`sep_knockouts` and :func:`cls_patches`.
+much of [CLS]'s pair → concat change comes through [CLS]'s own state at layer l, and through the
+middle [SEP]), with the interventions they need from :func:`sep_knockouts`, :func:`cls_patches` and
+:func:`middle_sep_knockouts`.
 """
 
 from __future__ import annotations
@@ -57,6 +58,13 @@ def sep_knockouts(n_layers: int, layers: Sequence[int] | None = None, seed: int 
     layers = tuple(layers) if layers is not None else middle_layers(n_layers)
     return (Intervention((Knockout("all", "sep", layers),)),
             Intervention((Knockout("all", "sep", layers, control=True, seed=seed),)))
+
+
+def middle_sep_knockouts(n_layers: int) -> tuple[Intervention, Intervention]:
+    """The Q1 route through the middle [SEP] of ``pair`` (the [SEP] after sentence 1, which ``concat``
+    lacks): [CLS] may not attend to it, and no token may, at every layer."""
+    layers = tuple(range(1, n_layers + 1))
+    return Intervention((Knockout("cls", "sep1", layers),)), Intervention((Knockout("all", "sep1", layers),))
 
 
 def cls_patches(source: str | Path, n_layers: int, group: str = "cls") -> dict[int, Intervention]:
@@ -272,40 +280,47 @@ def fraction_closed(d_clean: np.ndarray, d_patched: np.ndarray, groups: np.ndarr
     return float(point), float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
-def patching_effect(source: Cache, target: Cache, patched: Mapping[int, Cache], *, group: str = "cls",
-                    layer: int = -1, n_resamples: int = 1000, seed: int = 0, out: str | Path | None = None,
-                    force: bool = False) -> pd.DataFrame:
+def _patch_layer(cache: Cache):
+    patches = (cache.manifest.get("intervention") or {}).get("patch", [])
+    return patches[0]["layer"] if len(patches) == 1 and len(cache.manifest["intervention"]) == 1 else pd.NA
+
+
+def drift_reproduced(source: Cache, target: Cache, treated: Sequence[Cache], *, group: str = "cls",
+                     layer: int = -1, n_resamples: int = 1000, seed: int = 0, out: str | Path | None = None,
+                     force: bool = False) -> pd.DataFrame:
     """How much of ``group``'s drift between ``target`` (e.g. ``pair``) and ``source`` (e.g. ``concat``)
-    at ``layer`` a patch reproduces. ``patched[l]`` is ``target`` with ``group``'s state at layer l
-    taken from ``source``. Per patch layer l (the ``layer`` column; ``target`` holds the measured
-    layer): ``drift_clean`` (1 − cos(target, source)), ``drift_patched`` (1 − cos(patched, source))
-    and ``fraction_reproduced`` = 1 − Σ drift_patched / Σ drift_clean (1: the patch alone gives the
-    source's state; 0: no closer than without it). Extra columns: ``measured_layer``, ``n_clusters``."""
+    at ``layer`` each intervened run of ``target`` reproduces: e.g. ``target`` with ``group``'s state
+    at layer l patched from ``source``, or ``target`` with attention to the middle [SEP] knocked out.
+    Per treated cache: ``drift_clean`` (1 − cos(target, source)), ``drift_treated`` (1 − cos(treated,
+    source)) and ``fraction_reproduced`` = 1 − Σ drift_treated / Σ drift_clean (1: the treated run
+    gives the source's state; 0: no closer than without it), all at the measured ``layer``. Extra
+    columns: ``patch_layer`` (the layer of a cache's single patch, else NA), ``intervention``,
+    ``n_clusters``."""
     check_comparable(target, source)
     measured = target.layers[target.layer_index(layer)]
     config = {"source": source.path.name, "target": target.path.name, "group": group, "layer": measured,
-              "patched": {str(l): c.path.name for l, c in sorted(patched.items())}, "n_resamples": n_resamples,
-              "seed": seed}
+              "treated": [c.path.name for c in treated], "n_resamples": n_resamples, "seed": seed}
     path, done = stored_table(out, "intervention_patching", config, force)
     if done is not None:
         return done
     ex, d_clean = per_example_drift(target, source, measured, group)
+    if not d_clean.sum() > 0:
+        raise ValueError(f"{group!r} does not drift between {target.path.name} and {source.path.name} at layer "
+                         f"{measured}: there is no drift to reproduce")
     cl = clusters(target, ex)
     base = {**_base(target, "intervention_patching", seed), "format_b": source.format_name, "role": group,
-            "target": "", "measured_layer": measured}
+            "target": "", "layer": measured}
     rows = []
-    for l, cache in sorted(patched.items()):
+    for cache in treated:
         check_comparable(target, cache)
         ex_p, d_p = per_example_drift(cache, source, measured, group)
         d_p = pd.Series(d_p, index=ex_p).reindex(ex).to_numpy()
-        rows.append(_ci_row(base, d_clean, cl, n_resamples, seed, layer=l, metric="drift_clean",
-                            intervention=_describe(cache)))
-        rows.append(_ci_row(base, d_p, cl, n_resamples, seed, layer=l, metric="drift_patched",
-                            intervention=_describe(cache)))
+        this = {**base, "patch_layer": _patch_layer(cache), "intervention": _describe(cache)}
+        rows.append(_ci_row(this, d_clean, cl, n_resamples, seed, metric="drift_clean"))
+        rows.append(_ci_row(this, d_p, cl, n_resamples, seed, metric="drift_treated"))
         point, lo, hi = fraction_closed(d_clean, d_p, cl, n_resamples=n_resamples, seed=seed)
-        rows.append({**base, "layer": l, "metric": "fraction_reproduced", "value": point, "ci_low": lo,
-                     "ci_high": hi, "n": int(len(ex)), "n_clusters": int(len(np.unique(cl))),
-                     "intervention": _describe(cache)})
+        rows.append({**this, "metric": "fraction_reproduced", "value": point, "ci_low": lo, "ci_high": hi,
+                     "n": int(len(ex)), "n_clusters": int(len(np.unique(cl)))})
     return keep_table(make_table(rows), path)
 
 
@@ -327,14 +342,18 @@ def q4_sep_knockout(clean: Cache, knockout: Cache, control: Cache, *, targets: S
     return {"q4_knockout_drift": drift, "q4_knockout_probes": probes}
 
 
-def q1_patching(pair: Cache, concat: Cache, patched: Mapping[int, Cache], *, n_resamples: int = 1000,
-                seed: int = 0, out: str | Path | None = None, force: bool = False) -> dict[str, pd.DataFrame]:
-    """Q1, "how much of [CLS]'s change comes through [CLS]'s own state": ``patched[l]`` is ``pair``
-    extracted with :func:`cls_patches` (``concat``'s [CLS] at layer l). Returns
-    ``{"q1_cls_patching": ...}`` (:func:`patching_effect` at the last layer); the rest of the drift
-    comes through the other tokens, [SEP] among them."""
-    return {"q1_cls_patching": patching_effect(concat, pair, patched, group="cls", layer=-1,
-                                               n_resamples=n_resamples, seed=seed, out=out, force=force)}
+def q1_patching(pair: Cache, concat: Cache, patched: Mapping[int, Cache], sep_routes: Sequence[Cache] = (), *,
+                n_resamples: int = 1000, seed: int = 0, out: str | Path | None = None,
+                force: bool = False) -> dict[str, pd.DataFrame]:
+    """Q1, "how much of [CLS]'s pair → concat change comes through [CLS]'s own state, and how much
+    through the middle [SEP]": ``patched[l]`` is ``pair`` extracted with :func:`cls_patches`
+    (``concat``'s [CLS] at layer l); ``sep_routes`` are ``pair`` extracted with
+    :func:`middle_sep_knockouts` (no attention to the middle [SEP]). Returns
+    ``{"q1_cls_patching": ...}`` (:func:`drift_reproduced` of [CLS] at the last layer, one block of rows
+    per treated cache)."""
+    treated = [patched[l] for l in sorted(patched)] + list(sep_routes)
+    return {"q1_cls_patching": drift_reproduced(concat, pair, treated, group="cls", layer=-1,
+                                                n_resamples=n_resamples, seed=seed, out=out, force=force)}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -361,10 +380,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     k.add_argument("--mode", choices=PROBE_MODES, default="transfer",
                    help="transfer: probe fitted on clean states; retrain: fitted on the intervened states")
     add_output_options(k, resamples=True)
-    q = sub.add_parser("patching", help="share of SOURCE vs TARGET drift reproduced by each patched cache")
+    q = sub.add_parser("patching", help="share of SOURCE vs TARGET drift reproduced by each intervened TARGET")
     q.add_argument("source", help="the format the states came from (e.g. concat)")
     q.add_argument("target", help="the clean cache that was patched (e.g. pair)")
-    q.add_argument("patched", nargs="+", help="patched caches (their patch layers are read from the manifests)")
+    q.add_argument("treated", nargs="+", help="intervened caches of TARGET's format (patches, knockouts)")
     q.add_argument("--group", default="cls")
     q.add_argument("--layer", type=int, default=-1, help="layer where the drift is measured (default: the last)")
     add_output_options(q, resamples=True)
@@ -381,17 +400,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             shown = [drift.pivot_table(index=["role", "layer"], columns="metric", values="value"),
                      probes.pivot_table(index="target", columns="metric", values="value")]
         else:
-            patched = {}
-            for path in args.patched:
-                c = Cache.open(path)
-                layers = [x["layer"] for x in (c.manifest.get("intervention") or {}).get("patch", [])]
-                if len(layers) != 1:
-                    raise ValueError(f"{path}: expected a cache with exactly one --patch, found {len(layers)}")
-                patched[layers[0]] = c
-            df = patching_effect(Cache.open(args.source), Cache.open(args.target), patched, group=args.group,
-                                 layer=args.layer, n_resamples=args.resamples, seed=args.seed, out=args.out,
-                                 force=args.force)
-            shown = [df.pivot_table(index="layer", columns="metric", values="value")]
+            df = drift_reproduced(Cache.open(args.source), Cache.open(args.target),
+                                  [Cache.open(c) for c in args.treated], group=args.group, layer=args.layer,
+                                  n_resamples=args.resamples, seed=args.seed, out=args.out, force=args.force)
+            shown = [df.pivot_table(index="intervention", columns="metric", values="value", sort=False)]
     except CLI_ERRORS as err:
         return cli_error(err)
     with pd.option_context("display.width", 160, "display.float_format", "{:.3g}".format):

@@ -5,7 +5,7 @@
 - :func:`plot_knockout_probes` (``analysis="intervention_probes"``): change in probe accuracy per
   target, knockout and control side by side with 95% CIs, one panel per mode.
 - :func:`plot_patching` (``analysis="intervention_patching"``): the share of the drift a patch
-  reproduces, per patch layer, with its 95% CI.
+  reproduces, per patch layer, and that of other interventions as bands, with 95% CIs.
 
 CLI: ``python -m figures.interventions TABLE.csv --out PATH`` (the kind is read from the table's
 ``analysis`` column); also ``python -m figures interventions ...``.
@@ -91,20 +91,27 @@ def plot_knockout_probes(df: pd.DataFrame, out: str | Path) -> list[Path]:
 
 
 def plot_patching(df: pd.DataFrame, out: str | Path) -> list[Path]:
-    """``fraction_reproduced`` per patch layer with its 95% CI: the share of the group's drift at the
-    measured layer that patching the group's state at layer l reproduces."""
+    """``fraction_reproduced`` with its 95% CI: per patch layer for patched runs (a line), and as a
+    horizontal band for every other intervention (e.g. a knockout of the middle [SEP])."""
     d = _only(df, "intervention_patching")
-    f = d[d["metric"] == "fraction_reproduced"].sort_values("layer")
+    f = d[d["metric"] == "fraction_reproduced"]
+    patch = f[f["patch_layer"].notna()].sort_values("patch_layer")
+    other = f[f["patch_layer"].isna()]
     fig, axes = style.new_figure()
     ax = axes[0][0]
-    x = f["layer"].astype(int).to_numpy()
-    ax.errorbar(x, f["value"].astype(float), yerr=_err(f), marker="o", capsize=3, color=style.color(0))
+    if not patch.empty:
+        x = patch["patch_layer"].astype(int).to_numpy()
+        ax.errorbar(x, patch["value"].astype(float), yerr=_err(patch), marker="o", capsize=3, color=style.color(0),
+                    label=f"{d['role'].iloc[0]} patched at layer l")
+        ax.set_xticks(x)
+    for i, (_, r) in enumerate(other.iterrows(), start=1):
+        ax.axhline(float(r["value"]), color=style.color(i), ls="--", label=str(r["intervention"]))
+        ax.axhspan(float(r["ci_low"]), float(r["ci_high"]), color=style.color(i), alpha=0.15)
     ax.axhline(0, color="black", lw=0.8)
-    ax.axhline(1, color="grey", lw=0.8, ls="--")
-    ax.set_xticks(x)
     ax.set_xlabel("patch layer l")
-    ax.set_ylabel(f"share of the drift at layer {int(f['measured_layer'].iloc[0])} reproduced")
-    fig.suptitle(_title(d, f"{d['role'].iloc[0]} of {d['format_b'].iloc[0]} patched into {d['format'].iloc[0]}"),
+    ax.set_ylabel(f"share of the drift at layer {int(d['layer'].iloc[0])} reproduced")
+    ax.legend()
+    fig.suptitle(_title(d, f"{d['role'].iloc[0]}: {d['format'].iloc[0]} → {d['format_b'].iloc[0]}, share reproduced"),
                  fontsize=10)
     return style.save(fig, out)
 

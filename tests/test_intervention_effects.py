@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from analyses.interventions import (cls_patches, fraction_closed, knockout_drift, knockout_probes, middle_layers,
+                                    middle_sep_knockouts,
                                     per_example_drift, probe_correctness, q1_patching,
                                     q4_sep_knockout, sep_knockouts)
 from probing.cache import Cache
@@ -126,10 +127,17 @@ def test_patching_at_the_measured_layer_reproduces_all_of_the_drift(runs):
     assert list(patches) == [1]
     patched = {l: _cache(ex, "pair", lm, tmp, iv) for l, iv in patches.items()}
     patched[2] = _cache(ex, "pair", lm, tmp, Intervention(patches=(Patch("cls", 2, str(concat.path)),)))
-    df = q1_patching(runs["clean"], concat, patched, n_resamples=50)["q1_cls_patching"]
-    frac = df[df["metric"] == "fraction_reproduced"].set_index("layer")["value"]
-    assert frac[2] == pytest.approx(1.0, abs=1e-6)
-    assert -1.0 < frac[1] < 1.0
+    cls_route, all_route = middle_sep_knockouts(lm.n_layers)
+    assert all_route.knockouts == (Knockout("all", "sep1", (1, 2)),)
+    routes = [_cache(ex, "pair", lm, tmp, cls_route)]
+    df = q1_patching(runs["clean"], concat, patched, routes, n_resamples=50)["q1_cls_patching"]
+    frac = df[df["metric"] == "fraction_reproduced"].set_index("intervention")["value"]
+    assert frac["patch cls@2 from concat"] == pytest.approx(1.0, abs=1e-6)
+    assert -1.0 < frac["patch cls@1 from concat"] < 1.0
+    assert frac["knockout cls->sep1@1;2"] != 0.0
+    assert (df["layer"] == 2).all()
+    assert df.drop_duplicates("intervention")["patch_layer"].tolist()[:2] == [1, 2]
+    assert df.drop_duplicates("intervention")["patch_layer"].isna().tolist() == [False, False, True]
     clean = df[(df["metric"] == "drift_clean")]["value"]
     assert clean.nunique() == 1 and clean.iloc[0] > 0
     from figures.interventions import main as figure_main
@@ -164,6 +172,12 @@ def test_command_line(runs, tmp_path, capsys):
                  "--groups", "cls", "--targets", "topic", "--resamples", "50", "--out", out]) == 0
     printed = capsys.readouterr().out
     assert "drift_difference" in printed and "change_difference" in printed
-    assert main(["patching", str(runs["clean"].path), str(runs["clean"].path), str(runs["ko"].path),
+    assert main(["patching", str(runs["control"].path), str(runs["clean"].path), str(runs["ko"].path),
+                 "--resamples", "50", "--out", out]) == 0
+    assert "knockout all->sep@1;2" in capsys.readouterr().out
+    assert main(["patching", str(runs["clean"].path), str(runs["clean"].path), str(tmp_path / "nowhere"),
                  "--out", out]) == 2
-    assert "expected a cache with exactly one --patch, found 0" in capsys.readouterr().err
+    assert "nowhere is not a complete cache" in capsys.readouterr().err
+    assert main(["patching", str(runs["clean"].path), str(runs["nothing"].path), str(runs["ko"].path),
+                 "--out", out]) == 2
+    assert "does not drift between" in capsys.readouterr().err
