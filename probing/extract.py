@@ -719,7 +719,8 @@ def _extract_one(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, devic
             + f", {n_rows} stored tokens x {len(p.request['layers'])} layers"
             + (f", {tokens_fwd} tokens through the model in {elapsed:.1f}s ({rate:,.0f} tokens/s)" if tokens_fwd else "")
             + (f", {resumed} shard(s) resumed" if resumed else "")
-            + f"\n[{p.fmt.name}] cache: {path}")
+            + f"\n[{p.fmt.name}] cache: {path}"
+            + (f"\n[{p.fmt.name}] intervention: {p.intervention.label}" if p.intervention is not None else ""))
     if barrier is not None:
         barrier()  # no rank returns before the manifest exists: the returned path is a complete cache
 

@@ -333,6 +333,7 @@ class Bound:
         self.model = model
         self.blocks = encoder_blocks(model)
         self.request = intervention.to_json()
+        self.label = describe(self.request)
         for ko in intervention.knockouts:
             bad = [l for l in ko.layers if not 1 <= l <= n_layers]
             if bad:

@@ -91,6 +91,13 @@ def test_bad_specs_on_the_command_line_exit_2_and_write_nothing(tmp_path, capsys
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_log_names_the_intervention(tmp_path, tiny_bert, examples):
+    logs = []
+    extract(examples, ["pair"], model=tiny_bert, out=tmp_path, progress=False, log=logs.append,
+            intervention=Intervention((Knockout("all", "sep", (1, 2), control=True),)))
+    assert logs[-1].endswith("[pair] intervention: control knockout all->sep@1;2")
+
+
 def test_layer_out_of_range_is_an_error_before_writing(tmp_path, tiny_bert, examples):
     with pytest.raises(InterventionError, match=r"layers \[3\] out of range; encoder layers are 1..2"):
         _run(examples, "pair", tiny_bert, tmp_path, Intervention((Knockout("all", "sep", (3,)),)))
@@ -274,3 +281,14 @@ def test_attention_runner_reports_either_weighting(tmp_path, tiny_bert, examples
     (raw_only,) = extract(examples, ["pair"], model=tiny_bert, out=tmp_path / "raw", attention=True, **QUIET)
     assert attention_main([str(raw_only), "--weighting", "norm", "--no-per-head"]) == 2
     assert "holds no norm-based attention; extract with --attention-norm" in capsys.readouterr().err
+
+
+def test_knocked_out_attention_weights_are_zero_after_the_softmax(tmp_path, tiny_bert, examples):
+    iv = Intervention((Knockout("word", "sep", (2,)),))
+    (path,) = extract(examples, ["pair"], model=tiny_bert, out=tmp_path, roles="all", attention=True,
+                      intervention=iv, **QUIET)
+    _, mass, groups = Cache.open(path).attention()
+    seps, words = [groups.index(g) for g in ("sep0", "sep1")], [groups.index(g) for g in ("s1", "s2")]
+    assert np.abs(mass[:, 1][:, :, words][:, :, :, seps]).max() < 1e-6  # layer 2: words -> [SEP] is gone
+    assert mass[:, 0][:, :, words][:, :, :, seps].min() > 1e-3  # layer 1 untouched
+    np.testing.assert_allclose(np.nansum(mass[:, 1][:, :, words], axis=-1), 1.0, atol=1e-5)  # still a softmax
