@@ -380,7 +380,7 @@ class Cache:
             raise CacheError(f"{self.path} holds no attention summaries; extract with --attention")
         if weighting not in ("raw", "norm"):
             raise ValueError(f"weighting must be 'raw' or 'norm', got {weighting!r}")
-        if weighting == "norm" and "norm" not in self.manifest["attention"].get("weightings", []):
+        if weighting == "norm" and not self.manifest.get("attention_norm"):
             raise CacheError(f"{self.path} holds no norm-based attention; extract with --attention-norm")
         kind = "attention" if weighting == "raw" else "attention_norm"
         ex, arrs = [], []

@@ -822,8 +822,6 @@ def _finish(lm: LoadedModel, p: Plan, path: Path, examples: Sequence[Example], l
     if p.request["attention"]:
         manifest["attention"] = {"groups": p.groups, "layers": list(range(1, lm.n_layers + 1)),
                                  "heads": int(lm.config.num_attention_heads)}
-        if p.request.get("attention_norm"):
-            manifest["attention"]["weightings"] = ["raw", "norm"]
     write_json(path / MANIFEST, manifest)
 
 
