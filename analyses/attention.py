@@ -85,18 +85,27 @@ def from_all_tokens(mass: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.nansum(np.nan_to_num(mass) * w, axis=3) / counts.sum(1)[:, None, None, None]
 
 
+WEIGHTINGS = {"raw": "attention_mass", "norm": "attention_norm_mass"}  # weighting -> metric name
+
+
 def run_attention(cache: Cache, *, n_resamples: int = 1000, seed: int = 0, per_head: bool = True,
-                  out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
+                  out: str | Path | None = None, force: bool = False, weighting: str = "raw") -> pd.DataFrame:
     """Tidy table of attention mass (metric ``attention_mass``): role = source group, target = target
-    group; ``head`` column: ``"mean"`` for the head average (with CI) or the head number (no CI)."""
+    group; ``head`` column: ``"mean"`` for the head average (with CI) or the head number (no CI).
+    ``weighting="norm"``: the norm-based weights ||alpha f(x)|| of Kobayashi et al. 2020, normalised per
+    query (:mod:`probing.attention_norm`; extract with ``--attention-norm``), metric ``attention_norm_mass``."""
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {list(WEIGHTINGS)}, got {weighting!r}")
     config = {"cache": cache_identity(cache), "n_resamples": n_resamples, "seed": seed, "per_head": per_head}
+    if weighting != "raw":
+        config["weighting"] = weighting
     path, done = stored_table(out, "attention", config, force)
     if done is not None:
         return done
-    examples, mass, groups = cache.attention()
+    examples, mass, groups = cache.attention(weighting)
     layers = cache.manifest["attention"]["layers"]
     base = {"analysis": "attention", "model": model_label(cache), "corpus": cache.manifest["corpus"]["name"],
-            "format": cache.format_name, "metric": "attention_mass", "seed": seed}
+            "format": cache.format_name, "metric": WEIGHTINGS[weighting], "seed": seed}
     named = target_masses(mass, groups)
     counts = group_counts(cache, examples, groups)
     if counts is not None:  # source "all tokens": the query-token-weighted average over the groups
@@ -135,12 +144,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("cache", help="cache directory extracted with --attention")
     p.add_argument("--no-per-head", action="store_true", help="only the head average")
+    p.add_argument("--weighting", choices=list(WEIGHTINGS), default="raw",
+                   help="raw attention weights (default), or norm-based ||alpha f(x)|| (Kobayashi et al. 2020; "
+                        "needs a cache extracted with --attention-norm)")
     add_output_options(p, resamples=True)
     args = p.parse_args(argv)
     try:
         cache = Cache.open(args.cache)
         df = run_attention(cache, n_resamples=args.resamples, seed=args.seed, per_head=not args.no_per_head,
-                           out=args.out, force=args.force)
+                           out=args.out, force=args.force, weighting=args.weighting)
     except CLI_ERRORS as err:
         return cli_error(err)
     mean = df[(df["head"] == "mean")]

@@ -17,6 +17,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "attention": ("figures.attention", "attention mass per layer (or per head with --heads)"),
     "pooling": ("figures.pooling", "fine-tuned vs frozen accuracy per pooling choice"),
     "contextuality": ("figures.contextuality", "self-similarity, intra-similarity, MEV vs anisotropy per layer"),
+    "interventions": ("figures.interventions", "knockout vs control effects, or the share a patch reproduces"),
 }
 
 

@@ -485,16 +485,22 @@ class Cache:
     def has_attention(self) -> bool:
         return bool(self.manifest.get("attention"))
 
-    def attention(self) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    def attention(self, weighting: str = "raw") -> tuple[np.ndarray, np.ndarray, list[str]]:
         """Attention summaries recorded at extraction (``--attention``): ``(examples, mass, groups)``
         where ``mass[e, layer, head, a, b]`` is the attention mass from the tokens of group ``a`` to
         those of group ``b`` (summed over b's tokens, averaged over a's tokens; NaN where example e has
-        no token in group a). ``examples`` holds corpus indices; layers are the model's layers 1..L."""
+        no token in group a). ``examples`` holds corpus indices; layers are the model's layers 1..L.
+        ``weighting="norm"``: the norm-based weights of ``--attention-norm`` (probing.attention_norm)."""
         if not self.has_attention:
             raise CacheError(f"{self.path} holds no attention summaries; extract with --attention")
+        if weighting not in ("raw", "norm"):
+            raise ValueError(f"weighting must be 'raw' or 'norm', got {weighting!r}")
+        if weighting == "norm" and not self.manifest.get("attention_norm"):
+            raise CacheError(f"{self.path} holds no norm-based attention; extract with --attention-norm")
+        kind = "attention" if weighting == "raw" else "attention_norm"
         ex, arrs = [], []
         for s in self._shards:
-            arrs.append(np.load(self._check(s, "attention"), allow_pickle=False))
+            arrs.append(np.load(self._check(s, kind), allow_pickle=False))
             ex.extend(s.record["attention_examples"])
         return np.asarray(ex, dtype=np.int64), np.concatenate(arrs), list(self.manifest["attention"]["groups"])
 

@@ -25,6 +25,7 @@ written one row group at a time, and freed pages go back to the system after eve
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import os
 import platform
@@ -153,13 +154,17 @@ class Plan:
     groups: list[str]  # attention groups (empty unless attention is on)
     specials: dict[str, int]
     zero_types: bool
+    intervention: Any = None  # probing.interventions.Bound, or None for a clean extraction
 
     def kept(self, start: int, stop: int) -> list[int]:
         return [e for e in range(start, stop) if self.lengths[e] > 0]
 
 
 def _request(lm: LoadedModel, fmt: Format, corpus: dict, layers: list[int], roles: list[str],
-             dtype: str, storage_dtype: str, on_overflow: str, shard_mb: float, attention: bool) -> dict:
+             dtype: str, storage_dtype: str, on_overflow: str, shard_mb: float, attention: bool,
+             extra: Mapping[str, Any] | None = None) -> dict:
+    """The cache request; ``extra`` (interventions, norm-based attention) adds keys only when given, so
+    a clean request, and its cache directory, stay as they were."""
     return {
         "cache_version": CACHE_VERSION,
         "model": lm.describe(),
@@ -172,6 +177,7 @@ def _request(lm: LoadedModel, fmt: Format, corpus: dict, layers: list[int], role
         "on_overflow": on_overflow,
         "shard_mb": shard_mb,
         "attention": attention,
+        **(extra or {}),
     }
 
 
@@ -249,7 +255,8 @@ def _fill_token_counts(out: np.ndarray, examples: Sequence[Example], lengths_of:
 
 def plan(lm: LoadedModel, fmt: Format, examples: Sequence[Example], lengths_of: Mapping[str, int] | np.ndarray, *,
          corpus: dict, root: Path, layers: list[int], roles: list[str], dtype: str, storage_dtype: str,
-         on_overflow: str, shard_mb: float, attention: bool) -> Plan:
+         on_overflow: str, shard_mb: float, attention: bool, attention_norm: bool = False,
+         intervention=None) -> Plan:
     """Check every example against the format and the model, and cut the work into shards.
 
     ``lengths_of`` gives the tokens of each sentence: the array of :func:`sentence_token_counts` (one
@@ -311,12 +318,20 @@ def plan(lm: LoadedModel, fmt: Format, examples: Sequence[Example], lengths_of: 
     if zero_types:
         print(f"note: model {lm.name!r} has no segment embeddings (type_vocab_size="
               f"{lm.type_vocab_size}); format {fmt.name!r}'s segment ids are all set to 0", file=sys.stderr)
-    request = _request(lm, fmt, corpus, layers, roles, dtype, storage_dtype, on_overflow, shard_mb, attention)
+    bound, extra = None, {}
+    if intervention is not None:
+        from .interventions import Bound
+
+        bound = Bound(intervention, lm.model, lm.n_layers, fmt, corpus["fingerprint"], lm.fingerprint, counts)
+        extra["intervention"] = bound.request
+    if attention_norm:
+        extra["attention_norm"] = True
+    request = _request(lm, fmt, corpus, layers, roles, dtype, storage_dtype, on_overflow, shard_mb, attention, extra)
     bytes_per_row = len(layers) * lm.hidden_size * STORAGE_DTYPES[storage_dtype].itemsize
     shards = _cut_shards(n_stored, bytes_per_row, shard_mb)
     groups = attention_groups(fmt, counts) if attention else []
     return Plan(fmt, request, cache_path(root, request), lengths, n_stored, shards, skipped, groups,
-                specials, zero_types)
+                specials, zero_types, bound)
 
 
 def assign_shards(plan_: Plan, world_size: int) -> list[list[int]]:
@@ -419,6 +434,7 @@ def _run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start:
     groups = plan_.groups
     att = (np.full((len(idx), lm.n_layers, lm.config.num_attention_heads, len(groups), len(groups)),
                    np.nan, dtype=np.float32) if attention else None)
+    att_norm = att.copy() if plan_.request.get("attention_norm") else None
     pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     pass_types = _accepts_token_types(lm.model)
     H = lm.hidden_size
@@ -440,7 +456,8 @@ def _run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start:
         inputs = {"input_ids": torch.from_numpy(ids).to(device), "attention_mask": torch.from_numpy(mask).to(device)}
         if pass_types:
             inputs["token_type_ids"] = torch.from_numpy(types).to(device)
-        with torch.inference_mode():
+        with torch.inference_mode(), _batch_hooks(lm, plan_, [rendered[i] for i in batch], [idx[i] for i in batch],
+                                                  examples, T, device) as norms:
             o = lm.model(**inputs, output_hidden_states=True, output_attentions=attention, return_dict=True)
             hs = o.hidden_states
             gathered = torch.stack([hs[l].reshape(-1, H).index_select(0, flat_t) for l in layers], dim=1)
@@ -449,6 +466,13 @@ def _run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start:
                 summary = _attention_summary(o.attentions, [rendered[i] for i in batch], groups, T, device)
                 for b, i in enumerate(batch):
                     att[i] = summary[b]
+            if norms is not None:
+                from .attention_norm import norm_weighted
+
+                summary = _attention_summary(norm_weighted(o.attentions, norms), [rendered[i] for i in batch],
+                                             groups, T, device)
+                for b, i in enumerate(batch):
+                    att_norm[i] = summary[b]
         out[np.concatenate(dest)] = host.numpy()
         del o, hs, gathered, host, inputs, flat_t
         if trim is not None:
@@ -457,7 +481,26 @@ def _run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start:
             progress.update(len(batch))
     tokens = token_table(examples, idx, rendered, stored, lm.tokenizer)
     extra = {"attention": att} if attention else {}
+    if att_norm is not None:
+        extra["attention_norm"] = att_norm
     return out, tokens, extra, idx
+
+
+@contextlib.contextmanager
+def _batch_hooks(lm: LoadedModel, plan_: Plan, rendered: Sequence[Rendered], corpus_index: Sequence[int],
+                 examples: Sequence[Example], T: int, device: torch.device):
+    """The plan's intervention hooks for one batch, and the value-norm recorder of ``--attention-norm``
+    (yields its per-layer list, or None)."""
+    with contextlib.ExitStack() as stack:
+        if plan_.intervention is not None:
+            stack.enter_context(plan_.intervention.batch(rendered, corpus_index, [examples[e].id for e in corpus_index],
+                                                         T, device))
+        norms = None
+        if plan_.request.get("attention_norm"):
+            from .attention_norm import recording_value_norms
+
+            norms = stack.enter_context(recording_value_norms(lm.model, lm.n_layers))
+        yield norms
 
 
 def _attention_summary(attentions, rendered: Sequence[Rendered], groups: list[str], T: int,
@@ -512,6 +555,8 @@ def extract(
     shard_mb: float = 256.0,
     on_overflow: str = "error",
     attention: bool = False,
+    attention_norm: bool = False,
+    intervention=None,
     force: bool = False,
     progress: bool = True,
     trust_remote_code: bool = False,
@@ -526,7 +571,11 @@ def extract(
     incomplete one is resumed. See the module docstring and ``python -m probing.extract --help``.
     ``rank``/``world_size``/``barrier`` split the shards among cooperating processes
     (see :mod:`probing.distributed`); with the defaults one process does everything.
+    ``intervention`` (:class:`probing.interventions.Intervention`) knocks out attention, patches or
+    ablates states during the forward pass; ``attention_norm`` also records the norm-based attention
+    summary (:mod:`probing.attention_norm`; implies ``attention``). Both are part of the cache request.
     """
+    attention = attention or attention_norm
     if on_overflow not in ON_OVERFLOW:
         raise ExtractError(f"--on-overflow must be one of {ON_OVERFLOW}, got {on_overflow!r}")
     if dtype not in DTYPES:
@@ -559,7 +608,8 @@ def extract(
         return _extract(lm, examples, fmts, dev, layers=layers, roles=roles, dtype=dtype, storage_dtype=storage_dtype,
                         out=out, corpus_name=corpus_name, batch_tokens=batch_tokens, max_batch=max_batch,
                         shard_mb=shard_mb, on_overflow=on_overflow, attention=attention, force=force,
-                        progress=progress, rank=rank, world_size=world_size, barrier=barrier, log=log)
+                        progress=progress, rank=rank, world_size=world_size, barrier=barrier, log=log,
+                        attention_norm=attention_norm, intervention=intervention)
     finally:
         if attention and previous_attn != "eager":
             lm.model.set_attn_implementation(previous_attn)
@@ -567,7 +617,7 @@ def extract(
 
 def _extract(lm: LoadedModel, examples: list[Example], fmts: list[Format], dev: torch.device, *, layers, roles,
              dtype, storage_dtype, out, corpus_name, batch_tokens, max_batch, shard_mb, on_overflow, attention,
-             force, progress, rank, world_size, barrier, log) -> list[Path]:
+             force, progress, rank, world_size, barrier, log, attention_norm=False, intervention=None) -> list[Path]:
     layer_list = parse_layers(layers, lm.n_layers)
     role_list = parse_roles(roles)
     corpus = {"name": corpus_name, "fingerprint": corpus_fingerprint(examples), "n_examples": len(examples)}
@@ -583,7 +633,7 @@ def _extract(lm: LoadedModel, examples: list[Example], fmts: list[Format], dev: 
     # every format is planned (every example checked) before anything is written
     plans = [plan(lm, f, examples, tokens, corpus=corpus, root=root, layers=layer_list, roles=role_list,
                   dtype=dtype, storage_dtype=storage_dtype, on_overflow=on_overflow, shard_mb=shard_mb,
-                  attention=attention) for f in fmts]
+                  attention=attention, attention_norm=attention_norm, intervention=intervention) for f in fmts]
     del tokens
     for p in plans:
         _extract_one(lm, p, examples, device=dev, batch_tokens=batch_tokens, max_batch=max_batch,
@@ -678,7 +728,8 @@ def _extract_locked(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, de
             + f", {n_rows} stored tokens x {len(p.request['layers'])} layers"
             + (f", {tokens_fwd} tokens through the model in {elapsed:.1f}s ({rate:,.0f} tokens/s)" if tokens_fwd else "")
             + (f", {resumed} shard(s) resumed" if resumed else "")
-            + f"\n[{p.fmt.name}] cache: {path}")
+            + f"\n[{p.fmt.name}] cache: {path}"
+            + (f"\n[{p.fmt.name}] intervention: {p.intervention.label}" if p.intervention is not None else ""))
     if barrier is not None:
         barrier()  # no rank returns before the manifest exists: the returned path is a complete cache
 
@@ -829,6 +880,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "(skipped ids go into the manifest); never truncated")
     p.add_argument("--attention", action="store_true",
                    help="also record attention mass between token groups per layer and head (eager attention)")
+    p.add_argument("--attention-norm", action="store_true",
+                   help="also record norm-based attention, ||alpha f(x)|| (Kobayashi et al. 2020); implies --attention")
+    from .interventions import GROUPS
+
+    groups = ", ".join(f"{g} ({d})" for g, d in GROUPS.items())
+    p.add_argument("--knockout", action="append", default=[], metavar="from=G,to=G,layers=L[,control=1,seed=N]",
+                   help="attention knockout at encoder layers L (3, 2-4 or 2;5): queries of group 'from' may not "
+                        "attend to keys of group 'to' (own position kept); control=1: as many random word keys "
+                        f"per query instead. Groups: {groups}. Repeatable")
+    p.add_argument("--patch", action="append", default=[], metavar="keys=G,layer=L,source=CACHE",
+                   help="replace hidden state L (0 = embeddings) of group G by the same keys' states in cache "
+                        "CACHE (another format, same model and corpus), then run the layers above. Repeatable")
+    p.add_argument("--ablate", action="append", default=[], metavar="keys=G,layer=L,value=zero|mean[,source=CACHE]",
+                   help="set hidden state L of group G to zero, or to the group's mean at L over clean cache "
+                        "CACHE (same model, format and corpus). Repeatable")
     p.add_argument("--out", default="caches", help="cache root directory (default: ./caches)")
     p.add_argument("--force", action="store_true", help="rebuild caches that already exist")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -850,6 +916,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .distributed import DistContext
 
     try:
+        from .interventions import Intervention
+
+        intervention = Intervention.parse(args.knockout, args.patch, args.ablate)
         examples = load_corpus(args.corpus)
         with DistContext.from_env() as dist:
             paths = extract(
@@ -858,6 +927,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 dtype=args.dtype, storage_dtype=args.storage_dtype, device=dist.device(args.device),
                 batch_tokens=args.batch_tokens, max_batch=args.max_batch, shard_mb=args.shard_mb,
                 on_overflow=args.on_overflow, attention=args.attention, force=args.force,
+                attention_norm=args.attention_norm, intervention=intervention,
                 progress=not args.no_progress, trust_remote_code=args.trust_remote_code,
                 rank=dist.rank, world_size=dist.world_size, barrier=dist.barrier,
             )

@@ -1,0 +1,420 @@
+"""Effects of interventions (:mod:`probing.interventions`) as tidy result tables.
+
+An intervened cache shares its token keys with the clean cache of the same format, so an effect is
+measured item by item:
+
+- **drift** of a role group between the clean and the intervened run: per example, the mean over
+  the group's tokens of ``1 − cos(h_clean, h_intervened)`` at each layer;
+- **probe accuracy**: per item, whether an out-of-fold logistic-regression probe is right, on the
+  clean and on the intervened states, with the same document-grouped folds
+  (:class:`sklearn.model_selection.StratifiedGroupKFold`, grouped by the ``doc`` label when there
+  is one, else by example). ``mode="transfer"`` fits the probe on the clean states of the training
+  folds and scores it on the intervened states of the held-out fold (does the model still put the
+  information where the clean model reads it?); ``mode="retrain"`` fits and scores on the intervened
+  states (is the information still decodable?).
+
+A **control** intervention of the same size (``control=1``: as many random word keys per query as
+the knockout takes) makes "knocking out [SEP] changes [CLS] more than the control does" a paired
+comparison: the per-item difference of the two effects, with a cluster-bootstrap CI over documents
+(:func:`analyses.stats.bootstrap_ci`). Every CI here is a 95% percentile interval; no correction for
+multiple comparisons is applied (each layer and target is reported on its own).
+
+Study functions: :func:`q4_sep_knockout` (does the model use [SEP]?) and :func:`q1_patching` (how
+much of [CLS]'s pair → concat change comes through [CLS]'s own state at layer l, and through the
+middle [SEP]), with the interventions they need from :func:`sep_knockouts`, :func:`cls_patches` and
+:func:`middle_sep_knockouts`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from analyses.drift import model_label
+from analyses.drift_metrics import rowwise_cosine
+from analyses.results import cache_identity, keep_table, make_table, stored_table
+from analyses.stats import _RNG_KW, bootstrap_ci
+from probing.cache import Cache, align, check_comparable
+from probing.interventions import Intervention, Knockout, Patch, check_group, describe, table_mask
+
+PROBE_MODES = ("transfer", "retrain")
+#: Labels asked only of coherent pairs (``is_next == 1``) when the corpus has ``is_next``: a pair whose
+#: second sentence comes from another article has no single topic.
+COHERENT_ONLY = ("topic",)
+
+
+def middle_layers(n_layers: int) -> tuple[int, ...]:
+    """The middle third of the encoder layers, ``floor(L/3)+1 .. ceil(2L/3)``: 3-4 of 6, 5-8 of 12."""
+    return tuple(range(n_layers // 3 + 1, -(-2 * n_layers // 3) + 1))
+
+
+def sep_knockouts(n_layers: int, layers: Sequence[int] | None = None, seed: int = 0) -> tuple[Intervention, Intervention]:
+    """The Q4 pair: every token may not attend to any [SEP] at ``layers`` (default
+    :func:`middle_layers`), and its control of the same size on random word tokens."""
+    layers = tuple(layers) if layers is not None else middle_layers(n_layers)
+    return (Intervention((Knockout("all", "sep", layers),)),
+            Intervention((Knockout("all", "sep", layers, control=True, seed=seed),)))
+
+
+def middle_sep_knockouts(n_layers: int) -> tuple[Intervention, Intervention]:
+    """The Q1 route through the middle [SEP] of ``pair`` (the [SEP] after sentence 1, which ``concat``
+    lacks): [CLS] may not attend to it, and no token may, at every layer."""
+    layers = tuple(range(1, n_layers + 1))
+    return Intervention((Knockout("cls", "sep1", layers),)), Intervention((Knockout("all", "sep1", layers),))
+
+
+def cls_patches(source: str | Path, n_layers: int, group: str = "cls") -> dict[int, Intervention]:
+    """The Q1 patches: ``group``'s state from cache ``source`` (e.g. ``concat``) at each layer 1..L-1."""
+    return {l: Intervention(patches=(Patch(group, l, str(source)),)) for l in range(1, n_layers)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Per-item measurements
+
+
+def clusters(cache: Cache, examples: np.ndarray) -> np.ndarray:
+    """The resampling unit of each example: its ``doc`` label when the corpus has one, else itself."""
+    if "label_doc" in cache.examples.columns:
+        return cache.labels("doc", examples).astype(str)
+    return np.asarray(examples).astype(str)
+
+
+def per_example_drift(clean: Cache, treated: Cache, layer: int, group: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(examples, drift)``: per example, the mean over the tokens of ``group`` of
+    ``1 − cos(h_clean, h_treated)`` at ``layer`` (tokens paired by key)."""
+    check_group(group)
+    rows = np.flatnonzero(table_mask(clean.tokens, group))
+    ra, rb = align(clean, treated, rows_a=rows)
+    if ra.size == 0:
+        raise ValueError(f"{clean.path.name} and {treated.path.name} share no token of group {group!r}")
+    d = 1.0 - rowwise_cosine(clean.states(layer, ra), treated.states(layer, rb))
+    s = pd.Series(d).groupby(clean.tokens["example"].to_numpy()[ra]).mean()
+    return s.index.to_numpy(), s.to_numpy()
+
+
+def _folds(y: np.ndarray, groups: np.ndarray, n_splits: int):
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    n = min(n_splits, len(np.unique(groups)), int(pd.Series(y).value_counts().max()))
+    if n < 2:
+        raise ValueError(f"a probe needs at least 2 folds: {len(np.unique(groups))} groups, label counts "
+                         f"{pd.Series(y).value_counts().to_dict()}")
+    return list(StratifiedGroupKFold(n_splits=n).split(np.zeros(len(y)), y, groups))
+
+
+def _probe(C: float):
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    return make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=2000))
+
+
+def probe_correctness(X_clean: np.ndarray, X_treated: Mapping[str, np.ndarray], y: np.ndarray, groups: np.ndarray,
+                      *, mode: str = "transfer", n_splits: int = 5, C: float = 1.0) -> dict[str, np.ndarray]:
+    """Out-of-fold correctness per item, on the same folds for every condition.
+
+    X_clean: (n, dim) clean states; X_treated: name -> (n, dim) states of the same items under an
+    intervention; y: (n,) labels; groups: (n,) folds never split a group. Returns ``{"clean": (n,)
+    bool, name: (n,) bool, ...}``: the clean probe's held-out predictions, and for each treated set
+    the predictions of a probe fitted on the clean training folds (``mode="transfer"``) or on the
+    treated training folds (``"retrain"``)."""
+    if mode not in PROBE_MODES:
+        raise ValueError(f"mode must be one of {PROBE_MODES}, got {mode!r}")
+    y = np.asarray(y)
+    out = {"clean": np.zeros(len(y), dtype=bool), **{k: np.zeros(len(y), dtype=bool) for k in X_treated}}
+    for train, test in _folds(y, np.asarray(groups), n_splits):
+        clean = _probe(C).fit(X_clean[train], y[train])
+        out["clean"][test] = clean.predict(X_clean[test]) == y[test]
+        for name, X in X_treated.items():
+            model = clean if mode == "transfer" else _probe(C).fit(X[train], y[train])
+            out[name][test] = model.predict(X[test]) == y[test]
+    return out
+
+
+def _states_by_example(cache: Cache, layer: int, choice: str, examples: np.ndarray) -> np.ndarray:
+    from analyses.selection import pooled
+
+    ex, X = pooled(cache, layer, choice)
+    pos = pd.Index(ex).get_indexer(examples)
+    if (pos < 0).any():
+        raise ValueError(f"{cache.path.name}: example {examples[pos < 0][0]} has no {choice!r} token")
+    return X[pos]
+
+
+def _items(cache: Cache, target: str) -> tuple[np.ndarray, np.ndarray]:
+    """Examples asked ``target`` (coherent pairs only for :data:`COHERENT_ONLY` labels) and the labels."""
+    table = cache.examples
+    ex = table["example"].to_numpy()
+    keep = np.ones(len(ex), dtype=bool)
+    if target in COHERENT_ONLY and "label_is_next" in table.columns:
+        keep &= table["label_is_next"].to_numpy() == 1
+    ex = ex[keep]
+    return ex, cache.labels(target, ex)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tables
+
+
+def _base(clean: Cache, analysis: str, seed: int) -> dict:
+    return {"analysis": analysis, "model": model_label(clean), "corpus": clean.manifest["corpus"]["name"],
+            "format": clean.format_name, "seed": seed}
+
+
+def _describe(cache: Cache) -> str:
+    return describe(cache.manifest.get("intervention"))
+
+
+def _ci_row(base: dict, values: np.ndarray, groups: np.ndarray, n_resamples: int, seed: int, **kw) -> dict:
+    point, lo, hi = bootstrap_ci(values, groups, "mean", n_resamples=n_resamples, seed=seed)
+    return {**base, **kw, "value": point, "ci_low": lo, "ci_high": hi, "n": int(len(values)),
+            "n_clusters": int(len(np.unique(groups)))}
+
+
+def knockout_drift(clean: Cache, treated: Cache, control: Cache | None = None, *,
+                   groups: Sequence[str] = ("cls", "sep", "word"), layers: Sequence[int] | None = None,
+                   n_resamples: int = 1000, seed: int = 0, out: str | Path | None = None,
+                   force: bool = False) -> pd.DataFrame:
+    """Drift from the clean run per layer and group (metric ``drift_treated``), the control's
+    (``drift_control``) and their paired difference per example (``drift_difference`` = treated −
+    control), each a mean over examples with a cluster-bootstrap CI over documents. Columns: the
+    standard ones (role = group) plus ``intervention``, ``control``, ``n_clusters``."""
+    for c in (treated,) + ((control,) if control is not None else ()):
+        check_comparable(clean, c)
+    layers = [l for l in (layers if layers is not None else clean.layers) if l in treated.layers]
+    config = {"clean": cache_identity(clean), "treated": cache_identity(treated),
+              "control": control and cache_identity(control),
+              "groups": list(groups), "layers": layers, "n_resamples": n_resamples, "seed": seed}
+    path, done = stored_table(out, "intervention_drift", config, force)
+    if done is not None:
+        return done
+    base = {**_base(clean, "intervention_drift", seed), "format_b": treated.format_name,
+            "intervention": _describe(treated), "control": _describe(control) if control is not None else "",
+            "target": ""}
+    rows = []
+    for layer in layers:
+        for g in groups:
+            ex, d_t = per_example_drift(clean, treated, layer, g)
+            cl = clusters(clean, ex)
+            rows.append(_ci_row(base, d_t, cl, n_resamples, seed, layer=layer, role=g, metric="drift_treated"))
+            if control is None:
+                continue
+            ex_c, d_c = per_example_drift(clean, control, layer, g)
+            s_c = pd.Series(d_c, index=ex_c).reindex(ex).to_numpy()
+            ok = np.isfinite(s_c)
+            rows.append(_ci_row(base, s_c[ok], cl[ok], n_resamples, seed, layer=layer, role=g, metric="drift_control"))
+            rows.append(_ci_row(base, d_t[ok] - s_c[ok], cl[ok], n_resamples, seed, layer=layer, role=g,
+                                metric="drift_difference"))
+    return keep_table(make_table(rows), path)
+
+
+def knockout_probes(clean: Cache, treated: Cache, control: Cache | None = None, *,
+                    targets: Sequence[str] = ("topic", "is_next"), choice: str = "cls", layer: int = -1,
+                    mode: str = "transfer", n_splits: int = 5, C: float = 1.0, n_resamples: int = 1000,
+                    seed: int = 0, out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
+    """Probe accuracy of ``choice`` at ``layer`` for each target, clean and intervened, on the same
+    items and folds. Metrics: ``accuracy_clean``, ``accuracy_treated``, ``accuracy_control``,
+    ``change_treated`` (treated − clean, per item), ``change_control`` and ``change_difference``
+    (treated − control, per item), each with a cluster-bootstrap CI over documents. Extra columns:
+    ``mode``, ``intervention``, ``control``, ``n_clusters``. A target the corpus lacks is skipped and
+    listed in the ``skipped`` attribute of the returned frame (``df.attrs["skipped"]``)."""
+    for c in (treated,) + ((control,) if control is not None else ()):
+        check_comparable(clean, c)
+    layer = clean.layers[clean.layer_index(layer)]
+    config = {"clean": cache_identity(clean), "treated": cache_identity(treated),
+              "control": control and cache_identity(control),
+              "targets": list(targets), "choice": choice, "layer": layer, "mode": mode, "n_splits": n_splits,
+              "C": C, "n_resamples": n_resamples, "seed": seed}
+    path, done = stored_table(out, "intervention_probes", config, force)
+    if done is not None:
+        return done
+    base = {**_base(clean, "intervention_probes", seed), "format_b": treated.format_name, "layer": layer,
+            "role": choice, "mode": mode, "intervention": _describe(treated),
+            "control": _describe(control) if control is not None else ""}
+    rows, skipped = [], []
+    for target in targets:
+        if f"label_{target}" not in clean.examples.columns:
+            skipped.append(target)
+            continue
+        ex, y = _items(clean, target)
+        X = _states_by_example(clean, layer, choice, ex)
+        treated_X = {"treated": _states_by_example(treated, layer, choice, ex)}
+        if control is not None:
+            treated_X["control"] = _states_by_example(control, layer, choice, ex)
+        ok = probe_correctness(X, treated_X, y, clusters(clean, ex), mode=mode, n_splits=n_splits, C=C)
+        cl = clusters(clean, ex)
+        acc = {k: v.astype(np.float64) for k, v in ok.items()}
+        for name, v in acc.items():
+            rows.append(_ci_row(base, v, cl, n_resamples, seed, target=target, metric=f"accuracy_{name}"))
+        for name in [k for k in acc if k != "clean"]:
+            rows.append(_ci_row(base, acc[name] - acc["clean"], cl, n_resamples, seed, target=target,
+                                metric=f"change_{name}"))
+        if control is not None:
+            rows.append(_ci_row(base, acc["treated"] - acc["control"], cl, n_resamples, seed, target=target,
+                                metric="change_difference"))
+    df = keep_table(make_table(rows), path)
+    df.attrs["skipped"] = skipped
+    return df
+
+
+def fraction_closed(d_clean: np.ndarray, d_patched: np.ndarray, groups: np.ndarray, *, n_resamples: int = 1000,
+                    seed: int = 0) -> tuple[float, float, float]:
+    """``1 − Σ d_patched / Σ d_clean``: the share of the clean drift that a patch closes, with a
+    cluster-bootstrap percentile CI (:func:`scipy.stats.bootstrap` over clusters, ratio of sums)."""
+    _, codes = np.unique(np.asarray(groups), return_inverse=True)
+    k = int(codes.max()) + 1
+    num = np.bincount(codes, weights=d_patched, minlength=k)
+    den = np.bincount(codes, weights=d_clean, minlength=k)
+    point = 1.0 - num.sum() / den.sum()
+    if k < 2:
+        return float(point), float("nan"), float("nan")
+
+    def stat(idx, axis=-1):
+        return 1.0 - num[idx].sum(axis) / den[idx].sum(axis)
+
+    res = sps.bootstrap((np.arange(k),), stat, n_resamples=n_resamples, vectorized=True, method="percentile",
+                        **{_RNG_KW: np.random.default_rng(seed)})
+    return float(point), float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def _patch_layer(cache: Cache):
+    patches = (cache.manifest.get("intervention") or {}).get("patch", [])
+    return patches[0]["layer"] if len(patches) == 1 and len(cache.manifest["intervention"]) == 1 else pd.NA
+
+
+def drift_reproduced(source: Cache, target: Cache, treated: Sequence[Cache], *, group: str = "cls",
+                     layer: int = -1, n_resamples: int = 1000, seed: int = 0, out: str | Path | None = None,
+                     force: bool = False) -> pd.DataFrame:
+    """How much of ``group``'s drift between ``target`` (e.g. ``pair``) and ``source`` (e.g. ``concat``)
+    at ``layer`` each intervened run of ``target`` reproduces: e.g. ``target`` with ``group``'s state
+    at layer l patched from ``source``, or ``target`` with attention to the middle [SEP] knocked out.
+    Per treated cache: ``drift_clean`` (1 − cos(target, source)), ``drift_treated`` (1 − cos(treated,
+    source)) and ``fraction_reproduced`` = 1 − Σ drift_treated / Σ drift_clean (1: the treated run
+    gives the source's state; 0: no closer than without it), all at the measured ``layer``. Extra
+    columns: ``patch_layer`` (the layer of a cache's single patch, else NA), ``intervention``,
+    ``n_clusters``."""
+    check_comparable(target, source)
+    measured = target.layers[target.layer_index(layer)]
+    config = {"source": cache_identity(source), "target": cache_identity(target), "group": group, "layer": measured,
+              "treated": [cache_identity(c) for c in treated], "n_resamples": n_resamples, "seed": seed}
+    path, done = stored_table(out, "intervention_patching", config, force)
+    if done is not None:
+        return done
+    ex, d_clean = per_example_drift(target, source, measured, group)
+    if not d_clean.sum() > 0:
+        raise ValueError(f"{group!r} does not drift between {target.path.name} and {source.path.name} at layer "
+                         f"{measured}: there is no drift to reproduce")
+    cl = clusters(target, ex)
+    base = {**_base(target, "intervention_patching", seed), "format_b": source.format_name, "role": group,
+            "target": "", "layer": measured}
+    rows = []
+    for cache in treated:
+        check_comparable(target, cache)
+        ex_p, d_p = per_example_drift(cache, source, measured, group)
+        d_p = pd.Series(d_p, index=ex_p).reindex(ex).to_numpy()
+        this = {**base, "patch_layer": _patch_layer(cache), "intervention": _describe(cache)}
+        rows.append(_ci_row(this, d_clean, cl, n_resamples, seed, metric="drift_clean"))
+        rows.append(_ci_row(this, d_p, cl, n_resamples, seed, metric="drift_treated"))
+        point, lo, hi = fraction_closed(d_clean, d_p, cl, n_resamples=n_resamples, seed=seed)
+        rows.append({**this, "metric": "fraction_reproduced", "value": point, "ci_low": lo, "ci_high": hi,
+                     "n": int(len(ex)), "n_clusters": int(len(np.unique(cl)))})
+    return keep_table(make_table(rows), path)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Study sections
+
+
+def q4_sep_knockout(clean: Cache, knockout: Cache, control: Cache, *, targets: Sequence[str] = ("topic", "is_next"),
+                    choice: str = "cls", probe_layer: int = -1, n_resamples: int = 1000, seed: int = 0,
+                    out: str | Path | None = None, force: bool = False) -> dict[str, pd.DataFrame]:
+    """Q4, "does the model use [SEP]?": ``knockout`` and ``control`` are ``clean``'s format extracted
+    with :func:`sep_knockouts`. Returns ``{"q4_knockout_drift": ..., "q4_knockout_probes": ...}``
+    (:func:`knockout_drift` for cls, sep and word; :func:`knockout_probes` in transfer and retrain
+    modes)."""
+    drift = knockout_drift(clean, knockout, control, n_resamples=n_resamples, seed=seed, out=out, force=force)
+    probes = pd.concat([knockout_probes(clean, knockout, control, targets=targets, choice=choice, layer=probe_layer,
+                                        mode=m, n_resamples=n_resamples, seed=seed, out=out, force=force)
+                        for m in PROBE_MODES], ignore_index=True)
+    return {"q4_knockout_drift": drift, "q4_knockout_probes": probes}
+
+
+def q1_patching(pair: Cache, concat: Cache, patched: Mapping[int, Cache], sep_routes: Sequence[Cache] = (), *,
+                n_resamples: int = 1000, seed: int = 0, out: str | Path | None = None,
+                force: bool = False) -> dict[str, pd.DataFrame]:
+    """Q1, "how much of [CLS]'s pair → concat change comes through [CLS]'s own state, and how much
+    through the middle [SEP]": ``patched[l]`` is ``pair`` extracted with :func:`cls_patches`
+    (``concat``'s [CLS] at layer l); ``sep_routes`` are ``pair`` extracted with
+    :func:`middle_sep_knockouts` (no attention to the middle [SEP]). Returns
+    ``{"q1_cls_patching": ...}`` (:func:`drift_reproduced` of [CLS] at the last layer, one block of rows
+    per treated cache)."""
+    treated = [patched[l] for l in sorted(patched)] + list(sep_routes)
+    return {"q1_cls_patching": drift_reproduced(concat, pair, treated, group="cls", layer=-1,
+                                                n_resamples=n_resamples, seed=seed, out=out, force=force)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    from analyses.results import CLI_ERRORS, add_output_options, cli_error
+
+    p = argparse.ArgumentParser(prog="python -m analyses.interventions",
+                                description="Effects of an intervention against the clean run (and a control).")
+    sub = p.add_subparsers(dest="kind", required=True)
+    k = sub.add_parser("knockout", help="drift and probe change of TREATED (and CONTROL) against CLEAN")
+    k.add_argument("clean")
+    k.add_argument("treated")
+    k.add_argument("control", nargs="?", default=None)
+    k.add_argument("--groups", default="cls,sep,word", help="role groups for drift (default cls,sep,word)")
+    k.add_argument("--targets", default="topic,is_next", help="probe targets (default topic,is_next)")
+    k.add_argument("--choice", default="cls", help="token choice probed (default cls)")
+    k.add_argument("--probe-layer", type=int, default=-1, help="layer probed (default: the last)")
+    k.add_argument("--mode", choices=PROBE_MODES, default="transfer",
+                   help="transfer: probe fitted on clean states; retrain: fitted on the intervened states")
+    add_output_options(k, resamples=True)
+    q = sub.add_parser("patching", help="share of SOURCE vs TARGET drift reproduced by each intervened TARGET")
+    q.add_argument("source", help="the format the states came from (e.g. concat)")
+    q.add_argument("target", help="the clean cache that was patched (e.g. pair)")
+    q.add_argument("treated", nargs="+", help="intervened caches of TARGET's format (patches, knockouts)")
+    q.add_argument("--group", default="cls")
+    q.add_argument("--layer", type=int, default=-1, help="layer where the drift is measured (default: the last)")
+    add_output_options(q, resamples=True)
+    args = p.parse_args(argv)
+    try:
+        if args.kind == "knockout":
+            caches = [Cache.open(c) for c in (args.clean, args.treated)]
+            control = Cache.open(args.control) if args.control else None
+            drift = knockout_drift(*caches, control, groups=[g for g in args.groups.split(",") if g],
+                                   n_resamples=args.resamples, seed=args.seed, out=args.out, force=args.force)
+            probes = knockout_probes(*caches, control, targets=[t for t in args.targets.split(",") if t],
+                                     choice=args.choice, layer=args.probe_layer, mode=args.mode,
+                                     n_resamples=args.resamples, seed=args.seed, out=args.out, force=args.force)
+            shown = [drift.pivot_table(index=["role", "layer"], columns="metric", values="value"),
+                     probes.pivot_table(index="target", columns="metric", values="value")]
+        else:
+            df = drift_reproduced(Cache.open(args.source), Cache.open(args.target),
+                                  [Cache.open(c) for c in args.treated], group=args.group, layer=args.layer,
+                                  n_resamples=args.resamples, seed=args.seed, out=args.out, force=args.force)
+            shown = [df.pivot_table(index="intervention", columns="metric", values="value", sort=False)]
+    except CLI_ERRORS as err:
+        return cli_error(err)
+    with pd.option_context("display.width", 160, "display.float_format", "{:.3g}".format):
+        for t in shown:
+            print(t.to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

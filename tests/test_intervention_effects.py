@@ -1,0 +1,183 @@
+"""Effects of interventions as tables (analyses.interventions) and their figures, on tiny random BERTs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyses.interventions import (cls_patches, fraction_closed, knockout_drift, knockout_probes, middle_layers,
+                                    middle_sep_knockouts,
+                                    per_example_drift, probe_correctness, q1_patching,
+                                    q4_sep_knockout, sep_knockouts)
+from probing.cache import Cache
+from probing.examples import Example
+from probing.extract import extract
+from probing.interventions import Intervention, Knockout, Patch
+
+QUIET = dict(progress=False, log=lambda *a: None)
+
+
+def _corpus(n=24):
+    from tests.conftest import sample_examples
+
+    return [Example(e.id, e.sentences, {**e.labels, "doc": f"d{i // 2}"}) for i, e in enumerate(sample_examples(n))]
+
+
+def _cache(examples, fmt, lm, out, intervention=None):
+    (path,) = extract(examples, [fmt], model=lm, out=out, roles="all", intervention=intervention, **QUIET)
+    return Cache.open(path)
+
+
+@pytest.fixture()
+def sharp_bert(bert_tokenizer):
+    """A tiny random BERT with larger weights, so that attention is peaked and a knockout shows."""
+    from probing.models import prepare_model
+    from tests.conftest import make_tiny_bert
+
+    return prepare_model(make_tiny_bert(bert_tokenizer, initializer_range=0.3), bert_tokenizer, name="sharp-bert")
+
+
+@pytest.fixture()
+def runs(tmp_path, sharp_bert):
+    tiny_bert = sharp_bert
+    ex = _corpus()
+    ko, control = sep_knockouts(tiny_bert.n_layers)
+    return {"clean": _cache(ex, "pair", tiny_bert, tmp_path), "ko": _cache(ex, "pair", tiny_bert, tmp_path, ko),
+            "control": _cache(ex, "pair", tiny_bert, tmp_path, control),
+            "nothing": _cache(ex, "pair", tiny_bert, tmp_path, Intervention((Knockout("all", "sep3", (1,)),))),
+            "lm": tiny_bert, "examples": ex, "tmp": tmp_path}
+
+
+def test_middle_layers_and_the_q4_interventions():
+    assert middle_layers(6) == (3, 4) and middle_layers(12) == (5, 6, 7, 8) and middle_layers(2) == (1, 2)
+    ko, control = sep_knockouts(6)
+    assert ko.knockouts == (Knockout("all", "sep", (3, 4)),)
+    assert control.knockouts == (Knockout("all", "sep", (3, 4), control=True, seed=0),)
+
+
+def test_per_example_drift_is_a_mean_of_one_minus_cosine(runs):
+    clean, ko = runs["clean"], runs["ko"]
+    ex, d = per_example_drift(clean, ko, 2, "cls")
+    rows_a, rows_b = clean.rows(role="cls"), ko.rows(role="cls")
+    a, b = clean.states(2, rows_a).astype(np.float64), ko.states(2, rows_b).astype(np.float64)
+    want = 1 - (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    np.testing.assert_allclose(d, want, atol=1e-6)
+    assert list(ex) == list(range(len(runs["examples"])))
+    _, zero = per_example_drift(clean, runs["nothing"], 2, "word")
+    assert np.abs(zero).max() < 1e-6
+
+
+def test_knockout_drift_pairs_the_control_item_by_item(runs):
+    df = knockout_drift(runs["clean"], runs["ko"], runs["control"], groups=("cls",), layers=[0, 2], n_resamples=50)
+    assert set(df["metric"]) == {"drift_treated", "drift_control", "drift_difference"}
+    at2 = df[df["layer"] == 2].set_index("metric")
+    assert at2.loc["drift_difference", "value"] == pytest.approx(
+        at2.loc["drift_treated", "value"] - at2.loc["drift_control", "value"], abs=1e-9)
+    assert at2.loc["drift_treated", "value"] > 1e-4
+    assert at2.loc["drift_treated", "n_clusters"] == 12  # the doc label, not the example
+    assert df[df["layer"] == 0]["value"].abs().max() < 1e-6  # embeddings come before any knockout
+    assert at2.loc["drift_treated", "intervention"] == "knockout all->sep@1;2"
+    same = knockout_drift(runs["clean"], runs["ko"], runs["ko"], groups=("cls",), layers=[2], n_resamples=50)
+    assert same.set_index("metric").loc["drift_difference", "value"] == 0.0
+
+
+def test_probe_correctness_matches_cross_val_predict_on_the_same_folds():
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedGroupKFold, cross_val_predict
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1, 2], 20)
+    X = rng.normal(size=(60, 5)) + y[:, None] * 0.7
+    groups = np.arange(60) // 3
+    got = probe_correctness(X, {"same": X, "noise": rng.normal(size=X.shape)}, y, groups, mode="retrain")
+    folds = list(StratifiedGroupKFold(n_splits=5).split(X, y, groups))
+    ref = cross_val_predict(make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000)), X, y, cv=folds)
+    np.testing.assert_array_equal(got["clean"], ref == y)
+    np.testing.assert_array_equal(got["same"], got["clean"])
+    assert got["clean"].mean() > got["noise"].mean()
+
+
+def test_knockout_probes_change_is_zero_for_an_empty_knockout(runs):
+    df = knockout_probes(runs["clean"], runs["nothing"], runs["control"], targets=("topic", "absent"), layer=-1,
+                         n_resamples=50)
+    d = df.set_index("metric")
+    assert d.loc["change_treated", "value"] == 0.0
+    assert d.loc["accuracy_treated", "value"] == d.loc["accuracy_clean", "value"]
+    assert d.loc["change_difference", "value"] == pytest.approx(-d.loc["change_control", "value"])
+    assert df.attrs["skipped"] == ["absent"]
+    assert (df["mode"] == "transfer").all() and (df["layer"] == 2).all()
+
+
+def test_fraction_closed_known_answers():
+    d = np.array([0.2, 0.4, 0.1, 0.3])
+    g = np.array(["a", "a", "b", "c"])
+    assert fraction_closed(d, np.zeros(4), g, n_resamples=50)[0] == 1.0
+    assert fraction_closed(d, d, g, n_resamples=50)[0] == 0.0
+    point, lo, hi = fraction_closed(d, d / 2, g, n_resamples=50)
+    assert point == pytest.approx(0.5) and lo == pytest.approx(0.5) and hi == pytest.approx(0.5)
+
+
+def test_patching_at_the_measured_layer_reproduces_all_of_the_drift(runs):
+    lm, ex, tmp = runs["lm"], runs["examples"], runs["tmp"]
+    concat = _cache(ex, "concat", lm, tmp)
+    patches = cls_patches(concat.path, lm.n_layers)
+    assert list(patches) == [1]
+    patched = {l: _cache(ex, "pair", lm, tmp, iv) for l, iv in patches.items()}
+    patched[2] = _cache(ex, "pair", lm, tmp, Intervention(patches=(Patch("cls", 2, str(concat.path)),)))
+    cls_route, all_route = middle_sep_knockouts(lm.n_layers)
+    assert all_route.knockouts == (Knockout("all", "sep1", (1, 2)),)
+    routes = [_cache(ex, "pair", lm, tmp, cls_route)]
+    df = q1_patching(runs["clean"], concat, patched, routes, n_resamples=50)["q1_cls_patching"]
+    frac = df[df["metric"] == "fraction_reproduced"].set_index("intervention")["value"]
+    assert frac["patch cls@2 from concat"] == pytest.approx(1.0, abs=1e-6)
+    assert -1.0 < frac["patch cls@1 from concat"] < 1.0
+    assert frac["knockout cls->sep1@1;2"] != 0.0
+    assert (df["layer"] == 2).all()
+    assert df.drop_duplicates("intervention")["patch_layer"].tolist()[:2] == [1, 2]
+    assert df.drop_duplicates("intervention")["patch_layer"].isna().tolist() == [False, False, True]
+    clean = df[(df["metric"] == "drift_clean")]["value"]
+    assert clean.nunique() == 1 and clean.iloc[0] > 0
+    from figures.interventions import main as figure_main
+
+    df.to_csv(tmp / "patching.csv", index=False)
+    assert figure_main([str(tmp / "patching.csv"), "--out", str(tmp / "fig" / "patching")]) == 0
+    assert (tmp / "fig" / "patching.png").stat().st_size > 1000
+
+
+def test_q4_tables_and_figures(runs, tmp_path):
+    from figures.interventions import plot_knockout_drift, plot_knockout_probes
+
+    tables = q4_sep_knockout(runs["clean"], runs["ko"], runs["control"], targets=("topic",), n_resamples=50,
+                             out=tmp_path / "results")
+    assert set(tables) == {"q4_knockout_drift", "q4_knockout_probes"}
+    assert set(tables["q4_knockout_probes"]["mode"]) == {"transfer", "retrain"}
+    again = q4_sep_knockout(runs["clean"], runs["ko"], runs["control"], targets=("topic",), n_resamples=50,
+                            out=tmp_path / "results")
+    for name in tables:  # the second call reads the stored tables
+        pd.testing.assert_frame_equal(again[name][["metric", "value", "ci_low", "ci_high"]],
+                                      tables[name][["metric", "value", "ci_low", "ci_high"]])
+    for paths in (plot_knockout_drift(tables["q4_knockout_drift"], tmp_path / "fig" / "drift"),
+                  plot_knockout_probes(tables["q4_knockout_probes"], tmp_path / "fig" / "probes")):
+        assert [p.suffix for p in paths] == [".png", ".pdf"] and all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_command_line(runs, tmp_path, capsys):
+    from analyses.interventions import main
+
+    out = str(tmp_path / "results")
+    assert main(["knockout", str(runs["clean"].path), str(runs["ko"].path), str(runs["control"].path),
+                 "--groups", "cls", "--targets", "topic", "--resamples", "50", "--out", out]) == 0
+    printed = capsys.readouterr().out
+    assert "drift_difference" in printed and "change_difference" in printed
+    assert main(["patching", str(runs["control"].path), str(runs["clean"].path), str(runs["ko"].path),
+                 "--resamples", "50", "--out", out]) == 0
+    assert "knockout all->sep@1;2" in capsys.readouterr().out
+    assert main(["patching", str(runs["clean"].path), str(runs["clean"].path), str(tmp_path / "nowhere"),
+                 "--out", out]) == 2
+    assert "nowhere is not a complete cache" in capsys.readouterr().err
+    assert main(["patching", str(runs["clean"].path), str(runs["nothing"].path), str(runs["ko"].path),
+                 "--out", out]) == 2
+    assert "does not drift between" in capsys.readouterr().err
