@@ -138,8 +138,10 @@ def add_holm(df: pd.DataFrame, family: Sequence[str]) -> pd.DataFrame:
     df["p_holm"] = np.nan
     if df.empty:
         return df
-    for _, idx in df.groupby(list(family), sort=False, dropna=False).groups.items():
-        df.loc[idx, "p_holm"] = holm(df.loc[idx, "p_value"].to_numpy(dtype=float))
+    codes = df.groupby(list(family), sort=False, dropna=False).ngroup().to_numpy()
+    for c in np.unique(codes):
+        m = codes == c
+        df.loc[m, "p_holm"] = holm(df.loc[m, "p_value"].to_numpy(dtype=float))
     return df
 
 

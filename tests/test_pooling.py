@@ -435,3 +435,22 @@ def test_cli_runs_end_to_end(tmp_path, bert_tokenizer, capsys):
     assert "reused" in capsys.readouterr().out
     assert P.main(argv[:4] + ["--poolings", "avg"] + argv[6:]) == 2
     assert "'avg'" in capsys.readouterr().err
+
+
+def test_figure_draws_frozen_and_fine_tuned_from_the_same_splits(tiny, tmp_path, monkeypatch):
+    import figures.pooling as F
+
+    df = run_pooling_experiment(keyword_examples(24), "kind", "cls,mean", "0", model=tiny, progress=False, **FAST)
+    seen = {}
+    save = F.style.save
+
+    def keep(fig, out):
+        seen["fig"] = fig
+        return save(fig, out)
+
+    monkeypatch.setattr(F.style, "save", keep)
+    paths = F.plot_pooling(df, tmp_path / "q8")
+    assert all(p.exists() for p in paths)
+    labels = [t.get_text() for t in seen["fig"].axes[0].get_legend().get_texts()]
+    assert any(t.startswith("frozen probe (same test items") and "over documents" in t for t in labels), labels
+    assert any(t.startswith("fine-tuned (2 runs;") for t in labels), labels
