@@ -5,7 +5,7 @@
 per run, ``"test_accuracy_mean"`` per pooling) beside the frozen accuracy of the same token choice.
 Tables of the current protocol carry their own frozen probe on the same splits
 (``"frozen_test_accuracy_mean"``): both bars are then out-of-fold accuracies on identical test items
-with 95% cluster-bootstrap CIs over documents (``n_runs`` runs each). Older tables (one split, mean ±
+with 95% cluster-bootstrap CIs over documents (``n_runs`` runs each), and a ``frozen_df`` is not drawn. Older tables (one split, mean ±
 sd over seeds) are drawn as before, and ``frozen_df`` (rows of :mod:`analyses.probes`, same target and
 format) adds the probe accuracy at the best or the last layer, as the figure says.
 
@@ -115,7 +115,8 @@ def plot_pooling(finetune_df: pd.DataFrame, out: str | Path, frozen_df: pd.DataF
     the bar; "last"; or a layer number); the majority baseline as a grey dashed line. A table with
     its own frozen rows (``frozen_test_accuracy_mean``) and no ``frozen_df`` draws those instead: both
     bars from the same splits and test items, error bars 95% CIs over documents, the pooled best
-    constant as a dotted line and every recorded warning in the note. ``target`` /
+    constant as a dotted line and every recorded warning in the note (``frozen_df`` is then not drawn,
+    as the note says: the same-split probe is the like-for-like comparison). ``target`` /
     ``format`` / ``model`` / ``corpus`` pick one when the fine-tuning table holds several. Writes
     ``out``.png / ``out``.pdf and returns both paths."""
     what = "pooling figure"
@@ -131,10 +132,13 @@ def plot_pooling(finetune_df: pd.DataFrame, out: str | Path, frozen_df: pd.DataF
     seeds = ft[ft["metric"].astype(str) == "test_accuracy"]
     frozen, notes = ({}, [])
     same = ft[ft["metric"].astype(str) == "frozen_test_accuracy_mean"]  # frozen probe on the same splits
-    paired = not same.empty and frozen_df is None
+    paired = not same.empty
     if paired:
         frozen = {str(r["role"]): r for _, r in same.iterrows() if str(r["role"]) in poolings}
         frozen_layer = "same"
+        if frozen_df is not None:
+            notes.append("Frozen bars: the probe fitted on the fine-tuning splits (same test items); "
+                         "the separate probe table is not drawn.")
     elif frozen_df is not None:
         ft_model = ft["model"].dropna().astype(str).iloc[0] if ft["model"].notna().any() else None
         frozen, notes = _frozen_points(frozen_df, poolings, target, fmt, ft_model, frozen_layer, what)

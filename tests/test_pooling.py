@@ -454,3 +454,12 @@ def test_figure_draws_frozen_and_fine_tuned_from_the_same_splits(tiny, tmp_path,
     labels = [t.get_text() for t in seen["fig"].axes[0].get_legend().get_texts()]
     assert any(t.startswith("frozen probe (same test items") and "over documents" in t for t in labels), labels
     assert any(t.startswith("fine-tuned (2 runs;") for t in labels), labels
+    # a separate probe table does not replace the same-split probe
+    probes = pd.DataFrame({"analysis": "probe", "model": "tiny-bert", "corpus": df.corpus.iloc[0], "format": "pair",
+                           "format_b": "", "layer": 2, "role": ["cls", "mean"], "target": "kind", "metric": "accuracy",
+                           "value": [0.11, 0.12], "ci_low": 0.1, "ci_high": 0.13, "n": 24, "seed": 0})
+    F.plot_pooling(df, tmp_path / "q8b", frozen_df=probes)
+    bars = [p.get_height() for p in seen["fig"].axes[0].patches]
+    assert 0.11 not in bars and 0.12 not in bars
+    frozen = df[df.metric == "frozen_test_accuracy_mean"].set_index("role")["value"]
+    assert any(b == pytest.approx(frozen["cls"]) for b in bars)
