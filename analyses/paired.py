@@ -16,6 +16,9 @@ Runners on caches:
   than in A?
 * :func:`run_role_contrast` (Q1): two caches A and B; per example, the drift A→B of one token
   (``cls``) minus the mean drift of the example's word tokens: does [CLS] change more than the words?
+* :func:`run_paired_attention` (Q2): two caches A and B extracted with ``--attention``; per example
+  and layer, the head-mean attention mass from a source group to a target group (``s1 words`` →
+  ``s2 words``) in B minus in A.
 
 Both write a tidy table: analysis, model, corpus, format (A), format_b (B), reference, layer, role,
 metric, value, ci_low, ci_high, p_value, p_holm, n, n_groups, grouping, and the two means compared
@@ -23,6 +26,7 @@ metric, value, ci_low, ci_high, p_value, p_holm, n, n_groups, grouping, and the 
 
     python -m analyses.paired CACHE_REF CACHE_A CACHE_B --out results        # Q2: B − A drift from R
     python -m analyses.paired --contrast cls CACHE_A CACHE_B --out results   # Q1: [CLS] − words
+    python -m analyses.paired --attention CACHE_A CACHE_B --out results      # Q2: attention s1 → s2, B − A
 """
 
 from __future__ import annotations
@@ -268,6 +272,63 @@ def run_role_contrast(a, b, role: str = "cls", *, versus: str = "words", layers:
     return keep_table(df, path)
 
 
+def run_paired_attention(a, b, *, pairs: Sequence[tuple[str, str]] | None = (("s1 words", "s2 words"),),
+                         n_resamples: int = 1000, seed: int = 0, out: str | Path | None = None,
+                         force: bool = False) -> pd.DataFrame:
+    """Attention mass in format B minus format A, paired on the same examples (Q2).
+
+    a, b: caches of one model and corpus extracted with ``--attention``. For each (source, target)
+    group pair of :func:`analyses.attention.target_masses` named in ``pairs`` (None: every pair
+    present in both caches; e.g. ``("s1 words", "s2 words")``: mass from sentence 1's words to sentence
+    2's words) and each layer, the head mean per example in B minus in A; one row per pair and layer,
+    ``metric="attention_diff"``, ``role`` = source, ``target`` = target, ``value_a``/``value_b`` the
+    two means, CI over documents, p-value and ``p_holm`` across layers, as in :func:`run_paired_drift`.
+    """
+    from analyses.attention import target_masses
+
+    check_comparable(a, b)
+    config = {"a": a.path.name, "b": b.path.name, "pairs": None if pairs is None else [list(p) for p in pairs],
+              "n_resamples": n_resamples, "seed": seed}
+    path, done = stored_table(out, "paired_attention", config, force)
+    if done is not None:
+        return done
+    ex_a, mass_a, groups_a = a.attention()
+    ex_b, mass_b, groups_b = b.attention()
+    layers_a, layers_b = a.manifest["attention"]["layers"], b.manifest["attention"]["layers"]
+    layers = [l for l in layers_a if l in layers_b]
+    common = np.intersect1d(ex_a, ex_b)
+    ia = pd.Series(np.arange(len(ex_a)), index=ex_a).reindex(common).to_numpy()
+    ib = pd.Series(np.arange(len(ex_b)), index=ex_b).reindex(common).to_numpy()
+    named_a, named_b = target_masses(mass_a, groups_a), target_masses(mass_b, groups_b)
+    shared = [k for k in named_a if k in named_b]
+    if pairs is not None:
+        missing = [tuple(p) for p in pairs if tuple(p) not in shared]
+        if missing:
+            raise ValueError(f"{a.format_name} / {b.format_name}: no attention pair {missing}; "
+                             f"pairs in both: {shared}")
+        shared = [tuple(p) for p in pairs]
+    if not shared or not layers or common.size == 0:
+        raise ValueError(f"{a.format_name} and {b.format_name} share no attention groups, layers or examples")
+    groups, grouping = cache_groups(a, common)
+    base = {"analysis": "paired_attention", "model": model_label(a), "corpus": a.manifest["corpus"]["name"],
+            "format": a.format_name, "format_b": b.format_name, "reference": "", "metric": "attention_diff",
+            "seed": seed, "unit": "example"}
+    records = []
+    for src, tgt in shared:
+        va_all = named_a[src, tgt].astype(np.float64).mean(axis=2)[ia]  # (n, layers)
+        vb_all = named_b[src, tgt].astype(np.float64).mean(axis=2)[ib]
+        for layer in layers:
+            va, vb = va_all[:, layers_a.index(layer)], vb_all[:, layers_b.index(layer)]
+            ok = np.isfinite(va) & np.isfinite(vb)
+            if not ok.any():
+                continue
+            r = paired_difference(vb[ok], va[ok], groups[ok], n_resamples=n_resamples, seed=seed)
+            r.update(value_a=float(va[ok].mean()), value_b=float(vb[ok].mean()))
+            records.append({**base, "layer": layer, "role": src, "target": tgt, **r, "grouping": grouping})
+    df = add_holm(make_table(records), ["role", "target", "metric"])
+    return keep_table(df, path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from probing.cache import Cache
 
@@ -278,7 +339,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "drift R->A per token key (Q2). With --contrast ROLE and two caches A B: drift A->B of ROLE "
                     "minus the words' drift, per example (Q1).",
     )
-    p.add_argument("caches", nargs="+", help="R A B (paired drift) or A B (with --contrast)")
+    p.add_argument("caches", nargs="+", help="R A B (paired drift) or A B (with --contrast or --attention)")
+    p.add_argument("--attention", action="store_true",
+                   help="two caches with attention summaries: mass from s1 words to s2 words, B minus A")
     p.add_argument("--contrast", default=None, help="role group compared with the words, e.g. cls (Q1)")
     p.add_argument("--versus", default="words", help="with --contrast: 'words' or a group such as 's1 words'")
     p.add_argument("--layers", default=None, help="comma list of layers (default: every layer stored)")
@@ -286,20 +349,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--unit", default="token", choices=UNITS, help="paired item: token key or example mean")
     add_output_options(p, resamples=True)
     args = p.parse_args(argv)
-    want = 2 if args.contrast is not None else 3
+    want = 2 if args.contrast is not None or args.attention else 3
     if len(args.caches) != want:
         return cli_error(ValueError(f"expected {want} cache directories, got {len(args.caches)}: {args.caches}"))
     try:
         caches = [Cache.open(c) for c in args.caches]
         kw = dict(layers=parse_layers(args.layers), n_resamples=args.resamples, seed=args.seed, out=args.out,
                   force=args.force)
-        if args.contrast is not None:
+        if args.attention:
+            kw.pop("layers")
+            df = run_paired_attention(*caches, **kw)
+        elif args.contrast is not None:
             df = run_role_contrast(*caches, role=args.contrast, versus=args.versus, **kw)
         else:
             df = run_paired_drift(*caches, words_only=not args.all_tokens, unit=args.unit, **kw)
     except CLI_ERRORS as err:
         return cli_error(err)
-    cols = ["layer", "role", "value", "ci_low", "ci_high", "p_value", "p_holm", "n", "n_groups", "grouping"]
+    cols = ["layer", "role", "target", "value", "ci_low", "ci_high", "p_value", "p_holm", "n", "n_groups", "grouping"]
     with pd.option_context("display.width", 160, "display.precision", 4):
         print(df[cols].to_string(index=False))
     return 0

@@ -10,8 +10,8 @@ from analyses.drift import run_drift
 from analyses.drift_metrics import drift_summary
 from analyses.grouping import cache_groups, example_groups
 from analyses.neighbours import run_knn
-from analyses.paired import (add_holm, holm, main, paired_difference, run_paired_drift, run_role_contrast,
-                             sign_flip_p_value)
+from analyses.paired import (add_holm, holm, main, paired_difference, run_paired_attention, run_paired_drift,
+                             run_role_contrast, sign_flip_p_value)
 from analyses.stats import bootstrap_ci
 from probing.cache import Cache
 from probing.examples import Example
@@ -199,3 +199,18 @@ def test_runner_tables_record_document_grouping(doc_caches):
     # the CI of a document-grouped cell equals a bootstrap over documents of the same values
     hit = k[k["metric"] == "knn_accuracy"].iloc[0]
     assert hit["n"] == 12
+
+
+def test_paired_attention_pair_vs_concat(doc_caches):
+    _, pair, concat = doc_caches
+    df = run_paired_attention(pair, concat, n_resamples=50)
+    att_p, att_c = (run_attention(c, n_resamples=20, per_head=False) for c in (pair, concat))
+    for col, att in (("value_a", att_p), ("value_b", att_c)):
+        ref = att[(att["role"] == "s1 words") & (att["target"] == "s2 words")].set_index("layer")["value"]
+        np.testing.assert_allclose(df.set_index("layer")[col], ref.reindex(df["layer"]).to_numpy(), atol=1e-9)
+    np.testing.assert_allclose(df["value"], df["value_b"] - df["value_a"], atol=1e-12)
+    assert (df["grouping"] == "document").all() and (df["metric"] == "attention_diff").all()
+    same = run_paired_attention(pair, pair, n_resamples=50)
+    assert (same["value"] == 0).all() and (same["p_value"] == 1).all()
+    with pytest.raises(ValueError, match="no attention pair"):
+        run_paired_attention(pair, concat, pairs=[("s1 words", "[SEP]#9")])
