@@ -277,11 +277,13 @@ TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in fields(TrainConfig))
 #: is 107 tokens; anything longer is skipped and counted). Costs on the 2-core CPU with
 #: all-MiniLM-L6-v2, from the protocol-1 timing (15 runs x 160 examples x 3 epochs = 186 s, i.e.
 #: about 26 ms per training example and epoch, with ``--threads 1``) and the ratios measured here
-#: (an evaluation pass about 0.22 of a training pass, BBC pairs about 15% longer once nothing is
+#: (an evaluation pass about 0.22 of a training pass, BBC pairs 12% longer on average once nothing is
 #: cut at 64 tokens):
 #:
-#: * "quick": 2 poolings x 2 of 3 folds x 1 seed, 32 training examples x 2 epochs on the quick
-#:   corpus: about 10 s for the runs, 15 s in all (measured: see the README);
+#: * "quick": 2 poolings x 2 of 3 folds x 1 seed, 48 training examples x 2 epochs on the quick
+#:   corpus (120 generated pairs): measured 21 s of CPU for the whole experiment with the packaged
+#:   model while the 2-core machine was shared (load average 6; each run's training steps took
+#:   about 2.7 times the idle rate above), so well under 20 s on an idle machine;
 #: * "default": 5 poolings x 3 of 5 folds x 1 seed, 128 training examples x 3 epochs, each test fold
 #:   (200 of the study's 1,000 BBC pairs) scored whole: about 170 s of training, 20 s of evaluation,
 #:   10 s of frozen features and probes, about 3.5 minutes in all (an estimate, not a timed run);
@@ -292,7 +294,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "quick": {
         "corpus": "generated:n=120,k=2", "label": "topic", "poolings": ("cls", "mean"), "seeds": (0,),
         "train": {"epochs": 2, "lr": 2e-4, "head_lr": 3e-3, "freeze_embeddings": True, "batch_size": 16,
-                  "max_train": 32, "max_length": None, "on_overflow": "skip", "n_splits": 3, "folds": 2},
+                  "max_train": 48, "max_length": None, "on_overflow": "skip", "n_splits": 3, "folds": 2},
     },
     "default": {
         "corpus": "generated:n=1000,k=2", "label": "topic",
