@@ -5,7 +5,8 @@ Reads the attention summaries a cache recorded at extraction (``python -m probin
 (``[CLS]``, each ``[SEP]``, the words of each sentence) to each other group. This module turns them
 into a tidy table: mass from each source group (and from all tokens together, weighted by group size) to ``[CLS]``, to each ``[SEP]``, to all ``[SEP]``s, to
 its own sentence, to other sentences and to each sentence, per layer (averaged over heads, with a 95%
-bootstrap CI over examples) and per head (mean only).
+cluster-bootstrap CI over documents, or examples when the corpus has no ``doc`` label; columns
+``grouping`` and ``n_groups``) and per head (mean only).
 
     python -m analyses.attention caches/MODEL/pair-... --out results
 """
@@ -22,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from analyses.drift import model_label
+from analyses.grouping import cache_groups
 from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
                               stored_table)
 from analyses.stats import bootstrap_ci
@@ -93,16 +95,20 @@ def run_attention(cache: Cache, *, n_resamples: int = 1000, seed: int = 0, per_h
     """Tidy table of attention mass (metric ``attention_mass``): role = source group, target = target
     group; ``head`` column: ``"mean"`` for the head average (with CI) or the head number (no CI).
     ``weighting="norm"``: the norm-based weights ||alpha f(x)|| of Kobayashi et al. 2020, normalised per
-    query (:mod:`probing.attention_norm`; extract with ``--attention-norm``), metric ``attention_norm_mass``."""
+    query (:mod:`probing.attention_norm`; extract with ``--attention-norm``), metric ``attention_norm_mass``.
+    The CI resamples documents when the corpus has a ``doc`` label, else examples (``grouping``,
+    ``n_groups``: :func:`analyses.grouping.cache_groups`)."""
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting must be one of {list(WEIGHTINGS)}, got {weighting!r}")
-    config = {"cache": cache_identity(cache), "n_resamples": n_resamples, "seed": seed, "per_head": per_head}
+    config = {"cache": cache_identity(cache), "n_resamples": n_resamples, "seed": seed, "per_head": per_head,
+              "clusters": "doc label, else example"}
     if weighting != "raw":
         config["weighting"] = weighting
     path, done = stored_table(out, "attention", config, force)
     if done is not None:
         return done
     examples, mass, groups = cache.attention(weighting)
+    clusters, grouping = cache_groups(cache, examples)
     layers = cache.manifest["attention"]["layers"]
     base = {"analysis": "attention", "model": model_label(cache), "corpus": cache.manifest["corpus"]["name"],
             "format": cache.format_name, "metric": WEIGHTINGS[weighting], "seed": seed}
@@ -123,14 +129,15 @@ def run_attention(cache: Cache, *, n_resamples: int = 1000, seed: int = 0, per_h
             ok = np.isfinite(v)
             if not ok.any():
                 continue
-            point, lo, hi = bootstrap_ci(v[ok], examples[ok], "mean", n_resamples=n_resamples, seed=seed)
+            point, lo, hi = bootstrap_ci(v[ok], clusters[ok], "mean", n_resamples=n_resamples, seed=seed)
+            info = {"grouping": grouping, "n_groups": int(np.unique(clusters[ok]).size)}
             rows.append({**base, "layer": layer, "role": src, "target": tgt, "value": point, "ci_low": lo,
-                         "ci_high": hi, "n": int(ok.sum()), "head": "mean"})
+                         "ci_high": hi, "n": int(ok.sum()), "head": "mean", **info})
             if per_head:
                 hv = np.nanmean(arr[ok, li, :], axis=0)
                 for h, val in enumerate(hv):
                     rows.append({**base, "layer": layer, "role": src, "target": tgt, "value": float(val),
-                                 "ci_low": np.nan, "ci_high": np.nan, "n": int(ok.sum()), "head": str(h)})
+                                 "ci_low": np.nan, "ci_high": np.nan, "n": int(ok.sum()), "head": str(h), **info})
     df = make_table(rows)
     return keep_table(df, path)
 
@@ -139,7 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m analyses.attention",
         description="Attention mass from each token group to [CLS], each [SEP], its own sentence and other "
-                    "sentences, per layer (head mean with 95%% bootstrap CI over examples) and per head. "
+                    "sentences, per layer (head mean with 95%% bootstrap CI over documents, or examples without a "
+                    "doc label) and per head. "
                     "Needs a cache extracted with --attention.",
     )
     p.add_argument("cache", help="cache directory extracted with --attention")

@@ -1,5 +1,6 @@
 """Cosine drift between two caches (formats A and B of the same model and corpus), per layer and
-role group, with cluster-bootstrap CIs over examples and the anisotropy baseline.
+role group, with cluster-bootstrap CIs over documents (examples when the corpus has no ``doc``
+label; :mod:`analyses.grouping`) and the anisotropy baseline.
 
     python -m analyses.drift caches/MODEL/pair-... caches/MODEL/concat-... --out results
 
@@ -20,6 +21,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from analyses.drift_metrics import POOL_MODES, drift_summary, subword_pool
+from analyses.grouping import cache_groups
 from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
                               parse_layers, result_path, stored_table)
 from probing.cache import Cache, align, check_comparable, describe_model
@@ -71,7 +73,9 @@ def run_drift(a: Cache, b: Cache, *, layers: Sequence[int] | None = None, subwor
     """Drift of every token key present in both caches, per layer and role group.
 
     Returns the tidy table of :func:`analyses.drift_metrics.drift_summary` rows with analysis="drift",
-    format=A, format_b=B, layer, model and corpus filled in. With ``out``, writes it there (and reuses
+    format=A, format_b=B, layer, model and corpus filled in, and ``grouping`` (``document`` or
+    ``example``: what the bootstrap resampled, :func:`analyses.grouping.cache_groups`) beside
+    ``n_groups``. With ``out``, writes it there (and reuses
     an earlier identical result unless ``force``).
     """
     if subword not in POOL_MODES:
@@ -82,7 +86,7 @@ def run_drift(a: Cache, b: Cache, *, layers: Sequence[int] | None = None, subwor
         raise ValueError(f"no layer stored in both caches: {a.layers} vs {b.layers}")
     config = {"a": cache_identity(a), "b": cache_identity(b), "layers": layers, "subword": subword,
               "standardise": standardise, "words_only": words_only, "n_resamples": n_resamples,
-              "n_pairs": n_pairs, "seed": seed}
+              "n_pairs": n_pairs, "seed": seed, "clusters": "doc label, else example"}
     path, done = stored_table(out, "drift", config, force)
     if done is not None:
         return done
@@ -90,6 +94,7 @@ def run_drift(a: Cache, b: Cache, *, layers: Sequence[int] | None = None, subwor
     tok = a.tokens.iloc[rows_a]
     groups = group_labels(tok)
     examples = tok["example"].to_numpy()
+    clusters, grouping = cache_groups(a, examples)
     if subword == "mean":
         is_word = tok["role"].to_numpy() == "word"
         word_key = pd.MultiIndex.from_frame(tok[["example", "sentence", "index"]]).factorize()[0] if len(tok) else np.zeros(0, int)
@@ -99,19 +104,20 @@ def run_drift(a: Cache, b: Cache, *, layers: Sequence[int] | None = None, subwor
                       file=sys.stderr):
         A = a.states(layer, rows_a)
         B = b.states(layer, rows_b)
-        g, ex = groups, examples
+        g, ex, cl = groups, examples, clusters
         if subword == "mean":
             sub = tok["subword"].to_numpy()
             A, words = subword_pool(A, word_key, sub, "mean")
             B, _ = subword_pool(B, word_key, sub, "mean")
             first = pd.Series(np.arange(len(word_key))).groupby(word_key).first().reindex(words).to_numpy()
-            g, ex = groups[first], examples[first]
+            g, ex, cl = groups[first], examples[first], clusters[first]
         if layer == 0 and np.allclose(A, B):
             pass  # embeddings of the same token ids can coincide exactly: drift 0 is the honest answer
         for r in drift_summary(A, B, ex, g, standardise=standardise, n_resamples=n_resamples,
-                               n_pairs=n_pairs, seed=seed):
+                               n_pairs=n_pairs, seed=seed, clusters=cl):
             r.update(analysis="drift", model=model_label(a), corpus=a.manifest["corpus"]["name"],
-                     format=a.format_name, format_b=b.format_name, layer=layer)
+                     format=a.format_name, format_b=b.format_name, layer=layer,
+                     grouping="example" if r["metric"] == "anisotropy_baseline" else grouping)
             records.append(r)
     df = make_table(records)
     df["standardised"] = standardise
@@ -129,7 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m analyses.drift",
         description="Cosine drift of the same tokens between two formats' caches, per layer and role "
-                    "group, with 95%% cluster-bootstrap CIs over examples, the anisotropy baseline "
+                    "group, with 95%% cluster-bootstrap CIs over documents (examples when the corpus has "
+                    "no doc label), the anisotropy baseline "
                     "(mean cosine of random token pairs from different examples) and drift normalised "
                     "by it. Writes a tidy table (CSV + Parquet).",
     )

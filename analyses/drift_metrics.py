@@ -339,23 +339,24 @@ def normalised_drift(cos_mean: float, baseline: float) -> float:
     return (1.0 - c) / (1.0 - b)
 
 
-def _row(role, metric, value, low, high, n, n_examples, seed) -> dict:
+def _row(role, metric, value, low, high, n, n_examples, n_groups, seed) -> dict:
     return {"role": role, "target": "", "metric": metric, "value": float(value),
             "ci_low": float(low), "ci_high": float(high), "n": int(n),
-            "n_examples": int(n_examples), "seed": seed}
+            "n_examples": int(n_examples), "n_groups": int(n_groups), "seed": seed}
 
 
 def drift_summary(
     A, B, example_ids, groups, baseline_X=None, baseline_example_ids=None, *,
     standardise: bool = False, n_resamples: int = 1000, confidence: float = 0.95,
     method: CIMethod = "percentile", n_pairs: int = 10000, seed: int = 0,
-    overall_label: str | None = "all",
+    overall_label: str | None = "all", clusters=None,
 ) -> list[dict]:
     """Cosine drift between two formats at one layer, per role group, with cluster-bootstrap CIs.
 
     A, B: (n, dim) paired states (row i = the same token key in format A and format B).
-    example_ids: (n,) example of each row (the bootstrap resamples examples). groups: (n,) role
-    group label of each row ("cls", "sep1", "s1 words", ...). baseline_X: (m, dim) states for the
+    example_ids: (n,) example of each row. groups: (n,) role group label of each row ("cls", "sep1",
+    "s1 words", ...). clusters: (n,) the unit the bootstrap resamples (documents, from
+    :func:`analyses.grouping.cache_groups`); ``None``: the examples. baseline_X: (m, dim) states for the
     anisotropy baseline, with baseline_example_ids (m,); ``None`` uses the union of A's and B's rows.
     standardise: z-score every dimension (Timkey & van Schijndel 2021) with mean/std fitted on the
     baseline set, applied to A, B and the baseline set alike.
@@ -372,10 +373,12 @@ def drift_summary(
 
     and one ``anisotropy_baseline`` row (role ``"all"`` whatever ``overall_label``, ``n`` = number of
     pairs, ``n_examples`` = examples in the baseline set) with its CI (:func:`anisotropy_baseline_ci`).
-    Keys: ``role, target, metric, value, ci_low, ci_high, n`` (tokens), ``n_examples``, ``seed``,
-    matching :data:`analyses.results.RESULT_COLUMNS` plus ``n_examples``; the caller fills analysis,
-    model, corpus, format, format_b and layer. CIs are cluster bootstraps over examples
-    (:func:`analyses.stats.bootstrap_ci`, same ``seed`` for every cell); with one example they are NaN.
+    Keys: ``role, target, metric, value, ci_low, ci_high, n`` (tokens), ``n_examples``, ``n_groups``
+    (clusters in the cell), ``seed``, matching :data:`analyses.results.RESULT_COLUMNS` plus
+    ``n_examples`` and ``n_groups``; the caller fills analysis, model, corpus, format, format_b, layer
+    and the grouping's name. CIs are cluster bootstraps over ``clusters``
+    (:func:`analyses.stats.bootstrap_ci`, same ``seed`` for every cell); with one cluster they are
+    NaN. The anisotropy baseline's pairs are clustered by the example of their first row.
 
     Raises ``ValueError`` on shape mismatches, fewer than 2 baseline examples, or rows with zero norm
     (their cosine is undefined).
@@ -386,6 +389,7 @@ def drift_summary(
         raise ValueError(f"A and B have no rows: {A.shape=}")
     ex = _check_labels(example_ids, n, "example_ids")
     grp = _check_labels(groups, n, "groups")
+    clu = ex if clusters is None else _check_labels(clusters, n, "clusters")
     if overall_label is not None and overall_label in set(grp.tolist()):
         raise ValueError(f"a group is named {overall_label!r}, the same as overall_label; rename one")
     if baseline_X is None:
@@ -430,18 +434,18 @@ def drift_summary(
     kw = dict(n_resamples=n_resamples, confidence=confidence, seed=seed, method=method)
     rows: list[dict] = []
     for role, mask in cells:
-        e = ex[mask]
-        n_tok, n_ex = int(mask.sum()), int(np.unique(e).size)
+        c_ids = clu[mask]
+        n_tok, n_ex, n_cl = int(mask.sum()), int(np.unique(ex[mask]).size), int(np.unique(c_ids).size)
         ci = bootstrap_cis({"cosine": cos[mask], "drift": drift[mask], "relative_l2": rel[mask]},
-                           e, ("mean", "median"), **kw)
+                           c_ids, ("mean", "median"), **kw)
         for name in ("cosine", "drift", "relative_l2"):
             for stat in ("mean", "median"):
-                rows.append(_row(role, f"{name}_{stat}", *ci[name, stat], n_tok, n_ex, seed))
+                rows.append(_row(role, f"{name}_{stat}", *ci[name, stat], n_tok, n_ex, n_cl, seed))
         for stat, metric in (("mean", "normalised_drift"), ("median", "normalised_drift_median")):
             c, c_low, c_high = ci["cosine", stat]
-            rows.append(_row(role, metric, norm(c), norm(c_high), norm(c_low), n_tok, n_ex, seed))
-    rows.append(_row("all", "anisotropy_baseline", b_point, b_low, b_high, n_pairs,
-                     np.unique(base_ex).size, seed))
+            rows.append(_row(role, metric, norm(c), norm(c_high), norm(c_low), n_tok, n_ex, n_cl, seed))
+    n_base_ex = np.unique(base_ex).size
+    rows.append(_row("all", "anisotropy_baseline", b_point, b_low, b_high, n_pairs, n_base_ex, n_base_ex, seed))
     return rows
 
 

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from analyses.drift import model_label
+from analyses.grouping import cache_groups
 from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
                               stored_table)
 from analyses.selection import parse_choice, pooled
@@ -87,14 +88,16 @@ def chance_agreement(labels: np.ndarray) -> float:
 def run_knn(cache: Cache, choices: Sequence[str] = ("cls", "mean"), label: str = "topic", *,
             group: str | None = "doc", k: int = 1, layers: Sequence[int] | None = None, n_resamples: int = 1000,
             seed: int = 0, out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
-    """Tidy table (``analysis="knn"``, metric ``knn_accuracy`` with a 95% bootstrap CI over examples,
-    and ``chance_knn_accuracy``) per layer and token choice. ``group``: a label whose equal values
-    are never neighbours (``None``: only the example itself is excluded)."""
+    """Tidy table (``analysis="knn"``, metric ``knn_accuracy`` with a 95% cluster-bootstrap CI, and
+    ``chance_knn_accuracy``) per layer and token choice. ``group``: a label whose equal values
+    are never neighbours (``None``: only the example itself is excluded). The CI resamples documents
+    when the corpus has a ``doc`` label, else examples (columns ``grouping``, ``n_groups``:
+    :func:`analyses.grouping.cache_groups`)."""
     for c in choices:
         parse_choice(c)
     layers = list(layers if layers is not None else cache.layers)
     config = {"cache": cache_identity(cache), "choices": list(choices), "label": label, "group": group, "k": k,
-              "layers": layers, "n_resamples": n_resamples, "seed": seed}
+              "layers": layers, "n_resamples": n_resamples, "seed": seed, "clusters": "doc label, else example"}
     path, done = stored_table(out, "knn", config, force)
     if done is not None:
         return done
@@ -107,11 +110,13 @@ def run_knn(cache: Cache, choices: Sequence[str] = ("cls", "mean"), label: str =
             y = cache.labels(label, ex)
             groups = cache.labels(group, ex) if group is not None else None
             hit = (knn_predict(X, y, groups, k) == y).astype(np.float64)
-            point, lo, hi = bootstrap_ci(hit, ex, "mean", n_resamples=n_resamples, seed=seed)
+            clusters, grouping = cache_groups(cache, ex)
+            info = {"grouping": grouping, "n_groups": int(np.unique(clusters).size)}
+            point, lo, hi = bootstrap_ci(hit, clusters, "mean", n_resamples=n_resamples, seed=seed)
             rows.append({**base, "layer": layer, "role": choice, "metric": "knn_accuracy", "value": point,
-                         "ci_low": lo, "ci_high": hi, "n": len(ex)})
+                         "ci_low": lo, "ci_high": hi, "n": len(ex), **info})
             rows.append({**base, "layer": layer, "role": choice, "metric": "chance_knn_accuracy",
-                         "value": chance_agreement(y), "ci_low": np.nan, "ci_high": np.nan, "n": len(ex)})
+                         "value": chance_agreement(y), "ci_low": np.nan, "ci_high": np.nan, "n": len(ex), **info})
     df = make_table(rows)
     return keep_table(df, path)
 
@@ -120,7 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m analyses.neighbours",
         description="Training-free label agreement of nearest neighbours (cosine) of pooled sentence vectors, "
-                    "per layer and token choice, with a 95%% bootstrap CI over examples and the chance level. "
+                    "per layer and token choice, with a 95%% cluster-bootstrap CI over documents (examples without "
+                    "a doc label) and the chance level. "
                     "Neighbours from the same document (--group) are excluded.",
     )
     p.add_argument("cache", help="cache directory (python -m probing.extract)")

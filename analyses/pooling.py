@@ -6,8 +6,22 @@ pooled last-layer vector is fine-tuned end to end for sequence classification, a
 fine-tuning recipe (Devlin et al. 2019, sec. 4): cross-entropy on ``softmax(W·pool(h_L) + b)``,
 AdamW (Loshchilov & Hutter 2019) with weight decay on everything but biases and LayerNorm weights,
 and a learning rate warmed up linearly over the first ``warmup_fraction`` of the steps, then
-decayed linearly to 0 (``schedule="linear"``) or held (``"constant"``). Test accuracy on held-out
-examples is the score; over seeds the summary is the mean with a 95% t-interval.
+decayed linearly to 0 (``schedule="linear"``) or held (``"constant"``).
+
+Frozen and fine-tuned on the same items (:func:`run_pooling_experiment`). The examples are split by
+stratified, document-grouped k-fold cross-validation (:func:`cv_splits`: groups = the ``doc`` label
+when every example has one, else the example, :func:`analyses.grouping.example_groups`; stratified
+by the label; several folds and optionally repeated partitions). In every split and for every
+pooling, the frozen encoder's pooled last layer is probed by logistic regression
+(:class:`analyses.probes.LinearProbe`) fitted on the split's training items, and the encoder is
+fine-tuned on the same training items for each seed; both predict the same test items. Per-item
+predictions are kept, so accuracies get cluster-bootstrap CIs over documents and the comparisons
+(fine-tuned − frozen, each pooling − mean) are paired differences on identical items
+(:func:`analyses.paired.paired_difference`, Holm-adjusted). Every split reports its best constant
+(largest test-class share), the training majority's test accuracy and chance; a run that scores
+below the best constant or did not converge is flagged (logged and in the ``warning`` column). No
+example is dropped silently: the length limit is the model's own unless set, and every example
+skipped for length is counted (``n_skipped``).
 
 Poolings (:data:`POOLINGS`, plus ``pos<k>``) read the *last* hidden layer ``h_L: (batch, pos, dim)``
 at positions chosen from the rendered token roles of :func:`probing.formats.render`, never by
@@ -16,14 +30,14 @@ searching token ids, so they mean the same thing for BERT's ``[CLS]``/``[SEP]`` 
 compared CLS, MEAN and MAX for fine-tuned sentence embeddings; this module asks the same of a
 classifier and adds ``[SEP]``, the first word and a fixed position.
 
-The split. Every example goes to the test side when ``u(key) < test_fraction``, where
-``u(key) = int(sha256(f"{split_seed}|{key}")[:16], 16) / 2**64`` and ``key`` is the value of the
-``split_group`` label (``"id"``: the example id; ``"auto"``: the ``doc`` label when every example
-has one, else the id). Examples of one document therefore never straddle train and test (generated
-and BBC examples of one document share a protagonist and vocabulary), and the split depends neither
-on the pooling, the training seed nor the corpus order. ``max_train`` keeps the training examples with the smallest
-``u(id)``. ``test_ids=...`` gives an explicit test set instead. Training never reads test examples
-or their labels; the class list comes from the training labels only.
+The single-run split (:func:`finetune`, :func:`train_test_split`). Every example goes to the test
+side when ``u(key) < test_fraction``, where ``u(key) = int(sha256(f"{split_seed}|{key}")[:16], 16) /
+2**64`` and ``key`` is the value of the ``split_group`` label (``"id"``: the example id; ``"auto"``:
+the ``doc`` label when every example has one, else the id), so documents never straddle train and
+test and the split depends neither on the pooling, the training seed nor the corpus order.
+``max_train`` keeps the training examples with the smallest ``u(id)``. ``test_ids=...`` gives an
+explicit test set instead. Training never reads test examples or their labels; the class list comes
+from the training labels only.
 
 >>> sorted(POOLINGS)
 ['cls', 'first_word', 'max', 'mean', 'sep']
@@ -55,7 +69,7 @@ from probing.formats import Format, Rendered, render, special_token_ids, tokeniz
 
 ANALYSIS = "finetune_pooling"
 #: Bump when the protocol changes, so stored results of the old protocol are not reused.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 # --------------------------------------------------------------------------------------------------
 # Pooling registry
@@ -186,7 +200,13 @@ class TrainConfig:
         length (less padding, as Hugging Face's ``group_by_length``); 1 gives plain random batches.
     max_length: longest rendered example kept, in tokens (None: the model's limit); longer ones are an
         error (``on_overflow="error"``) or left out of train and test alike (``"skip"``, counted in
-        ``n_skipped``). Never truncated.
+        ``n_skipped``: a row of the experiment's table and its ``attrs``). Never truncated.
+    n_splits, folds, repeats: the experiment's splits: ``repeats`` stratified, document-grouped
+        ``n_splits``-fold partitions (:func:`analyses.probes.make_splits`, seeds ``split_seed + r``),
+        of which the first ``folds`` folds are run (None: all). Every test item of a run fold is
+        predicted once per repeat by the fine-tuned models (each seed) and the frozen probe.
+    frozen_Cs: C grid of the frozen probe (:class:`analyses.probes.LinearProbe`, chosen by grouped
+        inner CV on the training items).
     """
 
     epochs: int = 1
@@ -205,9 +225,21 @@ class TrainConfig:
     split_group: str = "auto"
     eval_batch_size: int = 64
     length_grouping: int = 8
+    n_splits: int = 5
+    folds: int | None = None
+    repeats: int = 1
+    frozen_Cs: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0)
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "eval_batch_size", "length_grouping"):
+        object.__setattr__(self, "frozen_Cs", tuple(float(c) for c in self.frozen_Cs))
+        if not self.frozen_Cs or not all(c > 0 and math.isfinite(c) for c in self.frozen_Cs):
+            raise ValueError(f"frozen_Cs must be positive numbers, got frozen_Cs={self.frozen_Cs!r}")
+        if isinstance(self.n_splits, bool) or not isinstance(self.n_splits, int) or self.n_splits < 2:
+            raise ValueError(f"n_splits must be an integer >= 2, got n_splits={self.n_splits!r}")
+        if self.folds is not None and (isinstance(self.folds, bool) or not isinstance(self.folds, int)
+                                       or not 1 <= self.folds <= self.n_splits):
+            raise ValueError(f"folds must be None or an integer in [1, n_splits={self.n_splits}], got folds={self.folds!r}")
+        for name in ("epochs", "batch_size", "eval_batch_size", "length_grouping", "repeats"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {name}={v!r}")
@@ -239,31 +271,43 @@ class TrainConfig:
 
 TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in fields(TrainConfig))
 
-#: Settings declared once: the corpus spec, label, poolings, seeds and training hyperparameters.
-#: "quick": a smoke test (2 runs of 4 steps). "default": the whole grid (5 poolings x 3 seeds, 30
-#: steps each on 160 training and 56 test examples) with all-MiniLM-L6-v2 on a 2-core CPU: 192 s
-#: for the grid (3 min 19 s with model loading) with ``--threads 1`` while another process kept one
-#: core busy; the same run with torch's default 2 threads took 883 s, as oversubscribed threads
-#: stall each other. "full": for a GPU: BBC News sentence pairs (needs ``probing[corpora]``; 4921
-#: training and 1039 test examples after 40 longer than 128 tokens are skipped), 6 poolings x 10
-#: seeds, 3 epochs of the whole encoder at BERT's usual learning rate.
+#: Settings declared once: the corpus spec, label, poolings, seeds and training hyperparameters. Every
+#: preset runs poolings x folds x seeds fine-tuning runs (plus one frozen probe per pooling and fold)
+#: on the model's own length limit (``max_length=None``: nothing skipped on BBC pairs, whose longest
+#: is 107 tokens; anything longer is skipped and counted). Costs on the 2-core CPU with
+#: all-MiniLM-L6-v2, from the protocol-1 timing (15 runs x 160 examples x 3 epochs = 186 s, i.e.
+#: about 26 ms per training example and epoch, with ``--threads 1``) and the ratios measured here
+#: (an evaluation pass about 0.22 of a training pass, BBC pairs 12% longer on average once nothing is
+#: cut at 64 tokens):
+#:
+#: * "quick": 2 poolings x 2 of 3 folds x 1 seed, 48 training examples x 2 epochs on the quick
+#:   corpus (120 generated pairs): measured 21 s of CPU for the whole experiment with the packaged
+#:   model while the 2-core machine was shared (load average 6; each run's training steps took
+#:   about 2.7 times the idle rate above), so well under 20 s on an idle machine;
+#: * "default": 5 poolings x 3 of 5 folds x 1 seed, 128 training examples x 3 epochs, each test fold
+#:   (200 of the study's 1,000 BBC pairs) scored whole: about 170 s of training, 20 s of evaluation,
+#:   10 s of frozen features and probes, about 3.5 minutes in all (an estimate, not a timed run);
+#:   each further seed adds about 1 minute (so keep the study's ``finetune.seeds`` at one seed);
+#: * "full": for a GPU: BBC News pairs, 6 poolings x 5 folds x 2 repeats x 3 seeds, the whole
+#:   training side, 3 epochs of the whole encoder at BERT's usual learning rate.
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {
         "corpus": "generated:n=120,k=2", "label": "topic", "poolings": ("cls", "mean"), "seeds": (0,),
-        "train": {"epochs": 1, "lr": 2e-4, "head_lr": 2e-3, "freeze_embeddings": True, "batch_size": 16,
-                  "max_train": 64, "max_length": 64, "on_overflow": "skip"},
+        "train": {"epochs": 2, "lr": 2e-4, "head_lr": 3e-3, "freeze_embeddings": True, "batch_size": 16,
+                  "max_train": 48, "max_length": None, "on_overflow": "skip", "n_splits": 3, "folds": 2},
     },
     "default": {
-        "corpus": "generated:n=260,k=2", "label": "topic",
-        "poolings": ("cls", "mean", "max", "sep", "first_word"), "seeds": (0, 1, 2),
+        "corpus": "generated:n=1000,k=2", "label": "topic",
+        "poolings": ("cls", "mean", "max", "sep", "first_word"), "seeds": (0,),
         "train": {"epochs": 3, "lr": 2e-4, "head_lr": 3e-3, "freeze_embeddings": True, "batch_size": 16,
-                  "max_train": 160, "max_length": 64, "on_overflow": "skip"},
+                  "max_train": 128, "max_length": None, "on_overflow": "skip", "n_splits": 5, "folds": 3},
     },
     "full": {
         "corpus": "bbc:k=2,n=6000", "label": "topic",
-        "poolings": ("cls", "mean", "max", "sep", "first_word", "pos3"), "seeds": tuple(range(10)),
+        "poolings": ("cls", "mean", "max", "sep", "first_word", "pos3"), "seeds": (0, 1, 2),
         "train": {"epochs": 3, "lr": 5e-5, "head_lr": 5e-4, "freeze_embeddings": False, "batch_size": 32,
-                  "max_train": None, "max_length": 128, "on_overflow": "skip", "eval_batch_size": 256},
+                  "max_train": None, "max_length": None, "on_overflow": "skip", "eval_batch_size": 256,
+                  "n_splits": 5, "repeats": 2},
     },
 }
 
@@ -358,9 +402,14 @@ def _check_label(examples: Sequence[Example], label: str) -> None:
                          f"{len(examples)} examples; classification needs at least two")
 
 
-def prepare_task(examples: Sequence[Example], label: str, tokenizer, fmt: Format, model_config, *,
-                 config: TrainConfig, model_max_length: int, test_ids: Iterable[str] | None = None) -> Task:
-    """Render every example in ``fmt``, drop or reject overlong ones, and split."""
+def render_examples(examples: Sequence[Example], label: str, tokenizer, fmt: Format, model_config, *,
+                    config: TrainConfig, model_max_length: int) -> tuple[list[Example], list[Rendered], list[str], int]:
+    """Render every example in ``fmt``: ``(kept examples, their renderings, skipped ids, length limit)``.
+
+    The limit is ``config.max_length`` capped by the model's (``model_max_length``); a longer example
+    is a ValueError naming it (``on_overflow="error"``) or skipped and listed (``"skip"``). Never
+    truncated.
+    """
     examples = list(examples)
     _check_label(examples, label)
     corpus_fingerprint(examples)  # rejects duplicate ids
@@ -370,7 +419,7 @@ def prepare_task(examples: Sequence[Example], label: str, tokenizer, fmt: Format
     type_vocab = int(getattr(model_config, "type_vocab_size", 0) or 0)
     limit = model_max_length if config.max_length is None else min(config.max_length, model_max_length)
     kept, rendered, skipped = [], [], []
-    for i, e in enumerate(examples):
+    for e in examples:
         r = render(fmt, e, [tokenized[s] for s in e.sentences], specials)
         if len(r) > limit:
             if config.on_overflow == "skip":
@@ -384,22 +433,35 @@ def prepare_task(examples: Sequence[Example], label: str, tokenizer, fmt: Format
         elif max_type >= type_vocab > 1:
             raise ValueError(f"format {fmt.name!r} uses segment id {max_type} but the model has "
                              f"type_vocab_size={type_vocab}")
-        kept.append(i)
+        kept.append(e)
         rendered.append(r)
     if not kept:
         raise ValueError(f"every example is longer than max_length={limit} in format {fmt.name!r}")
-    kept_ex = [examples[i] for i in kept]
-    train, test = train_test_split(kept_ex, test_fraction=config.test_fraction, split_seed=config.split_seed,
-                                   split_group=config.split_group, test_ids=test_ids,
-                                   max_train=config.max_train)
-    labels = [e.labels[label] for e in kept_ex]
+    return kept, rendered, skipped, limit
+
+
+def _task(kept: Sequence[Example], rendered: list[Rendered], label: str, train: np.ndarray, test: np.ndarray,
+          skipped: list[str]) -> Task:
+    """A :class:`Task` for one split; the class list comes from the training labels only."""
+    labels = [e.labels[label] for e in kept]
     classes = sorted({labels[i] for i in train}, key=lambda v: (str(type(v)), v))
     if len(classes) < 2:
         raise ValueError(f"label {label!r} has a single class {classes} among the {len(train)} training "
                          "examples; classification needs at least two")
     index = {c: j for j, c in enumerate(classes)}
     y = np.asarray([index.get(v, -1) for v in labels], dtype=np.int64)
-    return Task(rendered, labels, [e.id for e in kept_ex], train, test, classes, y, skipped)
+    return Task(rendered, labels, [e.id for e in kept], train, test, classes, y, skipped)
+
+
+def prepare_task(examples: Sequence[Example], label: str, tokenizer, fmt: Format, model_config, *,
+                 config: TrainConfig, model_max_length: int, test_ids: Iterable[str] | None = None) -> Task:
+    """Render every example in ``fmt`` (:func:`render_examples`), and split by the fixed hash split."""
+    kept, rendered, skipped, _ = render_examples(examples, label, tokenizer, fmt, model_config, config=config,
+                                                 model_max_length=model_max_length)
+    train, test = train_test_split(kept, test_fraction=config.test_fraction, split_seed=config.split_seed,
+                                   split_group=config.split_group, test_ids=test_ids,
+                                   max_train=config.max_train)
+    return _task(kept, rendered, label, train, test, skipped)
 
 
 def check_pooling(task: Task, pooling: str | Pooling) -> Pooling:
@@ -517,11 +579,13 @@ def _finetune_task(lm, task: Task, pooling: Pooling, seed: int, config: TrainCon
         epoch_losses: list[float] = []
         clf.train()
         for _ in range(config.epochs):
-            total_loss, seen = 0.0, 0
+            total_loss, seen, hits = 0.0, 0, 0
             for idx in epoch_batches(train, lengths, config.batch_size, config.length_grouping, order_rng):
                 batch = _collate([task.rendered[i] for i in idx], pooling, pad_id, device)
                 target = torch.from_numpy(task.y[idx]).to(device)
-                loss = torch.nn.functional.cross_entropy(clf(**batch), target)
+                logits = clf(**batch)
+                loss = torch.nn.functional.cross_entropy(logits, target)
+                hits += int((logits.detach().argmax(dim=-1) == target).sum())
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -533,15 +597,16 @@ def _finetune_task(lm, task: Task, pooling: Pooling, seed: int, config: TrainCon
         train_seconds = time.perf_counter() - t0
         # evaluation: only now are test examples read
         clf.eval()
-        correct = 0
+        preds = []
         with torch.inference_mode():
             for s in range(0, len(task.test), config.eval_batch_size):
                 idx = task.test[s:s + config.eval_batch_size]
                 batch = _collate([task.rendered[i] for i in idx], pooling, pad_id, device)
-                pred = clf(**batch).argmax(dim=-1).cpu().numpy()
-                correct += int((pred == task.y[idx]).sum())
+                preds.append(clf(**batch).argmax(dim=-1).cpu().numpy())
+        test_pred = np.concatenate(preds)
     return {
-        "pooling": pooling.name, "seed": seed, "test_accuracy": correct / len(task.test),
+        "pooling": pooling.name, "seed": seed, "test_accuracy": float((test_pred == task.y[task.test]).mean()),
+        "test_pred": test_pred, "train_accuracy": hits / seen,
         "train_loss_steps": step_losses, "train_loss_epochs": epoch_losses,
         "n_train": int(len(task.train)), "n_test": int(len(task.test)), "n_skipped": len(task.skipped),
         "classes": list(task.classes), "train_ids": [task.ids[i] for i in task.train],
@@ -592,9 +657,10 @@ def finetune(examples: Sequence[Example], label: str, *, model=None, pooling: st
         **train: overrides of :class:`TrainConfig` (``epochs``, ``lr``, ``batch_size``, ``max_train``,
             ``test_fraction``, ...).
 
-    Returns a dict: ``test_accuracy``, ``train_loss_steps`` (one per optimiser step),
-    ``train_loss_epochs`` (example-weighted mean per epoch), ``n_train``, ``n_test``, ``n_skipped``,
-    ``classes``, ``train_ids``, ``test_ids``, ``pooling``, ``seed``, ``seconds``.
+    Returns a dict: ``test_accuracy``, ``test_pred`` (class index per test example, in ``test_ids``
+    order), ``train_accuracy`` (of the last epoch's training batches, dropout on), ``train_loss_steps``
+    (one per optimiser step), ``train_loss_epochs`` (example-weighted mean per epoch), ``n_train``,
+    ``n_test``, ``n_skipped``, ``classes``, ``train_ids``, ``test_ids``, ``pooling``, ``seed``, ``seconds``.
     """
     lm = _load(model)
     config = preset_config(preset, **train)
@@ -643,40 +709,143 @@ def _parse_list(values, what: str, cast=str) -> list:
 
 
 def experiment_config(lm, examples: Sequence[Example], label: str, fmt: Format, poolings: Sequence[str],
-                      seeds: Sequence[int], config: TrainConfig, test_ids: Iterable[str] | None) -> dict:
+                      seeds: Sequence[int], config: TrainConfig) -> dict:
     """What the stored result depends on; hashed by :func:`analyses.results.result_path`."""
     return {
         "analysis": ANALYSIS, "protocol": PROTOCOL_VERSION, "model": lm.fingerprint,
         "corpus": corpus_fingerprint(examples), "label": label, "format": fmt.to_json(),
         "poolings": list(poolings), "seeds": list(seeds), "train": asdict(config),
-        "test_ids": sorted(test_ids) if test_ids is not None else None,
     }
+
+
+@dataclass(frozen=True)
+class Split:
+    """One train/test split of the experiment: repeat ``repeat``, fold ``fold``; indices into the kept
+    examples (``train`` already cut to ``max_train``)."""
+
+    repeat: int
+    fold: int
+    train: np.ndarray
+    test: np.ndarray
+
+
+def cv_splits(kept: Sequence[Example], y: np.ndarray, groups: np.ndarray, config: TrainConfig) -> list[Split]:
+    """The experiment's splits: for ``r < repeats``, :func:`analyses.probes.make_splits` (stratified
+    by ``y``, grouped by ``groups``, seed ``split_seed + r``), its first ``folds`` folds; the training
+    side keeps the ``max_train`` examples of smallest ``u(id)`` (:func:`split_unit`), so it depends
+    neither on the pooling nor on the training seed."""
+    from analyses.probes import make_splits
+
+    out = []
+    for r in range(config.repeats):
+        seed = config.split_seed + r
+        folds = make_splits(y, groups, config.n_splits, seed)
+        for f, (train, test) in enumerate(folds[:config.folds]):
+            if config.max_train is not None and len(train) > config.max_train:
+                u = np.asarray([split_unit(kept[i].id, seed) for i in train])
+                train = np.sort(train[np.argsort(u, kind="stable")[:config.max_train]])
+            out.append(Split(r, f, train, test))
+    return out
+
+
+def frozen_features(lm, rendered: Sequence[Rendered], poolings: Sequence[Pooling], config: TrainConfig,
+                    device: torch.device) -> dict[str, np.ndarray]:
+    """Each pooling of the frozen encoder's last layer: ``{pooling: (n_examples, hidden) float64}``,
+    one eval-mode forward pass per batch shared by all poolings (the encoder is not trained)."""
+    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    model = lm.model.to(device).eval()
+    pass_types = _accepts_token_types(model)
+    lengths = np.asarray([len(r) for r in rendered])
+    order = np.argsort(-lengths, kind="stable")  # similar lengths together: little padding
+    out = {p.name: np.empty((len(rendered), int(lm.model.config.hidden_size))) for p in poolings}
+    with torch.inference_mode():
+        for s in range(0, len(order), config.eval_batch_size):
+            idx = order[s:s + config.eval_batch_size]
+            batch = _collate([rendered[i] for i in idx], poolings[0], pad_id, device)
+            kw = {"token_type_ids": batch["token_type_ids"]} if pass_types else {}
+            h = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], return_dict=True,
+                      **kw).last_hidden_state.float()
+            for p in poolings:
+                mask = torch.from_numpy(pooling_mask([rendered[i] for i in idx], p, h.shape[1])).to(device)
+                out[p.name][idx] = pool(h, mask, p.reduce).double().cpu().numpy()
+    return out
+
+
+def _frozen_run(X: np.ndarray, task: Task, groups: np.ndarray, config: TrainConfig, seed: int) -> dict:
+    """The frozen probe of one split: :class:`analyses.probes.LinearProbe` on the training items."""
+    from analyses.probes import LinearProbe
+
+    t0 = time.perf_counter()
+    tr, te = task.train, task.test
+    inner = min(3, len(np.unique(groups[tr])))
+    probe = LinearProbe(Cs=config.frozen_Cs if inner >= 2 else config.frozen_Cs[-1:], inner_splits=max(inner, 2),
+                        seed=seed).fit(X[tr], task.y[tr], groups[tr])
+    return {"test_pred": probe.predict(X[te]), "train_accuracy": float((probe.predict(X[tr]) == task.y[tr]).mean()),
+            "C": float(probe.C_), "seconds": time.perf_counter() - t0}
+
+
+def _warn(message: str, log: Callable[[str], None] | None) -> None:
+    import warnings
+
+    if log is not None:
+        log(f"warning: {message}")
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Sequence[str] | str | None = None,
                            seeds: Sequence[int] | str | None = None, *, model=None, fmt: str | Format = "pair",
                            preset: str = "default", out: str | None = None, force: bool = False,
-                           corpus_name: str | None = None, test_ids: Iterable[str] | None = None,
-                           device: str = "auto", progress: bool = True, **train: Any) -> pd.DataFrame:
-    """Fine-tune every pooling with every seed on the same split; a tidy table (:func:`make_table`).
+                           corpus_name: str | None = None, device: str = "auto", progress: bool = True,
+                           log: Callable[[str], None] | None = None, with_predictions: bool = False,
+                           **train: Any):
+    """Fine-tuned and frozen, every pooling, on the same document-grouped splits; a tidy table.
 
-    Rows (``analysis="finetune_pooling"``, ``role`` = pooling, ``target`` = label, ``layer`` = the
-    last layer, ``n`` = test examples):
+    Splits: :func:`cv_splits` (stratified by the label, grouped by document when every example has a
+    ``doc`` label, else by example: :func:`analyses.grouping.example_groups`). In each split, for
+    each pooling, the frozen probe (:func:`frozen_features` + :class:`analyses.probes.LinearProbe` on
+    the split's training items) and the fine-tuned model for each seed predict the SAME test items.
 
-    * per run: ``metric="test_accuracy"`` with ``seed``, and extra columns ``n_train``,
-      ``first_train_loss`` (first step), ``final_train_loss`` (last epoch's mean), ``seconds``;
-    * per run and epoch: ``metric="train_loss_epoch"`` with extra column ``epoch`` (0-based);
-    * per pooling: ``metric="test_accuracy_mean"``, ``value`` the mean over seeds, ``ci_low``/``ci_high``
-      a 95% t-interval over seeds (:func:`t_interval`, clipped to [0, 1]; NaN for one seed), ``sd``
-      the sample sd (ddof=1), ``n`` = seeds;
-    * one row ``role="majority"``, ``metric="majority_baseline"``: test accuracy of always predicting
-      the most frequent training class; and one ``metric="best_constant"``: the largest class share of
-      the test set (the best any constant prediction could score; the document-grouped split can make
-      the two differ a lot).
+    Rows of the table (:func:`make_table`; ``role`` = pooling, ``target`` = label, ``layer`` = the
+    last layer; extra columns ``condition`` (``fine_tuned`` / ``frozen``), ``repeat``, ``fold``,
+    ``grouping``, ``n_groups``, ``n_skipped`` on every row):
 
-    ``poolings`` / ``seeds`` default to the preset's. With ``out`` the table is written to
-    ``result_path(out, "finetune_pooling", config)`` and reused on the next call unless ``force``.
+    * per fine-tuning run: ``metric="test_accuracy"`` with ``seed``, ``n`` (test items), ``n_train``,
+      ``first_train_loss`` (first step), ``final_train_loss`` (last epoch's mean), ``train_accuracy``
+      (last epoch's batches), ``converged``, ``warning`` and ``seconds``; per run and epoch
+      ``metric="train_loss_epoch"`` with ``epoch``;
+    * per frozen run: ``metric="frozen_test_accuracy"`` (``seed`` empty) with ``train_accuracy``,
+      ``C``, ``converged``, ``warning``;
+    * per split: ``role="baseline"``, ``metric`` ``best_constant`` (the largest class share of the
+      test items), ``majority_baseline`` (test accuracy of the training majority class) and
+      ``chance`` (1 / number of classes);
+    * per pooling: ``test_accuracy_mean`` (fine-tuned) and ``frozen_test_accuracy_mean``:
+      ``value`` = accuracy over all out-of-fold test items (each item's correctness averaged over
+      seeds and repeats), ``ci_low``/``ci_high`` a cluster bootstrap over documents
+      (:func:`analyses.stats.bootstrap_ci`), ``sd`` over runs, ``n_runs``, ``n`` = items, and
+      ``warning`` (below the pooled best constant; runs that did not converge);
+    * paired, ``metric="accuracy_diff"`` (:func:`analyses.paired.paired_difference` on per-item
+      correctness, so both sides are scored on identical items): ``role=<pooling>``,
+      ``condition="fine_tuned − frozen"``; and ``role="<pooling> − <ref>"`` per condition, ``ref`` =
+      ``mean`` when run (else the first pooling); ``p_value`` and ``p_holm`` (Holm over every
+      accuracy_diff row);
+    * ``role="baseline"``: pooled ``best_constant`` and ``chance`` over all test items, and
+      ``metric="n_skipped"``: examples left out for length (never silently; ids in
+      ``attrs["skipped_ids"]``).
+
+    A warning (``log`` and :class:`RuntimeWarning`) is raised and recorded in the ``warning`` column
+    when a run scores below its split's best constant, when its final training loss is not below
+    its first, or when its training accuracy is not above the training set's largest class share.
+
+    With ``with_predictions`` returns ``(table, predictions)``: one row per repeat x fold x seed x
+    pooling x condition x test item with ``repeat, fold, seed, pooling, condition, example, doc
+    (its group), y_true, y_pred, correct``. With ``out``, both are written
+    (``result_path(out, "finetune_pooling", config)`` and ``....predictions.csv`` beside it) and
+    reused unless ``force``. Cost: see :data:`PRESETS`.
     """
+    from analyses.grouping import example_groups
+    from analyses.paired import add_holm, paired_difference
+    from analyses.stats import bootstrap_ci
+
     pre = PRESETS.get(preset)
     if pre is None:
         raise ValueError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
@@ -689,67 +858,167 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
     examples = list(examples)
     _check_label(examples, label)
     lm = _load(model)
-    path = None
+    path = pred_path = None
     if out is not None:
-        path = result_path(out, ANALYSIS, experiment_config(lm, examples, label, fmt, poolings, seeds, config, test_ids))
-        if path.exists() and not force:
+        path = result_path(out, ANALYSIS, experiment_config(lm, examples, label, fmt, poolings, seeds, config))
+        pred_path = path.with_name(path.stem + ".predictions.csv")
+        if path.exists() and pred_path.exists() and not force:
             df = read_table(path)
-            df.attrs.update(result_path=str(path), reused=True)
-            return df
-    task = prepare_task(examples, label, lm.tokenizer, fmt, lm.model.config, config=config,
-                        model_max_length=_max_length_of(lm), test_ids=test_ids)
-    checked = [check_pooling(task, p) for p in poolings]
+            df.attrs.update(result_path=str(path), predictions_path=str(pred_path), reused=True)
+            return (df, read_table(pred_path)) if with_predictions else df
+    kept, rendered, skipped, limit = render_examples(examples, label, lm.tokenizer, fmt, lm.model.config,
+                                                     config=config, model_max_length=_max_length_of(lm))
+    if skipped:
+        _warn(f"Q8 fine-tuning: {len(skipped)} of {len(examples)} examples are longer than {limit} tokens in "
+              f"format {fmt.name!r} and were left out of every split (e.g. {skipped[:3]})", log)
+    groups, grouping = example_groups(kept)
+    y_all = np.asarray(pd.factorize(pd.Series([e.labels[label] for e in kept], dtype=object))[0])
+    splits = cv_splits(kept, y_all, groups, config)
+    checked = [get_pooling(p) for p in poolings]
+    dummy = _task(kept, rendered, label, splits[0].train, splits[0].test, skipped)
+    for p in checked:
+        check_pooling(dummy, p)
     dev = _device(device)
     corpus = corpus_name if corpus_name is not None else "corpus-" + corpus_fingerprint(examples)[:12]
     base = {"analysis": ANALYSIS, "model": lm.name, "corpus": corpus, "format": fmt.name, "format_b": "",
-            "layer": int(lm.model.config.num_hidden_layers), "target": label}
+            "layer": int(lm.model.config.num_hidden_layers), "target": label, "grouping": grouping,
+            "n_skipped": len(skipped)}
+    X = frozen_features(lm, rendered, checked, config, dev)
     rows: list[dict] = []
+    preds: list[pd.DataFrame] = []
+    warned: list[str] = []
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(checked) * len(seeds), desc="fine-tune", disable=not progress)
-    accs: dict[str, list[float]] = {p.name: [] for p in checked}
+    bar = tqdm(total=len(splits) * len(checked) * len(seeds), desc="fine-tune", disable=not progress)
     try:
-        for p in checked:
-            for seed in seeds:
-                bar.set_postfix(pooling=p.name, seed=seed)
-                r = _finetune_task(lm, task, p, seed, config, dev)
-                accs[p.name].append(r["test_accuracy"])
-                rows.append({**base, "role": p.name, "metric": "test_accuracy", "value": r["test_accuracy"],
-                             "n": r["n_test"], "seed": seed, "n_train": r["n_train"],
-                             "first_train_loss": r["train_loss_steps"][0],
-                             "final_train_loss": r["train_loss_epochs"][-1], "seconds": r["seconds"]})
-                for e, loss in enumerate(r["train_loss_epochs"]):
-                    rows.append({**base, "role": p.name, "metric": "train_loss_epoch", "value": loss,
-                                 "n": r["n_train"], "seed": seed, "epoch": e})
-                bar.update(1)
+        for sp in splits:
+            task = _task(kept, rendered, label, sp.train, sp.test, skipped)
+            y_tr, y_te = task.y[sp.train], task.y[sp.test]
+            where = {"repeat": sp.repeat, "fold": sp.fold}
+            split_base = {**base, **where, "n_groups": int(np.unique(groups[sp.test]).size)}
+            best = float(np.bincount(y_te[y_te >= 0], minlength=len(task.classes)).max() / len(y_te))
+            train_share = float(np.bincount(y_tr).max() / len(y_tr))
+            majority = int(np.bincount(y_tr).argmax())
+            for metric, value in (("best_constant", best), ("majority_baseline", float((y_te == majority).mean())),
+                                  ("chance", 1.0 / len(task.classes))):
+                rows.append({**split_base, "role": "baseline", "condition": "", "metric": metric, "value": value,
+                             "n": int(len(sp.test))})
+
+            def record(p: Pooling, condition: str, seed, r: dict, extra: dict) -> None:
+                acc = float((r["test_pred"] == y_te).mean())
+                problems = []
+                if acc < best:
+                    problems.append(f"test accuracy {acc:.3f} below the best constant {best:.3f}")
+                if r["train_accuracy"] <= train_share:
+                    problems.append(f"training accuracy {r['train_accuracy']:.3f} not above the training "
+                                    f"majority share {train_share:.3f}")
+                if "final_train_loss" in extra and not extra["final_train_loss"] < extra["first_train_loss"]:
+                    problems.append(f"final training loss {extra['final_train_loss']:.3f} not below the first "
+                                    f"{extra['first_train_loss']:.3f}")
+                converged = not any("training" in m for m in problems)
+                text = "; ".join(problems)
+                if text:
+                    msg = (f"Q8 {condition} {p.name} (repeat {sp.repeat}, fold {sp.fold}"
+                           + (f", seed {seed}" if seed is not None else "") + f"): {text}")
+                    warned.append(msg)
+                    _warn(msg, log)
+                metric = "test_accuracy" if condition == "fine_tuned" else "frozen_test_accuracy"
+                rows.append({**split_base, "role": p.name, "condition": condition, "metric": metric, "value": acc,
+                             "n": int(len(sp.test)), "seed": seed, "n_train": int(len(sp.train)),
+                             "train_accuracy": r["train_accuracy"], "converged": converged, "warning": text,
+                             "seconds": r["seconds"], **extra})
+                preds.append(pd.DataFrame({
+                    "repeat": sp.repeat, "fold": sp.fold, "seed": seed, "pooling": p.name, "condition": condition,
+                    "example": [task.ids[i] for i in sp.test], "doc": groups[sp.test], "y_true": y_te,
+                    "y_pred": np.asarray(r["test_pred"], dtype=np.int64), "correct": r["test_pred"] == y_te}))
+
+            for p in checked:
+                fr = _frozen_run(X[p.name], task, groups, config, sp.repeat)
+                record(p, "frozen", None, fr, {"C": fr["C"]})
+                for seed in seeds:
+                    bar.set_postfix(pooling=p.name, seed=seed, fold=sp.fold)
+                    r = _finetune_task(lm, task, p, seed, config, dev)
+                    record(p, "fine_tuned", seed, r, {"first_train_loss": r["train_loss_steps"][0],
+                                                      "final_train_loss": r["train_loss_epochs"][-1]})
+                    for e, loss in enumerate(r["train_loss_epochs"]):
+                        rows.append({**split_base, "role": p.name, "condition": "fine_tuned",
+                                     "metric": "train_loss_epoch", "value": loss, "n": r["n_train"], "seed": seed,
+                                     "epoch": e})
+                    bar.update(1)
     finally:
         bar.close()
+    P = pd.concat(preds, ignore_index=True)
+    P["seed"] = P["seed"].astype("Int64")  # empty for the frozen probe
+    P.insert(0, "analysis", ANALYSIS + "_predictions")
+    # one value per test item and condition: correctness averaged over seeds and repeats
+    item = P.groupby(["pooling", "condition", "example"], sort=False).agg(correct=("correct", "mean"),
+                                                                           doc=("doc", "first")).sort_index()
+    runs = pd.DataFrame([r for r in rows if r["metric"] in ("test_accuracy", "frozen_test_accuracy")])
+    all_test = np.unique(np.concatenate([sp.test for sp in splits]))
+    y_pool = y_all[all_test]
+    pooled_best = float(np.bincount(y_pool).max() / len(y_pool))
+    summary_base = {**base, "n_groups": int(np.unique(groups[all_test]).size)}
+    for metric, value in (("best_constant", pooled_best), ("chance", 1.0 / len(np.unique(y_all)))):
+        rows.append({**summary_base, "role": "baseline", "condition": "", "metric": metric, "value": value,
+                     "n": int(len(all_test))})
+    rows.append({**summary_base, "role": "baseline", "condition": "", "metric": "n_skipped",
+                 "value": float(len(skipped)), "n": len(examples)})
     for p in checked:
-        mean, sd, lo, hi = t_interval(accs[p.name])
-        lo, hi = max(lo, 0.0), min(hi, 1.0)  # an accuracy; NaN (one seed) stays NaN
-        rows.append({**base, "role": p.name, "metric": "test_accuracy_mean", "value": mean, "ci_low": lo,
-                     "ci_high": hi, "n": len(seeds), "sd": sd})
-    train_y = task.y[task.train]
-    majority = int(np.bincount(train_y, minlength=len(task.classes)).argmax())
-    rows.append({**base, "role": "majority", "metric": "majority_baseline",
-                 "value": float((task.y[task.test] == majority).mean()), "n": int(len(task.test))})
-    # The split is by document, so class shares differ between train and test: the best any constant
-    # prediction could do on this test set is its largest class share.
-    rows.append({**base, "role": "majority", "metric": "best_constant",
-                 "value": float(np.bincount(task.y[task.test]).max() / len(task.test)), "n": int(len(task.test))})
+        for condition, metric in (("frozen", "frozen_test_accuracy_mean"), ("fine_tuned", "test_accuracy_mean")):
+            it = item.loc[(p.name, condition)]
+            point, lo, hi = bootstrap_ci(it["correct"].to_numpy(float), it["doc"].to_numpy(), "mean",
+                                         n_resamples=1000, seed=0)
+            acc = runs[(runs["role"] == p.name) & (runs["condition"] == condition)]
+            problems = [f"{(~acc['converged'].astype(bool)).sum()} of {len(acc)} runs did not converge"] \
+                if not acc["converged"].astype(bool).all() else []
+            if point < pooled_best:
+                problems.insert(0, f"accuracy {point:.3f} below the best constant {pooled_best:.3f}")
+                _warn(f"Q8 {condition} {p.name}: {problems[0]}", log)
+            rows.append({**summary_base, "role": p.name, "condition": condition, "metric": metric, "value": point,
+                         "ci_low": lo, "ci_high": hi, "n": len(it), "n_runs": len(acc),
+                         "sd": float(acc["value"].std(ddof=1)) if len(acc) > 1 else math.nan,
+                         "warning": "; ".join(problems)})
+    diffs = []
+
+    def compare(a: pd.DataFrame, b: pd.DataFrame, role: str, condition: str) -> None:
+        j = a.add_suffix("_a").join(b.add_suffix("_b"), how="inner")
+        r = paired_difference(j["correct_a"].to_numpy(float), j["correct_b"].to_numpy(float), j["doc_a"].to_numpy(),
+                              n_resamples=1000, seed=0)
+        diffs.append({**base, "role": role, "condition": condition, "metric": "accuracy_diff", **r})
+
+    for p in checked:
+        compare(item.loc[(p.name, "fine_tuned")], item.loc[(p.name, "frozen")], p.name, "fine_tuned − frozen")
+    ref = "mean" if "mean" in poolings else poolings[0]
+    for condition in ("fine_tuned", "frozen"):
+        for p in checked:
+            if p.name != ref:
+                compare(item.loc[(p.name, condition)], item.loc[(ref, condition)], f"{p.name} − {ref}", condition)
+    if diffs:
+        d = add_holm(pd.DataFrame(diffs), ["metric"])
+        rows += d.to_dict("records")
     df = make_table(rows)
+    # stable dtypes, so a stored table reads back equal: NA (not None) where a column does not apply
+    df["converged"] = df["converged"].astype("boolean")
+    df["warning"] = df["warning"].fillna("").astype(str)
+    for col in ("repeat", "fold", "epoch", "n_runs", "n_train"):
+        df[col] = pd.to_numeric(df[col]).astype("Int64")
     if path is not None:
         write_table(df, path)
-    df.attrs.update(result_path=str(path) if path is not None else None, reused=False)
-    return df
+        write_table(P, pred_path)
+    df.attrs.update(result_path=str(path) if path is not None else None,
+                    predictions_path=str(pred_path) if pred_path is not None else None, reused=False,
+                    n_skipped=len(skipped), skipped_ids=list(skipped), warnings=warned)
+    return (df, P) if with_predictions else df
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
-    """The per-pooling summary rows as a small table: pooling, mean, sd, ci_low, ci_high, seeds."""
-    s = df[df["metric"] == "test_accuracy_mean"]
-    return pd.DataFrame({"pooling": s["role"].to_numpy(), "mean": s["value"].astype(float).to_numpy(),
-                         "sd": s["sd"].astype(float).to_numpy(), "ci_low": s["ci_low"].astype(float).to_numpy(),
-                         "ci_high": s["ci_high"].astype(float).to_numpy(), "seeds": s["n"].to_numpy()})
+    """The per-pooling summary rows as a small table: pooling, condition, mean, ci_low, ci_high (cluster
+    bootstrap over documents), sd over runs, runs, warning."""
+    s = df[df["metric"].isin(["test_accuracy_mean", "frozen_test_accuracy_mean"])]
+    return pd.DataFrame({"pooling": s["role"].to_numpy(), "condition": s["condition"].to_numpy(),
+                         "mean": s["value"].astype(float).to_numpy(), "ci_low": s["ci_low"].astype(float).to_numpy(),
+                         "ci_high": s["ci_high"].astype(float).to_numpy(), "sd": s["sd"].astype(float).to_numpy(),
+                         "runs": s["n_runs"].to_numpy(), "warning": s["warning"].fillna("").to_numpy()})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -772,9 +1041,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m analyses.pooling",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=("Q8: fine-tune the encoder + a linear head on each pooling of the last layer,\n"
-                     "over several seeds, on one fixed train/test split; report test accuracy per\n"
-                     "pooling (mean, sd and a 95% t-interval over seeds) and a majority baseline."),
+        description=("Q8: on the same stratified, document-grouped cross-validation splits, fine-tune\n"
+                     "the encoder + a linear head on each pooling of the last layer (each seed) and fit\n"
+                     "a frozen probe on the same pooling; report out-of-fold accuracy per pooling with a\n"
+                     "cluster-bootstrap CI over documents, paired differences (fine-tuned - frozen,\n"
+                     "pooling - mean) on identical test items, the best constant and chance, and a\n"
+                     "warning for runs below the best constant or that did not converge."),
         epilog=("poolings:\n" + pool_help + "\n\npresets (options given on the command line override them):\n"
                 + "\n".join(show(n) for n in PRESETS)
                 + "\n\nexample:\n  python -m analyses.pooling --corpus generated:n=300,k=2 --label topic "
@@ -812,13 +1084,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"share of steps with linear warm-up (default {defaults.warmup_fraction})")
     p.add_argument("--schedule", default=None, choices=list(SCHEDULES),
                    help="after warm-up: linear decay to 0 or constant (default linear)")
-    p.add_argument("--test-fraction", type=float, default=None,
-                   help=f"expected share of documents in the test split (default {defaults.test_fraction})")
     p.add_argument("--split-seed", type=int, default=None,
-                   help="seed of the fixed hash split, independent of --seeds (default 0)")
-    p.add_argument("--split-group", default=None,
-                   help="label that keeps examples together in the split; 'auto' = doc when present, "
-                        "'id' = each example alone (default auto)")
+                   help="seed of the cross-validation partition (repeat r uses split-seed + r), independent of "
+                        "--seeds (default 0)")
+    p.add_argument("--n-splits", type=int, default=None, help="k of the grouped k-fold split (default: the preset's)")
+    p.add_argument("--folds", type=int, default=None,
+                   help="how many of the k folds are run (default: the preset's; unset means all)")
+    p.add_argument("--repeats", type=int, default=None, help="repeated k-fold partitions (default: the preset's)")
     p.add_argument("--device", default="auto", help="'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ...")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's own choice). On a machine whose cores are busy "
@@ -841,8 +1113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
              "freeze_embeddings": args.freeze_embeddings, "batch_size": args.batch_size, "max_train": args.max_train,
              "max_length": args.max_length, "weight_decay": args.weight_decay,
              "warmup_fraction": args.warmup_fraction, "schedule": args.schedule,
-             "test_fraction": args.test_fraction, "split_seed": args.split_seed,
-             "split_group": args.split_group}
+             "split_seed": args.split_seed, "n_splits": args.n_splits, "folds": args.folds,
+             "repeats": args.repeats}
     if args.threads is not None:
         if args.threads < 1:
             print(f"error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
@@ -861,17 +1133,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     s = summary(df)
-    base = df[df["metric"] == "majority_baseline"]["value"]
+    pooled = df[(df["role"] == "baseline") & df["fold"].isna()].set_index("metric")["value"]
     print(f"\n{ANALYSIS}: {label} on {corpus}, format {args.format}, model {lm.name} ({elapsed:.0f} s)")
-    print(f"{'pooling':<12} {'mean':>6} {'± sd':>7}   95% t-interval   seeds")
+    print(f"{'pooling':<12} {'condition':<11} {'accuracy':>8}   95% CI (documents)   runs")
     for _, r in s.iterrows():
-        print(f"{r['pooling']:<12} {r['mean']:6.3f} ± {r['sd']:5.3f}   [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
-              f"   {int(r['seeds'])}")
-    if len(base):
-        print(f"{'majority':<12} {float(base.iloc[0]):6.3f}   (the training set's majority class)")
-    best = df[df["metric"] == "best_constant"]["value"]
-    if len(best):
-        print(f"{'constant':<12} {float(best.iloc[0]):6.3f}   (the test set's largest class share)")
+        print(f"{r['pooling']:<12} {r['condition']:<11} {r['mean']:8.3f}   [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
+              f"     {int(r['runs'])}" + (f"   WARNING: {r['warning']}" if r["warning"] else ""))
+    for _, r in df[df["metric"] == "accuracy_diff"].iterrows():
+        print(f"{r['role']:<12} {r['condition']:<22} {r['value']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
+              f"  p_holm={r['p_holm']:.3g}")
+    print(f"{'constant':<12} {float(pooled['best_constant']):6.3f}   (the test items' largest class share); "
+          f"chance {float(pooled['chance']):.3f}; {int(pooled['n_skipped'])} example(s) skipped as too long")
     how = "reused" if df.attrs.get("reused") else "written"
     print(f"table {how}: {df.attrs.get('result_path')}")
     return 0

@@ -1,11 +1,13 @@
 """Q8: is [CLS] better than mean pooling, and after fine-tuning would any token do?
 
-``plot_pooling`` draws, per pooling choice, the fine-tuned test accuracy (mean ± sd over seeds,
-every seed a dot) from :mod:`analyses.pooling` (``analysis="finetune_pooling"``: ``role`` =
-pooling, ``metric="test_accuracy"`` per seed, ``"test_accuracy_mean"`` per pooling with ``sd``,
-``role="majority"`` / ``metric="majority_baseline"``) beside the frozen linear-probe accuracy of
-the same token choice (rows of :mod:`analyses.probes`, same target and format) at the best or the
-last layer, as the figure says.
+``plot_pooling`` draws, per pooling choice, the fine-tuned test accuracy (every run a dot) from
+:mod:`analyses.pooling` (``analysis="finetune_pooling"``: ``role`` = pooling, ``metric="test_accuracy"``
+per run, ``"test_accuracy_mean"`` per pooling) beside the frozen accuracy of the same token choice.
+Tables of the current protocol carry their own frozen probe on the same splits
+(``"frozen_test_accuracy_mean"``): both bars are then out-of-fold accuracies on identical test items
+with 95% cluster-bootstrap CIs over documents (``n_runs`` runs each), and a ``frozen_df`` is not drawn. Older tables (one split, mean ±
+sd over seeds) are drawn as before, and ``frozen_df`` (rows of :mod:`analyses.probes`, same target and
+format) adds the probe accuracy at the best or the last layer, as the figure says.
 
 CLI: ``python -m figures.pooling FINETUNE.csv --out figs/pooling [--frozen PROBES.csv
 --frozen-layer best|last|<int>]``.
@@ -39,8 +41,11 @@ def _finetune_summary(ft: pd.DataFrame, what: str) -> pd.DataFrame:
         select(ft, what, metric=["test_accuracy_mean", "test_accuracy"])  # raises, naming what is there
     if not summ.empty:
         sd = pd.to_numeric(summ["sd"], errors="coerce") if "sd" in summ.columns else pd.Series(np.nan, index=summ.index)
+        runs = summ["n_runs"] if "n_runs" in summ.columns else summ["n"]
         out = pd.DataFrame({"mean": summ["value"].to_numpy(dtype=float), "sd": sd.to_numpy(dtype=float),
-                            "n": pd.to_numeric(summ["n"], errors="coerce").to_numpy(dtype=float)},
+                            "n": pd.to_numeric(runs, errors="coerce").to_numpy(dtype=float),
+                            "ci_low": pd.to_numeric(summ["ci_low"], errors="coerce").to_numpy(dtype=float),
+                            "ci_high": pd.to_numeric(summ["ci_high"], errors="coerce").to_numpy(dtype=float)},
                            index=summ["role"].astype(str).to_numpy())
         missing_sd = ~np.isfinite(out["sd"].to_numpy())
         if missing_sd.any() and not seeds.empty:  # fill sd from the seeds where the summary lacks it
@@ -107,7 +112,11 @@ def plot_pooling(finetune_df: pd.DataFrame, out: str | Path, frozen_df: pd.DataF
     """Bar chart per pooling: fine-tuned test accuracy (mean, error bar ± 1 sd over seeds, seeds as
     dots) and, with ``frozen_df``, the frozen linear-probe accuracy of the same token choice (error
     bar: 95% CI over folds) at ``frozen_layer`` ("best": the best layer per choice, written above
-    the bar; "last"; or a layer number); the majority baseline as a grey dashed line. ``target`` /
+    the bar; "last"; or a layer number); the majority baseline as a grey dashed line. A table with
+    its own frozen rows (``frozen_test_accuracy_mean``) and no ``frozen_df`` draws those instead: both
+    bars from the same splits and test items, error bars 95% CIs over documents, the pooled best
+    constant as a dotted line and every recorded warning in the note (``frozen_df`` is then not drawn,
+    as the note says: the same-split probe is the like-for-like comparison). ``target`` /
     ``format`` / ``model`` / ``corpus`` pick one when the fine-tuning table holds several. Writes
     ``out``.png / ``out``.pdf and returns both paths."""
     what = "pooling figure"
@@ -122,10 +131,18 @@ def plot_pooling(finetune_df: pd.DataFrame, out: str | Path, frozen_df: pd.DataF
     poolings = order_roles(summ.index)
     seeds = ft[ft["metric"].astype(str) == "test_accuracy"]
     frozen, notes = ({}, [])
-    if frozen_df is not None:
+    same = ft[ft["metric"].astype(str) == "frozen_test_accuracy_mean"]  # frozen probe on the same splits
+    paired = not same.empty
+    if paired:
+        frozen = {str(r["role"]): r for _, r in same.iterrows() if str(r["role"]) in poolings}
+        frozen_layer = "same"
+        if frozen_df is not None:
+            notes.append("Frozen bars: the probe fitted on the fine-tuning splits (same test items); "
+                         "the separate probe table is not drawn.")
+    elif frozen_df is not None:
         ft_model = ft["model"].dropna().astype(str).iloc[0] if ft["model"].notna().any() else None
         frozen, notes = _frozen_points(frozen_df, poolings, target, fmt, ft_model, frozen_layer, what)
-    fig, axes = style.new_figure(width=max(5.5, 1.0 * len(poolings) + 3.8), height=4.2)
+    fig, axes = style.new_figure(width=max(5.5, 1.0 * len(poolings) + 3.8) + (3.0 if paired else 0.0), height=4.2)
     ax = axes[0, 0]
     x = np.arange(len(poolings), dtype=float)
     w = 0.38 if frozen else 0.6
@@ -133,41 +150,56 @@ def plot_pooling(finetune_df: pd.DataFrame, out: str | Path, frozen_df: pd.DataF
     means = summ.loc[poolings, "mean"].to_numpy(dtype=float)
     sds = summ.loc[poolings, "sd"].to_numpy(dtype=float)
     n_seeds = summ.loc[poolings, "n"]
-    ax.bar(xf, means, width=w, color=data_color(0), alpha=0.85,
-           label=f"fine-tuned (mean ± sd over {int(np.nanmax(n_seeds)) if n_seeds.notna().any() else '?'} seeds)")
-    ax.errorbar(xf, means, yerr=np.where(np.isfinite(sds), sds, 0.0), fmt="none", ecolor="black", capsize=4,
-                linewidth=1.2)
+    n_runs = int(np.nanmax(n_seeds)) if n_seeds.notna().any() else "?"
+    if paired:  # out-of-fold accuracy with its CI over documents
+        lo_ft = summ.loc[poolings, "ci_low"].to_numpy(dtype=float)
+        hi_ft = summ.loc[poolings, "ci_high"].to_numpy(dtype=float)
+        yerr = np.nan_to_num(np.vstack([np.clip(means - lo_ft, 0, None), np.clip(hi_ft - means, 0, None)]))
+        label = f"fine-tuned ({n_runs} runs; 95% CI over documents)"
+    else:
+        yerr = np.where(np.isfinite(sds), sds, 0.0)
+        label = f"fine-tuned (mean ± sd over {n_runs} seeds)"
+    ax.bar(xf, means, width=w, color=data_color(0), alpha=0.85, label=label)
+    ax.errorbar(xf, means, yerr=yerr, fmt="none", ecolor="black", capsize=4, linewidth=1.2)
     rng = np.random.default_rng(0)  # fixed jitter: the same table gives the same picture
     for i, p in enumerate(poolings):
         v = seeds.loc[seeds["role"].astype(str) == p, "value"].to_numpy(dtype=float)
         if len(v):
             ax.scatter(xf[i] + rng.uniform(-w / 4, w / 4, len(v)), v, s=12, color="black", zorder=3,
-                       label="one seed" if i == 0 else None)
+                       label=("one run (fold × seed)" if paired else "one seed") if i == 0 else None)
     if frozen:
         fv = np.array([float(frozen[p]["value"]) if p in frozen else np.nan for p in poolings])
         lo = np.array([float(frozen[p]["ci_low"]) if p in frozen else np.nan for p in poolings])
         hi = np.array([float(frozen[p]["ci_high"]) if p in frozen else np.nan for p in poolings])
         where_layer = {"best": "best layer", "last": "last layer"}.get(str(frozen_layer), f"layer {frozen_layer}")
-        ax.bar(x + w / 2, np.nan_to_num(fv), width=w, color=data_color(1), alpha=0.85,
-               label=f"frozen linear probe ({where_layer}; 95% CI over folds)")
+        label = ("frozen probe (same test items; 95% CI over documents)" if paired
+                 else f"frozen linear probe ({where_layer}; 95% CI over folds)")
+        ax.bar(x + w / 2, np.nan_to_num(fv), width=w, color=data_color(1), alpha=0.85, label=label)
         err = np.vstack([np.clip(fv - lo, 0, None), np.clip(hi - fv, 0, None)])
         ax.errorbar(x + w / 2, fv, yerr=np.nan_to_num(err), fmt="none", ecolor="black", capsize=4, linewidth=1.2)
         for i, p in enumerate(poolings):
-            if p in frozen and np.isfinite(frozen[p]["layer"]):
+            if not paired and p in frozen and np.isfinite(frozen[p]["layer"]):
                 top = hi[i] if np.isfinite(hi[i]) else fv[i]
                 ax.annotate(f"L{int(frozen[p]['layer'])}", (x[i] + w / 2, top), xytext=(0, 3),
                             textcoords="offset points", ha="center", fontsize=7)
         absent = [p for p in poolings if p not in frozen]
         if absent:
             notes.append("No frozen probe for " + ", ".join(absent) + ".")
+    pooled_rows = ft["fold"].isna() if "fold" in ft.columns else pd.Series(True, index=ft.index)
     base = ft[(ft["metric"].astype(str) == "majority_baseline")]
     if not base.empty:
         ax.axhline(float(base["value"].mean()), color=BASELINE_COLOR, linestyle="--", linewidth=1.2,
                    label="majority baseline (training majority class)")
-    best = ft[(ft["metric"].astype(str) == "best_constant")]
+    best = ft[(ft["metric"].astype(str) == "best_constant") & pooled_rows]
     if not best.empty:
         ax.axhline(float(best["value"].mean()), color=BASELINE_COLOR, linestyle=":", linewidth=1.2,
                    label="best constant (largest test class)")
+    warned = summ.index[summ.index.isin(poolings)]
+    flagged = ft[ft["metric"].astype(str).isin(["test_accuracy_mean", "frozen_test_accuracy_mean"])]
+    if "warning" in flagged.columns:
+        for _, r in flagged[flagged["warning"].fillna("").astype(str) != ""].iterrows():
+            if str(r["role"]) in warned:
+                notes.append(f"Warning, {r['role']} ({r.get('condition', '')}): {r['warning']}.")
     ax.set_xticks(x, poolings)
     ax.set_xlabel("pooling / token choice (last layer for fine-tuning)")
     ax.set_ylabel("test accuracy")
@@ -183,7 +215,7 @@ def plot_pooling(finetune_df: pd.DataFrame, out: str | Path, frozen_df: pd.DataF
     if not np.isfinite(means).all():
         notes.append("NaN mean accuracy (no bar) for " + ", ".join(p for p, m in zip(poolings, means)
                                                                    if not np.isfinite(m)) + ".")
-    if frozen and frozen_layer == "best":
+    if frozen and frozen_layer == "best" and not paired:
         notes.append("Frozen: best layer per choice (picked on the same scores, so optimistic).")
     add_note(fig, notes)
     return style.save(fig, out)

@@ -434,7 +434,7 @@ def test_drift_summary_recovers_planted_group_cosines():
     A, B = planted_pair(ex.size, 32, c, rng)
     rows = drift_summary(A, B, ex, groups, n_resamples=500, seed=1)
     assert {r["metric"] for r in rows} == set(DRIFT_METRICS)
-    assert all(set(r) <= set(RESULT_COLUMNS) | {"n_examples"} for r in rows)
+    assert all(set(r) <= set(RESULT_COLUMNS) | {"n_examples", "n_groups"} for r in rows)
     by = {(r["role"], r["metric"]): r for r in rows}
     for role, truth in (("cls", 0.5), ("s1 words", 0.9)):
         r = by[role, "cosine_mean"]

@@ -15,6 +15,7 @@ from scipy import stats
 import analyses.pooling as P
 from analyses.pooling import (POOLINGS, PRESETS, TrainConfig, epoch_batches, finetune, get_pooling, pool,
                               pooling_mask, run_pooling_experiment, t_interval, train_test_split)
+from analyses.grouping import example_groups
 from probing.examples import Example
 from probing.formats import Format, render, special_token_ids, tokenize_sentences
 from probing.models import prepare_model
@@ -152,7 +153,7 @@ def test_roles_work_for_roberta_style_tokenizer(roberta_tokenizer):
 def test_training_lowers_loss_and_learns(tiny):
     ex = keyword_examples(64)
     r = finetune(ex, "kind", model=tiny, pooling="mean", seed=0,
-                 **{**FAST, "epochs": 8, "lr": 3e-3, "head_lr": 1e-2, "max_train": None})
+                 **{**FAST, "epochs": 8, "lr": 3e-3, "head_lr": 1e-2, "max_train": 10_000})
     first, last = r["train_loss_epochs"][0], r["train_loss_epochs"][-1]
     assert len(r["train_loss_epochs"]) == 8
     assert len(r["train_loss_steps"]) == 8 * math.ceil(r["n_train"] / 8)
@@ -237,32 +238,108 @@ def test_split_depends_on_ids_not_order():
 POOLS = ["cls", "mean", "max", "sep", "first_word", "pos2"]
 
 
+CV = dict(FAST, n_splits=3, folds=3, max_train=10_000)
+
+
 def test_table_has_every_run_and_summaries(tiny):
-    ex = keyword_examples(32)
-    df = run_pooling_experiment(ex, "kind", POOLS, [0, 1, 2], model=tiny, progress=False, **FAST)
+    ex = keyword_examples(36)
+    df, pred = run_pooling_experiment(ex, "kind", POOLS, [0, 1], model=tiny, progress=False, with_predictions=True,
+                                      **CV)
     acc = df[df.metric == "test_accuracy"]
-    assert sorted(zip(acc.role, acc.seed.astype(int))) == sorted((p, s) for p in POOLS for s in (0, 1, 2))
+    runs = sorted((p, s, f) for p in POOLS for s in (0, 1) for f in (0, 1, 2))
+    assert sorted(zip(acc.role, acc.seed.astype(int), acc.fold.astype(int))) == runs
+    frozen = df[df.metric == "frozen_test_accuracy"]
+    assert sorted(zip(frozen.role, frozen.fold.astype(int))) == sorted((p, f) for p in POOLS for f in (0, 1, 2))
     assert (df.analysis == "finetune_pooling").all() and (df.target == "kind").all()
-    assert acc.value.between(0, 1).all() and (acc.n == acc.n.iloc[0]).all()
-    summ = df[df.metric == "test_accuracy_mean"].set_index("role")
-    assert sorted(summ.index) == sorted(POOLS)
+    assert (df.grouping == "document").all() and acc.value.between(0, 1).all()
+    assert len(df[df.metric == "train_loss_epoch"]) == len(POOLS) * 2 * 3  # one epoch each
+    for metric in ("best_constant", "majority_baseline", "chance"):
+        assert len(df[(df.metric == metric) & df.fold.notna()]) == 3
+    # the pooled accuracy is the mean over items of each item's correctness averaged over seeds, its CI a
+    # bootstrap over documents
+    for cond, metric in (("fine_tuned", "test_accuracy_mean"), ("frozen", "frozen_test_accuracy_mean")):
+        summ = df[df.metric == metric].set_index("role")
+        assert sorted(summ.index) == sorted(POOLS)
+        for p in POOLS:
+            items = pred[(pred.pooling == p) & (pred.condition == cond)].groupby("example")
+            per_item = items["correct"].mean()
+            assert summ.loc[p, "value"] == pytest.approx(per_item.mean())
+            assert summ.loc[p, "n"] == 36 and summ.loc[p, "n_groups"] == 18
+            assert summ.loc[p, "ci_low"] <= summ.loc[p, "value"] <= summ.loc[p, "ci_high"]
+    # paired differences on per-item correctness, Holm-adjusted over the family
+    diff = df[df.metric == "accuracy_diff"].set_index(["role", "condition"])
+    ft = pred[pred.condition == "fine_tuned"].groupby(["pooling", "example"])["correct"].mean()
+    fz = pred[pred.condition == "frozen"].groupby(["pooling", "example"])["correct"].mean()
     for p in POOLS:
-        v = acc[acc.role == p].value.to_numpy(dtype=float)
-        half = stats.t.ppf(0.975, 2) * v.std(ddof=1) / math.sqrt(3)
-        assert summ.loc[p, "value"] == pytest.approx(v.mean())
-        assert summ.loc[p, "sd"] == pytest.approx(v.std(ddof=1))
-        assert summ.loc[p, "ci_low"] == pytest.approx(max(0.0, v.mean() - half))
-        assert summ.loc[p, "ci_high"] == pytest.approx(min(1.0, v.mean() + half))
-        assert summ.loc[p, "n"] == 3
-    losses = df[df.metric == "train_loss_epoch"]
-    assert len(losses) == len(POOLS) * 3  # one epoch each
-    assert len(df[df.metric == "majority_baseline"]) == 1
+        assert diff.loc[(p, "fine_tuned − frozen"), "value"] == pytest.approx((ft.loc[p] - fz.loc[p]).mean())
+    assert diff.loc[("cls − mean", "frozen"), "value"] == pytest.approx((fz.loc["cls"] - fz.loc["mean"]).mean())
+    assert len(diff) == len(POOLS) + 2 * (len(POOLS) - 1)
+    assert (diff["p_holm"] >= diff["p_value"] - 1e-12).all() and diff["p_value"].between(0, 1).all()
+
+
+def test_frozen_and_fine_tuned_score_identical_test_items(tiny):
+    ex = keyword_examples(36)
+    _, pred = run_pooling_experiment(ex, "kind", "cls,mean", "0,1", model=tiny, progress=False,
+                                     with_predictions=True, **{**CV, "folds": 2})
+    for (fold, pooling), g in pred.groupby(["fold", "pooling"]):
+        sets = {(c, s): tuple(sorted(x.example)) for (c, s), x in g.groupby(["condition", g.seed.fillna(-1)])}
+        assert set(sets) == {("frozen", -1), ("fine_tuned", 0), ("fine_tuned", 1)}
+        assert len(set(sets.values())) == 1, (fold, pooling)
+    # two of three folds run: their test items, each once per condition and seed, no document on both sides
+    per = pred[(pred.pooling == "cls") & (pred.condition == "frozen")]
+    assert per.example.is_unique and per.fold.nunique() == 2
+    doc = {e.id: e.labels["doc"] for e in ex}
+    for fold, g in per.groupby("fold"):
+        assert g.doc.tolist() == [f"doc={doc[i]}" for i in g.example]
+
+
+def test_cv_splits_are_grouped_and_stratified():
+    ex = keyword_examples(60)
+    y = np.asarray([e.labels["kind"] == "apple" for e in ex], dtype=int)
+    groups, how = example_groups(ex)
+    assert how == "document"
+    splits = P.cv_splits(ex, y, groups, TrainConfig(n_splits=3, repeats=2, max_train=20))
+    assert [(s.repeat, s.fold) for s in splits] == [(r, f) for r in (0, 1) for f in range(3)]
+    for s in splits:
+        assert not set(groups[s.train]) & set(groups[s.test]) and len(s.train) == 20
+        assert abs(y[s.test].mean() - 0.5) < 0.15  # stratified by the label
+    assert not all((a.test == b.test).all() for a, b in zip(splits[:3], splits[3:]))  # repeats differ
+    for r in (0, 1):  # each repeat's folds partition the examples
+        tests = np.concatenate([s.test for s in splits if s.repeat == r])
+        assert sorted(tests.tolist()) == list(range(60))
+
+
+def test_long_example_is_counted_never_dropped_silently(tiny):
+    ex = keyword_examples(30)
+    long = Example("long", (" ".join(["river"] * 70) + ".", "A stone."), {"kind": "stone", "doc": "dlong"})
+    with pytest.warns(RuntimeWarning, match="1 of 31 examples are longer than 64 tokens"):
+        df, pred = run_pooling_experiment(ex + [long], "kind", "mean", "0", model=tiny, progress=False,
+                                          with_predictions=True, **CV)
+    assert df.attrs["n_skipped"] == 1 and df.attrs["skipped_ids"] == ["long"]
+    assert df.loc[df.metric == "n_skipped", "value"].tolist() == [1.0] and (df["n_skipped"] == 1).all()
+    assert sorted(set(pred.example)) == sorted(e.id for e in ex)  # every other example is scored
+    with pytest.raises(ValueError, match="'long' is .* tokens"):
+        run_pooling_experiment(ex + [long], "kind", "mean", "0", model=tiny, progress=False,
+                               **{**CV, "on_overflow": "error"})
+
+
+def test_runs_that_do_not_learn_are_flagged(tiny):
+    ex = keyword_examples(24)
+    with pytest.warns(RuntimeWarning, match="not above the training majority share|not below the first"):
+        df = run_pooling_experiment(ex, "kind", "cls", "0", model=tiny, progress=False,
+                                    **{**CV, "lr": 1e-12, "head_lr": 1e-12})
+    runs = df[df.metric == "test_accuracy"]
+    assert (~runs.converged.astype(bool)).all() and runs.warning.str.contains("training").all()
+    summ = df[df.metric == "test_accuracy_mean"]
+    assert summ.warning.iloc[0].endswith("3 of 3 runs did not converge")
+    assert df.attrs["warnings"] and all("Q8 fine_tuned cls" in w for w in df.attrs["warnings"] if "fine_tuned" in w)
 
 
 def test_stored_result_is_reused(tiny, tmp_path, monkeypatch):
     ex = keyword_examples(24)
     df = run_pooling_experiment(ex, "kind", "cls,mean", "0", model=tiny, out=tmp_path, progress=False, **FAST)
-    assert len(list(tmp_path.glob("finetune_pooling-*.csv"))) == 1
+    assert len(list(tmp_path.glob("finetune_pooling-*.csv"))) == 2  # the table and its per-item predictions
+    assert len(list(tmp_path.glob("finetune_pooling-*.predictions.csv"))) == 1
 
     def no_training(*a, **k):
         raise AssertionError("trained although a stored result exists")
@@ -325,7 +402,11 @@ def test_presets_are_valid():
         for p in pre["poolings"]:
             get_pooling(p)
     assert PRESETS["default"]["poolings"] == ("cls", "mean", "max", "sep", "first_word")
-    assert len(PRESETS["default"]["seeds"]) == 3
+    # the CPU budget of the docstring: 15 fine-tuning runs of 128 examples x 3 epochs by default, 4 tiny ones quick
+    d, q = PRESETS["default"], PRESETS["quick"]
+    assert len(d["poolings"]) * d["train"]["folds"] * len(d["seeds"]) == 15
+    assert len(q["poolings"]) * q["train"]["folds"] * len(q["seeds"]) == 4
+    assert all(pre["train"]["max_length"] is None for pre in PRESETS.values())  # the model's own limit
 
 
 # --------------------------------------------------------------------------------------------------
@@ -349,8 +430,36 @@ def test_cli_runs_end_to_end(tmp_path, bert_tokenizer, capsys):
             "--no-progress", "--lr", "1e-3"]
     assert P.main(argv) == 0
     out = capsys.readouterr().out
-    assert "cls" in out and "mean" in out and "±" in out and "written" in out
+    assert "cls" in out and "fine_tuned" in out and "frozen" in out and "written" in out
     assert P.main(argv) == 0
     assert "reused" in capsys.readouterr().out
     assert P.main(argv[:4] + ["--poolings", "avg"] + argv[6:]) == 2
     assert "'avg'" in capsys.readouterr().err
+
+
+def test_figure_draws_frozen_and_fine_tuned_from_the_same_splits(tiny, tmp_path, monkeypatch):
+    import figures.pooling as F
+
+    df = run_pooling_experiment(keyword_examples(24), "kind", "cls,mean", "0", model=tiny, progress=False, **FAST)
+    seen = {}
+    save = F.style.save
+
+    def keep(fig, out):
+        seen["fig"] = fig
+        return save(fig, out)
+
+    monkeypatch.setattr(F.style, "save", keep)
+    paths = F.plot_pooling(df, tmp_path / "q8")
+    assert all(p.exists() for p in paths)
+    labels = [t.get_text() for t in seen["fig"].axes[0].get_legend().get_texts()]
+    assert any(t.startswith("frozen probe (same test items") and "over documents" in t for t in labels), labels
+    assert any(t.startswith("fine-tuned (2 runs;") for t in labels), labels
+    # a separate probe table does not replace the same-split probe
+    probes = pd.DataFrame({"analysis": "probe", "model": "tiny-bert", "corpus": df.corpus.iloc[0], "format": "pair",
+                           "format_b": "", "layer": 2, "role": ["cls", "mean"], "target": "kind", "metric": "accuracy",
+                           "value": [0.11, 0.12], "ci_low": 0.1, "ci_high": 0.13, "n": 24, "seed": 0})
+    F.plot_pooling(df, tmp_path / "q8b", frozen_df=probes)
+    bars = [p.get_height() for p in seen["fig"].axes[0].patches]
+    assert 0.11 not in bars and 0.12 not in bars
+    frozen = df[df.metric == "frozen_test_accuracy_mean"].set_index("role")["value"]
+    assert any(b == pytest.approx(frozen["cls"]) for b in bars)

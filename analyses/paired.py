@@ -1,0 +1,376 @@
+"""Paired comparisons on the same items: the difference between two conditions with a CI.
+
+"Is A different from B" is answered by the per-item difference, never by two marginal intervals side
+by side (DESIGN.md, "Compare on the same items, paired"):
+
+* :func:`paired_difference`: the mean of ``a − b`` over paired items, a cluster-bootstrap CI over
+  groups (:func:`analyses.stats.bootstrap_ci`, documents when the corpus has them) and a two-sided
+  cluster sign-flip p-value (:func:`sign_flip_p_value`);
+* :func:`holm`: Holm's step-down adjustment across a family (the layers of one comparison).
+
+Runners on caches:
+
+* :func:`run_paired_drift` (Q2): three caches of one corpus, a reference format R (``single``) and two
+  formats A and B (``pair``, ``concat``); per token key present in all three, ``drift_R→B − drift_R→A``
+  with ``drift = 1 − cos``, per layer and role group: does sentence 1 take in more of sentence 2 in B
+  than in A?
+* :func:`run_role_contrast` (Q1): two caches A and B; per example, the drift A→B of one token
+  (``cls``) minus the mean drift of the example's word tokens: does [CLS] change more than the words?
+* :func:`run_paired_attention` (Q2): two caches A and B extracted with ``--attention``; per example
+  and layer, the head-mean attention mass from a source group to a target group (``s1 words`` →
+  ``s2 words``) in B minus in A.
+
+Both write a tidy table: analysis, model, corpus, format (A), format_b (B), reference, layer, role,
+metric, value, ci_low, ci_high, p_value, p_holm, n, n_groups, grouping, and the two means compared
+(``value_a``, ``value_b``).
+
+    python -m analyses.paired CACHE_REF CACHE_A CACHE_B --out results        # Q2: B − A drift from R
+    python -m analyses.paired --contrast cls CACHE_A CACHE_B --out results   # Q1: [CLS] − words
+    python -m analyses.paired --attention CACHE_A CACHE_B --out results      # Q2: attention s1 → s2, B − A
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Literal, Sequence, get_args
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from analyses.drift import group_labels, model_label, paired_rows
+from analyses.drift_metrics import rowwise_cosine
+from analyses.grouping import cache_groups
+from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
+                              parse_layers, stored_table)
+from analyses.stats import bootstrap_ci
+from probing.cache import check_comparable
+
+Unit = Literal["token", "example"]
+#: What one paired item is, declared once: a token key, or an example (mean over its tokens).
+UNITS: tuple[str, ...] = get_args(Unit)
+
+# Sign-flip draws per batch (draws x groups floats): bounds memory at a few tens of MB.
+_FLIP_BATCH = 2_000_000
+
+
+def _codes(groups, n: int) -> tuple[np.ndarray, int]:
+    g = np.asarray(groups)
+    if g.shape != (n,):
+        raise ValueError(f"groups must have shape ({n},), one label per item; got groups.shape={g.shape}")
+    codes = pd.factorize(g)[0]
+    return codes, int(codes.max()) + 1 if n else 0
+
+
+def sign_flip_p_value(differences, groups, n_resamples: int = 10000, seed: int = 0) -> float:
+    """Two-sided p-value of "mean difference = 0" by a cluster sign-flip (randomisation) test.
+
+    differences: (n,) paired per-item differences; groups: (n,) cluster labels. Under the null that
+    the two conditions are exchangeable within each group, each group's sum ``S_g`` is as likely
+    ``−S_g``; the statistic is the item-weighted mean ``T = Σ_g S_g / n`` and
+    ``p = (1 + #{|T*| ≥ |T|}) / (1 + draws)`` over random sign vectors (all ``2^G`` of them, each once,
+    when there are at most ``n_resamples``). Good 2005, "Permutation, Parametric and Bootstrap Tests
+    of Hypotheses", sec. 3.4 (one-sample / paired randomisation test), applied to cluster sums.
+    """
+    d = np.asarray(differences, dtype=np.float64)
+    if d.ndim != 1 or d.size == 0 or not np.isfinite(d).all():
+        raise ValueError(f"differences must be a non-empty 1-D array of finite values, got shape {d.shape}")
+    codes, G = _codes(groups, d.size)
+    S = np.bincount(codes, weights=d, minlength=G)
+    t_obs = abs(S.sum()) * (1 - 1e-12)  # ties (|T*| = |T| up to rounding) count as extreme
+    if t_obs == 0:
+        return 1.0
+    if 2 ** G <= n_resamples:
+        signs = 1 - 2 * ((np.arange(2 ** G)[:, None] >> np.arange(G)[None, :]) & 1)
+        return float((np.abs(signs @ S) >= t_obs).mean())
+    rng = np.random.default_rng(seed)
+    hits, done, batch = 0, 0, max(1, _FLIP_BATCH // G)
+    while done < n_resamples:
+        b = min(batch, n_resamples - done)
+        signs = rng.integers(0, 2, size=(b, G)) * 2 - 1
+        hits += int((np.abs(signs @ S) >= t_obs).sum())
+        done += b
+    return (1 + hits) / (1 + n_resamples)
+
+
+def paired_difference(a, b, groups, n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95) -> dict:
+    """Mean of the paired differences ``a − b`` with a cluster-bootstrap CI and a sign-flip p-value.
+
+    a, b: (n,) values of the same items under two conditions; groups: (n,) cluster labels (documents).
+    Returns ``{"value", "ci_low", "ci_high", "p_value", "n", "n_groups", "value_a", "value_b"}``
+    (``value_a``/``value_b``: the means of ``a`` and ``b``). The CI resamples groups
+    (:func:`analyses.stats.bootstrap_ci`, percentile); ``p_value`` is :func:`sign_flip_p_value`
+    with 10 × ``n_resamples`` draws.
+
+    >>> r = paired_difference([1.0, 2.0, 3.0, 4.0], [0.0, 1.0, 2.0, 3.0], ["x", "x", "y", "y"])
+    >>> r["value"], r["ci_low"], r["ci_high"], r["n_groups"]
+    (1.0, 1.0, 1.0, 2)
+    """
+    va, vb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if va.shape != vb.shape or va.ndim != 1:
+        raise ValueError(f"a and b must be paired 1-D arrays; got {va.shape=} and {vb.shape=}")
+    d = va - vb
+    codes, G = _codes(groups, d.size)
+    value, lo, hi = bootstrap_ci(d, codes, "mean", n_resamples=n_resamples, confidence=confidence, seed=seed)
+    return {"value": value, "ci_low": lo, "ci_high": hi,
+            "p_value": sign_flip_p_value(d, codes, n_resamples=10 * n_resamples, seed=seed),
+            "n": int(d.size), "n_groups": G, "value_a": float(va.mean()), "value_b": float(vb.mean())}
+
+
+def holm(p_values) -> np.ndarray:
+    """Holm's step-down adjustment (Holm 1979) through :func:`statsmodels.stats.multitest.multipletests`;
+    NaN entries stay NaN and do not count in the family.
+
+    >>> holm([0.01, 0.04, float("nan")]).round(2).tolist()
+    [0.02, 0.04, nan]
+    """
+    from statsmodels.stats.multitest import multipletests
+
+    p = np.asarray(p_values, dtype=np.float64)
+    out = np.full(p.shape, np.nan)
+    ok = np.isfinite(p)
+    if ok.any():
+        out[ok] = multipletests(p[ok], method="holm")[1]
+    return out
+
+
+def add_holm(df: pd.DataFrame, family: Sequence[str]) -> pd.DataFrame:
+    """Add ``p_holm``: :func:`holm` of ``p_value`` within each family of rows sharing the ``family``
+    columns (e.g. every layer of one role group and metric)."""
+    df = df.copy()
+    df["p_holm"] = np.nan
+    if df.empty:
+        return df
+    codes = df.groupby(list(family), sort=False, dropna=False).ngroup().to_numpy()
+    for c in np.unique(codes):
+        m = codes == c
+        df.loc[m, "p_holm"] = holm(df.loc[m, "p_value"].to_numpy(dtype=float))
+    return df
+
+
+def _per_example(values: np.ndarray, examples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean of ``values`` per example: ``(examples (m,), means (m,))`` in order of first appearance."""
+    codes, uniq = pd.factorize(examples)
+    return np.asarray(uniq), np.bincount(codes, weights=values) / np.bincount(codes)
+
+
+def _cells(roles: np.ndarray, overall: str = "all") -> list[tuple[str, np.ndarray]]:
+    cells = [(r, roles == r) for r in dict.fromkeys(roles.tolist())]
+    return cells + [(overall, np.ones(len(roles), dtype=bool))] if len(cells) > 1 else cells
+
+
+def three_way_rows(ref, a, b, words_only: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of the token keys present in all three caches: ``(rows_ref, rows_a, rows_b)``, first
+    subwords of words (and special tokens unless ``words_only``)."""
+    ra_ref, ra = paired_rows(ref, a, "first", words_only)
+    rb_ref, rb = paired_rows(ref, b, "first", words_only)
+    common, ia, ib = np.intersect1d(ra_ref, rb_ref, assume_unique=True, return_indices=True)
+    if common.size == 0:
+        raise ValueError(f"{ref.format_name}, {a.format_name} and {b.format_name} share no token keys")
+    return common, ra[ia], rb[ib]
+
+
+def run_paired_drift(ref, a, b, *, layers: Sequence[int] | None = None, words_only: bool = True,
+                     unit: Unit = "token", n_resamples: int = 1000, seed: int = 0,
+                     out: str | Path | None = None, force: bool = False, progress: bool = True) -> pd.DataFrame:
+    """Paired drift from a reference format: ``drift_R→B − drift_R→A`` on the same token keys.
+
+    ref, a, b: caches of one model and corpus (e.g. ``single``, ``pair``, ``concat``). For every token
+    key stored in all three (first subwords; words only unless ``words_only=False``) and each layer,
+    ``d_A = 1 − cos(h_R, h_A)`` and ``d_B = 1 − cos(h_R, h_B)``; per role group (``s1 words``, ...,
+    and ``all`` when there are several) one row, ``metric="drift_diff"``, from
+    :func:`paired_difference` of ``d_B`` and ``d_A`` (``value`` = mean of ``d_B − d_A``; ``value_a``
+    = mean ``d_A``, ``value_b`` = mean ``d_B``). ``unit="example"`` first averages each example's
+    tokens. CIs resample documents when the corpus has a ``doc`` label, else examples (``grouping``,
+    ``n_groups``); ``p_holm`` adjusts ``p_value`` across layers within each role group.
+    """
+    if unit not in UNITS:
+        raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
+    check_comparable(ref, a)
+    check_comparable(ref, b)
+    layers = [l for l in (layers if layers is not None else ref.layers) if l in a.layers and l in b.layers]
+    if not layers:
+        raise ValueError(f"no layer stored in all three caches: {ref.layers}, {a.layers}, {b.layers}")
+    config = {"ref": cache_identity(ref), "a": cache_identity(a), "b": cache_identity(b), "layers": layers,
+              "words_only": words_only, "unit": unit, "n_resamples": n_resamples, "seed": seed}
+    path, done = stored_table(out, "paired_drift", config, force)
+    if done is not None:
+        return done
+    r_rows, a_rows, b_rows = three_way_rows(ref, a, b, words_only)
+    tok = ref.tokens.iloc[r_rows]
+    roles, examples = group_labels(tok), tok["example"].to_numpy()
+    base = {"analysis": "paired_drift", "model": model_label(ref), "corpus": ref.manifest["corpus"]["name"],
+            "format": a.format_name, "format_b": b.format_name, "reference": ref.format_name,
+            "metric": "drift_diff", "target": "", "seed": seed, "unit": unit}
+    records = []
+    for layer in tqdm(layers, desc=f"paired drift {ref.format_name}→{a.format_name}/{b.format_name}",
+                      disable=not progress, file=sys.stderr):
+        R = ref.states(layer, r_rows)
+        d_a = 1.0 - rowwise_cosine(R, a.states(layer, a_rows))
+        d_b = 1.0 - rowwise_cosine(R, b.states(layer, b_rows))
+        for role, m in _cells(roles):
+            ex, va, vb = examples[m], d_a[m], d_b[m]
+            if unit == "example":
+                ex, va = _per_example(va, examples[m])
+                _, vb = _per_example(vb, examples[m])
+            groups, grouping = cache_groups(ref, ex)
+            r = paired_difference(vb, va, groups, n_resamples=n_resamples, seed=seed)
+            r.update(value_a=float(va.mean()), value_b=float(vb.mean()))  # A's and B's drift, in that order
+            records.append({**base, "layer": layer, "role": role, **r, "grouping": grouping})
+    df = add_holm(make_table(records), ["role", "metric"])
+    return keep_table(df, path)
+
+
+def run_role_contrast(a, b, role: str = "cls", *, versus: str = "words", layers: Sequence[int] | None = None,
+                      n_resamples: int = 1000, seed: int = 0, out: str | Path | None = None,
+                      force: bool = False, progress: bool = True) -> pd.DataFrame:
+    """Does one token change more than the words between formats A and B (Q1), within each example?
+
+    Per example: ``drift(role) − mean drift(words)`` with ``drift = 1 − cos(h_A, h_B)`` of the same
+    key, first subwords; ``role`` is a role group of :func:`analyses.drift.group_labels` (``cls``,
+    ``sep2``, ...), ``versus`` is ``"words"`` (every word) or a group (``"s1 words"``). Only examples
+    having both are used. One row per layer, ``metric="drift_diff_roles"``, ``role="<role> − <versus>"``,
+    ``value_a`` the role's mean drift and ``value_b`` the words'; CI, p-value and ``p_holm`` (across
+    layers) as in :func:`run_paired_drift`.
+    """
+    check_comparable(a, b)
+    layers = [l for l in (layers if layers is not None else a.layers) if l in b.layers]
+    if not layers:
+        raise ValueError(f"no layer stored in both caches: {a.layers} vs {b.layers}")
+    config = {"a": cache_identity(a), "b": cache_identity(b), "role": role, "versus": versus, "layers": layers,
+              "n_resamples": n_resamples, "seed": seed}
+    path, done = stored_table(out, "role_contrast", config, force)
+    if done is not None:
+        return done
+    rows_a, rows_b = paired_rows(a, b, "first")
+    tok = a.tokens.iloc[rows_a]
+    groups_all = group_labels(tok)
+    is_word = tok["role"].to_numpy() == "word"
+    in_role = groups_all == role
+    in_versus = is_word if versus == "words" else groups_all == versus
+    if not in_role.any() or not in_versus.any():
+        raise ValueError(f"{a.format_name} vs {b.format_name}: no token of group {role!r} or {versus!r}; "
+                         f"groups present: {sorted(set(groups_all.tolist()))}")
+    examples = tok["example"].to_numpy()
+    both = np.intersect1d(examples[in_role], examples[in_versus])
+    records = []
+    base = {"analysis": "role_contrast", "model": model_label(a), "corpus": a.manifest["corpus"]["name"],
+            "format": a.format_name, "format_b": b.format_name, "reference": "", "target": "",
+            "metric": "drift_diff_roles", "role": f"{role} − {versus}", "seed": seed, "unit": "example"}
+    for layer in tqdm(layers, desc=f"{role} vs {versus} {a.format_name}→{b.format_name}", disable=not progress,
+                      file=sys.stderr):
+        d = 1.0 - rowwise_cosine(a.states(layer, rows_a), b.states(layer, rows_b))
+        ex_r, v_r = _per_example(d[in_role], examples[in_role])
+        ex_w, v_w = _per_example(d[in_versus], examples[in_versus])
+        v_r = pd.Series(v_r, index=ex_r).reindex(both).to_numpy()
+        v_w = pd.Series(v_w, index=ex_w).reindex(both).to_numpy()
+        groups, grouping = cache_groups(a, both)
+        r = paired_difference(v_r, v_w, groups, n_resamples=n_resamples, seed=seed)
+        records.append({**base, "layer": layer, **r, "grouping": grouping})
+    df = add_holm(make_table(records), ["role", "metric"])
+    return keep_table(df, path)
+
+
+def run_paired_attention(a, b, *, pairs: Sequence[tuple[str, str]] | None = (("s1 words", "s2 words"),),
+                         n_resamples: int = 1000, seed: int = 0, out: str | Path | None = None,
+                         force: bool = False) -> pd.DataFrame:
+    """Attention mass in format B minus format A, paired on the same examples (Q2).
+
+    a, b: caches of one model and corpus extracted with ``--attention``. For each (source, target)
+    group pair of :func:`analyses.attention.target_masses` named in ``pairs`` (None: every pair
+    present in both caches; e.g. ``("s1 words", "s2 words")``: mass from sentence 1's words to sentence
+    2's words) and each layer, the head mean per example in B minus in A; one row per pair and layer,
+    ``metric="attention_diff"``, ``role`` = source, ``target`` = target, ``value_a``/``value_b`` the
+    two means, CI over documents, p-value and ``p_holm`` across layers, as in :func:`run_paired_drift`.
+    """
+    from analyses.attention import target_masses
+
+    check_comparable(a, b)
+    config = {"a": cache_identity(a), "b": cache_identity(b), "pairs": None if pairs is None else [list(p) for p in pairs],
+              "n_resamples": n_resamples, "seed": seed}
+    path, done = stored_table(out, "paired_attention", config, force)
+    if done is not None:
+        return done
+    ex_a, mass_a, groups_a = a.attention()
+    ex_b, mass_b, groups_b = b.attention()
+    layers_a, layers_b = a.manifest["attention"]["layers"], b.manifest["attention"]["layers"]
+    layers = [l for l in layers_a if l in layers_b]
+    common = np.intersect1d(ex_a, ex_b)
+    ia = pd.Series(np.arange(len(ex_a)), index=ex_a).reindex(common).to_numpy()
+    ib = pd.Series(np.arange(len(ex_b)), index=ex_b).reindex(common).to_numpy()
+    named_a, named_b = target_masses(mass_a, groups_a), target_masses(mass_b, groups_b)
+    shared = [k for k in named_a if k in named_b]
+    if pairs is not None:
+        missing = [tuple(p) for p in pairs if tuple(p) not in shared]
+        if missing:
+            raise ValueError(f"{a.format_name} / {b.format_name}: no attention pair {missing}; "
+                             f"pairs in both: {shared}")
+        shared = [tuple(p) for p in pairs]
+    if not shared or not layers or common.size == 0:
+        raise ValueError(f"{a.format_name} and {b.format_name} share no attention groups, layers or examples")
+    groups, grouping = cache_groups(a, common)
+    base = {"analysis": "paired_attention", "model": model_label(a), "corpus": a.manifest["corpus"]["name"],
+            "format": a.format_name, "format_b": b.format_name, "reference": "", "metric": "attention_diff",
+            "seed": seed, "unit": "example"}
+    records = []
+    for src, tgt in shared:
+        va_all = named_a[src, tgt].astype(np.float64).mean(axis=2)[ia]  # (n, layers)
+        vb_all = named_b[src, tgt].astype(np.float64).mean(axis=2)[ib]
+        for layer in layers:
+            va, vb = va_all[:, layers_a.index(layer)], vb_all[:, layers_b.index(layer)]
+            ok = np.isfinite(va) & np.isfinite(vb)
+            if not ok.any():
+                continue
+            r = paired_difference(vb[ok], va[ok], groups[ok], n_resamples=n_resamples, seed=seed)
+            r.update(value_a=float(va[ok].mean()), value_b=float(vb[ok].mean()))
+            records.append({**base, "layer": layer, "role": src, "target": tgt, **r, "grouping": grouping})
+    df = add_holm(make_table(records), ["role", "target", "metric"])
+    return keep_table(df, path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from probing.cache import Cache
+
+    p = argparse.ArgumentParser(
+        prog="python -m analyses.paired",
+        description="Paired drift comparisons with cluster-bootstrap CIs (documents when the corpus has them), "
+                    "sign-flip p-values and Holm adjustment across layers. Three caches R A B: drift R->B minus "
+                    "drift R->A per token key (Q2). With --contrast ROLE and two caches A B: drift A->B of ROLE "
+                    "minus the words' drift, per example (Q1).",
+    )
+    p.add_argument("caches", nargs="+", help="R A B (paired drift) or A B (with --contrast or --attention)")
+    p.add_argument("--attention", action="store_true",
+                   help="two caches with attention summaries: mass from s1 words to s2 words, B minus A")
+    p.add_argument("--contrast", default=None, help="role group compared with the words, e.g. cls (Q1)")
+    p.add_argument("--versus", default="words", help="with --contrast: 'words' or a group such as 's1 words'")
+    p.add_argument("--layers", default=None, help="comma list of layers (default: every layer stored)")
+    p.add_argument("--all-tokens", action="store_true", help="paired drift: special tokens too, not only words")
+    p.add_argument("--unit", default="token", choices=UNITS, help="paired item: token key or example mean")
+    add_output_options(p, resamples=True)
+    args = p.parse_args(argv)
+    want = 2 if args.contrast is not None or args.attention else 3
+    if len(args.caches) != want:
+        return cli_error(ValueError(f"expected {want} cache directories, got {len(args.caches)}: {args.caches}"))
+    try:
+        caches = [Cache.open(c) for c in args.caches]
+        kw = dict(layers=parse_layers(args.layers), n_resamples=args.resamples, seed=args.seed, out=args.out,
+                  force=args.force)
+        if args.attention:
+            kw.pop("layers")
+            df = run_paired_attention(*caches, **kw)
+        elif args.contrast is not None:
+            df = run_role_contrast(*caches, role=args.contrast, versus=args.versus, **kw)
+        else:
+            df = run_paired_drift(*caches, words_only=not args.all_tokens, unit=args.unit, **kw)
+    except CLI_ERRORS as err:
+        return cli_error(err)
+    cols = ["layer", "role", "target", "value", "ci_low", "ci_high", "p_value", "p_holm", "n", "n_groups", "grouping"]
+    with pd.option_context("display.width", 160, "display.precision", 4):
+        print(df[cols].to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

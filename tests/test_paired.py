@@ -1,0 +1,216 @@
+"""Paired comparisons (analyses.paired) and document grouping (analyses.grouping) on constructed data
+with a known answer, and on tiny caches whose examples carry a ``doc`` label."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyses.attention import run_attention
+from analyses.drift import run_drift
+from analyses.drift_metrics import drift_summary
+from analyses.grouping import cache_groups, example_groups
+from analyses.neighbours import run_knn
+from analyses.paired import (add_holm, holm, main, paired_difference, run_paired_attention, run_paired_drift,
+                             run_role_contrast, sign_flip_p_value)
+from analyses.stats import bootstrap_ci
+from probing.cache import Cache
+from probing.examples import Example
+from probing.extract import extract
+
+
+def _docs(n_docs=30, per_doc=5, effect=0.0, doc_sd=0.0, item_sd=0.1, seed=0):
+    """Paired values b and a = b + effect + a document effect + item noise; groups = documents."""
+    rng = np.random.default_rng(seed)
+    groups = np.repeat(np.arange(n_docs), per_doc)
+    b = rng.normal(0.5, 0.2, groups.size)
+    a = b + effect + rng.normal(0, doc_sd, n_docs)[groups] + rng.normal(0, item_sd, groups.size)
+    return a, b, groups
+
+
+# --------------------------------------------------------------------------------------------------
+# pure functions
+
+
+def test_planted_difference_is_found():
+    a, b, g = _docs(effect=0.05, doc_sd=0.02)
+    r = paired_difference(a, b, g, n_resamples=500)
+    assert r["p_value"] < 0.01
+    assert 0 < r["ci_low"] < r["value"] < r["ci_high"] and abs(r["value"] - 0.05) < 0.02
+    assert r["value"] == pytest.approx(np.mean(a - b))
+    assert (r["n"], r["n_groups"]) == (150, 30)
+    assert r["value_a"] == pytest.approx(a.mean()) and r["value_b"] == pytest.approx(b.mean())
+
+
+def test_null_difference_rejected_at_about_the_nominal_rate():
+    """No difference, correlated within documents: the cluster sign-flip test rejects at about 5%."""
+    p = np.array([sign_flip_p_value(*(lambda a, b, g: (a - b, g))(*_docs(n_docs=15, per_doc=4, doc_sd=0.1,
+                                                                           seed=s)), n_resamples=499, seed=s)
+                  for s in range(400)])
+    rate = float((p < 0.05).mean())
+    assert 0.02 <= rate <= 0.09, rate  # 0.05 +- 3 binomial sd at 400 draws
+
+
+def test_item_level_test_is_anticonservative_where_documents_are_not():
+    """Why documents: with strong document effects and no true difference, resampling items rejects
+    far too often, resampling documents does not."""
+    p_item, p_doc = [], []
+    for s in range(100):
+        a, b, g = _docs(n_docs=10, per_doc=10, doc_sd=0.1, item_sd=0.02, seed=s)
+        p_item.append(sign_flip_p_value(a - b, np.arange(a.size), n_resamples=199, seed=s))
+        p_doc.append(sign_flip_p_value(a - b, g, n_resamples=199, seed=s))
+    assert np.mean(np.array(p_item) < 0.05) > 0.5
+    assert np.mean(np.array(p_doc) < 0.05) < 0.15
+
+
+def test_exact_sign_flip_with_few_groups():
+    # two groups with sums +1 and +1: of the 4 sign vectors, 2 reach |T| = 2
+    assert sign_flip_p_value([0.5, 0.5, 1.0], ["x", "x", "y"]) == pytest.approx(0.5)
+    assert sign_flip_p_value([0.0, 0.0], ["x", "y"]) == 1.0
+    with pytest.raises(ValueError, match="finite"):
+        sign_flip_p_value([np.nan], ["x"])
+    with pytest.raises(ValueError, match="groups must have shape"):
+        sign_flip_p_value([1.0, 2.0], ["x"])
+
+
+def test_holm_matches_statsmodels_and_families():
+    assert holm([0.01, 0.02, 0.04]).tolist() == pytest.approx([0.03, 0.04, 0.04])
+    df = pd.DataFrame({"role": ["x", "x", "y"], "metric": "m", "p_value": [0.01, 0.04, 0.01]})
+    out = add_holm(df, ["role", "metric"])
+    assert out["p_holm"].tolist() == pytest.approx([0.02, 0.04, 0.01])
+
+
+def test_document_grouping_widens_the_drift_ci():
+    """Tokens of one document drift together: resampling documents gives a wider interval than
+    resampling examples, which treats the examples of a document as independent."""
+    rng = np.random.default_rng(0)
+    n_docs, ex_per_doc, tok_per_ex, dim = 12, 6, 4, 8
+    doc = np.repeat(np.arange(n_docs), ex_per_doc * tok_per_ex)
+    ex = np.repeat(np.arange(n_docs * ex_per_doc), tok_per_ex)
+    A = rng.normal(size=(doc.size, dim)) + 3.0
+    shift = rng.normal(0, 1.0, (n_docs, dim))[doc]  # one drift direction per document
+    B = A + 0.5 * shift + 0.05 * rng.normal(size=A.shape)
+    roles = np.full(doc.size, "s1 words")
+    by_ex = {r["metric"]: r for r in drift_summary(A, B, ex, roles, n_resamples=400, n_pairs=500,
+                                                    overall_label=None)}
+    by_doc = {r["metric"]: r for r in drift_summary(A, B, ex, roles, n_resamples=400, n_pairs=500,
+                                                     overall_label=None, clusters=doc)}
+    w_ex = by_ex["drift_mean"]["ci_high"] - by_ex["drift_mean"]["ci_low"]
+    w_doc = by_doc["drift_mean"]["ci_high"] - by_doc["drift_mean"]["ci_low"]
+    assert by_doc["drift_mean"]["value"] == by_ex["drift_mean"]["value"]
+    assert w_doc > 1.5 * w_ex
+    assert by_doc["drift_mean"]["n_groups"] == n_docs and by_ex["drift_mean"]["n_groups"] == n_docs * ex_per_doc
+
+
+def test_example_groups_rule():
+    with_doc = [Example("a", ("x.",), {"doc": 1}), Example("b", ("y.",), {"doc": 1})]
+    g, how = example_groups(with_doc)
+    assert how == "document" and g.tolist() == ["doc=1", "doc=1"]
+    g, how = example_groups(with_doc + [Example("c", ("z.",))])  # one without: examples
+    assert how == "example" and g.tolist() == ["id=a", "id=b", "id=c"]
+
+
+# --------------------------------------------------------------------------------------------------
+# runners on caches
+
+
+def doc_examples(n=12, per_doc=3):
+    from .conftest import sample_examples
+
+    return [Example(e.id, e.sentences, {**e.labels, "doc": f"d{i // per_doc}"})
+            for i, e in enumerate(sample_examples(n, k=2))]
+
+
+@pytest.fixture()
+def doc_caches(tmp_path, tiny_bert):
+    paths = extract(doc_examples(), ["single", "pair", "concat"], model=tiny_bert, out=tmp_path / "c",
+                    attention=True, progress=False, log=lambda *a: None)
+    return [Cache.open(p) for p in paths]
+
+
+def test_cache_groups_reads_the_doc_label(doc_caches):
+    g, how = cache_groups(doc_caches[0], np.array([0, 1, 3, 11]))
+    assert how == "document" and g.tolist() == ["doc=d0", "doc=d0", "doc=d1", "doc=d3"]
+
+
+def test_paired_drift_known_answers(doc_caches):
+    single, pair, concat = doc_caches
+    df = run_paired_drift(single, pair, concat, n_resamples=100, progress=False)
+    cols = ["analysis", "model", "corpus", "format", "format_b", "reference", "layer", "role", "metric", "value",
+            "ci_low", "ci_high", "p_value", "p_holm", "n", "n_groups", "grouping"]
+    assert set(cols) <= set(df.columns)
+    assert (df["grouping"] == "document").all() and (df["n_groups"] == 4).all()
+    assert set(df["role"]) == {"s1 words"} and (df["metric"] == "drift_diff").all()
+    assert (df["format"] == "pair").all() and (df["format_b"] == "concat").all() and (df["reference"] == "single").all()
+    # value_a / value_b are the marginal drifts run_drift reports for the same words
+    for fmt, col in (("pair", "value_a"), ("concat", "value_b")):
+        d = run_drift(single, pair if fmt == "pair" else concat, words_only=True, n_resamples=20, n_pairs=100,
+                      progress=False)
+        ref = d[(d["metric"] == "drift_mean") & (d["role"] == "s1 words")].set_index("layer")["value"]
+        got = df.set_index("layer")[col]
+        np.testing.assert_allclose(got.to_numpy(), ref.reindex(got.index).to_numpy(), atol=1e-6)
+    np.testing.assert_allclose(df["value"], df["value_b"] - df["value_a"], atol=1e-9)
+    assert (df["p_holm"] >= df["p_value"] - 1e-12).all()
+    # a format against itself: no difference at all
+    same = run_paired_drift(single, pair, pair, n_resamples=50, progress=False)
+    assert (same["value"] == 0).all() and (same["p_value"] == 1).all()
+
+
+def test_paired_drift_per_example_and_all_tokens(doc_caches):
+    single, pair, concat = doc_caches
+    df = run_paired_drift(single, pair, concat, unit="example", words_only=False, n_resamples=50, progress=False)
+    assert (df["n"] == 12).all() and (df["unit"] == "example").all()
+    with pytest.raises(ValueError, match="unit"):
+        run_paired_drift(single, pair, concat, unit="word", progress=False)
+
+
+def test_role_contrast_cls_minus_words(doc_caches, tmp_path):
+    _, pair, concat = doc_caches
+    df = run_role_contrast(pair, concat, "cls", n_resamples=50, out=tmp_path / "r", progress=False)
+    d = run_drift(pair, concat, n_resamples=20, n_pairs=100, progress=False)
+    cls = d[(d["metric"] == "drift_mean") & (d["role"] == "cls")].set_index("layer")["value"]
+    got = df.set_index("layer")
+    np.testing.assert_allclose(got["value_a"], cls.reindex(got.index), atol=1e-6)  # one [CLS] per example
+    np.testing.assert_allclose(got["value"], got["value_a"] - got["value_b"], atol=1e-9)
+    assert (df["role"] == "cls − words").all() and (df["grouping"] == "document").all()
+    assert len(list((tmp_path / "r").glob("role_contrast-*.csv"))) == 1
+    with pytest.raises(ValueError, match="'nope'"):
+        run_role_contrast(pair, concat, "nope", progress=False)
+
+
+def test_paired_cli(doc_caches, tmp_path, capsys):
+    single, pair, concat = (str(c.path) for c in doc_caches)
+    assert main([single, pair, concat, "--resamples", "50", "--out", str(tmp_path / "r")]) == 0
+    assert "document" in capsys.readouterr().out
+    assert main(["--contrast", "cls", pair, concat, "--resamples", "50", "--out", str(tmp_path / "r")]) == 0
+    assert main([single, pair]) == 2
+    assert "expected 3 cache directories" in capsys.readouterr().err
+
+
+def test_runner_tables_record_document_grouping(doc_caches):
+    single, pair, concat = doc_caches
+    d = run_drift(pair, concat, n_resamples=20, n_pairs=100, progress=False)
+    cells = d[d["metric"] != "anisotropy_baseline"]
+    assert (cells["grouping"] == "document").all()
+    assert (cells.loc[cells["role"] == "cls", "n_groups"] == 4).all()
+    a = run_attention(pair, n_resamples=20, per_head=False)
+    assert (a["grouping"] == "document").all() and (a["n_groups"] == 4).all()
+    k = run_knn(pair, ("cls",), "topic", n_resamples=20)
+    assert (k["grouping"] == "document").all() and (k["n_groups"] == 4).all()
+    # the CI of a document-grouped cell equals a bootstrap over documents of the same values
+    hit = k[k["metric"] == "knn_accuracy"].iloc[0]
+    assert hit["n"] == 12
+
+
+def test_paired_attention_pair_vs_concat(doc_caches):
+    _, pair, concat = doc_caches
+    df = run_paired_attention(pair, concat, n_resamples=50)
+    att_p, att_c = (run_attention(c, n_resamples=20, per_head=False) for c in (pair, concat))
+    for col, att in (("value_a", att_p), ("value_b", att_c)):
+        ref = att[(att["role"] == "s1 words") & (att["target"] == "s2 words")].set_index("layer")["value"]
+        np.testing.assert_allclose(df.set_index("layer")[col], ref.reindex(df["layer"]).to_numpy(), atol=1e-9)
+    np.testing.assert_allclose(df["value"], df["value_b"] - df["value_a"], atol=1e-12)
+    assert (df["grouping"] == "document").all() and (df["metric"] == "attention_diff").all()
+    same = run_paired_attention(pair, pair, n_resamples=50)
+    assert (same["value"] == 0).all() and (same["p_value"] == 1).all()
+    with pytest.raises(ValueError, match="no attention pair"):
+        run_paired_attention(pair, concat, pairs=[("s1 words", "[SEP]#9")])
