@@ -12,7 +12,6 @@ bootstrap CI over examples) and per head (mean only).
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from analyses.drift import model_label
 from analyses.results import CLI_ERRORS, add_output_options, cli_error, keep_table, make_table, stored_table
 from analyses.stats import bootstrap_ci
 from probing.cache import Cache
+from probing.cli import ArgumentParser
 
 
 def _pretty(group: str) -> str:
@@ -126,7 +126,7 @@ def run_attention(cache: Cache, *, n_resamples: int = 1000, seed: int = 0, per_h
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m analyses.attention",
         description="Attention mass from each token group to [CLS], each [SEP], its own sentence and other "
                     "sentences, per layer (head mean with 95%% bootstrap CI over examples) and per head. "

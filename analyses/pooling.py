@@ -50,6 +50,7 @@ import torch
 from scipy import stats
 
 from analyses.results import make_table, read_table, result_path, write_table
+from probing.cli import ArgumentParser
 from probing.examples import Example, corpus_fingerprint
 from probing.formats import Format, Rendered, render, special_token_ids, tokenize_sentences
 
@@ -769,7 +770,7 @@ def build_parser() -> argparse.ArgumentParser:
                 f"seeds={','.join(map(str, pre['seeds']))}\n           {train}")
 
     defaults = TrainConfig()
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m analyses.pooling",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=("Q8: fine-tune the encoder + a linear head on each pooling of the last layer,\n"

@@ -128,5 +128,6 @@ def cli_error(err: BaseException) -> int:
     """Print ``error: <message>`` to stderr; the exit status for it (2)."""
     import sys
 
-    print(f"error: {err}", file=sys.stderr)
+    message = err.args[0] if isinstance(err, KeyError) and err.args else err  # str(KeyError) adds quotes
+    print(f"error: {message}", file=sys.stderr)
     return 2

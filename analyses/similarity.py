@@ -15,7 +15,6 @@ layer, identical for every example) gives NaN with a warning, recorded in the ``
 
 from __future__ import annotations
 
-import argparse
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -28,6 +27,7 @@ from analyses.drift import model_label
 from analyses.results import CLI_ERRORS, cli_error, keep_table, make_table, stored_table
 from analyses.selection import pooled
 from probing.cache import Cache, align
+from probing.cli import ArgumentParser
 
 #: CKA variants, declared once: name -> function of (X, Y).
 METRICS = {
@@ -152,7 +152,7 @@ def run_cka_roles(cache: Cache, pairs: Sequence[tuple[str, str]] = (("sep1", "cl
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m analyses.cka",
         description="CKA (Kornblith et al. 2019) between caches: per layer across two formats, layer x layer, "
                     "or between token choices within one cache. Writes a tidy table (CSV + Parquet).",

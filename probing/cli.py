@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import os
 import sys
+from pathlib import Path
 
 #: subcommand -> (module with a ``main(argv)``, one-line description). Declared once.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -15,6 +18,32 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "attention": ("analyses.attention", "attention mass to [CLS]/[SEP] and between sentences"),
     "pooling": ("analyses.pooling", "fine-tune with different pooling choices"),
 }
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose usage errors, like every other bad input, print a first line
+    ``error: PROG: MESSAGE`` (the message names the option and value) and exit with status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message}\n{self.format_usage()}")
+
+
+def check_output_dir(path: str | os.PathLike, option: str = "--out") -> Path:
+    """Refuse, before anything is written, an output directory that cannot be created or written: a path
+    through a file, an existing file, or a directory without write permission. Nothing is created here.
+    Returns the path; raises ValueError naming the option and the path."""
+    out = Path(path)
+    probe = out
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        where = "is a file" if probe == out else f"goes through {str(probe)!r}, which is a file"
+        raise ValueError(f"{option} {str(out)!r} {where}; give a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {str(out)!r}: {str(probe)!r} is not writable")
+    return out
 
 
 def usage() -> str:
@@ -30,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"probing: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        print(f"error: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
     return int(module.main(rest) or 0)
