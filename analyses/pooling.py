@@ -832,6 +832,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from probing.cli import check_output_dir
     from probing.corpora import load_corpus
     from probing.models import ModelLoadError, load_model
 
@@ -850,6 +851,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         torch.set_num_threads(args.threads)
     try:
+        check_output_dir(args.out)
         examples = load_corpus(corpus)
         lm = load_model(args.model, random_init=args.random_init)
         t0 = time.perf_counter()
@@ -858,7 +860,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     device=args.device, progress=not args.no_progress,
                                     **train)
         elapsed = time.perf_counter() - t0
-    except (ValueError, ImportError, ModelLoadError) as err:
+    except (ValueError, ImportError, ModelLoadError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     s = summary(df)

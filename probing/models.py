@@ -324,7 +324,8 @@ def pick_device(device: str | torch.device | None) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as err:
-        raise ValueError(f"--device {device!r} is not a device torch knows ({err}); use auto, cpu, cuda or cuda:N") from None
+        raise ValueError(f"--device {device!r} is not a device torch knows ({err}); "
+                         f"use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n == 0:

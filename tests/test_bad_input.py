@@ -94,7 +94,8 @@ CASES = [
     ("corpus-unknown-name", EX, "--corpus wiki:n=3 --model {model}", "unknown corpus 'wiki'"),
     ("corpus-unknown-topic", EX, "--corpus bbc:n=10,topics=cooking --model {model}", "['cooking']"),
     # formats
-    ("format-missing-sentence", EX, GEN + " --model {model} --formats x=[CLS]_{{3}}_[SEP]", "needs 3 sentences but example 'doc0000:0' has 2"),
+    ("format-missing-sentence", EX, GEN + " --model {model} --formats x=[CLS]_{{3}}_[SEP]",
+     "needs 3 sentences but example 'doc0000:0' has 2"),
     ("format-unknown-special", EX, GEN + " --model {model} --formats x=[CLS]_{{1}}_[FOO]", "FOO"),
     ("format-malformed", EX, GEN + " --model {model} --formats x=[CLS]_{{1", "format 'x': unexpected '{1'"),
     ("format-unknown-name", EX, GEN + " --model {model} --formats nosuchformat", "nosuchformat"),
@@ -126,6 +127,11 @@ CASES = [
     ("neighbours-unknown-label", "analyses.neighbours", "{cache} --label nosuchlabel --out {out}", "nosuchlabel"),
     ("figures-missing-table", "figures.drift", "{root}/no-table.csv --out {out}", "no-table.csv"),
     ("figures-unknown-kind", "figures.__main__", "sideways {root}/table.csv --out {out}", "'sideways'"),
+    ("figures-not-a-result-table", "figures.cka", "{root}/table.csv --out {out}", "no rows with analysis='cka'"),
+    ("pooling-corpus-too-small", "analyses.pooling", "--corpus generated:n=3 --model {model} --out {out}",
+     "corpus 'generated:n=3'"),
+    ("pooling-out-is-a-file", "analyses.pooling", "--corpus generated:n=20 --model {model} --out {root}/a-file",
+     "a-file' is a file"),
     # the study
     ("study-unknown-config", "probing.study", "no_such_config --out {out}", "'no_such_config'"),
     ("study-unknown-key", "probing.study", "{root}/unknown_key.toml --out {out}", "study.colour"),
