@@ -50,7 +50,7 @@ import torch
 from scipy import stats
 
 from analyses.results import make_table, read_table, result_path, write_table
-from probing.cli import ArgumentParser
+from probing.cli import ArgumentParser, output_dir_arg
 from probing.examples import Example, corpus_fingerprint
 from probing.formats import Format, Rendered, render, special_token_ids, tokenize_sentences
 
@@ -824,7 +824,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's own choice). On a machine whose cores are busy "
                         "with other work, 1 can be many times faster than oversubscribed threads")
-    p.add_argument("--out", default="results", help="directory of result tables (default: ./results)")
+    p.add_argument("--out", default="results", type=output_dir_arg,
+                   help="directory of result tables (default: ./results)")
     p.add_argument("--force", action="store_true", help="recompute even if a stored result exists")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -832,7 +833,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from probing.cli import check_output_dir
     from probing.corpora import load_corpus
     from probing.models import ModelLoadError, load_model
 
@@ -851,7 +851,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         torch.set_num_threads(args.threads)
     try:
-        check_output_dir(args.out)
         examples = load_corpus(corpus)
         lm = load_model(args.model, random_init=args.random_init)
         t0 = time.perf_counter()

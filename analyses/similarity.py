@@ -27,7 +27,7 @@ from analyses.drift import model_label
 from analyses.results import CLI_ERRORS, cli_error, keep_table, make_table, stored_table
 from analyses.selection import pooled
 from probing.cache import Cache, align
-from probing.cli import ArgumentParser
+from probing.cli import ArgumentParser, output_dir_arg
 
 #: CKA variants, declared once: name -> function of (X, Y).
 METRICS = {
@@ -171,7 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help=f"comma list of {', '.join(METRICS)} (default {','.join(DEFAULT_METRICS)}); "
                         f"rbf_cka is skipped above {RBF_MAX_ITEMS} items")
     p.add_argument("--debiased", action="store_true", help="debiased CKA for 'matrix'")
-    p.add_argument("--out", default="results", help="directory for the result table (default results/)")
+    p.add_argument("--out", default="results", type=output_dir_arg,
+                   help="directory for the result table (default results/)")
     p.add_argument("--force", action="store_true", help="recompute even if the result exists")
     args = p.parse_args(argv)
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]

@@ -28,11 +28,12 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message}\n{self.format_usage()}")
 
 
-def check_output_dir(path: str | os.PathLike, option: str = "--out") -> Path:
+def check_output_dir(path: str | os.PathLike, option: str | None = "--out") -> Path:
     """Refuse, before anything is written, an output directory that cannot be created or written: a path
     through a file, an existing file, or a directory without write permission. Nothing is created here.
-    Returns the path; raises ValueError naming the option and the path."""
+    Returns the path; raises ValueError naming the option (if given) and the path."""
     out = Path(path)
+    name = f"{option} {str(out)!r}" if option else repr(str(out))
     probe = out
     while not probe.exists():
         if probe.parent == probe:
@@ -40,10 +41,20 @@ def check_output_dir(path: str | os.PathLike, option: str = "--out") -> Path:
         probe = probe.parent
     if probe.exists() and not probe.is_dir():
         where = "is a file" if probe == out else f"goes through {str(probe)!r}, which is a file"
-        raise ValueError(f"{option} {str(out)!r} {where}; give a directory")
+        raise ValueError(f"{name} {where}; give a directory")
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise ValueError(f"{option} {str(out)!r}: {str(probe)!r} is not writable")
+        raise ValueError(f"{name}: {str(probe)!r} is not writable")
     return out
+
+
+def output_dir_arg(value: str) -> str:
+    """argparse ``type=`` for an output directory option: :func:`check_output_dir` at parse time, so a
+    command refuses an unwritable ``--out`` before it computes anything."""
+    try:
+        check_output_dir(value, None)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return value
 
 
 def usage() -> str:

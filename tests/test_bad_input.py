@@ -117,6 +117,7 @@ CASES = [
     ("batch-tokens-zero", EX, GEN + " --model {model} --batch-tokens 0", "batch_tokens=0"),
     # analysis command lines
     ("drift-missing-cache", "analyses.drift", "{root}/no-such-cache {cache} --out {out}", "no-such-cache"),
+    ("drift-out-through-a-file", "analyses.drift", "{cache} {cache} --out {root}/a-file/results", "a-file"),
     ("cka-not-a-cache", "analyses.cka", "formats {not_a_cache} {cache} --out {out}", "not-a-cache"),
     ("cka-unknown-mode", "analyses.cka", "sideways {cache} --out {out}", "'sideways'"),
     ("cka-unknown-metric", "analyses.cka", "roles {cache} --metrics cosine --out {out}", "['cosine']"),
@@ -177,3 +178,16 @@ def test_bad_input_is_refused(module, argv, names, inputs, tmp_path, monkeypatch
 
 def test_matrix_has_at_least_30_cases():
     assert len(CASES) >= 30 and len({c[0] for c in CASES}) == len(CASES)
+
+
+def test_check_output_dir_creates_nothing_and_names_the_path(tmp_path, monkeypatch):
+    from probing.cli import check_output_dir
+
+    assert check_output_dir(tmp_path / "new" / "deeper") == tmp_path / "new" / "deeper"
+    assert list(tmp_path.iterdir()) == []  # nothing created to find out
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ValueError, match=r"--caches '.*/f/sub' goes through '.*/f', which is a file"):
+        check_output_dir(tmp_path / "f" / "sub", "--caches")
+    monkeypatch.setattr("os.access", lambda path, mode: False)  # tests run as root, who may write anywhere
+    with pytest.raises(ValueError, match=rf"--out '{tmp_path}/new': '{tmp_path}' is not writable"):
+        check_output_dir(tmp_path / "new")
