@@ -152,12 +152,15 @@ TOKENIZER_SAMPLE = ("The committee approved the new budget on Monday after a lon
 MAX_UNK_SHARE = 0.5
 
 
-def check_model_dir(path: str | os.PathLike, *, weights: bool = True) -> None:
-    """Refuse a local model directory that cannot give a faithful model: no ``config.json``, no tokenizer
-    files (transformers would build an empty-vocabulary tokenizer from the config and every word would
-    be unk), or, when ``weights``, pickled weights without a ``.safetensors`` file. Names that are not
-    local directories (Hugging Face ids) are left to ``from_pretrained``."""
+def check_model_dir(path: str | os.PathLike, *, weights: bool = True, trust_remote_code: bool = False) -> None:
+    """Refuse a local model directory that cannot give a faithful model: no ``config.json``, a model
+    whose own code would have to run without ``trust_remote_code``, no tokenizer files (transformers
+    would build an empty-vocabulary tokenizer from the config and every word would be unk), or, when
+    ``weights``, pickled weights without a ``.safetensors`` file. Names that are not local directories
+    (Hugging Face ids) are left to ``from_pretrained``."""
     from pathlib import Path
+
+    from transformers import CONFIG_MAPPING
 
     d = Path(path)
     if not d.is_dir():
@@ -166,6 +169,16 @@ def check_model_dir(path: str | os.PathLike, *, weights: bool = True) -> None:
     if "config.json" not in names:
         raise ModelLoadError(f"model directory {str(d)!r} has no config.json; give a directory written by "
                              f"save_pretrained (config.json, model.safetensors and the tokenizer files)")
+    try:
+        config = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelLoadError(f"model directory {str(d)!r}: config.json is not valid JSON ({err})") from None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    own_code = isinstance(config, dict) and config.get("auto_map") and model_type not in CONFIG_MAPPING
+    if own_code and not trust_remote_code:
+        raise ModelLoadError(
+            f"model directory {str(d)!r} needs its own code (config.json: model_type {model_type!r}, auto_map "
+            f"{sorted(config['auto_map'])}); a model's code runs only when you pass --trust-remote-code")
     has_tok = any(n in names for n in TOKENIZER_FILES if n != "vocab.json") or {"vocab.json", "merges.txt"} <= names
     if not has_tok:
         raise ModelLoadError(
@@ -233,7 +246,7 @@ def load_model(
     """
     display = name or DEFAULT_MODEL
     path = resolve_model(name)
-    check_model_dir(path, weights=not random_init)
+    check_model_dir(path, weights=not random_init, trust_remote_code=trust_remote_code)
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation

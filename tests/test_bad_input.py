@@ -103,7 +103,7 @@ CASES = [
     ("model-missing-dir", EX, GEN + " --model {root}/no-such-model", "no-such-model"),
     ("model-no-tokenizer", EX, GEN + " --model {no_tok}", "no-tokenizer' has no tokenizer files"),
     ("model-pickled-weights", EX, GEN + " --model {pickled}", "pytorch_model.bin"),
-    ("model-remote-code", EX, GEN + " --model {remote}", "trust_remote_code"),
+    ("model-remote-code", EX, GEN + " --model {remote}", "remote-code' needs its own code"),
     # options
     ("layers-out-of-range", EX, GEN + " --model {model} --layers 0,99", "layer 99 is out of range"),
     ("layers-not-integer", EX, GEN + " --model {model} --layers abc", "'abc' is not an integer"),
@@ -174,6 +174,26 @@ def test_bad_input_is_refused(module, argv, names, inputs, tmp_path, monkeypatch
     assert names in err, err
     assert "Traceback" not in err
     assert (_files(tmp_path), _files(Path(inputs["root"]))) == before  # nothing written, not even a temporary
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["model-remote-code", "model-no-tokenizer", "corpus-trailing-comma",
+                                  "study-remote-code-in-config"])
+def test_bad_input_as_a_subprocess(case, inputs, tmp_path):
+    """The same as above through ``python -m``: the first line a user sees is the error (no library
+    warning or progress bar before it), the exit status is 2 and nothing is written."""
+    import os
+    import subprocess
+    import sys
+
+    module, argv, names = next(c[1:] for c in CASES if c[0] == case)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-m", module, *argv.format(out=out, **inputs).split()], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error:") and names in proc.stderr.splitlines()[0], proc.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_matrix_has_at_least_30_cases():
