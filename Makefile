@@ -3,7 +3,7 @@
 # torch is installed first, pinned, so that pip takes the local CPU wheel rather than a CUDA build.
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip install --quiet
-STUDY ?= configs/seed_questions.toml
+STUDY ?= seed_questions
 
 .PHONY: install install-dev study quick test bench
 

@@ -13,7 +13,6 @@ cluster-bootstrap CI over documents, or examples when the corpus has no ``doc`` 
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cl
                               stored_table)
 from analyses.stats import bootstrap_ci
 from probing.cache import Cache
+from probing.cli import ArgumentParser
 
 
 def _pretty(group: str) -> str:
@@ -143,7 +143,7 @@ def run_attention(cache: Cache, *, n_resamples: int = 1000, seed: int = 0, per_h
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m analyses.attention",
         description="Attention mass from each token group to [CLS], each [SEP], its own sentence and other "
                     "sentences, per layer (head mean with 95%% bootstrap CI over documents, or examples without a "

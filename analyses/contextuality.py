@@ -56,6 +56,7 @@ from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cl
                               parse_layers, result_path, stored_table)
 from analyses.stats import bootstrap_ci, bootstrap_cis
 from probing.cache import Cache
+from probing.cli import ArgumentParser
 
 #: The metrics of the table, in order.
 METRICS: tuple[str, ...] = (
@@ -472,7 +473,7 @@ A word is the subword tokens of one (example, sentence, word index); its type is
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analyses.contextuality", description=HELP,
+    p = ArgumentParser(prog="python -m analyses.contextuality", description=HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("cache", help="cache directory holding word tokens (extracted with --roles word or cls,sep,word)")
     p.add_argument("--layers", default=None, help="comma list of layers (default: every stored layer)")

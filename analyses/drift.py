@@ -11,7 +11,6 @@ The metric functions live in :mod:`analyses.drift_metrics`; this module only rea
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -25,6 +24,7 @@ from analyses.grouping import cache_groups
 from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
                               parse_layers, result_path, stored_table)
 from probing.cache import Cache, align, check_comparable, describe_model
+from probing.cli import ArgumentParser
 
 
 def model_label(cache: Cache) -> str:
@@ -132,7 +132,7 @@ def summary_table(df: pd.DataFrame, metric: str = "drift_mean") -> pd.DataFrame:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m analyses.drift",
         description="Cosine drift of the same tokens between two formats' caches, per layer and role "
                     "group, with 95%% cluster-bootstrap CIs over documents (examples when the corpus has "

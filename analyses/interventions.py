@@ -38,6 +38,7 @@ from analyses.drift import model_label
 from analyses.drift_metrics import rowwise_cosine
 from analyses.results import cache_identity, keep_table, make_table, stored_table
 from analyses.stats import _RNG_KW, bootstrap_ci
+from probing.cli import ArgumentParser
 from probing.cache import Cache, align, check_comparable
 from probing.interventions import Intervention, Knockout, Patch, check_group, describe, table_mask
 
@@ -363,13 +364,12 @@ def q1_patching(pair: Cache, concat: Cache, patched: Mapping[int, Cache], sep_ro
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
     import sys
 
     from analyses.results import CLI_ERRORS, add_output_options, cli_error
 
-    p = argparse.ArgumentParser(prog="python -m analyses.interventions",
-                                description="Effects of an intervention against the clean run (and a control).")
+    p = ArgumentParser(prog="python -m analyses.interventions",
+                       description="Effects of an intervention against the clean run (and a control).")
     sub = p.add_subparsers(dest="kind", required=True)
     k = sub.add_parser("knockout", help="drift and probe change of TREATED (and CONTROL) against CLEAN")
     k.add_argument("clean")

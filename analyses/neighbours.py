@@ -15,7 +15,6 @@ their majority label equals its own. The chance level is what a random neighbour
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -30,6 +29,7 @@ from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cl
 from analyses.selection import parse_choice, pooled
 from analyses.stats import bootstrap_ci
 from probing.cache import Cache
+from probing.cli import ArgumentParser
 
 #: Rows scored per block of the similarity matrix (memory: block x n floats).
 _BLOCK = 2048
@@ -122,7 +122,7 @@ def run_knn(cache: Cache, choices: Sequence[str] = ("cls", "mean"), label: str =
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m analyses.neighbours",
         description="Training-free label agreement of nearest neighbours (cosine) of pooled sentence vectors, "
                     "per layer and token choice, with a 95%% cluster-bootstrap CI over documents (examples without "

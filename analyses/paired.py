@@ -31,7 +31,6 @@ metric, value, ci_low, ci_high, p_value, p_holm, n, n_groups, grouping, and the 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Literal, Sequence, get_args
@@ -46,6 +45,7 @@ from analyses.grouping import cache_groups
 from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
                               parse_layers, stored_table)
 from analyses.stats import bootstrap_ci
+from probing.cli import ArgumentParser
 from probing.cache import check_comparable
 
 Unit = Literal["token", "example"]
@@ -333,7 +333,7 @@ def run_paired_attention(a, b, *, pairs: Sequence[tuple[str, str]] | None = (("s
 def main(argv: Sequence[str] | None = None) -> int:
     from probing.cache import Cache
 
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m analyses.paired",
         description="Paired drift comparisons with cluster-bootstrap CIs (documents when the corpus has them), "
                     "sign-flip p-values and Holm adjustment across layers. Three caches R A B: drift R->B minus "

@@ -64,6 +64,7 @@ import torch
 from scipy import stats
 
 from analyses.results import make_table, read_table, result_path, write_table
+from probing.cli import ArgumentParser, output_dir_arg
 from probing.examples import Example, corpus_fingerprint
 from probing.formats import Format, Rendered, render, special_token_ids, tokenize_sentences
 
@@ -1038,7 +1039,7 @@ def build_parser() -> argparse.ArgumentParser:
                 f"seeds={','.join(map(str, pre['seeds']))}\n           {train}")
 
     defaults = TrainConfig()
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m analyses.pooling",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=("Q8: on the same stratified, document-grouped cross-validation splits, fine-tune\n"
@@ -1095,7 +1096,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's own choice). On a machine whose cores are busy "
                         "with other work, 1 can be many times faster than oversubscribed threads")
-    p.add_argument("--out", default="results", help="directory of result tables (default: ./results)")
+    p.add_argument("--out", default="results", type=output_dir_arg,
+                   help="directory of result tables (default: ./results)")
     p.add_argument("--force", action="store_true", help="recompute even if a stored result exists")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -1129,7 +1131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     device=args.device, progress=not args.no_progress,
                                     **train)
         elapsed = time.perf_counter() - t0
-    except (ValueError, ImportError, ModelLoadError) as err:
+    except (ValueError, ImportError, ModelLoadError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     s = summary(df)

@@ -39,6 +39,7 @@ from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cl
                               parse_layers, stored_table)
 from analyses.selection import parse_choice, pooled
 from probing.cache import Cache, check_comparable
+from probing.cli import ArgumentParser
 
 TARGETS: dict[str, str] = {
     "<label>": "an example label stored with the corpus (topic, is_next, swapped, ...)",
@@ -172,6 +173,10 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
         return done
     frames = []
     pairs = [(cache, "trained")] + ([(random_cache, "random_init")] if random_cache is not None else [])
+    for c, _ in pairs:  # an unknown label fails before any probe is fitted
+        for target in targets:
+            if target != "segment" and not re.fullmatch(r"length\d*|bow_s\d+", target):
+                c.labels(target)
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(pairs) * len(targets), desc=f"probes {cache.format_name}", disable=not progress,
@@ -212,7 +217,7 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m analyses.probes",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Linear probes (logistic regression, standardised features, C by grouped inner CV) on "

@@ -136,11 +136,15 @@ CLI_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, OSError, Ru
 
 
 def add_output_options(parser, *, resamples: bool = False) -> None:
-    """Add ``--resamples`` (if asked), ``--seed``, ``--out`` and ``--force`` to an analysis CLI."""
+    """Add ``--resamples`` (if asked), ``--seed``, ``--out`` and ``--force`` to an analysis CLI; an
+    ``--out`` that cannot be written is a usage error before anything is computed."""
+    from probing.cli import output_dir_arg
+
     if resamples:
         parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--out", default="results", help="directory for the result table (default results/)")
+    parser.add_argument("--out", default="results", type=output_dir_arg,
+                        help="directory for the result table (default results/)")
     parser.add_argument("--force", action="store_true", help="recompute even if the result exists")
 
 
@@ -153,5 +157,6 @@ def cli_error(err: BaseException) -> int:
     """Print ``error: <message>`` to stderr; the exit status for it (2)."""
     import sys
 
-    print(f"error: {err}", file=sys.stderr)
+    message = err.args[0] if isinstance(err, KeyError) and err.args else err  # str(KeyError) adds quotes
+    print(f"error: {message}", file=sys.stderr)
     return 2

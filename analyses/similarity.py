@@ -20,7 +20,6 @@ paired items is refused.
 
 from __future__ import annotations
 
-import argparse
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -33,6 +32,7 @@ from analyses.drift import model_label
 from analyses.results import CLI_ERRORS, cache_identity, cli_error, keep_table, make_table, stored_table
 from analyses.selection import parse_choice, pooled
 from probing.cache import Cache, align, check_comparable
+from probing.cli import ArgumentParser, output_dir_arg
 
 #: CKA variants, declared once: name -> function of (X, Y).
 METRICS = {
@@ -182,7 +182,7 @@ def run_cka_roles(cache: Cache, pairs: Sequence[tuple[str, str]] = (("sep1", "cl
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m analyses.cka",
         description="CKA (Kornblith et al. 2019) between caches: per layer across two formats, layer x layer, "
                     "or between token choices within one cache. Writes a tidy table (CSV + Parquet).",
@@ -201,7 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help=f"comma list of {', '.join(METRICS)} (default {','.join(DEFAULT_METRICS)}); "
                         f"rbf_cka is skipped above {RBF_MAX_ITEMS} items")
     p.add_argument("--debiased", action="store_true", help="debiased CKA for 'matrix'")
-    p.add_argument("--out", default="results", help="directory for the result table (default results/)")
+    p.add_argument("--out", default="results", type=output_dir_arg,
+                   help="directory for the result table (default results/)")
     p.add_argument("--force", action="store_true", help="recompute even if the result exists")
     args = p.parse_args(argv)
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]

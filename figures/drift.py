@@ -31,6 +31,8 @@ import pandas as pd
 
 from figures import style
 
+from probing.cli import ArgumentParser
+
 # --------------------------------------------------------------------------------------------------
 # Shared helpers (used by every figure module)
 
@@ -258,7 +260,7 @@ def run_cli(parser: argparse.ArgumentParser, plot: Callable[..., list[Path]],
 
 
 def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=description)
+    p = ArgumentParser(prog=prog, description=description)
     p.add_argument("table", help="result table (CSV; a Parquet file beside it is read instead if present)")
     p.add_argument("--out", required=True, help="output path without suffix (writes OUT.png at 150 dpi and OUT.pdf)")
     p.add_argument("--model", default=None, help="the model to draw, when the table holds several")

@@ -13,7 +13,6 @@ CLI: ``python -m figures.interventions TABLE.csv --out PATH`` (the kind is read 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -121,8 +120,8 @@ KINDS = {"intervention_drift": plot_knockout_drift, "intervention_probes": plot_
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m figures.interventions",
-                                description="Figures of intervention effects (tables of analyses.interventions).")
+    p = ArgumentParser(prog="python -m figures.interventions",
+                       description="Figures of intervention effects (tables of analyses.interventions).")
     p.add_argument("table", help="CSV or Parquet table")
     p.add_argument("--out", required=True, help="output path without suffix (PNG and PDF are written)")
     args = p.parse_args(argv)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import os
 import sys
+from pathlib import Path
 
 #: subcommand -> (module with a ``main(argv)``, one-line description). Declared once.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -15,6 +18,43 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "attention": ("analyses.attention", "attention mass to [CLS]/[SEP] and between sentences"),
     "pooling": ("analyses.pooling", "fine-tune with different pooling choices"),
 }
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose usage errors, like every other bad input, print a first line
+    ``error: PROG: MESSAGE`` (the message names the option and value) and exit with status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message}\n{self.format_usage()}")
+
+
+def check_output_dir(path: str | os.PathLike, option: str | None = "--out") -> Path:
+    """Refuse, before anything is written, an output directory that cannot be created or written: a path
+    through a file, an existing file, or a directory without write permission. Nothing is created here.
+    Returns the path; raises ValueError naming the option (if given) and the path."""
+    out = Path(path)
+    name = f"{option} {str(out)!r}" if option else repr(str(out))
+    probe = out
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        where = "is a file" if probe == out else f"goes through {str(probe)!r}, which is a file"
+        raise ValueError(f"{name} {where}; give a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"{name}: {str(probe)!r} is not writable")
+    return out
+
+
+def output_dir_arg(value: str) -> str:
+    """argparse ``type=`` for an output directory option: :func:`check_output_dir` at parse time, so a
+    command refuses an unwritable ``--out`` before it computes anything."""
+    try:
+        check_output_dir(value, None)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return value
 
 
 def usage() -> str:
@@ -30,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"probing: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        print(f"error: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
     return int(module.main(rest) or 0)

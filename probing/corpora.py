@@ -33,6 +33,7 @@ separated by ``;``. See :func:`describe_corpora` (also the CLI help) for the key
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import inspect
 import json
@@ -221,6 +222,11 @@ def _fill(template: str, words: Mapping[str, tuple], name: str, rng: random.Rand
     return text[0].upper() + text[1:]
 
 
+#: With ``pairing="nsp"``, :func:`generated_corpus` needs a second document; documents hold at most 4
+#: examples, so this many examples always make two (of different topics).
+NSP_MIN_GENERATED = 5
+
+
 def generated_corpus(n_examples: int = 200, k: int = 2, seed: int = 0, pairing: str = "nsp") -> list[Example]:
     """A small synthetic English corpus on five topics, for tests and a dependency-free demo.
 
@@ -260,6 +266,10 @@ def generated_corpus(n_examples: int = 200, k: int = 2, seed: int = 0, pairing: 
 
     negatives = _nsp_negatives(len(rows), rng) if k >= 2 and pairing == "nsp" else set()
     others = {t: [d[2] for d in docs if d[1] != t] for t in topics}  # sentences of other topics' documents
+    if negatives and not others[docs[0][1]]:
+        raise ValueError(f"n_examples={n_examples} makes a single document (topic {docs[0][1]!r}); "
+                         f"pairing='nsp' replaces sentences with ones from another topic's document: "
+                         f"give n >= {NSP_MIN_GENERATED} (documents hold at most 4 examples) or pairing=consecutive")
     examples = []
     for i, (d, g) in enumerate(rows):
         doc_id, topic, sentences = docs[d]
@@ -280,15 +290,36 @@ _TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl")
 _INT_TEXT = re.compile(r"[+-]?\d+")
 
 
+def _check_field_counts(path: Path, sep: str) -> None:
+    """Every non-blank row has as many fields as the header. pandas would otherwise read rows with one
+    field more (a trailing delimiter) with the first column as the index, shifting every column, and
+    pad rows with fewer fields, moving their cells into the wrong columns."""
+    import csv
+
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.reader(f, delimiter=sep)
+        header = next(reader, None)
+        if header is None:
+            return
+        for row, fields in enumerate(reader):
+            if fields and len(fields) != len(header):
+                extra = " (a trailing delimiter?)" if len(fields) > len(header) else ""
+                raise ValueError(
+                    f"{path}: row {row} (line {reader.line_num}) has {len(fields)} fields but the header has "
+                    f"{len(header)}{extra}; every row needs one field per header column (quote a cell that "
+                    f"contains {sep!r})")
+
+
 def _read_delimited(path: Path, sep: str) -> tuple[list[str], list[dict[str, Any]]]:
     import pandas as pd
 
     try:
+        _check_field_counts(path, sep)
         # every cell as text, empty cells as "" (not NaN), so "NA" or "1" stay sentences as written;
         # blank lines are rows (an empty one-column sentence is an error, not silently dropped)
         frame = pd.read_csv(path, sep=sep, dtype=str, keep_default_na=False, na_filter=False,
-                            skip_blank_lines=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+                            skip_blank_lines=False, index_col=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, csv.Error) as e:
         raise ValueError(f"{path}: cannot parse as {'TSV' if sep == chr(9) else 'CSV'}: {e}") from e
     columns = [str(c) for c in frame.columns]
     return columns, [dict(zip(columns, values)) for values in frame.itertuples(index=False, name=None)]
@@ -810,12 +841,16 @@ def load_corpus(spec: str) -> list[Example]:
     ``ptb:n=200``, ``file:path=data.csv,sentences=s1;s2,labels=topic``, ``generated:swap=1``.
 
     Syntax: ``NAME[:KEY=VALUE,...]``; list values separated by ``;`` (so paths cannot hold ``,``).
-    Unknown names, unknown keys and bad values are ValueErrors listing the valid choices.
+    Unknown names, unknown keys and bad values are ValueErrors listing the valid choices; a loader's
+    ValueError (bad file content, too few examples) is re-raised with the spec in front.
     """
     name, kwargs, swap = parse_corpus_spec(spec)
-    examples = CORPORA[name](**kwargs)
-    if swap:
-        examples = swap_adjacent_words(examples, seed=kwargs.get("seed", 0), **swap)
+    try:
+        examples = CORPORA[name](**kwargs)
+        if swap:
+            examples = swap_adjacent_words(examples, seed=kwargs.get("seed", 0), **swap)
+    except ValueError as e:
+        raise ValueError(f"corpus {spec!r}: {e}") from e
     return examples
 
 

@@ -843,7 +843,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .models import DEFAULT_MODEL
 
     fmt_help = "\n".join(f"  {n:<16} {BUILTIN_FORMATS[n]:<32} {FORMAT_DESCRIPTIONS[n]}" for n in BUILTIN_FORMATS)
-    p = argparse.ArgumentParser(
+    from .cli import ArgumentParser
+
+    p = ArgumentParser(
         prog="python -m probing.extract",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Cache per-layer hidden states of [CLS], [SEP] and word tokens under input formats.",
@@ -912,10 +914,13 @@ def split_format_args(values: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from .cli import check_output_dir
     from .corpora import load_corpus
     from .distributed import DistContext
+    from .models import ModelLoadError
 
     try:
+        check_output_dir(args.out)
         from .interventions import Intervention
 
         intervention = Intervention.parse(args.knockout, args.patch, args.ablate)
@@ -931,16 +936,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 progress=not args.no_progress, trust_remote_code=args.trust_remote_code,
                 rank=dist.rank, world_size=dist.world_size, barrier=dist.barrier,
             )
-    except (ExtractError, FormatError, CacheError, ValueError, ImportError) as err:
+    except (ExtractError, FormatError, CacheError, ModelLoadError, ValueError, ImportError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except Exception as err:  # model loading errors carry their own explanation
-        from .models import ModelLoadError
-
-        if isinstance(err, ModelLoadError):
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-        raise
     return 0
 
 

@@ -185,7 +185,7 @@ def _parse(template: str, name: str) -> tuple[Item, ...]:
             if group is None:
                 raise FormatError(f"format {name!r}: {tok} may only appear inside a ( ... ) group")
             target.append(Item("sentence", "i") if tok == "{i}" else Item("segment", "alt"))
-        elif tok.startswith("{"):
+        elif re.fullmatch(r"\{\d+\}", tok):
             if group is not None:
                 raise FormatError(f"format {name!r}: inside a group use {{i}}, not {tok}")
             idx = int(tok[1:-1])
@@ -195,7 +195,7 @@ def _parse(template: str, name: str) -> tuple[Item, ...]:
                 raise FormatError(f"format {name!r}: sentence {tok} appears twice; token keys would collide")
             seen_sentences.add(idx)
             target.append(Item("sentence", idx))
-        elif tok.startswith("<"):
+        elif re.fullmatch(r"<\d+>", tok):
             target.append(Item("segment", int(tok[1:-1])))
         elif tok == "(":
             if group is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -150,7 +151,79 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+#: Files any one of which makes a local directory hold a tokenizer (``vocab.json`` needs ``merges.txt``).
+TOKENIZER_FILES: tuple[str, ...] = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model",
+                                    "sentencepiece.bpe.model", "tokenizer.model")
+#: Weight files that are unpickled to load (never loaded here: unpickling can run code).
+PICKLED_WEIGHTS: tuple[str, ...] = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+#: Ordinary English text for :func:`check_tokenizer`: a working tokenizer maps almost none of it to unk.
+TOKENIZER_SAMPLE = ("The committee approved the new budget on Monday after a long debate. "
+                    "Scientists measured the temperature of the water in the small lake every morning. "
+                    "She said that the match was postponed because of heavy rain.")
+#: More than this share of the sample's tokens being the unk token means the tokenizer is unusable.
+MAX_UNK_SHARE = 0.5
+
+
+def check_model_dir(path: str | os.PathLike, *, weights: bool = True, trust_remote_code: bool = False) -> None:
+    """Refuse a local model directory that cannot give a faithful model: no ``config.json``, a model
+    whose own code would have to run without ``trust_remote_code``, no tokenizer files (transformers
+    would build an empty-vocabulary tokenizer from the config and every word would be unk), or, when
+    ``weights``, pickled weights without a ``.safetensors`` file. Names that are not local directories
+    (Hugging Face ids) are left to ``from_pretrained``."""
+    from pathlib import Path
+
+    from transformers import CONFIG_MAPPING
+
+    d = Path(path)
+    if not d.is_dir():
+        return
+    names = {p.name for p in d.iterdir()}
+    if "config.json" not in names:
+        raise ModelLoadError(f"model directory {str(d)!r} has no config.json; give a directory written by "
+                             f"save_pretrained (config.json, model.safetensors and the tokenizer files)")
+    try:
+        config = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelLoadError(f"model directory {str(d)!r}: config.json is not valid JSON ({err})") from None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    own_code = isinstance(config, dict) and config.get("auto_map") and model_type not in CONFIG_MAPPING
+    if own_code and not trust_remote_code:
+        raise ModelLoadError(
+            f"model directory {str(d)!r} needs its own code (config.json: model_type {model_type!r}, auto_map "
+            f"{sorted(config['auto_map'])}); a model's code runs only when you pass --trust-remote-code")
+    has_tok = any(n in names for n in TOKENIZER_FILES if n != "vocab.json") or {"vocab.json", "merges.txt"} <= names
+    if not has_tok:
+        raise ModelLoadError(
+            f"model directory {str(d)!r} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}; "
+            f"vocab.json needs merges.txt); without them every word would become the unknown token. "
+            f"Save the model's tokenizer there: AutoTokenizer.from_pretrained(ORIGINAL).save_pretrained(DIR)")
+    if weights and not any(n.endswith(".safetensors") for n in names):
+        pickled = sorted(p.name for pattern in PICKLED_WEIGHTS for p in d.glob(pattern))
+        if pickled:
+            raise ModelLoadError(
+                f"model directory {str(d)!r} holds pickled weights ({', '.join(pickled)}) and no .safetensors "
+                f"file; pickled weights are never loaded (unpickling can run code). Convert them once, where "
+                f"you trust the file: AutoModel.from_pretrained(DIR).save_pretrained(DIR) writes model.safetensors")
+        raise ModelLoadError(f"model directory {str(d)!r} has no weights (*.safetensors)")
+
+
+def check_tokenizer(tokenizer, name: str, sample: str = TOKENIZER_SAMPLE) -> None:
+    """Refuse a tokenizer that maps more than :data:`MAX_UNK_SHARE` of ordinary English text to its unk
+    token (e.g. an empty vocabulary built from a config): every word would be the same token."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None:
+        return
+    ids = tokenizer(sample, add_special_tokens=False)["input_ids"]
+    share = sum(i == unk for i in ids) / max(len(ids), 1)
+    if not ids or share > MAX_UNK_SHARE:
+        raise ModelLoadError(
+            f"the tokenizer of model {name!r} maps {share:.0%} of ordinary English text to its unknown token "
+            f"{tokenizer.unk_token!r} (vocabulary of {len(tokenizer)} tokens); it is not the model's tokenizer. "
+            f"Give a directory with the model's tokenizer files")
+
+
 def load_tokenizer(path: str, *, trust_remote_code: bool = False):
+    """The fast tokenizer at ``path``, checked by :func:`check_tokenizer`."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path, use_fast=True, trust_remote_code=trust_remote_code)
@@ -158,6 +231,7 @@ def load_tokenizer(path: str, *, trust_remote_code: bool = False):
         raise ModelLoadError(
             f"{path!r} has no fast tokenizer; word keys need the fast tokenizer's word ids and offsets"
         )
+    check_tokenizer(tok, path)
     return tok
 
 
@@ -182,22 +256,15 @@ def load_model(
         trust_remote_code: passed to ``from_pretrained``; off unless the user asks.
         attn_implementation: e.g. ``"eager"`` (needed to read attention weights) or ``"sdpa"``.
     """
-    from transformers import AutoConfig, AutoModel
-
     display = name or DEFAULT_MODEL
     path = resolve_model(name)
+    check_model_dir(path, weights=not random_init, trust_remote_code=trust_remote_code)
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     try:
-        tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
-        if random_init:
-            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
-                model = AutoModel.from_config(config, **kwargs)
-        else:
-            model = AutoModel.from_pretrained(path, **kwargs)
+        with _quiet_loading():
+            model, tokenizer = _load(path, random_init=random_init, seed=seed, kwargs=kwargs)
     except ModelLoadError:
         raise
     except (OSError, ValueError) as err:
@@ -211,6 +278,37 @@ def load_model(
         ) from err
     return prepare_model(model, tokenizer, name=display, path=path, random_init=random_init,
                          seed=seed if random_init else None, device=device, dtype=dtype)
+
+
+@contextmanager
+def _quiet_loading():
+    """No transformers progress bar while loading: the toolkit's output stays its own (and an error is
+    the first thing printed)."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+def _load(path: str, *, random_init: bool, seed: int, kwargs: dict) -> tuple[torch.nn.Module, Any]:
+    """(model, tokenizer) from ``path``; ``kwargs`` go to ``from_pretrained`` / ``from_config``."""
+    from transformers import AutoConfig, AutoModel
+
+    trust_remote_code = kwargs["trust_remote_code"]
+    tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
+    if random_init:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = AutoModel.from_config(config, **kwargs)
+    else:
+        model = AutoModel.from_pretrained(path, use_safetensors=True, **kwargs)  # never unpickle
+    return model, tokenizer
 
 
 def prepare_model(model, tokenizer, *, name: str, path: str = "", random_init: bool = False,
@@ -242,8 +340,24 @@ def as_torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}") from None
 
 
-def pick_device(device: str | None) -> torch.device:
-    """``"auto"`` or ``None`` -> CUDA when available, else CPU."""
+def pick_device(device: str | torch.device | None) -> torch.device:
+    """``"auto"`` or ``None`` -> CUDA when available, else CPU. A device that is not there (``cuda``
+    without CUDA, ``cuda:3`` on a machine with two GPUs) or a name torch does not know is a ValueError
+    naming it."""
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"--device {device!r} is not a device torch knows ({err}); "
+                         f"use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise ValueError(f"--device {device!r}: CUDA is not available here (torch {torch.__version__}); "
+                             f"use --device cpu or auto")
+        if dev.index is not None and dev.index >= n:
+            raise ValueError(f"--device {device!r}: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {device!r}: MPS is not available here; use --device cpu or auto")
+    return dev

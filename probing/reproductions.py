@@ -1,6 +1,6 @@
 """Paper reproductions as sections of a study: each re-runs a published analysis's protocol on any
 model and corpus, and its report section sets the measured numbers beside what the paper reports
-for BERT-base (cited; the configs in ``configs/`` list the paper's numbers in their comments).
+for BERT-base (cited; the configs in ``probing/configs/`` list the paper's numbers in their comments).
 
 A reproduction names the corpus it reads (a key of the config's ``[corpus]`` table), the formats it
 extracts, its analyses (tidy tables), figures, report table and answer sentence. The study runner

@@ -1,8 +1,9 @@
 """One command answers the seed questions Q1-Q8: extract, analyse, draw, report.
 
-    python -m probing.study configs/seed_questions.toml [--quick] [--force] [--model NAME]
+    python -m probing.study seed_questions [--quick] [--force] [--model NAME]
 
-A study is a TOML config (see ``configs/seed_questions.toml``): model, corpora, options. The runner
+A study is a TOML config: a name of one packaged with the toolkit (``probing/configs/*.toml``, see
+:func:`packaged_configs`) or a path to your own file; it names model, corpora, options. The runner
 extracts every cache it needs (existing caches are reused), runs the analyses (existing result
 tables are reused), draws the figures from the tables and writes ``<out>/report.md`` and
 ``<out>/report.html`` (figures inline). Every number in the report is read from that run's tables.
@@ -10,13 +11,11 @@ tables are reused), draws the figures from the tables and writes ``<out>/report.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import os
 import platform
 import sys
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -26,6 +25,11 @@ import pandas as pd
 
 from .examples import Example
 from .reproductions import safe_plot as _safe
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
 
 QUESTIONS = ("Q1", "Q2", "Q3", "Q4", "Q5", "Q6", "Q7", "Q8")
 
@@ -72,15 +76,41 @@ class StudyError(ValueError):
     """A study config is malformed."""
 
 
+#: The study configs shipped inside the package (package data), found by name.
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+DEFAULT_CONFIG = "seed_questions"
+
+
+def packaged_configs() -> list[str]:
+    """Names of the configs shipped with the package, e.g. ``seed_questions``, ``clark2019_attention``."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
+
+
+def config_path(config: str | os.PathLike) -> Path:
+    """A config argument -> its file: an existing path as given, else a packaged config's name
+    (``seed_questions`` or ``seed_questions.toml``). Anything else is a StudyError listing the names."""
+    path = Path(config)
+    if path.is_file():
+        return path
+    name = path.name[:-len(".toml")] if path.name.endswith(".toml") else path.name
+    if str(config) in (name, f"{name}.toml") and (CONFIG_DIR / f"{name}.toml").is_file():
+        return CONFIG_DIR / f"{name}.toml"
+    raise StudyError(f"config {str(config)!r} is neither a file nor a packaged config; "
+                     f"packaged: {', '.join(packaged_configs())}")
+
+
 def load_config(path: str | os.PathLike | None, quick: bool = False,
-                overrides: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """Read a TOML study config over :data:`DEFAULTS`; ``quick`` applies its ``[quick]`` table."""
+                overrides: dict[str, Any] | None = None,
+                trust_remote_code: bool = False) -> dict[str, dict[str, Any]]:
+    """Read a TOML study config over :data:`DEFAULTS`; ``quick`` applies its ``[quick]`` table.
+
+    ``path`` is a file or the name of a packaged config (:func:`config_path`). A model's own code runs
+    only when ``trust_remote_code`` (the command line's ``--trust-remote-code``) is given: a config or
+    override that sets ``model.trust_remote_code`` without it is a StudyError."""
     cfg = copy.deepcopy(DEFAULTS)
     raw: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        if not path.exists():
-            raise StudyError(f"config {path} does not exist")
+        path = config_path(path)
         try:
             raw = tomllib.loads(path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as err:
@@ -103,6 +133,10 @@ def load_config(path: str | os.PathLike | None, quick: bool = False,
     bad = [q for q in cfg["study"]["questions"] if q not in sections()]
     if bad:
         raise StudyError(f"config: unknown questions {bad}; known: {', '.join(sections())}")
+    if cfg["model"]["trust_remote_code"] and not trust_remote_code:
+        raise StudyError(f"config {str(path)!r} sets model.trust_remote_code = true: a model's own code runs only "
+                         f"when you pass --trust-remote-code on the command line")
+    cfg["model"]["trust_remote_code"] = bool(trust_remote_code)
     cfg["study"]["quick"] = quick
     return cfg
 
@@ -491,12 +525,12 @@ def _run_time(seconds: float, started: float, caches: Caches, out: Path, quick: 
 
 
 def run_study(config: str | os.PathLike | None, *, quick: bool = False, force_analyses: bool = False,
-              overrides: dict[str, Any] | None = None, log=print) -> Path:
-    """Run a whole study; returns the path of ``report.md``."""
+              overrides: dict[str, Any] | None = None, trust_remote_code: bool = False, log=print) -> Path:
+    """Run a whole study; returns the path of ``report.md``. ``config`` as :func:`load_config` takes it."""
     t0, started = time.perf_counter(), time.time()
     plain_log = log
     log = lambda msg: plain_log(f"[{time.perf_counter() - t0:6.0f}s] {msg}")  # noqa: E731
-    cfg = load_config(config, quick=quick, overrides=overrides)
+    cfg = load_config(config, quick=quick, overrides=overrides, trust_remote_code=trust_remote_code)
     out = Path(cfg["study"]["out"])
     if force_analyses and (out / "tables").exists():
         import shutil
@@ -514,16 +548,21 @@ def run_study(config: str | os.PathLike | None, *, quick: bool = False, force_an
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    from .cli import ArgumentParser, check_output_dir
+
+    p = ArgumentParser(
         prog="python -m probing.study",
         description="Run a study from a TOML config: extract the caches it needs (reusing existing ones), run the "
                     "analyses for Q1-Q8 (reusing existing result tables), draw the figures and write "
                     "<out>/report.md and report.html.",
     )
-    p.add_argument("config", nargs="?", default="configs/seed_questions.toml",
-                   help="study config (default configs/seed_questions.toml)")
+    p.add_argument("config", nargs="?", default=DEFAULT_CONFIG,
+                   help=f"a packaged config's name ({', '.join(packaged_configs())}) or a path to a TOML file "
+                        f"(default {DEFAULT_CONFIG})")
     p.add_argument("--quick", action="store_true", help="the config's [quick] settings: a small run in minutes")
     p.add_argument("--model", default=None, help="override [model] name (a Hugging Face id or local path)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow the model's own code to run (off by default; a config cannot switch it on)")
     p.add_argument("--out", default=None, help="override [study] out")
     p.add_argument("--caches", default=None, help="override [study] caches")
     p.add_argument("--questions", default=None, help="comma list, e.g. Q1,Q4 (default: the config's)")
@@ -538,9 +577,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides["study.caches"] = args.caches
     if args.questions:
         overrides["study.questions"] = [q.strip() for q in args.questions.split(",")]
+    from .cache import CacheError
+    from .models import ModelLoadError
+
     try:
-        run_study(args.config, quick=args.quick, force_analyses=args.force, overrides=overrides)
-    except StudyError as err:
+        cfg = load_config(args.config, quick=args.quick, overrides=overrides, trust_remote_code=args.trust_remote_code)
+        check_output_dir(cfg["study"]["out"], "--out (study.out)")
+        check_output_dir(cfg["study"]["caches"], "--caches (study.caches)")
+        run_study(args.config, quick=args.quick, force_analyses=args.force, overrides=overrides,
+                  trust_remote_code=args.trust_remote_code)
+    except (StudyError, ModelLoadError, CacheError, ValueError, ImportError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

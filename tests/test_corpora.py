@@ -479,3 +479,32 @@ def test_load_corpus_optional_corpora():
 def test_load_corpus_rejects_bad_specs(spec, match):
     with pytest.raises(ValueError, match=match):
         load_corpus(spec)
+
+
+@pytest.mark.parametrize("suffix, sep", [(".csv", ","), (".tsv", "\t")])
+def test_read_table_refuses_rows_with_more_fields_than_the_header(tmp_path, suffix, sep):
+    """A trailing delimiter made pandas take column 1 as the index and shift every column."""
+    rows = ["s1,s2,topic", "One here.,Two here.,a,", "Three here.,Four here.,b,"]
+    path = _write(tmp_path, "c" + suffix, "\n".join(r.replace(",", sep) for r in rows) + "\n")
+    with pytest.raises(ValueError, match=rf"c\{suffix}: row 0 \(line 2\) has 4 fields but the header has 3 "
+                                         r"\(a trailing delimiter\?\)"):
+        read_table(path, ["s1", "s2"], ["topic"])
+    path.write_text("s1,s2,topic\nOne here.,Two here.,a\nThree here.,b\n".replace(",", sep))
+    with pytest.raises(ValueError, match=r"row 1 \(line 3\) has 2 fields but the header has 3;"):
+        read_table(path, ["s1", "s2"], ["topic"])
+
+
+def test_read_table_quoted_delimiters_are_not_extra_fields(tmp_path):
+    path = _write(tmp_path, "c.csv", 's1,s2,topic\n"One, with a comma.","Two,\nlines.",a\nThree.,Four.,b\n')
+    ex = read_table(path, ["s1", "s2"], ["topic"])
+    assert [e.sentences for e in ex] == [("One, with a comma.", "Two,\nlines."), ("Three.", "Four.")]
+    assert [e.labels["topic"] for e in ex] == ["a", "b"]
+
+
+def test_generated_nsp_corpus_too_small_names_the_spec():
+    with pytest.raises(ValueError, match=r"corpus 'generated:n=3': n_examples=3 makes a single document .*"
+                                         r"give n >= 5 .* or pairing=consecutive"):
+        load_corpus("generated:n=3")
+    for n in range(5, 12):  # from 5 on there are always two documents of different topics
+        assert len(load_corpus(f"generated:n={n}")) == n
+    assert len(load_corpus("generated:n=3,pairing=consecutive")) == 3

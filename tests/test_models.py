@@ -95,3 +95,60 @@ def test_slow_tokenizer_is_rejected(bert_tokenizer):
 
     with pytest.raises(ModelLoadError, match="fast tokenizer"):
         prepare_model(make_tiny_bert(bert_tokenizer), Slow(), name="x")
+
+
+def test_model_dir_without_tokenizer_is_refused(tmp_path, bert_tokenizer):
+    """transformers would build an empty-vocabulary tokenizer from config.json: every word [UNK]."""
+    make_tiny_bert(bert_tokenizer).save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match=rf"model directory '{tmp_path}' has no tokenizer files \(none of "
+                                             r"tokenizer\.json, vocab\.txt"):
+        load_model(str(tmp_path))
+    with pytest.raises(ModelLoadError, match="has no tokenizer files"):
+        load_model(str(tmp_path), random_init=True)  # random weights still need the words
+    bert_tokenizer.save_pretrained(tmp_path)
+    assert load_model(str(tmp_path)).tokenizer.tokenize("the committee") == ["the", "committee"]
+
+
+def test_tokenizer_that_maps_text_to_unk_is_refused(bert_tokenizer):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from probing.models import check_tokenizer
+
+    check_tokenizer(bert_tokenizer, "minilm")  # the real vocabulary: passes
+    vocab = {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "[PAD]": 3, "the": 4, "a": 5}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]")
+    with pytest.raises(ModelLoadError, match=r"tokenizer of model 'six-words' maps 8\d% of ordinary English text "
+                                             r"to its unknown token '\[UNK\]' \(vocabulary of 6 tokens\)"):
+        check_tokenizer(fast, "six-words")
+
+
+def test_pickled_weights_are_never_loaded(tmp_path, bert_tokenizer):
+    from safetensors.torch import load_file
+
+    make_tiny_bert(bert_tokenizer).save_pretrained(tmp_path)
+    bert_tokenizer.save_pretrained(tmp_path)
+    torch.save(load_file(tmp_path / "model.safetensors"), tmp_path / "pytorch_model.bin")
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match=r"holds pickled weights \(pytorch_model\.bin\) and no \.safetensors"):
+        load_model(str(tmp_path))
+    assert load_model(str(tmp_path), random_init=True).random_init  # random init reads no weights
+
+
+def test_pick_device_refuses_a_device_that_is_not_there(monkeypatch):
+    from probing.models import pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert pick_device("auto") == torch.device("cpu") and pick_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"--device 'cuda': CUDA is not available here"):
+        pick_device("cuda")
+    with pytest.raises(ValueError, match=r"--device 'gpu' is not a device torch knows"):
+        pick_device("gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"--device 'cuda:2': this machine has 2 CUDA device\(s\), cuda:0\.\.cuda:1"):
+        pick_device("cuda:2")
+    assert pick_device("cuda:1") == torch.device("cuda:1")

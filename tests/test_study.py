@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from probing.study import QUESTIONS, StudyError, load_config, run_study
+from probing.study import CONFIG_DIR, QUESTIONS, StudyError, load_config, packaged_configs, run_study
 
 from .conftest import make_tiny_bert
 
@@ -104,13 +104,66 @@ def test_config_errors(tmp_path):
     bad.write_text("[study]\nquestions = ['Q9']\n")
     with pytest.raises(StudyError, match="unknown questions"):
         load_config(bad)
-    with pytest.raises(StudyError, match="does not exist"):
+    with pytest.raises(StudyError, match=r"config '.*missing\.toml' is neither a file nor a packaged config; "
+                                         r"packaged: clark2019_attention, ethayarajh2019_anisotropy"):
         load_config(tmp_path / "missing.toml")
+    with pytest.raises(StudyError, match="'seed_question' is neither"):
+        load_config("seed_question")
+
+
+def test_configs_found_by_name_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no configs/ here: the packaged ones are found by name
+    assert packaged_configs() == ["clark2019_attention", "ethayarajh2019_anisotropy", "jawahar2019_probing",
+                                  "reimers2019_pooling", "seed_questions"]
+    by_name = load_config("seed_questions", quick=True)
+    assert by_name == load_config("seed_questions.toml", quick=True)
+    assert by_name == load_config(CONFIG_DIR / "seed_questions.toml", quick=True)
+    assert by_name["study"]["name"] == "seed_questions" and by_name["corpus"]["pairs"].startswith("generated:")
+    own = tmp_path / "seed_questions.toml"  # a file of that name in the working directory wins over the package's
+    own.write_text('[study]\nname = "mine"\n')
+    assert load_config("seed_questions.toml")["study"]["name"] == "mine"
+    assert load_config("seed_questions")["study"]["name"] == "seed_questions"
+
+
+def test_configs_are_package_data():
+    """setup.cfg's package_data puts every packaged config into the wheel (a non-editable install)."""
+    import configparser
+
+    setup = configparser.ConfigParser()
+    setup.read(REPO / "setup.cfg")
+    globs = [g.strip() for g in setup["options.package_data"]["probing"].split(",")]
+    shipped = {p for g in globs for p in (REPO / "probing").glob(g)}
+    assert shipped == set(CONFIG_DIR.glob("*.toml")) and len(shipped) == 5
+
+
+def test_remote_code_only_with_the_command_line_flag(tmp_path):
+    cfg = tmp_path / "remote.toml"
+    cfg.write_text('[model]\nname = "some/model"\ntrust_remote_code = true\n')
+    with pytest.raises(StudyError, match=r"remote\.toml' sets model\.trust_remote_code = true.*--trust-remote-code"):
+        load_config(cfg)
+    with pytest.raises(StudyError, match="--trust-remote-code"):
+        load_config(None, overrides={"model.trust_remote_code": True})
+    assert load_config(cfg, trust_remote_code=True)["model"]["trust_remote_code"] is True
+    assert load_config(None, trust_remote_code=True)["model"]["trust_remote_code"] is True  # the flag alone
+    assert load_config(None)["model"]["trust_remote_code"] is False
+
+
+def test_study_command_line_passes_the_flag(tmp_path, monkeypatch):
+    import probing.study as study
+
+    seen = {}
+    monkeypatch.setattr(study, "run_study", lambda config, **kw: seen.update(kw, config=config))
+    cfg = tmp_path / "remote.toml"
+    cfg.write_text('[model]\nname = "some/model"\ntrust_remote_code = true\n')
+    assert study.main([str(cfg), "--out", str(tmp_path / "run"), "--trust-remote-code"]) == 0
+    assert seen["trust_remote_code"] is True and seen["config"] == str(cfg)
+    seen.clear()
+    assert study.main([str(cfg), "--out", str(tmp_path / "run")]) == 2 and not seen
 
 
 def test_shipped_configs_parse():
-    cfg = load_config(REPO / "configs" / "seed_questions.toml")
-    quick = load_config(REPO / "configs" / "seed_questions.toml", quick=True)
+    cfg = load_config(CONFIG_DIR / "seed_questions.toml")
+    quick = load_config(CONFIG_DIR / "seed_questions.toml", quick=True)
     assert cfg["study"]["questions"] == list(QUESTIONS)
     assert quick["corpus"]["pairs"] != cfg["corpus"]["pairs"] and quick["study"]["quick"]
 
@@ -124,11 +177,11 @@ def test_paper_configs_cite_their_paper():
 
     assert set(PAPER_CONFIGS) == set(PAPERS)
     for key, name in PAPER_CONFIGS.items():
-        text = (REPO / "configs" / name).read_text()
-        cfg = load_config(REPO / "configs" / name)
+        text = (CONFIG_DIR / name).read_text()
+        cfg = load_config(CONFIG_DIR / name)
         assert cfg["study"]["questions"] == [key]
         assert "doi:10.18653/" in text and "2019" in text  # the citation
-        assert load_config(REPO / "configs" / name, quick=True)["study"]["quick"]
+        assert load_config(CONFIG_DIR / name, quick=True)["study"]["quick"]
 
 
 @pytest.mark.slow
@@ -140,7 +193,7 @@ def test_paper_config_runs_quick_on_a_tiny_model(key, tmp_path, tiny_model_dir):
 
     over = {"model.name": str(tiny_model_dir), "study.out": str(tmp_path / "run"),
             "study.caches": str(tmp_path / "caches"), "probes.max_iter": 100}
-    report = run_study(REPO / "configs" / PAPER_CONFIGS[key], quick=True, overrides=over, log=lambda *a: None)
+    report = run_study(CONFIG_DIR / PAPER_CONFIGS[key], quick=True, overrides=over, log=lambda *a: None)
     text = report.read_text()
     section = text.split(f"## {PAPERS[key].title}", 1)[1].split("## Provenance", 1)[0]
     answer = re.search(r"\*\*Answer\.\*\* (.*)", section).group(1)
@@ -151,6 +204,6 @@ def test_paper_config_runs_quick_on_a_tiny_model(key, tmp_path, tiny_model_dir):
     assert figures and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in figures)
     assert all(f"figures/{p.name}" in section for p in figures)
     logs: list[str] = []
-    run_study(REPO / "configs" / PAPER_CONFIGS[key], quick=True, overrides=over, log=logs.append)
+    run_study(CONFIG_DIR / PAPER_CONFIGS[key], quick=True, overrides=over, log=logs.append)
     assert not [l for l in logs if "tokens through the model" in l]
     assert "reused from earlier runs" in (tmp_path / "run" / "report.md").read_text()
