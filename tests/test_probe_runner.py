@@ -23,21 +23,23 @@ def caches(tmp_path_factory, bert_tokenizer):
 def test_probe_table_has_every_cell_and_baselines(caches, tmp_path):
     a, b = caches
     kw = dict(n_splits=3, Cs=(0.1, 1.0), inner_splits=2, max_iter=100, vocab=8, progress=False)
-    df = run_probes(a, ("cls", "mean", "sep1"), ("topic", "length", "bow_s1"), random_cache=b, bow_Cs=(0.1,),
+    # fw_s1, not bow_s1: every content word of this tiny corpus is in the top frequency band
+    df = run_probes(a, ("cls", "mean", "sep1"), ("topic", "length", "fw_s1"), random_cache=b, bow_Cs=(0.1,),
                     out=tmp_path, **kw)
     acc = df[df["metric"] == "accuracy"]
     assert set(acc["model_kind"]) == {"trained", "random_init"}
     assert len(acc) == 2 * 2 * 3 * 3  # models x single-label targets x choices x layers
-    assert set(df[df["target"] == "bow_s1"]["metric"]) >= {"micro_f1", "macro_auc", "majority_baseline"}
+    assert set(df[df["target"] == "fw_s1"]["metric"]) >= {"micro_f1", "macro_auc", "majority_baseline"}
+    assert set(df["grouping"]) == {"example"} and set(df["n_groups"]) == {30}  # no doc label: one group per example
     assert set(df[df["target"] == "topic"]["metric"]) >= {"majority_baseline", "control_accuracy", "selectivity"}
-    assert (df[df["target"] == "bow_s1"]["chosen_C"].str.split(";").explode().astype(float) == 0.1).all()
+    assert (df[df["target"] == "fw_s1"]["chosen_C"].str.split(";").explode().astype(float) == 0.1).all()
     ok = df["ci_low"].notna()
     assert ((df.loc[ok, "ci_low"] >= -1) & (df.loc[ok, "ci_high"] <= 1)).all()
     acc_ok = ok & df["metric"].isin(["accuracy", "micro_f1"])
     assert ((df.loc[acc_ok, "ci_low"] >= 0) & (df.loc[acc_ok, "ci_high"] <= 1)).all()
     maj = df[(df["metric"] == "majority_baseline") & (df["target"] == "topic")]["value"]
     assert np.allclose(maj, maj.iloc[0])  # the same labels for every feature set
-    again = run_probes(a, ("cls", "mean", "sep1"), ("topic", "length", "bow_s1"), random_cache=b, bow_Cs=(0.1,),
+    again = run_probes(a, ("cls", "mean", "sep1"), ("topic", "length", "fw_s1"), random_cache=b, bow_Cs=(0.1,),
                        out=tmp_path, **kw)
     assert len(again) == len(df)
 
