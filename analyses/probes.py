@@ -177,9 +177,10 @@ GROUPINGS: tuple[str, ...] = ("document", "example")
 def groups_of(examples: pd.DataFrame) -> tuple[np.ndarray, str]:
     """The one rule for what a probe (or a fine-tuning split, or a bootstrap) groups by.
 
-    ``examples``: a cache's example table (``cache.examples``, or rows of it), indexed by example id.
-    Returns ``(groups, grouping)``: the ``doc`` label of every row and ``"document"`` when the table
-    has a ``doc`` column with no missing value (sentences of one article share names and vocabulary,
+    ``examples``: a cache's example table (``cache.examples``, or rows of it, in the order of the
+    items), indexed by example id. Returns ``(groups, grouping)``: the ``doc`` label of every row
+    (column ``label_doc``, as a cache stores it, or ``doc``) and ``"document"`` when there is one
+    with no missing value (sentences of one article share names and vocabulary,
     so they must stay on one side of every split); otherwise the example ids (the index) and
     ``"example"``. Feed ``groups`` to :func:`make_splits`: the outer splits are a pure function of
     ``(y, groups, n_splits, seed)``, so any model evaluated on ``make_splits(y, groups, n_splits,
@@ -190,8 +191,9 @@ def groups_of(examples: pd.DataFrame) -> tuple[np.ndarray, str]:
     >>> groups_of(pd.DataFrame({"topic": ["x", "y"]}, index=[4, 5]))
     (array([4, 5]), 'example')
     """
-    if "doc" in examples.columns and len(examples) and examples["doc"].notna().all():
-        return examples["doc"].to_numpy(dtype=object), "document"
+    col = next((c for c in ("label_doc", "doc") if c in examples.columns), None)
+    if col is not None and len(examples) and examples[col].notna().all():
+        return examples[col].to_numpy(dtype=object), "document"
     return examples.index.to_numpy(), "example"
 
 

@@ -498,14 +498,14 @@ def _decimals_for(value: float, lo: float, hi: float, digits: int, max_decimals:
 
 def format_interval(value: float, lo: float, hi: float, digits: int = 3, signed: bool = False,
                     max_decimals: int = 10) -> str:
-    """``"value (lo–hi)"`` with at least ``digits`` decimals and more where needed, so that
+    """``"value (lo–hi)"`` (``"value (lo to hi)"`` when signed or ``lo < 0``) with at least ``digits`` decimals and more where needed, so that
     numbers that differ never print the same (an interval never collapses to a point unless it is
     one). ``signed``: a leading ``+`` on positive numbers (differences). NaN ends print ``"n/a"``.
 
     >>> format_interval(0.00213, 0.00181, 0.00242)
     '0.0021 (0.0018–0.0024)'
     >>> format_interval(0.007, 0.006, 0.008, signed=True)
-    '+0.007 (+0.006–+0.008)'
+    '+0.007 (+0.006 to +0.008)'
     >>> format_interval(0.5, float("nan"), float("nan"))
     '0.500 (n/a)'
     """
@@ -515,4 +515,5 @@ def format_interval(value: float, lo: float, hi: float, digits: int = 3, signed:
     show = lambda x: fmt.format(x) if np.isfinite(x) else "n/a"  # noqa: E731
     if not (np.isfinite(lo) and np.isfinite(hi)):
         return f"{show(value)} (n/a)"
-    return f"{show(value)} ({show(lo)}–{show(hi)})"
+    sep = " to " if signed or lo < 0 else "–"  # "-0.008–-0.006" would read badly
+    return f"{show(value)} ({show(lo)}{sep}{show(hi)})"

@@ -1,10 +1,14 @@
 import numpy as np
+import pandas as pd
 import pytest
 
 from analyses.probe_runner import example_target, run_probes
 from probing.cache import Cache
 from probing.extract import extract
 from probing.models import prepare_model
+
+from analyses.vocabulary import STOP_WORDS, content_vocabulary, function_vocabulary, presence
+from probing.corpora import generated_corpus
 
 from .conftest import make_tiny_bert, sample_examples
 
@@ -33,7 +37,10 @@ def test_probe_table_has_every_cell_and_baselines(caches, tmp_path):
     assert set(df["grouping"]) == {"example"} and set(df["n_groups"]) == {30}  # no doc label: one group per example
     assert set(df[df["target"] == "topic"]["metric"]) >= {"majority_baseline", "control_accuracy", "selectivity"}
     assert (df[df["target"] == "fw_s1"]["chosen_C"].str.split(";").explode().astype(float) == 0.1).all()
-    ok = df["ci_low"].notna()
+    # bootstrap intervals of pooled scores stay in range by construction; t-intervals over folds
+    # (macro AUC) are not clipped, and say so in ci_method
+    ok = df["ci_low"].notna() & (df["ci_method"] == "cluster_bootstrap")
+    assert set(df.loc[df["metric"] == "macro_auc", "ci_method"]) == {"t_folds"}
     assert ((df.loc[ok, "ci_low"] >= -1) & (df.loc[ok, "ci_high"] <= 1)).all()
     acc_ok = ok & df["metric"].isin(["accuracy", "micro_f1"])
     assert ((df.loc[acc_ok, "ci_low"] >= 0) & (df.loc[acc_ok, "ci_high"] <= 1)).all()
@@ -64,9 +71,101 @@ def test_targets(caches):
     assert all(n[y6 == c].max() <= n[y6 == c + 1].min() for c in sorted(set(y6))[:-1])  # bins ordered by length
     with pytest.raises(ValueError, match="at least 2 length bins"):
         example_target(a, "length1", ex)
-    Y, ml = example_target(a, "bow_s2", ex, vocab=5)
+    Y, ml = example_target(a, "fw_s2", ex, vocab=5)
     assert ml and Y.shape[0] == 30 and 0 < Y.shape[1] <= 5
+    with pytest.raises(ValueError, match="bow_s2': no word of its vocabulary varies"):
+        example_target(a, "bow_s2", ex)  # 5 subjects and 5 verbs: each content word is in 20% of sentences
     with pytest.raises(KeyError, match="no label 'nope'"):
         example_target(a, "nope", ex)
     with pytest.raises(ValueError, match="unknown token choice"):
         run_probes(a, ("bogus",), ("topic",), progress=False)
+
+
+@pytest.fixture(scope="module")
+def doc_caches(tmp_path_factory, bert_tokenizer):
+    """Generated corpus (documents, same-topic negatives) and one with other-topic negatives."""
+    root = tmp_path_factory.mktemp("d")
+    model = prepare_model(make_tiny_bert(bert_tokenizer, seed=0), bert_tokenizer, name="tiny")
+    out = []
+    for neg in ("same_topic", "other_topic"):
+        ex = generated_corpus(60, k=2, seed=2, negatives=neg)
+        (path,) = extract(ex, ["pair"], model=model, out=root / neg, progress=False, log=lambda *x: None)
+        out.append(Cache.open(path))
+    return out
+
+
+def test_document_grouping_items_and_length_baseline(doc_caches, tmp_path):
+    c, _ = doc_caches
+    kw = dict(n_splits=3, Cs=(1.0,), max_iter=100, vocab=10, progress=False, control=False)
+    df, items = run_probes(c, ("cls", "mean"), ("topic", "bow_s1"), length_baseline=True, items=True,
+                           out=tmp_path, **kw)
+    docs = c.examples["label_doc"]
+    assert set(df["grouping"]) == {"document"} and set(df["n_groups"]) == {docs.nunique()}
+    assert set(df["ci_method"][df["metric"].isin(["accuracy", "micro_f1"])]) == {"cluster_bootstrap"}
+    # one item row per example, layer, role and target; a document never straddles folds
+    n_layers = len(c.layers)
+    for target in ("topic", "bow_s1"):
+        t = items[items["target"] == target]
+        assert len(t) == 60 * (2 * n_layers + 1)
+        assert (t.groupby(["layer", "role", "group"], dropna=False)["fold"].nunique() == 1).all()
+        assert (t["group"].to_numpy() == docs.loc[t["example"]].to_numpy()).all()
+    # the table's value is the items' pooled score
+    acc = df[(df["metric"] == "accuracy") & (df["role"] == "cls") & (df["layer"] == 1)]["value"].iloc[0]
+    it = items[(items["target"] == "topic") & (items["role"] == "cls") & (items["layer"] == 1)]
+    assert acc == pytest.approx(it["correct"].mean())
+    f1 = df[(df["metric"] == "micro_f1") & (df["role"] == "mean") & (df["layer"] == 0)]["value"].iloc[0]
+    it = items[(items["target"] == "bow_s1") & (items["role"] == "mean") & (items["layer"] == 0)]
+    assert f1 == pytest.approx(it["num"].sum() / it["den"].sum())
+    length = df[(df["role"] == "length_only") & (df["metric"] == "accuracy")]
+    assert len(length) == 1 and length["layer"].isna().all() and 0 <= length["value"].iloc[0] <= 1
+    assert (df.loc[df["metric"] == "accuracy", "mde"] > 0).all()
+    # stored beside the result, read back
+    again, items2 = run_probes(c, ("cls", "mean"), ("topic", "bow_s1"), length_baseline=True, items=True,
+                               out=tmp_path, **kw)
+    assert len(items2) == len(items) and len(again) == len(df)
+
+
+def test_bow_targets_hold_content_words_only(doc_caches):
+    c, _ = doc_caches
+    sents = c.examples["sentence_1"].tolist()
+    content, function = content_vocabulary(sents, 40), function_vocabulary(sents, 40)
+    assert content and not set(content) & STOP_WORDS and set(function) <= STOP_WORDS
+    share = presence(sents, content).mean(axis=0)
+    assert share.max() <= 0.1  # the top frequency band is out
+    Y, ml = example_target(c, "bow_s1", np.arange(60), vocab=40)
+    kept = [w for w, col in zip(content, presence(sents, content).T) if 0 < col.sum() < 60]
+    assert ml and (Y == presence(sents, kept)).all()
+
+
+def test_topic_refused_where_undefined(doc_caches):
+    same, other = doc_caches
+    ex = np.arange(60)
+    y, _ = example_target(same, "topic", ex)  # same-topic negatives: every pair has one topic
+    assert (y == same.labels("topic_s2", ex)).all()
+    with pytest.raises(ValueError, match=r"target 'topic' is undefined for 30 of 60 examples.*topic_s1 or topic_s2"):
+        example_target(other, "topic", ex)
+    s1, _ = example_target(other, "topic_s1", ex)
+    s2, _ = example_target(other, "topic_s2", ex)
+    assert (s1 == other.labels("topic", ex)).all() and (s1 != s2).sum() == 30
+
+
+def test_compare_probes_pairs_items(doc_caches):
+    from analyses.probe_runner import compare_probes
+
+    c, _ = doc_caches
+    _, items = run_probes(c, ("cls", "mean"), ("topic",), n_splits=3, Cs=(1.0,), max_iter=100, items=True,
+                          progress=False, control=False)
+    cmp = compare_probes(items, a={"role": "cls"}, b={"role": "mean"}, n_resamples=200)
+    assert len(cmp) == len(c.layers) and set(cmp["analysis"]) == {"probe_comparison"}
+    assert cmp["same_folds"].all() and set(cmp["grouping"]) == {"document"}
+    assert (cmp["p_holm"] >= cmp["p_value"] - 1e-12).all() and set(cmp["family"]) == {"role=cls vs role=mean"}
+    one = cmp[cmp["layer"] == 1].iloc[0]
+    a = items[(items["role"] == "cls") & (items["layer"] == 1)].set_index("example")["correct"]
+    b = items[(items["role"] == "mean") & (items["layer"] == 1)].set_index("example")["correct"]
+    assert one["value"] == pytest.approx((a - b.loc[a.index]).mean())
+    assert one["n"] == 60 and one["n_groups"] == c.examples["label_doc"].nunique()
+    assert one["ci_low"] <= one["value"] <= one["ci_high"]
+    with pytest.raises(ValueError, match=r"condition a=\{'nope': 1\} names unknown columns \['nope'\]"):
+        compare_probes(items, a={"nope": 1}, b={"role": "mean"})
+    with pytest.raises(ValueError, match=r"condition b=\{'role': 'sep9'\} matches no item"):
+        compare_probes(items, a={"role": "cls"}, b={"role": "sep9"})
