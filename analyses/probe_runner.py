@@ -1,7 +1,7 @@
 """Probe runner: read caches, build targets, fit every (layer x token choice) probe, write tidy tables.
 
     python -m analyses.probes CACHE --choices cls,mean,sep1 --targets topic,length,bow_s1 \
-        [--random-cache CACHE_OF_RANDOM_INIT_MODEL] [--length-baseline] --out results
+        [--random-cache CACHE_OF_RANDOM_INIT_MODEL] [--length-baseline] [--items] --out results
 
 Targets, declared once in :data:`TARGETS`:
 
@@ -27,8 +27,8 @@ example; the table records it (``grouping``, ``n_groups``). With ``random_cache`
 extracted with ``--random-init``) the same probes are fit on the randomly initialised model
 (``model_kind = random_init``). With ``length_baseline`` every example-level target is also probed
 from the word counts of the example's sentences alone (``role = length_only``, no layer, same splits):
-how much of a score length explains. The per-item out-of-fold predictions are stored beside the result (with ``out``) and come back
-with ``items=True`` as a second table (:data:`ITEM_KEYS` + ``example``, ``token``, ``group``, ``fold``, ``y_true``,
+how much of a score length explains. With ``items=True`` the per-item out-of-fold predictions come back as a second table (and are
+stored beside the result with ``out``) (:data:`ITEM_KEYS` + ``example``, ``token``, ``group``, ``fold``, ``y_true``,
 ``y_pred``, ``correct``, ``num``, ``den``, ...; file ``probe_items-<key>``, the result's key);
 :func:`compare_probes` turns two sets of its rows into paired differences.
 """
@@ -50,7 +50,7 @@ from analyses.probes import cross_validate_probe, groups_of, probe_many_results,
 from analyses.results import (CLI_ERRORS, add_output_options, cli_error, keep_table, make_table, parse_layers,
                               stored_table)
 from analyses.selection import parse_choice, pooled
-from analyses.stats import holm, paired_difference
+from analyses.stats import DETECTABLE_EFFECT, groups_needed, holm, paired_difference
 from analyses.vocabulary import content_vocabulary, function_vocabulary, presence, words_of
 from probing.cache import Cache
 
@@ -216,7 +216,8 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
     ``length_baseline``: also a ``role = "length_only"`` probe per example-level target (features:
     words per sentence; layer empty), on the same splits. Returns the result table, or
     ``(table, items)`` with ``items=True`` (per-item out-of-fold predictions, see the module
-    docstring); with ``out`` both are stored (``probe-<key>`` and ``probe_items-<key>``)."""
+    docstring; one row per item and probe, so ask for them where a comparison needs them); with
+    ``out`` both are stored (``probe-<key>`` and ``probe_items-<key>``)."""
     for c in choices:
         parse_choice(c)
     layers = list(layers if layers is not None else cache.layers)
@@ -226,7 +227,7 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
               "Cs": None if Cs is None else list(Cs), "inner_splits": inner_splits, "max_iter": max_iter,
               "bow_Cs": None if bow_Cs is None else list(bow_Cs), "length_baseline": length_baseline}
     path, done = stored_table(out, "probe", config, force)
-    items_path, items_done = stored_table(out, "probe_items", config, force)
+    items_path, items_done = stored_table(out if items else None, "probe_items", config, force)
     if done is not None and (not items or items_done is not None):
         return (done, items_done) if items else done
     frames, item_frames = [], []
@@ -269,7 +270,7 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                                      device=device, inner_splits=inner_splits, max_iter=max_iter, **fit_kw)
             df["model_kind"] = kind
             frames.append(df)
-            if items or out is not None:
+            if items:
                 item_frames.append(_item_rows(results, meta, kind, ids, tokens))
             bar.update(1)
     bar.close()
@@ -302,7 +303,9 @@ def compare_probes(items: pd.DataFrame, a: Mapping[str, object], b: Mapping[str,
 
     Returns a tidy table (``make_table``): the cell's keys, ``analysis = "probe_comparison"``,
     ``metric = "difference"``, ``condition_a`` / ``condition_b`` (the filters as ``k=v``),
-    ``value``, ``ci_low``, ``ci_high``, ``p_value``, ``se``, ``mde``, ``n``, ``n_groups``, ``grouping``,
+    ``value``, ``ci_low``, ``ci_high``, ``p_value``, ``se``, ``mde``, ``n``, ``n_groups``,
+    ``groups_needed`` (groups that would detect :data:`analyses.stats.DETECTABLE_EFFECT`, by
+    :func:`analyses.stats.groups_needed`), ``grouping``,
     ``same_folds`` (whether every matched item was in the same outer fold under both), ``family``
     (default ``"<a> vs <b>"``) and ``p_holm``: Holm-adjusted over all rows of this call, the declared
     family (:func:`analyses.stats.holm`). Raises ``ValueError`` when a filter names an unknown
@@ -346,6 +349,8 @@ def compare_probes(items: pd.DataFrame, a: Mapping[str, object], b: Mapping[str,
                                 confidence=confidence)
         rows.append({**dict(zip(on, cell)), "analysis": "probe_comparison", "metric": "difference",
                      "condition_a": _describe(a), "condition_b": _describe(b), **res,
+                     "groups_needed": groups_needed(DETECTABLE_EFFECT, res["se"], res["n_groups"])
+                     if np.isfinite(res["se"]) else pd.NA,
                      "grouping": part["grouping_a"].iloc[0], "seed": seed,
                      "same_folds": bool((part["fold_a"] == part["fold_b"]).all()), "family": family})
     df = make_table(rows)
@@ -362,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "corpus has no documents), pooled out-of-fold scores with cluster-bootstrap CIs, the "
                     "majority baseline and the minimum detectable difference from it, a control task "
                     "(Hewitt & Liang 2019) and selectivity; optionally the same probes on a randomly "
-                    "initialised model's cache. With --out the per-item out-of-fold predictions are "
+                    "initialised model's cache. With --items the per-item out-of-fold predictions are "
                     "stored beside the table (probe_items-<key>).",
         epilog="targets:\n" + "\n".join(f"  {k:<11} {v}" for k, v in TARGETS.items())
                + "\ntoken choices: cls, sep<i>, sep_last, mean, max, first_word, mean_s<i>, pos<k>",
@@ -381,6 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default=None, help="torch device for the batched probes (default: CUDA if available)")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="torch (default): all probes batched, on the GPU when present; sklearn: one CV per probe (reference)")
+    p.add_argument("--items", action="store_true",
+                   help="also store the per-item out-of-fold predictions (probe_items-<key>, for compare_probes)")
     add_output_options(p)
     args = p.parse_args(argv)
     try:
@@ -390,7 +397,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         df = run_probes(cache, args.choices.split(","), args.targets.split(","), layers=layers, random_cache=rnd,
                         n_splits=args.folds, seed=args.seed, control=not args.no_control, vocab=args.vocab,
                         max_tokens=args.max_tokens, device=args.device, backend=args.backend,
-                        length_baseline=args.length_baseline, out=args.out, force=args.force)
+                        length_baseline=args.length_baseline, items=args.items, out=args.out, force=args.force)
+        if args.items:
+            df = df[0]
     except CLI_ERRORS as err:
         return cli_error(err)
     main_metric = df["metric"].isin(["accuracy", "micro_f1"])

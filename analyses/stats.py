@@ -303,6 +303,10 @@ def t_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
 # Ratio estimators (micro-F1), paired comparisons, multiple comparisons, power, formatting
 
 
+#: The difference in accuracy the study's headline comparisons should be able to detect (issue 11).
+DETECTABLE_EFFECT = 0.03
+
+
 def _group_codes(groups, n: int) -> tuple[np.ndarray, int]:
     g = np.asarray(groups)
     if g.shape != (n,):

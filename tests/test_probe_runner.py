@@ -119,7 +119,8 @@ def test_document_grouping_items_and_length_baseline(doc_caches, tmp_path):
     length = df[(df["role"] == "length_only") & (df["metric"] == "accuracy")]
     assert len(length) == 1 and length["layer"].isna().all() and 0 <= length["value"].iloc[0] <= 1
     assert (df.loc[df["metric"] == "accuracy", "mde"] > 0).all()
-    # stored beside the result, read back
+    # stored beside the result (only when asked), read back
+    assert len(list(tmp_path.glob("probe_items-*.csv"))) == 1
     again, items2 = run_probes(c, ("cls", "mean"), ("topic", "bow_s1"), length_baseline=True, items=True,
                                out=tmp_path, **kw)
     assert len(items2) == len(items) and len(again) == len(df)
@@ -159,6 +160,7 @@ def test_compare_probes_pairs_items(doc_caches):
     assert len(cmp) == len(c.layers) and set(cmp["analysis"]) == {"probe_comparison"}
     assert cmp["same_folds"].all() and set(cmp["grouping"]) == {"document"}
     assert (cmp["p_holm"] >= cmp["p_value"] - 1e-12).all() and set(cmp["family"]) == {"role=cls vs role=mean"}
+    assert (cmp["mde"] > 0).all() and (cmp["groups_needed"] > 0).all()
     one = cmp[cmp["layer"] == 1].iloc[0]
     a = items[(items["role"] == "cls") & (items["layer"] == 1)].set_index("example")["correct"]
     b = items[(items["role"] == "mean") & (items["layer"] == 1)].set_index("example")["correct"]
@@ -169,3 +171,18 @@ def test_compare_probes_pairs_items(doc_caches):
         compare_probes(items, a={"nope": 1}, b={"role": "mean"})
     with pytest.raises(ValueError, match=r"condition b=\{'role': 'sep9'\} matches no item"):
         compare_probes(items, a={"role": "cls"}, b={"role": "sep9"})
+
+
+def test_cli_refuses_undefined_topic_and_stores_items(doc_caches, tmp_path, capsys):
+    from analyses.probe_runner import main
+
+    same, other = doc_caches
+    out = tmp_path / "r"
+    assert main([str(other.path), "--targets", "topic", "--out", str(out), "--folds", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "error: target 'topic' is undefined for 30 of 60" in err and "topic_s1 or topic_s2" in err
+    assert not out.exists()
+    assert main([str(same.path), "--targets", "is_next", "--choices", "cls", "--layers", "0", "--folds", "3",
+                 "--items", "--no-control", "--out", str(out)]) == 0
+    items = pd.read_csv(next(out.glob("probe_items-*.csv")))
+    assert len(items) == 60 and set(items["grouping"]) == {"document"} and set(items["y_true"]) == {0, 1}
