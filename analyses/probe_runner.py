@@ -51,7 +51,7 @@ from analyses.results import (CLI_ERRORS, add_output_options, cli_error, keep_ta
                               stored_table)
 from analyses.selection import parse_choice, pooled
 from analyses.stats import DETECTABLE_EFFECT, groups_needed, holm, paired_difference
-from analyses.vocabulary import content_vocabulary, function_vocabulary, presence, words_of
+from analyses.vocabulary import content_vocabulary, function_vocabulary, presence
 from probing.cache import Cache
 
 TARGETS: dict[str, str] = {
@@ -120,11 +120,11 @@ def example_target(cache: Cache, target: str, examples: np.ndarray, vocab: int =
 
 
 def length_features(cache: Cache, examples: np.ndarray) -> np.ndarray:
-    """``(n_examples, k)``: words (:func:`analyses.vocabulary.words_of`) in each sentence of each example,
-    the features of the ``length_only`` baseline probe."""
+    """``(n_examples, k)``: whitespace words in each sentence of each example (the count of the
+    ``length`` target and the ``n_words`` label), the features of the ``length_only`` baseline probe."""
     table = cache.examples.loc[examples]
     cols = sorted((c for c in table.columns if re.fullmatch(r"sentence_\d+", c)), key=lambda c: int(c[9:]))
-    return np.asarray([[len(words_of(t)) for t in table[c]] for c in cols], dtype=np.float64).T
+    return np.asarray([[len(t.split()) for t in table[c]] for c in cols], dtype=np.float64).T
 
 
 def _token_features(cache: Cache, layers: Sequence[int], max_tokens: int, seed: int):

@@ -119,6 +119,10 @@ def test_document_grouping_items_and_length_baseline(doc_caches, tmp_path):
     length = df[(df["role"] == "length_only") & (df["metric"] == "accuracy")]
     assert len(length) == 1 and length["layer"].isna().all() and 0 <= length["value"].iloc[0] <= 1
     assert (df.loc[df["metric"] == "accuracy", "mde"] > 0).all()
+    # the length-only probe reads a length target from word counts alone
+    ln = run_probes(c, ("cls",), ("length",), length_baseline=True, **{**kw, "Cs": (100.0,)})
+    ln = ln[(ln["metric"] == "accuracy")].set_index("role")["value"]
+    assert ln.loc["length_only"] > 0.95
     # stored beside the result (only when asked), read back
     assert len(list(tmp_path.glob("probe_items-*.csv"))) == 1
     again, items2 = run_probes(c, ("cls", "mean"), ("topic", "bow_s1"), length_baseline=True, items=True,
