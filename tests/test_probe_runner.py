@@ -53,8 +53,14 @@ def test_probe_table_has_every_cell_and_baselines(caches, tmp_path):
 
 def test_token_level_segment_probe(caches):
     a, _ = caches
-    df = run_probes(a, ("cls",), ("segment",), n_splits=3, Cs=(1.0,), max_iter=100, progress=False)
+    df, items = run_probes(a, ("cls",), ("segment",), n_splits=3, Cs=(1.0,), max_iter=100, progress=False,
+                           items=True)
     acc = df[df["metric"] == "accuracy"]
+    # token-level items: one row per word token and layer, grouped by example (no documents here)
+    tok = a.tokens.loc[items["token"].astype(int)]
+    assert (tok["example"].to_numpy() == items["example"].to_numpy()).all()
+    assert (tok["sentence"].astype(str).to_numpy() == items["y_true"].to_numpy()).all()
+    assert set(items["grouping"]) == {"example"} and len(items) == 3 * len(set(items["token"]))
     assert set(acc["role"]) == {"word"} and len(acc) == 3
     # the segment embedding makes sentence membership readable at the embedding layer already
     assert acc[acc["layer"] == 0]["value"].iloc[0] > 0.9
@@ -190,3 +196,16 @@ def test_cli_refuses_undefined_topic_and_stores_items(doc_caches, tmp_path, caps
                  "--items", "--no-control", "--out", str(out)]) == 0
     items = pd.read_csv(next(out.glob("probe_items-*.csv")))
     assert len(items) == 60 and set(items["grouping"]) == {"document"} and set(items["y_true"]) == {0, 1}
+
+
+def test_compare_trained_with_random_init_on_the_same_items(caches):
+    from analyses.probe_runner import compare_probes
+
+    a, b = caches
+    _, items = run_probes(a, ("cls",), ("topic",), random_cache=b, n_splits=3, Cs=(1.0,), max_iter=100,
+                          items=True, progress=False, control=False)
+    assert items.groupby("model_kind")["model"].nunique().tolist() == [1, 1]  # the two models' labels differ
+    cmp = compare_probes(items, a={"model_kind": "trained"}, b={"model_kind": "random_init"}, n_resamples=200,
+                         family="Q3 trained vs random")
+    assert len(cmp) == 3 and cmp["same_folds"].all() and (cmp["n"] == 30).all()
+    assert set(cmp["family"]) == {"Q3 trained vs random"} and set(cmp["grouping"]) == {"example"}
