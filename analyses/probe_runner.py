@@ -297,7 +297,9 @@ def compare_probes(items: pd.DataFrame, a: Mapping[str, object], b: Mapping[str,
     labels, groups and seed agree), ``a={"model_kind": "trained"}, b={"model_kind": "random_init"}``.
     Rows of ``a`` and ``b`` are matched on the :data:`ITEM_KEYS` not named in the filters (``model``
     is left out of the match too when ``model_kind`` is compared: a random-init model has its own
-    label), then on ``example`` and ``token``; each matched cell (e.g. one layer x target) gives one
+    label; a key empty on one side only, such as the layer of ``role = "length_only"``, is not
+    matched, so ``b={"role": "length_only"}`` is compared with every layer of ``a``), then on
+    ``example`` and ``token``; each matched cell (e.g. one layer x target) gives one
     row: :func:`analyses.stats.paired_difference` of ``correct`` (a − b; 0/1 accuracy, or per-item F1
     for multi-label targets) over the cell's items, clustered by ``group``.
 
@@ -332,8 +334,14 @@ def compare_probes(items: pd.DataFrame, a: Mapping[str, object], b: Mapping[str,
         if part.empty:
             raise ValueError(f"compare_probes: condition {name}={dict(cond)} matches no item")
     cols = ["example", "token", "group", "fold", "correct", "grouping"]
-    keys = on + ["example", "token"]
-    merged = A[on + cols].merge(B[on + cols], on=keys, suffixes=("_a", "_b"))
+    # A key empty on one side only (the layer of a length_only probe) is not matched: that side's
+    # probe is compared with every cell of the other.
+    empty_a = {k for k in on if A[k].isna().all()}
+    empty_b = {k for k in on if B[k].isna().all()}
+    shared = [k for k in on if (k in empty_a) == (k in empty_b)]
+    keys = shared + ["example", "token"]
+    merged = A[[k for k in on if k not in empty_a or k in empty_b] + cols].merge(
+        B[[k for k in on if k not in empty_b or k in empty_a] + cols], on=keys, suffixes=("_a", "_b"))
     if merged.empty:
         raise ValueError(f"compare_probes: no item of a={dict(a)} matches one of b={dict(b)} on {keys}")
     bad = (merged["group_a"].astype(str) != merged["group_b"].astype(str))

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Hashable, Literal, Mapping, Sequence
 
 import numpy as np
@@ -533,7 +533,7 @@ class ProbeResult:
     n_groups: int
     control_chosen_Cs: np.ndarray | None = None
     confidence: float = 0.95
-    items: pd.DataFrame | None = None
+    items: pd.DataFrame | None = field(default=None, compare=False, repr=False)
     n_resamples: int = PROBE_RESAMPLES
     seed: int = 0
 

@@ -129,6 +129,12 @@ def test_document_grouping_items_and_length_baseline(doc_caches, tmp_path):
     ln = run_probes(c, ("cls",), ("length",), length_baseline=True, **{**kw, "Cs": (100.0,)})
     ln = ln[(ln["metric"] == "accuracy")].set_index("role")["value"]
     assert ln.loc["length_only"] > 0.95
+    # every layer's probe against the length-only probe, paired on the same items
+    from analyses.probe_runner import compare_probes
+
+    vs_length = compare_probes(items[items["target"] == "topic"], a={"role": "cls"}, b={"role": "length_only"},
+                               n_resamples=100)
+    assert sorted(vs_length["layer"]) == list(c.layers) and (vs_length["n"] == 60).all()
     # stored beside the result (only when asked), read back
     assert len(list(tmp_path.glob("probe_items-*.csv"))) == 1
     again, items2 = run_probes(c, ("cls", "mean"), ("topic", "bow_s1"), length_baseline=True, items=True,
