@@ -1,24 +1,38 @@
-"""Probe runner: read caches, build targets, fit every (layer x token choice) probe, write a tidy table.
+"""Probe runner: read caches, build targets, fit every (layer x token choice) probe, write tidy tables.
 
     python -m analyses.probes CACHE --choices cls,mean,sep1 --targets topic,length,bow_s1 \
-        [--random-cache CACHE_OF_RANDOM_INIT_MODEL] --out results
+        [--random-cache CACHE_OF_RANDOM_INIT_MODEL] [--length-baseline] [--items] --out results
 
 Targets, declared once in :data:`TARGETS`:
 
-* ``<label>``: any example label stored with the corpus (``topic``, ``is_next``, ``swapped``, ...)
+* ``<label>``: any example label stored with the corpus (``is_next``, ``swapped``, ``topic_s2``, ...)
+* ``topic``: the topic of the example, asked only where it is defined: if the corpus records
+  ``topic_s2`` (the topic of sentence 2) and it differs from ``topic`` on any example (a next-sentence
+  negative from another topic), the runner refuses with an error naming ``topic_s1`` / ``topic_s2``;
+  ``topic_s1`` is sentence 1's topic (the ``topic`` label), ``topic_s2`` sentence 2's
 * ``length``: length of sentence 1 in words, in 3 equal-count bins (short / medium / long)
-* ``bow_s<i>``: the content of sentence i, as a multi-label bag of words over the ``--vocab`` most
-  frequent lower-cased words of that sentence across the corpus (stop words included: they are content
-  too); scored by micro-F1 and macro AUC
+* ``bow_s<i>``: the content of sentence i, a multi-label bag of words over the ``--vocab`` content
+  words in most sentences of that position across the corpus: stop words and the top frequency band
+  left out (:mod:`analyses.vocabulary`, declared once); scored by micro-F1 and macro AUC
+* ``fw_s<i>``: control for ``bow_s<i>``: presence of the ``--vocab`` most frequent function words
+  (stop words) of sentence i, which mostly tracks its length
 * ``segment``: token-level: which sentence a word token belongs to (first subwords; control task: a
   random sentence per word type, Hewitt & Liang 2019)
 
 Every probe uses the protocol of :mod:`analyses.probes` (standardised features, C by grouped inner CV,
-grouped outer CV over examples, majority baseline, control task and selectivity). With
-``random_cache`` (the same format extracted with ``--random-init``) the same probes are fit on the
-randomly initialised model (``model_kind = random_init``); it must be the baseline of ``cache``:
-random weights, the same architecture, corpus, format and layers
-(:func:`probing.cache.check_comparable` with ``random_baseline=True``), or the run is refused.
+grouped outer CV, pooled out-of-fold score with a cluster-bootstrap interval, majority baseline and
+the minimum detectable difference from it, control task and selectivity). Grouping
+(:func:`analyses.probes.groups_of`): by document when the corpus has a ``doc`` label, else by
+example; the table records it (``grouping``, ``n_groups``). With ``random_cache`` (the same format
+extracted with ``--random-init``) the same probes are fit on the randomly initialised model
+(``model_kind = random_init``); it must be the baseline of ``cache``: random weights, the same
+architecture, corpus, format and layers (:func:`probing.cache.check_comparable` with
+``random_baseline=True``), or the run is refused. With ``length_baseline`` every example-level target is also probed
+from the word counts of the example's sentences alone (``role = length_only``, no layer, same splits):
+how much of a score length explains. With ``items=True`` the per-item out-of-fold predictions come
+back as a second table (stored beside the result with ``out``): :data:`ITEM_KEYS` + ``example``,
+``token``, ``group``, ``fold``, ``y_true``, ``y_pred``, ``correct``, ``num``, ``den``, ...; file ``probe_items-<key>``, the result's key);
+:func:`compare_probes` turns two sets of its rows into paired differences.
 """
 
 from __future__ import annotations
@@ -28,35 +42,61 @@ import re
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from analyses.drift import model_label
-from analyses.probes import cross_validate_probe, probe_many, probe_rows
+from analyses.probes import cross_validate_probe, groups_of, probe_many_results, probe_rows
 from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
                               parse_layers, stored_table)
 from analyses.selection import parse_choice, pooled
+from analyses.stats import DETECTABLE_EFFECT, groups_needed, holm, paired_difference
+from analyses.vocabulary import content_vocabulary, function_vocabulary, presence
 from probing.cache import Cache, check_comparable
 from probing.cli import ArgumentParser
 
 TARGETS: dict[str, str] = {
-    "<label>": "an example label stored with the corpus (topic, is_next, swapped, ...)",
+    "<label>": "an example label stored with the corpus (is_next, swapped, topic_s2, ...)",
+    "topic": "the example's topic; refused where sentence 2 has another topic (ask topic_s1 / topic_s2)",
+    "topic_s<i>": "topic of sentence i (topic_s1 = topic; topic_s2 needs the corpus's topic_s2 label)",
     "length": "words in sentence 1, 3 equal-count bins",
     "length<k>": "words in sentence 1, k equal-count bins (length6: SentEval's SentLen has 6 classes)",
-    "bow_s<i>": "bag of words of sentence i (multi-label, top --vocab words)",
+    "bow_s<i>": "content words of sentence i (multi-label; top --vocab words, stop words and top band out)",
+    "fw_s<i>": "control: presence of the --vocab most frequent function words of sentence i",
     "segment": "token level: the sentence a word token belongs to",
 }
-_WORD = re.compile(r"[a-z0-9']+")
+#: Columns that identify one probe in the result and item tables.
+ITEM_KEYS: tuple[str, ...] = ("model_kind", "model", "corpus", "format", "target", "layer", "role")
 
 
-def words_of(text: str) -> list[str]:
-    return _WORD.findall(text.lower())
+def _sentence_column(table: pd.DataFrame, target: str, i: str) -> str:
+    col = f"sentence_{i}"
+    if col not in table.columns:
+        raise ValueError(f"target {target!r}: the corpus has no sentence {i}")
+    return col
+
+
+def _topic(cache: Cache, target: str, examples: np.ndarray) -> np.ndarray:
+    """``topic`` where every example's sentences share one topic; ``topic_s1`` / ``topic_s<i>``."""
+    if target == "topic_s1":
+        return cache.labels("topic", examples)
+    if target != "topic":
+        return cache.labels(target, examples)
+    y = cache.labels("topic", examples)
+    if "label_topic_s2" in cache.examples.columns:
+        other = cache.labels("topic_s2", examples)
+        mixed = int(np.sum(other != y))
+        if mixed:
+            raise ValueError(f"target 'topic' is undefined for {mixed} of {len(y)} examples whose sentence 2 has "
+                             "another topic (label topic_s2); ask topic_s1 or topic_s2, or extract a corpus with "
+                             "same-topic negatives")
+    return y
 
 
 def example_target(cache: Cache, target: str, examples: np.ndarray, vocab: int = 50) -> tuple[np.ndarray, bool]:
-    """Target values for corpus indices ``examples``: ``(y, multilabel)``."""
+    """Target values for corpus indices ``examples``: ``(y, multilabel)``; see :data:`TARGETS`."""
     table = cache.examples.loc[examples]
     m = re.fullmatch(r"length(\d*)", target)
     if m:
@@ -66,26 +106,33 @@ def example_target(cache: Cache, target: str, examples: np.ndarray, vocab: int =
         n = np.asarray([len(s.split()) for s in table["sentence_1"]])
         edges = np.unique(np.quantile(n, np.arange(1, bins) / bins))
         return np.searchsorted(edges, n, side="right"), False
-    m = re.fullmatch(r"bow_s(\d+)", target)
+    m = re.fullmatch(r"(bow|fw)_s(\d+)", target)
     if m:
-        col = f"sentence_{m.group(1)}"
-        if col not in table.columns:
-            raise ValueError(f"target {target!r}: the corpus has no sentence {m.group(1)}")
-        docs = [set(words_of(s)) for s in cache.examples[col]]
-        common = [w for w, _ in Counter(w for d in docs for w in d).most_common(vocab)]
-        rows = [set(words_of(s)) for s in table[col]]
-        Y = np.asarray([[w in r for w in common] for r in rows], dtype=np.int64)
+        col = _sentence_column(table, target, m.group(2))
+        pick = content_vocabulary if m.group(1) == "bow" else function_vocabulary
+        words = pick(cache.examples[col].tolist(), vocab)
+        Y = presence(table[col].tolist(), words) if words else np.zeros((len(table), 0), dtype=np.int64)
         Y = Y[:, (Y.sum(0) > 0) & (Y.sum(0) < len(Y))]  # a word present everywhere or nowhere says nothing
         if Y.shape[1] == 0:
-            raise ValueError(f"target {target!r}: no word varies across examples")
+            raise ValueError(f"target {target!r}: no word of its vocabulary varies across examples")
         return Y, True
-    y = cache.labels(target, examples)
+    y = _topic(cache, target, examples) if re.fullmatch(r"topic(_s\d+)?", target) else cache.labels(target, examples)
     if y.dtype.kind == "f":
         raise ValueError(f"label {target!r} is continuous; probes need classes")
     return y, False
 
 
+def length_features(cache: Cache, examples: np.ndarray) -> np.ndarray:
+    """``(n_examples, k)``: whitespace words in each sentence of each example (the count of the
+    ``length`` target and the ``n_words`` label), the features of the ``length_only`` baseline probe."""
+    table = cache.examples.loc[examples]
+    cols = sorted((c for c in table.columns if re.fullmatch(r"sentence_\d+", c)), key=lambda c: int(c[9:]))
+    return np.asarray([[len(t.split()) for t in table[c]] for c in cols], dtype=np.float64).T
+
+
 def _token_features(cache: Cache, layers: Sequence[int], max_tokens: int, seed: int):
+    """Word tokens (first subwords) for ``segment``: features, sentence labels, example ids, word types
+    (control task) and token rows."""
     tok = cache.tokens
     rows = np.flatnonzero((tok["role"].to_numpy() == "word") & (tok["subword"].to_numpy() == 0))
     if len(rows) == 0:
@@ -100,27 +147,19 @@ def _token_features(cache: Cache, layers: Sequence[int], max_tokens: int, seed: 
     groups = tok["example"].to_numpy()[rows]
     types = pd.Series(tok["word_text"].to_numpy()[rows]).str.lower().factorize()[0]
     features = {(layer, "word"): cache.states(layer, rows) for layer in layers}
-    return features, y, groups, types
+    return features, y, groups, types, rows
 
 
 BACKENDS = ("auto", "torch", "sklearn")
 
 
-def clip_intervals(df: pd.DataFrame) -> pd.DataFrame:
-    """A t-interval over a few folds can reach past the metric's range (accuracy 1.03): clip it to
-    [0, 1], or [-1, 1] for selectivity (a difference of two scores)."""
-    lo = np.where(df["metric"].astype(str) == "selectivity", -1.0, 0.0)
-    for col in ("ci_low", "ci_high"):
-        df[col] = np.clip(pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=float), lo, 1.0)
-    return df
-
-
 def fit_probes(features: dict, y: np.ndarray, groups: np.ndarray, *, meta: dict, n_splits: int, seed: int,
                control_types, backend: str, device: str | None, Cs=None, inner_splits: int = 3,
-               max_iter: int = 1000) -> pd.DataFrame:
-    """All feature sets' probes: batched in torch (``probe_many``, the default; on the CPU with one
-    thread, which is faster than several on small machines: see benchmarks/RESULTS.md), or one
-    scikit-learn cross-validation per feature set (the reference path)."""
+               max_iter: int = 1000) -> tuple[pd.DataFrame, dict]:
+    """All feature sets' probes: batched in torch (``probe_many_results``, the default; on the CPU with
+    one thread, which is faster than several on small machines: see benchmarks/RESULTS.md), or one
+    scikit-learn cross-validation per feature set (the reference path). Returns the tidy table and
+    ``{(layer, role): ProbeResult}`` (whose ``items`` are the out-of-fold predictions)."""
     import torch
 
     if backend not in BACKENDS:
@@ -130,14 +169,36 @@ def fit_probes(features: dict, y: np.ndarray, groups: np.ndarray, *, meta: dict,
         extra["Cs"] = tuple(Cs)
     if backend in ("auto", "torch"):
         on_gpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
-        return clip_intervals(probe_many(features, y, groups, meta=meta, n_splits=n_splits, seed=seed,
-                                         control_types=control_types, device=device,
-                                         num_threads=None if on_gpu else 1, **extra))
+        results = probe_many_results(features, y, groups, n_splits=n_splits, seed=seed, control_types=control_types,
+                                     device=device, num_threads=None if on_gpu else 1, **extra)
+    else:
+        results = {key: cross_validate_probe(X, y, groups, n_splits=n_splits, seed=seed, control_types=control_types,
+                                             **extra) for key, X in features.items()}
     rows = []
-    for (layer, role), X in features.items():
-        res = cross_validate_probe(X, y, groups, n_splits=n_splits, seed=seed, control_types=control_types, **extra)
+    for (layer, role), res in results.items():
         rows.extend(probe_rows(res, **meta, layer=layer, role=role, seed=seed, feature=str((layer, role))))
-    return clip_intervals(make_table(rows))
+    return make_table(rows), results
+
+
+def _item_rows(results: dict, meta: dict, kind: str, examples: np.ndarray, tokens: np.ndarray | None) -> pd.DataFrame:
+    """The out-of-fold items of ``results`` keyed like the result table (:data:`ITEM_KEYS`); ``examples``
+    (and ``tokens`` for token-level targets) map each item position to its example id (token row)."""
+    frames = []
+    for (layer, role), res in results.items():
+        it = res.items.copy()
+        pos = it.pop("item").to_numpy()
+        for col in ("y_true", "y_pred"):
+            if col in it.columns:  # labels of different targets differ in type: stored as text
+                it[col] = it[col].astype(str)
+        it.insert(0, "example", examples[pos])
+        it.insert(1, "token", tokens[pos] if tokens is not None else pd.NA)
+        keys = {"model_kind": kind, "model": meta["model"], "corpus": meta["corpus"], "format": meta["format"],
+                "target": meta["target"], "layer": layer, "role": role}
+        for i, (k, v) in enumerate(keys.items()):
+            it.insert(i, k, v)
+        it.insert(len(keys), "grouping", meta["grouping"])
+        frames.append(it)
+    return pd.concat(frames, ignore_index=True)
 
 
 def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: Sequence[str] = ("topic",), *,
@@ -145,12 +206,21 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                seed: int = 0, control: bool = True, vocab: int = 50, max_tokens: int = 6000,
                device: str | None = None, backend: str = "auto", Cs: Sequence[float] | None = None,
                inner_splits: int = 3, max_iter: int = 1000, bow_Cs: Sequence[float] | None = None,
-               out: str | Path | None = None, force: bool = False, progress: bool = True) -> pd.DataFrame:
+               length_baseline: bool = False, items: bool = False,
+               out: str | Path | None = None, force: bool = False, progress: bool = True):
     """Probes for every layer x token choice x target, on ``cache`` and optionally ``random_cache``.
 
     ``Cs`` is the grid the inner CV chooses C from; ``bow_Cs``, if given, replaces it for the
     multi-label bag-of-words targets (one value = a fixed C, no inner CV: many labels make those
-    probes the slowest, and the study uses this to stay within its time budget)."""
+    probes the slowest, and the study uses this to stay within its time budget).
+
+    Splits, inner CV and bootstrap group by document when the corpus has a ``doc`` label, else by
+    example (:func:`analyses.probes.groups_of`); every row records ``grouping`` and ``n_groups``.
+    ``length_baseline``: also a ``role = "length_only"`` probe per example-level target (features:
+    words per sentence; layer empty), on the same splits. Returns the result table, or
+    ``(table, items)`` with ``items=True`` (per-item out-of-fold predictions, see the module
+    docstring; one row per item and probe, so ask for them where a comparison needs them); with
+    ``out`` both are stored (``probe-<key>`` and ``probe_items-<key>``)."""
     import torch
 
     for c in choices:
@@ -167,15 +237,16 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
               "choices": list(choices), "targets": list(targets), "layers": layers, "n_splits": n_splits,
               "seed": seed, "control": control, "vocab": vocab, "max_tokens": max_tokens,
               "Cs": None if Cs is None else list(Cs), "inner_splits": inner_splits, "max_iter": max_iter,
-              "bow_Cs": None if bow_Cs is None else list(bow_Cs)}
+              "bow_Cs": None if bow_Cs is None else list(bow_Cs), "length_baseline": length_baseline}
     path, done = stored_table(out, "probe", config, force)
-    if done is not None:
-        return done
-    frames = []
+    items_path, items_done = stored_table(out if items else None, "probe_items", config, force)
+    if done is not None and (not items or items_done is not None):
+        return (done, items_done) if items else done
+    frames, item_frames = [], []
     pairs = [(cache, "trained")] + ([(random_cache, "random_init")] if random_cache is not None else [])
     for c, _ in pairs:  # an unknown label fails before any probe is fitted
         for target in targets:
-            if target != "segment" and not re.fullmatch(r"length\d*|bow_s\d+", target):
+            if target != "segment" and not re.fullmatch(r"length\d*|(bow|fw)_s\d+|topic_s\d+", target):
                 c.labels(target)
     from tqdm.auto import tqdm
 
@@ -186,34 +257,129 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
         for target in targets:
             meta = {"analysis": "probe", "model": model_label(c), "corpus": c.manifest["corpus"]["name"],
                     "format": c.format_name, "target": target}
+            tokens = None
             if target == "segment":
-                features, y, groups, types = _token_features(c, layers, max_tokens, seed)
-                df = fit_probes(features, y, groups, meta=meta, n_splits=n_splits, seed=seed,
-                                control_types=types if control else None, backend=backend, device=device, Cs=Cs,
-                                inner_splits=inner_splits, max_iter=max_iter)
+                features, y, ids, types, tokens = _token_features(c, layers, max_tokens, seed)
+                groups, grouping = groups_of(c.examples.loc[ids])
+                fit_kw = dict(control_types=types if control else None, Cs=Cs)
+                multilabel = False
             else:
-                features, common = {}, None
+                features, ids = {}, None
                 for choice in choices:
                     for layer in layers:
                         if (layer, choice) not in pooled_cache:
                             pooled_cache[(layer, choice)] = pooled(c, layer, choice)
                         ex, _ = pooled_cache[(layer, choice)]
-                        common = ex if common is None else np.intersect1d(common, ex)
+                        ids = ex if ids is None else np.intersect1d(ids, ex)
                 for choice in choices:
                     for layer in layers:
                         ex, X = pooled_cache[(layer, choice)]
-                        features[(layer, choice)] = X[np.searchsorted(ex, common)]
-                y, multilabel = example_target(c, target, common, vocab)
-                df = fit_probes(features, y, common, meta=meta, n_splits=n_splits, seed=seed,
-                                control_types=common if control and not multilabel else None, backend=backend,
-                                device=device, Cs=bow_Cs if multilabel and bow_Cs is not None else Cs,
-                                inner_splits=inner_splits, max_iter=max_iter)
+                        features[(layer, choice)] = X[np.searchsorted(ex, ids)]
+                y, multilabel = example_target(c, target, ids, vocab)
+                groups, grouping = groups_of(c.examples.loc[ids])
+                if length_baseline and kind == "trained":
+                    features[(pd.NA, "length_only")] = length_features(c, ids)
+                fit_kw = dict(control_types=ids if control and not multilabel else None,
+                              Cs=bow_Cs if multilabel and bow_Cs is not None else Cs)
+            meta["grouping"] = grouping
+            df, results = fit_probes(features, y, groups, meta=meta, n_splits=n_splits, seed=seed, backend=backend,
+                                     device=device, inner_splits=inner_splits, max_iter=max_iter, **fit_kw)
             df["model_kind"] = kind
             frames.append(df)
+            if items:
+                item_frames.append(_item_rows(results, meta, kind, ids, tokens))
             bar.update(1)
     bar.close()
     df = pd.concat(frames, ignore_index=True) if frames else make_table([])
-    return keep_table(df, path)
+    keep_table(df, path)
+    if item_frames:
+        keep_table(pd.concat(item_frames, ignore_index=True), items_path)
+    return (df, pd.concat(item_frames, ignore_index=True)) if items else df
+
+
+def _describe(condition: Mapping[str, object]) -> str:
+    return ",".join(f"{k}={v}" for k, v in condition.items())
+
+
+def compare_probes(items: pd.DataFrame, a: Mapping[str, object], b: Mapping[str, object], *,
+                   family: str | None = None, n_resamples: int = 2000, seed: int = 0,
+                   confidence: float = 0.95) -> pd.DataFrame:
+    """Paired differences between two sets of probes, on the same out-of-fold items.
+
+    ``items``: the item table of :func:`run_probes` (``items=True``), possibly concatenated over
+    caches (formats) of the same corpus. ``a`` / ``b``: column filters naming the two conditions,
+    e.g. ``a={"role": "cls"}, b={"role": "mean"}`` (same cache), ``a={"format": "pair_cls_first"},
+    b={"format": "pair_cls_last"}`` (two caches of the same examples: the same splits when the
+    labels, groups and seed agree), ``a={"model_kind": "trained"}, b={"model_kind": "random_init"}``.
+    Rows of ``a`` and ``b`` are matched on the :data:`ITEM_KEYS` not named in the filters (``model``
+    is left out of the match too when ``model_kind`` is compared: a random-init model has its own
+    label; a key empty on one side only, such as the layer of ``role = "length_only"``, is not
+    matched, so ``b={"role": "length_only"}`` is compared with every layer of ``a``), then on
+    ``example`` and ``token``; each matched cell (e.g. one layer x target) gives one
+    row: :func:`analyses.stats.paired_difference` of ``correct`` (a − b; 0/1 accuracy, or per-item F1
+    for multi-label targets) over the cell's items, clustered by ``group``.
+
+    Returns a tidy table (``make_table``): the cell's keys, ``analysis = "probe_comparison"``,
+    ``metric = "difference"``, ``condition_a`` / ``condition_b`` (the filters as ``k=v``),
+    ``value``, ``ci_low``, ``ci_high``, ``p_value``, ``se``, ``mde``, ``n``, ``n_groups``,
+    ``groups_needed`` (groups that would detect :data:`analyses.stats.DETECTABLE_EFFECT`, by
+    :func:`analyses.stats.groups_needed`), ``grouping``,
+    ``same_folds`` (whether every matched item was in the same outer fold under both), ``family``
+    (default ``"<a> vs <b>"``) and ``p_holm``: Holm-adjusted over all rows of this call, the declared
+    family (:func:`analyses.stats.holm`). Raises ``ValueError`` when a filter names an unknown
+    column or matches no row, or when no item matches.
+    """
+    for name, cond in (("a", a), ("b", b)):
+        if not cond:
+            raise ValueError(f"compare_probes: condition {name} is empty; give a column filter such as role='cls'")
+        unknown = [k for k in cond if k not in items.columns]
+        if unknown:
+            raise ValueError(f"compare_probes: condition {name}={dict(cond)} names unknown columns {unknown}; "
+                             f"item columns: {list(items.columns)}")
+    named = set(a) | set(b)
+    on = [k for k in ITEM_KEYS if k not in named and not (k == "model" and "model_kind" in named)]
+
+    def select(cond):
+        mask = np.ones(len(items), dtype=bool)
+        for k, v in cond.items():
+            mask &= (items[k] == v).to_numpy(dtype=bool, na_value=False)
+        return items[mask]
+
+    A, B = select(a), select(b)
+    for name, cond, part in (("a", a, A), ("b", b, B)):
+        if part.empty:
+            raise ValueError(f"compare_probes: condition {name}={dict(cond)} matches no item")
+    cols = ["example", "token", "group", "fold", "correct", "grouping"]
+    # A key empty on one side only (the layer of a length_only probe) is not matched: that side's
+    # probe is compared with every cell of the other.
+    empty_a = {k for k in on if A[k].isna().all()}
+    empty_b = {k for k in on if B[k].isna().all()}
+    shared = [k for k in on if (k in empty_a) == (k in empty_b)]
+    keys = shared + ["example", "token"]
+    merged = A[[k for k in on if k not in empty_a or k in empty_b] + cols].merge(
+        B[[k for k in on if k not in empty_b or k in empty_a] + cols], on=keys, suffixes=("_a", "_b"))
+    if merged.empty:
+        raise ValueError(f"compare_probes: no item of a={dict(a)} matches one of b={dict(b)} on {keys}")
+    bad = (merged["group_a"].astype(str) != merged["group_b"].astype(str))
+    if bad.any():
+        raise ValueError(f"compare_probes: {int(bad.sum())} matched items have different groups in a and b; "
+                         "they are not the same items")
+    family = family if family is not None else f"{_describe(a)} vs {_describe(b)}"
+    rows = []
+    for cell, part in merged.groupby(on, sort=False, dropna=False) if on else [((), merged)]:
+        cell = cell if isinstance(cell, tuple) else (cell,)
+        res = paired_difference(part["correct_a"].to_numpy(float), part["correct_b"].to_numpy(float),
+                                part["group_a"].astype(str).to_numpy(), n_resamples=n_resamples, seed=seed,
+                                confidence=confidence)
+        rows.append({**dict(zip(on, cell)), "analysis": "probe_comparison", "metric": "difference",
+                     "condition_a": _describe(a), "condition_b": _describe(b), **res,
+                     "groups_needed": groups_needed(DETECTABLE_EFFECT, res["se"], res["n_groups"])
+                     if np.isfinite(res["se"]) else pd.NA,
+                     "grouping": part["grouping_a"].iloc[0], "seed": seed,
+                     "same_folds": bool((part["fold_a"] == part["fold_b"]).all()), "family": family})
+    df = make_table(rows)
+    df["p_holm"] = holm(df["p_value"].to_numpy(float))
+    return df
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -221,10 +387,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m analyses.probes",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Linear probes (logistic regression, standardised features, C by grouped inner CV) on "
-                    "cached states, scored by cross-validation grouped by example, with the majority "
-                    "baseline, a control task (Hewitt & Liang 2019) and selectivity; optionally the same "
-                    "probes on a randomly initialised model's cache.",
-        epilog="targets:\n" + "\n".join(f"  {k:<10} {v}" for k, v in TARGETS.items())
+                    "cached states, scored by cross-validation grouped by document (by example when the "
+                    "corpus has no documents), pooled out-of-fold scores with cluster-bootstrap CIs, the "
+                    "majority baseline and the minimum detectable difference from it, a control task "
+                    "(Hewitt & Liang 2019) and selectivity; optionally the same probes on a randomly "
+                    "initialised model's cache. With --items the per-item out-of-fold predictions are "
+                    "stored beside the table (probe_items-<key>).",
+        epilog="targets:\n" + "\n".join(f"  {k:<11} {v}" for k, v in TARGETS.items())
                + "\ntoken choices: cls, sep<i>, sep_last, mean, max, first_word, mean_s<i>, pos<k>",
     )
     p.add_argument("cache", help="cache directory")
@@ -236,9 +405,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--vocab", type=int, default=50, help="words in bag-of-words targets (default 50)")
     p.add_argument("--max-tokens", type=int, default=6000, help="token-level targets: at most this many tokens")
     p.add_argument("--no-control", action="store_true", help="skip the control task")
+    p.add_argument("--length-baseline", action="store_true",
+                   help="also probe each example-level target from the sentences' word counts (role length_only)")
     p.add_argument("--device", default=None, help="torch device for the batched probes (default: CUDA if available)")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="torch (default): all probes batched, on the GPU when present; sklearn: one CV per probe (reference)")
+    p.add_argument("--items", action="store_true",
+                   help="also store the per-item out-of-fold predictions (probe_items-<key>, for compare_probes)")
     add_output_options(p)
     args = p.parse_args(argv)
     try:
@@ -247,8 +420,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         layers = parse_layers(args.layers)
         df = run_probes(cache, args.choices.split(","), args.targets.split(","), layers=layers, random_cache=rnd,
                         n_splits=args.folds, seed=args.seed, control=not args.no_control, vocab=args.vocab,
-                        max_tokens=args.max_tokens, device=args.device, backend=args.backend, out=args.out,
-                        force=args.force)
+                        max_tokens=args.max_tokens, device=args.device, backend=args.backend,
+                        length_baseline=args.length_baseline, items=args.items, out=args.out, force=args.force)
+        if args.items:
+            df = df[0]
     except CLI_ERRORS as err:
         return cli_error(err)
     main_metric = df["metric"].isin(["accuracy", "micro_f1"])

@@ -8,11 +8,14 @@ Protocol (DESIGN.md "Linear probes"), shared by the scikit-learn reference and t
   thing in both paths; multinomial for more than two classes, a single sigmoid for two, one sigmoid
   per column (one-vs-rest, one shared ``C``) for multi-label targets;
 * ``C`` chosen from a grid by an inner k-fold cross-validation on the outer training rows (grouped
-  by example id), then the probe is refit on all outer training rows;
-* scored by an outer k-fold cross-validation grouped by example id (the tokens of one example never
-  straddle train and test; stratified by label for single-label targets), with a 95% t-interval
-  over folds, a majority baseline, and optionally a control task (Hewitt & Liang 2019, "Designing
-  and Interpreting Probes with Control Tasks") with selectivity = task accuracy - control accuracy.
+  like the outer folds), then the probe is refit on all outer training rows;
+* scored by an outer k-fold cross-validation grouped by ``groups`` (documents when the corpus has
+  them, else examples: :func:`groups_of`; a group never straddles train and test; stratified by
+  label for single-label targets), pooled over the out-of-fold predictions (kept per item in
+  ``ProbeResult.items``) with a 95% cluster-bootstrap interval over the groups, a majority
+  baseline, the minimum detectable difference from it, and optionally a control task (Hewitt &
+  Liang 2019, "Designing and Interpreting Probes with Control Tasks") with selectivity = task
+  accuracy - control accuracy.
 
 ``LinearProbe`` / ``cross_validate_probe`` are the scikit-learn reference (float64, one probe at a
 time); ``probe_many`` / ``probe_many_results`` fit many feature sets (layers x token choices) x folds
@@ -30,8 +33,9 @@ tolerance (``tests/test_probes.py``; ``benchmarks/probe_speed.py`` times both).
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Hashable, Literal, Mapping, Sequence
 
 import numpy as np
@@ -46,6 +50,7 @@ from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
 from analyses.results import make_table
+from analyses.stats import cluster_se, minimum_detectable_effect
 
 #: Default grid of inverse regularisation strengths (for standardised features).
 DEFAULT_CS: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
@@ -164,6 +169,34 @@ def make_splits(y: np.ndarray, groups: np.ndarray, n_splits: int, seed: int) -> 
     return [(np.sort(tr), np.sort(te)) for tr, te in splits]
 
 
+#: How items are grouped for splits, inner CV and bootstraps: by the document they come from (the corpus
+#: has a ``doc`` label), or each example on its own.
+GROUPINGS: tuple[str, ...] = ("document", "example")
+
+
+def groups_of(examples: pd.DataFrame) -> tuple[np.ndarray, str]:
+    """The one rule for what a probe (or a fine-tuning split, or a bootstrap) groups by.
+
+    ``examples``: a cache's example table (``cache.examples``, or rows of it, in the order of the
+    items), indexed by example id. Returns ``(groups, grouping)``: the ``doc`` label of every row
+    (column ``label_doc``, as a cache stores it, or ``doc``) and ``"document"`` when there is one
+    with no missing value (sentences of one article share names and vocabulary,
+    so they must stay on one side of every split); otherwise the example ids (the index) and
+    ``"example"``. Feed ``groups`` to :func:`make_splits`: the outer splits are a pure function of
+    ``(y, groups, n_splits, seed)``, so any model evaluated on ``make_splits(y, groups, n_splits,
+    seed)`` sees the same test items as the probes.
+
+    >>> groups_of(pd.DataFrame({"doc": ["a", "a", "b"]}, index=[4, 5, 6]))
+    (array(['a', 'a', 'b'], dtype=object), 'document')
+    >>> groups_of(pd.DataFrame({"topic": ["x", "y"]}, index=[4, 5]))
+    (array([4, 5]), 'example')
+    """
+    col = next((c for c in ("label_doc", "doc") if c in examples.columns), None)
+    if col is not None and len(examples) and examples[col].notna().all():
+        return examples[col].to_numpy(dtype=object), "document"
+    return examples.index.to_numpy(), "example"
+
+
 def fold_t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
     """Mean and Student-t interval over folds: ``mean -/+ t_{(1+conf)/2, k-1} * s / sqrt(k)``.
 
@@ -227,6 +260,36 @@ def _evaluate_fold(y_train: np.ndarray, y_test: np.ndarray, P_test: np.ndarray, 
         "majority_baseline_macro_auc": _macro_auc(y_test, const),
         "chance_micro_f1": float(2 * (p * q).sum() / (p.sum() + q.sum())) if p.sum() + q.sum() > 0 else 0.0,
     }
+
+
+def _fold_items(y_train: np.ndarray, y_test: np.ndarray, P_test: np.ndarray, classes: np.ndarray,
+                multilabel: bool) -> dict[str, np.ndarray]:
+    """Per-item out-of-fold outputs of one outer fold, each ``(n_test,)``.
+
+    ``num`` / ``den``: the item's contribution to the primary metric, which is ``Σ num / Σ den`` over
+    any set of items: single-label ``num`` = 1 if correct, ``den`` = 1 (accuracy); multi-label
+    ``num = 2 TP_i``, ``den = 2 TP_i + FP_i + FN_i`` (micro-F1). ``correct``: single-label 0/1;
+    multi-label the item's own F1 ``num / den`` (1 when it has no true and no predicted label), the
+    per-item score paired comparisons use. ``baseline_num`` / ``baseline_den``: the same for the
+    majority baseline of :func:`_evaluate_fold`. Single-label also ``y_pred`` (the predicted label).
+    """
+    if not multilabel:
+        pred = classes[np.argmax(P_test, axis=1)]
+        labels, counts = np.unique(y_train, return_counts=True)
+        correct = (pred == y_test).astype(np.float64)
+        ones = np.ones(len(y_test))
+        return {"y_pred": pred, "num": correct, "den": ones, "correct": correct,
+                "baseline_num": (y_test == labels[np.argmax(counts)]).astype(np.float64), "baseline_den": ones}
+
+    def contributions(pred: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        truth = y_test == 1
+        tp, fp, fn = (pred & truth).sum(1), (pred & ~truth).sum(1), (~pred & truth).sum(1)
+        return 2.0 * tp, 2.0 * tp + fp + fn
+
+    num, den = contributions(P_test > 0.5)
+    b_num, b_den = contributions(np.broadcast_to(y_train.mean(axis=0) > 0.5, y_test.shape))
+    correct = np.divide(num, den, out=np.ones_like(num), where=den > 0)
+    return {"num": num, "den": den, "correct": correct, "baseline_num": b_num, "baseline_den": b_den}
 
 
 def _inner_score(y_test: np.ndarray, P_test: np.ndarray, classes: np.ndarray, multilabel: bool,
@@ -430,9 +493,17 @@ class LinearProbe(ClassifierMixin, BaseEstimator):
 # Results
 
 
+#: Metrics whose interval comes from the cluster bootstrap of out-of-fold items (the rest, macro AUC
+#: and the chance micro-F1, are fold-level: mean and t-interval over folds).
+ITEM_METRICS: tuple[str, ...] = ("accuracy", "micro_f1", "majority_baseline", "control_accuracy",
+                                 "control_micro_f1", "selectivity")
+#: Default number of bootstrap resamples of a probe's interval.
+PROBE_RESAMPLES = 1000
+
+
 @dataclass(frozen=True)
 class ProbeResult:
-    """Cross-validated probe scores.
+    """Cross-validated probe scores and the out-of-fold predictions behind them.
 
     ``metric`` is the primary metric: ``"accuracy"`` (single-label) or ``"micro_f1"`` (multi-label).
     ``folds`` maps each metric name to its ``(n_splits,)`` per-fold values: the primary metric,
@@ -440,7 +511,19 @@ class ProbeResult:
     ``majority_baseline_macro_auc`` and ``chance_micro_f1``; with a control task
     ``control_<metric>`` and ``selectivity`` = ``<metric> - control_<metric>`` per fold.
     ``chosen_Cs: (n_splits,)`` is the C picked by the inner CV in each outer fold
-    (``control_chosen_Cs`` for the control probe). Intervals: :func:`fold_t_interval`.
+    (``control_chosen_Cs`` for the control probe).
+
+    ``items``: one row per item (every item is tested exactly once), columns ``item`` (position in
+    the inputs), ``group``, ``fold``, ``y_true`` / ``y_pred`` (single-label), ``num`` / ``den``
+    (contribution to the primary metric, which is ``Σ num / Σ den``), ``correct`` (0/1, or the
+    item's F1 for multi-label), ``baseline_num`` / ``baseline_den`` (majority baseline) and, with a
+    control task, ``control_num`` / ``control_den`` / ``control_correct``.
+
+    Intervals (:meth:`interval`): the metrics of :data:`ITEM_METRICS` are pooled over all
+    out-of-fold items (``Σ num / Σ den``) with a percentile cluster bootstrap over ``group``
+    (documents or examples; ``n_resamples`` resamples, ``seed``); selectivity is the paired
+    difference of the task and control scores on the same resamples. Fold-level metrics (macro AUC,
+    chance micro-F1) keep the mean and t-interval over folds (:func:`fold_t_interval`).
     """
 
     metric: str
@@ -450,10 +533,51 @@ class ProbeResult:
     n_groups: int
     control_chosen_Cs: np.ndarray | None = None
     confidence: float = 0.95
+    items: pd.DataFrame | None = field(default=None, compare=False, repr=False)
+    n_resamples: int = PROBE_RESAMPLES
+    seed: int = 0
+
+    @functools.cached_property
+    def _item_intervals(self) -> dict[str, tuple[float, float, float]]:
+        it = self.items
+        ctrl = f"control_{self.metric}"
+        parts = {self.metric: ("num", "den"), "majority_baseline": ("baseline_num", "baseline_den")}
+        if "control_num" in it.columns:
+            parts[ctrl] = ("control_num", "control_den")
+        _, codes = np.unique(it["group"].to_numpy(), return_inverse=True)
+        codes = codes.reshape(-1)
+        G = int(codes.max()) + 1
+        sums = {k: (np.bincount(codes, weights=it[a].to_numpy(float), minlength=G),
+                    np.bincount(codes, weights=it[b].to_numpy(float), minlength=G)) for k, (a, b) in parts.items()}
+        point = {k: float(sn.sum() / sd.sum()) if sd.sum() > 0 else math.nan for k, (sn, sd) in sums.items()}
+        if ctrl in point:
+            point["selectivity"] = point[self.metric] - point[ctrl]
+        if G < 2:
+            return {k: (v, math.nan, math.nan) for k, v in point.items()}
+        draws = np.random.default_rng(self.seed).integers(0, G, size=(self.n_resamples, G))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            boot = {k: sn[draws].sum(1) / sd[draws].sum(1) for k, (sn, sd) in sums.items()}
+        if ctrl in boot:
+            boot["selectivity"] = boot[self.metric] - boot[ctrl]
+        a = (1 - self.confidence) / 2
+        out = {}
+        for k, b in boot.items():
+            b = b[np.isfinite(b)]
+            lo, hi = np.quantile(b, [a, 1 - a]) if b.size else (math.nan, math.nan)
+            out[k] = (point[k], float(lo), float(hi))
+        return out
+
+    def ci_method(self, name: str | None = None) -> str:
+        """``"cluster_bootstrap"`` (items pooled, groups resampled) or ``"t_folds"`` (t over folds)."""
+        name = name if name is not None else self.metric
+        return "cluster_bootstrap" if self.items is not None and name in self._item_intervals else "t_folds"
 
     def interval(self, name: str | None = None) -> tuple[float, float, float]:
-        """``(mean, ci_low, ci_high)`` of one metric over folds (the primary metric by default)."""
-        return fold_t_interval(self.folds[name if name is not None else self.metric], self.confidence)
+        """``(value, ci_low, ci_high)`` of one metric (the primary metric by default); see the class."""
+        name = name if name is not None else self.metric
+        if self.ci_method(name) == "cluster_bootstrap":
+            return self._item_intervals[name]
+        return fold_t_interval(self.folds[name], self.confidence)
 
     @property
     def scores(self) -> np.ndarray:
@@ -462,7 +586,8 @@ class ProbeResult:
 
     @property
     def mean(self) -> float:
-        return float(np.mean(self.scores))
+        """The primary metric (pooled over out-of-fold items when they are kept)."""
+        return self.interval()[0]
 
     @property
     def ci(self) -> tuple[float, float]:
@@ -470,24 +595,54 @@ class ProbeResult:
 
     @property
     def majority_baseline(self) -> float:
-        return float(np.mean(self.folds["majority_baseline"]))
+        return self.interval("majority_baseline")[0]
 
     @property
     def control_score(self) -> float | None:
         key = f"control_{self.metric}"
-        return float(np.mean(self.folds[key])) if key in self.folds else None
+        return self.interval(key)[0] if key in self.folds else None
 
     @property
     def selectivity(self) -> float | None:
-        return float(np.mean(self.folds["selectivity"])) if "selectivity" in self.folds else None
+        return self.interval("selectivity")[0] if "selectivity" in self.folds else None
+
+    @property
+    def mde(self) -> float:
+        """Minimum detectable difference from the majority baseline at this sample
+        (:func:`analyses.stats.minimum_detectable_effect` of the cluster-robust SE of the per-item
+        score minus the baseline's per-item score); NaN without items."""
+        if self.items is None:
+            return math.nan
+        it = self.items
+        base = np.divide(it["baseline_num"].to_numpy(float), it["baseline_den"].to_numpy(float),
+                         out=np.ones(len(it)), where=it["baseline_den"].to_numpy(float) > 0)
+        se = cluster_se(it["correct"].to_numpy(float) - base, it["group"].to_numpy())
+        return minimum_detectable_effect(se) if np.isfinite(se) else math.nan
 
     def summary(self) -> dict[str, tuple[float, float, float]]:
-        """Every metric -> ``(mean, ci_low, ci_high)``."""
+        """Every metric -> ``(value, ci_low, ci_high)``."""
         return {name: self.interval(name) for name in self.folds}
 
 
+def _items_table(outer, fold_items: list[dict[str, np.ndarray]], y: np.ndarray, groups: np.ndarray,
+                 multilabel: bool, control_items: list[dict[str, np.ndarray]] | None) -> pd.DataFrame:
+    """The per-item out-of-fold table of :class:`ProbeResult` from each fold's :func:`_fold_items`."""
+    parts = []
+    for o, (_, te) in enumerate(outer):
+        d = {"item": te, "group": groups[te], "fold": np.full(len(te), o)}
+        if not multilabel:
+            d["y_true"] = y[te]
+        d.update(fold_items[o])
+        if control_items is not None:
+            c = control_items[o]
+            d.update(control_num=c["num"], control_den=c["den"], control_correct=c["correct"])
+        parts.append(pd.DataFrame(d))
+    return pd.concat(parts, ignore_index=True).sort_values("item", kind="stable").reset_index(drop=True)
+
+
 def _result(multilabel: bool, fold_dicts: list[dict[str, float]], chosen: list[float], n: int, n_groups: int,
-            control: list[float] | None, control_Cs: list[float] | None, confidence: float) -> ProbeResult:
+            control: list[float] | None, control_Cs: list[float] | None, confidence: float,
+            items: pd.DataFrame | None = None, n_resamples: int = PROBE_RESAMPLES, seed: int = 0) -> ProbeResult:
     metric = "micro_f1" if multilabel else "accuracy"
     folds = {k: np.array([d[k] for d in fold_dicts]) for k in fold_dicts[0]}
     if control is not None:
@@ -495,22 +650,25 @@ def _result(multilabel: bool, fold_dicts: list[dict[str, float]], chosen: list[f
         folds["selectivity"] = folds[metric] - folds[f"control_{metric}"]
     return ProbeResult(metric=metric, folds=folds, chosen_Cs=np.asarray(chosen), n=n, n_groups=n_groups,
                        control_chosen_Cs=None if control_Cs is None else np.asarray(control_Cs),
-                       confidence=confidence)
+                       confidence=confidence, items=items, n_resamples=n_resamples, seed=seed)
 
 
 def probe_rows(result: ProbeResult, *, analysis: str = "probe", model: str | None = None,
                corpus: str | None = None, format: str | None = None, layer: int | None = None,
                role: str | None = None, target: str | None = None, seed: int | None = None,
                **extra: Any) -> list[dict[str, Any]]:
-    """One tidy row per metric of ``result`` (value = mean over folds, ci_low/ci_high = t-interval,
-    n = items), with extra columns ``n_folds``, ``n_groups`` and ``chosen_C`` (per-fold Cs joined
-    by ';'). Feed to :func:`analyses.results.make_table`."""
+    """One tidy row per metric of ``result`` (value, ci_low, ci_high from :meth:`ProbeResult.interval`,
+    n = items), with extra columns ``ci_method`` (``cluster_bootstrap`` or ``t_folds``), ``mde``
+    (on the primary metric's row: :attr:`ProbeResult.mde`, the smallest difference from the majority
+    baseline this sample detects; NaN on other rows), ``n_folds``, ``n_groups`` and ``chosen_C``
+    (per-fold Cs joined by ';'). Feed to :func:`analyses.results.make_table`."""
     chosen = ";".join(f"{c:g}" for c in result.chosen_Cs)
     rows = []
     for name, (value, lo, hi) in result.summary().items():
         rows.append({"analysis": analysis, "model": model, "corpus": corpus, "format": format, "layer": layer,
                      "role": role, "target": target, "metric": name, "value": value, "ci_low": lo, "ci_high": hi,
                      "n": result.n, "seed": seed, "n_folds": len(result.scores), "n_groups": result.n_groups,
+                     "ci_method": result.ci_method(name), "mde": result.mde if name == result.metric else math.nan,
                      "chosen_C": chosen, **extra})
     return rows
 
@@ -527,7 +685,7 @@ def probe_table(result: ProbeResult, **meta: Any) -> pd.DataFrame:
 def cross_validate_probe(X: Any, y: Any, groups: Any = None, n_splits: int = 5, seed: int = 0, *,
                          Cs: Sequence[float] = DEFAULT_CS, inner_splits: int = 3, select_by: SelectBy = "log_loss",
                          max_iter: int = 1000, tol: float = 1e-4, control_types: Any = None,
-                         confidence: float = 0.95) -> ProbeResult:
+                         confidence: float = 0.95, n_resamples: int = PROBE_RESAMPLES) -> ProbeResult:
     """Grouped outer k-fold CV of :class:`LinearProbe` (scikit-learn reference path).
 
     ``X: (n_items, dim)``; ``y: (n_items,)`` labels, or ``(n_items, n_labels)`` 0/1 for a
@@ -535,11 +693,12 @@ def cross_validate_probe(X: Any, y: Any, groups: Any = None, n_splits: int = 5, 
     Outer splits: :func:`make_splits` with ``seed``; in each outer fold the probe standardises on
     the training rows, picks C by grouped inner CV (``inner_splits``, same ``seed``) and refits.
 
-    Reported (see :class:`ProbeResult`): single-label -> per-fold accuracy, its mean and a 95%
-    Student-t interval over folds (:func:`fold_t_interval`), the majority baseline (most frequent
-    training-fold label scored on the test fold); multi-label -> micro-F1 (threshold 0.5) and macro
-    ROC AUC (over labels with both values in the test fold), with the baselines of
-    :func:`_evaluate_fold`. With ``control_types: (n_items,)`` the same probe is also fit, on the
+    Reported (see :class:`ProbeResult`): single-label -> accuracy pooled over the out-of-fold
+    predictions with a 95% cluster-bootstrap interval over ``groups`` (``n_resamples``), the
+    majority baseline (most frequent training-fold label scored on the test fold); multi-label ->
+    micro-F1 (threshold 0.5, pooled the same way) and macro ROC AUC (over labels with both values in
+    the test fold; mean and t-interval over folds), with the baselines of :func:`_evaluate_fold`.
+    The per-item out-of-fold predictions are kept in ``result.items``. With ``control_types: (n_items,)`` the same probe is also fit, on the
     same folds, to :func:`control_labels` ``(y, control_types, seed)`` and ``control_<metric>`` and
     ``selectivity`` (Hewitt & Liang 2019) are added.
     """
@@ -551,8 +710,8 @@ def cross_validate_probe(X: Any, y: Any, groups: Any = None, n_splits: int = 5, 
     splits = make_splits(y, groups, n_splits, seed)
     classes = np.arange(y.shape[1]) if multilabel else np.unique(y)
 
-    def run(labels: np.ndarray) -> tuple[list[dict[str, float]], list[float]]:
-        out, chosen = [], []
+    def run(labels: np.ndarray):
+        out, items, chosen = [], [], []
         for tr, te in splits:
             fitted = clone(probe).fit(X[tr], labels[tr], groups[tr])
             P = fitted.predict_proba(X[te])
@@ -561,16 +720,19 @@ def cross_validate_probe(X: Any, y: Any, groups: Any = None, n_splits: int = 5, 
                 full[:, np.searchsorted(classes, fitted.classes_)] = P
                 P = full
             out.append(_evaluate_fold(labels[tr], labels[te], P, classes, multilabel))
+            items.append(_fold_items(labels[tr], labels[te], P, classes, multilabel))
             chosen.append(fitted.C_)
-        return out, chosen
+        return out, items, chosen
 
-    fold_dicts, chosen = run(y)
-    control = control_Cs = None
+    fold_dicts, fold_items, chosen = run(y)
+    control = control_Cs = control_items = None
     if control_types is not None:
         yc, _ = _check_y(control_labels(y, control_types, seed), X.shape, what="control labels")
-        control_dicts, control_Cs = run(yc)
+        control_dicts, control_items, control_Cs = run(yc)
         control = [d["micro_f1" if multilabel else "accuracy"] for d in control_dicts]
-    return _result(multilabel, fold_dicts, chosen, X.shape[0], n_groups, control, control_Cs, confidence)
+    items = _items_table(splits, fold_items, y, groups, multilabel, control_items)
+    return _result(multilabel, fold_dicts, chosen, X.shape[0], n_groups, control, control_Cs, confidence,
+                   items, n_resamples, seed)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -812,7 +974,7 @@ def probe_many_results(features: Mapping[Hashable, Any], y: Any, groups: Any = N
                        select_by: SelectBy = "log_loss", max_iter: int = 1000, tol: float = 1e-4,
                        control_types: Any = None, device: str | None = None, dtype: str = "float32",
                        max_batch_elements: int = 2 ** 27, num_threads: int | None = None,
-                       confidence: float = 0.95) -> dict[Hashable, ProbeResult]:
+                       confidence: float = 0.95, n_resamples: int = PROBE_RESAMPLES) -> dict[Hashable, ProbeResult]:
     """The protocol of :func:`cross_validate_probe` for many feature sets at once, in torch.
 
     ``features``: name -> ``(n_items, dim)`` array (e.g. ``(layer, role)`` -> states), all with the
@@ -831,20 +993,20 @@ def probe_many_results(features: Mapping[Hashable, Any], y: Any, groups: Any = N
         return _probe_many_results(features, y, groups, n_splits=n_splits, seed=seed, Cs=Cs, inner_splits=inner_splits,
                                    select_by=select_by, max_iter=max_iter, tol=tol, control_types=control_types,
                                    device=device, dtype=dtype, max_batch_elements=max_batch_elements,
-                                   confidence=confidence)
+                                   confidence=confidence, n_resamples=n_resamples)
     before = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
         return _probe_many_results(features, y, groups, n_splits=n_splits, seed=seed, Cs=Cs, inner_splits=inner_splits,
                                    select_by=select_by, max_iter=max_iter, tol=tol, control_types=control_types,
                                    device=device, dtype=dtype, max_batch_elements=max_batch_elements,
-                                   confidence=confidence)
+                                   confidence=confidence, n_resamples=n_resamples)
     finally:
         torch.set_num_threads(before)
 
 
 def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits, select_by, max_iter, tol,
-                        control_types, device, dtype, max_batch_elements, confidence):
+                        control_types, device, dtype, max_batch_elements, confidence, n_resamples):
     torch = _torch()
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}; got dtype={dtype!r}")
@@ -944,13 +1106,16 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
         if binary:
             P = np.concatenate([1 - P, P], axis=2)
         for b, key in enumerate(keys):
-            per_label = []
+            per_label, per_items = [], []
             for l, lab in enumerate(label_sets):
                 per_label.append([_evaluate_fold(lab[tr], lab[te], P[b, te, :, l * n_splits + o], classes, multilabel)
                                   for o, (tr, te) in enumerate(outer)])
+                per_items.append([_fold_items(lab[tr], lab[te], P[b, te, :, l * n_splits + o], classes, multilabel)
+                                  for o, (tr, te) in enumerate(outer)])
             control = [d_["micro_f1" if multilabel else "accuracy"] for d_ in per_label[1]] if L > 1 else None
+            items = _items_table(outer, per_items[0], y, groups, multilabel, per_items[1] if L > 1 else None)
             results[key] = _result(multilabel, per_label[0], list(chosen[b, 0]), n, n_groups, control,
-                                   list(chosen[b, 1]) if L > 1 else None, confidence)
+                                   list(chosen[b, 1]) if L > 1 else None, confidence, items, n_resamples, seed)
         del problems, theta, X
     return {k: results[k] for k in names}
 

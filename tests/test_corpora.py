@@ -9,6 +9,7 @@ import sys
 import time
 from collections import Counter
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -62,21 +63,58 @@ def test_generated_shapes_and_labels(k):
         assert sum(e.labels["is_next"] for e in ex) == 250
 
 
-def test_generated_nsp_replaces_only_the_last_sentence_with_another_topic():
-    nsp = generated_corpus(400, k=3, seed=5, pairing="nsp")
+@pytest.mark.parametrize("negatives", corpora.NEGATIVES)
+def test_generated_nsp_replaces_only_the_last_sentence(negatives):
+    nsp = generated_corpus(400, k=3, seed=5, pairing="nsp", negatives=negatives)
     cons = generated_corpus(400, k=3, seed=5, pairing="consecutive")
     assert all(e.labels["is_next"] == 1 for e in cons)
     topic_of = {s: e.labels["topic"] for e in cons for s in e.sentences}
+    doc_sentences: dict = {}
+    for e in cons:
+        doc_sentences.setdefault(e.labels["doc"], []).extend(e.sentences)
     assert [e.id for e in nsp] == [e.id for e in cons]
     n_neg = 0
     for a, b in zip(nsp, cons):
         assert a.sentences[:2] == b.sentences[:2]
+        assert a.labels["topic_s2"] == a.labels["topic"]
         if a.labels["is_next"] == 1:
-            assert a.sentences == b.sentences
-        else:
-            n_neg += 1
-            assert topic_of[a.sentences[-1]] != a.labels["topic"]
+            assert a.sentences == b.sentences and a.labels["topic_s3"] == a.labels["topic"]
+            continue
+        n_neg += 1
+        last, own = a.sentences[-1], doc_sentences[a.labels["doc"]]
+        if negatives == "other_topic":
+            assert topic_of[last] != a.labels["topic"] == b.labels["topic_s3"]
+            assert a.labels["topic_s3"] == topic_of[last]
+        elif negatives == "same_topic":  # a fresh sentence of the same topic, from no document of the corpus
+            assert last not in own and topic_of.get(last, a.labels["topic"]) == a.labels["topic"]
+            assert a.labels["topic_s3"] == a.labels["topic"]
+        else:  # same article, at least 2 sentences from sentence 2
+            start = own.index(a.sentences[0])
+            assert last in own and abs(own.index(last) - (start + 1)) >= corpora.SAME_ARTICLE_MIN_DISTANCE
+            assert a.labels["topic_s3"] == a.labels["topic"]
     assert n_neg == 200
+
+
+def test_generated_same_topic_negatives_share_sentence_one_topic_in_words():
+    """The replacement's topic words are sentence 1's topic: a word-count classifier trained on the
+    consecutive corpus assigns the replacements sentence 1's topic."""
+    from sklearn.feature_extraction.text import CountVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+
+    cons = generated_corpus(300, k=2, seed=1, pairing="consecutive")
+    clf = make_pipeline(CountVectorizer(), LogisticRegression(max_iter=1000))
+    clf.fit([s for e in cons for s in e.sentences], [e.labels["topic"] for e in cons for _ in e.sentences])
+    negs = [e for e in generated_corpus(300, k=2, seed=1) if e.labels["is_next"] == 0]
+    agree = np.mean(clf.predict([e.sentences[1] for e in negs]) == [e.labels["topic"] for e in negs])
+    assert agree > 0.95
+
+
+def test_negatives_option_is_checked():
+    with pytest.raises(ValueError, match=r"unknown negatives 'random'; valid: same_topic, same_article, other_topic"):
+        generated_corpus(10, negatives="random")
+    with pytest.raises(ValueError, match=r"negatives='same_article' needs 5 examples \(half of 10\).*only 2 have one"):
+        corpora._nsp_negatives(10, random.Random(0), eligible=[1, 2])
 
 
 def test_generated_topic_is_decodable_from_words():
@@ -297,11 +335,36 @@ def test_bbc_max_words_topics_and_k(bbc_dir):
     assert max(len(s.split()) for e in bbc_news(k=1, max_examples=30, seed=4) for s in e.sentences) > 25
 
 
+@pytest.mark.parametrize("negatives", corpora.NEGATIVES)
+def test_bbc_negatives_by_option(bbc_dir, negatives):
+    ex = bbc_news(k=2, max_examples=60, seed=3, negatives=negatives)
+    cons = {e.id: e for e in bbc_news(k=2, max_examples=60, seed=3, pairing="consecutive")}
+    negs = [e for e in ex if e.labels["is_next"] == 0]
+    assert len(negs) == 30
+    for e in negs:
+        path = bbc_dir / f"{e.labels['doc']}.txt"
+        own = corpora.bbc_article_sentences(path)
+        if negatives == "other_topic":
+            assert e.labels["topic_s2"] != e.labels["topic"]
+            continue
+        assert e.labels["topic_s2"] == e.labels["topic"]  # negatives share sentence 1's topic
+        assert e.sentences[0] == cons[e.id].sentences[0] and e.sentences[1] != cons[e.id].sentences[1]
+        if negatives == "same_article":
+            start = own.index(e.sentences[0])
+            assert abs(own.index(e.sentences[1]) - start) >= corpora.SAME_ARTICLE_MIN_DISTANCE
+        else:
+            assert e.sentences[1] not in own  # another article of the same topic
+            others = [p for p in (bbc_dir / e.labels["topic"]).glob("*.txt") if p != path]
+            assert others  # (the topic folder holds the source article)
+
+
 def test_bbc_bad_arguments(bbc_dir):
     with pytest.raises(ValueError, match=r"unknown BBC topic\(s\) \['sport'\]; valid: business, entertainment, politics, sports, tech"):
         bbc_news(topics=["sport"])
-    with pytest.raises(ValueError, match=r"pairing='nsp' takes replacement sentences from another topic; topics=\['tech'\]"):
-        bbc_news(topics=["tech"], max_examples=4)
+    with pytest.raises(ValueError, match=r"negatives='other_topic' takes replacement sentences from another topic; topics=\['tech'\]"):
+        bbc_news(topics=["tech"], max_examples=4, negatives="other_topic")
+    with pytest.raises(ValueError, match=r"unknown negatives 'x'"):
+        bbc_news(max_examples=4, negatives="x")
     with pytest.raises(ValueError, match=r"max_words must be None or an integer >= 1, got 0"):
         bbc_news(max_words=0)
 
@@ -313,8 +376,8 @@ def test_bbc_nothing_left_errors(bbc_dir, monkeypatch):
     with pytest.raises(ValueError, match=r"no BBC examples left for topics=\['tech'\], k=2, max_words=5"):
         bbc_news(topics=["tech"], pairing="consecutive", max_words=5, max_examples=3)
     # no nsp replacement exists for the business examples
-    with pytest.raises(ValueError, match=r"no article of a topic other than 'business' has a sentence within max_words=5"):
-        bbc_news(topics=["business", "tech"], max_words=5, max_examples=4)
+    with pytest.raises(ValueError, match=r"negatives='other_topic': no sentence of a topic other than 'business' within max_words=5"):
+        bbc_news(topics=["business", "tech"], max_words=5, max_examples=4, negatives="other_topic")
 
 
 def test_missing_optional_packages_say_how_to_install(monkeypatch):
@@ -465,7 +528,7 @@ def test_load_corpus_optional_corpora():
     ("", r"corpus spec must be a non-empty string"),
     ("wiki:n=3", r"unknown corpus 'wiki' in spec 'wiki:n=3'; valid: generated, bbc, ptb, file"),
     ("data.csv", r"unknown corpus 'data.csv'.*for a file, write 'file:path=data.csv,sentences=\.\.\.'"),
-    ("generated:size=3", r"unknown key 'size' for 'generated'; valid: n, k, seed, pairing, swap, swap_fraction"),
+    ("generated:size=3", r"unknown key 'size' for 'generated'; valid: n, k, seed, pairing, negatives, swap, swap_fraction"),
     ("generated:n=abc", r"bad value 'abc' for 'n' \(number of examples\): not an integer"),
     ("generated:n=1.5", r"bad value '1.5' for 'n'"),
     ("generated:n", r"'n' is not KEY=VALUE"),
@@ -502,9 +565,12 @@ def test_read_table_quoted_delimiters_are_not_extra_fields(tmp_path):
 
 
 def test_generated_nsp_corpus_too_small_names_the_spec():
-    with pytest.raises(ValueError, match=r"corpus 'generated:n=3': n_examples=3 makes a single document .*"
+    spec = "generated:n=3,negatives=other_topic"
+    with pytest.raises(ValueError, match=rf"corpus '{spec}': n_examples=3 makes a single document .*"
                                          r"give n >= 5 .* or pairing=consecutive"):
-        load_corpus("generated:n=3")
+        load_corpus(spec)
     for n in range(5, 12):  # from 5 on there are always two documents of different topics
-        assert len(load_corpus(f"generated:n={n}")) == n
+        assert len(load_corpus(f"generated:n={n},negatives=other_topic")) == n
     assert len(load_corpus("generated:n=3,pairing=consecutive")) == 3
+    # same-topic negatives (the default) are written from the topic's own templates: one document is enough
+    assert [e.labels["topic_s2"] for e in load_corpus("generated:n=3")] == ["food"] * 3

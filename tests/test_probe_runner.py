@@ -1,10 +1,14 @@
 import numpy as np
+import pandas as pd
 import pytest
 
 from analyses.probe_runner import example_target, run_probes
 from probing.cache import Cache
 from probing.extract import extract
 from probing.models import prepare_model
+
+from analyses.vocabulary import STOP_WORDS, content_vocabulary, function_vocabulary, presence
+from probing.corpora import generated_corpus
 
 from .conftest import make_tiny_bert, sample_examples
 
@@ -23,29 +27,40 @@ def caches(tmp_path_factory, bert_tokenizer):
 def test_probe_table_has_every_cell_and_baselines(caches, tmp_path):
     a, b = caches
     kw = dict(n_splits=3, Cs=(0.1, 1.0), inner_splits=2, max_iter=100, vocab=8, progress=False)
-    df = run_probes(a, ("cls", "mean", "sep1"), ("topic", "length", "bow_s1"), random_cache=b, bow_Cs=(0.1,),
+    # fw_s1, not bow_s1: every content word of this tiny corpus is in the top frequency band
+    df = run_probes(a, ("cls", "mean", "sep1"), ("topic", "length", "fw_s1"), random_cache=b, bow_Cs=(0.1,),
                     out=tmp_path, **kw)
     acc = df[df["metric"] == "accuracy"]
     assert set(acc["model_kind"]) == {"trained", "random_init"}
     assert len(acc) == 2 * 2 * 3 * 3  # models x single-label targets x choices x layers
-    assert set(df[df["target"] == "bow_s1"]["metric"]) >= {"micro_f1", "macro_auc", "majority_baseline"}
+    assert set(df[df["target"] == "fw_s1"]["metric"]) >= {"micro_f1", "macro_auc", "majority_baseline"}
+    assert set(df["grouping"]) == {"example"} and set(df["n_groups"]) == {30}  # no doc label: one group per example
     assert set(df[df["target"] == "topic"]["metric"]) >= {"majority_baseline", "control_accuracy", "selectivity"}
-    assert (df[df["target"] == "bow_s1"]["chosen_C"].str.split(";").explode().astype(float) == 0.1).all()
-    ok = df["ci_low"].notna()
+    assert (df[df["target"] == "fw_s1"]["chosen_C"].str.split(";").explode().astype(float) == 0.1).all()
+    # bootstrap intervals of pooled scores stay in range by construction; t-intervals over folds
+    # (macro AUC) are not clipped, and say so in ci_method
+    ok = df["ci_low"].notna() & (df["ci_method"] == "cluster_bootstrap")
+    assert set(df.loc[df["metric"] == "macro_auc", "ci_method"]) == {"t_folds"}
     assert ((df.loc[ok, "ci_low"] >= -1) & (df.loc[ok, "ci_high"] <= 1)).all()
     acc_ok = ok & df["metric"].isin(["accuracy", "micro_f1"])
     assert ((df.loc[acc_ok, "ci_low"] >= 0) & (df.loc[acc_ok, "ci_high"] <= 1)).all()
     maj = df[(df["metric"] == "majority_baseline") & (df["target"] == "topic")]["value"]
     assert np.allclose(maj, maj.iloc[0])  # the same labels for every feature set
-    again = run_probes(a, ("cls", "mean", "sep1"), ("topic", "length", "bow_s1"), random_cache=b, bow_Cs=(0.1,),
+    again = run_probes(a, ("cls", "mean", "sep1"), ("topic", "length", "fw_s1"), random_cache=b, bow_Cs=(0.1,),
                        out=tmp_path, **kw)
     assert len(again) == len(df)
 
 
 def test_token_level_segment_probe(caches):
     a, _ = caches
-    df = run_probes(a, ("cls",), ("segment",), n_splits=3, Cs=(1.0,), max_iter=100, progress=False)
+    df, items = run_probes(a, ("cls",), ("segment",), n_splits=3, Cs=(1.0,), max_iter=100, progress=False,
+                           items=True)
     acc = df[df["metric"] == "accuracy"]
+    # token-level items: one row per word token and layer, grouped by example (no documents here)
+    tok = a.tokens.loc[items["token"].astype(int)]
+    assert (tok["example"].to_numpy() == items["example"].to_numpy()).all()
+    assert (tok["sentence"].astype(str).to_numpy() == items["y_true"].to_numpy()).all()
+    assert set(items["grouping"]) == {"example"} and len(items) == 3 * len(set(items["token"]))
     assert set(acc["role"]) == {"word"} and len(acc) == 3
     # the segment embedding makes sentence membership readable at the embedding layer already
     assert acc[acc["layer"] == 0]["value"].iloc[0] > 0.9
@@ -62,8 +77,10 @@ def test_targets(caches):
     assert all(n[y6 == c].max() <= n[y6 == c + 1].min() for c in sorted(set(y6))[:-1])  # bins ordered by length
     with pytest.raises(ValueError, match="at least 2 length bins"):
         example_target(a, "length1", ex)
-    Y, ml = example_target(a, "bow_s2", ex, vocab=5)
+    Y, ml = example_target(a, "fw_s2", ex, vocab=5)
     assert ml and Y.shape[0] == 30 and 0 < Y.shape[1] <= 5
+    with pytest.raises(ValueError, match="bow_s2': no word of its vocabulary varies"):
+        example_target(a, "bow_s2", ex)  # 5 subjects and 5 verbs: each content word is in 20% of sentences
     with pytest.raises(KeyError, match="no label 'nope'"):
         example_target(a, "nope", ex)
     with pytest.raises(ValueError, match="unknown token choice"):
@@ -123,3 +140,133 @@ def test_stored_tables_are_keyed_by_backend_code_and_cache_content(caches, tmp_p
     # a cache rebuilt under the same directory name (other shards, so another manifest) is another input
     same_name = types.SimpleNamespace(path=a.path, manifest={**a.manifest, "manifest_sha256": "f" * 64})
     assert R.result_key({"cache": R.cache_identity(a)}) != R.result_key({"cache": R.cache_identity(same_name)})
+
+
+@pytest.fixture(scope="module")
+def doc_caches(tmp_path_factory, bert_tokenizer):
+    """Generated corpus (documents, same-topic negatives) and one with other-topic negatives."""
+    root = tmp_path_factory.mktemp("d")
+    model = prepare_model(make_tiny_bert(bert_tokenizer, seed=0), bert_tokenizer, name="tiny")
+    out = []
+    for neg in ("same_topic", "other_topic"):
+        ex = generated_corpus(60, k=2, seed=2, negatives=neg)
+        (path,) = extract(ex, ["pair"], model=model, out=root / neg, progress=False, log=lambda *x: None)
+        out.append(Cache.open(path))
+    return out
+
+
+def test_document_grouping_items_and_length_baseline(doc_caches, tmp_path):
+    c, _ = doc_caches
+    kw = dict(n_splits=3, Cs=(1.0,), max_iter=100, vocab=10, progress=False, control=False)
+    df, items = run_probes(c, ("cls", "mean"), ("topic", "bow_s1"), length_baseline=True, items=True,
+                           out=tmp_path, **kw)
+    docs = c.examples["label_doc"]
+    assert set(df["grouping"]) == {"document"} and set(df["n_groups"]) == {docs.nunique()}
+    assert set(df["ci_method"][df["metric"].isin(["accuracy", "micro_f1"])]) == {"cluster_bootstrap"}
+    # one item row per example, layer, role and target; a document never straddles folds
+    n_layers = len(c.layers)
+    for target in ("topic", "bow_s1"):
+        t = items[items["target"] == target]
+        assert len(t) == 60 * (2 * n_layers + 1)
+        assert (t.groupby(["layer", "role", "group"], dropna=False)["fold"].nunique() == 1).all()
+        assert (t["group"].to_numpy() == docs.loc[t["example"]].to_numpy()).all()
+    # the table's value is the items' pooled score
+    acc = df[(df["metric"] == "accuracy") & (df["role"] == "cls") & (df["layer"] == 1)]["value"].iloc[0]
+    it = items[(items["target"] == "topic") & (items["role"] == "cls") & (items["layer"] == 1)]
+    assert acc == pytest.approx(it["correct"].mean())
+    f1 = df[(df["metric"] == "micro_f1") & (df["role"] == "mean") & (df["layer"] == 0)]["value"].iloc[0]
+    it = items[(items["target"] == "bow_s1") & (items["role"] == "mean") & (items["layer"] == 0)]
+    assert f1 == pytest.approx(it["num"].sum() / it["den"].sum())
+    length = df[(df["role"] == "length_only") & (df["metric"] == "accuracy")]
+    assert len(length) == 1 and length["layer"].isna().all() and 0 <= length["value"].iloc[0] <= 1
+    assert (df.loc[df["metric"] == "accuracy", "mde"] > 0).all()
+    # the length-only probe reads a length target from word counts alone
+    ln = run_probes(c, ("cls",), ("length",), length_baseline=True, **{**kw, "Cs": (100.0,)})
+    ln = ln[(ln["metric"] == "accuracy")].set_index("role")["value"]
+    assert ln.loc["length_only"] > 0.95
+    # every layer's probe against the length-only probe, paired on the same items
+    from analyses.probe_runner import compare_probes
+
+    vs_length = compare_probes(items[items["target"] == "topic"], a={"role": "cls"}, b={"role": "length_only"},
+                               n_resamples=100)
+    assert sorted(vs_length["layer"]) == list(c.layers) and (vs_length["n"] == 60).all()
+    # stored beside the result (only when asked), read back
+    assert len(list(tmp_path.glob("probe_items-*.csv"))) == 1
+    again, items2 = run_probes(c, ("cls", "mean"), ("topic", "bow_s1"), length_baseline=True, items=True,
+                               out=tmp_path, **kw)
+    assert len(items2) == len(items) and len(again) == len(df)
+
+
+def test_bow_targets_hold_content_words_only(doc_caches):
+    c, _ = doc_caches
+    sents = c.examples["sentence_1"].tolist()
+    content, function = content_vocabulary(sents, 40), function_vocabulary(sents, 40)
+    assert content and not set(content) & STOP_WORDS and set(function) <= STOP_WORDS
+    share = presence(sents, content).mean(axis=0)
+    assert share.max() <= 0.1  # the top frequency band is out
+    Y, ml = example_target(c, "bow_s1", np.arange(60), vocab=40)
+    kept = [w for w, col in zip(content, presence(sents, content).T) if 0 < col.sum() < 60]
+    assert ml and (Y == presence(sents, kept)).all()
+
+
+def test_topic_refused_where_undefined(doc_caches):
+    same, other = doc_caches
+    ex = np.arange(60)
+    y, _ = example_target(same, "topic", ex)  # same-topic negatives: every pair has one topic
+    assert (y == same.labels("topic_s2", ex)).all()
+    with pytest.raises(ValueError, match=r"target 'topic' is undefined for 30 of 60 examples.*topic_s1 or topic_s2"):
+        example_target(other, "topic", ex)
+    s1, _ = example_target(other, "topic_s1", ex)
+    s2, _ = example_target(other, "topic_s2", ex)
+    assert (s1 == other.labels("topic", ex)).all() and (s1 != s2).sum() == 30
+
+
+def test_compare_probes_pairs_items(doc_caches):
+    from analyses.probe_runner import compare_probes
+
+    c, _ = doc_caches
+    _, items = run_probes(c, ("cls", "mean"), ("topic",), n_splits=3, Cs=(1.0,), max_iter=100, items=True,
+                          progress=False, control=False)
+    cmp = compare_probes(items, a={"role": "cls"}, b={"role": "mean"}, n_resamples=200)
+    assert len(cmp) == len(c.layers) and set(cmp["analysis"]) == {"probe_comparison"}
+    assert cmp["same_folds"].all() and set(cmp["grouping"]) == {"document"}
+    assert (cmp["p_holm"] >= cmp["p_value"] - 1e-12).all() and set(cmp["family"]) == {"role=cls vs role=mean"}
+    assert (cmp["mde"] > 0).all() and (cmp["groups_needed"] > 0).all()
+    one = cmp[cmp["layer"] == 1].iloc[0]
+    a = items[(items["role"] == "cls") & (items["layer"] == 1)].set_index("example")["correct"]
+    b = items[(items["role"] == "mean") & (items["layer"] == 1)].set_index("example")["correct"]
+    assert one["value"] == pytest.approx((a - b.loc[a.index]).mean())
+    assert one["n"] == 60 and one["n_groups"] == c.examples["label_doc"].nunique()
+    assert one["ci_low"] <= one["value"] <= one["ci_high"]
+    with pytest.raises(ValueError, match=r"condition a=\{'nope': 1\} names unknown columns \['nope'\]"):
+        compare_probes(items, a={"nope": 1}, b={"role": "mean"})
+    with pytest.raises(ValueError, match=r"condition b=\{'role': 'sep9'\} matches no item"):
+        compare_probes(items, a={"role": "cls"}, b={"role": "sep9"})
+
+
+def test_cli_refuses_undefined_topic_and_stores_items(doc_caches, tmp_path, capsys):
+    from analyses.probe_runner import main
+
+    same, other = doc_caches
+    out = tmp_path / "r"
+    assert main([str(other.path), "--targets", "topic", "--out", str(out), "--folds", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "error: target 'topic' is undefined for 30 of 60" in err and "topic_s1 or topic_s2" in err
+    assert not out.exists()
+    assert main([str(same.path), "--targets", "is_next", "--choices", "cls", "--layers", "0", "--folds", "3",
+                 "--items", "--no-control", "--out", str(out)]) == 0
+    items = pd.read_csv(next(out.glob("probe_items-*.csv")))
+    assert len(items) == 60 and set(items["grouping"]) == {"document"} and set(items["y_true"]) == {0, 1}
+
+
+def test_compare_trained_with_random_init_on_the_same_items(caches):
+    from analyses.probe_runner import compare_probes
+
+    a, b = caches
+    _, items = run_probes(a, ("cls",), ("topic",), random_cache=b, n_splits=3, Cs=(1.0,), max_iter=100,
+                          items=True, progress=False, control=False)
+    assert items.groupby("model_kind")["model"].nunique().tolist() == [1, 1]  # the two models' labels differ
+    cmp = compare_probes(items, a={"model_kind": "trained"}, b={"model_kind": "random_init"}, n_resamples=200,
+                         family="Q3 trained vs random")
+    assert len(cmp) == 3 and cmp["same_folds"].all() and (cmp["n"] == 30).all()
+    assert set(cmp["family"]) == {"Q3 trained vs random"} and set(cmp["grouping"]) == {"example"}

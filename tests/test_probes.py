@@ -356,3 +356,64 @@ def test_mdl_online_code_known_answers():
     assert 0.6 < noise["compression"] < 1.1  # overfitting the first small blocks costs a little
     with pytest.raises(ValueError, match=r"fractions=\[0.5, 0.9\]"):
         mdl_online_codelength(X, y, fractions=(0.5, 0.9))
+
+
+def _leaky(seed: int, n_docs: int = 40, per_doc: int = 8, dim: int = 64):
+    """Items of one document share a document-specific vector and the document's label; nothing else
+    carries the label. A probe can learn "this document -> its label", which transfers only to items of
+    documents it has seen."""
+    rng = np.random.default_rng(seed)
+    doc = np.repeat(np.arange(n_docs), per_doc)
+    y = rng.permutation(np.arange(n_docs) % 2)[doc]
+    X = 3.0 * rng.normal(size=(n_docs, dim))[doc] + rng.normal(size=(doc.size, dim))
+    return X, y, doc
+
+
+def test_document_grouping_lowers_a_planted_leaky_score():
+    from analyses.probes import groups_of
+
+    X, y, doc = _leaky(0)
+    by_example = cross_validate_probe(X, y, groups=None, n_splits=5, Cs=(1.0,))
+    by_document = cross_validate_probe(X, y, groups=doc, n_splits=5, Cs=(1.0,))
+    assert by_example.mean > 0.9  # the leak: documents on both sides of the split
+    assert abs(by_document.mean - 0.5) < 0.15 and by_document.ci[0] < 0.5 < by_document.ci[1]
+    assert by_document.n_groups == 40 and by_example.n_groups == 320
+    groups, grouping = groups_of(pd.DataFrame({"label_doc": doc}))
+    assert grouping == "document" and (groups == doc).all()
+
+
+def test_out_of_fold_items_and_bootstrap_interval():
+    X, y, doc = _leaky(1)
+    X[:, 0] += 2.0 * y  # a real signal this time
+    res = cross_validate_probe(X, y, groups=doc, n_splits=4, Cs=(0.1, 1.0), inner_splits=2,
+                               control_types=np.arange(len(y)))
+    it = res.items
+    assert list(it["item"]) == list(range(len(y)))  # every item tested once
+    assert (it.groupby("group")["fold"].nunique() == 1).all()  # a document in one fold
+    assert (it["correct"] == (it["y_pred"] == it["y_true"])).all()
+    per_fold = it.groupby("fold")["correct"].mean().to_numpy()
+    np.testing.assert_allclose(per_fold, res.folds["accuracy"])  # the fold scores come from the same predictions
+    value, lo, hi = res.interval()
+    assert value == pytest.approx(it["correct"].mean()) and lo < value < hi
+    assert res.ci_method() == "cluster_bootstrap"
+    # the interval is the cluster bootstrap of the pooled items over documents
+    from analyses.stats import bootstrap_ci
+
+    ref = bootstrap_ci(it["correct"].to_numpy(float), it["group"].to_numpy(), n_resamples=1000)
+    assert lo == pytest.approx(ref[1], abs=0.03) and hi == pytest.approx(ref[2], abs=0.03)
+    sel = res.interval("selectivity")
+    assert sel[0] == pytest.approx(it["correct"].mean() - it["control_correct"].mean())
+    assert res.mde > 0 and np.isfinite(res.mde)
+
+
+def test_torch_items_agree_with_reference():
+    X, y, doc = _leaky(2, dim=8)
+    X[:, 0] += 1.5 * y
+    ref = cross_validate_probe(X, y, groups=doc, n_splits=3, Cs=(1.0,))
+    fast = probe_many_results({"a": X}, y, doc, n_splits=3, Cs=(1.0,), dtype="float64")["a"]
+    assert (fast.items["fold"] == ref.items["fold"]).all()
+    assert np.mean(fast.items["y_pred"].to_numpy() == ref.items["y_pred"].to_numpy()) > 0.98
+    Y = np.stack([y, 1 - y, (X[:, 1] > 0).astype(int)], axis=1)
+    ml = cross_validate_probe(X, Y, groups=doc, n_splits=3, Cs=(1.0,))
+    assert ml.interval()[0] == pytest.approx(ml.items["num"].sum() / ml.items["den"].sum())
+    assert ml.ci_method("micro_f1") == "cluster_bootstrap" and ml.ci_method("macro_auc") == "t_folds"
