@@ -89,8 +89,10 @@ def digits_for(*values: float, minimum: int = 3, maximum: int = 6) -> int:
     return maximum
 
 
-def format_interval(value: float, lo: float, hi: float, signed: bool = False) -> str:
-    """``0.0021 (95% CI 0.0019 to 0.0024)``: enough decimals that the bounds and the value differ.
+def format_interval(value: float, lo: float, hi: float, signed: bool = False, distinct_from: Sequence[float] = ()
+                    ) -> str:
+    """``0.0021 (95% CI 0.0019 to 0.0024)``: enough decimals that the bounds and the value differ
+    (and differ from each number of ``distinct_from``, e.g. a threshold the text compares them with).
 
     ``signed`` prints a leading ``+`` on positive numbers (differences). NaN bounds print the value
     alone; a NaN value prints ``undefined``.
@@ -104,8 +106,9 @@ def format_interval(value: float, lo: float, hi: float, signed: bool = False) ->
         return "undefined"
     sign = "+" if signed else ""
     if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
-        return f"{value:{sign}.3f}"
-    d = digits_for(value, lo, hi)
+        d = digits_for(value, *distinct_from) if distinct_from else 3
+        return f"{value:{sign}.{d}f}"
+    d = digits_for(value, lo, hi, *distinct_from)
     return f"{value:{sign}.{d}f} (95% CI {lo:{sign}.{d}f} to {hi:{sign}.{d}f})"
 
 
@@ -257,12 +260,23 @@ class Verdict:
     row: dict | None = None
 
 
+def format_p(p: float) -> str:
+    """``p = 0.012``, ``p < 0.001``.
+
+    >>> format_p(3e-15), format_p(0.0123)
+    ('p < 0.001', 'p = 0.012')
+    """
+    return "p < 0.001" if p < 0.001 else f"p = {p:.2g}"
+
+
 def _evidence(row, claim: Claim, where: str = "") -> str:
-    iv = format_interval(_num(row, "value"), _num(row, "ci_low"), _num(row, "ci_high"), signed=True)
-    s = f"{claim.quantity}{where} {iv}"
+    t = claim.threshold
+    iv = format_interval(_num(row, "value"), _num(row, "ci_low"), _num(row, "ci_high"), signed=True,
+                         distinct_from=(t, -t))
+    s = f"{claim.quantity}{where}: {iv}"
     p = _num(row, "p_holm")
     if math.isfinite(p):
-        s += f", Holm-adjusted p = {p:.2g}"
+        s += f", Holm-adjusted {format_p(p)}"
     g = _num(row, "n_groups")
     if math.isfinite(g):
         grouping = row.get("grouping") if hasattr(row, "get") else None
@@ -314,7 +328,8 @@ def summarise(rows: pd.DataFrame | None, claim: Claim) -> Verdict:
         decision = decide(row, claim.threshold)
         label = None
         if multi and len(sig) < len(measured):
-            label = f"Only in {plural} {ranges(rows.loc[sig, col])}" + (", and small" if decision == "yes_small" else "")
+            label = (f"Only in {plural if len(sig) > 1 else col} {ranges(rows.loc[sig, col])}"
+                     + (", and small" if decision == "yes_small" else ""))
         elif multi:
             label = f"{LABELS[decision]}, in every {col}"
         return Verdict(decision, sentence(row, claim, decision, where(best), label), row.to_dict())
