@@ -170,7 +170,7 @@ def describe_intervals(tables: dict[str, pd.DataFrame]) -> str:
     comes from each table's ``grouping`` column where it has one (e.g. ``document``), else
     :data:`DEFAULT_UNIT`.
 
-    >>> t = pd.DataFrame({"analysis": ["probe"], "grouping": ["document"]})
+    >>> t = pd.DataFrame({"analysis": ["probe"], "grouping": ["document"], "ci_low": [0.4], "ci_high": [0.6]})
     >>> describe_intervals({"p": t})
     'CIs are 95%: probe: t-interval over cross-validation folds (folds grouped by document).'
     """

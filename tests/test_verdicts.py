@@ -61,7 +61,7 @@ def test_layers_subset_gives_only_in_layers():
     rows = pd.DataFrame([{"layer": L, **_row(v, 0.005)} for L, v in enumerate([0.0, 0.001, 0.05, 0.06, 0.04, 0.0])])
     v = summarise(rows, CLAIM)
     assert v.decision == "yes" and v.sentence.startswith("Only in layers 2–4: B is higher than A")
-    assert "at layer 3 +0.060" in v.sentence
+    assert "at layer 3: +0.060" in v.sentence
     every = rows.assign(value=0.05, ci_low=0.045, ci_high=0.055)
     assert summarise(every, CLAIM).sentence.startswith("Yes, in every layer:")
     none = rows.assign(value=0.0, ci_low=-0.005, ci_high=0.005)
