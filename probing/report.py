@@ -82,6 +82,8 @@ class Section:
     notes: str = ""
     verdict: str = ""
     limits: str = ""
+    comparison: pd.DataFrame | None = None
+    comparison_caption: str = ""
 
 
 def _md_table(df: pd.DataFrame) -> str:
@@ -112,6 +114,8 @@ def render_markdown(title: str, intro: str, sections: list[Section], provenance:
             if s.table_caption:
                 parts += [f"*{s.table_caption}*", ""]
             parts += [_md_table(s.table), ""]
+        if s.comparison is not None and not s.comparison.empty:
+            parts += [f"*{s.comparison_caption}*", "", _md_table(s.comparison), ""]
         if s.notes or s.limits:
             parts += [f"**What this shows and does not show.** {' '.join(t for t in (s.notes, s.limits) if t)}", ""]
     parts += ["## Provenance", ""]
@@ -136,6 +140,8 @@ def render_html(title: str, intro: str, sections: list[Section], provenance: dic
             if s.table_caption:
                 body.append(f"<p><i>{e(s.table_caption)}</i></p>")
             body.append(s.table.to_html(index=False, float_format=lambda v: f"{v:.3f}", na_rep="–", border=0))
+        if s.comparison is not None and not s.comparison.empty:
+            body += [f"<p><i>{e(s.comparison_caption)}</i></p>", s.comparison.to_html(index=False, border=0)]
         if s.notes or s.limits:
             text = " ".join(t for t in (s.notes, s.limits) if t)
             body.append(f"<p><b>What this shows and does not show.</b> {e(text)}</p>")
@@ -194,13 +200,19 @@ def describe_intervals(tables: dict[str, pd.DataFrame]) -> str:
     return "CIs are 95%: " + "; ".join(parts) + "." if parts else ""
 
 
-def quick_notice(cfg: dict, corpora: dict) -> str:
-    """The quick-mode announcement: what was made smaller, from the config."""
+def quick_notice(cfg: dict, corpora: dict, tables: dict[str, pd.DataFrame]) -> str:
+    """The quick-mode announcement: what was made smaller, from the config (probe folds and fine-tuning
+    seeds only where this run's ``tables`` hold probes or fine-tuning)."""
+    analyses = {a for df in tables.values() if df is not None and "analysis" in df.columns
+                for a in df["analysis"].dropna().unique()}
     sizes = ", ".join(f"{k} {len(corpora[k])}" for k in cfg["corpus"] if k in corpora)
-    return (f"QUICK MODE: a smoke test of the pipeline, not evidence. Small corpora (examples: {sizes}), "
-            f"{cfg['probes']['folds']} probe folds, {cfg['study']['bootstrap_resamples']} bootstrap resamples, "
-            f"fine-tuning seeds {cfg['finetune']['seeds']}; most verdicts below are expected to be inconclusive or "
-            "to differ from a full run.")
+    parts = [f"small corpora (examples: {sizes})", f"{cfg['study']['bootstrap_resamples']} bootstrap resamples"]
+    if "probe" in analyses:
+        parts.append(f"{cfg['probes']['folds']} probe folds")
+    if "finetune_pooling" in analyses:
+        parts.append(f"fine-tuning seeds {cfg['finetune']['seeds']} with the `{cfg['finetune']['preset']}` preset")
+    return ("QUICK MODE: a smoke test of the pipeline, not evidence: " + ", ".join(parts)
+            + ". Most verdicts below are expected to be inconclusive or to differ from a full run.")
 
 
 def machine() -> str:

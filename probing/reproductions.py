@@ -270,7 +270,7 @@ REIMERS_CLAIM = Claim(more="the cosine nearest neighbour of a mean-pooled vector
                       less="the cosine nearest neighbour of [CLS] shares the label more often than that of the "
                            "mean-pooled vector",
                       none="[CLS] and mean pooling give equally meaningful cosine neighbours",
-                      quantity="nearest-neighbour accuracy, mean − cls (last layer)")
+                      quantity="nearest-neighbour accuracy, mean − cls")
 
 
 def _rg_rows(T):
@@ -423,7 +423,7 @@ def _rg_notes(cfg) -> str:
             "vectors. Two readings: a logistic-regression probe with cross-validation (the SentEval protocol) and a "
             "training-free one, whether the cosine nearest neighbour from another document shares the label. No "
             "gold similarity scores (STS) are available offline, so the second stands in for the paper's Spearman "
-            "correlation; it tests the same property, that cosine distances are meaningful." + _by_construction(cfg))
+            "correlation; it tests the same property, that cosine distances are meaningful.")
 
 
 PAPERS: dict[str, StudySection] = {s.key: s for s in (

@@ -103,6 +103,19 @@ class StudySection:
             return None
         return summarise(self.comparisons(T), self.claim)
 
+    def comparison_table(self, T: Tables) -> tuple[pd.DataFrame, str] | None:
+        """The comparison rows behind the verdict as the report prints them, with a caption."""
+        from .verdicts import verdict_table
+
+        rows = self.comparisons(T) if self.comparisons is not None and self.claim is not None else None
+        if rows is None or len(rows) == 0:
+            return None
+        caption = f"{self.claim.quantity}, per {self.claim.facet[0]}; each row decided by the rules above"
+        if "provisional" in rows.columns and rows["provisional"].fillna(False).astype(bool).any():
+            caption += (" (provisional: from two marginal intervals treated as independent, not yet a paired "
+                        "comparison)")
+        return verdict_table(rows, self.claim), caption
+
     def note_text(self, cfg: dict) -> str:
         text = self.notes(cfg) if callable(self.notes) else self.notes
         return f"{text} Reference: {self.citation}." if self.citation else text

@@ -242,9 +242,12 @@ def write_report(cfg: dict, T: dict, F: dict, caches: Caches, corpora: dict, lm,
     for spec in _selected(cfg):
         t = spec.table(T)
         verdict = spec.verdict(T, cfg)
+        comparison = spec.comparison_table(T)
         sections_.append(Section(spec.title, spec.answer(T), F.get(spec.key, []), *(t or (None, "")),
                                  spec.note_text(cfg), verdict=verdict.sentence if verdict is not None else "",
-                                 limits=run_limits(cfg, corpora, spec, lm.name)))
+                                 limits=run_limits(cfg, corpora, spec, lm.name),
+                                 comparison=comparison[0] if comparison else None,
+                                 comparison_caption=comparison[1] if comparison else ""))
     import torch
     import transformers
 
@@ -274,7 +277,7 @@ def write_report(cfg: dict, T: dict, F: dict, caches: Caches, corpora: dict, lm,
     title = cfg["study"]["title"] or f"probing study '{cfg['study']['name']}': what input formatting does to {lm.name}"
     if quick:
         title += " (quick mode)"
-    intro = [quick_notice(cfg, corpora)] if quick else []
+    intro = [quick_notice(cfg, corpora, T)] if quick else []
     intro += [model_sentence(lm.name),
               "Every number below was computed by this run from the result tables in tables/. "
               + describe_intervals(T),

@@ -31,8 +31,8 @@ without ``mde`` gets the normal-approximation value from its own CI (:func:`mde_
 two-sided α = 0.05, ``mde = (z_0.975 + z_0.8) × SE`` with ``SE`` = CI half-width / 1.96).
 
 Across a facet (layers, sentence positions, k): :func:`summarise` decides each row; when some but not
-all rows are significant the verdict is "Only in layers a–b: …", quoting the strongest significant
-row; when all are, the strongest row decides between "Yes" and "Yes, but small"; when none are, it
+all rows are significant in the direction of the strongest one the verdict is "Only in layers a–b: …",
+quoting the strongest row (and naming the layers significant in the opposite direction, if any); when all are, the strongest row decides between "Yes" and "Yes, but small"; when none are, it
 is "No measurable difference" if every row's mde is at most the threshold, else "Inconclusive".
 
 Intervals are printed by :func:`format_interval` with as many decimals as it takes for the bounds
@@ -80,11 +80,14 @@ def digits_for(*values: float, minimum: int = 3, maximum: int = 6) -> int:
     4
     >>> digits_for(0.5, 0.5)
     3
+    >>> digits_for(-0.0012, -0.0004)
+    4
     """
     finite = [float(v) for v in values if v is not None and math.isfinite(v)]
     distinct = len(set(finite))
     for d in range(minimum, maximum + 1):
-        if len({round(v, d) for v in finite}) == distinct:
+        # distinct values print distinctly, and no non-zero value prints as zero
+        if len({round(v, d) for v in finite}) == distinct and all(round(v, d) != 0 for v in finite if v != 0):
             return d
     return maximum
 
@@ -327,9 +330,13 @@ def summarise(rows: pd.DataFrame | None, claim: Claim) -> Verdict:
         row = rows.loc[best]
         decision = decide(row, claim.threshold)
         label = None
-        if multi and len(sig) < len(measured):
-            label = (f"Only in {plural if len(sig) > 1 else col} {ranges(rows.loc[sig, col])}"
-                     + (", and small" if decision == "yes_small" else ""))
+        same = [i for i in sig if np.sign(rows.loc[i, "value"]) == np.sign(row["value"])]
+        opposite = [i for i in sig if i not in same]
+        if multi and len(same) < len(measured):
+            label = f"Only in {plural if len(same) > 1 else col} {ranges(rows.loc[same, col])}"
+            if opposite:
+                label += f" (the opposite at {plural if len(opposite) > 1 else col} {ranges(rows.loc[opposite, col])})"
+            label += ", and small" if decision == "yes_small" else ""
         elif multi:
             label = f"{LABELS[decision]}, in every {col}"
         return Verdict(decision, sentence(row, claim, decision, where(best), label), row.to_dict())
@@ -343,13 +350,21 @@ def summarise(rows: pd.DataFrame | None, claim: Claim) -> Verdict:
 
 
 def verdict_table(rows: pd.DataFrame, claim: Claim) -> pd.DataFrame:
-    """The rows with their decision, for the report's evidence: facet, value, CI, p_holm, mde, decision."""
+    """The comparison rows as the report prints them, one per facet value: the difference with its CI
+    (:func:`format_interval`), Holm-adjusted p, mde, n_groups and grouping where present, and the
+    decision of each row by itself."""
     rows = add_holm(rows.reset_index(drop=True))
-    rows = rows.assign(mde=[row_mde(r) for _, r in rows.iterrows()],
-                       decision=[LABELS[decide(r, claim.threshold)] for _, r in rows.iterrows()])
-    cols = [c for c in (claim.facet[0], "value", "ci_low", "ci_high", "p_holm", "mde", "n_groups", "grouping",
-                        "decision") if c in rows.columns]
-    return rows[cols]
+    out = pd.DataFrame({claim.facet[0]: rows[claim.facet[0]]} if claim.facet[0] in rows.columns else {})
+    out["difference (95% CI)"] = [format_interval(_num(r, "value"), _num(r, "ci_low"), _num(r, "ci_high"), signed=True)
+                                  for _, r in rows.iterrows()]
+    out["p (Holm)"] = [("< 0.001" if p < 0.001 else f"{p:.2g}") if math.isfinite(p) else "–"
+                       for p in (_num(r, "p_holm") for _, r in rows.iterrows())]
+    out["mde"] = [f"{row_mde(r):.3f}" for _, r in rows.iterrows()]
+    for c in ("n_groups", "grouping"):
+        if c in rows.columns:
+            out[c] = rows[c].to_numpy()
+    out["decision"] = [LABELS[decide(r, claim.threshold)] for _, r in rows.iterrows()]
+    return out
 
 
 def describe_rules(threshold: float = PRACTICAL_THRESHOLD) -> str:

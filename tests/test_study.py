@@ -272,6 +272,19 @@ def test_intervals_description_follows_the_grouping_column():
     assert fmt((0.0021, 0.0019, 0.0024)) == "0.0021 (95% CI 0.0019 to 0.0024)"
 
 
+def test_quick_notice_names_only_what_this_run_shrank():
+    import pandas as pd
+
+    from probing.report import quick_notice
+
+    cfg = load_config(REPO / "configs" / "seed_questions.toml", quick=True)
+    plain = quick_notice(cfg, {"pairs": [0] * 120}, {})
+    assert plain.startswith("QUICK MODE") and "pairs 120" in plain and "200 bootstrap resamples" in plain
+    assert "probe folds" not in plain and "fine-tuning" not in plain
+    probes = quick_notice(cfg, {"pairs": [0] * 120}, {"p": pd.DataFrame({"analysis": ["probe"]})})
+    assert "3 probe folds" in probes
+
+
 def _eth_table(baselines):
     import pandas as pd
 
@@ -304,4 +317,4 @@ def test_reimers_says_mean_pooling_wins_by_construction_on_a_mean_pooled_model()
     assert s.startswith("Yes: the cosine nearest neighbour of a mean-pooled vector") and "by construction" in s
     bert = load_config(None, overrides={"model.name": "bert-base-uncased"})
     assert "by construction" not in rg.verdict({"reimers2019_knn": knn}, bert).sentence
-    assert "by construction" in rg.note_text(mini)
+    assert "by construction" not in rg.note_text(mini)  # said once, in the verdict

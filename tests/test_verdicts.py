@@ -62,6 +62,9 @@ def test_layers_subset_gives_only_in_layers():
     v = summarise(rows, CLAIM)
     assert v.decision == "yes" and v.sentence.startswith("Only in layers 2–4: B is higher than A")
     assert "at layer 3: +0.060" in v.sentence
+    mixed = rows.assign(value=[0.0, -0.05, 0.05, 0.06, 0.04, 0.0])
+    mixed = mixed.assign(ci_low=mixed["value"] - 0.005, ci_high=mixed["value"] + 0.005)
+    assert summarise(mixed, CLAIM).sentence.startswith("Only in layers 2–4 (the opposite at layer 1): B is higher")
     every = rows.assign(value=0.05, ci_low=0.045, ci_high=0.055)
     assert summarise(every, CLAIM).sentence.startswith("Yes, in every layer:")
     none = rows.assign(value=0.0, ci_low=-0.005, ci_high=0.005)
@@ -109,3 +112,14 @@ def test_intervals_never_collapse():
     assert format_interval(float("nan"), 0, 1) == "undefined"
     assert ranges([1, 2, 3, 5, 7, 8]) == "1–3, 5, 7–8"
     assert PRACTICAL_THRESHOLD == 0.03
+
+
+def test_verdict_table_prints_each_row_and_its_decision():
+    from probing.verdicts import verdict_table
+
+    rows = pd.DataFrame([{"layer": 1, **_row(0.05, 0.01)}, {"layer": 2, **_row(0.0021, 0.0003)},
+                         {"layer": 3, **_row(0.0, 0.05)}])
+    t = verdict_table(rows, CLAIM)
+    assert list(t["layer"]) == [1, 2, 3]
+    assert list(t["decision"]) == ["Yes", "Yes, but small", "Inconclusive"]
+    assert t["difference (95% CI)"].iloc[1] == "+0.0021 (95% CI +0.0018 to +0.0024)"
