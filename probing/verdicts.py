@@ -280,6 +280,9 @@ def _evidence(row, claim: Claim, where: str = "") -> str:
     p = _num(row, "p_holm")
     if math.isfinite(p):
         s += f", Holm-adjusted {format_p(p)}"
+    prov = row.get("provisional", False) if hasattr(row, "get") else False
+    if prov is not None and not pd.isna(prov) and bool(prov):
+        s += ", unpaired (provisional)"
     g = _num(row, "n_groups")
     if math.isfinite(g):
         grouping = row.get("grouping") if hasattr(row, "get") else None

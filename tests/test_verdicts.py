@@ -100,6 +100,7 @@ def test_difference_rows_from_marginal_intervals():
     se = np.sqrt(2) * 0.02 / 1.959964
     np.testing.assert_allclose(d["ci_high"] - d["value"], 1.959964 * se, rtol=1e-5)
     assert d["provisional"].all() and list(d["layer"]) == [0, 1]
+    assert "unpaired (provisional)" in summarise(d, CLAIM).sentence
     one = difference_rows(a)  # against 0
     np.testing.assert_allclose(one["value"], [0.5, 0.6])
 
