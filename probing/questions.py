@@ -13,6 +13,12 @@ conservative test for positively correlated paired items). Replacing a ``_qN_row
 selection of the paired rows is the whole change; the verdict machinery reads the same columns.
 Comparisons involving [CLS] leave out layer 0 (the embedding layer: [CLS] is one vector for every
 input there).
+
+Wiring a paired table in, e.g. Q2 once the drift analysis writes ``drift_diff`` rows (value, ci_low,
+ci_high, p_value, p_holm, n, n_groups, grouping, layer): add its producer to :data:`PRODUCERS`, name
+it in Q2's tables, and let ``_q2_rows`` return ``pick(T.get("drift_diff"), ...)`` with one row per
+layer. The rows' own ``p_holm`` and ``mde`` are then used as they are; the report's introduction reads
+the ``grouping`` column to say how the CIs were computed.
 """
 
 from __future__ import annotations

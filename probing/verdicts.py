@@ -32,8 +32,10 @@ two-sided α = 0.05, ``mde = (z_0.975 + z_0.8) × SE`` with ``SE`` = CI half-wid
 
 Across a facet (layers, sentence positions, k): :func:`summarise` decides each row; when some but not
 all rows are significant in the direction of the strongest one the verdict is "Only in layers a–b: …",
-quoting the strongest row (and naming the layers significant in the opposite direction, if any); when all are, the strongest row decides between "Yes" and "Yes, but small"; when none are, it
-is "No measurable difference" if every row's mde is at most the threshold, else "Inconclusive".
+quoting the strongest row (and naming the layers significant in the opposite direction, if any);
+when all are, the strongest row decides between "Yes" and "Yes, but small"; when none are, it is
+"No measurable difference" if every row's mde is at most the threshold, else "Inconclusive".
+Comparison rows derived from marginal intervals say "unpaired (provisional)" in the sentence.
 
 Intervals are printed by :func:`format_interval` with as many decimals as it takes for the bounds
 and the value to differ (at least 3, at most 6), so an interval never collapses to a point.
@@ -379,8 +381,3 @@ def describe_rules(threshold: float = PRACTICAL_THRESHOLD) -> str:
             f"'{LABELS['no_difference']}' when the sample could have detected {threshold:g} (minimum detectable "
             f"effect at 80% power), and '{LABELS['inconclusive']}' when it could not. When only some layers differ "
             f"it says 'Only in layers a–b'.")
-
-
-def rows_from(records: Sequence[dict]) -> pd.DataFrame:
-    """Comparison rows from plain records (tests and hand-made comparisons)."""
-    return pd.DataFrame.from_records(list(records))
