@@ -124,3 +124,11 @@ def test_verdict_table_prints_each_row_and_its_decision():
     assert list(t["layer"]) == [1, 2, 3]
     assert list(t["decision"]) == ["Yes", "Yes, but small", "Inconclusive"]
     assert t["difference (95% CI)"].iloc[1] == "+0.0021 (95% CI +0.0018 to +0.0024)"
+
+
+def test_false_positive_rate_and_power_over_seeds():
+    """Over repeated null samples the verdict says 'Yes' at about α; a planted 0.03 is found nearly always."""
+    null = [decide(_planted(0.0, 200, s)) in ("yes", "yes_small") for s in range(400)]
+    assert 0.02 <= np.mean(null) <= 0.09
+    planted = [decide(_planted(0.03, 400, s)) in ("yes", "yes_small") for s in range(100)]
+    assert np.mean(planted) >= 0.95
