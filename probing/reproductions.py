@@ -81,6 +81,24 @@ def _clark_table(T):
     return t.reset_index(), "attention mass from all tokens (mean over query tokens and heads), and from the first [SEP] to the [SEP]s"
 
 
+#: Clark et al.'s headline: "over half of the attention in layers 6-10 goes to [SEP]".
+CLARK_SHARE = 0.5
+CLARK_CLAIM = Claim(more=f"more than {CLARK_SHARE:g} of the attention goes to the [SEP] tokens",
+                    less=f"less than {CLARK_SHARE:g} of the attention goes to the [SEP] tokens",
+                    none=f"the attention to the [SEP] tokens is not distinguishable from {CLARK_SHARE:g}",
+                    quantity=f"attention mass to [SEP] − {CLARK_SHARE:g}", direction=1)
+
+
+def _clark_rows(T):
+    sep = _clark_mass(T)
+    sep = sep[sep["target"] == "all [SEP]"].sort_values("layer")
+    if sep.empty:
+        return None
+    shifted = sep.assign(value=sep["value"] - CLARK_SHARE, ci_low=sep["ci_low"] - CLARK_SHARE,
+                         ci_high=sep["ci_high"] - CLARK_SHARE)
+    return difference_rows(shifted)  # against 0: the bootstrap CI of the mass, shifted by the share
+
+
 def _clark_answer(T):
     a = _clark_mass(T)
     if a.empty:
@@ -430,7 +448,8 @@ PAPERS: dict[str, StudySection] = {s.key: s for s in (
     StudySection(
         key="clark2019", title="Clark et al. 2019: attention to [CLS] and [SEP] by layer", citation=CLARK,
         corpora=("paragraphs",), jobs=_clark_jobs, analyse=_clark_analyse, figures=_clark_figures,
-        table=_clark_table, answer=_clark_answer, notes=_clark_notes, about_cls=True),
+        table=_clark_table, answer=_clark_answer, notes=_clark_notes, comparisons=_clark_rows, claim=CLARK_CLAIM,
+        about_cls=True),
     StudySection(
         key="ethayarajh2019", title="Ethayarajh 2019: anisotropy and self-similarity", citation=ETHAYARAJH,
         corpora=("sentences",), jobs=_eth_jobs, analyse=_eth_analyse, figures=_eth_figures, table=_eth_table,

@@ -175,7 +175,8 @@ def difference_rows(a: pd.DataFrame, b: pd.DataFrame | None = None, on: str = "l
     The two estimates are treated as independent: SE = sqrt(SE_a² + SE_b²) from the CI half-widths,
     a normal-approximation p-value, Holm over the rows. For paired items with a positive correlation
     this overstates the SE (a conservative test); the paired cluster-bootstrap rows of the analyses
-    replace these where they exist. ``b`` may carry no CI (a baseline constant): then SE = SE_a.
+    replace these where they exist, so such rows are marked ``provisional``. ``b`` may carry no CI (a
+    baseline constant): then SE = SE_a and the row is a one-sample test, not marked provisional.
     Returns columns ``on``, value, ci_low, ci_high, p_value, p_holm, mde, n, provisional.
     """
     z = stats.norm.ppf(1 - ALPHA / 2)
@@ -197,7 +198,8 @@ def difference_rows(a: pd.DataFrame, b: pd.DataFrame | None = None, on: str = "l
         p = np.where(se > 0, 2 * stats.norm.sf(np.abs(value) / se), np.where(value != 0, 0.0, 1.0))
     out = pd.DataFrame({on: m[on].to_numpy(), "value": value, "ci_low": value - z * se, "ci_high": value + z * se,
                         "p_value": p, "mde": (z + stats.norm.ppf(POWER)) * se,
-                        "n": m["n_a"].to_numpy() if "n_a" in m.columns else np.nan, "provisional": True})
+                        "n": m["n_a"].to_numpy() if "n_a" in m.columns else np.nan,
+                        "provisional": bool(b is not None and (m["se_b"] > 0).any())})
     return add_holm(out)
 
 
@@ -247,7 +249,9 @@ class Claim:
     ``more`` / ``less``: the finding when the difference is positive / negative, e.g. "[CLS] changes
     more than the words"; ``none``: the null finding, e.g. "[CLS] and the words change alike";
     ``quantity``: what ``value`` is ("difference in 1 − cos"); ``facet``: the column that tells rows
-    apart and its plural name (``("layer", "layers")``); ``threshold``: the practical threshold.
+    apart and its plural name (``("layer", "layers")``); ``threshold``: the practical threshold;
+    ``direction``: +1 when the question asks whether the difference is positive (the verdict then leads
+    with the positive rows where there are any), 0 when either direction answers it.
     """
 
     more: str
@@ -256,6 +260,7 @@ class Claim:
     quantity: str = "difference"
     facet: tuple[str, str] = ("layer", "layers")
     threshold: float = PRACTICAL_THRESHOLD
+    direction: int = 0
 
 
 @dataclass(frozen=True)
@@ -331,7 +336,8 @@ def summarise(rows: pd.DataFrame | None, claim: Claim) -> Verdict:
         return f" at {col} {rows.loc[i, col]}" if col in rows.columns else ""
 
     if sig:
-        best = max(sig, key=lambda i: abs(float(rows.loc[i, "value"])))
+        lead = [i for i in sig if np.sign(rows.loc[i, "value"]) == claim.direction] if claim.direction else []
+        best = max(lead or sig, key=lambda i: abs(float(rows.loc[i, "value"])))
         row = rows.loc[best]
         decision = decide(row, claim.threshold)
         label = None

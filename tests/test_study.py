@@ -318,3 +318,18 @@ def test_reimers_says_mean_pooling_wins_by_construction_on_a_mean_pooled_model()
     bert = load_config(None, overrides={"model.name": "bert-base-uncased"})
     assert "by construction" not in rg.verdict({"reimers2019_knn": knn}, bert).sentence
     assert "by construction" not in rg.note_text(mini)  # said once, in the verdict
+
+
+def test_clark_verdict_names_the_layers_above_one_half():
+    import pandas as pd
+
+    from probing.reproductions import PAPERS
+
+    mass = [0.2, 0.3, 0.62, 0.7, 0.66, 0.35, 0.49]
+    a = pd.DataFrame([{"analysis": "attention", "layer": L, "head": "mean", "role": "all tokens", "target": t,
+                       "metric": "attention_mass", "value": v if t == "all [SEP]" else 0.05,
+                       "ci_low": (v if t == "all [SEP]" else 0.05) - 0.02, "ci_high": (v if t == "all [SEP]" else 0.05) + 0.02}
+                      for L, v in enumerate(mass) for t in ("all [SEP]", "[CLS]")])
+    v = PAPERS["clark2019"].verdict({"clark2019_attention": a}, load_config(None))
+    assert v.sentence.startswith("Only in layers 2–4 (the opposite at layers 0–1, 5): more than 0.5 of the attention")
+    assert "at layer 3: +0.200" in v.sentence

@@ -101,8 +101,9 @@ def test_difference_rows_from_marginal_intervals():
     np.testing.assert_allclose(d["ci_high"] - d["value"], 1.959964 * se, rtol=1e-5)
     assert d["provisional"].all() and list(d["layer"]) == [0, 1]
     assert "unpaired (provisional)" in summarise(d, CLAIM).sentence
-    one = difference_rows(a)  # against 0
+    one = difference_rows(a)  # against 0: a one-sample test, not an unpaired comparison
     np.testing.assert_allclose(one["value"], [0.5, 0.6])
+    assert not one["provisional"].any() and "provisional" not in summarise(one, CLAIM).sentence
 
 
 def test_intervals_never_collapse():
