@@ -343,9 +343,10 @@ def _layers(cache: Cache, layers: Sequence[int] | None) -> list[int]:
 
 def _config(cache: Cache, layers, min_contexts, max_contexts, subword, lowercase, n_pairs, n_resamples,
             seed) -> dict:
-    return {"cache": cache.path.name, "layers": layers, "metrics": list(METRICS), "min_contexts": min_contexts,
+    return {"cache": cache.path.name, "layers": layers, "min_contexts": min_contexts,
             "max_contexts": max_contexts, "subword": subword, "lowercase": lowercase, "n_pairs": n_pairs,
-            "n_resamples": n_resamples, "seed": seed}
+            "n_resamples": n_resamples, "seed": seed,
+            "metrics": list(METRICS)}  # a table without the centred MEV is recomputed, not reused
 
 
 def contextuality_path(cache: Cache, out: str | Path, *, layers: Sequence[int] | None = None,
