@@ -466,5 +466,6 @@ PAPERS: dict[str, StudySection] = {s.key: s for s in (
               "initialised model. Tasks stand in for SentEval's: SentLen = sentence length in 6 equal-count bins, WC "
               "= a multi-label bag of the most frequent words (SentEval: which one of 1000 mid-frequency words), "
               "BShift = two adjacent words swapped in half of the sentences. Probes are linear (the paper used "
-              "SentEval's MLP), with grouped cross-validation; CIs are t-intervals over folds."),
+              "SentEval's MLP), with grouped cross-validation (the report's introduction says how the CIs were "
+              "computed, from the tables)."),
 )}
