@@ -21,6 +21,10 @@ BERT, ELMo, and GPT-2 Embeddings", EMNLP, sec. 3.3-3.4. Over the word tokens of 
   tokens drawn at random: for each type, n examples drawn without replacement with probability
   proportional to their number of words, one word uniformly within each (the same n as the type,
   since MEV falls with n: n isotropic vectors give about 1/n).
+- ``mev_centred`` / ``mev_centred_adjusted``: the same with each type's occurrences centred on their
+  mean first, i.e. the first principal component's share of explained variance, which is what the
+  authors' released code computes (scikit-learn PCA). Types whose occurrences have no variance are
+  left out of the centred mean (``n`` counts the types used).
 
 A word is the subword tokens sharing (example, sentence, word index); its vector is its first subword
 (``subword="first"``, default) or the mean of its subwords (``"mean"``). Its type is its surface text
@@ -61,7 +65,7 @@ from probing.cli import ArgumentParser
 #: The metrics of the table, in order.
 METRICS: tuple[str, ...] = (
     "anisotropy_baseline", "self_similarity", "self_similarity_adjusted", "intra_similarity",
-    "intra_similarity_adjusted", "mev", "mev_adjusted",
+    "intra_similarity_adjusted", "mev", "mev_adjusted", "mev_centred", "mev_centred_adjusted",
 )
 
 _BLOCK_ROWS = 8192  # rows per float64 block in group sums
@@ -144,17 +148,26 @@ def self_similarity(X, type_codes) -> np.ndarray:
     return np.clip((np.einsum("ij,ij->i", S, S) - sq) / (n * (n - 1.0)), -1.0, 1.0)
 
 
-def max_explainable_variance(X, type_codes) -> np.ndarray:
+def max_explainable_variance(X, type_codes, centred: bool = False) -> np.ndarray:
     """Maximum explainable variance of each group of rows: ``σ_1² / Σ_i σ_i²`` of its (n × dim)
-    matrix (uncentred), the largest eigenvalue of its Gram matrix over its trace.
+    matrix, the largest eigenvalue of its Gram matrix over its trace.
+
+    Uncentred (default) is Ethayarajh's (2019, sec. 3.4) definition: the share of the matrix's squared
+    norm one static vector keeps. ``centred=True`` subtracts the group's mean row first, which is what
+    the authors' released code computes (``sklearn.decomposition.PCA(n_components=1)
+    .explained_variance_ratio_``): the share of the occurrences' variance around their mean on the first
+    principal direction.
 
     X: (m, dim); type_codes: (m,) group of each row, 0..T-1. Returns (T,) float64 in
     [1/min(n, dim), 1]: 1 when all rows are multiples of one vector, 1/n for n orthogonal rows of
-    equal norm. Groups of equal size are batched (``numpy.linalg.eigvalsh`` on stacked Gram
-    matrices). Raises ``ValueError`` for a group whose rows are all zero.
+    equal norm (centred: in [1/min(n − 1, dim), 1], NaN for a group with one row or identical rows,
+    which have no variance). Groups of equal size are batched (``numpy.linalg.eigvalsh`` on stacked
+    Gram matrices). Raises ``ValueError`` for a group whose rows are all zero (uncentred).
 
     >>> max_explainable_variance([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 2.0]], [0, 0, 1, 1]).tolist()
     [0.5, 1.0]
+    >>> max_explainable_variance([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 2.0]], [0, 0, 1, 1], centred=True).tolist()
+    [1.0, 1.0]
     """
     X = _matrix(X)
     codes, T = _codes(type_codes, X.shape[0], "type_codes")
@@ -169,9 +182,18 @@ def max_explainable_variance(X, type_codes) -> np.ndarray:
             t = types[b:b + step]
             idx = order[starts[t][:, None] + np.arange(size)]  # (b, size)
             V = np.asarray(X[idx.ravel()], dtype=np.float64).reshape(t.size, size, X.shape[1])
+            if centred:
+                norm = np.einsum("bij,bij->b", V, V)
+                V = V - V.mean(axis=1, keepdims=True)
             G = V @ V.transpose(0, 2, 1)
             trace = np.einsum("bii->b", G)
             top = np.linalg.eigvalsh(G)[:, -1]
+            if centred:
+                # no variance (one row, or identical rows): no direction explains anything
+                ok = trace > 1e-12 * norm
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    out[t] = np.where(ok, np.clip(top / trace, 0.0, 1.0), np.nan)
+                continue
             if not (np.isfinite(trace).all() and (trace > 0).all()):
                 bad = t[~(np.isfinite(trace) & (trace > 0))]
                 raise ValueError(f"groups {bad[:10].tolist()} have only zero or non-finite rows: MEV undefined")
@@ -324,7 +346,8 @@ def _config(cache: Cache, layers, min_contexts, max_contexts, subword, lowercase
             seed) -> dict:
     return {"cache": cache_identity(cache), "layers": layers, "min_contexts": min_contexts,
             "max_contexts": max_contexts, "subword": subword, "lowercase": lowercase, "n_pairs": n_pairs,
-            "n_resamples": n_resamples, "seed": seed}
+            "n_resamples": n_resamples, "seed": seed,
+            "metrics": list(METRICS)}  # a table without the centred MEV is recomputed, not reused
 
 
 def contextuality_path(cache: Cache, out: str | Path, *, layers: Sequence[int] | None = None,
@@ -435,6 +458,16 @@ def run_contextuality(cache: Cache, *, layers: Sequence[int] | None = None, min_
         row(layer, "intra_similarity_adjusted", i_pt - b, i_lo - b, i_hi - b, n_sent, n_ex_sent)
         row(layer, "mev", *ci["mev", "mean"], n_types, n_ex_types)
         row(layer, "mev_adjusted", *ci["mev_adj", "mean"], n_types, n_ex_types)
+        mev_c = max_explainable_variance(X[sel], sel_type, centred=True)
+        mev_c_adj = mev_c - max_explainable_variance(X[rnd], rnd_set, centred=True)
+        keep = np.isfinite(mev_c_adj)
+        if keep.any():
+            ci_c = bootstrap_cis({"c": mev_c[keep], "c_adj": mev_c_adj[keep]}, np.arange(int(keep.sum())),
+                                 ("mean",), **kw)
+            n_c = int(keep.sum())
+            n_ex_c = int(np.unique(w_ex[sel][np.isin(sel_type, np.flatnonzero(keep))]).size)
+            row(layer, "mev_centred", *ci_c["c", "mean"], n_c, n_ex_c)
+            row(layer, "mev_centred_adjusted", *ci_c["c_adj", "mean"], n_c, n_ex_c)
     df = make_table(records)
     df["subword"] = subword
     df["lowercase"] = bool(lowercase)
@@ -463,6 +496,8 @@ are Contextualized Word Representations?", EMNLP), per layer, over the cache's w
   mev                  maximum explainable variance per type: sigma_1^2 / sum sigma_i^2 of its
                        (occurrences x hidden) matrix, the share one static vector can explain;
                        averaged over types.
+  mev_centred          the same with each type's occurrences centred on their mean (the first principal
+                       component's explained-variance ratio, as the paper's released code computes it).
   *_adjusted           self/intra similarity minus the anisotropy baseline; for MEV, minus the MEV of
                        as many random word tokens from different examples (per type, then averaged).
 

@@ -2,7 +2,8 @@
 
 Rows of :mod:`analyses.contextuality` (``analysis="contextuality"``). Left panel: the raw measures,
 anisotropy baseline (dashed black), self-similarity, intra-sentence similarity and maximum explainable
-variance (MEV), each with its 95% CI band. Right panel: the anisotropy-adjusted ones (raw − baseline;
+variance (MEV, uncentred as in the paper and centred as in the authors' code), each with its 95% CI
+band. Right panel: the anisotropy-adjusted ones (raw − baseline;
 MEV − the MEV of as many random words), with a line at 0.
 
 CLI: ``python -m figures.contextuality TABLE.csv --out figs/contextuality [--format single]``.
@@ -26,12 +27,14 @@ BASELINE = "anisotropy_baseline"
 RAW: dict[str, str] = {
     "self_similarity": "self-similarity (same word, different contexts)",
     "intra_similarity": "intra-sentence similarity (word vs sentence mean)",
-    "mev": "max. explainable variance (σ₁² share)",
+    "mev": "max. explainable variance (σ₁² share, uncentred: the paper)",
+    "mev_centred": "MEV, centred (PCA ratio: the authors' code)",
 }
 ADJUSTED: dict[str, str] = {
     "self_similarity_adjusted": "self-similarity − baseline",
     "intra_similarity_adjusted": "intra-sentence similarity − baseline",
     "mev_adjusted": "MEV − MEV of random words",
+    "mev_centred_adjusted": "centred MEV − centred MEV of random words",
 }
 
 

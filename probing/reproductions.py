@@ -2,70 +2,37 @@
 model and corpus, and its report section sets the measured numbers beside what the paper reports
 for BERT-base (cited; the configs in ``probing/configs/`` list the paper's numbers in their comments).
 
-A reproduction names the corpus it reads (a key of the config's ``[corpus]`` table), the formats it
-extracts, its analyses (tidy tables), figures, report table and answer sentence. The study runner
-(:mod:`probing.study`) treats the keys of :data:`PAPERS` like the questions Q1-Q8:
+A reproduction is a :class:`probing.sections.StudySection`, declared like the questions Q1-Q8: the
+corpus it reads (a key of the config's ``[corpus]`` table), the caches it extracts, its analyses (tidy
+tables), figures, report table, evidence sentence, verdict and notes (generated from the config). The
+one runner of :mod:`probing.study` runs the keys of :data:`PAPERS` like the questions:
 ``questions = ["clark2019"]`` in a config, or ``--questions clark2019,Q1``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable
-
 import numpy as np
 import pandas as pd
 
+from .model_facts import model_facts
 from .report import fmt, last_layer, one, pick
+from .sections import Context, Job, StudySection, Tables, corpus_text, safe_plot
+from .verdicts import Claim, difference_rows, ranges, summarise
 
-Tables = dict[str, pd.DataFrame]
+#: A paper reproduction is a study section like the questions (the name predates the generalisation).
+Reproduction = StudySection
 
-
-@dataclass(frozen=True)
-class Job:
-    """One cache a section needs: ``format`` is a built-in name or ``name=TEMPLATE``."""
-
-    corpus: str
-    format: str
-    random: bool = False
-    attention: bool = False
-
-    @property
-    def name(self) -> str:
-        return self.format.split("=", 1)[0].strip()
-
-
-@dataclass(frozen=True)
-class Reproduction:
-    key: str
-    title: str
-    citation: str
-    jobs: Callable[[dict], list[Job]]
-    analyse: Callable[[dict, Any, Path, Callable], Tables]
-    figures: Callable[[Tables, Path, Callable], list[Path]]
-    table: Callable[[Tables], tuple[pd.DataFrame, str] | None]
-    answer: Callable[[Tables], str]
-    notes: str
-
-
-def safe_plot(fn, *args, log=print, **kwargs) -> list[Path]:
-    """Draw one figure; one that cannot be drawn from the tables is logged, not fatal."""
-    try:
-        return [p for p in fn(*args, **kwargs) if str(p).endswith(".png")]
-    except (ValueError, KeyError) as err:
-        log(f"figure skipped ({getattr(fn, '__name__', fn)}): {err}")
-        return []
+__all__ = ["PAPERS", "Job", "Reproduction", "safe_plot", "ANISOTROPY_THRESHOLD"]
 
 
 def _rs(cfg: dict) -> tuple[int, int]:
     return cfg["study"]["bootstrap_resamples"], cfg["study"]["seed"]
 
 
-def _probe_kw(cfg: dict, out: Path) -> dict:
-    pr = cfg["probes"]
-    return dict(n_splits=pr["folds"], seed=cfg["study"]["seed"], vocab=pr["vocab"], device=pr["device"], Cs=pr["Cs"],
-                inner_splits=pr["inner_splits"], max_iter=pr["max_iter"], bow_Cs=pr["bow_Cs"], out=out)
+def _probe_kw(cfg: dict, out) -> dict:
+    from .questions import probe_kw
+
+    return probe_kw(cfg, out)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -75,17 +42,17 @@ CLARK = ("Clark, Khandelwal, Levy & Manning (2019), What Does BERT Look At? An A
          "BlackboxNLP")
 
 
-def _clark_jobs(cfg):
+def _clark_jobs(cfg, corpora=None):
     return [Job("paragraphs", f"clark={cfg['papers']['clark_format']}", attention=True)]
 
 
-def _clark_analyse(cfg, caches, out, log):
+def _clark_analyse(ctx: Context) -> Tables:
     from analyses.attention import run_attention
 
-    R, seed = _rs(cfg)
-    log("clark2019: attention to [CLS] and [SEP]")
-    return {"clark2019_attention": run_attention(caches.get("paragraphs", "clark"), n_resamples=R, seed=seed,
-                                                 out=out)}
+    R, seed = _rs(ctx.cfg)
+    ctx.log("clark2019: attention to [CLS] and [SEP]")
+    return {"clark2019_attention": run_attention(ctx.caches.get("paragraphs", "clark"), n_resamples=R, seed=seed,
+                                                 out=ctx.out)}
 
 
 def _clark_figures(T, fig, log):
@@ -112,6 +79,24 @@ def _clark_table(T):
     if not sep.empty:
         t["[SEP]#1 → all [SEP]"] = sep.set_index("layer")["value"]
     return t.reset_index(), "attention mass from all tokens (mean over query tokens and heads), and from the first [SEP] to the [SEP]s"
+
+
+#: Clark et al.'s headline: "over half of the attention in layers 6-10 goes to [SEP]".
+CLARK_SHARE = 0.5
+CLARK_CLAIM = Claim(more=f"more than {CLARK_SHARE:g} of the attention goes to the [SEP] tokens",
+                    less=f"less than {CLARK_SHARE:g} of the attention goes to the [SEP] tokens",
+                    none=f"the attention to the [SEP] tokens is not distinguishable from {CLARK_SHARE:g}",
+                    quantity=f"attention mass to [SEP] − {CLARK_SHARE:g}", direction=1)
+
+
+def _clark_rows(T):
+    sep = _clark_mass(T)
+    sep = sep[sep["target"] == "all [SEP]"].sort_values("layer")
+    if sep.empty:
+        return None
+    shifted = sep.assign(value=sep["value"] - CLARK_SHARE, ci_low=sep["ci_low"] - CLARK_SHARE,
+                         ci_high=sep["ci_high"] - CLARK_SHARE)
+    return difference_rows(shifted)  # against 0: the bootstrap CI of the mass, shifted by the share
 
 
 def _clark_answer(T):
@@ -144,18 +129,19 @@ ETHAYARAJH = ("Ethayarajh (2019), How Contextual are Contextualized Word Represe
               "of BERT, ELMo, and GPT-2 Embeddings, EMNLP")
 
 
-def _eth_jobs(cfg):
+def _eth_jobs(cfg, corpora=None):
     return [Job("sentences", "single")]
 
 
-def _eth_analyse(cfg, caches, out, log):
+def _eth_analyse(ctx: Context) -> Tables:
     from analyses.contextuality import run_contextuality
 
-    R, seed = _rs(cfg)
-    p = cfg["papers"]
-    log("ethayarajh2019: anisotropy, self-similarity, intra-sentence similarity, MEV")
-    return {"ethayarajh2019": run_contextuality(caches.get("sentences", "single"), min_contexts=p["min_contexts"],
-                                                max_contexts=p["max_contexts"], n_resamples=R, seed=seed, out=out)}
+    R, seed = _rs(ctx.cfg)
+    p = ctx.cfg["papers"]
+    ctx.log("ethayarajh2019: anisotropy, self-similarity, intra-sentence similarity, MEV")
+    return {"ethayarajh2019": run_contextuality(ctx.caches.get("sentences", "single"), min_contexts=p["min_contexts"],
+                                                max_contexts=p["max_contexts"], n_resamples=R, seed=seed,
+                                                out=ctx.out)}
 
 
 def _eth_figures(T, fig, log):
@@ -166,7 +152,32 @@ def _eth_figures(T, fig, log):
 
 
 _ETH_METRICS = ("anisotropy_baseline", "self_similarity", "self_similarity_adjusted", "intra_similarity",
-                "intra_similarity_adjusted", "mev", "mev_adjusted")
+                "intra_similarity_adjusted", "mev", "mev_adjusted", "mev_centred", "mev_centred_adjusted")
+#: A layer is called anisotropic when the lower 95% bound of its mean cosine between random words is at
+#: least this. 0.1: the paper's smallest per-layer value for bert-base-cased is 0.105 (the authors'
+#: released statistics, layer 0), and two random directions in 384 dimensions have cosine 0 ± 0.05.
+ANISOTROPY_THRESHOLD = 0.1
+
+
+def _eth_verdict(T, cfg) -> str:
+    """Which layers are anisotropic by :data:`ANISOTROPY_THRESHOLD` (CI lower bound), said against the
+    paper's "anisotropic in every layer"."""
+    base = pick(T.get("ethayarajh2019"), metric="anisotropy_baseline").sort_values("layer")
+    if base.empty:
+        return ""
+    aniso = base[base["ci_low"] >= ANISOTROPY_THRESHOLD]
+    layers = base["layer"].astype(int)
+    lo, hi = base.loc[base["value"].idxmin()], base.loc[base["value"].idxmax()]
+    rng_ = (f"mean cosine of random words {fmt(float(lo['value']))} at layer {int(lo['layer'])} to "
+            f"{fmt(float(hi['value']))} at layer {int(hi['layer'])}")
+    rule = f"anisotropic = the 95% CI of that cosine lies at or above {ANISOTROPY_THRESHOLD:g}"
+    if len(aniso) == len(base):
+        return f"Yes, anisotropic in every layer, as the paper reports for BERT-base ({rng_}; {rule})."
+    if aniso.empty:
+        return (f"No: no layer is anisotropic, unlike the paper's BERT-base, which is anisotropic in every layer "
+                f"({rng_}; {rule}).")
+    return (f"Only in layers {ranges(aniso['layer'].astype(int))} of {ranges(layers)}: the paper's \"anisotropic in "
+            f"every layer\" does not hold for this model ({rng_}; {rule}).")
 
 
 def _eth_table(T):
@@ -202,7 +213,10 @@ def _eth_answer(T):
     mev = pick(d, metric="mev_adjusted")
     if not mev.empty:
         s += (f"A static vector explains at most {mev['value'].max():.3f} of a word's variance beyond the random "
-              f"baseline (adjusted MEV, max over layers). ")
+              f"baseline (adjusted MEV, uncentred as the paper defines it, max over layers)")
+        cen = pick(d, metric="mev_centred_adjusted")
+        s += (f"; centred on each word's mean, as the authors' code computes it, at most {cen['value'].max():.3f}. "
+              if not cen.empty else ". ")
     s += ("Ethayarajh (2019) reports for BERT-base that representations are anisotropic in every layer, that "
           "self-similarity falls in the upper layers, and that on average less than 5% of a word's variance is "
           "explained by a static embedding.")
@@ -216,21 +230,22 @@ REIMERS = "Reimers & Gurevych (2019), Sentence-BERT: Sentence Embeddings using S
 REIMERS_CHOICES = ("cls", "mean", "max")
 
 
-def _rg_jobs(cfg):
+def _rg_jobs(cfg, corpora=None):
     return [Job("sentences", "single")]
 
 
-def _rg_analyse(cfg, caches, out, log):
+def _rg_analyse(ctx: Context) -> Tables:
     from analyses.neighbours import run_knn
     from analyses.probe_runner import run_probes
 
+    cfg = ctx.cfg
     R, seed = _rs(cfg)
-    c = caches.get("sentences", "single")
+    c = ctx.caches.get("sentences", "single")
     label = cfg["papers"]["label"]
-    log("reimers2019: [CLS] vs mean vs max pooling, probes and nearest neighbours")
-    return {"reimers2019_probes": run_probes(c, REIMERS_CHOICES, (label,), **_probe_kw(cfg, out)),
+    ctx.log("reimers2019: [CLS] vs mean vs max pooling, probes and nearest neighbours")
+    return {"reimers2019_probes": run_probes(c, REIMERS_CHOICES, (label,), **_probe_kw(cfg, ctx.out)),
             "reimers2019_knn": run_knn(c, REIMERS_CHOICES, label, k=cfg["papers"]["knn_k"], n_resamples=R,
-                                       seed=seed, out=out)}
+                                       seed=seed, out=ctx.out)}
 
 
 def _rg_figures(T, fig, log):
@@ -268,6 +283,38 @@ def _rg_table(T):
     return pd.DataFrame(rows), f"last layer ({L}): trained linear probe vs training-free cosine neighbours"
 
 
+REIMERS_CLAIM = Claim(more="the cosine nearest neighbour of a mean-pooled vector shares the label more often than "
+                           "that of [CLS]",
+                      less="the cosine nearest neighbour of [CLS] shares the label more often than that of the "
+                           "mean-pooled vector",
+                      none="[CLS] and mean pooling give equally meaningful cosine neighbours",
+                      quantity="nearest-neighbour accuracy, mean − cls")
+
+
+def _rg_rows(T):
+    k = T.get("reimers2019_knn")
+    if k is None or k.empty:
+        return None
+    L = last_layer(k)
+    k = pick(k, metric="knn_accuracy", layer=L)
+    return difference_rows(pick(k, role="mean"), pick(k, role="cls"))  # PROVISIONAL: marginal CIs
+
+
+def _by_construction(cfg) -> str:
+    name = cfg["model"]["name"]
+    facts = model_facts(name)
+    if facts is not None and facts.pooling == "mean":
+        return (f" On {name} a win for mean pooling holds by construction: the model was trained to produce "
+                "sentence vectors by mean pooling with a cosine objective, so it is no test of the paper's claim "
+                "about BERT's [CLS]; bert-base-uncased is.")
+    return ""
+
+
+def _rg_verdict(T, cfg) -> str:
+    v = summarise(_rg_rows(T), REIMERS_CLAIM)
+    return v.sentence + _by_construction(cfg) if v.decision != "not_measured" else ""
+
+
 def _rg_answer(T):
     p, k = T.get("reimers2019_probes"), T.get("reimers2019_knn")
     if p is None or k is None:
@@ -292,21 +339,22 @@ JAWAHAR = "Jawahar, Sagot & Seddah (2019), What Does BERT Learn about the Struct
 JAWAHAR_TASKS = (("length6", "SentLen"), ("bow_s1", "WC (bag of words)"), ("swapped", "BShift"))
 
 
-def _jw_jobs(cfg):
+def _jw_jobs(cfg, corpora=None):
     jobs = [Job("swap_sentences", "single")]
     if cfg["model"]["random_init_baseline"]:
         jobs.append(Job("swap_sentences", "single", random=True))
     return jobs
 
 
-def _jw_analyse(cfg, caches, out, log):
+def _jw_analyse(ctx: Context) -> Tables:
     from analyses.probe_runner import run_probes
 
+    caches = ctx.caches
     c = caches.get("swap_sentences", "single")
     rnd = caches.get("swap_sentences", "single", True) if caches.has("swap_sentences", "single", True) else None
-    log("jawahar2019: per-layer probing table")
+    ctx.log("jawahar2019: per-layer probing table")
     return {"jawahar2019_probes": run_probes(c, ("cls", "mean"), [t for t, _ in JAWAHAR_TASKS], random_cache=rnd,
-                                             **_probe_kw(cfg, out))}
+                                             **_probe_kw(ctx.cfg, ctx.out))}
 
 
 def _jw_metric(target: str) -> str:
@@ -362,42 +410,62 @@ def _jw_answer(T):
     return s
 
 
-PAPERS: dict[str, Reproduction] = {
-    "clark2019": Reproduction(
-        "clark2019", "Clark et al. 2019: attention to [CLS] and [SEP] by layer", CLARK, _clark_jobs, _clark_analyse,
-        _clark_figures, _clark_table, _clark_answer,
-        "Protocol: two consecutive passages of one article as [CLS] A [SEP] B [SEP] (the config's clark_format), "
-        "attention weights of every head summed over the target tokens, averaged over all query tokens (special "
-        "tokens included, as in the authors' notebook), then over heads and examples; 95% bootstrap CIs over "
-        "examples. The passages are news sentences (2 + 2 of at most 25 words, so around the paper's 128 tokens), "
-        "not Wikipedia paragraphs. The figure also shows attention from [CLS] and from the first [SEP]. Attention weights are not explanations: Clark et "
-        "al. argue that attention to [SEP] is largely a no-op."),
-    "ethayarajh2019": Reproduction(
-        "ethayarajh2019", "Ethayarajh 2019: anisotropy and self-similarity", ETHAYARAJH, _eth_jobs, _eth_analyse,
-        _eth_figures, _eth_table, _eth_answer,
-        "Protocol: each sentence encoded alone ([CLS] s [SEP]); a word's vector is its first subword; words "
-        "occurring in at least min_contexts sentences; self-similarity = mean pairwise cosine of a word's "
-        "occurrences, intra-sentence similarity = mean cosine of a sentence's words with their mean, MEV = share "
-        "of variance on the first principal direction; each adjusted by its random-word baseline of the same "
-        "layer. The paper used STS sentences and WordPiece tokens as words; here news sentences and whole "
-        "words. MEV is the paper's uncentred definition (the authors' code uses centred PCA) over at most "
-        "max_contexts occurrences per word; a share of variance on one direction is larger for fewer "
-        "occurrences, so it is not comparable with the paper's 'less than 5%', which came from words with many "
-        "more contexts."),
-    "reimers2019": Reproduction(
-        "reimers2019", "Reimers & Gurevych 2019: [CLS] vs mean pooling", REIMERS, _rg_jobs, _rg_analyse, _rg_figures,
-        _rg_table, _rg_answer,
-        "Protocol: single sentences; the last layer's [CLS] vector against the mean (and max) of the word vectors. "
-        "Two readings: a logistic-regression probe with cross-validation (the SentEval protocol) and a "
-        "training-free one, whether the cosine nearest neighbour from another document shares the label. No "
-        "gold similarity scores (STS) are available offline, so the second stands in for the paper's Spearman "
-        "correlation; it tests the same property, that cosine distances are meaningful."),
-    "jawahar2019": Reproduction(
-        "jawahar2019", "Jawahar et al. 2019: a per-layer probing table", JAWAHAR, _jw_jobs, _jw_analyse, _jw_figures,
-        _jw_table, _jw_answer,
-        "Protocol: single sentences, [CLS] (and mean pooling) of every layer, for the trained and a randomly "
-        "initialised model. Tasks stand in for SentEval's: SentLen = sentence length in 6 equal-count bins, WC "
-        "= a multi-label bag of the most frequent words (SentEval: which one of 1000 mid-frequency words), "
-        "BShift = two adjacent words swapped in half of the sentences. Probes are linear (the paper used "
-        "SentEval's MLP), with grouped cross-validation; CIs are t-intervals over folds."),
-}
+def _clark_notes(cfg) -> str:
+    spec = cfg["corpus"]["paragraphs"]
+    return ("Protocol: consecutive sentences of one document laid out by the config's clark_format "
+            f"(`{cfg['papers']['clark_format']}`), attention weights of every head summed over the target tokens, "
+            "averaged over all query tokens (special tokens included, as in the authors' notebook), then over "
+            "heads and examples; 95% bootstrap CIs over examples. The passages here are "
+            f"{corpus_text(spec)} sentences ({spec}), not the paper's Wikipedia paragraphs of about 128 tokens. "
+            "The figure also shows attention from [CLS] and from the first [SEP]. Attention weights are not "
+            "explanations: Clark et al. argue that attention to [SEP] is largely a no-op.")
+
+
+def _eth_notes(cfg) -> str:
+    spec = cfg["corpus"]["sentences"]
+    return ("Protocol: each sentence encoded alone ([CLS] s [SEP]); a word's vector is its first subword; words "
+            f"occurring in at least {cfg['papers']['min_contexts']} sentences; self-similarity = mean pairwise "
+            "cosine of a word's occurrences, intra-sentence similarity = mean cosine of a sentence's words with their "
+            "mean, MEV = share of variance on the first principal direction; each adjusted by its random-word "
+            "baseline of the same layer. The paper used STS sentences and WordPiece tokens as words; here "
+            f"{corpus_text(spec)} sentences ({spec}) and whole words. MEV is given both ways: uncentred (`mev`, the "
+            "paper's definition) and centred on each word's mean (`mev_centred`, what the authors' released code "
+            f"computes with PCA); over at most {cfg['papers']['max_contexts']} occurrences per word, and a share of "
+            "variance on one direction is larger for fewer occurrences, so neither is comparable with the paper's "
+            "'less than 5%', which came from words with many more contexts. 'Anisotropic' follows the declared "
+            f"threshold: the 95% CI of the mean random-word cosine at or above {ANISOTROPY_THRESHOLD:g}.")
+
+
+def _rg_notes(cfg) -> str:
+    return ("Protocol: single sentences; the last layer's [CLS] vector against the mean (and max) of the word "
+            "vectors. Two readings: a logistic-regression probe with cross-validation (the SentEval protocol) and a "
+            "training-free one, whether the cosine nearest neighbour from another document shares the label. No "
+            "gold similarity scores (STS) are available offline, so the second stands in for the paper's Spearman "
+            "correlation; it tests the same property, that cosine distances are meaningful.")
+
+
+PAPERS: dict[str, StudySection] = {s.key: s for s in (
+    StudySection(
+        key="clark2019", title="Clark et al. 2019: attention to [CLS] and [SEP] by layer", citation=CLARK,
+        corpora=("paragraphs",), jobs=_clark_jobs, analyse=_clark_analyse, figures=_clark_figures,
+        table=_clark_table, answer=_clark_answer, notes=_clark_notes, comparisons=_clark_rows, claim=CLARK_CLAIM,
+        about_cls=True),
+    StudySection(
+        key="ethayarajh2019", title="Ethayarajh 2019: anisotropy and self-similarity", citation=ETHAYARAJH,
+        corpora=("sentences",), jobs=_eth_jobs, analyse=_eth_analyse, figures=_eth_figures, table=_eth_table,
+        answer=_eth_answer, notes=_eth_notes, verdict_text=_eth_verdict),
+    StudySection(
+        key="reimers2019", title="Reimers & Gurevych 2019: [CLS] vs mean pooling", citation=REIMERS,
+        corpora=("sentences",), jobs=_rg_jobs, analyse=_rg_analyse, figures=_rg_figures, table=_rg_table,
+        answer=_rg_answer, notes=_rg_notes, verdict_text=_rg_verdict, about_cls=True),
+    StudySection(
+        key="jawahar2019", title="Jawahar et al. 2019: a per-layer probing table", citation=JAWAHAR,
+        corpora=("swap_sentences",), jobs=_jw_jobs, analyse=_jw_analyse, figures=_jw_figures, table=_jw_table,
+        answer=_jw_answer, about_cls=True,
+        notes="Protocol: single sentences, [CLS] (and mean pooling) of every layer, for the trained and a randomly "
+              "initialised model. Tasks stand in for SentEval's: SentLen = sentence length in 6 equal-count bins, WC "
+              "= a multi-label bag of the most frequent words (SentEval: which one of 1000 mid-frequency words), "
+              "BShift = two adjacent words swapped in half of the sentences. Probes are linear (the paper used "
+              "SentEval's MLP), with grouped cross-validation (the report's introduction says how the CIs were "
+              "computed, from the tables)."),
+)}

@@ -7,6 +7,12 @@ A study is a TOML config: a name of one packaged with the toolkit (``probing/con
 extracts every cache it needs (existing caches are reused), runs the analyses (existing result
 tables are reused), draws the figures from the tables and writes ``<out>/report.md`` and
 ``<out>/report.html`` (figures inline). Every number in the report is read from that run's tables.
+
+Every section, question or paper reproduction, is one declared :class:`probing.sections.StudySection`
+(:data:`probing.questions.QUESTION_SECTIONS`, :data:`probing.reproductions.PAPERS`); this module is
+the one runner for all of them: it loads the corpora the sections name, extracts the union of their
+caches, runs their analyses (shared tables computed once), draws their figures and writes the report,
+each section opening with its verdict (:mod:`probing.verdicts`).
 """
 
 from __future__ import annotations
@@ -24,14 +30,15 @@ import numpy as np
 import pandas as pd
 
 from .examples import Example
-from .reproductions import safe_plot as _safe
+from .questions import ATTENTION_FORMATS, PAIR_FORMATS, PAIR_NEEDS, PAIR_PROBES, QUESTION_SECTIONS  # noqa: F401
+from .sections import Context, Job, StudySection, group_prefixes, prefix  # noqa: F401
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-QUESTIONS = ("Q1", "Q2", "Q3", "Q4", "Q5", "Q6", "Q7", "Q8")
+QUESTIONS = tuple(QUESTION_SECTIONS)
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "study": {"name": "study", "out": "runs/study", "caches": "caches", "seed": 0, "bootstrap_resamples": 1000,
@@ -51,25 +58,17 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                "label": "topic", "knn_k": 1},
 }
 
-PAIR_FORMATS = ("pair", "concat", "concat_segments", "single", "single2", "cls_last", "cls_mid")
-#: Pair formats extracted with attention summaries (whichever section asks, so caches are shared).
-ATTENTION_FORMATS = ("pair", "concat")
-#: The probes of the pair format, per question: (token choices, targets).
-PAIR_PROBES = {
-    "Q8": (("cls", "mean", "max", "sep1", "first_word", "pos3"), ("topic",)),
-    "Q4": (("sep1", "sep2", "cls", "mean_s1", "mean_s2"), ("is_next", "bow_s1", "bow_s2")),
-    "Q7": (("cls", "mean"), ("bow_s1", "length")),
-}
-#: Formats of the pairs corpus each question reads.
-PAIR_NEEDS = {"Q1": ("pair", "concat", "concat_segments"), "Q2": ("pair", "concat", "single", "single2"),
-              "Q4": ("pair", "concat"), "Q6": ("pair", "cls_mid", "cls_last"), "Q7": ("pair",), "Q8": ("pair",)}
+
+def section_specs() -> dict[str, StudySection]:
+    """Every declared section by key: the questions Q1-Q8, then the paper reproductions."""
+    from .reproductions import PAPERS
+
+    return {**QUESTION_SECTIONS, **PAPERS}
 
 
 def sections() -> tuple[str, ...]:
     """Every section a study can hold: the questions Q1-Q8, then the paper reproductions."""
-    from .reproductions import PAPERS
-
-    return QUESTIONS + tuple(PAPERS)
+    return tuple(section_specs())
 
 
 class StudyError(ValueError):
@@ -160,59 +159,22 @@ class Caches:
         return (corpus, fmt, random) in self.paths
 
 
-def prefix(examples: Sequence[Example], k: int) -> list[Example]:
-    """The first ``k`` sentences of each example (Q3's k-segment inputs from the same groups)."""
-    return [Example(e.id, e.sentences[:k], e.labels) for e in examples]
+def _selected(cfg: dict) -> list[StudySection]:
+    specs = section_specs()
+    return [specs[q] for q in cfg["study"]["questions"]]
 
 
-def group_prefixes(corpora: dict) -> dict[int, str]:
-    """``{k: corpus key}`` of the ``groups_k<k>`` prefixes :func:`load_corpora` made, in order of k."""
-    ks = {int(c.rsplit("k", 1)[1]): c for c in corpora if c.startswith("groups_k")}
-    return dict(sorted(ks.items()))
-
-
-def study_jobs(cfg: dict, corpora: dict[str, list[Example]]) -> list:
-    """The caches the config's sections need (:class:`probing.reproductions.Job`), without repeats;
+def study_jobs(cfg: dict, corpora: dict[str, list[Example]]) -> list[Job]:
+    """The caches the config's sections need (:class:`probing.sections.Job`), without repeats;
     ``corpora`` as :func:`load_corpora` returns them (Q3/Q5 read its ``groups_k<k>`` prefixes)."""
-    from .reproductions import PAPERS, Job
-
-    qs, rnd = set(cfg["study"]["questions"]), cfg["model"]["random_init_baseline"]
-    jobs: list[Job] = []
-    pair_formats = {f for q in qs for f in PAIR_NEEDS.get(q, ())}
-    jobs += [Job("pairs", f, attention=f in ATTENTION_FORMATS) for f in PAIR_FORMATS if f in pair_formats]
-    if rnd and qs & set(PAIR_PROBES):
-        jobs.append(Job("pairs", "pair", random=True))
-    if qs & {"Q3", "Q5"}:
-        K = max(group_prefixes(corpora))
-        ks = range(2, K + 1) if "Q3" in qs else [K]
-        for k in ks:
-            jobs.append(Job(f"groups_k{k}", "multi"))
-            if "Q3" in qs:
-                jobs.append(Job(f"groups_k{k}", "concat"))
-    if "Q7" in qs:
-        jobs.append(Job("swap", "pair"))
-        if rnd:
-            jobs.append(Job("swap", "pair", random=True))
-    for key in (q for q in cfg["study"]["questions"] if q in PAPERS):
-        jobs += PAPERS[key].jobs(cfg)
-    return list(dict.fromkeys(jobs))
+    return list(dict.fromkeys(j for s in _selected(cfg) for j in s.jobs(cfg, corpora)))
 
 
 def load_corpora(cfg: dict) -> tuple[dict[str, list[Example]], dict[str, str]]:
     """The corpora the sections read, and a display name for each (the spec)."""
     from .corpora import load_corpus
-    from .reproductions import PAPERS
 
-    qs = set(cfg["study"]["questions"])
-    wanted = set()
-    if qs & set(PAIR_NEEDS):
-        wanted.add("pairs")
-    if qs & {"Q3", "Q5"}:
-        wanted.add("groups")
-    if "Q7" in qs:
-        wanted.add("swap")
-    for key in qs & set(PAPERS):
-        wanted |= {j.corpus for j in PAPERS[key].jobs(cfg)}
+    wanted = {c for s in _selected(cfg) for c in s.corpora}
     specs = cfg["corpus"]
     corpora = {c: load_corpus(specs[c]) for c in specs if c in wanted}
     names = {c: specs[c] for c in corpora}
@@ -257,7 +219,7 @@ def extract_all(cfg: dict, log) -> tuple[Caches, dict[str, list[Example]], Any]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Analyses, one function per question; each returns its tables
+# The one runner: analyses, figures and report for every selected section
 
 
 def _tables_dir(cfg) -> Path:
@@ -265,216 +227,61 @@ def _tables_dir(cfg) -> Path:
 
 
 def analyse(cfg: dict, caches: Caches, corpora: dict, lm, log) -> dict[str, pd.DataFrame]:
-    from analyses.attention import run_attention
-    from analyses.drift import run_drift
-    from analyses.probe_runner import run_probes
-    from analyses.similarity import run_cka_formats, run_cka_roles
+    """Every selected section's tables (a table two sections share is computed once), each also written
+    to ``<out>/tables/<name>.csv``."""
+    from analyses.results import write_table
 
-    st, pr = cfg["study"], cfg["probes"]
-    out, seed, R = _tables_dir(cfg), st["seed"], st["bootstrap_resamples"]
-    qs = set(st["questions"])
+    ctx = Context(cfg=cfg, caches=caches, corpora=corpora, lm=lm, out=_tables_dir(cfg), log=log)
     T: dict[str, pd.DataFrame] = {}
-    drift = lambda a, b, **kw: run_drift(a, b, n_resamples=R, seed=seed, out=out, **kw)  # noqa: E731
-    pair = caches.get("pairs", "pair") if caches.has("pairs", "pair") else None
-    rnd = caches.get("pairs", "pair", True) if caches.has("pairs", "pair", True) else None
-    if qs & {"Q1", "Q2", "Q4"}:
-        log("analyses: drift and CKA across formats")
-        concat, concat_seg = caches.get("pairs", "concat"), caches.get("pairs", "concat_segments")
-        T["drift_q1"] = pd.concat([drift(pair, concat), drift(pair, concat_seg), drift(concat_seg, concat)],
-                                  ignore_index=True)
-        T["cka_q1"] = run_cka_formats(pair, concat, ["cls", "mean_s1", "mean_s2", "sep_last"], out=out)
-    if "Q2" in qs:
-        single, single2 = caches.get("pairs", "single"), caches.get("pairs", "single2")
-        T["drift_q2"] = pd.concat([drift(single, pair, words_only=True), drift(single, concat, words_only=True),
-                                   drift(single2, pair, words_only=True), drift(single2, concat, words_only=True)],
-                                  ignore_index=True)
-    if qs & {"Q2", "Q4"}:
-        log("analyses: attention")
-        T["attention"] = pd.concat([run_attention(caches.get("pairs", f), n_resamples=R, seed=seed, out=out)
-                                    for f in ATTENTION_FORMATS], ignore_index=True)
-    if "Q3" in qs:
-        log("analyses: k segments")
-        frames = []
-        for k, c in group_prefixes(corpora).items():
-            d = drift(caches.get(c, "multi"), caches.get(c, "concat"))
-            d["k"] = k
-            frames.append(d)
-        T["drift_q3"] = pd.concat(frames, ignore_index=True)
-    probe_kw = dict(n_splits=pr["folds"], seed=seed, vocab=pr["vocab"], device=pr["device"], Cs=pr["Cs"],
-                    inner_splits=pr["inner_splits"], max_iter=pr["max_iter"], bow_Cs=pr["bow_Cs"], out=out)
-    wanted = [q for q in PAIR_PROBES if q in qs]
-    if wanted:
-        log("analyses: probes on the pair format (trained and random-init)")
-        frames = [run_probes(pair, *PAIR_PROBES[q], random_cache=rnd, **probe_kw) for q in wanted]
-        keys = ["model_kind", "layer", "role", "target", "metric"]
-        T["probes_pair"] = pd.concat(frames, ignore_index=True).drop_duplicates(keys)
-    if "Q4" in qs:
-        T["cka_q4"] = run_cka_roles(pair, [("sep1", "cls"), ("sep1", "mean_s1"), ("sep1", "mean_s2"),
-                                           ("sep2", "cls")], out=out)
-    if "Q5" in qs:
-        log("analyses: [CLS] content of sentence i")
-        K = max(group_prefixes(corpora))
-        multi = caches.get(f"groups_k{K}", "multi")
-        T["probes_q5"] = run_probes(multi, ("cls", "mean"), [f"bow_s{i}" for i in range(1, K + 1)], **probe_kw)
-    if "Q6" in qs:
-        log("analyses: classification token position")
-        T["probes_q6"] = pd.concat([run_probes(caches.get("pairs", f), ("cls",), ("topic", "is_next"), **probe_kw)
-                                    for f in ("pair", "cls_mid", "cls_last")], ignore_index=True)
-    if "Q7" in qs:
-        log("analyses: word order")
-        sw = caches.get("swap", "pair")
-        swr = caches.get("swap", "pair", True) if caches.has("swap", "pair", True) else None
-        T["probes_q7"] = run_probes(sw, ("cls", "mean"), ("swapped",), random_cache=swr, **probe_kw)
-    if "Q8" in qs:
-        log("analyses: fine-tuning with each pooling")
-        from analyses.pooling import run_pooling_experiment
-
-        ft = cfg["finetune"]
-        T["finetune"] = run_pooling_experiment(corpora["pairs"], ft["label"], ft["poolings"], ft["seeds"], model=lm,
-                                               preset=ft["preset"], out=str(out), corpus_name=cfg["corpus"]["pairs"])
-    from .reproductions import PAPERS
-
-    for key in (q for q in st["questions"] if q in PAPERS):
-        T.update(PAPERS[key].analyse(cfg, caches, out, log))
+    for s in _selected(cfg):
+        T.update(s.analyse(ctx))
     for name, df in T.items():
-        from analyses.results import write_table
-
-        write_table(df, out / f"{name}.csv")
+        write_table(df, ctx.out / f"{name}.csv")
     return T
 
 
-# ---------------------------------------------------------------------------------------------------
-# Figures and report
-
-
 def draw_figures(cfg: dict, T: dict[str, pd.DataFrame], log) -> dict[str, list[Path]]:
-    from figures.attention import plot_attention
-    from figures.cka import plot_cka_layers
-    from figures.drift import plot_drift, plot_drift_by_k
-    from figures.pooling import plot_pooling
-    from figures.probes import plot_probe_position, plot_probes
-
+    """Each selected section's figures (PNG paths), by section key."""
     fig = Path(cfg["study"]["out"]) / "figures"
-    F: dict[str, list[Path]] = {q: [] for q in sections()}
-    if "drift_q1" in T:
-        d = T["drift_q1"]
-        F["Q1"] += _safe(plot_drift, d[(d["format"] == "pair") & (d["format_b"] == "concat")], fig / "q1_drift_pair_concat", log=log)
-        F["Q1"] += _safe(plot_drift, d[(d["format"] != "pair") | (d["format_b"] != "concat")], fig / "q1_drift_sep_vs_segments",
-                         roles=["cls", "s1 words", "s2 words"], log=log)
-    if "cka_q1" in T:
-        F["Q1"] += _safe(plot_cka_layers, T["cka_q1"], fig / "q1_cka_pair_concat", log=log)
-    if "drift_q2" in T:
-        F["Q2"] += _safe(plot_drift, T["drift_q2"], fig / "q2_context_drift", roles=["s1 words", "s2 words"],
-                         overlay=True, log=log)
-    if "attention" in T:
-        a = T["attention"]
-        F["Q2"] += _safe(plot_attention, a, fig / "q2_attention_pair", format="pair", log=log)
-        F["Q4"] += _safe(plot_attention, a, fig / "q4_attention_concat", format="concat", log=log)
-    if "drift_q3" in T:
-        F["Q3"] += _safe(plot_drift_by_k, T["drift_q3"], fig / "q3_drift_by_k", log=log)
-    if "probes_pair" in T:
-        p = T["probes_pair"]
-        F["Q4"] += _safe(plot_probes, p, fig / "q4_probes_is_next", target="is_next",
-                         roles=["sep1", "sep2", "cls", "mean_s1", "mean_s2"], log=log)
-        F["Q4"] += _safe(plot_probes, p, fig / "q4_probes_bow_s2", target="bow_s2", metric="micro_f1",
-                         roles=["sep1", "sep2", "cls", "mean_s1", "mean_s2"], log=log)
-        F["Q7"] += _safe(plot_probes, p, fig / "q7_probes_bow_s1", target="bow_s1", metric="micro_f1",
-                         roles=["cls", "mean"], log=log)
-        F["Q7"] += _safe(plot_probes, p, fig / "q7_probes_length", target="length", roles=["cls", "mean"], log=log)
-        F["Q8"] += _safe(plot_probes, p, fig / "q8_probes_topic", target="topic",
-                         roles=["cls", "mean", "max", "sep1", "first_word", "pos3"], log=log)
-    if "cka_q4" in T:
-        F["Q4"] += _safe(plot_cka_layers, T["cka_q4"], fig / "q4_cka_sep", log=log)
-    if "probes_q5" in T:
-        F["Q5"] += _safe(plot_probe_position, T["probes_q5"], fig / "q5_cls_content_by_position", metric="micro_f1",
-                         choice=["cls", "mean"], layer="last", log=log)
-    if "probes_q6" in T:
-        p = T["probes_q6"].copy()
-        p["role"] = p["format"].map({"pair": "cls first", "cls_mid": "cls middle", "cls_last": "cls last"})
-        p["format"] = "pair / cls_mid / cls_last"
-        F["Q6"] += _safe(plot_probes, p, fig / "q6_cls_position_topic", target="topic", log=log)
-        F["Q6"] += _safe(plot_probes, p, fig / "q6_cls_position_is_next", target="is_next", log=log)
-    if "probes_q7" in T:
-        F["Q7"] += _safe(plot_probes, T["probes_q7"], fig / "q7_probes_word_order", target="swapped", log=log)
-    if "finetune" in T:
-        frozen = T.get("probes_pair")
-        frozen = frozen[frozen["model_kind"] == "trained"] if frozen is not None else None
-        F["Q8"] += _safe(plot_pooling, T["finetune"], fig / "q8_pooling", frozen_df=frozen, log=log)
-    from .reproductions import PAPERS
-
-    for key in (q for q in cfg["study"]["questions"] if q in PAPERS):
-        F[key] += PAPERS[key].figures(T, fig, log)
-    return F
+    return {s.key: s.figures(T, fig, log) for s in _selected(cfg)}
 
 
-def _tables_for_report(T: dict) -> dict[str, tuple[pd.DataFrame, str]]:
-    from .report import last_layer, pick
+def run_limits(cfg: dict, corpora: dict, spec: StudySection, model_name: str) -> str:
+    """What this run's numbers do not show, generated from the config: the corpora the section read
+    and their sizes, quick mode, and for [CLS]/[SEP] claims what the model is."""
+    from .model_facts import cls_caveat
+    from .sections import corpus_sizes
 
-    out = {}
-    if "drift_q1" in T:
-        d = pick(T["drift_q1"], metric="drift_mean")
-        L = last_layer(d)
-        t = d[d["layer"] == L].pivot_table(index=["format", "format_b"], columns="role", values="value", sort=False)
-        out["Q1"] = (t.reset_index(), f"1 − cos (mean) at layer {L}, per role group")
-    if "drift_q2" in T:
-        d = pick(T["drift_q2"], metric="drift_mean")
-        t = d.pivot_table(index="layer", columns=["format", "format_b"], values="value", aggfunc="first", sort=False)
-        t.columns = [f"{a}→{b}" for a, b in t.columns]
-        out["Q2"] = (t.reset_index(), "1 − cos (mean) of the words of the single sentence (role 'all')")
-    if "drift_q3" in T:
-        d = pick(T["drift_q3"], metric="drift_mean")
-        L = last_layer(d)
-        t = d[d["layer"] == L].pivot_table(index="k", columns="role", values="value", sort=False)
-        out["Q3"] = (t.reset_index(), f"1 − cos (mean) between multi and concat at layer {L}, by k")
-    if "probes_pair" in T:
-        p = pick(T["probes_pair"], model_kind="trained")
-        p = p[p["metric"].isin(["accuracy", "micro_f1"])]
-        L = last_layer(p)
-        t = p[p["layer"] == L].pivot_table(index="role", columns="target", values="value", sort=False)
-        out["Q4"] = (t.reset_index(), f"probe scores at layer {L} (accuracy; micro-F1 for bow_*; trained model)")
-    if "probes_q5" in T:
-        p = pick(T["probes_q5"], metric="micro_f1")
-        L = last_layer(p)
-        t = p[p["layer"] == L].pivot_table(index="role", columns="target", values="value", sort=False)
-        out["Q5"] = (t.reset_index(), f"bag-of-words micro-F1 per sentence position at layer {L}")
-    if "probes_q6" in T:
-        p = pick(T["probes_q6"], metric="accuracy")
-        t = p.pivot_table(index="layer", columns=["target", "format"], values="value", sort=False)
-        t.columns = [f"{a} / {b}" for a, b in t.columns]
-        out["Q6"] = (t.reset_index(), "probe accuracy of the classification token by layer and position")
-    if "probes_q7" in T:
-        p = pick(T["probes_q7"], metric="accuracy")
-        t = p.pivot_table(index="layer", columns=["model_kind", "role"], values="value", sort=False)
-        t.columns = [f"{a} / {b}" for a, b in t.columns]
-        out["Q7"] = (t.reset_index(), "word-order (swapped) probe accuracy by layer")
-    if "finetune" in T:
-        f = pick(T["finetune"], metric="test_accuracy")
-        t = f.pivot_table(index="role", columns="seed", values="value", sort=False)
-        t.columns = [f"seed {int(c)}" for c in t.columns]
-        t["mean"] = t.mean(axis=1)
-        t["sd"] = t.drop(columns="mean").std(axis=1, ddof=1)
-        out["Q8"] = (t.reset_index().rename(columns={"role": "pooling"}), "fine-tuned test accuracy per pooling and seed")
-    return out
+    parts = []
+    sizes = corpus_sizes(cfg, corpora, spec.corpora)
+    if sizes:
+        parts.append(f"Measured on {model_name} with {sizes}; another corpus or model may differ.")
+    if cfg["study"].get("quick"):
+        parts.append("Quick mode: small samples and few folds, so nulls here are expected and not evidence.")
+    if spec.about_cls:
+        caveat = cls_caveat(model_name)
+        if caveat:
+            parts.append(caveat)
+    return " ".join(parts)
 
 
 def write_report(cfg: dict, T: dict, F: dict, caches: Caches, corpora: dict, lm, run_time: str) -> Path:
     from . import __version__
-    from .report import ANSWERS, NOTES, TITLES, Section, machine, render_html, render_markdown
-
-    from .reproductions import PAPERS
+    from .model_facts import model_sentence
+    from .report import Section, describe_intervals, machine, quick_notice, render_html, render_markdown
+    from .verdicts import describe_rules
 
     out = Path(cfg["study"]["out"])
-    tables = _tables_for_report(T)
     sections_ = []
-    for q in cfg["study"]["questions"]:
-        if q in PAPERS:
-            r = PAPERS[q]
-            t = r.table(T)
-            sections_.append(Section(r.title, r.answer(T), F.get(q, []), *(t or (None, "")),
-                                     f"{r.notes} Reference: {r.citation}."))
-            continue
-        t, caption = tables.get(q, (None, ""))
-        sections_.append(Section(TITLES[q], ANSWERS[q](T), F.get(q, []), t, caption, NOTES[q]))
+    for spec in _selected(cfg):
+        t = spec.table(T)
+        verdict = spec.verdict(T, cfg)
+        comparison = spec.comparison_table(T)
+        sections_.append(Section(spec.title, spec.answer(T), F.get(spec.key, []), *(t or (None, "")),
+                                 spec.note_text(cfg), verdict=verdict.sentence if verdict is not None else "",
+                                 limits=run_limits(cfg, corpora, spec, lm.name),
+                                 comparison=comparison[0] if comparison else None,
+                                 comparison_caption=comparison[1] if comparison else ""))
     import torch
     import transformers
 
@@ -500,13 +307,19 @@ def write_report(cfg: dict, T: dict, F: dict, caches: Caches, corpora: dict, lm,
         "run time": run_time,
         "tables": str((out / "tables").resolve()),
     }
+    quick = bool(cfg["study"].get("quick"))
     title = cfg["study"]["title"] or f"probing study '{cfg['study']['name']}': what input formatting does to {lm.name}"
-    intro = ("Every number below was computed by this run from the result tables in tables/; CIs are 95% "
-             "(cluster bootstrap over examples, or over word types for self-similarity, for drift, attention and "
-             "similarity measures; t-interval over cross-validation folds for probes).")
-    md = render_markdown(title, intro, sections_, provenance, out)
+    if quick:
+        title += " (quick mode)"
+    intro = [quick_notice(cfg, corpora, T)] if quick else []
+    intro += [model_sentence(lm.name),
+              "Every number below was computed by this run from the result tables in tables/. "
+              + describe_intervals(T),
+              describe_rules()]
+    intro_text = "\n\n".join(p for p in intro if p)
+    md = render_markdown(title, intro_text, sections_, provenance, out)
     (out / "report.md").write_text(md, encoding="utf-8")
-    (out / "report.html").write_text(render_html(title, intro, sections_, provenance), encoding="utf-8")
+    (out / "report.html").write_text(render_html(title, intro_text, sections_, provenance), encoding="utf-8")
     return out / "report.md"
 
 

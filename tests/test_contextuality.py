@@ -87,6 +87,32 @@ def test_random_groups_match_literal_loops():
         assert intra[g] == pytest.approx(loop_intra(V), abs=1e-12)
 
 
+def test_centred_mev_is_pca_explained_variance_ratio():
+    """Centred MEV = scikit-learn PCA's first explained-variance ratio (the authors' released code),
+    uncentred MEV = the first squared singular value's share of the raw matrix (the paper's text)."""
+    from sklearn.decomposition import PCA
+
+    rng = np.random.default_rng(3)
+    sizes = [2, 5, 5, 9, 30]
+    codes = np.repeat(np.arange(len(sizes)), sizes)[rng.permutation(sum(sizes))]
+    X = rng.normal(size=(codes.size, 12)) * rng.uniform(0.2, 3, size=12) + 4 * rng.normal(size=12)
+    centred = max_explainable_variance(X, codes, centred=True)
+    raw = max_explainable_variance(X, codes)
+    for g in range(len(sizes)):
+        V = X[codes == g]
+        assert centred[g] == pytest.approx(PCA(n_components=1).fit(V).explained_variance_ratio_[0], abs=1e-10)
+        s = np.linalg.svd(V, compute_uv=False)
+        assert raw[g] == pytest.approx(s[0] ** 2 / (s ** 2).sum(), abs=1e-12)
+    # a shared offset makes the uncentred share large; centring removes it
+    big = np.bincount(codes) > 2
+    assert (raw[big] > centred[big]).all()
+    # two rows: one direction holds all the variance around their mean
+    assert centred[np.argmin([np.sum(codes == g) for g in range(len(sizes))])] == pytest.approx(1.0)
+    # no variance (identical rows): undefined, not 1
+    same = max_explainable_variance(np.ones((3, 4)), [0, 0, 0], centred=True)
+    assert np.isnan(same[0])
+
+
 def test_mev_batches_and_wide_groups(monkeypatch):
     # n > dim (rank-deficient Gram) and batches split across several chunks
     monkeypatch.setattr(ctx, "_BATCH_ELEMENTS", 50)
@@ -259,6 +285,15 @@ def test_end_to_end_table_against_literal_loops(tiny_caches, tmp_path, monkeypat
                                                                          abs=1e-9)
     # MEV of random words is below MEV of the same word (trained or not, the same word id shares its embedding)
     assert (v.xs("mev_adjusted", level="metric")["value"] > 0).all()
+    # centred MEV: the PCA explained-variance ratio of each type's occurrences, averaged over types
+    from sklearn.decomposition import PCA
+
+    for layer in (0, 2):
+        X = cache.states(layer, words["first_row"].to_numpy()).astype(np.float64)
+        sel, sel_codes, _, _ = choose_contexts(words["type"].to_numpy(dtype=object), words["example"].to_numpy(), 5, 1000)
+        want = np.mean([PCA(n_components=1).fit(X[sel][sel_codes == k]).explained_variance_ratio_[0]
+                        for k in range(sel_codes.max() + 1)])
+        assert v.loc[(layer, "mev_centred"), "value"] == pytest.approx(want, abs=1e-6)
     assert ((df["ci_low"] <= df["value"] + 1e-12) & (df["value"] <= df["ci_high"] + 1e-12)).all()
     # a second call reuses the stored table: nothing is recomputed
     monkeypatch.setattr(ctx, "self_similarity", lambda *a, **k: pytest.fail("recomputed"))

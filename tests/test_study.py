@@ -69,8 +69,15 @@ def test_quick_study_end_to_end_and_reuse(tmp_path, tiny_model_dir):
         m = re.search(rf"^## {q}\..*?(?=^## )", text, flags=re.S | re.M)
         assert m, f"section {q} missing"
         answer = re.search(r"\*\*Answer\.\*\* (.*)", m.group(0)).group(1)
-        assert re.search(r"\d\.\d{3}", answer), f"{q} answer has no measured number: {answer}"
-        assert "not measured" not in answer
+        evidence = re.search(r"\*\*Evidence\.\*\* (.*)", m.group(0)).group(1)
+        assert re.match(r"(Yes|No measurable difference|Inconclusive|Only in)", answer), f"{q}: {answer}"
+        assert re.search(r"\d\.\d{3}", answer), f"{q} verdict has no measured number: {answer}"
+        assert re.search(r"\d\.\d{3}", evidence) and "not measured" not in evidence
+    # quick mode is announced in the title and at the top; the unknown model gets a neutral sentence
+    assert text.startswith("# ") and "(quick mode)" in text.splitlines()[0]
+    assert text.splitlines()[2].startswith("QUICK MODE")
+    assert "no record of how it was trained" in text
+    assert "Quick mode: small samples" in text and "generated template sentences" in text
     assert "95% CI" in text and "random-pair baseline" in text and "majority baseline" in text
     assert "## Provenance" in text and "fingerprint" in text
     figures = sorted((tmp_path / "run" / "figures").glob("*.png"))
@@ -198,7 +205,8 @@ def test_paper_config_runs_quick_on_a_tiny_model(key, tmp_path, tiny_model_dir):
     section = text.split(f"## {PAPERS[key].title}", 1)[1].split("## Provenance", 1)[0]
     answer = re.search(r"\*\*Answer\.\*\* (.*)", section).group(1)
     assert re.search(r"\d\.\d{3}", answer) and "not measured" not in answer, answer
-    assert "95% CI" in answer
+    evidence = re.search(r"\*\*Evidence\.\*\* (.*)", section)
+    assert "95% CI" in answer + (evidence.group(1) if evidence else "")
     assert "| layer |" in section or "| pooling |" in section  # the section's table
     figures = sorted((tmp_path / "run" / "figures").glob("*.png"))
     assert figures and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in figures)
@@ -207,3 +215,174 @@ def test_paper_config_runs_quick_on_a_tiny_model(key, tmp_path, tiny_model_dir):
     run_study(CONFIG_DIR / PAPER_CONFIGS[key], quick=True, overrides=over, log=logs.append)
     assert not [l for l in logs if "tokens through the model" in l]
     assert "reused from earlier runs" in (tmp_path / "run" / "report.md").read_text()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sections declared as data, verdicts from their tables, text generated from the config
+
+
+def _drift_rows(concat_minus_pair: float, half: float = 0.002) -> "pd.DataFrame":
+    """A drift_q2-like table: s1 words, single → pair and single → concat, layers 0-2."""
+    import pandas as pd
+
+    rows = []
+    for layer in (0, 1, 2):
+        for fmt_b, v in (("pair", 0.05), ("concat", 0.05 + concat_minus_pair * (layer > 0))):
+            rows.append({"analysis": "drift", "format": "single", "format_b": fmt_b, "layer": layer,
+                         "role": "s1 words", "metric": "drift_mean", "value": v, "ci_low": v - half,
+                         "ci_high": v + half, "n": 100})
+    return pd.DataFrame(rows)
+
+
+def test_question_verdict_is_computed_from_its_table():
+    from probing.questions import QUESTION_SECTIONS
+
+    cfg = load_config(None)
+    q2 = QUESTION_SECTIONS["Q2"]
+    big = q2.verdict({"drift_q2": _drift_rows(0.05)}, cfg)
+    assert big.decision == "yes" and big.sentence.startswith("Only in layers 1–2: sentence 1's words take in more")
+    assert "+0.050" in big.sentence
+    small = q2.verdict({"drift_q2": _drift_rows(0.01)}, cfg)
+    assert small.decision == "yes_small" and "+0.010" in small.sentence
+    null = q2.verdict({"drift_q2": _drift_rows(0.0, half=0.002)}, cfg)
+    assert null.decision == "no_difference" and null.sentence.startswith("No measurable difference at any layer")
+    weak = q2.verdict({"drift_q2": _drift_rows(0.0, half=0.05)}, cfg)
+    assert weak.decision == "inconclusive"
+    assert q2.verdict({}, cfg).decision == "not_measured"
+
+
+def test_every_section_is_declared_once_with_its_parts():
+    from probing.questions import QUESTION_SECTIONS
+    from probing.reproductions import PAPERS, Reproduction
+    from probing.sections import StudySection
+    from probing.study import section_specs, sections
+
+    assert Reproduction is StudySection
+    assert tuple(QUESTION_SECTIONS) == QUESTIONS and sections() == QUESTIONS + tuple(PAPERS)
+    for key, spec in section_specs().items():
+        assert spec.key == key and spec.corpora and callable(spec.analyse) and callable(spec.figures)
+        if key in QUESTIONS:
+            assert spec.comparisons is not None and spec.claim is not None
+    assert {k for k, s in section_specs().items() if s.about_cls} >= {"Q1", "Q4", "Q6", "Q8"}
+
+
+def test_study_jobs_union_of_sections():
+    from probing.sections import Job
+    from probing.study import study_jobs
+
+    cfg = load_config(None, overrides={"study.questions": ["Q1", "Q3"], "model.random_init_baseline": False})
+    corpora = {"pairs": [], "groups": [], "groups_k2": [], "groups_k3": []}
+    jobs = study_jobs(cfg, corpora)
+    assert Job("pairs", "pair", attention=True) in jobs and Job("pairs", "concat_segments") in jobs
+    assert {j for j in jobs if j.corpus.startswith("groups_k")} == {
+        Job("groups_k2", "multi"), Job("groups_k2", "concat"), Job("groups_k3", "multi"), Job("groups_k3", "concat")}
+    assert not any(j.random for j in jobs) and len(jobs) == len(set(jobs))
+
+
+def test_model_facts_and_caveats():
+    from probing.model_facts import cls_caveat, model_facts, model_sentence
+
+    assert model_facts("sentence-transformers/all-MiniLM-L6-v2").nsp is False
+    s = model_sentence("all-MiniLM-L6-v2")
+    assert "mean pooling" in s and "contrastive" in s and "--model bert-base-uncased" in s
+    assert "bert-base-uncased" in cls_caveat("all-MiniLM-L6-v2")
+    assert cls_caveat("bert-base-uncased") == "" and "next-sentence prediction" in model_sentence("bert-base-uncased")
+    assert "no record" in model_sentence("/tmp/tiny") and "/tmp/tiny" in cls_caveat("/tmp/tiny")
+
+
+def test_limits_and_protocol_text_come_from_the_config():
+    from probing.questions import QUESTION_SECTIONS
+    from probing.reproductions import PAPERS
+    from probing.study import run_limits
+
+    cfg = load_config(REPO / "configs" / "seed_questions.toml", quick=True)
+    corpora = {"groups": [None] * 60}
+    text = run_limits(cfg, corpora, QUESTION_SECTIONS["Q3"], "all-MiniLM-L6-v2")
+    assert "60 examples of generated template sentences (generated:n=60,k=4,pairing=consecutive)" in text
+    assert "Quick mode" in text
+    assert "news" not in QUESTION_SECTIONS["Q3"].note_text(cfg) and "article" not in QUESTION_SECTIONS["Q3"].note_text(cfg)
+    full = load_config(REPO / "configs" / "seed_questions.toml")
+    assert "BBC News" in QUESTION_SECTIONS["Q3"].note_text(full)
+    assert "Quick mode" not in run_limits(full, corpora, QUESTION_SECTIONS["Q3"], "x")
+    assert "mean pooling" in run_limits(full, {"pairs": [1]}, QUESTION_SECTIONS["Q8"], "all-MiniLM-L6-v2")
+    eth = load_config(REPO / "configs" / "ethayarajh2019_anisotropy.toml", quick=True)
+    notes = PAPERS["ethayarajh2019"].note_text(eth)
+    assert "generated template sentences" in notes and "news" not in notes and "centred" in notes
+    clark = load_config(REPO / "configs" / "clark2019_attention.toml")
+    assert "BBC News sentences" in PAPERS["clark2019"].note_text(clark)
+
+
+def test_intervals_description_follows_the_grouping_column():
+    import pandas as pd
+
+    from probing.report import describe_intervals, fmt
+
+    probe = pd.DataFrame({"analysis": ["probe"], "value": [0.5], "ci_low": [0.4], "ci_high": [0.6]})
+    assert "folds grouped by example" in describe_intervals({"p": probe})
+    assert "folds grouped by document" in describe_intervals({"p": probe.assign(grouping="document")})
+    cka = pd.DataFrame({"analysis": ["cka"], "value": [0.9], "ci_low": [float("nan")], "ci_high": [float("nan")]})
+    assert "cka: point values (no CI)" in describe_intervals({"c": cka})
+    assert fmt((0.0021, 0.0019, 0.0024)) == "0.0021 (95% CI 0.0019 to 0.0024)"
+
+
+def test_quick_notice_names_only_what_this_run_shrank():
+    import pandas as pd
+
+    from probing.report import quick_notice
+
+    cfg = load_config(REPO / "configs" / "seed_questions.toml", quick=True)
+    plain = quick_notice(cfg, {"pairs": [0] * 120}, {})
+    assert plain.startswith("QUICK MODE") and "pairs 120" in plain and "200 bootstrap resamples" in plain
+    assert "probe folds" not in plain and "fine-tuning" not in plain
+    probes = quick_notice(cfg, {"pairs": [0] * 120}, {"p": pd.DataFrame({"analysis": ["probe"]})})
+    assert "3 probe folds" in probes
+
+
+def _eth_table(baselines):
+    import pandas as pd
+
+    return pd.DataFrame([{"analysis": "contextuality", "layer": L, "metric": "anisotropy_baseline", "value": v,
+                          "ci_low": v - 0.002, "ci_high": v + 0.002} for L, v in enumerate(baselines)])
+
+
+def test_ethayarajh_anisotropy_follows_the_declared_threshold():
+    from probing.reproductions import ANISOTROPY_THRESHOLD, PAPERS
+
+    eth, cfg = PAPERS["ethayarajh2019"], load_config(None)
+    assert ANISOTROPY_THRESHOLD == 0.1
+    v = eth.verdict({"ethayarajh2019": _eth_table([0.054, 0.124, 0.143, 0.161, 0.185, 0.248, 0.030])}, cfg)
+    assert v.sentence.startswith("Only in layers 1–5 of 0–6") and "does not hold" in v.sentence
+    every = eth.verdict({"ethayarajh2019": _eth_table([0.2, 0.3, 0.4])}, cfg).sentence
+    assert every.startswith("Yes, anisotropic in every layer")
+    assert eth.verdict({"ethayarajh2019": _eth_table([0.03, 0.05])}, cfg).sentence.startswith("No: no layer")
+
+
+def test_reimers_says_mean_pooling_wins_by_construction_on_a_mean_pooled_model():
+    import pandas as pd
+
+    from probing.reproductions import PAPERS
+
+    rg = PAPERS["reimers2019"]
+    knn = pd.DataFrame([{"analysis": "knn", "layer": 6, "role": r, "metric": "knn_accuracy", "value": v,
+                         "ci_low": v - 0.02, "ci_high": v + 0.02} for r, v in (("cls", 0.6), ("mean", 0.7))])
+    mini = load_config(None, overrides={"model.name": "all-MiniLM-L6-v2"})
+    s = rg.verdict({"reimers2019_knn": knn}, mini).sentence
+    assert s.startswith("Yes: the cosine nearest neighbour of a mean-pooled vector") and "by construction" in s
+    bert = load_config(None, overrides={"model.name": "bert-base-uncased"})
+    assert "by construction" not in rg.verdict({"reimers2019_knn": knn}, bert).sentence
+    assert "by construction" not in rg.note_text(mini)  # said once, in the verdict
+
+
+def test_clark_verdict_names_the_layers_above_one_half():
+    import pandas as pd
+
+    from probing.reproductions import PAPERS
+
+    mass = [0.2, 0.3, 0.62, 0.7, 0.66, 0.35, 0.49]
+    a = pd.DataFrame([{"analysis": "attention", "layer": L, "head": "mean", "role": "all tokens", "target": t,
+                       "metric": "attention_mass", "value": v if t == "all [SEP]" else 0.05,
+                       "ci_low": (v if t == "all [SEP]" else 0.05) - 0.02, "ci_high": (v if t == "all [SEP]" else 0.05) + 0.02}
+                      for L, v in enumerate(mass) for t in ("all [SEP]", "[CLS]")])
+    v = PAPERS["clark2019"].verdict({"clark2019_attention": a}, load_config(None))
+    assert v.sentence.startswith("Only in layers 2–4 (the opposite at layers 0–1, 5): more than 0.5 of the attention")
+    assert "at layer 3: +0.200" in v.sentence

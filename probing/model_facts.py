@@ -1,0 +1,86 @@
+"""What the report may say about a model: how it was trained, so what its [CLS]/[SEP] findings mean.
+
+:data:`MODEL_FACTS` is the one declaration, keyed by the model's name without its organisation
+(``sentence-transformers/all-MiniLM-L6-v2`` and ``all-MiniLM-L6-v2`` are the same entry),
+lower-cased. A model not listed (a local path, a random-init test model) gets a neutral sentence
+that claims nothing about its training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+#: The checkpoint a claim about BERT's own [CLS]/[SEP] needs, named in every caveat.
+BERT_CHECKPOINT = "bert-base-uncased"
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """``description``: what the model is, one clause; ``nsp``: pre-trained with next-sentence
+    prediction (the objective that trains BERT's [CLS]); ``pooling``: the pooling it was trained to
+    produce sentence vectors with (None: not a sentence encoder)."""
+
+    description: str
+    nsp: bool
+    pooling: str | None = None
+
+
+def _bert(what: str) -> ModelFacts:
+    return ModelFacts(f"{what}, pre-trained with masked language modelling and next-sentence prediction on [CLS]",
+                      nsp=True)
+
+
+MODEL_FACTS: dict[str, ModelFacts] = {
+    "all-minilm-l6-v2": ModelFacts(
+        "a sentence encoder (6-layer BERT architecture, distilled from MiniLM) fine-tuned with mean pooling "
+        "and a contrastive objective on sentence pairs, never with next-sentence prediction", nsp=False,
+        pooling="mean"),
+    "all-mpnet-base-v2": ModelFacts(
+        "a sentence encoder (MPNet) fine-tuned with mean pooling and a contrastive objective, never with "
+        "next-sentence prediction", nsp=False, pooling="mean"),
+    "bert-base-uncased": _bert("BERT-base (12 layers)"),
+    "bert-base-cased": _bert("BERT-base, cased (12 layers)"),
+    "bert-large-uncased": _bert("BERT-large (24 layers)"),
+    "roberta-base": ModelFacts(
+        "RoBERTa-base, pre-trained with masked language modelling only (no next-sentence prediction; <s> plays "
+        "[CLS]'s part)", nsp=False),
+}
+
+
+def model_facts(name: str | None) -> ModelFacts | None:
+    """The facts of ``name`` (a Hugging Face id, alias or path), or None for an unknown model.
+
+    >>> model_facts("sentence-transformers/all-MiniLM-L6-v2").pooling
+    'mean'
+    >>> model_facts("/tmp/my-model") is None
+    True
+    """
+    if not name:
+        return None
+    return MODEL_FACTS.get(PurePosixPath(str(name).replace("\\", "/")).name.lower())
+
+
+def model_sentence(name: str) -> str:
+    """What the model is, for the top of the report."""
+    facts = model_facts(name)
+    if facts is None:
+        return (f"Model: {name}. This report has no record of how it was trained; read its [CLS]/[SEP] findings "
+                "as facts about this model only.")
+    s = f"Model: {name}, {facts.description}."
+    if not facts.nsp:
+        s += (f" What its [CLS] and [SEP] do is not evidence about BERT's; a claim about BERT needs a BERT "
+              f"checkpoint: the same config with `--model {BERT_CHECKPOINT}`.")
+    return s
+
+
+def cls_caveat(name: str) -> str:
+    """The caveat a section that makes [CLS]/[SEP] claims repeats; empty for an NSP-trained BERT."""
+    facts = model_facts(name)
+    if facts is None:
+        return (f"These [CLS]/[SEP] findings are about {name}; how it was trained decides whether they carry over "
+                "to another model.")
+    if facts.nsp:
+        return ""
+    return (f"{name} is {facts.description}: its [CLS]/[SEP] findings do not carry over to BERT; run the same "
+            f"config with `--model {BERT_CHECKPOINT}` for BERT.")

@@ -1,0 +1,172 @@
+"""A study section declared as data: the seed questions Q1-Q8 (:mod:`probing.questions`) and the
+paper reproductions (:mod:`probing.reproductions`) are all :class:`StudySection` objects, run by the
+one runner of :mod:`probing.study`.
+
+A section names the corpora it reads (keys of the config's ``[corpus]`` table), the caches it needs
+(:class:`Job`), its analyses (tidy tables, computed once per study through :meth:`Context.table` and
+shared between sections), its figures, its report table, its evidence sentence, its comparison rows
+and the :class:`probing.verdicts.Claim` they test (the verdict is a function of those rows), and its
+notes. Nothing else is needed to add a section.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+
+from .examples import Example
+from .verdicts import Claim, Verdict, summarise
+
+Tables = dict[str, pd.DataFrame]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One cache a section needs: ``format`` is a built-in name or ``name=TEMPLATE``."""
+
+    corpus: str
+    format: str
+    random: bool = False
+    attention: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.format.split("=", 1)[0].strip()
+
+
+@dataclass
+class Context:
+    """What a section's analyses read: the config, caches, corpora, trained model, the tables
+    directory, a log, and the tables computed so far (shared between sections)."""
+
+    cfg: dict
+    caches: Any
+    corpora: dict[str, list[Example]]
+    lm: Any
+    out: Path
+    log: Callable[[str], None] = print
+    tables: Tables = field(default_factory=dict)
+
+    @property
+    def questions(self) -> list[str]:
+        return list(self.cfg["study"]["questions"])
+
+    def table(self, name: str, produce: Callable[["Context"], pd.DataFrame]) -> pd.DataFrame:
+        """The study's table ``name``, computed by ``produce(self)`` the first time a section asks."""
+        if name not in self.tables:
+            self.tables[name] = produce(self)
+        return self.tables[name]
+
+
+def _no_table(T: Tables) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class StudySection:
+    """One section of a study (a question or a paper reproduction).
+
+    - ``corpora``: config corpus keys it reads; ``jobs(cfg, corpora)``: the caches it needs.
+    - ``analyse(ctx) -> {table name: table}``: its tables (through ``ctx.table`` where shared).
+    - ``figures(T, fig_dir, log) -> [png paths]``; ``table(T) -> (table, caption) | None``.
+    - ``answer(T) -> str``: the evidence, numbers read from the tables.
+    - ``comparisons(T) -> rows | None`` and ``claim``: the verdict's input (:mod:`probing.verdicts`);
+      ``verdict_text(T)`` overrides it for sections whose verdict is not a comparison.
+    - ``notes``: how it was measured and what it does not show (text, or a function of the config).
+    - ``about_cls``: the section makes claims about [CLS]/[SEP], so the model caveat is repeated there.
+    """
+
+    key: str
+    title: str
+    corpora: tuple[str, ...]
+    jobs: Callable[[dict, dict], list[Job]]
+    analyse: Callable[[Context], Tables]
+    figures: Callable[[Tables, Path, Callable], list[Path]]
+    answer: Callable[[Tables], str]
+    notes: str | Callable[[dict], str] = ""
+    table: Callable[[Tables], tuple[pd.DataFrame, str] | None] = _no_table
+    comparisons: Callable[[Tables], pd.DataFrame | None] | None = None
+    claim: Claim | None = None
+    verdict_text: Callable[[Tables, dict], str] | None = None
+    citation: str = ""
+    about_cls: bool = False
+
+    def verdict(self, T: Tables, cfg: dict) -> Verdict | None:
+        """The section's opening sentence: from its comparison rows and claim (or ``verdict_text``)."""
+        if self.verdict_text is not None:
+            text = self.verdict_text(T, cfg)
+            return Verdict("yes", text) if text else None
+        if self.comparisons is None or self.claim is None:
+            return None
+        return summarise(self.comparisons(T), self.claim)
+
+    def comparison_table(self, T: Tables) -> tuple[pd.DataFrame, str] | None:
+        """The comparison rows behind the verdict as the report prints them, with a caption."""
+        from .verdicts import verdict_table
+
+        rows = self.comparisons(T) if self.comparisons is not None and self.claim is not None else None
+        if rows is None or len(rows) == 0:
+            return None
+        caption = f"{self.claim.quantity}, per {self.claim.facet[0]}; each row decided by the rules above"
+        if "provisional" in rows.columns and rows["provisional"].fillna(False).astype(bool).any():
+            caption += (" (provisional: from two marginal intervals treated as independent, not yet a paired "
+                        "comparison)")
+        return verdict_table(rows, self.claim), caption
+
+    def note_text(self, cfg: dict) -> str:
+        text = self.notes(cfg) if callable(self.notes) else self.notes
+        return f"{text} Reference: {self.citation}." if self.citation else text
+
+
+def safe_plot(fn, *args, log=print, **kwargs) -> list[Path]:
+    """Draw one figure; one that cannot be drawn from the tables is logged, not fatal."""
+    try:
+        return [p for p in fn(*args, **kwargs) if str(p).endswith(".png")]
+    except (ValueError, KeyError) as err:
+        log(f"figure skipped ({getattr(fn, '__name__', fn)}): {err}")
+        return []
+
+
+def prefix(examples: Sequence[Example], k: int) -> list[Example]:
+    """The first ``k`` sentences of each example (Q3's k-segment inputs from the same groups)."""
+    return [Example(e.id, e.sentences[:k], e.labels) for e in examples]
+
+
+def group_prefixes(corpora: dict) -> dict[int, str]:
+    """``{k: corpus key}`` of the ``groups_k<k>`` prefixes the study made, in order of k."""
+    ks = {int(c.rsplit("k", 1)[1]): c for c in corpora if c.startswith("groups_k")}
+    return dict(sorted(ks.items()))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Protocol text generated from the config
+
+#: What each corpus kind's text is, for protocol sentences ("sentences" is appended by the caller).
+CORPUS_TEXT = {"generated": "generated template", "bbc": "BBC News", "ptb": "Penn Treebank"}
+
+
+def corpus_text(spec: str) -> str:
+    """What a corpus spec's sentences are: ``'BBC News'``, ``'generated template'``, ``'data.csv'``.
+
+    >>> corpus_text("generated:n=120,k=2")
+    'generated template'
+    """
+    from .corpora import parse_corpus_spec
+
+    name, kwargs, _ = parse_corpus_spec(spec)
+    if name == "file":
+        return Path(str(kwargs.get("path", "file"))).name
+    return CORPUS_TEXT.get(name, name)
+
+
+def corpus_sizes(cfg: dict, corpora: dict, keys: Sequence[str]) -> str:
+    """``'pairs: 120 examples of generated template sentences (generated:n=120,k=2)'`` for each key."""
+    parts = []
+    for k in keys:
+        if k in corpora and k in cfg["corpus"]:
+            spec = cfg["corpus"][k]
+            parts.append(f"{k}: {len(corpora[k])} examples of {corpus_text(spec)} sentences ({spec})")
+    return "; ".join(parts)

@@ -1,0 +1,389 @@
+"""Verdicts: the one sentence that opens each report section, computed from comparison rows by rules
+declared here once.
+
+A **comparison row** is one tested difference (condition B − condition A, or a score − its baseline)
+with the columns ``value``, ``ci_low``, ``ci_high`` (95%), and where known ``p_holm`` (p-value after
+Holm's correction over its family), ``p_value``, ``mde`` (minimum detectable effect at this sample
+size), ``n``, ``n_groups`` (the clusters the CI resampled), ``grouping`` (``document`` or
+``example``) and a facet column such as ``layer``. Rows from the analyses carry these columns; where
+a table does not have them yet, :func:`difference_rows` derives provisional rows from two marginal
+intervals.
+
+Decision rules (:func:`decide`), with the practical-significance threshold
+:data:`PRACTICAL_THRESHOLD` = 0.03 (three points on the 0-1 scales every compared quantity here
+lives on: accuracy, micro-F1, 1 − cos, attention share) and α = :data:`ALPHA` = 0.05:
+
+============================================  ===========================================================
+the row                                       verdict
+============================================  ===========================================================
+significant and ``|value| >= threshold``      ``yes``: "Yes: …"
+significant and ``|value| < threshold``       ``yes_small``: "Yes, but small: …"
+not significant and ``mde <= threshold``      ``no_difference``: "No measurable difference (…; this
+                                              sample could detect >= mde)"
+not significant and ``mde > threshold``       ``inconclusive``: "Inconclusive: this sample could only
+                                              detect >= mde"
+============================================  ===========================================================
+
+*Significant* means the 95% CI excludes 0 **and**, when the row has ``p_holm`` (else ``p_value``),
+that p-value is below α: the multiple-comparison policy is Holm's step-down correction over the rows
+of one comparison (all layers of it), applied by :func:`add_holm` where the analysis did not. A row
+without ``mde`` gets the normal-approximation value from its own CI (:func:`mde_from_ci`: 80% power,
+two-sided α = 0.05, ``mde = (z_0.975 + z_0.8) × SE`` with ``SE`` = CI half-width / 1.96).
+
+Across a facet (layers, sentence positions, k): :func:`summarise` decides each row; when some but not
+all rows are significant in the direction of the strongest one the verdict is "Only in layers a–b: …",
+quoting the strongest row (and naming the layers significant in the opposite direction, if any);
+when all are, the strongest row decides between "Yes" and "Yes, but small"; when none are, it is
+"No measurable difference" if every row's mde is at most the threshold, else "Inconclusive".
+Comparison rows derived from marginal intervals say "unpaired (provisional)" in the sentence.
+
+Intervals are printed by :func:`format_interval` with as many decimals as it takes for the bounds
+and the value to differ (at least 3, at most 6), so an interval never collapses to a point.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Literal, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+#: Smallest difference that matters in practice, on 0-1 scales (accuracy, F1, 1 − cos, attention share).
+PRACTICAL_THRESHOLD = 0.03
+#: Significance level of every test (two-sided), and 1 − the CI level.
+ALPHA = 0.05
+#: Power at which the minimum detectable effect is computed.
+POWER = 0.8
+
+Decision = Literal["yes", "yes_small", "no_difference", "inconclusive", "not_measured"]
+#: The opening words of each decision: the one declaration used by the sentences below.
+LABELS: dict[str, str] = {
+    "yes": "Yes",
+    "yes_small": "Yes, but small",
+    "no_difference": "No measurable difference",
+    "inconclusive": "Inconclusive",
+    "not_measured": "Not measured",
+}
+#: Columns a comparison row must have; the others are optional.
+REQUIRED = ("value", "ci_low", "ci_high")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Numbers on the page
+
+
+def digits_for(*values: float, minimum: int = 3, maximum: int = 6) -> int:
+    """The fewest decimals (>= ``minimum``) at which the given distinct values print distinctly.
+
+    >>> digits_for(0.0021, 0.0024, 0.0019)
+    4
+    >>> digits_for(0.5, 0.5)
+    3
+    >>> digits_for(-0.0012, -0.0004)
+    4
+    """
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    distinct = len(set(finite))
+    for d in range(minimum, maximum + 1):
+        # distinct values print distinctly, and no non-zero value prints as zero
+        if len({round(v, d) for v in finite}) == distinct and all(round(v, d) != 0 for v in finite if v != 0):
+            return d
+    return maximum
+
+
+def format_interval(value: float, lo: float, hi: float, signed: bool = False, distinct_from: Sequence[float] = ()
+                    ) -> str:
+    """``0.0021 (95% CI 0.0019 to 0.0024)``: enough decimals that the bounds and the value differ
+    (and differ from each number of ``distinct_from``, e.g. a threshold the text compares them with).
+
+    ``signed`` prints a leading ``+`` on positive numbers (differences). NaN bounds print the value
+    alone; a NaN value prints ``undefined``.
+
+    >>> format_interval(0.00213, 0.00191, 0.00236)
+    '0.0021 (95% CI 0.0019 to 0.0024)'
+    >>> format_interval(0.007, 0.006, 0.008, signed=True)
+    '+0.007 (95% CI +0.006 to +0.008)'
+    """
+    if value is None or not math.isfinite(value):
+        return "undefined"
+    sign = "+" if signed else ""
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        d = digits_for(value, *distinct_from) if distinct_from else 3
+        return f"{value:{sign}.{d}f}"
+    d = digits_for(value, lo, hi, *distinct_from)
+    return f"{value:{sign}.{d}f} (95% CI {lo:{sign}.{d}f} to {hi:{sign}.{d}f})"
+
+
+def ranges(values: Iterable[int]) -> str:
+    """Integers as runs: ``[2, 3, 4, 6]`` -> ``'2–4, 6'``.
+
+    >>> ranges([6, 2, 3, 4])
+    '2–4, 6'
+    """
+    v = sorted(set(int(x) for x in values))
+    runs: list[list[int]] = []
+    for x in v:
+        if runs and x == runs[-1][-1] + 1:
+            runs[-1].append(x)
+        else:
+            runs.append([x])
+    return ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rows
+
+
+def mde_from_ci(ci_low: float, ci_high: float, alpha: float = ALPHA, power: float = POWER) -> float:
+    """Minimum detectable effect of a difference whose (1 − alpha) CI is ``[ci_low, ci_high]``:
+    ``(z_{1−α/2} + z_{power}) × SE``, ``SE`` = half-width / z_{1−α/2} (normal approximation).
+
+    >>> round(mde_from_ci(-0.01, 0.01), 4)
+    0.0143
+    """
+    z = stats.norm.ppf(1 - alpha / 2)
+    se = (ci_high - ci_low) / 2 / z
+    return float((z + stats.norm.ppf(power)) * se)
+
+
+def add_holm(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with ``p_holm`` filled where missing: Holm's step-down correction of ``p_value`` over
+    all rows (one comparison's family; statsmodels ``multipletests(method="holm")``)."""
+    from statsmodels.stats.multitest import multipletests
+
+    rows = rows.copy()
+    if "p_value" not in rows.columns:
+        return rows
+    p = pd.to_numeric(rows["p_value"], errors="coerce")
+    ok = p.notna().to_numpy()
+    if "p_holm" in rows.columns and rows["p_holm"].notna().all():
+        return rows
+    holm = np.full(len(rows), np.nan)
+    if ok.any():
+        holm[ok] = multipletests(p[ok].to_numpy(), alpha=ALPHA, method="holm")[1]
+    rows["p_holm"] = rows["p_holm"].where(rows["p_holm"].notna(), holm) if "p_holm" in rows.columns else holm
+    return rows
+
+
+def difference_rows(a: pd.DataFrame, b: pd.DataFrame | None = None, on: str = "layer") -> pd.DataFrame:
+    """PROVISIONAL comparison rows ``a − b`` (or ``a`` − 0 when ``b`` is None) from two tables of
+    marginal values with 95% CIs, matched on the facet column ``on``.
+
+    The two estimates are treated as independent: SE = sqrt(SE_a² + SE_b²) from the CI half-widths,
+    a normal-approximation p-value, Holm over the rows. For paired items with a positive correlation
+    this overstates the SE (a conservative test); the paired cluster-bootstrap rows of the analyses
+    replace these where they exist, so such rows are marked ``provisional``. ``b`` may carry no CI (a
+    baseline constant): then SE = SE_a and the row is a one-sample test, not marked provisional.
+    Returns columns ``on``, value, ci_low, ci_high, p_value, p_holm, mde, n, provisional.
+    """
+    z = stats.norm.ppf(1 - ALPHA / 2)
+
+    def prep(t: pd.DataFrame, suffix: str) -> pd.DataFrame:
+        t = t[[on, "value", "ci_low", "ci_high"] + (["n"] if "n" in t.columns else [])].drop_duplicates(on)
+        t = t.assign(se=(pd.to_numeric(t["ci_high"]) - pd.to_numeric(t["ci_low"])) / (2 * z))
+        t["se"] = t["se"].fillna(0.0)
+        return t.rename(columns={c: f"{c}{suffix}" for c in t.columns if c != on})
+
+    m = prep(a, "_a")
+    if b is not None:
+        m = m.merge(prep(b, "_b"), on=on)
+    else:
+        m["value_b"], m["se_b"] = 0.0, 0.0
+    value = m["value_a"].to_numpy(float) - m["value_b"].to_numpy(float)
+    se = np.sqrt(m["se_a"].to_numpy(float) ** 2 + m["se_b"].to_numpy(float) ** 2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(se > 0, 2 * stats.norm.sf(np.abs(value) / se), np.where(value != 0, 0.0, 1.0))
+    out = pd.DataFrame({on: m[on].to_numpy(), "value": value, "ci_low": value - z * se, "ci_high": value + z * se,
+                        "p_value": p, "mde": (z + stats.norm.ppf(POWER)) * se,
+                        "n": m["n_a"].to_numpy() if "n_a" in m.columns else np.nan,
+                        "provisional": bool(b is not None and (m["se_b"] > 0).any())})
+    return add_holm(out)
+
+
+def _num(row, key: str) -> float:
+    v = row.get(key, np.nan) if hasattr(row, "get") else getattr(row, key, np.nan)
+    return float("nan") if v is None or pd.isna(v) else float(v)
+
+
+def significant(row) -> bool:
+    """The CI excludes 0 and, where the row has one, its Holm p-value (else p-value) is below α."""
+    lo, hi = _num(row, "ci_low"), _num(row, "ci_high")
+    if not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0 <= hi:
+        return False
+    p = _num(row, "p_holm")
+    if not math.isfinite(p):
+        p = _num(row, "p_value")
+    return not math.isfinite(p) or p < ALPHA
+
+
+def row_mde(row) -> float:
+    """The row's ``mde``, or :func:`mde_from_ci` of its CI where it has none."""
+    mde = _num(row, "mde")
+    if math.isfinite(mde):
+        return mde
+    lo, hi = _num(row, "ci_low"), _num(row, "ci_high")
+    return mde_from_ci(lo, hi) if math.isfinite(lo) and math.isfinite(hi) else float("nan")
+
+
+def decide(row, threshold: float = PRACTICAL_THRESHOLD) -> Decision:
+    """The decision for one comparison row (the rules of the module docstring)."""
+    if not math.isfinite(_num(row, "value")):
+        return "not_measured"
+    if significant(row):
+        return "yes" if abs(_num(row, "value")) >= threshold else "yes_small"
+    mde = row_mde(row)
+    return "no_difference" if math.isfinite(mde) and mde <= threshold else "inconclusive"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sentences
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a comparison row measures, in words.
+
+    ``more`` / ``less``: the finding when the difference is positive / negative, e.g. "[CLS] changes
+    more than the words"; ``none``: the null finding, e.g. "[CLS] and the words change alike";
+    ``quantity``: what ``value`` is ("difference in 1 − cos"); ``facet``: the column that tells rows
+    apart and its plural name (``("layer", "layers")``); ``threshold``: the practical threshold;
+    ``direction``: +1 when the question asks whether the difference is positive (the verdict then leads
+    with the positive rows where there are any), 0 when either direction answers it.
+    """
+
+    more: str
+    less: str
+    none: str
+    quantity: str = "difference"
+    facet: tuple[str, str] = ("layer", "layers")
+    threshold: float = PRACTICAL_THRESHOLD
+    direction: int = 0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    decision: Decision
+    sentence: str
+    row: dict | None = None
+
+
+def format_p(p: float) -> str:
+    """``p = 0.012``, ``p < 0.001``.
+
+    >>> format_p(3e-15), format_p(0.0123)
+    ('p < 0.001', 'p = 0.012')
+    """
+    return "p < 0.001" if p < 0.001 else f"p = {p:.2g}"
+
+
+def _evidence(row, claim: Claim, where: str = "") -> str:
+    t = claim.threshold
+    iv = format_interval(_num(row, "value"), _num(row, "ci_low"), _num(row, "ci_high"), signed=True,
+                         distinct_from=(t, -t))
+    s = f"{claim.quantity}{where}: {iv}"
+    p = _num(row, "p_holm")
+    if math.isfinite(p):
+        s += f", Holm-adjusted {format_p(p)}"
+    prov = row.get("provisional", False) if hasattr(row, "get") else False
+    if prov is not None and not pd.isna(prov) and bool(prov):
+        s += ", unpaired (provisional)"
+    g = _num(row, "n_groups")
+    if math.isfinite(g):
+        grouping = row.get("grouping") if hasattr(row, "get") else None
+        s += f", {int(g)} {grouping or 'group'}s"
+    return s
+
+
+def sentence(row, claim: Claim, decision: Decision | None = None, where: str = "", label: str | None = None) -> str:
+    """The verdict sentence of one row: label (default :data:`LABELS` of the decision), finding,
+    evidence in parentheses; ``where`` names the row ("at layer 4")."""
+    decision = decision or decide(row, claim.threshold)
+    label = label or LABELS[decision]
+    if decision == "not_measured":
+        return f"{label}."
+    ev = _evidence(row, claim, where)
+    mde = row_mde(row)
+    if decision in ("yes", "yes_small"):
+        finding = claim.more if _num(row, "value") > 0 else claim.less
+        small = f"; below the practical threshold of {claim.threshold:g}" if decision == "yes_small" else ""
+        return f"{label}: {finding} ({ev}{small})."
+    if decision == "no_difference":
+        return f"{label}: {claim.none} ({ev}; this sample could detect >= {mde:.3f})."
+    return (f"{label}: this sample could only detect >= {mde:.3f}, above the practical threshold of "
+            f"{claim.threshold:g} ({ev}).")
+
+
+def summarise(rows: pd.DataFrame | None, claim: Claim) -> Verdict:
+    """One verdict over the rows of one comparison, one row per facet value (e.g. per layer).
+
+    Rows without ``p_holm`` get it from :func:`add_holm`. See the module docstring for the rules.
+    """
+    if rows is None or len(rows) == 0 or not set(REQUIRED) <= set(rows.columns):
+        return Verdict("not_measured", f"{LABELS['not_measured']}.")
+    rows = add_holm(rows.reset_index(drop=True))
+    col, plural = claim.facet
+    decisions = [decide(r, claim.threshold) for _, r in rows.iterrows()]
+    sig = [i for i, d in enumerate(decisions) if d in ("yes", "yes_small")]
+    measured = [i for i, d in enumerate(decisions) if d != "not_measured"]
+    if not measured:
+        return Verdict("not_measured", f"{LABELS['not_measured']}.")
+    multi = len(measured) > 1 and col in rows.columns
+
+    def where(i: int) -> str:
+        return f" at {col} {rows.loc[i, col]}" if col in rows.columns else ""
+
+    if sig:
+        lead = [i for i in sig if np.sign(rows.loc[i, "value"]) == claim.direction] if claim.direction else []
+        best = max(lead or sig, key=lambda i: abs(float(rows.loc[i, "value"])))
+        row = rows.loc[best]
+        decision = decide(row, claim.threshold)
+        label = None
+        same = [i for i in sig if np.sign(rows.loc[i, "value"]) == np.sign(row["value"])]
+        opposite = [i for i in sig if i not in same]
+        if multi and len(same) < len(measured):
+            label = f"Only in {plural if len(same) > 1 else col} {ranges(rows.loc[same, col])}"
+            if opposite:
+                label += f" (the opposite at {plural if len(opposite) > 1 else col} {ranges(rows.loc[opposite, col])})"
+            label += ", and small" if decision == "yes_small" else ""
+        elif multi:
+            label = f"{LABELS[decision]}, in every {col}"
+        return Verdict(decision, sentence(row, claim, decision, where(best), label), row.to_dict())
+    # no significant row: the verdict is as weak as its least powerful row
+    mdes = np.array([row_mde(rows.loc[i]) for i in measured])
+    worst = measured[int(np.nanargmax(mdes))] if np.isfinite(mdes).any() else measured[0]
+    row = rows.loc[worst]
+    decision = decide(row, claim.threshold)
+    label = f"{LABELS[decision]} at any {col}" if multi and decision == "no_difference" else None
+    return Verdict(decision, sentence(row, claim, decision, where(worst), label), row.to_dict())
+
+
+def verdict_table(rows: pd.DataFrame, claim: Claim) -> pd.DataFrame:
+    """The comparison rows as the report prints them, one per facet value: the difference with its CI
+    (:func:`format_interval`), Holm-adjusted p, mde, n_groups and grouping where present, and the
+    decision of each row by itself."""
+    rows = add_holm(rows.reset_index(drop=True))
+    out = pd.DataFrame({claim.facet[0]: rows[claim.facet[0]]} if claim.facet[0] in rows.columns else {})
+    out["difference (95% CI)"] = [format_interval(_num(r, "value"), _num(r, "ci_low"), _num(r, "ci_high"), signed=True)
+                                  for _, r in rows.iterrows()]
+    out["p (Holm)"] = [("< 0.001" if p < 0.001 else f"{p:.2g}") if math.isfinite(p) else "–"
+                       for p in (_num(r, "p_holm") for _, r in rows.iterrows())]
+    out["mde"] = [f"{row_mde(r):.3f}" for _, r in rows.iterrows()]
+    for c in ("n_groups", "grouping"):
+        if c in rows.columns:
+            out[c] = rows[c].to_numpy()
+    out["decision"] = [LABELS[decide(r, claim.threshold)] for _, r in rows.iterrows()]
+    return out
+
+
+def describe_rules(threshold: float = PRACTICAL_THRESHOLD) -> str:
+    """The decision rules in one paragraph, for the report's introduction."""
+    return (f"Each section opens with a verdict computed from its comparison rows: a difference counts when its "
+            f"95% CI excludes 0 and its Holm-adjusted p-value (over the layers of that comparison) is below "
+            f"{ALPHA:g}; it is '{LABELS['yes']}' when |difference| >= {threshold:g} (the practical threshold, on "
+            f"0–1 scales) and '{LABELS['yes_small']}' below it. Without a significant difference the verdict is "
+            f"'{LABELS['no_difference']}' when the sample could have detected {threshold:g} (minimum detectable "
+            f"effect at 80% power), and '{LABELS['inconclusive']}' when it could not. When only some layers differ "
+            f"it says 'Only in layers a–b'.")

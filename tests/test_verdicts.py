@@ -1,0 +1,135 @@
+"""The verdict rules on constructed comparison rows with a known answer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from probing.verdicts import (PRACTICAL_THRESHOLD, Claim, add_holm, decide, difference_rows, format_interval,
+                              mde_from_ci, ranges, summarise)
+
+CLAIM = Claim(more="B is higher than A", less="B is lower than A", none="A and B score alike",
+              quantity="B − A")
+
+
+def _row(value, half, **kw):
+    return {"value": value, "ci_low": value - half, "ci_high": value + half, **kw}
+
+
+def _planted(effect: float, n: int, seed: int) -> dict:
+    """A paired comparison of n items with a planted mean difference: mean and 95% t-interval."""
+    from scipy import stats
+
+    d = np.random.default_rng(seed).normal(effect, 0.1, size=n)
+    se = d.std(ddof=1) / np.sqrt(n)
+    t = stats.t.ppf(0.975, n - 1)
+    return {"value": d.mean(), "ci_low": d.mean() - t * se, "ci_high": d.mean() + t * se,
+            "p_value": 2 * stats.t.sf(abs(d.mean()) / se, n - 1)}
+
+
+def test_planted_effect_is_yes_and_null_depends_on_power():
+    assert decide(_planted(0.06, 400, 0)) == "yes"
+    assert decide(_planted(0.01, 2000, 0)) == "yes_small"
+    assert decide(_planted(0.0, 2000, 0)) == "no_difference"  # SE 0.002: could detect ~0.006
+    assert decide(_planted(0.0, 20, 0)) == "inconclusive"  # SE 0.022: could detect only ~0.06
+
+
+def test_rules_on_constructed_rows_and_their_sentences():
+    yes = _row(0.05, 0.01, p_holm=1e-4)
+    assert decide(yes) == "yes"
+    s = summarise(pd.DataFrame([yes]), CLAIM).sentence
+    assert s.startswith("Yes: B is higher than A") and "+0.050 (95% CI +0.040 to +0.060)" in s
+    neg = _row(-0.05, 0.01)
+    assert summarise(pd.DataFrame([neg]), CLAIM).sentence.startswith("Yes: B is lower than A")
+    small = _row(0.007, 0.001)
+    v = summarise(pd.DataFrame([small]), CLAIM)
+    assert v.decision == "yes_small" and v.sentence.startswith("Yes, but small:")
+    null = _row(0.001, 0.005, mde=0.012)
+    v = summarise(pd.DataFrame([null]), CLAIM)
+    assert v.decision == "no_difference" and "could detect >= 0.012" in v.sentence
+    weak = _row(0.02, 0.05, mde=0.07)
+    v = summarise(pd.DataFrame([weak]), CLAIM)
+    assert v.decision == "inconclusive" and v.sentence.startswith("Inconclusive: this sample could only detect >= 0.070")
+    # the CI excludes 0 but Holm says no: not significant
+    assert decide(_row(0.05, 0.04, p_holm=0.2, mde=0.01)) == "no_difference"
+    # a row without mde gets one from its CI
+    assert decide(_row(0.0, 0.05)) == "inconclusive" and decide(_row(0.0, 0.005)) == "no_difference"
+
+
+def test_layers_subset_gives_only_in_layers():
+    rows = pd.DataFrame([{"layer": L, **_row(v, 0.005)} for L, v in enumerate([0.0, 0.001, 0.05, 0.06, 0.04, 0.0])])
+    v = summarise(rows, CLAIM)
+    assert v.decision == "yes" and v.sentence.startswith("Only in layers 2–4: B is higher than A")
+    assert "at layer 3: +0.060" in v.sentence
+    mixed = rows.assign(value=[0.0, -0.05, 0.05, 0.06, 0.04, 0.0])
+    mixed = mixed.assign(ci_low=mixed["value"] - 0.005, ci_high=mixed["value"] + 0.005)
+    assert summarise(mixed, CLAIM).sentence.startswith("Only in layers 2–4 (the opposite at layer 1): B is higher")
+    every = rows.assign(value=0.05, ci_low=0.045, ci_high=0.055)
+    assert summarise(every, CLAIM).sentence.startswith("Yes, in every layer:")
+    none = rows.assign(value=0.0, ci_low=-0.005, ci_high=0.005)
+    assert summarise(none, CLAIM).sentence.startswith("No measurable difference at any layer:")
+
+
+def test_sentence_is_computed_from_the_table():
+    rows = pd.DataFrame([_row(0.05, 0.01)])
+    a = summarise(rows, CLAIM).sentence
+    b = summarise(rows.assign(value=0.08, ci_low=0.07, ci_high=0.09), CLAIM).sentence
+    assert a != b and "+0.080" in b and "+0.050" in a
+    assert summarise(rows.assign(value=0.0, ci_low=-0.01, ci_high=0.01), CLAIM).decision == "no_difference"
+    threshold = Claim(**{**CLAIM.__dict__, "threshold": 0.1})
+    assert summarise(rows, threshold).decision == "yes_small"
+
+
+def test_holm_and_mde_match_references():
+    from statsmodels.stats.multitest import multipletests
+
+    p = np.array([0.01, 0.04, 0.03, 0.2])
+    got = add_holm(pd.DataFrame({"p_value": p}))["p_holm"].to_numpy()
+    np.testing.assert_allclose(got, multipletests(p, method="holm")[1])
+    # Holm by hand: sorted p 0.01, 0.03, 0.04, 0.2 times 4, 3, 2, 1, then cumulative max
+    np.testing.assert_allclose(got, [0.04, 0.09, 0.09, 0.2])
+    assert mde_from_ci(-0.01, 0.01) == pytest.approx(2.8016 * 0.01 / 1.95996, rel=1e-4)
+
+
+def test_difference_rows_from_marginal_intervals():
+    a = pd.DataFrame({"layer": [0, 1], "value": [0.5, 0.6], "ci_low": [0.48, 0.58], "ci_high": [0.52, 0.62]})
+    b = a.assign(value=[0.5, 0.55], ci_low=[0.48, 0.53], ci_high=[0.52, 0.57])
+    d = difference_rows(a, b)
+    np.testing.assert_allclose(d["value"], [0.0, 0.05])
+    se = np.sqrt(2) * 0.02 / 1.959964
+    np.testing.assert_allclose(d["ci_high"] - d["value"], 1.959964 * se, rtol=1e-5)
+    assert d["provisional"].all() and list(d["layer"]) == [0, 1]
+    assert "unpaired (provisional)" in summarise(d, CLAIM).sentence
+    one = difference_rows(a)  # against 0: a one-sample test, not an unpaired comparison
+    np.testing.assert_allclose(one["value"], [0.5, 0.6])
+    assert not one["provisional"].any() and "provisional" not in summarise(one, CLAIM).sentence
+
+
+def test_intervals_never_collapse():
+    assert format_interval(0.0021, 0.0018, 0.0024) == "0.0021 (95% CI 0.0018 to 0.0024)"
+    assert format_interval(0.002, 0.002, 0.002) == "0.002 (95% CI 0.002 to 0.002)"  # truly equal numbers
+    s = format_interval(0.12345, 0.12341, 0.12349)
+    assert s == "0.12345 (95% CI 0.12341 to 0.12349)"
+    assert format_interval(float("nan"), 0, 1) == "undefined"
+    assert ranges([1, 2, 3, 5, 7, 8]) == "1–3, 5, 7–8"
+    assert PRACTICAL_THRESHOLD == 0.03
+
+
+def test_verdict_table_prints_each_row_and_its_decision():
+    from probing.verdicts import verdict_table
+
+    rows = pd.DataFrame([{"layer": 1, **_row(0.05, 0.01)}, {"layer": 2, **_row(0.0021, 0.0003)},
+                         {"layer": 3, **_row(0.0, 0.05)}])
+    t = verdict_table(rows, CLAIM)
+    assert list(t["layer"]) == [1, 2, 3]
+    assert list(t["decision"]) == ["Yes", "Yes, but small", "Inconclusive"]
+    assert t["difference (95% CI)"].iloc[1] == "+0.0021 (95% CI +0.0018 to +0.0024)"
+
+
+def test_false_positive_rate_and_power_over_seeds():
+    """Over repeated null samples the verdict says 'Yes' at about α; a planted 0.03 is found nearly always."""
+    null = [decide(_planted(0.0, 200, s)) in ("yes", "yes_small") for s in range(400)]
+    assert 0.02 <= np.mean(null) <= 0.09
+    planted = [decide(_planted(0.03, 400, s)) in ("yes", "yes_small") for s in range(100)]
+    assert np.mean(planted) >= 0.95
