@@ -38,7 +38,13 @@ PAIR_FORMATS = ("pair", "concat", "concat_segments", "single", "single2", "cls_l
 PAIR_PROBES = {
     "Q8": (("cls", "mean", "max", "sep1", "first_word", "pos3"), ("topic",)),
     "Q4": (("sep1", "sep2", "cls", "mean_s1", "mean_s2"), ("is_next", "bow_s1", "bow_s2")),
-    "Q7": (("cls", "mean"), ("bow_s1", "length")),
+    "Q7": (("cls", "mean"), ("bow_s1", "fw_s1", "length")),
+}
+#: Interventions the study extracts (``Job.intervention``), by name -> what they do. Q4: attention to
+#: every [SEP] knocked out in the middle layers, and its control of the same size on random words.
+INTERVENTIONS = {
+    "sep_ko": "no token attends to any [SEP] in the middle layers",
+    "sep_ko_control": "as many random word keys per query knocked out, same layers (control)",
 }
 #: Formats of the pairs corpus each question reads.
 PAIR_NEEDS = {"Q1": ("pair", "concat", "concat_segments"), "Q2": ("pair", "concat", "single", "single2"),
@@ -49,9 +55,22 @@ PAIR_NEEDS = {"Q1": ("pair", "concat", "concat_segments"), "Q2": ("pair", "conca
 # Caches
 
 
+def make_intervention(name: str, n_layers: int, caches=None, corpus: str = "", random: bool = False):
+    """The :class:`probing.interventions.Intervention` of :data:`INTERVENTIONS` ``name`` for a model of
+    ``n_layers`` layers (``caches``, ``corpus`` and ``random`` locate a patch's source cache)."""
+    from analyses.interventions import sep_knockouts
+
+    if name not in INTERVENTIONS:
+        raise ValueError(f"unknown intervention {name!r}; known: {', '.join(INTERVENTIONS)}")
+    ko, control = sep_knockouts(n_layers)
+    return {"sep_ko": ko, "sep_ko_control": control}[name]
+
+
 def _pair_jobs(q: str):
     def jobs(cfg: dict, corpora: dict) -> list[Job]:
         out = [Job("pairs", f, attention=f in ATTENTION_FORMATS) for f in PAIR_FORMATS if f in PAIR_NEEDS.get(q, ())]
+        if q == "Q4":
+            out += [Job("pairs", "pair", intervention=i) for i in ("sep_ko", "sep_ko_control")]
         if q in PAIR_PROBES and cfg["model"]["random_init_baseline"]:
             out.append(Job("pairs", "pair", random=True))
         if q == "Q7":
@@ -140,10 +159,25 @@ def _probes_pair(ctx: Context) -> pd.DataFrame:
 
     ctx.log("analyses: probes on the pair format (trained and random-init)")
     wanted = [q for q in PAIR_PROBES if q in ctx.questions]
-    frames = [run_probes(_pairs(ctx, "pair"), *PAIR_PROBES[q], random_cache=_pairs(ctx, "pair", True),
-                         **probe_kw(ctx.cfg, ctx.out)) for q in wanted]
+    runs = [run_probes(_pairs(ctx, "pair"), *PAIR_PROBES[q], random_cache=_pairs(ctx, "pair", True),
+                       length_baseline=q == "Q7", items=True, **probe_kw(ctx.cfg, ctx.out)) for q in wanted]
     keys = ["model_kind", "layer", "role", "target", "metric"]
-    return pd.concat(frames, ignore_index=True).drop_duplicates(keys)
+    _keep_items(ctx, "probes_pair", [it for _, it in runs])
+    return pd.concat([t for t, _ in runs], ignore_index=True).drop_duplicates(keys)
+
+
+def _keep_items(ctx: Context, name: str, frames: list) -> None:
+    """The per-item out-of-fold predictions behind table ``name`` (``ctx.tables[name + ":items"]``; not
+    a report table: the probe runner stores them beside its results)."""
+    from analyses.probe_runner import ITEM_KEYS
+
+    items = pd.concat(frames, ignore_index=True)
+    ctx.tables[f"{name}:items"] = items.drop_duplicates(list(ITEM_KEYS) + ["example", "token"])
+
+
+def _items(ctx: Context, name: str) -> pd.DataFrame:
+    ctx.table(name, PRODUCERS[name])
+    return ctx.tables[f"{name}:items"]
 
 
 def _cka_q4(ctx: Context) -> pd.DataFrame:
@@ -159,15 +193,20 @@ def _probes_q5(ctx: Context) -> pd.DataFrame:
     ctx.log("analyses: [CLS] content of sentence i")
     K = max(group_prefixes(ctx.corpora))
     multi = ctx.caches.get(f"groups_k{K}", "multi")
-    return run_probes(multi, ("cls", "mean"), [f"bow_s{i}" for i in range(1, K + 1)], **probe_kw(ctx.cfg, ctx.out))
+    table, items = run_probes(multi, ("cls", "mean"), [f"bow_s{i}" for i in range(1, K + 1)] + ["fw_s1"], items=True,
+                              **probe_kw(ctx.cfg, ctx.out))
+    _keep_items(ctx, "probes_q5", [items])
+    return table
 
 
 def _probes_q6(ctx: Context) -> pd.DataFrame:
     from analyses.probe_runner import run_probes
 
     ctx.log("analyses: classification token position")
-    return pd.concat([run_probes(_pairs(ctx, f), ("cls",), ("topic", "is_next"), **probe_kw(ctx.cfg, ctx.out))
-                      for f in ("pair", "cls_mid", "cls_last")], ignore_index=True)
+    runs = [run_probes(_pairs(ctx, f), ("cls",), ("topic", "is_next"), items=True, **probe_kw(ctx.cfg, ctx.out))
+            for f in ("pair", "cls_mid", "cls_last")]
+    _keep_items(ctx, "probes_q6", [it for _, it in runs])
+    return pd.concat([t for t, _ in runs], ignore_index=True)
 
 
 def _probes_q7(ctx: Context) -> pd.DataFrame:
@@ -176,7 +215,10 @@ def _probes_q7(ctx: Context) -> pd.DataFrame:
     ctx.log("analyses: word order")
     sw = ctx.caches.get("swap", "pair")
     swr = ctx.caches.get("swap", "pair", True) if ctx.caches.has("swap", "pair", True) else None
-    return run_probes(sw, ("cls", "mean"), ("swapped",), random_cache=swr, **probe_kw(ctx.cfg, ctx.out))
+    table, items = run_probes(sw, ("cls", "mean"), ("swapped",), random_cache=swr, items=True,
+                              **probe_kw(ctx.cfg, ctx.out))
+    _keep_items(ctx, "probes_q7", [items])
+    return table
 
 
 def _finetune(ctx: Context) -> pd.DataFrame:
@@ -188,10 +230,128 @@ def _finetune(ctx: Context) -> pd.DataFrame:
                                   preset=ft["preset"], out=str(ctx.out), corpus_name=ctx.cfg["corpus"]["pairs"])
 
 
+# ---------------------------------------------------------------------------------------------------
+# Paired comparison tables: the rows the verdicts are computed from. Probe comparisons are paired on the
+# same out-of-fold items (analyses.probe_runner.compare_probes), drift comparisons on the same token keys
+# (analyses.paired); CIs resample documents where the corpus has them. Holm's correction runs over one
+# declared family per question (the ``family`` column; :data:`FAMILIES`).
+
+#: The multiple-comparison family of each question's paired rows, as the report states it.
+FAMILIES = {
+    "Q1": "all layers of [CLS] − words (Holm over layers)",
+    "Q2": "all layers, per sentence (Holm over layers)",
+    "Q4": "sep1 − cls over every layer 1–L × target (is_next, bow_s1, bow_s2) (Holm over all of them)",
+    "Q5": "[CLS] − mean over every layer × sentence position (Holm over all of them)",
+    "Q6": "first − last and first − middle over every layer 1–L × target (topic, is_next) (Holm over all of them)",
+    "Q7": "per comparison over layers 1–L (Holm over layers)",
+    "Q8": "frozen cls − mean over layers 1–L (Holm over layers); fine-tuning rows: Holm over every accuracy_diff row",
+}
+
+
+def _compare(items: pd.DataFrame, a: dict, b: dict, family: str, ctx: Context, **where) -> pd.DataFrame:
+    from analyses.probe_runner import compare_probes
+
+    for k, v in where.items():
+        items = items[items[k].isin(v if isinstance(v, (list, tuple)) else [v])]
+    return compare_probes(items, a, b, family=family, n_resamples=ctx.cfg["study"]["bootstrap_resamples"],
+                          seed=ctx.cfg["study"]["seed"])
+
+
+def _from_layer1(items: pd.DataFrame) -> pd.DataFrame:
+    """Items of layers >= 1 (and of layer-less probes such as the length baseline): [CLS] is one vector
+    for every input at layer 0, so comparisons involving it there are trivial."""
+    layer = pd.to_numeric(items["layer"], errors="coerce")
+    return items[layer.isna() | (layer >= 1)]
+
+
+def _rejoin_holm(frames: list[pd.DataFrame], family: str) -> pd.DataFrame:
+    """Several comparisons as one family: Holm over all their rows."""
+    from analyses.stats import holm
+
+    df = pd.concat(frames, ignore_index=True)
+    df["family"] = family
+    df["p_holm"] = holm(df["p_value"].to_numpy(float))
+    return df
+
+
+def _paired_q1(ctx: Context) -> pd.DataFrame:
+    from analyses.paired import run_role_contrast
+
+    return run_role_contrast(_pairs(ctx, "pair"), _pairs(ctx, "concat"), "cls", **_rs(ctx)).assign(family=FAMILIES["Q1"])
+
+
+def _paired_q2(ctx: Context) -> pd.DataFrame:
+    from analyses.paired import run_paired_drift
+
+    pair, concat = _pairs(ctx, "pair"), _pairs(ctx, "concat")
+    frames = [run_paired_drift(_pairs(ctx, "single"), pair, concat, **_rs(ctx))]
+    if _pairs(ctx, "single2") is not None:
+        frames.append(run_paired_drift(_pairs(ctx, "single2"), pair, concat, **_rs(ctx)))
+    return pd.concat(frames, ignore_index=True).assign(family=FAMILIES["Q2"])
+
+
+def _paired_q4(ctx: Context) -> pd.DataFrame:
+    items = _from_layer1(_items(ctx, "probes_pair"))
+    return _compare(items, {"role": "sep1"}, {"role": "cls"}, FAMILIES["Q4"], ctx, model_kind="trained",
+                    target=list(PAIR_PROBES["Q4"][1]))
+
+
+def _paired_q5(ctx: Context) -> pd.DataFrame:
+    return _compare(_items(ctx, "probes_q5"), {"role": "cls"}, {"role": "mean"}, FAMILIES["Q5"], ctx)
+
+
+def _paired_q6(ctx: Context) -> pd.DataFrame:
+    items = _from_layer1(_items(ctx, "probes_q6"))
+    return _rejoin_holm([_compare(items, {"format": "pair"}, {"format": other}, FAMILIES["Q6"], ctx,
+                                  format=["pair", other]) for other in ("cls_last", "cls_mid")], FAMILIES["Q6"])
+
+
+def _paired_q7(ctx: Context) -> pd.DataFrame:
+    frames = []
+    q7 = _from_layer1(_items(ctx, "probes_q7"))
+    if (q7["model_kind"] == "random_init").any():
+        frames.append(_compare(q7, {"model_kind": "trained"}, {"model_kind": "random_init"}, FAMILIES["Q7"], ctx))
+    pair = _items(ctx, "probes_pair") if "Q7" in ctx.questions else None
+    if pair is not None and (pair["role"] == "length_only").any():
+        frames.append(_compare(_from_layer1(pair), {"role": "cls"}, {"role": "length_only"}, FAMILIES["Q7"], ctx,
+                               model_kind="trained", target=list(PAIR_PROBES["Q7"][1]),
+                               role=["cls", "length_only"]))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _paired_q8(ctx: Context) -> pd.DataFrame:
+    items = _from_layer1(_items(ctx, "probes_pair"))
+    return _compare(items, {"role": "cls"}, {"role": "mean"}, FAMILIES["Q8"], ctx, model_kind="trained",
+                    target="topic")
+
+
+def _knockout(ctx: Context) -> None:
+    from analyses.interventions import q4_sep_knockout
+
+    if "q4_knockout_drift" not in ctx.tables:
+        ctx.log("analyses: knockout of attention to [SEP] (and its control)")
+        ctx.tables.update(q4_sep_knockout(_pairs(ctx, "pair"), ctx.caches.get("pairs", "pair@sep_ko"),
+                                          ctx.caches.get("pairs", "pair@sep_ko_control"), targets=("topic", "is_next"),
+                                          choice="cls", probe_layer=-1, **_rs(ctx)))
+
+
+def _q4_knockout_drift(ctx: Context) -> pd.DataFrame:
+    _knockout(ctx)
+    return ctx.tables["q4_knockout_drift"]
+
+
+def _q4_knockout_probes(ctx: Context) -> pd.DataFrame:
+    _knockout(ctx)
+    return ctx.tables["q4_knockout_probes"]
+
+
 #: Every table a question can ask for, and the function that computes it.
 PRODUCERS = {"drift_q1": _drift_q1, "cka_q1": _cka_q1, "drift_q2": _drift_q2, "attention": _attention,
              "drift_q3": _drift_q3, "probes_pair": _probes_pair, "cka_q4": _cka_q4, "probes_q5": _probes_q5,
-             "probes_q6": _probes_q6, "probes_q7": _probes_q7, "finetune": _finetune}
+             "probes_q6": _probes_q6, "probes_q7": _probes_q7, "finetune": _finetune,
+             "paired_q1": _paired_q1, "paired_q2": _paired_q2, "paired_q4": _paired_q4, "paired_q5": _paired_q5,
+             "paired_q6": _paired_q6, "paired_q7": _paired_q7, "paired_q8": _paired_q8,
+             "q4_knockout_drift": _q4_knockout_drift, "q4_knockout_probes": _q4_knockout_probes}
 
 
 def _tables(*names: str):
@@ -259,6 +419,11 @@ def _fig_q4(T, fig, log):
                          roles=_Q4_ROLES, log=log)
     if "cka_q4" in T:
         out += safe_plot(plot_cka_layers, T["cka_q4"], fig / "q4_cka_sep", log=log)
+    if "q4_knockout_drift" in T:
+        from figures.interventions import plot_knockout_drift, plot_knockout_probes
+
+        out += safe_plot(plot_knockout_drift, T["q4_knockout_drift"], fig / "q4_sep_knockout_drift", log=log)
+        out += safe_plot(plot_knockout_probes, T["q4_knockout_probes"], fig / "q4_sep_knockout_probes", log=log)
     return out
 
 
@@ -306,9 +471,8 @@ def _fig_q8(T, fig, log):
         out += safe_plot(plot_probes, T["probes_pair"], fig / "q8_probes_topic", target="topic",
                          roles=["cls", "mean", "max", "sep1", "first_word", "pos3"], log=log)
     if "finetune" in T:
-        frozen = T.get("probes_pair")
-        frozen = frozen[frozen["model_kind"] == "trained"] if frozen is not None else None
-        out += safe_plot(plot_pooling, T["finetune"], fig / "q8_pooling", frozen_df=frozen, log=log)
+        # the fine-tuning table holds its own frozen probes on the same splits and test items: those bars
+        out += safe_plot(plot_pooling, T["finetune"], fig / "q8_pooling", log=log)
     return out
 
 
@@ -380,15 +544,45 @@ def _table_q7(T):
                      "word-order (swapped) probe accuracy by layer")
 
 
+def q8_same_items(f: pd.DataFrame) -> pd.DataFrame:
+    """Per pooling of the fine-tuning table: fine-tuned and frozen accuracy over the out-of-fold test
+    items (CIs over documents), the items each is scored on, whether they are the same items (equal
+    counts, and the paired fine-tuned − frozen row matched that many), and the paired difference."""
+    from .verdicts import format_interval
+
+    rows = []
+    for pooling in dict.fromkeys(pick(f, metric="test_accuracy_mean")["role"]):
+        ft = pick(f, metric="test_accuracy_mean", role=pooling).iloc[0]
+        fr = pick(f, metric="frozen_test_accuracy_mean", role=pooling)
+        d = pick(f, metric="accuracy_diff", role=pooling)
+        fr = fr.iloc[0] if not fr.empty else None
+        d = d.iloc[0] if not d.empty else None
+        n_ft, n_fr = int(ft["n"]), int(fr["n"]) if fr is not None else None
+        rows.append({
+            "pooling": pooling,
+            "fine-tuned": format_interval(float(ft["value"]), float(ft["ci_low"]), float(ft["ci_high"])),
+            "frozen (same splits)": (format_interval(float(fr["value"]), float(fr["ci_low"]), float(fr["ci_high"]))
+                                     if fr is not None else "not run"),
+            "fine-tuned − frozen": (format_interval(float(d["value"]), float(d["ci_low"]), float(d["ci_high"]),
+                                                    signed=True) if d is not None else "not run"),
+            "p (Holm)": float(d["p_holm"]) if d is not None else float("nan"),
+            "test items": n_ft,
+            "same test items": bool(fr is not None and d is not None and n_ft == n_fr == int(d["n"])),
+            "runs": int(ft["n_runs"]) if "n_runs" in ft and pd.notna(ft["n_runs"]) else None,
+            "warning": str(ft["warning"]) if "warning" in ft and pd.notna(ft["warning"]) and ft["warning"] else "",
+        })
+    return pd.DataFrame(rows)
+
+
 def _table_q8(T):
     if "finetune" not in T:
         return None
-    f = pick(T["finetune"], metric="test_accuracy")
-    t = f.pivot_table(index="role", columns="seed", values="value", sort=False)
-    t.columns = [f"seed {int(c)}" for c in t.columns]
-    t["mean"] = t.mean(axis=1)
-    t["sd"] = t.drop(columns="mean").std(axis=1, ddof=1)
-    return t.reset_index().rename(columns={"role": "pooling"}), "fine-tuned test accuracy per pooling and seed"
+    t = q8_same_items(T["finetune"])
+    if t.empty:
+        return None
+    return t, ("fine-tuned and frozen (a probe on the frozen encoder's pooled last layer) test accuracy per pooling, "
+               "both on the same stratified document-grouped splits and the same out-of-fold test items (95% CIs "
+               "over documents); fine-tuned − frozen paired per item, Holm over every accuracy_diff row")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -415,7 +609,7 @@ def _drift_sentence(d: pd.DataFrame, a: str, b: str) -> str:
     return s
 
 
-def answer_q1(T: dict) -> str:
+def _marginal_q1(T: dict) -> str:
     d = T.get("drift_q1")
     if d is None:
         return "not measured"
@@ -438,7 +632,7 @@ def answer_q1(T: dict) -> str:
     return s
 
 
-def answer_q2(T: dict) -> str:
+def _marginal_q2(T: dict) -> str:
     d = T.get("drift_q2")
     if d is None:
         return "not measured"
@@ -478,7 +672,7 @@ def answer_q3(T: dict) -> str:
             + "; ".join(parts) + ".")
 
 
-def answer_q4(T: dict) -> str:
+def _marginal_q4(T: dict) -> str:
     p = T.get("probes_pair")
     if p is None:
         return "not measured"
@@ -514,7 +708,7 @@ def _bow_targets(p: pd.DataFrame) -> list[str]:
     return sorted({t for t in p["target"].unique() if str(t).startswith("bow_s")}, key=lambda t: int(t[5:]))
 
 
-def answer_q5(T: dict) -> str:
+def _marginal_q5(T: dict) -> str:
     p = T.get("probes_q5")
     if p is None:
         return "not measured"
@@ -530,7 +724,7 @@ def answer_q5(T: dict) -> str:
             + "; ".join(parts) + f" (baseline {fmt(base[0] if base else None)}).")
 
 
-def answer_q6(T: dict) -> str:
+def _marginal_q6(T: dict) -> str:
     p = T.get("probes_q6")
     if p is None:
         return "not measured"
@@ -543,7 +737,7 @@ def answer_q6(T: dict) -> str:
     return f"Probe accuracy of the classification token at layer {L}, by where it sits — " + "; ".join(parts) + "."
 
 
-def answer_q7(T: dict) -> str:
+def _marginal_q7(T: dict) -> str:
     p = T.get("probes_pair")
     parts = []
     if p is not None:
@@ -566,24 +760,218 @@ def answer_q7(T: dict) -> str:
     return "At the last layer — " + "; ".join(parts) + "." if parts else "not measured"
 
 
+# ---------------------------------------------------------------------------------------------------
+# Evidence from the paired rows: each difference with its CI, Holm p and power
+
+
+def paired_text(row) -> str:
+    """``+0.012 (95% CI +0.004 to +0.020; Holm p = 0.01)`` of one paired comparison row."""
+    from .verdicts import format_interval, format_p
+
+    s = format_interval(float(row["value"]), float(row["ci_low"]), float(row["ci_high"]), signed=True)
+    p = row.get("p_holm") if hasattr(row, "get") else None
+    if p is not None and pd.notna(p):
+        s = s[:-1] + f"; Holm {format_p(float(p))})" if s.endswith(")") else s + f" (Holm {format_p(float(p))})"
+    return s
+
+
+def power_text(rows: pd.DataFrame, what: str) -> str:
+    """Whether the default sizes can detect :data:`analyses.stats.DETECTABLE_EFFECT` in ``rows`` (from
+    their ``groups_needed`` and ``n_groups``), generated from the numbers."""
+    from analyses.stats import DETECTABLE_EFFECT
+
+    if rows is None or rows.empty or "groups_needed" not in rows.columns:
+        return ""
+    need = pd.to_numeric(rows["groups_needed"], errors="coerce")
+    have = pd.to_numeric(rows["n_groups"], errors="coerce")
+    if need.isna().all() or have.isna().all():
+        return ""
+    worst = int(need.max())
+    unit = f"{rows['grouping'].iloc[0]}s" if "grouping" in rows.columns else "groups"
+    n = int(have.min())
+    if worst <= n:
+        return (f" Power: with {n} {unit}, {what} can detect a difference of {DETECTABLE_EFFECT:g} "
+                f"(needs at most {worst}).")
+    return (f" Power: with {n} {unit}, {what} cannot reliably detect a difference of {DETECTABLE_EFFECT:g}: that "
+            f"would take about {worst} {unit} (a larger corpus).")
+
+
+def _at_last(rows: pd.DataFrame) -> pd.DataFrame:
+    layer = pd.to_numeric(rows["layer"], errors="coerce")
+    return rows[layer == layer.max()] if layer.notna().any() else rows
+
+
+def answer_q1(T: dict) -> str:
+    s = _marginal_q1(T)
+    d = pick(T.get("paired_q1"), metric="drift_diff_roles")
+    if not d.empty:
+        r = _at_last(d).iloc[0]
+        s += (f" Paired per example, [CLS]'s drift minus the mean drift of the words at layer {int(r['layer'])}: "
+              f"{paired_text(r)} ({int(r['n_groups'])} {r['grouping']}s; Holm over layers).")
+    return s
+
+
+def answer_q2(T: dict) -> str:
+    s = _marginal_q2(T)
+    d = pick(T.get("paired_q2"), metric="drift_diff")
+    parts = []
+    for ref, role in (("single", "s1 words"), ("single2", "s2 words")):
+        r = pick(d, reference=ref, role=role)
+        if not r.empty:
+            r = _at_last(r).iloc[0]
+            parts.append(f"{role.split()[0]}'s words {paired_text(r)}")
+    if parts:
+        s += (f" Paired on the same words, drift into `concat` − into `pair` at the last layer: " + "; ".join(parts)
+              + ".")
+    return s
+
+
+def answer_q4(T: dict) -> str:
+    s = _marginal_q4(T)
+    d = T.get("paired_q4")
+    if d is not None and not d.empty:
+        last = _at_last(d)
+        parts = [f"{r['target']} {paired_text(r)}" for _, r in last.iterrows()]
+        s += (f" Paired on the same out-of-fold items, sep1 − cls at layer {int(last['layer'].iloc[0])}: "
+              + "; ".join(parts) + "." + power_text(pick(d, target="is_next"), "the is_next comparison"))
+    return s + knockout_text(T)
+
+
+#: The knockout claims: the treated effect beyond the control's, on [CLS] and on the task probes.
+KNOCKOUT_DRIFT_CLAIM = Claim(
+    more="knocking out attention to [SEP] moves [CLS] more than the control knockout does",
+    less="the control knockout moves [CLS] more than knocking out attention to [SEP] does",
+    none="knocking out attention to [SEP] moves [CLS] no more than the control knockout",
+    quantity="[CLS] drift from the clean run, knockout − control (1 − cos, per example)")
+KNOCKOUT_PROBE_CLAIM = Claim(
+    more="knocking out attention to [SEP] raises the accuracy more than the control",
+    less="knocking out attention to [SEP] lowers the accuracy more than the control",
+    none="knocking out attention to [SEP] changes the accuracy no more than the control",
+    quantity="change in accuracy, knockout − control (probe trained on clean states)")
+
+
+def knockout_text(T: dict) -> str:
+    """Q4's "does the model use [SEP]?": verdicts from the knockout − control rows (drift of [CLS] per
+    layer; [CLS] probe accuracy per target), by the same rules as every section's verdict."""
+    from .verdicts import summarise
+
+    drift, probes = T.get("q4_knockout_drift"), T.get("q4_knockout_probes")
+    if drift is None and probes is None:
+        return ""
+    s = " Does the model use [SEP]? Attention to every [SEP] knocked out in the middle layers, against a control " \
+        "knockout of as many random word keys:"
+    d = pick(drift, role="cls", metric="drift_difference")
+    if not d.empty:
+        d = _contextual(d)
+        d = d[pd.to_numeric(d["layer"]) >= pd.to_numeric(d["layer"]).min()]
+        s += " " + summarise(d, KNOCKOUT_DRIFT_CLAIM).sentence
+    p = pick(probes, metric="change_difference", mode="transfer")
+    for _, r in p.iterrows():
+        v = summarise(pd.DataFrame([r]), KNOCKOUT_PROBE_CLAIM)
+        acc = {m: one(probes, metric=m, mode="transfer", target=r["target"])
+               for m in ("accuracy_clean", "accuracy_treated", "accuracy_control")}
+        accs = ", ".join(f"{m.split('_')[1]} {fmt(v_[0])}" for m, v_ in acc.items() if v_ is not None)
+        s += f" {r['target']} ([CLS], last layer; {accs}): {v.sentence}"
+    return s
+
+
+def answer_q5(T: dict) -> str:
+    s = _marginal_q5(T)
+    d = T.get("paired_q5")
+    if d is not None and not d.empty:
+        last = _at_last(d)
+        parts = [f"{r['target']} {paired_text(r)}" for _, r in last.iterrows()]
+        s += f" Paired on the same items, [CLS] − mean at layer {int(last['layer'].iloc[0])}: " + "; ".join(parts) + "."
+    p = T.get("probes_q5")
+    fw = one(p, role="cls", target="fw_s1", metric="micro_f1", layer=last_layer(p)) if p is not None else None
+    if fw is not None:
+        s += (f" Control: function-word presence of sentence 1 (fw_s1, which tracks length) from [CLS], micro-F1 "
+              f"{fmt(fw)}; the bow targets are content words.")
+    return s
+
+
+def answer_q6(T: dict) -> str:
+    s = _marginal_q6(T)
+    d = T.get("paired_q6")
+    if d is not None and not d.empty:
+        last = _at_last(d)
+        parts = [f"{r['target']} {r['condition_a'].split('=')[1]} − {r['condition_b'].split('=')[1]} {paired_text(r)}"
+                 for _, r in last.iterrows()]
+        same = bool(d["same_folds"].all()) if "same_folds" in d.columns else False
+        s += (f" Paired on the same examples {'and folds' if same else '(folds differ)'} across the three caches, at "
+              f"layer {int(last['layer'].iloc[0])}: " + "; ".join(parts) + "."
+              + power_text(pick(d, target="topic"), "the topic comparison"))
+    return s
+
+
+def answer_q7(T: dict) -> str:
+    from .verdicts import row_mde
+
+    s = _marginal_q7(T)
+    q = T.get("probes_q7")
+    if q is not None:
+        rows = _q7_rows(T)
+        if rows is not None and not rows.empty:
+            worst = max(row_mde(r) for _, r in rows.iterrows())
+            acc = pick(q, role="cls", target="swapped", metric="accuracy")
+            n = f"n = {int(acc['n'].max())} pairs" if "n" in acc.columns and acc["n"].notna().any() else "this size"
+            s += (f" Word order: at {n}, the smallest accuracy above the majority baseline this sample could detect "
+                  f"is {worst:.3f}" + (f" (it cannot detect {0.03:g})." if worst > 0.03 else "."))
+    d = T.get("paired_q7")
+    if d is not None and not d.empty:
+        tr = pick(d, condition_a="model_kind=trained")
+        if not tr.empty:
+            last = _at_last(tr)
+            parts = [f"{r['role']} {paired_text(r)}" for _, r in last.iterrows()]
+            s += f" Trained − random-init (word order, paired items, last layer): " + "; ".join(parts) + "."
+        lb = pick(d, condition_b="role=length_only")
+        if not lb.empty:
+            last = _at_last(lb)
+            parts = [f"{r['target']} {paired_text(r)}" for _, r in last.iterrows()]
+            s += (" Beyond the length baseline (a probe on words per sentence), [CLS] − length-only at the last layer: "
+                  + "; ".join(parts) + " (fw_s1: function words, the length-tracking control).")
+    return s
+
+
 def answer_q8(T: dict) -> str:
-    p = T.get("probes_pair")
     s = ""
-    if p is not None:
-        tr = pick(p, model_kind="trained", target="topic", metric="accuracy")
-        L = last_layer(tr)
-        vals = [f"{c} {fmt(one(tr, role=c, layer=L))}" for c in ("cls", "mean", "max", "sep1", "first_word", "pos3")]
-        s += f"Frozen probes for topic at layer {L}: " + ", ".join(vals) + ". "
+    d = T.get("paired_q8")
+    if d is not None and not d.empty:
+        r = _at_last(d).iloc[0]
+        s += (f"Frozen probes for topic, cls − mean at layer {int(r['layer'])}, paired on the same out-of-fold items: "
+              f"{paired_text(r)}." + power_text(d, "this comparison") + " ")
     f = T.get("finetune")
     if f is not None:
-        m = pick(f, metric="test_accuracy_mean")
-        if not m.empty:
-            vals = [f"{r.role} {r.value:.3f} ± {getattr(r, 'sd', float('nan')):.3f}" for r in m.itertuples()]
-            s += f"Fine-tuned (mean ± sd over {pick(f, metric='test_accuracy')['seed'].nunique()} seeds): " + ", ".join(vals) + "."
-            base, best = one(f, metric="majority_baseline"), one(f, metric="best_constant")
-            if base is not None:
-                s += f" Majority baseline {fmt(base[0])}" + (f", best constant {fmt(best[0])}" if best else "") + "."
-    return s or "not measured"
+        t = q8_same_items(f)
+        if not t.empty:
+            s += ("Fine-tuned vs frozen on the same splits and test items: "
+                  + "; ".join(f"{r['pooling']} fine-tuned {r['fine-tuned']}, frozen {r['frozen (same splits)']}, "
+                              f"difference {r['fine-tuned − frozen']}" for _, r in t.iterrows()) + ".")
+        for _, r in pick(f, metric="accuracy_diff").iterrows():
+            if " − " in str(r["role"]):
+                s += f" {r['role']} ({r['condition']}): {paired_text(r)}."
+        best, chance = one(f, metric="best_constant", role="baseline"), one(f, metric="chance", role="baseline")
+        if best is not None:
+            s += f" Best constant {fmt(best[0])}" + (f", chance {fmt(chance[0])}" if chance else "") + "."
+        s += finetune_warnings(f)
+    return s.strip() or "not measured"
+
+
+def finetune_warnings(f: pd.DataFrame) -> str:
+    """A visible line per fine-tuning or frozen run flagged below the best constant or not converged."""
+    if f is None or "warning" not in f.columns:
+        return ""
+    runs = f["metric"].isin(["test_accuracy", "frozen_test_accuracy"])
+    flagged = runs & f["warning"].fillna("").astype(str).ne("")
+    if not flagged.any():
+        return ""
+    means = f[f["metric"].isin(["test_accuracy_mean", "frozen_test_accuracy_mean"])
+              & f["warning"].fillna("").astype(str).ne("")]
+    what = "; ".join(f"{r['role']} {'frozen' if r['metric'].startswith('frozen') else 'fine-tuned'}: {r['warning']}"
+                     for _, r in means.iterrows())
+    return (f" **Warning:** {int(flagged.sum())} of {int(runs.sum())} runs flagged (below the best constant, or "
+            f"training did not converge){': ' + what if what else ''}; see the `warning` column of "
+            "tables/finetune.csv.")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -591,31 +979,30 @@ def answer_q8(T: dict) -> str:
 
 
 def _layers(df: pd.DataFrame) -> pd.DataFrame:
-    return df.sort_values("layer")
+    """Rows sorted by layer, the layer as an integer (probe comparison rows carry it as a float)."""
+    df = df[pd.to_numeric(df["layer"], errors="coerce").notna()]
+    return df.assign(layer=pd.to_numeric(df["layer"]).astype(int)).sort_values("layer")
 
 
 def _contextual(df: pd.DataFrame) -> pd.DataFrame:
     """Rows of layers >= 1: comparisons involving [CLS] leave out layer 0, the embedding layer, where
     [CLS] is the same vector for every input (a trivial difference, or a trivial null)."""
-    return _layers(df[pd.to_numeric(df["layer"]) >= 1])
+    return _layers(df[pd.to_numeric(df["layer"], errors="coerce") >= 1])
 
 
 def _q1_rows(T):
-    d = pick(T.get("drift_q1"), format="pair", format_b="concat", metric="drift_mean")
-    if d.empty:
-        return None
-    return difference_rows(_contextual(pick(d, role="cls")), _contextual(pick(d, role="s1 words")))
+    d = pick(T.get("paired_q1"), metric="drift_diff_roles")
+    return None if d.empty else _contextual(d)
 
 
 def _q2_rows(T):
-    d = pick(T.get("drift_q2"), role="s1 words", metric="drift_mean")
-    if d.empty:
-        return None
-    return difference_rows(_layers(pick(d, format="single", format_b="concat")),
-                           _layers(pick(d, format="single", format_b="pair")))
+    d = pick(T.get("paired_q2"), reference="single", role="s1 words", metric="drift_diff")
+    return None if d.empty else _layers(d)
 
 
 def _q3_rows(T):
+    # PROVISIONAL: k = 2 and the largest k are prefixes of different lengths (different corpora for the
+    # caches), so no shared reference pairs their token keys; two marginal intervals, marked so.
     d = pick(T.get("drift_q3"), role="all", metric="drift_mean")
     if d.empty or d["k"].nunique() < 2:
         return None
@@ -623,16 +1010,15 @@ def _q3_rows(T):
 
 
 def _q4_rows(T):
-    p = pick(T.get("probes_pair"), model_kind="trained", target="is_next", metric="accuracy")
-    if p.empty:
-        return None
-    return difference_rows(_contextual(pick(p, role="sep1")), _contextual(pick(p, role="cls")))
+    d = pick(T.get("paired_q4"), target="is_next")
+    return None if d.empty else _contextual(d)
 
 
 def _q5_rows(T):
     p = pick(T.get("probes_q5"), role="cls")
     if p.empty:
         return None
+    p = p[p["target"].astype(str).str.startswith("bow_s")]  # fw_s1 is the control, not the question
     L = last_layer(p)
     p = p[p["layer"] == L]
     score = p[p["metric"] == "micro_f1"].assign(sentence=lambda t: t["target"].str[5:].astype(int))
@@ -642,10 +1028,8 @@ def _q5_rows(T):
 
 
 def _q6_rows(T):
-    p = pick(T.get("probes_q6"), role="cls", target="topic", metric="accuracy")
-    if p.empty:
-        return None
-    return difference_rows(_contextual(pick(p, format="pair")), _contextual(pick(p, format="cls_last")))
+    d = pick(T.get("paired_q6"), target="topic", condition_b="format=cls_last")
+    return None if d.empty else _contextual(d)
 
 
 def _q7_rows(T):
@@ -657,21 +1041,19 @@ def _q7_rows(T):
 
 
 def _q8_rows(T):
-    p = pick(T.get("probes_pair"), model_kind="trained", target="topic", metric="accuracy")
-    if p.empty:
-        return None
-    return difference_rows(_contextual(pick(p, role="cls")), _contextual(pick(p, role="mean")))
+    d = pick(T.get("paired_q8"), target="topic")
+    return None if d.empty else _contextual(d)
 
 
 CLAIMS = {
     "Q1": Claim(more="[CLS] changes more than the words of sentence 1 when the middle [SEP] is dropped",
                 less="[CLS] changes less than the words of sentence 1 when the middle [SEP] is dropped",
                 none="[CLS] and the words of sentence 1 change alike when the middle [SEP] is dropped",
-                quantity="drift of [CLS] − drift of sentence 1's words (1 − cos, pair → concat)"),
+                quantity="drift of [CLS] − mean drift of the words, paired per example (1 − cos, pair → concat)"),
     "Q2": Claim(more="sentence 1's words take in more of sentence 2 in `concat` than in `pair`",
                 less="sentence 1's words take in more of sentence 2 in `pair` than in `concat`",
                 none="sentence 1's words take in as much of sentence 2 in `concat` as in `pair`",
-                quantity="drift from `single` into `concat` − into `pair` (1 − cos)"),
+                quantity="drift from `single` into `concat` − into `pair`, paired per word (1 − cos)"),
     "Q3": Claim(more="the token states move further from `concat` with more segments",
                 less="the token states move less from `concat` with more segments",
                 none="more segments move the token states no further from `concat`",
@@ -679,7 +1061,7 @@ CLAIMS = {
     "Q4": Claim(more="the middle [SEP] tells coherent from shuffled pairs (is_next) better than [CLS]",
                 less="[CLS] tells coherent from shuffled pairs (is_next) better than the middle [SEP]",
                 none="the middle [SEP] and [CLS] tell coherent from shuffled pairs alike",
-                quantity="is_next probe accuracy, sep1 − cls"),
+                quantity="is_next probe accuracy, sep1 − cls, paired on the same out-of-fold items"),
     "Q5": Claim(more="[CLS] holds words of these sentences beyond the frequency baseline",
                 less="[CLS] predicts the words of these sentences worse than the frequency baseline",
                 none="[CLS] holds no more of these sentences' words than the frequency baseline",
@@ -688,7 +1070,7 @@ CLAIMS = {
     "Q6": Claim(more="[CLS] placed first is read better than [CLS] placed last",
                 less="[CLS] placed last is read better than [CLS] placed first",
                 none="[CLS] first and [CLS] last are read alike",
-                quantity="topic probe accuracy, first − last"),
+                quantity="topic probe accuracy, first − last, paired on the same out-of-fold items"),
     "Q7": Claim(more="word order (two adjacent words swapped) can be read from [CLS] above chance",
                 less="the word-order probe on [CLS] scores below chance",
                 none="word order cannot be read from [CLS] above chance",
@@ -696,7 +1078,7 @@ CLAIMS = {
     "Q8": Claim(more="frozen [CLS] reads topic better than mean pooling",
                 less="frozen mean pooling reads topic better than [CLS]",
                 none="frozen [CLS] and mean pooling read topic alike",
-                quantity="topic probe accuracy, cls − mean (frozen)"),
+                quantity="topic probe accuracy, cls − mean (frozen), paired on the same out-of-fold items"),
 }
 
 
@@ -708,15 +1090,19 @@ def _q3_notes(cfg: dict) -> str:
     return (f"For k consecutive sentences of one document of the groups corpus ({corpus_text(cfg['corpus']['groups'])} "
             "sentences), `multi` ([SEP] after every sentence, alternating segments) against `concat` (one [CLS] … "
             "[SEP]); the model's pre-training format has two segments at most, so growth with k shows the format "
-            "moving away from what it saw in training. It does not measure task accuracy with k segments.")
+            "moving away from what it saw in training. It does not measure task accuracy with k segments. The "
+            "largest-k − k=2 comparison is still PROVISIONAL (two marginal intervals treated as independent): the "
+            "k-sentence prefixes are separate caches with no shared reference format to pair their tokens on.")
 
 
 def _q8_notes(cfg: dict) -> str:
     ft = cfg["finetune"]
-    return ("Frozen probes score each pooling choice per layer without training the encoder; the fine-tuning "
-            f"experiment trains the encoder with a linear head on each pooling ({', '.join(ft['poolings'])}) over "
-            f"{len(ft['seeds'])} seeds with the `{ft['preset']}` preset of analyses.pooling, on one fixed train/test "
-            "split. Differences within a standard deviation over seeds are not evidence.")
+    return ("Frozen probes score each pooling choice per layer without training the encoder (cls − mean paired on "
+            "the same out-of-fold items); the fine-tuning experiment trains the encoder with a linear head on each "
+            f"pooling ({', '.join(ft['poolings'])}) over {len(ft['seeds'])} seed(s) with the `{ft['preset']}` preset "
+            "of analyses.pooling, on stratified document-grouped cross-validation splits, and on the same splits "
+            "fits a frozen probe per pooling: both predict the same test items, so fine-tuned − frozen and "
+            "pooling − mean are paired per item. Multiple comparisons: " + FAMILIES["Q8"] + ".")
 
 
 NOTES = {
@@ -725,26 +1111,40 @@ NOTES = {
           "tokens in these models, so each drift is shown beside the random-pair baseline of its layer and "
           "normalised by it (0 = unchanged, 1 = as far as two random tokens). `pair` → `concat_segments` "
           "removes only the [SEP] token; `concat_segments` → `concat` removes only the segment embedding. It "
-          "does not say whether the change matters for a downstream task (see Q4/Q8 for probes).",
+          "does not say whether the change matters for a downstream task (see Q4/Q8 for probes). [CLS] − words is "
+          "paired per example (analyses.paired.run_role_contrast; " + FAMILIES["Q1"] + ").",
     "Q2": "Context effect: sentence i's words alone (`single`/`single2`) against the same words inside "
-          "`pair` and `concat`; a larger drift means the sentence took in more of its neighbour. Attention "
+          "`pair` and `concat`; a larger drift means the sentence took in more of its neighbour. concat − pair "
+          "is paired on the same words (analyses.paired.run_paired_drift; " + FAMILIES["Q2"] + "). Attention "
           "mass from sentence 1's words to sentence 2's words is a second, mechanistic view (Clark et al. "
           "2019); attention weights are not explanations and mass to special tokens is often a no-op.",
     "Q3": _q3_notes,
     "Q4": "Probes read what is linearly decodable from the [SEP] state (topic, is_next, the bag of words of "
           "the sentence before/after it), against the majority baseline, a control task and a randomly "
           "initialised model; CKA compares [SEP] with [CLS] and with pooled words of each sentence; attention "
-          "gives the mass flowing to and from [SEP]. Decodable is not the same as used by the model.",
+          "gives the mass flowing to and from [SEP]. is_next negatives share sentence 1's topic, so is_next is "
+          "not topic mismatch; the bag-of-words targets are content words. Decodable is not the same as used by "
+          "the model: the knockout (attention from every token to every [SEP] masked before the softmax in the "
+          "middle layers, analyses.interventions.sep_knockouts) against a control knockout of as many random word "
+          "keys per query asks whether the model uses [SEP]; its CIs are per row (no multiple-comparison "
+          "correction). Paired sep1 − cls rows: " + FAMILIES["Q4"] + ".",
     "Q5": "Multi-label probes for the bag of words of sentence i, read from [CLS] of a `multi` input of k "
           "sentences, for each position i; mean pooling as the reference. Micro-F1 over the most frequent "
-          "words; the baseline predicts each word's training frequency.",
+          "content words (stop words and the top frequency band removed); the baseline predicts each word's "
+          "training frequency. fw_s1 (function words of sentence 1, which track length) is the named control. "
+          "[CLS] − mean rows are paired on the same out-of-fold items: " + FAMILIES["Q5"] + ".",
     "Q6": "The same probes on the classification token placed first (`pair`), between the sentences "
           "(`cls_mid`) and last (`cls_last`). Absolute position embeddings make the three different inputs; "
-          "the pre-trained model only ever saw [CLS] first.",
+          "the pre-trained model only ever saw [CLS] first. Topic is asked of pairs whose sentences share it "
+          "(is_next negatives come from the same topic). Comparisons are paired on the same examples, with the "
+          "same folds, across the three caches: " + FAMILIES["Q6"] + ".",
     "Q7": "Bag-of-words, sentence-length and word-order (two adjacent words swapped) probes on [CLS] and on "
           "mean-pooled words, per layer, for the trained and a randomly initialised model of the same "
           "architecture. A random model's high bag-of-words score shows how much comes from the embeddings "
-          "alone.",
+          "alone. Bag-of-words targets are content words; fw_s1 (function words) is the length-tracking control, "
+          "and a length-only probe (words per sentence, same splits) is the baseline the [CLS] rows are paired "
+          "against. Word order is tested against the majority baseline (one-sample, with its detectable effect); "
+          "trained − random-init is paired on the same items: " + FAMILIES["Q7"] + ".",
     "Q8": _q8_notes,
 }
 
@@ -768,17 +1168,18 @@ def _question(key, corpora, jobs, tables, figures, table, answer, rows, about_cl
 
 #: The seed questions, in report order.
 QUESTION_SECTIONS: dict[str, StudySection] = {s.key: s for s in (
-    _question("Q1", ("pairs",), _pair_jobs("Q1"), ("drift_q1", "cka_q1"), _fig_q1, _table_q1, answer_q1, _q1_rows,
+    _question("Q1", ("pairs",), _pair_jobs("Q1"), ("drift_q1", "cka_q1", "paired_q1"), _fig_q1, _table_q1, answer_q1, _q1_rows,
               about_cls=True),
-    _question("Q2", ("pairs",), _pair_jobs("Q2"), ("drift_q2", "attention"), _fig_q2, _table_q2, answer_q2, _q2_rows),
+    _question("Q2", ("pairs",), _pair_jobs("Q2"), ("drift_q2", "attention", "paired_q2"), _fig_q2, _table_q2, answer_q2, _q2_rows),
     _question("Q3", ("groups",), _q3_jobs, ("drift_q3",), _fig_q3, _table_q3, answer_q3, _q3_rows),
-    _question("Q4", ("pairs",), _pair_jobs("Q4"), ("attention", "probes_pair", "cka_q4"), _fig_q4, _table_q4,
+    _question("Q4", ("pairs",), _pair_jobs("Q4"), ("attention", "probes_pair", "cka_q4", "paired_q4",
+                                                      "q4_knockout_drift", "q4_knockout_probes"), _fig_q4, _table_q4,
               answer_q4, _q4_rows, about_cls=True),
-    _question("Q5", ("groups",), _q5_jobs, ("probes_q5",), _fig_q5, _table_q5, answer_q5, _q5_rows),
-    _question("Q6", ("pairs",), _pair_jobs("Q6"), ("probes_q6",), _fig_q6, _table_q6, answer_q6, _q6_rows,
+    _question("Q5", ("groups",), _q5_jobs, ("probes_q5", "paired_q5"), _fig_q5, _table_q5, answer_q5, _q5_rows),
+    _question("Q6", ("pairs",), _pair_jobs("Q6"), ("probes_q6", "paired_q6"), _fig_q6, _table_q6, answer_q6, _q6_rows,
               about_cls=True),
-    _question("Q7", ("pairs", "swap"), _pair_jobs("Q7"), ("probes_pair", "probes_q7"), _fig_q7, _table_q7, answer_q7,
+    _question("Q7", ("pairs", "swap"), _pair_jobs("Q7"), ("probes_pair", "probes_q7", "paired_q7"), _fig_q7, _table_q7, answer_q7,
               _q7_rows),
-    _question("Q8", ("pairs",), _pair_jobs("Q8"), ("probes_pair", "finetune"), _fig_q8, _table_q8, answer_q8,
+    _question("Q8", ("pairs",), _pair_jobs("Q8"), ("probes_pair", "finetune", "paired_q8"), _fig_q8, _table_q8, answer_q8,
               _q8_rows, about_cls=True),
 )}

@@ -25,16 +25,23 @@ Tables = dict[str, pd.DataFrame]
 
 @dataclass(frozen=True)
 class Job:
-    """One cache a section needs: ``format`` is a built-in name or ``name=TEMPLATE``."""
+    """One cache a section needs: ``format`` is a built-in name or ``name=TEMPLATE``; ``intervention``
+    names an intervention of :data:`probing.questions.INTERVENTIONS` applied at extraction (the cache
+    is then known as ``<format>@<intervention>``)."""
 
     corpus: str
     format: str
     random: bool = False
     attention: bool = False
+    intervention: str = ""
+
+    @property
+    def format_name(self) -> str:
+        return self.format.split("=", 1)[0].strip()
 
     @property
     def name(self) -> str:
-        return self.format.split("=", 1)[0].strip()
+        return f"{self.format_name}@{self.intervention}" if self.intervention else self.format_name
 
 
 @dataclass
@@ -111,6 +118,8 @@ class StudySection:
         if rows is None or len(rows) == 0:
             return None
         caption = f"{self.claim.quantity}, per {self.claim.facet[0]}; each row decided by the rules above"
+        if "family" in rows.columns and rows["family"].notna().any():
+            caption += f"; multiple comparisons: {rows['family'].dropna().iloc[0]}"
         if "provisional" in rows.columns and rows["provisional"].fillna(False).astype(bool).any():
             caption += (" (provisional: from two marginal intervals treated as independent, not yet a paired "
                         "comparison)")

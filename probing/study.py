@@ -30,7 +30,8 @@ import numpy as np
 import pandas as pd
 
 from .examples import Example
-from .questions import ATTENTION_FORMATS, PAIR_FORMATS, PAIR_NEEDS, PAIR_PROBES, QUESTION_SECTIONS  # noqa: F401
+from .questions import (ATTENTION_FORMATS, PAIR_FORMATS, PAIR_NEEDS, PAIR_PROBES, QUESTION_SECTIONS,  # noqa: F401
+                        make_intervention)
 from .sections import Context, Job, StudySection, group_prefixes, prefix  # noqa: F401
 
 if sys.version_info >= (3, 11):
@@ -206,15 +207,21 @@ def extract_all(cfg: dict, log) -> tuple[Caches, dict[str, list[Example]], Any]:
         lm = load_model(m_cfg["name"], random_init=random, seed=m_cfg["random_init_seed"],
                         trust_remote_code=m_cfg["trust_remote_code"])
         models[random] = lm
-        for corpus in dict.fromkeys(j.corpus for j in wanted):
-            for attention in (False, True):
-                fmts = [j for j in wanted if j.corpus == corpus and j.attention == attention]
-                if not fmts:
-                    continue
-                paths = extract(corpora[corpus], [j.format for j in fmts], model=lm, corpus_name=names[corpus],
-                                attention=attention, **common)
-                for j, p in zip(fmts, paths):
-                    caches.paths[(corpus, j.name, random)] = p
+        # clean caches first: an intervention may read one (a patch's source)
+        for intervention in dict.fromkeys(sorted((j.intervention for j in wanted), key=bool)):
+            for corpus in dict.fromkeys(j.corpus for j in wanted):
+                for attention in (False, True):
+                    fmts = [j for j in wanted if j.corpus == corpus and j.attention == attention
+                            and j.intervention == intervention]
+                    if not fmts:
+                        continue
+                    extra = {}
+                    if intervention:
+                        extra["intervention"] = make_intervention(intervention, lm.n_layers, caches, corpus, random)
+                    paths = extract(corpora[corpus], [j.format for j in fmts], model=lm, corpus_name=names[corpus],
+                                    attention=attention, **extra, **common)
+                    for j, p in zip(fmts, paths):
+                        caches.paths[(corpus, j.name, random)] = p
     return caches, corpora, models[False]
 
 
@@ -289,14 +296,16 @@ def write_report(cfg: dict, T: dict, F: dict, caches: Caches, corpora: dict, lm,
     from .cache import Cache
 
     manifest = Cache.open(first).manifest
-    skipped = {c: len(Cache.open(p).manifest["skipped"]) for (c, _, _), p in caches.paths.items()}
+    skipped: dict[str, int] = {}
+    for (c, _, _), p in caches.paths.items():
+        skipped[c] = max(skipped.get(c, 0), len(Cache.open(p).manifest["skipped"]))
     provenance = {
         "model": f"{lm.name} (fingerprint {lm.fingerprint[:16]}…, {lm.n_layers} layers, hidden {lm.hidden_size})",
         "random-init baseline": (f"same architecture, seed {cfg['model']['random_init_seed']}"
                                  if cfg["model"]["random_init_baseline"] else "not run"),
         "corpora": "; ".join(f"{k}: {cfg['corpus'][k]} ({len(corpora[k])} examples)" for k in cfg["corpus"]
                              if k in corpora),
-        "examples skipped as too long": sum(skipped.values()),
+        "examples skipped as too long": skip_counts(skipped, T.get("finetune")),
         "caches": f"{len(caches.paths)} under {Path(cfg['study']['caches']).resolve()} "
                   f"(e.g. {Path(first).name}, corpus fingerprint {manifest['corpus']['fingerprint'][:16]}…)",
         "seed": cfg["study"]["seed"],
@@ -321,6 +330,21 @@ def write_report(cfg: dict, T: dict, F: dict, caches: Caches, corpora: dict, lm,
     (out / "report.md").write_text(md, encoding="utf-8")
     (out / "report.html").write_text(render_html(title, intro_text, sections_, provenance), encoding="utf-8")
     return out / "report.md"
+
+
+def skip_counts(extraction: dict[str, int], finetune: pd.DataFrame | None = None) -> str:
+    """Every example left out, counted: extraction skips per corpus (the most any cache of it skipped)
+    and the fine-tuning experiment's ``n_skipped`` (examples over its length limit).
+
+    >>> skip_counts({"pairs": 2, "swap": 0})
+    '2 at extraction (pairs 2, swap 0)'
+    """
+    s = f"{sum(extraction.values())} at extraction (" + ", ".join(f"{k} {v}" for k, v in extraction.items()) + ")"
+    if finetune is not None and "metric" in finetune.columns:
+        n = finetune.loc[finetune["metric"] == "n_skipped", "value"]
+        if len(n):
+            s += f"; {int(pd.to_numeric(n).max())} in fine-tuning (Q8)"
+    return s
 
 
 def _run_time(seconds: float, started: float, caches: Caches, out: Path, quick: bool) -> str:
