@@ -29,7 +29,7 @@ import pandas as pd
 
 from .report import fmt, last_layer, one, pick
 from .sections import Context, Job, StudySection, Tables, corpus_text, group_prefixes, safe_plot
-from .verdicts import Claim, difference_rows
+from .verdicts import PRACTICAL_THRESHOLD, Claim, difference_rows
 
 #: Pair formats extracted with attention summaries (whichever section asks, so caches are shared).
 ATTENTION_FORMATS = ("pair", "concat")
@@ -45,7 +45,18 @@ PAIR_PROBES = {
 INTERVENTIONS = {
     "sep_ko": "no token attends to any [SEP] in the middle layers",
     "sep_ko_control": "as many random word keys per query knocked out, same layers (control)",
+    "cls_patch_first": "[CLS]'s state at layer 1 replaced by concat's (pair format; Q1)",
+    "cls_patch_mid": "[CLS]'s state at layer L // 2 replaced by concat's (Q1)",
+    "cls_patch_late": "[CLS]'s state at layer L - 1 replaced by concat's (Q1)",
+    "sep1_cls_ko": "[CLS] may not attend to the middle [SEP], every layer (Q1)",
+    "sep1_all_ko": "no token may attend to the middle [SEP], every layer (Q1)",
 }
+
+
+def patch_layers(n_layers: int) -> dict[str, int]:
+    """The layers Q1 patches [CLS] at, by intervention name: first, middle and last but one (a few
+    extractions instead of L - 1; with 2 layers all three are layer 1, one cache)."""
+    return {"cls_patch_first": 1, "cls_patch_mid": max(1, n_layers // 2), "cls_patch_late": max(1, n_layers - 1)}
 #: Formats of the pairs corpus each question reads.
 PAIR_NEEDS = {"Q1": ("pair", "concat", "concat_segments"), "Q2": ("pair", "concat", "single", "single2"),
               "Q4": ("pair", "concat"), "Q6": ("pair", "cls_mid", "cls_last"), "Q7": ("pair",), "Q8": ("pair",)}
@@ -58,9 +69,14 @@ PAIR_NEEDS = {"Q1": ("pair", "concat", "concat_segments"), "Q2": ("pair", "conca
 def make_intervention(name: str, n_layers: int, caches=None, corpus: str = "", random: bool = False):
     """The :class:`probing.interventions.Intervention` of :data:`INTERVENTIONS` ``name`` for a model of
     ``n_layers`` layers (``caches``, ``corpus`` and ``random`` locate a patch's source cache)."""
-    from analyses.interventions import sep_knockouts
+    from analyses.interventions import cls_patches, middle_sep_knockouts, sep_knockouts
 
-    if name not in INTERVENTIONS:
+    if name in patch_layers(n_layers):
+        source = caches.paths[(corpus, "concat", random)]  # extracted first: clean caches come first
+        return cls_patches(source, n_layers)[patch_layers(n_layers)[name]]
+    if name in ("sep1_cls_ko", "sep1_all_ko"):
+        return dict(zip(("sep1_cls_ko", "sep1_all_ko"), middle_sep_knockouts(n_layers)))[name]
+    if name not in ("sep_ko", "sep_ko_control"):
         raise ValueError(f"unknown intervention {name!r}; known: {', '.join(INTERVENTIONS)}")
     ko, control = sep_knockouts(n_layers)
     return {"sep_ko": ko, "sep_ko_control": control}[name]
@@ -71,6 +87,8 @@ def _pair_jobs(q: str):
         out = [Job("pairs", f, attention=f in ATTENTION_FORMATS) for f in PAIR_FORMATS if f in PAIR_NEEDS.get(q, ())]
         if q == "Q4":
             out += [Job("pairs", "pair", intervention=i) for i in ("sep_ko", "sep_ko_control")]
+        if q == "Q1":
+            out += [Job("pairs", "pair", intervention=i) for i in (*patch_layers(2), "sep1_cls_ko", "sep1_all_ko")]
         if q in PAIR_PROBES and cfg["model"]["random_init_baseline"]:
             out.append(Job("pairs", "pair", random=True))
         if q == "Q7":
@@ -325,6 +343,24 @@ def _paired_q8(ctx: Context) -> pd.DataFrame:
                     target="topic")
 
 
+def _q1_patching(ctx: Context) -> pd.DataFrame:
+    from analyses.interventions import q1_patching
+
+    names = [f"pair@{i}" for i in patch_layers(2) if ctx.caches.has("pairs", f"pair@{i}")]
+    # one cache per patch layer (a 2-layer model patches layer 1 for all three names: the same cache)
+    paths = {ctx.caches.paths[("pairs", n, False)]: n for n in names}
+    patched = {}
+    for path, n in paths.items():
+        cache = ctx.caches.get("pairs", n)
+        patched[int(cache.manifest["intervention"]["patch"][0]["layer"])] = cache
+    routes = [ctx.caches.get("pairs", f"pair@{i}") for i in ("sep1_cls_ko", "sep1_all_ko")
+              if ctx.caches.has("pairs", f"pair@{i}")]
+    if not patched and not routes:
+        return pd.DataFrame()
+    ctx.log("analyses: [CLS] patching and middle-[SEP] routes (Q1)")
+    return q1_patching(_pairs(ctx, "pair"), _pairs(ctx, "concat"), patched, routes, **_rs(ctx))["q1_cls_patching"]
+
+
 def _knockout(ctx: Context) -> None:
     from analyses.interventions import q4_sep_knockout
 
@@ -351,7 +387,8 @@ PRODUCERS = {"drift_q1": _drift_q1, "cka_q1": _cka_q1, "drift_q2": _drift_q2, "a
              "probes_q6": _probes_q6, "probes_q7": _probes_q7, "finetune": _finetune,
              "paired_q1": _paired_q1, "paired_q2": _paired_q2, "paired_q4": _paired_q4, "paired_q5": _paired_q5,
              "paired_q6": _paired_q6, "paired_q7": _paired_q7, "paired_q8": _paired_q8,
-             "q4_knockout_drift": _q4_knockout_drift, "q4_knockout_probes": _q4_knockout_probes}
+             "q4_knockout_drift": _q4_knockout_drift, "q4_knockout_probes": _q4_knockout_probes,
+             "q1_cls_patching": _q1_patching}
 
 
 def _tables(*names: str):
@@ -379,6 +416,10 @@ def _fig_q1(T, fig, log):
                          fig / "q1_drift_sep_vs_segments", roles=["cls", "s1 words", "s2 words"], log=log)
     if "cka_q1" in T:
         out += safe_plot(plot_cka_layers, T["cka_q1"], fig / "q1_cka_pair_concat", log=log)
+    if T.get("q1_cls_patching") is not None and not T["q1_cls_patching"].empty:
+        from figures.interventions import plot_patching
+
+        out += safe_plot(plot_patching, T["q1_cls_patching"], fig / "q1_cls_patching", log=log)
     return out
 
 
@@ -808,7 +849,28 @@ def answer_q1(T: dict) -> str:
         r = _at_last(d).iloc[0]
         s += (f" Paired per example, [CLS]'s drift minus the mean drift of the words at layer {int(r['layer'])}: "
               f"{paired_text(r)} ({int(r['n_groups'])} {r['grouping']}s; Holm over layers).")
-    return s
+    return s + patching_text(T)
+
+
+def patching_text(T: dict) -> str:
+    """Q1's "how much of [CLS]'s change comes through [SEP]": the share of [CLS]'s pair → concat drift at
+    the last layer each intervention on `pair` reproduces (patching [CLS] from concat at layer l; no
+    attention to the middle [SEP])."""
+    from .verdicts import format_interval
+
+    d = pick(T.get("q1_cls_patching"), metric="fraction_reproduced")
+    if d.empty:
+        return ""
+    parts = []
+    for _, r in d.iterrows():
+        iv = str(r.get("intervention", ""))
+        what = (f"[CLS] patched from concat at layer {int(r['patch_layer'])}" if pd.notna(r.get("patch_layer"))
+                else "[CLS] not attending to the middle [SEP] (every layer)" if "cls->sep1" in iv
+                else "no token attending to the middle [SEP] (every layer)" if "all->sep1" in iv else iv)
+        parts.append(f"{what}: {format_interval(float(r['value']), float(r['ci_low']), float(r['ci_high']))}")
+    return (f" How much of [CLS]'s change comes through [SEP]: the share of [CLS]'s pair → concat drift at layer "
+            f"{int(d['layer'].iloc[0])} that an intervention on `pair` reproduces (1 = all of it, 0 = none) — "
+            + "; ".join(parts) + ".")
 
 
 def answer_q2(T: dict) -> str:
@@ -916,7 +978,7 @@ def answer_q7(T: dict) -> str:
             acc = pick(q, role="cls", target="swapped", metric="accuracy")
             n = f"n = {int(acc['n'].max())} pairs" if "n" in acc.columns and acc["n"].notna().any() else "this size"
             s += (f" Word order: at {n}, the smallest accuracy above the majority baseline this sample could detect "
-                  f"is {worst:.3f}" + (f" (it cannot detect {0.03:g})." if worst > 0.03 else "."))
+                  f"is {worst:.3f}" + (f" (it cannot detect {PRACTICAL_THRESHOLD:g})." if worst > PRACTICAL_THRESHOLD else "."))
     d = T.get("paired_q7")
     if d is not None and not d.empty:
         tr = pick(d, condition_a="model_kind=trained")
@@ -1168,7 +1230,7 @@ def _question(key, corpora, jobs, tables, figures, table, answer, rows, about_cl
 
 #: The seed questions, in report order.
 QUESTION_SECTIONS: dict[str, StudySection] = {s.key: s for s in (
-    _question("Q1", ("pairs",), _pair_jobs("Q1"), ("drift_q1", "cka_q1", "paired_q1"), _fig_q1, _table_q1, answer_q1, _q1_rows,
+    _question("Q1", ("pairs",), _pair_jobs("Q1"), ("drift_q1", "cka_q1", "paired_q1", "q1_cls_patching"), _fig_q1, _table_q1, answer_q1, _q1_rows,
               about_cls=True),
     _question("Q2", ("pairs",), _pair_jobs("Q2"), ("drift_q2", "attention", "paired_q2"), _fig_q2, _table_q2, answer_q2, _q2_rows),
     _question("Q3", ("groups",), _q3_jobs, ("drift_q3",), _fig_q3, _table_q3, answer_q3, _q3_rows),
