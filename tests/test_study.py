@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from probing.study import CONFIG_DIR, QUESTIONS, StudyError, load_config, packaged_configs, run_study
@@ -80,6 +81,34 @@ def test_quick_study_end_to_end_and_reuse(tmp_path, tiny_model_dir):
     assert "Quick mode: small samples" in text and "generated template sentences" in text
     assert "95% CI" in text and "random-pair baseline" in text and "majority baseline" in text
     assert "## Provenance" in text and "fingerprint" in text
+    # verdicts come from paired rows (only Q3's is still provisional, and says so)
+    for q in QUESTIONS:
+        sec = re.search(rf"^## {q}\..*?(?=^## )", text, flags=re.S | re.M).group(0)
+        answer = re.search(r"\*\*Answer\.\*\* (.*)", sec).group(1)
+        assert ("provisional" in answer) == (q == "Q3"), f"{q}: {answer}"
+    tables = tmp_path / "run" / "tables"
+    for name in ("paired_q1", "paired_q2", "paired_q4", "paired_q5", "paired_q6", "paired_q7", "paired_q8",
+                 "q4_knockout_drift", "q4_knockout_probes", "q1_cls_patching"):
+        assert (tables / f"{name}.csv").is_file(), name
+    # Q4 gains "does the model use [SEP]?" with the knockout − control numbers of its tables
+    q4 = re.search(r"^## Q4\..*?(?=^## )", text, flags=re.S | re.M).group(0)
+    assert "Does the model use [SEP]?" in q4 and "knockout − control" in q4
+    ko = pd.read_csv(tables / "q4_knockout_probes.csv")
+    r = ko[(ko["metric"] == "change_difference") & (ko["mode"] == "transfer") & (ko["target"] == "is_next")].iloc[0]
+    assert f"{r['value']:+.3f}" in q4
+    assert "q4_sep_knockout_drift.png" in q4 and "q1_cls_patching.png" in text
+    q6 = pd.read_csv(tables / "paired_q6.csv")
+    assert q6["same_folds"].all() and set(q6["condition_b"]) == {"format=cls_last", "format=cls_mid"}
+    # Q8: frozen and fine-tuned from identical test items, recorded in the table and the report
+    ft = pd.read_csv(tables / "finetune.csv")
+    for pooling in ("cls", "mean"):
+        n_ft = ft[(ft["metric"] == "test_accuracy_mean") & (ft["role"] == pooling)]["n"].iloc[0]
+        n_fr = ft[(ft["metric"] == "frozen_test_accuracy_mean") & (ft["role"] == pooling)]["n"].iloc[0]
+        n_d = ft[(ft["metric"] == "accuracy_diff") & (ft["role"] == pooling)]["n"].iloc[0]
+        assert n_ft == n_fr == n_d > 0
+    q8 = re.search(r"^## Q8\..*?(?=^## )", text, flags=re.S | re.M).group(0)
+    assert "| same test items |" in q8 and "| True |" in q8
+    assert "in fine-tuning (Q8)" in text and "Holm" in q8
     figures = sorted((tmp_path / "run" / "figures").glob("*.png"))
     linked = re.findall(r"!\[[^]]*\]\(([^)]+)\)", text)
     assert len(figures) >= 8 and len(linked) == len(figures)
@@ -222,15 +251,19 @@ def test_paper_config_runs_quick_on_a_tiny_model(key, tmp_path, tiny_model_dir):
 
 
 def _drift_rows(concat_minus_pair: float, half: float = 0.002) -> "pd.DataFrame":
-    """A drift_q2-like table: s1 words, single → pair and single → concat, layers 0-2."""
+    """A paired_q2-like table (analyses.paired.run_paired_drift): s1 words, concat − pair, layers 0-2,
+    with the p-value of a z-test from the half-width (Holm left to the verdict machinery)."""
     import pandas as pd
+    from scipy import stats
 
     rows = []
     for layer in (0, 1, 2):
-        for fmt_b, v in (("pair", 0.05), ("concat", 0.05 + concat_minus_pair * (layer > 0))):
-            rows.append({"analysis": "drift", "format": "single", "format_b": fmt_b, "layer": layer,
-                         "role": "s1 words", "metric": "drift_mean", "value": v, "ci_low": v - half,
-                         "ci_high": v + half, "n": 100})
+        v = concat_minus_pair * (layer > 0)
+        se = half / 1.96
+        rows.append({"analysis": "paired_drift", "reference": "single", "format": "pair", "format_b": "concat",
+                     "layer": layer, "role": "s1 words", "metric": "drift_diff", "value": v, "ci_low": v - half,
+                     "ci_high": v + half, "p_value": 2 * stats.norm.sf(abs(v) / se), "n": 100, "n_groups": 40,
+                     "grouping": "document"})
     return pd.DataFrame(rows)
 
 
@@ -239,16 +272,124 @@ def test_question_verdict_is_computed_from_its_table():
 
     cfg = load_config(None)
     q2 = QUESTION_SECTIONS["Q2"]
-    big = q2.verdict({"drift_q2": _drift_rows(0.05)}, cfg)
+    big = q2.verdict({"paired_q2": _drift_rows(0.05)}, cfg)
     assert big.decision == "yes" and big.sentence.startswith("Only in layers 1–2: sentence 1's words take in more")
-    assert "+0.050" in big.sentence
-    small = q2.verdict({"drift_q2": _drift_rows(0.01)}, cfg)
+    assert "+0.050" in big.sentence and "provisional" not in big.sentence and "40 documents" in big.sentence
+    small = q2.verdict({"paired_q2": _drift_rows(0.01)}, cfg)
     assert small.decision == "yes_small" and "+0.010" in small.sentence
-    null = q2.verdict({"drift_q2": _drift_rows(0.0, half=0.002)}, cfg)
+    null = q2.verdict({"paired_q2": _drift_rows(0.0, half=0.002)}, cfg)
     assert null.decision == "no_difference" and null.sentence.startswith("No measurable difference at any layer")
-    weak = q2.verdict({"drift_q2": _drift_rows(0.0, half=0.05)}, cfg)
+    weak = q2.verdict({"paired_q2": _drift_rows(0.0, half=0.05)}, cfg)
     assert weak.decision == "inconclusive"
     assert q2.verdict({}, cfg).decision == "not_measured"
+    # the marginal drift table alone no longer decides: the verdict reads the paired rows only
+    assert q2.verdict({"drift_q2": _drift_rows(0.05)}, cfg).decision == "not_measured"
+
+
+def _probe_rows(diff: float, layers=(1.0, 2.0), **extra) -> "pd.DataFrame":
+    """compare_probes-like rows (layers as floats, as the item tables give them)."""
+    import pandas as pd
+
+    rows = []
+    for L in layers:
+        v = diff * L / max(layers) if max(layers) > 0 else diff  # the strongest at the last layer
+        rows.append({"analysis": "probe_comparison", "metric": "difference", "layer": L, "value": v,
+                     "ci_low": v - 0.01, "ci_high": v + 0.01, "p_value": 0.001 if abs(v) > 0.01 else 0.8,
+                     "p_holm": 0.002 if abs(v) > 0.01 else 1.0, "mde": 0.014, "n": 400, "n_groups": 80,
+                     "groups_needed": 30, "grouping": "document", "family": "declared family", **extra})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("key,table,extra,words", [
+    ("Q4", "paired_q4", {"target": "is_next", "role": None}, "middle [SEP]"),
+    ("Q6", "paired_q6", {"target": "topic", "condition_a": "format=pair", "condition_b": "format=cls_last"},
+     "placed first"),
+    ("Q8", "paired_q8", {"target": "topic"}, "mean pooling"),
+])
+def test_probe_question_verdicts_follow_their_paired_rows(key, table, extra, words):
+    from probing.questions import QUESTION_SECTIONS
+
+    cfg = load_config(None)
+    spec = QUESTION_SECTIONS[key]
+    up = spec.verdict({table: _probe_rows(0.05, **extra)}, cfg)
+    assert up.decision == "yes" and "+0.050" in up.sentence and "at layer 2" in up.sentence
+    assert "provisional" not in up.sentence and words in up.sentence
+    down = spec.verdict({table: _probe_rows(-0.05, **extra)}, cfg)
+    assert down.decision == "yes" and "-0.050" in down.sentence and down.sentence != up.sentence
+    null = spec.verdict({table: _probe_rows(0.0, **extra)}, cfg)
+    assert null.decision == "no_difference" and ">= 0.014" in null.sentence
+    # layer 0 ([CLS] is one vector for every input there) never decides
+    zero = _probe_rows(0.0, layers=(0.0,), **extra)
+    assert spec.verdict({table: zero}, cfg).decision == "not_measured"
+    # the comparison table states the declared multiple-comparison family
+    assert "declared family" in spec.comparison_table({table: _probe_rows(0.05, **extra)})[1]
+
+
+def test_power_sentence_is_generated_from_groups_needed():
+    from probing.questions import power_text
+
+    rows = _probe_rows(0.0)
+    assert "can detect a difference of 0.03 (needs at most 30)" in power_text(rows, "it")
+    short = power_text(rows.assign(groups_needed=[120, 300]), "it")
+    assert "cannot reliably detect a difference of 0.03" in short and "about 300 documents" in short
+    assert "80 documents" in short
+
+
+def _finetune_table(n_frozen: int = 50):
+    import pandas as pd
+
+    rows = []
+    for pooling, ft, fr in (("cls", 0.8, 0.7), ("mean", 0.82, 0.75)):
+        rows += [
+            {"metric": "test_accuracy_mean", "role": pooling, "value": ft, "ci_low": ft - 0.05, "ci_high": ft + 0.05,
+             "n": 50, "n_runs": 6, "warning": ""},
+            {"metric": "frozen_test_accuracy_mean", "role": pooling, "value": fr, "ci_low": fr - 0.05,
+             "ci_high": fr + 0.05, "n": n_frozen, "n_runs": 3, "warning": ""},
+            {"metric": "accuracy_diff", "role": pooling, "condition": "fine_tuned − frozen", "value": ft - fr,
+             "ci_low": ft - fr - 0.04, "ci_high": ft - fr + 0.04, "p_value": 0.01, "p_holm": 0.02, "n": 50},
+            {"metric": "test_accuracy", "role": pooling, "seed": 0, "value": ft, "n": 25,
+             "warning": "test accuracy 0.1 below the best constant 0.3" if pooling == "mean" else ""},
+        ]
+    rows += [{"metric": "best_constant", "role": "baseline", "value": 0.3}, {"metric": "chance", "role": "baseline",
+                                                                               "value": 0.2},
+             {"metric": "n_skipped", "role": "baseline", "value": 3}]
+    return pd.DataFrame(rows)
+
+
+def test_q8_reads_the_same_split_fine_tuning_layout():
+    from probing.questions import QUESTION_SECTIONS, q8_same_items
+    from probing.study import skip_counts
+
+    t = q8_same_items(_finetune_table())
+    assert list(t["pooling"]) == ["cls", "mean"] and t["same test items"].all()
+    assert t.loc[0, "fine-tuned − frozen"].startswith("+0.100 (95% CI +0.060 to +0.140)")
+    assert not q8_same_items(_finetune_table(n_frozen=40))["same test items"].any()
+    ev = QUESTION_SECTIONS["Q8"].answer({"finetune": _finetune_table()})
+    assert "cls fine-tuned 0.800" in ev and "frozen 0.700" in ev and "Best constant 0.300" in ev
+    assert "**Warning:** 1 of 2 runs flagged" in ev
+    assert "Warning" not in QUESTION_SECTIONS["Q8"].answer({"finetune": _finetune_table().assign(warning="")})
+    assert skip_counts({"pairs": 2}, _finetune_table()) == "2 at extraction (pairs 2); 3 in fine-tuning (Q8)"
+
+
+def test_knockout_sentence_compares_with_the_control():
+    import pandas as pd
+
+    from probing.questions import knockout_text
+
+    drift = pd.DataFrame([{"analysis": "intervention_drift", "layer": L, "role": "cls", "metric": "drift_difference",
+                           "value": v, "ci_low": v - 0.01, "ci_high": v + 0.01} for L, v in ((1, 0.0), (2, 0.08))])
+    probes = pd.DataFrame([{"analysis": "intervention_probes", "mode": "transfer", "target": "is_next", "layer": 2,
+                            "metric": m, "value": v, "ci_low": v - 0.02, "ci_high": v + 0.02}
+                           for m, v in (("accuracy_clean", 0.7), ("accuracy_treated", 0.6),
+                                        ("accuracy_control", 0.69), ("change_difference", -0.09))])
+    s = knockout_text({"q4_knockout_drift": drift, "q4_knockout_probes": probes})
+    assert "Only in layer 2: knocking out attention to [SEP] moves [CLS] more than the control" in s
+    assert "+0.080" in s and "lowers the accuracy more than the control" in s and "-0.090" in s
+    assert "clean 0.700, treated 0.600, control 0.690" in s
+    flat = knockout_text({"q4_knockout_drift": drift.assign(value=0.0, ci_low=-0.001, ci_high=0.001),
+                          "q4_knockout_probes": probes})
+    assert "moves [CLS] no more than the control knockout" in flat
+    assert knockout_text({}) == ""
 
 
 def test_every_section_is_declared_once_with_its_parts():
@@ -277,6 +418,21 @@ def test_study_jobs_union_of_sections():
     assert {j for j in jobs if j.corpus.startswith("groups_k")} == {
         Job("groups_k2", "multi"), Job("groups_k2", "concat"), Job("groups_k3", "multi"), Job("groups_k3", "concat")}
     assert not any(j.random for j in jobs) and len(jobs) == len(set(jobs))
+    # Q1's patching and middle-[SEP] routes are extractions of `pair` with an intervention
+    assert Job("pairs", "pair", intervention="cls_patch_mid") in jobs and Job("pairs", "pair", intervention="sep1_all_ko") in jobs
+    q4 = study_jobs(load_config(None, overrides={"study.questions": ["Q4"]}), corpora)
+    assert {j.name for j in q4 if j.intervention} == {"pair@sep_ko", "pair@sep_ko_control"}
+
+
+def test_interventions_are_built_for_the_model_depth():
+    from probing.questions import make_intervention, patch_layers
+
+    assert patch_layers(6) == {"cls_patch_first": 1, "cls_patch_mid": 3, "cls_patch_late": 5}
+    ko = make_intervention("sep_ko", 6)
+    assert [k.layers for k in ko.knockouts] == [(3, 4)] and not ko.knockouts[0].control
+    assert make_intervention("sep_ko_control", 6).knockouts[0].control
+    with pytest.raises(ValueError, match="unknown intervention 'nope'"):
+        make_intervention("nope", 6)
 
 
 def test_model_facts_and_caveats():
@@ -295,20 +451,20 @@ def test_limits_and_protocol_text_come_from_the_config():
     from probing.reproductions import PAPERS
     from probing.study import run_limits
 
-    cfg = load_config(REPO / "configs" / "seed_questions.toml", quick=True)
+    cfg = load_config(CONFIG_DIR / "seed_questions.toml", quick=True)
     corpora = {"groups": [None] * 60}
     text = run_limits(cfg, corpora, QUESTION_SECTIONS["Q3"], "all-MiniLM-L6-v2")
     assert "60 examples of generated template sentences (generated:n=60,k=4,pairing=consecutive)" in text
     assert "Quick mode" in text
     assert "news" not in QUESTION_SECTIONS["Q3"].note_text(cfg) and "article" not in QUESTION_SECTIONS["Q3"].note_text(cfg)
-    full = load_config(REPO / "configs" / "seed_questions.toml")
+    full = load_config(CONFIG_DIR / "seed_questions.toml")
     assert "BBC News" in QUESTION_SECTIONS["Q3"].note_text(full)
     assert "Quick mode" not in run_limits(full, corpora, QUESTION_SECTIONS["Q3"], "x")
     assert "mean pooling" in run_limits(full, {"pairs": [1]}, QUESTION_SECTIONS["Q8"], "all-MiniLM-L6-v2")
-    eth = load_config(REPO / "configs" / "ethayarajh2019_anisotropy.toml", quick=True)
+    eth = load_config(CONFIG_DIR / "ethayarajh2019_anisotropy.toml", quick=True)
     notes = PAPERS["ethayarajh2019"].note_text(eth)
     assert "generated template sentences" in notes and "news" not in notes and "centred" in notes
-    clark = load_config(REPO / "configs" / "clark2019_attention.toml")
+    clark = load_config(CONFIG_DIR / "clark2019_attention.toml")
     assert "BBC News sentences" in PAPERS["clark2019"].note_text(clark)
 
 
@@ -330,7 +486,7 @@ def test_quick_notice_names_only_what_this_run_shrank():
 
     from probing.report import quick_notice
 
-    cfg = load_config(REPO / "configs" / "seed_questions.toml", quick=True)
+    cfg = load_config(CONFIG_DIR / "seed_questions.toml", quick=True)
     plain = quick_notice(cfg, {"pairs": [0] * 120}, {})
     assert plain.startswith("QUICK MODE") and "pairs 120" in plain and "200 bootstrap resamples" in plain
     assert "probe folds" not in plain and "fine-tuning" not in plain
