@@ -5,20 +5,23 @@ Each question names the corpora and caches it needs, its analyses (tables shared
 are computed once, through :meth:`probing.sections.Context.table`), its figures, its report table, its
 evidence sentence, the comparison rows its verdict is computed from and the claim they test.
 
-PROVISIONAL comparison rows: until the analyses write paired comparison rows (paired drift
-differences, probe differences on the same out-of-fold predictions, with Holm-adjusted p-values and
-the minimum detectable effect), each ``_qN_rows`` derives its rows from two marginal intervals of the
-existing tables with :func:`probing.verdicts.difference_rows` (independent-estimates SE: a
-conservative test for positively correlated paired items). Replacing a ``_qN_rows`` body with a
-selection of the paired rows is the whole change; the verdict machinery reads the same columns.
-Comparisons involving [CLS] leave out layer 0 (the embedding layer: [CLS] is one vector for every
-input there).
+Comparison rows are paired: probe comparisons on the same out-of-fold items
+(:func:`analyses.probe_runner.compare_probes` on the item tables the probe runs keep with
+``items=True``: Q4 sep1 − cls, Q5 [CLS] − mean, Q6 first − last / first − middle across caches of the
+same examples, Q7 trained − random-init and [CLS] − a length-only probe, Q8 frozen cls − mean), drift
+comparisons on the same token keys (:func:`analyses.paired.run_role_contrast` for Q1,
+:func:`analyses.paired.run_paired_drift` for Q2), the fine-tuning table's own ``accuracy_diff`` rows for
+Q8, and a score against a constant baseline (Q5, Q7 word order) as a one-sample row. Holm's correction
+runs over the family :data:`FAMILIES` declares per question (the report's captions name it). Only Q3's
+rows (largest k − k = 2) are still derived from two marginal intervals with
+:func:`probing.verdicts.difference_rows` and marked provisional: the k-sentence prefixes are separate
+caches with no shared reference format. Comparisons involving [CLS] leave out layer 0 (the embedding
+layer: [CLS] is one vector for every input there).
 
-Wiring a paired table in, e.g. Q2 once the drift analysis writes ``drift_diff`` rows (value, ci_low,
-ci_high, p_value, p_holm, n, n_groups, grouping, layer): add its producer to :data:`PRODUCERS`, name
-it in Q2's tables, and let ``_q2_rows`` return ``pick(T.get("drift_diff"), ...)`` with one row per
-layer. The rows' own ``p_holm`` and ``mde`` are then used as they are; the report's introduction reads
-the ``grouping`` column to say how the CIs were computed.
+Causal sections (issue 14): Q4 extracts ``pair`` with attention to every [SEP] knocked out in the
+middle layers and its same-size control (:data:`INTERVENTIONS`, ``Job.intervention``), tables
+``q4_knockout_drift`` / ``q4_knockout_probes``; Q1 extracts ``pair`` with [CLS] patched from ``concat``
+at three layers (:func:`patch_layers`) and with the middle-[SEP] routes cut, table ``q1_cls_patching``.
 """
 
 from __future__ import annotations
