@@ -41,8 +41,11 @@ PAIR_FORMATS = ("pair", "concat", "concat_segments", "single", "single2", "cls_l
 PAIR_PROBES = {
     "Q8": (("cls", "mean", "max", "sep1", "first_word", "pos3"), ("topic",)),
     "Q4": (("sep1", "sep2", "cls", "mean_s1", "mean_s2"), ("is_next", "bow_s1", "bow_s2")),
-    "Q7": (("cls", "mean"), ("bow_s1", "fw_s1", "length")),
+    "Q7": (("cls", "mean"), ("bow_s1", "length")),
 }
+#: Control targets of the pair format, trained model only (a random-init control would add cost, not
+#: information): Q7's function-word presence of sentence 1, beside its content-word bag of words.
+PAIR_CONTROLS = {"Q7": (("cls", "mean"), ("fw_s1",))}
 #: Interventions the study extracts (``Job.intervention``), by name -> what they do. Q4: attention to
 #: every [SEP] knocked out in the middle layers, and its control of the same size on random words.
 INTERVENTIONS = {
@@ -182,6 +185,8 @@ def _probes_pair(ctx: Context) -> pd.DataFrame:
     wanted = [q for q in PAIR_PROBES if q in ctx.questions]
     runs = [run_probes(_pairs(ctx, "pair"), *PAIR_PROBES[q], random_cache=_pairs(ctx, "pair", True),
                        length_baseline=q == "Q7", items=True, **probe_kw(ctx.cfg, ctx.out)) for q in wanted]
+    runs += [run_probes(_pairs(ctx, "pair"), *PAIR_CONTROLS[q], length_baseline=True, items=True,
+                        **probe_kw(ctx.cfg, ctx.out)) for q in wanted if q in PAIR_CONTROLS]
     keys = ["model_kind", "layer", "role", "target", "metric"]
     _keep_items(ctx, "probes_pair", [it for _, it in runs])
     return pd.concat([t for t, _ in runs], ignore_index=True).drop_duplicates(keys)
@@ -335,7 +340,7 @@ def _paired_q7(ctx: Context) -> pd.DataFrame:
     pair = _items(ctx, "probes_pair") if "Q7" in ctx.questions else None
     if pair is not None and (pair["role"] == "length_only").any():
         frames.append(_compare(_from_layer1(pair), {"role": "cls"}, {"role": "length_only"}, FAMILIES["Q7"], ctx,
-                               model_kind="trained", target=list(PAIR_PROBES["Q7"][1]),
+                               model_kind="trained", target=list(PAIR_PROBES["Q7"][1]) + list(PAIR_CONTROLS["Q7"][1]),
                                role=["cls", "length_only"]))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
@@ -786,7 +791,7 @@ def _marginal_q7(T: dict) -> str:
     parts = []
     if p is not None:
         L = last_layer(p)
-        for target, metric in (("bow_s1", "micro_f1"), ("length", "accuracy")):
+        for target, metric in (("bow_s1", "micro_f1"), ("fw_s1", "micro_f1"), ("length", "accuracy")):
             vals = []
             for kind in ("trained", "random_init"):
                 for choice in ("cls", "mean"):
