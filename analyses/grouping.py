@@ -2,16 +2,17 @@
 
 Sentences of one article share names and vocabulary, so their measurements are correlated: a
 bootstrap or a split that treats them as independent gives intervals that are too narrow and scores
-that leak (DESIGN.md, "Group by the unit that leaks"). The rule, declared once here: group by the
-``doc`` label when every example has one, by the example otherwise. Every table that carries a CI
-records the grouping used (``grouping``: one of :data:`GROUPINGS`) and ``n_groups``.
+that leak (DESIGN.md, "Group by the unit that leaks"). The rule, declared once here and used by the
+probes, fine-tuning, drift, attention, neighbour and intervention runners: group by the ``doc`` label
+when every example has one, by the example otherwise. Every table that carries a CI records the
+grouping used (``grouping``: one of :data:`GROUPINGS`) and ``n_groups``.
 
 >>> from probing.examples import Example
 >>> exs = [Example("a", ("x.",), {"doc": "d1"}), Example("b", ("y.",), {"doc": "d1"})]
 >>> example_groups(exs)
-(array(['doc=d1', 'doc=d1'], dtype=object), 'document')
+(array(['d1', 'd1'], dtype=object), 'document')
 >>> example_groups([Example("a", ("x.",))])
-(array(['id=a'], dtype=object), 'example')
+(array(['a'], dtype=object), 'example')
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
 
 from probing.cache import Cache
 from probing.examples import Example
@@ -29,23 +31,39 @@ GROUPINGS: tuple[str, ...] = ("document", "example")
 DOC_LABEL = "doc"
 
 
+def table_groups(examples: pd.DataFrame) -> tuple[np.ndarray, str]:
+    """``(groups (n,), grouping)`` for rows of an example table (``cache.examples``, or rows of it in
+    the order of the items, indexed by example): the ``doc`` label of every row (column ``label_doc``,
+    as a cache stores it, or ``doc``) and ``"document"`` when every row has one; otherwise the index
+    (one group per example) and ``"example"``. Feed ``groups`` to :func:`analyses.probes.make_splits`:
+    its outer splits are a pure function of ``(y, groups, n_splits, seed)``, so any model evaluated on
+    them (frozen probes, fine-tuning) sees the same test items.
+
+    >>> table_groups(pd.DataFrame({"doc": ["a", "a", "b"]}, index=[4, 5, 6]))
+    (array(['a', 'a', 'b'], dtype=object), 'document')
+    >>> table_groups(pd.DataFrame({"topic": ["x", "y"]}, index=[4, 5]))
+    (array([4, 5]), 'example')
+    """
+    col = next((c for c in (f"label_{DOC_LABEL}", DOC_LABEL) if c in examples.columns), None)
+    if col is not None and len(examples) and examples[col].notna().all():
+        return examples[col].to_numpy(dtype=object), "document"
+    return examples.index.to_numpy(), "example"
+
+
 def example_groups(examples: Sequence[Example]) -> tuple[np.ndarray, str]:
-    """``(groups (n,) object, grouping)`` for a list of examples: ``"doc=<doc>"`` per example and
-    ``"document"`` when every example has a ``doc`` label, else ``"id=<id>"`` and ``"example"``."""
-    if examples and all(DOC_LABEL in e.labels and e.labels[DOC_LABEL] is not None for e in examples):
-        return np.asarray([f"doc={e.labels[DOC_LABEL]}" for e in examples], dtype=object), "document"
-    return np.asarray([f"id={e.id}" for e in examples], dtype=object), "example"
+    """``(groups (n,) object, grouping)`` for a list of examples, by the rule of :func:`table_groups`:
+    each example's ``doc`` label and ``"document"`` when every example has one, else its id and
+    ``"example"``."""
+    if examples and all(e.labels.get(DOC_LABEL) is not None for e in examples):
+        return np.asarray([e.labels[DOC_LABEL] for e in examples], dtype=object), "document"
+    return np.asarray([e.id for e in examples], dtype=object), "example"
 
 
 def cache_groups(cache: Cache, examples: np.ndarray | None = None) -> tuple[np.ndarray, str]:
     """``(groups, grouping)`` for corpus indices ``examples: (n,)`` of a cache (default: all of its
-    examples), by the same rule as :func:`example_groups`, read from the cache's stored corpus."""
+    examples), by the rule of :func:`table_groups`, read from the cache's stored corpus."""
     table = cache.examples
-    idx = np.arange(len(table)) if examples is None else np.asarray(examples)
-    col = f"label_{DOC_LABEL}"
-    if col in table.columns and table[col].notna().all():
-        return np.asarray([f"doc={v}" for v in table[col].to_numpy()[idx]], dtype=object), "document"
-    return np.asarray([f"id={v}" for v in table["example_id"].to_numpy()[idx]], dtype=object), "example"
+    return table_groups(table if examples is None else table.iloc[np.asarray(examples)])
 
 
 def group_info(groups: np.ndarray, grouping: str) -> dict:

@@ -364,8 +364,6 @@ def q1_patching(pair: Cache, concat: Cache, patched: Mapping[int, Cache], sep_ro
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import sys
-
     from analyses.results import CLI_ERRORS, add_output_options, cli_error
 
     p = ArgumentParser(prog="python -m analyses.interventions",

@@ -3,10 +3,10 @@
 "Is A different from B" is answered by the per-item difference, never by two marginal intervals side
 by side (DESIGN.md, "Compare on the same items, paired"):
 
-* :func:`paired_difference`: the mean of ``a − b`` over paired items, a cluster-bootstrap CI over
-  groups (:func:`analyses.stats.bootstrap_ci`, documents when the corpus has them) and a two-sided
-  cluster sign-flip p-value (:func:`sign_flip_p_value`);
-* :func:`holm`: Holm's step-down adjustment across a family (the layers of one comparison).
+The statistics are those of :mod:`analyses.stats`: :func:`analyses.stats.paired_difference` (the
+mean of ``a − b`` over paired items, a cluster-bootstrap CI over groups, documents when the corpus has
+them, and a two-sided cluster sign-flip p-value) and :func:`analyses.stats.holm` (Holm's step-down
+adjustment across a family: here the layers of one comparison, per role and metric).
 
 Runners on caches:
 
@@ -44,97 +44,13 @@ from analyses.drift_metrics import rowwise_cosine
 from analyses.grouping import cache_groups
 from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
                               parse_layers, stored_table)
-from analyses.stats import bootstrap_ci
+from analyses.stats import holm, paired_difference
 from probing.cli import ArgumentParser
 from probing.cache import check_comparable
 
 Unit = Literal["token", "example"]
 #: What one paired item is, declared once: a token key, or an example (mean over its tokens).
 UNITS: tuple[str, ...] = get_args(Unit)
-
-# Sign-flip draws per batch (draws x groups floats): bounds memory at a few tens of MB.
-_FLIP_BATCH = 2_000_000
-
-
-def _codes(groups, n: int) -> tuple[np.ndarray, int]:
-    g = np.asarray(groups)
-    if g.shape != (n,):
-        raise ValueError(f"groups must have shape ({n},), one label per item; got groups.shape={g.shape}")
-    codes = pd.factorize(g)[0]
-    return codes, int(codes.max()) + 1 if n else 0
-
-
-def sign_flip_p_value(differences, groups, n_resamples: int = 10000, seed: int = 0) -> float:
-    """Two-sided p-value of "mean difference = 0" by a cluster sign-flip (randomisation) test.
-
-    differences: (n,) paired per-item differences; groups: (n,) cluster labels. Under the null that
-    the two conditions are exchangeable within each group, each group's sum ``S_g`` is as likely
-    ``−S_g``; the statistic is the item-weighted mean ``T = Σ_g S_g / n`` and
-    ``p = (1 + #{|T*| ≥ |T|}) / (1 + draws)`` over random sign vectors (all ``2^G`` of them, each once,
-    when there are at most ``n_resamples``). Good 2005, "Permutation, Parametric and Bootstrap Tests
-    of Hypotheses", sec. 3.4 (one-sample / paired randomisation test), applied to cluster sums.
-    """
-    d = np.asarray(differences, dtype=np.float64)
-    if d.ndim != 1 or d.size == 0 or not np.isfinite(d).all():
-        raise ValueError(f"differences must be a non-empty 1-D array of finite values, got shape {d.shape}")
-    codes, G = _codes(groups, d.size)
-    S = np.bincount(codes, weights=d, minlength=G)
-    t_obs = abs(S.sum()) * (1 - 1e-12)  # ties (|T*| = |T| up to rounding) count as extreme
-    if t_obs == 0:
-        return 1.0
-    if 2 ** G <= n_resamples:
-        signs = 1 - 2 * ((np.arange(2 ** G)[:, None] >> np.arange(G)[None, :]) & 1)
-        return float((np.abs(signs @ S) >= t_obs).mean())
-    rng = np.random.default_rng(seed)
-    hits, done, batch = 0, 0, max(1, _FLIP_BATCH // G)
-    while done < n_resamples:
-        b = min(batch, n_resamples - done)
-        signs = rng.integers(0, 2, size=(b, G)) * 2 - 1
-        hits += int((np.abs(signs @ S) >= t_obs).sum())
-        done += b
-    return (1 + hits) / (1 + n_resamples)
-
-
-def paired_difference(a, b, groups, n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95) -> dict:
-    """Mean of the paired differences ``a − b`` with a cluster-bootstrap CI and a sign-flip p-value.
-
-    a, b: (n,) values of the same items under two conditions; groups: (n,) cluster labels (documents).
-    Returns ``{"value", "ci_low", "ci_high", "p_value", "n", "n_groups", "value_a", "value_b"}``
-    (``value_a``/``value_b``: the means of ``a`` and ``b``). The CI resamples groups
-    (:func:`analyses.stats.bootstrap_ci`, percentile); ``p_value`` is :func:`sign_flip_p_value`
-    with 10 × ``n_resamples`` draws.
-
-    >>> r = paired_difference([1.0, 2.0, 3.0, 4.0], [0.0, 1.0, 2.0, 3.0], ["x", "x", "y", "y"])
-    >>> r["value"], r["ci_low"], r["ci_high"], r["n_groups"]
-    (1.0, 1.0, 1.0, 2)
-    """
-    va, vb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if va.shape != vb.shape or va.ndim != 1:
-        raise ValueError(f"a and b must be paired 1-D arrays; got {va.shape=} and {vb.shape=}")
-    d = va - vb
-    codes, G = _codes(groups, d.size)
-    value, lo, hi = bootstrap_ci(d, codes, "mean", n_resamples=n_resamples, confidence=confidence, seed=seed)
-    return {"value": value, "ci_low": lo, "ci_high": hi,
-            "p_value": sign_flip_p_value(d, codes, n_resamples=10 * n_resamples, seed=seed),
-            "n": int(d.size), "n_groups": G, "value_a": float(va.mean()), "value_b": float(vb.mean())}
-
-
-def holm(p_values) -> np.ndarray:
-    """Holm's step-down adjustment (Holm 1979) through :func:`statsmodels.stats.multitest.multipletests`;
-    NaN entries stay NaN and do not count in the family.
-
-    >>> holm([0.01, 0.04, float("nan")]).round(2).tolist()
-    [0.02, 0.04, nan]
-    """
-    from statsmodels.stats.multitest import multipletests
-
-    p = np.asarray(p_values, dtype=np.float64)
-    out = np.full(p.shape, np.nan)
-    ok = np.isfinite(p)
-    if ok.any():
-        out[ok] = multipletests(p[ok], method="holm")[1]
-    return out
-
 
 def add_holm(df: pd.DataFrame, family: Sequence[str]) -> pd.DataFrame:
     """Add ``p_holm``: :func:`holm` of ``p_value`` within each family of rows sharing the ``family``

@@ -22,7 +22,7 @@ Targets, declared once in :data:`TARGETS`:
 Every probe uses the protocol of :mod:`analyses.probes` (standardised features, C by grouped inner CV,
 grouped outer CV, pooled out-of-fold score with a cluster-bootstrap interval, majority baseline and
 the minimum detectable difference from it, control task and selectivity). Grouping
-(:func:`analyses.probes.groups_of`): by document when the corpus has a ``doc`` label, else by
+(:func:`analyses.grouping.table_groups`): by document when the corpus has a ``doc`` label, else by
 example; the table records it (``grouping``, ``n_groups``). With ``random_cache`` (the same format
 extracted with ``--random-init``) the same probes are fit on the randomly initialised model
 (``model_kind = random_init``); it must be the baseline of ``cache``: random weights, the same
@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -48,7 +47,8 @@ import numpy as np
 import pandas as pd
 
 from analyses.drift import model_label
-from analyses.probes import cross_validate_probe, groups_of, probe_many_results, probe_rows
+from analyses.grouping import table_groups
+from analyses.probes import cross_validate_probe, probe_many_results, probe_rows
 from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
                               parse_layers, stored_table)
 from analyses.selection import parse_choice, pooled
@@ -215,7 +215,7 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
     probes the slowest, and the study uses this to stay within its time budget).
 
     Splits, inner CV and bootstrap group by document when the corpus has a ``doc`` label, else by
-    example (:func:`analyses.probes.groups_of`); every row records ``grouping`` and ``n_groups``.
+    example (:func:`analyses.grouping.table_groups`); every row records ``grouping`` and ``n_groups``.
     ``length_baseline``: also a ``role = "length_only"`` probe per example-level target (features:
     words per sentence; layer empty), on the same splits. Returns the result table, or
     ``(table, items)`` with ``items=True`` (per-item out-of-fold predictions, see the module
@@ -260,7 +260,7 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
             tokens = None
             if target == "segment":
                 features, y, ids, types, tokens = _token_features(c, layers, max_tokens, seed)
-                groups, grouping = groups_of(c.examples.loc[ids])
+                groups, grouping = table_groups(c.examples.loc[ids])
                 fit_kw = dict(control_types=types if control else None, Cs=Cs)
                 multilabel = False
             else:
@@ -276,7 +276,7 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                         ex, X = pooled_cache[(layer, choice)]
                         features[(layer, choice)] = X[np.searchsorted(ex, ids)]
                 y, multilabel = example_target(c, target, ids, vocab)
-                groups, grouping = groups_of(c.examples.loc[ids])
+                groups, grouping = table_groups(c.examples.loc[ids])
                 if length_baseline and kind == "trained":
                     features[(pd.NA, "length_only")] = length_features(c, ids)
                 fit_kw = dict(control_types=ids if control and not multilabel else None,

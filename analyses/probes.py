@@ -10,7 +10,7 @@ Protocol (DESIGN.md "Linear probes"), shared by the scikit-learn reference and t
 * ``C`` chosen from a grid by an inner k-fold cross-validation on the outer training rows (grouped
   like the outer folds), then the probe is refit on all outer training rows;
 * scored by an outer k-fold cross-validation grouped by ``groups`` (documents when the corpus has
-  them, else examples: :func:`groups_of`; a group never straddles train and test; stratified by
+  them, else examples: :func:`analyses.grouping.table_groups`; a group never straddles train and test; stratified by
   label for single-label targets), pooled over the out-of-fold predictions (kept per item in
   ``ProbeResult.items``) with a 95% cluster-bootstrap interval over the groups, a majority
   baseline, the minimum detectable difference from it, and optionally a control task (Hewitt &
@@ -172,29 +172,6 @@ def make_splits(y: np.ndarray, groups: np.ndarray, n_splits: int, seed: int) -> 
 #: How items are grouped for splits, inner CV and bootstraps: by the document they come from (the corpus
 #: has a ``doc`` label), or each example on its own.
 GROUPINGS: tuple[str, ...] = ("document", "example")
-
-
-def groups_of(examples: pd.DataFrame) -> tuple[np.ndarray, str]:
-    """The one rule for what a probe (or a fine-tuning split, or a bootstrap) groups by.
-
-    ``examples``: a cache's example table (``cache.examples``, or rows of it, in the order of the
-    items), indexed by example id. Returns ``(groups, grouping)``: the ``doc`` label of every row
-    (column ``label_doc``, as a cache stores it, or ``doc``) and ``"document"`` when there is one
-    with no missing value (sentences of one article share names and vocabulary,
-    so they must stay on one side of every split); otherwise the example ids (the index) and
-    ``"example"``. Feed ``groups`` to :func:`make_splits`: the outer splits are a pure function of
-    ``(y, groups, n_splits, seed)``, so any model evaluated on ``make_splits(y, groups, n_splits,
-    seed)`` sees the same test items as the probes.
-
-    >>> groups_of(pd.DataFrame({"doc": ["a", "a", "b"]}, index=[4, 5, 6]))
-    (array(['a', 'a', 'b'], dtype=object), 'document')
-    >>> groups_of(pd.DataFrame({"topic": ["x", "y"]}, index=[4, 5]))
-    (array([4, 5]), 'example')
-    """
-    col = next((c for c in ("label_doc", "doc") if c in examples.columns), None)
-    if col is not None and len(examples) and examples[col].notna().all():
-        return examples[col].to_numpy(dtype=object), "document"
-    return examples.index.to_numpy(), "example"
 
 
 def fold_t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:

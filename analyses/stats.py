@@ -448,7 +448,7 @@ def paired_difference(a, b, groups, n_resamples: int = 2000, seed: int = 0, conf
       (:func:`bootstrap_ci` of the differences);
     - ``p_value``: cluster sign-flip permutation test (:func:`sign_flip_p_value`);
     - ``se``: :func:`cluster_se` of the differences; ``mde``: :func:`minimum_detectable_effect` at it;
-    - ``n``: items; ``n_groups``: groups.
+    - ``n``: items; ``n_groups``: groups; ``value_a``/``value_b``: the means of ``a`` and ``b``.
 
     >>> r = paired_difference([1, 1, 1, 0], [0, 0, 1, 0], [0, 1, 2, 3], n_resamples=200)
     >>> r["value"], r["n"], r["n_groups"]
@@ -465,7 +465,7 @@ def paired_difference(a, b, groups, n_resamples: int = 2000, seed: int = 0, conf
     return {"value": value, "ci_low": lo, "ci_high": hi,
             "p_value": sign_flip_p_value(d, codes, n_resamples=n_resamples, seed=seed),
             "se": se, "mde": minimum_detectable_effect(se, alpha, power) if np.isfinite(se) else float("nan"),
-            "n": int(d.size), "n_groups": n_groups}
+            "n": int(d.size), "n_groups": n_groups, "value_a": float(va.mean()), "value_b": float(vb.mean())}
 
 
 def holm(p_values) -> np.ndarray:
@@ -486,38 +486,45 @@ def holm(p_values) -> np.ndarray:
     return out
 
 
-def _decimals_for(value: float, lo: float, hi: float, digits: int, max_decimals: int) -> int:
-    finite = [x for x in (value, lo, hi) if np.isfinite(x)]
-    d = digits
-    while d < max_decimals:
-        r = [round(x, d) for x in finite]
-        distinct_ends = len(finite) < 3 or lo == hi or r[1] != r[2]
-        apart = all(r[i] != r[j] for i in range(len(r)) for j in range(i + 1, len(r))
-                    if finite[i] != finite[j])
-        if distinct_ends and apart:
+def digits_for(*values: float, minimum: int = 3, maximum: int = 10) -> int:
+    """The fewest decimals (>= ``minimum``) at which the given values that differ print differently
+    and no non-zero value prints as zero.
+
+    >>> digits_for(0.0021, 0.0024, 0.0019)
+    4
+    >>> digits_for(0.5, 0.5)
+    3
+    >>> digits_for(-0.0012, -0.0004)
+    4
+    """
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    distinct = len(set(finite))
+    for d in range(minimum, maximum + 1):
+        if len({round(v, d) for v in finite}) == distinct and all(round(v, d) != 0 for v in finite if v != 0):
             return d
-        d += 1
-    return max_decimals
+    return maximum
 
 
-def format_interval(value: float, lo: float, hi: float, digits: int = 3, signed: bool = False,
-                    max_decimals: int = 10) -> str:
-    """``"value (lo–hi)"`` (``"value (lo to hi)"`` when signed or ``lo < 0``) with at least ``digits`` decimals and more where needed, so that
-    numbers that differ never print the same (an interval never collapses to a point unless it is
-    one). ``signed``: a leading ``+`` on positive numbers (differences). NaN ends print ``"n/a"``.
+def format_interval(value: float, lo: float, hi: float, signed: bool = False, distinct_from: Sequence[float] = (),
+                    label: str = "95% CI") -> str:
+    """``"0.0021 (95% CI 0.0018 to 0.0024)"``: at least three decimals, and as many more as it takes
+    for numbers that differ (the value, the bounds, and each of ``distinct_from``, e.g. a threshold the
+    text compares them with) to print differently, so an interval never collapses to a point unless it
+    is one. ``signed``: a leading ``+`` on positive numbers (differences). A NaN value prints
+    ``undefined``; NaN bounds print ``(CI n/a)``.
 
     >>> format_interval(0.00213, 0.00181, 0.00242)
-    '0.0021 (0.0018–0.0024)'
+    '0.0021 (95% CI 0.0018 to 0.0024)'
     >>> format_interval(0.007, 0.006, 0.008, signed=True)
-    '+0.007 (+0.006 to +0.008)'
+    '+0.007 (95% CI +0.006 to +0.008)'
     >>> format_interval(0.5, float("nan"), float("nan"))
-    '0.500 (n/a)'
+    '0.500 (CI n/a)'
     """
-    value, lo, hi = float(value), float(lo), float(hi)
-    d = _decimals_for(value, lo, hi, digits, max_decimals)
-    fmt = f"{{:{'+' if signed else ''}.{d}f}}"
-    show = lambda x: fmt.format(x) if np.isfinite(x) else "n/a"  # noqa: E731
-    if not (np.isfinite(lo) and np.isfinite(hi)):
-        return f"{show(value)} (n/a)"
-    sep = " to " if signed or lo < 0 else "–"  # "-0.008–-0.006" would read badly
-    return f"{show(value)} ({show(lo)}{sep}{show(hi)})"
+    if value is None or not math.isfinite(value):
+        return "undefined"
+    sign = "+" if signed else ""
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return f"{value:{sign}.{digits_for(value, *distinct_from)}f} (CI n/a)"
+    d = digits_for(value, lo, hi, *distinct_from)
+    prefix = f"{label} " if label else ""
+    return f"{value:{sign}.{d}f} ({prefix}{lo:{sign}.{d}f} to {hi:{sign}.{d}f})"

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from figures import style
+from probing.cli import ArgumentParser
 
 _LABELS = {"treated": "knockout", "control": "control (random words, same size)"}
 

@@ -45,11 +45,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Literal, Sequence
+from typing import Iterable, Literal
 
 import numpy as np
 import pandas as pd
 from scipy import stats
+
+from analyses.stats import format_interval, holm, minimum_detectable_effect  # noqa: F401 (format_interval: re-exported)
 
 #: Smallest difference that matters in practice, on 0-1 scales (accuracy, F1, 1 − cos, attention share).
 PRACTICAL_THRESHOLD = 0.03
@@ -75,48 +77,6 @@ REQUIRED = ("value", "ci_low", "ci_high")
 # Numbers on the page
 
 
-def digits_for(*values: float, minimum: int = 3, maximum: int = 6) -> int:
-    """The fewest decimals (>= ``minimum``) at which the given distinct values print distinctly.
-
-    >>> digits_for(0.0021, 0.0024, 0.0019)
-    4
-    >>> digits_for(0.5, 0.5)
-    3
-    >>> digits_for(-0.0012, -0.0004)
-    4
-    """
-    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
-    distinct = len(set(finite))
-    for d in range(minimum, maximum + 1):
-        # distinct values print distinctly, and no non-zero value prints as zero
-        if len({round(v, d) for v in finite}) == distinct and all(round(v, d) != 0 for v in finite if v != 0):
-            return d
-    return maximum
-
-
-def format_interval(value: float, lo: float, hi: float, signed: bool = False, distinct_from: Sequence[float] = ()
-                    ) -> str:
-    """``0.0021 (95% CI 0.0019 to 0.0024)``: enough decimals that the bounds and the value differ
-    (and differ from each number of ``distinct_from``, e.g. a threshold the text compares them with).
-
-    ``signed`` prints a leading ``+`` on positive numbers (differences). NaN bounds print the value
-    alone; a NaN value prints ``undefined``.
-
-    >>> format_interval(0.00213, 0.00191, 0.00236)
-    '0.0021 (95% CI 0.0019 to 0.0024)'
-    >>> format_interval(0.007, 0.006, 0.008, signed=True)
-    '+0.007 (95% CI +0.006 to +0.008)'
-    """
-    if value is None or not math.isfinite(value):
-        return "undefined"
-    sign = "+" if signed else ""
-    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
-        d = digits_for(value, *distinct_from) if distinct_from else 3
-        return f"{value:{sign}.{d}f}"
-    d = digits_for(value, lo, hi, *distinct_from)
-    return f"{value:{sign}.{d}f} (95% CI {lo:{sign}.{d}f} to {hi:{sign}.{d}f})"
-
-
 def ranges(values: Iterable[int]) -> str:
     """Integers as runs: ``[2, 3, 4, 6]`` -> ``'2–4, 6'``.
 
@@ -139,32 +99,26 @@ def ranges(values: Iterable[int]) -> str:
 
 def mde_from_ci(ci_low: float, ci_high: float, alpha: float = ALPHA, power: float = POWER) -> float:
     """Minimum detectable effect of a difference whose (1 − alpha) CI is ``[ci_low, ci_high]``:
-    ``(z_{1−α/2} + z_{power}) × SE``, ``SE`` = half-width / z_{1−α/2} (normal approximation).
+    :func:`analyses.stats.minimum_detectable_effect` at ``SE`` = half-width / z_{1−α/2} (normal
+    approximation).
 
     >>> round(mde_from_ci(-0.01, 0.01), 4)
     0.0143
     """
-    z = stats.norm.ppf(1 - alpha / 2)
-    se = (ci_high - ci_low) / 2 / z
-    return float((z + stats.norm.ppf(power)) * se)
+    se = (ci_high - ci_low) / 2 / stats.norm.ppf(1 - alpha / 2)
+    return minimum_detectable_effect(se, alpha, power)
 
 
 def add_holm(rows: pd.DataFrame) -> pd.DataFrame:
     """``rows`` with ``p_holm`` filled where missing: Holm's step-down correction of ``p_value`` over
-    all rows (one comparison's family; statsmodels ``multipletests(method="holm")``)."""
-    from statsmodels.stats.multitest import multipletests
-
+    all rows (one comparison's family; :func:`analyses.stats.holm`)."""
     rows = rows.copy()
     if "p_value" not in rows.columns:
         return rows
-    p = pd.to_numeric(rows["p_value"], errors="coerce")
-    ok = p.notna().to_numpy()
     if "p_holm" in rows.columns and rows["p_holm"].notna().all():
         return rows
-    holm = np.full(len(rows), np.nan)
-    if ok.any():
-        holm[ok] = multipletests(p[ok].to_numpy(), alpha=ALPHA, method="holm")[1]
-    rows["p_holm"] = rows["p_holm"].where(rows["p_holm"].notna(), holm) if "p_holm" in rows.columns else holm
+    adjusted = holm(pd.to_numeric(rows["p_value"], errors="coerce").to_numpy(dtype=float))
+    rows["p_holm"] = rows["p_holm"].where(rows["p_holm"].notna(), adjusted) if "p_holm" in rows.columns else adjusted
     return rows
 
 

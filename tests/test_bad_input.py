@@ -141,6 +141,13 @@ CASES = [
     ("study-unknown-question", "probing.study", "seed_questions --questions Q1,Q9 --out {out}", "['Q9']"),
     ("study-remote-code-in-config", "probing.study", "{root}/remote.toml --out {out}", "--trust-remote-code"),
     ("study-out-through-a-file", "probing.study", "seed_questions --out {root}/a-file/run", "a-file"),
+    # the paired-comparison and intervention commands
+    ("paired-missing-cache", "analyses.paired", "{cache} {root}/nope {cache} --out {out}", "nope"),
+    ("paired-not-a-cache", "analyses.paired", "{cache} {not_a_cache} {cache} --out {out}", "not-a-cache"),
+    ("interventions-missing-cache", "analyses.interventions", "knockout {cache} {root}/nope --out {out}", "nope"),
+    ("interventions-bad-kind", "analyses.interventions", "nosuchkind {cache} {cache}", "'nosuchkind'"),
+    ("extract-bad-knockout", EX, GEN + " --model {model} --knockout from=cls,to=bogus,layers=1 --out {out}", "bogus"),
+    ("figures-interventions-missing-table", "figures.interventions", "{root}/nope.csv --out {out}/fig", "nope.csv"),
     # the console script
     ("console-unknown-command", "probing.cli", "nosuchcommand", "'nosuchcommand'"),
     ("console-extract-bad-roles", "probing.cli", "extract " + GEN + " --model {model} --roles bogus", "['bogus']"),

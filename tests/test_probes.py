@@ -370,7 +370,7 @@ def _leaky(seed: int, n_docs: int = 40, per_doc: int = 8, dim: int = 64):
 
 
 def test_document_grouping_lowers_a_planted_leaky_score():
-    from analyses.probes import groups_of
+    from analyses.grouping import table_groups
 
     X, y, doc = _leaky(0)
     by_example = cross_validate_probe(X, y, groups=None, n_splits=5, Cs=(1.0,))
@@ -378,7 +378,7 @@ def test_document_grouping_lowers_a_planted_leaky_score():
     assert by_example.mean > 0.9  # the leak: documents on both sides of the split
     assert abs(by_document.mean - 0.5) < 0.15 and by_document.ci[0] < 0.5 < by_document.ci[1]
     assert by_document.n_groups == 40 and by_example.n_groups == 320
-    groups, grouping = groups_of(pd.DataFrame({"label_doc": doc}))
+    groups, grouping = table_groups(pd.DataFrame({"label_doc": doc}))
     assert grouping == "document" and (groups == doc).all()
 
 

@@ -110,15 +110,18 @@ def test_format_interval_never_collapses(seed):
         lo, hi = v - abs(rng.normal()) * scale * 0.1, v + abs(rng.normal()) * scale * 0.1
         text = format_interval(v, lo, hi)
         shown_v, rest = text.split(" (")
-        shown_lo, shown_hi = rest.rstrip(")").split(" to " if lo < 0 else "–")
+        shown_lo, shown_hi = rest.rstrip(")").removeprefix("95% CI ").split(" to ")
         assert shown_lo != shown_hi and shown_lo != shown_v != shown_hi, text
         assert float(shown_lo) <= float(shown_v) <= float(shown_hi)
 
 
 def test_format_interval_examples():
-    assert format_interval(0.002, 0.002, 0.002) == "0.002 (0.002–0.002)"  # a point is a point
-    assert format_interval(0.0021, 0.0018, 0.0024) == "0.0021 (0.0018–0.0024)"
-    assert format_interval(0.5, 0.45, 0.55) == "0.500 (0.450–0.550)"
-    assert format_interval(-0.0071, -0.008, -0.006) == "-0.007 (-0.008 to -0.006)"
-    assert format_interval(0.00712, 0.0069, 0.0073, signed=True) == "+0.0071 (+0.0069 to +0.0073)"
-    assert format_interval(0.7, float("nan"), float("nan")) == "0.700 (n/a)"
+    assert format_interval(0.002, 0.002, 0.002) == "0.002 (95% CI 0.002 to 0.002)"  # a point is a point
+    assert format_interval(0.0021, 0.0018, 0.0024) == "0.0021 (95% CI 0.0018 to 0.0024)"
+    assert format_interval(0.5, 0.45, 0.55, label="") == "0.500 (0.450 to 0.550)"
+    assert format_interval(-0.0071, -0.008, -0.006) == "-0.007 (95% CI -0.008 to -0.006)"
+    assert format_interval(0.00712, 0.0069, 0.0073, signed=True) == "+0.0071 (95% CI +0.0069 to +0.0073)"
+    assert format_interval(0.7, float("nan"), float("nan")) == "0.700 (CI n/a)"
+    assert format_interval(0.0004, 0.0001, 0.0009) == "0.0004 (95% CI 0.0001 to 0.0009)"  # never prints 0.000
+    assert format_interval(0.031, 0.028, 0.034, distinct_from=[0.03]) == "0.031 (95% CI 0.028 to 0.034)"
+    assert format_interval(0.0301, 0.02, 0.04, distinct_from=[0.03]) == "0.0301 (95% CI 0.0200 to 0.0400)"

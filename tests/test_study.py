@@ -451,20 +451,20 @@ def test_limits_and_protocol_text_come_from_the_config():
     from probing.reproductions import PAPERS
     from probing.study import run_limits
 
-    cfg = load_config(CONFIG_DIR / "seed_questions.toml", quick=True)
+    cfg = load_config("seed_questions", quick=True)
     corpora = {"groups": [None] * 60}
     text = run_limits(cfg, corpora, QUESTION_SECTIONS["Q3"], "all-MiniLM-L6-v2")
     assert "60 examples of generated template sentences (generated:n=60,k=4,pairing=consecutive)" in text
     assert "Quick mode" in text
     assert "news" not in QUESTION_SECTIONS["Q3"].note_text(cfg) and "article" not in QUESTION_SECTIONS["Q3"].note_text(cfg)
-    full = load_config(CONFIG_DIR / "seed_questions.toml")
+    full = load_config("seed_questions")
     assert "BBC News" in QUESTION_SECTIONS["Q3"].note_text(full)
     assert "Quick mode" not in run_limits(full, corpora, QUESTION_SECTIONS["Q3"], "x")
     assert "mean pooling" in run_limits(full, {"pairs": [1]}, QUESTION_SECTIONS["Q8"], "all-MiniLM-L6-v2")
-    eth = load_config(CONFIG_DIR / "ethayarajh2019_anisotropy.toml", quick=True)
+    eth = load_config("ethayarajh2019_anisotropy", quick=True)
     notes = PAPERS["ethayarajh2019"].note_text(eth)
     assert "generated template sentences" in notes and "news" not in notes and "centred" in notes
-    clark = load_config(CONFIG_DIR / "clark2019_attention.toml")
+    clark = load_config("clark2019_attention")
     assert "BBC News sentences" in PAPERS["clark2019"].note_text(clark)
 
 
@@ -486,7 +486,7 @@ def test_quick_notice_names_only_what_this_run_shrank():
 
     from probing.report import quick_notice
 
-    cfg = load_config(CONFIG_DIR / "seed_questions.toml", quick=True)
+    cfg = load_config("seed_questions", quick=True)
     plain = quick_notice(cfg, {"pairs": [0] * 120}, {})
     assert plain.startswith("QUICK MODE") and "pairs 120" in plain and "200 bootstrap resamples" in plain
     assert "probe folds" not in plain and "fine-tuning" not in plain
