@@ -268,9 +268,11 @@ FAMILIES = {
     "Q2": "all layers, per sentence (Holm over layers)",
     "Q4": "sep1 − cls over every layer 1–L × target (is_next, bow_s1, bow_s2) (Holm over all of them)",
     "Q5": "[CLS] − mean over every layer × sentence position (Holm over all of them)",
-    "Q6": "first − last and first − middle over every layer 1–L × target (topic, is_next) (Holm over all of them)",
+    "Q6": ("first − last and first − middle over every layer 1–L × target (topic, is_next) "
+           "(Holm over all of them)"),
     "Q7": "per comparison over layers 1–L (Holm over layers)",
-    "Q8": "frozen cls − mean over layers 1–L (Holm over layers); fine-tuning rows: Holm over every accuracy_diff row",
+    "Q8": ("frozen cls − mean over layers 1–L (Holm over layers); fine-tuning rows: Holm over every "
+           "accuracy_diff row"),
 }
 
 
@@ -303,7 +305,8 @@ def _rejoin_holm(frames: list[pd.DataFrame], family: str) -> pd.DataFrame:
 def _paired_q1(ctx: Context) -> pd.DataFrame:
     from analyses.paired import run_role_contrast
 
-    return run_role_contrast(_pairs(ctx, "pair"), _pairs(ctx, "concat"), "cls", **_rs(ctx)).assign(family=FAMILIES["Q1"])
+    d = run_role_contrast(_pairs(ctx, "pair"), _pairs(ctx, "concat"), "cls", **_rs(ctx))
+    return d.assign(family=FAMILIES["Q1"])
 
 
 def _paired_q2(ctx: Context) -> pd.DataFrame:
@@ -891,7 +894,7 @@ def answer_q2(T: dict) -> str:
             r = _at_last(r).iloc[0]
             parts.append(f"{role.split()[0]}'s words {paired_text(r)}")
     if parts:
-        s += (f" Paired on the same words, drift into `concat` − into `pair` at the last layer: " + "; ".join(parts)
+        s += (" Paired on the same words, drift into `concat` − into `pair` at the last layer: " + "; ".join(parts)
               + ".")
     return s
 
@@ -951,7 +954,8 @@ def answer_q5(T: dict) -> str:
     if d is not None and not d.empty:
         last = _at_last(d)
         parts = [f"{r['target']} {paired_text(r)}" for _, r in last.iterrows()]
-        s += f" Paired on the same items, [CLS] − mean at layer {int(last['layer'].iloc[0])}: " + "; ".join(parts) + "."
+        s += (f" Paired on the same items, [CLS] − mean at layer {int(last['layer'].iloc[0])}: " + "; ".join(parts)
+              + ".")
     p = T.get("probes_q5")
     fw = one(p, role="cls", target="fw_s1", metric="micro_f1", layer=last_layer(p)) if p is not None else None
     if fw is not None:
@@ -986,14 +990,15 @@ def answer_q7(T: dict) -> str:
             acc = pick(q, role="cls", target="swapped", metric="accuracy")
             n = f"n = {int(acc['n'].max())} pairs" if "n" in acc.columns and acc["n"].notna().any() else "this size"
             s += (f" Word order: at {n}, the smallest accuracy above the majority baseline this sample could detect "
-                  f"is {worst:.3f}" + (f" (it cannot detect {PRACTICAL_THRESHOLD:g})." if worst > PRACTICAL_THRESHOLD else "."))
+                  f"is {worst:.3f}"
+                  + (f" (it cannot detect {PRACTICAL_THRESHOLD:g})." if worst > PRACTICAL_THRESHOLD else "."))
     d = T.get("paired_q7")
     if d is not None and not d.empty:
         tr = pick(d, condition_a="model_kind=trained")
         if not tr.empty:
             last = _at_last(tr)
             parts = [f"{r['role']} {paired_text(r)}" for _, r in last.iterrows()]
-            s += f" Trained − random-init (word order, paired items, last layer): " + "; ".join(parts) + "."
+            s += " Trained − random-init (word order, paired items, last layer): " + "; ".join(parts) + "."
         lb = pick(d, condition_b="role=length_only")
         if not lb.empty:
             last = _at_last(lb)
