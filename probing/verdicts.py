@@ -35,10 +35,13 @@ all rows are significant in the direction of the strongest one the verdict is "O
 quoting the strongest row (and naming the layers significant in the opposite direction, if any);
 when all are, the strongest row decides between "Yes" and "Yes, but small"; when none are, it is
 "No measurable difference" if every row's mde is at most the threshold, else "Inconclusive".
-Comparison rows derived from marginal intervals say "unpaired (provisional)" in the sentence.
+A one-sided question (``Claim.direction = +1``: "is it above?") whose significant rows all go the
+other way is answered "No" ("No, in any layer: …" when every layer does). A row whose CI excludes 0
+but whose Holm-adjusted p does not pass says so in its sentence. Comparison rows derived from
+marginal intervals say "unpaired (provisional)" in the sentence.
 
-Intervals are printed by :func:`format_interval` with as many decimals as it takes for the bounds
-and the value to differ (at least 3, at most 6), so an interval never collapses to a point.
+Intervals are printed by :func:`analyses.stats.format_interval` with as many decimals as it takes for
+the bounds and the value to differ (at least 3), so an interval never collapses to a point.
 """
 
 from __future__ import annotations
@@ -264,6 +267,9 @@ def sentence(row, claim: Claim, decision: Decision | None = None, where: str = "
         finding = claim.more if _num(row, "value") > 0 else claim.less
         small = f"; below the practical threshold of {claim.threshold:g}" if decision == "yes_small" else ""
         return f"{label}: {finding} ({ev}{small})."
+    lo, hi = _num(row, "ci_low"), _num(row, "ci_high")
+    if lo > 0 or hi < 0:  # the CI is per comparison; the decision also asks the Holm-adjusted p
+        ev += "; the CI excludes 0, but not after Holm's correction across the family"
     if decision == "no_difference":
         return f"{label}: {claim.none} ({ev}; this sample could detect >= {mde:.3f})."
     return (f"{label}: this sample could only detect >= {mde:.3f}, above the practical threshold of "
@@ -297,7 +303,12 @@ def summarise(rows: pd.DataFrame | None, claim: Claim) -> Verdict:
         label = None
         same = [i for i in sig if np.sign(rows.loc[i, "value"]) == np.sign(row["value"])]
         opposite = [i for i in sig if i not in same]
-        if multi and len(same) < len(measured):
+        if claim.direction and not lead:  # a one-sided question, answered the other way: no
+            label = "No"
+            if multi:
+                label += (f", in any {col}" if len(same) == len(measured) else
+                          f" (the opposite at {plural if len(same) > 1 else col} {ranges(rows.loc[same, col])})")
+        elif multi and len(same) < len(measured):
             label = f"Only in {plural if len(same) > 1 else col} {ranges(rows.loc[same, col])}"
             if opposite:
                 label += f" (the opposite at {plural if len(opposite) > 1 else col} {ranges(rows.loc[opposite, col])})"

@@ -133,3 +133,27 @@ def test_false_positive_rate_and_power_over_seeds():
     assert 0.02 <= np.mean(null) <= 0.09
     planted = [decide(_planted(0.03, 400, s)) in ("yes", "yes_small") for s in range(100)]
     assert np.mean(planted) >= 0.95
+
+
+def test_one_sided_question_answered_the_other_way_is_no():
+    """Clark's "does more than half of the attention go to [SEP]?" measured far below one half is a
+    "No", not a "Yes: less than …"."""
+    up = Claim(more="more than half goes to [SEP]", less="less than half goes to [SEP]",
+               none="about half goes to [SEP]", quantity="mass − 0.5", direction=1)
+    below = pd.DataFrame([{"layer": l, **_row(-0.45, 0.01, p_holm=0.001)} for l in range(1, 4)])
+    v = summarise(below, up)
+    assert v.sentence.startswith("No, in any layer: less than half goes to [SEP]")
+    mixed = pd.DataFrame([{"layer": 1, **_row(-0.45, 0.01, p_holm=0.001)}, {"layer": 2, **_row(0.0, 0.01)}])
+    assert summarise(mixed, up).sentence.startswith("No (the opposite at layer 1): less than half")
+    above = pd.DataFrame([{"layer": l, **_row(0.2, 0.01, p_holm=0.001)} for l in range(1, 4)])
+    assert summarise(above, up).sentence.startswith("Yes, in every layer: more than half goes to [SEP]")
+    two_sided = Claim(**{**up.__dict__, "direction": 0})
+    assert summarise(below, two_sided).sentence.startswith("Yes, in every layer: less than half")
+
+
+def test_ci_excluding_zero_without_holm_is_said():
+    row = pd.DataFrame([{"layer": 2, **_row(0.05, 0.04, p_holm=1.0, mde=0.06)}])
+    s = summarise(row, CLAIM).sentence
+    assert s.startswith("Inconclusive") and "the CI excludes 0, but not after Holm's correction" in s
+    row = pd.DataFrame([{"layer": 2, **_row(0.01, 0.02, p_holm=1.0, mde=0.06)}])
+    assert "excludes 0" not in summarise(row, CLAIM).sentence
