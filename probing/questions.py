@@ -1186,7 +1186,7 @@ def _q8_notes(cfg: dict) -> str:
 
 NOTES = {
     "Q1": "Drift is 1 − cos between the same token key (same example, sentence, word, subword) in two formats, "
-          "averaged per role group, with a cluster bootstrap over examples. Raw cosines are high for any two "
+          "averaged per role group, with a cluster bootstrap over documents (examples when the corpus has none). Raw cosines are high for any two "
           "tokens in these models, so each drift is shown beside the random-pair baseline of its layer and "
           "normalised by it (0 = unchanged, 1 = as far as two random tokens). `pair` → `concat_segments` "
           "removes only the [SEP] token; `concat_segments` → `concat` removes only the segment embedding. It "

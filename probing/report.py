@@ -159,13 +159,19 @@ def render_html(title: str, intro: str, sections: list[Section], provenance: dic
 #: How each analysis computes its CIs when its table has no ``grouping`` column (the analyses' own
 #: docstrings are the source); ``{unit}`` is filled from the ``grouping`` column where there is one.
 CI_METHODS = {
-    "drift": "cluster bootstrap over {unit}s",
-    "attention": "cluster bootstrap over {unit}s",
-    "cka": "bootstrap over {unit}s",
-    "contextuality": "bootstrap over word types (self-similarity, MEV) or {unit}s (intra-sentence similarity)",
-    "knn": "bootstrap over {unit}s",
-    "probe": "t-interval over cross-validation folds (folds grouped by {unit})",
-    "finetune_pooling": "mean ± sd over seeds on one split (no CI)",
+    "drift": "cluster bootstrap over {unit}",
+    "attention": "cluster bootstrap over {unit}",
+    "cka": "bootstrap over {unit}",
+    "contextuality": "bootstrap over word types (self-similarity, MEV) or {unit} (intra-sentence similarity)",
+    "knn": "bootstrap over {unit}",
+    "probe": "cluster bootstrap of the out-of-fold predictions over {unit} (macro AUC: t-interval over folds)",
+    "probe_comparison": "cluster bootstrap of paired out-of-fold differences over {unit}, sign-flip p-values",
+    "paired_drift": "cluster bootstrap of paired per-item differences over {unit}, sign-flip p-values",
+    "role_contrast": "cluster bootstrap of paired per-example differences over {unit}, sign-flip p-values",
+    "finetune_pooling": "cluster bootstrap of the out-of-fold test predictions over {unit}",
+    "intervention_drift": "cluster bootstrap over documents (examples when the corpus has none)",
+    "intervention_probes": "cluster bootstrap over documents (examples when the corpus has none)",
+    "intervention_patching": "cluster bootstrap over documents (examples when the corpus has none)",
 }
 #: The unit an analysis groups by when its table does not say.
 DEFAULT_UNIT = "example"
@@ -178,7 +184,7 @@ def describe_intervals(tables: dict[str, pd.DataFrame]) -> str:
 
     >>> t = pd.DataFrame({"analysis": ["probe"], "grouping": ["document"], "ci_low": [0.4], "ci_high": [0.6]})
     >>> describe_intervals({"p": t})
-    'CIs are 95%: probe: t-interval over cross-validation folds (folds grouped by document).'
+    'CIs are 95%: probe: cluster bootstrap of the out-of-fold predictions over documents (macro AUC: t-interval over folds).'
     """
     methods: dict[str, set[str]] = {}
     with_ci: set[str] = set()
@@ -193,10 +199,10 @@ def describe_intervals(tables: dict[str, pd.DataFrame]) -> str:
                 with_ci.add(str(analysis))
     parts = []
     for analysis, units in methods.items():
-        how = CI_METHODS.get(analysis, "bootstrap over {unit}s")
+        how = CI_METHODS.get(analysis, "bootstrap over {unit}")
         if analysis not in with_ci and analysis in CI_METHODS and "no CI" not in how:
             how = "point values (no CI)"
-        parts.append(f"{analysis}: " + how.format(unit=" or ".join(sorted(units))))
+        parts.append(f"{analysis}: " + how.format(unit=" or ".join(f"{u}s" for u in sorted(units))))
     return "CIs are 95%: " + "; ".join(parts) + "." if parts else ""
 
 

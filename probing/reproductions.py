@@ -261,7 +261,7 @@ def _rg_figures(T, fig, log):
         out += safe_plot(plot_probes, k, fig / "reimers2019_knn", target=t,
                           metric="knn_accuracy", roles=list(REIMERS_CHOICES),
                           heading=f"Nearest neighbour (cosine) agrees on {t!r}",
-                          band_note="Bands: 95% bootstrap CIs over examples. Neighbours from the same document are "
+                          band_note="Bands: 95% bootstrap CIs over documents (examples without them). Neighbours from the same document are "
                                     "excluded.", chance_label="chance (a random neighbour)", log=log)
     return out
 
@@ -415,7 +415,7 @@ def _clark_notes(cfg) -> str:
     return ("Protocol: consecutive sentences of one document laid out by the config's clark_format "
             f"(`{cfg['papers']['clark_format']}`), attention weights of every head summed over the target tokens, "
             "averaged over all query tokens (special tokens included, as in the authors' notebook), then over "
-            "heads and examples; 95% bootstrap CIs over examples. The passages here are "
+            "heads and examples; 95% bootstrap CIs over documents (examples without them). The passages here are "
             f"{corpus_text(spec)} sentences ({spec}), not the paper's Wikipedia paragraphs of about 128 tokens. "
             "The figure also shows attention from [CLS] and from the first [SEP]. Attention weights are not "
             "explanations: Clark et al. argue that attention to [SEP] is largely a no-op.")

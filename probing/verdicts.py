@@ -236,6 +236,12 @@ def format_p(p: float) -> str:
     return "p < 0.001" if p < 0.001 else f"p = {p:.2g}"
 
 
+def _small(x: float) -> str:
+    """A detectable effect on the page: three decimals, or two significant digits below 0.01 (so a
+    drift difference's 0.0003 does not print as 0.000)."""
+    return f"{x:.3f}" if abs(x) >= 0.01 else f"{x:.2g}"
+
+
 def _evidence(row, claim: Claim, where: str = "") -> str:
     t = claim.threshold
     iv = format_interval(_num(row, "value"), _num(row, "ci_low"), _num(row, "ci_high"), signed=True,
@@ -271,8 +277,8 @@ def sentence(row, claim: Claim, decision: Decision | None = None, where: str = "
     if lo > 0 or hi < 0:  # the CI is per comparison; the decision also asks the Holm-adjusted p
         ev += "; the CI excludes 0, but not after Holm's correction across the family"
     if decision == "no_difference":
-        return f"{label}: {claim.none} ({ev}; this sample could detect >= {mde:.3f})."
-    return (f"{label}: this sample could only detect >= {mde:.3f}, above the practical threshold of "
+        return f"{label}: {claim.none} ({ev}; this sample could detect >= {_small(mde)})."
+    return (f"{label}: this sample could only detect >= {_small(mde)}, above the practical threshold of "
             f"{claim.threshold:g} ({ev}).")
 
 
@@ -335,7 +341,7 @@ def verdict_table(rows: pd.DataFrame, claim: Claim) -> pd.DataFrame:
                                   for _, r in rows.iterrows()]
     out["p (Holm)"] = [("< 0.001" if p < 0.001 else f"{p:.2g}") if math.isfinite(p) else "–"
                        for p in (_num(r, "p_holm") for _, r in rows.iterrows())]
-    out["mde"] = [f"{row_mde(r):.3f}" for _, r in rows.iterrows()]
+    out["mde"] = [_small(m) if math.isfinite(m) else "–" for m in (row_mde(r) for _, r in rows.iterrows())]
     for c in ("n_groups", "grouping"):
         if c in rows.columns:
             out[c] = rows[c].to_numpy()
