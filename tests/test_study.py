@@ -475,8 +475,10 @@ def test_intervals_description_follows_the_grouping_column():
     from probing.report import describe_intervals, fmt
 
     probe = pd.DataFrame({"analysis": ["probe"], "value": [0.5], "ci_low": [0.4], "ci_high": [0.6]})
-    assert "folds grouped by example" in describe_intervals({"p": probe})
-    assert "folds grouped by document" in describe_intervals({"p": probe.assign(grouping="document")})
+    assert "out-of-fold predictions over examples" in describe_intervals({"p": probe})
+    assert "out-of-fold predictions over documents" in describe_intervals({"p": probe.assign(grouping="document")})
+    both = describe_intervals({"p": probe.assign(grouping="document"), "q": probe.assign(grouping="example")})
+    assert "over documents or examples" in both
     cka = pd.DataFrame({"analysis": ["cka"], "value": [0.9], "ci_low": [float("nan")], "ci_high": [float("nan")]})
     assert "cka: point values (no CI)" in describe_intervals({"c": cka})
     assert fmt((0.0021, 0.0019, 0.0024)) == "0.0021 (95% CI 0.0019 to 0.0024)"
