@@ -149,8 +149,8 @@ CASES = [
     ("extract-bad-knockout", EX, GEN + " --model {model} --knockout from=cls,to=bogus,layers=1 --out {out}", "bogus"),
     ("figures-interventions-missing-table", "figures.interventions", "{root}/nope.csv --out {out}/fig", "nope.csv"),
     # the console script
-    ("console-unknown-command", "probing.cli", "nosuchcommand", "'nosuchcommand'"),
-    ("console-extract-bad-roles", "probing.cli", "extract " + GEN + " --model {model} --roles bogus", "['bogus']"),
+    ("console-unknown-command", "probing.study.console", "nosuchcommand", "'nosuchcommand'"),
+    ("console-extract-bad-roles", "probing.study.console", "extract " + GEN + " --model {model} --roles bogus", "['bogus']"),
 ]
 
 

@@ -167,8 +167,8 @@ def test_configs_are_package_data():
 
     setup = configparser.ConfigParser()
     setup.read(REPO / "setup.cfg")
-    globs = [g.strip() for g in setup["options.package_data"]["probing"].split(",")]
-    shipped = {p for g in globs for p in (REPO / "probing").glob(g)}
+    globs = [g.strip() for g in setup["options.package_data"]["probing.study"].split(",")]
+    shipped = {p for g in globs for p in (REPO / "probing" / "study").glob(g)}
     assert shipped == set(CONFIG_DIR.glob("*.toml")) and len(shipped) == 5
 
 
@@ -185,7 +185,7 @@ def test_remote_code_only_with_the_command_line_flag(tmp_path):
 
 
 def test_study_command_line_passes_the_flag(tmp_path, monkeypatch):
-    import probing.study as study
+    import probing.study.runner as study
 
     seen = {}
     monkeypatch.setattr(study, "run_study", lambda config, **kw: seen.update(kw, config=config))
@@ -209,7 +209,7 @@ PAPER_CONFIGS = {"clark2019": "clark2019_attention.toml", "ethayarajh2019": "eth
 
 
 def test_paper_configs_cite_their_paper():
-    from probing.reproductions import PAPERS
+    from probing.study.reproductions import PAPERS
 
     assert set(PAPER_CONFIGS) == set(PAPERS)
     for key, name in PAPER_CONFIGS.items():
@@ -225,7 +225,7 @@ def test_paper_configs_cite_their_paper():
 def test_paper_config_runs_quick_on_a_tiny_model(key, tmp_path, tiny_model_dir):
     """Each shipped reproduction config, in its --quick form with the tiny model: a report section with
     measured numbers, a table, and valid figures; a second run reuses everything."""
-    from probing.reproductions import PAPERS
+    from probing.study.reproductions import PAPERS
 
     over = {"model.name": str(tiny_model_dir), "study.out": str(tmp_path / "run"),
             "study.caches": str(tmp_path / "caches"), "probes.max_iter": 100}
@@ -268,7 +268,7 @@ def _drift_rows(concat_minus_pair: float, half: float = 0.002) -> "pd.DataFrame"
 
 
 def test_question_verdict_is_computed_from_its_table():
-    from probing.questions import QUESTION_SECTIONS
+    from probing.study.questions import QUESTION_SECTIONS
 
     cfg = load_config(None)
     q2 = QUESTION_SECTIONS["Q2"]
@@ -308,7 +308,7 @@ def _probe_rows(diff: float, layers=(1.0, 2.0), **extra) -> "pd.DataFrame":
     ("Q8", "paired_q8", {"target": "topic"}, "mean pooling"),
 ])
 def test_probe_question_verdicts_follow_their_paired_rows(key, table, extra, words):
-    from probing.questions import QUESTION_SECTIONS
+    from probing.study.questions import QUESTION_SECTIONS
 
     cfg = load_config(None)
     spec = QUESTION_SECTIONS[key]
@@ -327,7 +327,7 @@ def test_probe_question_verdicts_follow_their_paired_rows(key, table, extra, wor
 
 
 def test_power_sentence_is_generated_from_groups_needed():
-    from probing.questions import power_text
+    from probing.study.questions import power_text
 
     rows = _probe_rows(0.0)
     assert "can detect a difference of 0.03 (needs at most 30)" in power_text(rows, "it")
@@ -358,7 +358,7 @@ def _finetune_table(n_frozen: int = 50):
 
 
 def test_q8_reads_the_same_split_fine_tuning_layout():
-    from probing.questions import QUESTION_SECTIONS, q8_same_items
+    from probing.study.questions import QUESTION_SECTIONS, q8_same_items
     from probing.study import skip_counts
 
     t = q8_same_items(_finetune_table())
@@ -375,7 +375,7 @@ def test_q8_reads_the_same_split_fine_tuning_layout():
 def test_knockout_sentence_compares_with_the_control():
     import pandas as pd
 
-    from probing.questions import knockout_text
+    from probing.study.questions import knockout_text
 
     drift = pd.DataFrame([{"analysis": "intervention_drift", "layer": L, "role": "cls", "metric": "drift_difference",
                            "value": v, "ci_low": v - 0.01, "ci_high": v + 0.01} for L, v in ((1, 0.0), (2, 0.08))])
@@ -394,9 +394,9 @@ def test_knockout_sentence_compares_with_the_control():
 
 
 def test_every_section_is_declared_once_with_its_parts():
-    from probing.questions import QUESTION_SECTIONS
-    from probing.reproductions import PAPERS, Reproduction
-    from probing.sections import StudySection
+    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.reproductions import PAPERS, Reproduction
+    from probing.study.sections import StudySection
     from probing.study import section_specs, sections
 
     assert Reproduction is StudySection
@@ -409,7 +409,7 @@ def test_every_section_is_declared_once_with_its_parts():
 
 
 def test_study_jobs_union_of_sections():
-    from probing.sections import Job
+    from probing.study.sections import Job
     from probing.study import study_jobs
 
     cfg = load_config(None, overrides={"study.questions": ["Q1", "Q3"], "model.random_init_baseline": False})
@@ -426,7 +426,7 @@ def test_study_jobs_union_of_sections():
 
 
 def test_interventions_are_built_for_the_model_depth():
-    from probing.questions import make_intervention, patch_layers
+    from probing.study.questions import make_intervention, patch_layers
 
     assert patch_layers(6) == {"cls_patch_first": 1, "cls_patch_mid": 3, "cls_patch_late": 5}
     ko = make_intervention("sep_ko", 6)
@@ -437,7 +437,7 @@ def test_interventions_are_built_for_the_model_depth():
 
 
 def test_model_facts_and_caveats():
-    from probing.model_facts import cls_caveat, model_facts, model_sentence
+    from probing.study.model_facts import cls_caveat, model_facts, model_sentence
 
     assert model_facts("sentence-transformers/all-MiniLM-L6-v2").nsp is False
     s = model_sentence("all-MiniLM-L6-v2")
@@ -448,8 +448,8 @@ def test_model_facts_and_caveats():
 
 
 def test_limits_and_protocol_text_come_from_the_config():
-    from probing.questions import QUESTION_SECTIONS
-    from probing.reproductions import PAPERS
+    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.reproductions import PAPERS
     from probing.study import run_limits
 
     cfg = load_config("seed_questions", quick=True)
@@ -472,7 +472,7 @@ def test_limits_and_protocol_text_come_from_the_config():
 def test_intervals_description_follows_the_grouping_column():
     import pandas as pd
 
-    from probing.report import describe_intervals, fmt
+    from probing.study.report import describe_intervals, fmt
 
     probe = pd.DataFrame({"analysis": ["probe"], "value": [0.5], "ci_low": [0.4], "ci_high": [0.6]})
     assert "out-of-fold predictions over examples" in describe_intervals({"p": probe})
@@ -487,7 +487,7 @@ def test_intervals_description_follows_the_grouping_column():
 def test_quick_notice_names_only_what_this_run_shrank():
     import pandas as pd
 
-    from probing.report import quick_notice
+    from probing.study.report import quick_notice
 
     cfg = load_config("seed_questions", quick=True)
     plain = quick_notice(cfg, {"pairs": [0] * 120}, {})
@@ -505,7 +505,7 @@ def _eth_table(baselines):
 
 
 def test_ethayarajh_anisotropy_follows_the_declared_threshold():
-    from probing.reproductions import ANISOTROPY_THRESHOLD, PAPERS
+    from probing.study.reproductions import ANISOTROPY_THRESHOLD, PAPERS
 
     eth, cfg = PAPERS["ethayarajh2019"], load_config(None)
     assert ANISOTROPY_THRESHOLD == 0.1
@@ -519,7 +519,7 @@ def test_ethayarajh_anisotropy_follows_the_declared_threshold():
 def test_reimers_says_mean_pooling_wins_by_construction_on_a_mean_pooled_model():
     import pandas as pd
 
-    from probing.reproductions import PAPERS
+    from probing.study.reproductions import PAPERS
 
     rg = PAPERS["reimers2019"]
     knn = pd.DataFrame([{"analysis": "knn", "layer": 6, "role": r, "metric": "knn_accuracy", "value": v,
@@ -535,7 +535,7 @@ def test_reimers_says_mean_pooling_wins_by_construction_on_a_mean_pooled_model()
 def test_clark_verdict_names_the_layers_above_one_half():
     import pandas as pd
 
-    from probing.reproductions import PAPERS
+    from probing.study.reproductions import PAPERS
 
     mass = [0.2, 0.3, 0.62, 0.7, 0.66, 0.35, 0.49]
     a = pd.DataFrame([{"analysis": "attention", "layer": L, "head": "mean", "role": "all tokens", "target": t,

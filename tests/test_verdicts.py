@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probing.verdicts import (PRACTICAL_THRESHOLD, Claim, add_holm, decide, difference_rows, format_interval,
+from probing.study.verdicts import (PRACTICAL_THRESHOLD, Claim, add_holm, decide, difference_rows, format_interval,
                               mde_from_ci, ranges, summarise)
 
 CLAIM = Claim(more="B is higher than A", less="B is lower than A", none="A and B score alike",
@@ -117,7 +117,7 @@ def test_intervals_never_collapse():
 
 
 def test_verdict_table_prints_each_row_and_its_decision():
-    from probing.verdicts import verdict_table
+    from probing.study.verdicts import verdict_table
 
     rows = pd.DataFrame([{"layer": 1, **_row(0.05, 0.01)}, {"layer": 2, **_row(0.0021, 0.0003)},
                          {"layer": 3, **_row(0.0, 0.05)}])

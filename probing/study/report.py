@@ -45,7 +45,7 @@ def one(df: pd.DataFrame | None, **where: Any) -> tuple[float, float, float] | N
 
 def fmt(v: tuple[float, float, float] | float | None, digits: int = 3) -> str:
     """``0.123 (95% CI 0.110 to 0.131)``, with more decimals where fewer would print equal bounds
-    (:func:`probing.verdicts.format_interval`); ``n/a`` for missing values; NaN says undefined."""
+    (:func:`probing.study.verdicts.format_interval`); ``n/a`` for missing values; NaN says undefined."""
     if v is None:
         return "n/a"
     if isinstance(v, tuple):

@@ -2,17 +2,17 @@
 
     python -m probing.study seed_questions [--quick] [--force] [--model NAME]
 
-A study is a TOML config: a name of one packaged with the toolkit (``probing/configs/*.toml``, see
+A study is a TOML config: a name of one packaged with the toolkit (``probing/study/configs/*.toml``, see
 :func:`packaged_configs`) or a path to your own file; it names model, corpora, options. The runner
 extracts every cache it needs (existing caches are reused), runs the analyses (existing result
 tables are reused), draws the figures from the tables and writes ``<out>/report.md`` and
 ``<out>/report.html`` (figures inline). Every number in the report is read from that run's tables.
 
-Every section, question or paper reproduction, is one declared :class:`probing.sections.StudySection`
-(:data:`probing.questions.QUESTION_SECTIONS`, :data:`probing.reproductions.PAPERS`); this module is
+Every section, question or paper reproduction, is one declared :class:`probing.study.sections.StudySection`
+(:data:`probing.study.questions.QUESTION_SECTIONS`, :data:`probing.study.reproductions.PAPERS`); this module is
 the one runner for all of them: it loads the corpora the sections name, extracts the union of their
 caches, runs their analyses (shared tables computed once), draws their figures and writes the report,
-each section opening with its verdict (:mod:`probing.verdicts`).
+each section opening with its verdict (:mod:`probing.study.verdicts`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from .examples import Example
+from ..examples import Example
 from .questions import (ATTENTION_FORMATS, PAIR_FORMATS, PAIR_NEEDS, PAIR_PROBES, QUESTION_SECTIONS,  # noqa: F401
                         make_intervention)
 from .sections import Context, Job, StudySection, group_prefixes, prefix  # noqa: F401
@@ -47,7 +47,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "model": {"name": None, "random_init_baseline": True, "random_init_seed": 0, "trust_remote_code": False},
     "corpus": {"pairs": "generated:n=200,k=2", "groups": "generated:n=100,k=4,pairing=consecutive",
                "swap": "generated:n=200,k=2,seed=1,swap=1",
-               # paper reproductions (probing.reproductions)
+               # paper reproductions (probing.study.reproductions)
                "sentences": "generated:n=300,k=1", "paragraphs": "generated:n=100,k=4,pairing=consecutive",
                "swap_sentences": "generated:n=300,k=1,seed=1,swap=1"},
     "extract": {"dtype": "float32", "batch_tokens": 4096, "device": "auto"},
@@ -152,7 +152,7 @@ class Caches:
     paths: dict[tuple[str, str, bool], Path] = field(default_factory=dict)
 
     def get(self, corpus: str, fmt: str, random: bool = False):
-        from .cache import Cache
+        from ..cache import Cache
 
         return Cache.open(self.paths[(corpus, fmt, random)])
 
@@ -166,14 +166,14 @@ def _selected(cfg: dict) -> list[StudySection]:
 
 
 def study_jobs(cfg: dict, corpora: dict[str, list[Example]]) -> list[Job]:
-    """The caches the config's sections need (:class:`probing.sections.Job`), without repeats;
+    """The caches the config's sections need (:class:`probing.study.sections.Job`), without repeats;
     ``corpora`` as :func:`load_corpora` returns them (Q3/Q5 read its ``groups_k<k>`` prefixes)."""
     return list(dict.fromkeys(j for s in _selected(cfg) for j in s.jobs(cfg, corpora)))
 
 
 def load_corpora(cfg: dict) -> tuple[dict[str, list[Example]], dict[str, str]]:
     """The corpora the sections read, and a display name for each (the spec)."""
-    from .corpora import load_corpus
+    from ..corpora import load_corpus
 
     wanted = {c for s in _selected(cfg) for c in s.corpora}
     specs = cfg["corpus"]
@@ -190,8 +190,8 @@ def load_corpora(cfg: dict) -> tuple[dict[str, list[Example]], dict[str, str]]:
 
 
 def extract_all(cfg: dict, log) -> tuple[Caches, dict[str, list[Example]], Any]:
-    from .extract import extract
-    from .models import load_model
+    from ..extract import extract
+    from ..models import load_model
 
     ex_cfg, m_cfg, st = cfg["extract"], cfg["model"], cfg["study"]
     corpora, names = load_corpora(cfg)
@@ -273,7 +273,7 @@ def run_limits(cfg: dict, corpora: dict, spec: StudySection, model_name: str) ->
 
 
 def write_report(cfg: dict, T: dict, F: dict, caches: Caches, corpora: dict, lm, run_time: str) -> Path:
-    from . import __version__
+    from .. import __version__
     from .model_facts import model_sentence
     from .report import Section, describe_intervals, machine, quick_notice, render_html, render_markdown
     from .verdicts import describe_rules
@@ -293,7 +293,7 @@ def write_report(cfg: dict, T: dict, F: dict, caches: Caches, corpora: dict, lm,
     import transformers
 
     first = next(iter(caches.paths.values()))
-    from .cache import Cache
+    from ..cache import Cache
 
     manifest = Cache.open(first).manifest
     skipped: dict[str, int] = {}
@@ -385,7 +385,7 @@ def run_study(config: str | os.PathLike | None, *, quick: bool = False, force_an
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .cli import ArgumentParser, check_output_dir
+    from ..cli import ArgumentParser, check_output_dir
 
     p = ArgumentParser(
         prog="python -m probing.study",
@@ -414,8 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides["study.caches"] = args.caches
     if args.questions:
         overrides["study.questions"] = [q.strip() for q in args.questions.split(",")]
-    from .cache import CacheError
-    from .models import ModelLoadError
+    from ..cache import CacheError
+    from ..models import ModelLoadError
 
     try:
         cfg = load_config(args.config, quick=args.quick, overrides=overrides, trust_remote_code=args.trust_remote_code)

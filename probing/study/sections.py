@@ -1,11 +1,11 @@
-"""A study section declared as data: the seed questions Q1-Q8 (:mod:`probing.questions`) and the
-paper reproductions (:mod:`probing.reproductions`) are all :class:`StudySection` objects, run by the
+"""A study section declared as data: the seed questions Q1-Q8 (:mod:`probing.study.questions`) and the
+paper reproductions (:mod:`probing.study.reproductions`) are all :class:`StudySection` objects, run by the
 one runner of :mod:`probing.study`.
 
 A section names the corpora it reads (keys of the config's ``[corpus]`` table), the caches it needs
 (:class:`Job`), its analyses (tidy tables, computed once per study through :meth:`Context.table` and
 shared between sections), its figures, its report table, its evidence sentence, its comparison rows
-and the :class:`probing.verdicts.Claim` they test (the verdict is a function of those rows), and its
+and the :class:`probing.study.verdicts.Claim` they test (the verdict is a function of those rows), and its
 notes. Nothing else is needed to add a section.
 """
 
@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from .examples import Example
+from ..examples import Example
 from .verdicts import Claim, Verdict, summarise
 
 Tables = dict[str, pd.DataFrame]
@@ -26,7 +26,7 @@ Tables = dict[str, pd.DataFrame]
 @dataclass(frozen=True)
 class Job:
     """One cache a section needs: ``format`` is a built-in name or ``name=TEMPLATE``; ``intervention``
-    names an intervention of :data:`probing.questions.INTERVENTIONS` applied at extraction (the cache
+    names an intervention of :data:`probing.study.questions.INTERVENTIONS` applied at extraction (the cache
     is then known as ``<format>@<intervention>``)."""
 
     corpus: str
@@ -80,7 +80,7 @@ class StudySection:
     - ``analyse(ctx) -> {table name: table}``: its tables (through ``ctx.table`` where shared).
     - ``figures(T, fig_dir, log) -> [png paths]``; ``table(T) -> (table, caption) | None``.
     - ``answer(T) -> str``: the evidence, numbers read from the tables.
-    - ``comparisons(T) -> rows | None`` and ``claim``: the verdict's input (:mod:`probing.verdicts`);
+    - ``comparisons(T) -> rows | None`` and ``claim``: the verdict's input (:mod:`probing.study.verdicts`);
       ``verdict_text(T)`` overrides it for sections whose verdict is not a comparison.
     - ``notes``: how it was measured and what it does not show (text, or a function of the config).
     - ``about_cls``: the section makes claims about [CLS]/[SEP], so the model caveat is repeated there.
@@ -163,7 +163,7 @@ def corpus_text(spec: str) -> str:
     >>> corpus_text("generated:n=120,k=2")
     'generated template'
     """
-    from .corpora import parse_corpus_spec
+    from ..corpora import parse_corpus_spec
 
     name, kwargs, _ = parse_corpus_spec(spec)
     if name == "file":

@@ -1,8 +1,8 @@
-"""The seed questions Q1-Q8 declared as data: one :class:`probing.sections.StudySection` each, in
+"""The seed questions Q1-Q8 declared as data: one :class:`probing.study.sections.StudySection` each, in
 :data:`QUESTION_SECTIONS`.
 
 Each question names the corpora and caches it needs, its analyses (tables shared between questions
-are computed once, through :meth:`probing.sections.Context.table`), its figures, its report table, its
+are computed once, through :meth:`probing.study.sections.Context.table`), its figures, its report table, its
 evidence sentence, the comparison rows its verdict is computed from and the claim they test.
 
 Comparison rows are paired: probe comparisons on the same out-of-fold items
@@ -14,7 +14,7 @@ comparisons on the same token keys (:func:`analyses.paired.run_role_contrast` fo
 Q8, and a score against a constant baseline (Q5, Q7 word order) as a one-sample row. Holm's correction
 runs over the family :data:`FAMILIES` declares per question (the report's captions name it). Only Q3's
 rows (largest k − k = 2) are still derived from two marginal intervals with
-:func:`probing.verdicts.difference_rows` and marked provisional: the k-sentence prefixes are separate
+:func:`probing.study.verdicts.difference_rows` and marked provisional: the k-sentence prefixes are separate
 caches with no shared reference format. Comparisons involving [CLS] leave out layer 0 (the embedding
 layer: [CLS] is one vector for every input there).
 

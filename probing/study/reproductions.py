@@ -1,8 +1,8 @@
 """Paper reproductions as sections of a study: each re-runs a published analysis's protocol on any
 model and corpus, and its report section sets the measured numbers beside what the paper reports
-for BERT-base (cited; the configs in ``probing/configs/`` list the paper's numbers in their comments).
+for BERT-base (cited; the configs in ``probing/study/configs/`` list the paper's numbers in their comments).
 
-A reproduction is a :class:`probing.sections.StudySection`, declared like the questions Q1-Q8: the
+A reproduction is a :class:`probing.study.sections.StudySection`, declared like the questions Q1-Q8: the
 corpus it reads (a key of the config's ``[corpus]`` table), the caches it extracts, its analyses (tidy
 tables), figures, report table, evidence sentence, verdict and notes (generated from the config). The
 one runner of :mod:`probing.study` runs the keys of :data:`PAPERS` like the questions:
