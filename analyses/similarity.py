@@ -1,6 +1,6 @@
 """CKA runners: read caches, call the metric functions of :mod:`analyses.cka`, write tidy tables.
 
-Three shapes of comparison (``python -m analyses.cka --help``):
+Three shapes of comparison (``python -m analyses.similarity --help``, or ``probing cka``):
 
 * ``formats``: per layer, the same token choice under two formats (e.g. ``[CLS]`` in ``pair`` vs in
   ``concat``), one vector per example; or a word group (``s1 words``) token by token, aligned by key.
@@ -183,7 +183,7 @@ def run_cka_roles(cache: Cache, pairs: Sequence[tuple[str, str]] = (("sep1", "cl
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = ArgumentParser(
-        prog="python -m analyses.cka",
+        prog="python -m analyses.similarity",
         description="CKA (Kornblith et al. 2019) between caches: per layer across two formats, layer x layer, "
                     "or between token choices within one cache. Writes a tidy table (CSV + Parquet).",
         epilog="token choices: cls, sep<i>, sep_last, mean, max, first_word, mean_s<i>, pos<k>; for 'formats' also "
@@ -229,3 +229,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with pd.option_context("display.width", 200, "display.precision", 3):
         print(show.to_string())
     return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -1,5 +1,9 @@
 """One shared style for every figure: a colour-blind-safe palette, labelled axes, titles that say
-model and corpus, and PNG (150 dpi) + PDF output."""
+model and corpus, and PNG (150 dpi) + PDF output.
+
+Importing it changes no global state: no backend is chosen here. Without a display (no ``DISPLAY`` or
+``WAYLAND_DISPLAY``), matplotlib falls back to the non-interactive Agg backend by itself, and every
+figure is written to files with ``savefig`` and closed, never shown."""
 
 from __future__ import annotations
 
@@ -8,9 +12,7 @@ from pathlib import Path
 from typing import Iterable
 
 import matplotlib
-
-matplotlib.use(os.environ.get("MPLBACKEND", "Agg"))
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 #: Okabe & Ito (2008) colour-blind-safe palette.
 PALETTE: tuple[str, ...] = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")

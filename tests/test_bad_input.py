@@ -119,9 +119,9 @@ CASES = [
     # analysis command lines
     ("drift-missing-cache", "analyses.drift", "{root}/no-such-cache {cache} --out {out}", "no-such-cache"),
     ("drift-out-through-a-file", "analyses.drift", "{cache} {cache} --out {root}/a-file/results", "a-file"),
-    ("cka-not-a-cache", "analyses.cka", "formats {not_a_cache} {cache} --out {out}", "not-a-cache"),
-    ("cka-unknown-mode", "analyses.cka", "sideways {cache} --out {out}", "'sideways'"),
-    ("cka-unknown-metric", "analyses.cka", "roles {cache} --metrics cosine --out {out}", "['cosine']"),
+    ("cka-not-a-cache", "analyses.similarity", "formats {not_a_cache} {cache} --out {out}", "not-a-cache"),
+    ("cka-unknown-mode", "analyses.similarity", "sideways {cache} --out {out}", "'sideways'"),
+    ("cka-unknown-metric", "analyses.similarity", "roles {cache} --metrics cosine --out {out}", "['cosine']"),
     ("probes-unknown-choice", "analyses.probes", "{cache} --choices cls,nosuchchoice --out {out}", "nosuchchoice"),
     ("probes-unknown-target", "analyses.probes", "{cache} --targets nosuchtarget --out {out}", "nosuchtarget"),
     ("attention-without-attention", "analyses.attention", "{cache} --out {out}", "holds no attention"),

@@ -432,7 +432,7 @@ def test_inputs_not_modified():
 
 def test_blocked_symmetric_products_match(monkeypatch):
     """numpy's A @ A.T (syrk) segfaults for large A (numpy #19685); the blocked path must agree."""
-    import analyses.cka as cka_mod
+    import analyses.cka_numerics as cka_mod
 
     X, Y = related(6, n=50, d1=23, d2=9)
     rng = np.random.default_rng(6)
@@ -510,3 +510,12 @@ def test_streaming_batches_of_very_different_scales(debiased):
     a = StreamingLinearCKA(debiased=debiased).update(X[:20], Y[:20])
     b = StreamingLinearCKA(debiased=debiased).update(X[20:] * 1e150, Y[20:] * 1e150)
     assert a.merge(b).result() == pytest.approx(expect, rel=1e-6)
+
+
+@pytest.mark.parametrize("module", ["analyses.cka", "analyses.cka_streaming"])
+def test_doctests(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0 and result.failed == 0

@@ -8,21 +8,33 @@ from __future__ import annotations
 import importlib
 import sys
 
-#: subcommand -> (module with a ``main(argv)``, one-line description). Declared once.
+#: subcommand -> (module with a ``main(argv)``, one-line description). Declared once: dispatch and help.
+#: tests/test_architecture.py finds every module with a ``main`` and fails if one is not reached here.
 COMMANDS: dict[str, tuple[str, str]] = {
     "extract": ("probing.extract", "cache hidden states under input formats"),
     "study": ("probing.study", "run a whole study (TOML config): extract, analyse, figures, report"),
     "drift": ("analyses.drift", "cosine drift between two formats' caches"),
-    "cka": ("analyses.cka", "CKA between formats, layers and token roles"),
+    "cka": ("analyses.similarity", "CKA between formats, layers and token roles"),
     "probes": ("analyses.probes", "linear probes on cached states"),
     "attention": ("analyses.attention", "attention mass to [CLS]/[SEP] and between sentences"),
+    "contextuality": ("analyses.contextuality", "self-similarity, intra-sentence similarity, MEV (Ethayarajh 2019)"),
+    "neighbours": ("analyses.neighbours", "nearest-neighbour label agreement of pooled vectors"),
+    "paired": ("analyses.paired", "paired differences between two conditions on the same items"),
+    "interventions": ("analyses.interventions", "effects of knockouts, ablations and patches"),
     "pooling": ("analyses.pooling", "fine-tune with different pooling choices"),
+    "figures": ("figures.__main__", "draw a figure from a result table"),
 }
 
 
+def module_command(module: str) -> str:
+    """How ``python -m`` names a module: a package's ``__main__`` by the package."""
+    return module.removesuffix(".__main__")
+
+
 def usage() -> str:
+    width = max(map(len, COMMANDS)) + 2
     lines = ["usage: probing COMMAND [options]   (probing COMMAND --help for each)", "", "commands:"]
-    lines += [f"  {name:<10} {desc}   (python -m {mod})" for name, (mod, desc) in COMMANDS.items()]
+    lines += [f"  {name:<{width}} {desc}   (python -m {module_command(mod)})" for name, (mod, desc) in COMMANDS.items()]
     return "\n".join(lines)
 
 

@@ -57,14 +57,6 @@ def last_layer(df: pd.DataFrame) -> int:
     return int(pd.to_numeric(df["layer"]).max())
 
 
-def best_layer(df: pd.DataFrame, **where: Any) -> int | None:
-    r = pick(df, **where)
-    r = r[~r["value"].isna()] if not r.empty else r
-    if r.empty:
-        return None
-    return int(r.loc[r["value"].idxmax(), "layer"])
-
-
 # ---------------------------------------------------------------------------------------------------
 # Document model, rendered to Markdown and HTML
 

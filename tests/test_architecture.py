@@ -1,0 +1,225 @@
+"""The shape of the code: every static import between the toolkit's modules, read with ``ast``.
+
+The layers, bottom to top: the probing core (``probing/`` except ``probing/study/``: text -> cache),
+``analyses/`` (cache -> tables), ``figures/`` (tables -> files) and ``probing.study`` (config -> report,
+and the ``probing`` console script). An import may only point down or stay within its layer, and no
+two modules may import each other, directly or around a loop. Imports inside functions count: a
+lazy import is still an arrow. Nothing is exempt.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("probing", "analyses", "figures")
+#: Layer names, bottom first; a module may import from its own layer or any below it.
+LAYERS = ("probing core", "analyses", "figures", "probing.study")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def toolkit_modules() -> dict[str, Path]:
+    """Every module of the toolkit's packages: dotted name -> file."""
+    return {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def layer(module: str) -> str:
+    if module == "probing.study" or module.startswith("probing.study."):
+        return "probing.study"
+    return "probing core" if module.split(".")[0] == "probing" else module.split(".")[0]
+
+
+def imported_names(path: Path, module: str) -> set[str]:
+    """The dotted names ``path`` imports anywhere in its body (top level, functions, branches), relative
+    imports resolved against ``module``; ``from X import y`` yields both ``X`` and ``X.y``."""
+    is_package = path.name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module
+            out.add(prefix)
+            out.update(f"{prefix}.{alias.name}" for alias in node.names)
+    return out
+
+
+def resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The toolkit module ``name`` refers to: itself, or its longest prefix that is a module."""
+    parts = name.split(".")
+    for k in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:k])
+        if candidate in modules:
+            return candidate
+    return None
+
+
+def import_graph() -> nx.DiGraph:
+    """Module -> module it imports (toolkit modules only; a package's own ``__init__`` is not counted
+    as an import of its submodules, since Python runs it first anyway and it is not a choice)."""
+    modules = toolkit_modules()
+    graph = nx.DiGraph()
+    graph.add_nodes_from(modules)
+    for mod, path in modules.items():
+        for name in imported_names(path, mod):
+            target = resolve(name, modules)
+            if target is not None and target != mod:
+                graph.add_edge(mod, target)
+    return graph
+
+
+def test_the_walk_sees_the_known_arrows():
+    """The walker itself: a top-level import, a relative one and one inside a function are all found."""
+    graph = import_graph()
+    assert graph.has_edge("analyses.similarity", "probing.cache")  # top level, absolute
+    assert graph.has_edge("probing.study.__main__", "probing.study.runner")  # relative (from .runner)
+    lazy = [(a, b) for a, b in graph.edges if layer(a) == "probing.study" and layer(b) == "figures"]
+    assert lazy, "the study draws figures through imports inside functions; the walk must see them"
+    assert len(toolkit_modules()) > 40
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    cycles = []
+    for scc in nx.strongly_connected_components(graph):
+        if len(scc) > 1:
+            loop = nx.find_cycle(graph.subgraph(scc))
+            cycles.append(" -> ".join([a for a, _ in loop] + [loop[0][0]]))
+    assert not cycles, "import cycles:\n  " + "\n  ".join(sorted(cycles))
+
+
+def test_layers_only_point_down():
+    graph = import_graph()
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    upward = sorted(f"{a} ({layer(a)}) imports {b} ({layer(b)})" for a, b in graph.edges
+                    if rank[layer(b)] > rank[layer(a)])
+    assert not upward, "imports that point up a layer:\n  " + "\n  ".join(upward)
+
+
+# ---------------------------------------------------------------------------------- console script
+
+
+def modules_with_main() -> list[str]:
+    """Every toolkit module defining a top-level ``main`` function (a command), found by reading the
+    source, so a new command cannot be left out of the console script."""
+    out = []
+    for mod, path in toolkit_modules().items():
+        tree = ast.parse(path.read_text(), str(path))
+        if any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body):
+            out.append(mod)
+    return sorted(out)
+
+
+def command_modules() -> dict[str, str]:
+    from probing.study.console import COMMANDS
+
+    return {name: module for name, (module, _) in COMMANDS.items()}
+
+
+def test_every_command_names_a_module_with_a_main():
+    modules = toolkit_modules()
+    for name, module in command_modules().items():
+        assert module in modules, f"probing {name}: {module} is not a module of the toolkit"
+        assert callable(getattr(importlib.import_module(module), "main", None)), f"{module} has no main()"
+
+
+def mains_imported(module: str) -> set[str]:
+    """The modules whose ``main`` ``module`` imports (``from X import main [as y]``, anywhere in it):
+    a command whose main hands over to another module's main reaches that module."""
+    path = toolkit_modules()[module]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and any(a.name == "main" for a in node.names):
+            base = module.split(".")
+            if node.level:
+                base = base[: len(base) - node.level + (1 if path.name == "__init__.py" else 0)]
+                out.add(".".join(base + ([node.module] if node.module else [])))
+            else:
+                out.add(node.module)
+    return out
+
+
+def test_the_console_script_reaches_every_command():
+    """Every module with a main() (but the console script itself) is a command, or the module a
+    command's main hands over to, or a figure kind of ``probing figures``."""
+    from figures.__main__ import KINDS
+
+    wanted = set(modules_with_main()) - {"probing.study.console"}
+    commands = set(command_modules().values())
+    reached = commands | {m for c in commands for m in mains_imported(c)}
+    if "figures.__main__" in commands:
+        reached |= {module for module, _ in KINDS.values()}
+    assert not wanted - reached, f"commands the console script does not reach: {sorted(wanted - reached)}"
+    from probing.study.console import module_command, usage
+
+    text = usage()
+    for name, module in command_modules().items():
+        assert f"  {name} " in text and f"python -m {module_command(module)}" in text, (name, module)
+
+
+def console(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "probing.study.console", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_console_help_lists_every_command():
+    done = console("--help")
+    assert done.returncode == 0, done.stderr
+    for name, module in command_modules().items():
+        assert f"python -m {module.removesuffix('.__main__')}" in done.stdout, name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(command_modules()))
+def test_console_command_help_exits_0(name):
+    done = console(name, "--help")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage" in done.stdout.lower()
+
+
+def test_console_unknown_command_is_an_error():
+    done = console("sideways")
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: unknown command 'sideways'")
+
+
+# ---------------------------------------------------------------------------------------------------- import side effects
+
+
+def test_importing_the_figures_changes_no_global_state(tmp_path):
+    """Importing every figure module leaves matplotlib's backend unchosen, and with no display and no
+    MPLBACKEND a figure is still drawn (matplotlib falls back to Agg by itself)."""
+    code = (
+        "import matplotlib, pkgutil, importlib, figures\n"
+        "before = matplotlib.rcParams._get_backend_or_none()\n"
+        "for m in pkgutil.iter_modules(figures.__path__): importlib.import_module('figures.' + m.name)\n"
+        "after = matplotlib.rcParams._get_backend_or_none()\n"
+        "from figures.style import new_figure, save\n"
+        "fig, ax = new_figure(); ax[0, 0].plot([0, 1], [1, 0])\n"
+        f"paths = save(fig, {str(tmp_path / 'fig')!r})\n"
+        "print(before, after, matplotlib.get_backend().lower(), [p.suffix for p in paths])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("MPLBACKEND", "DISPLAY", "WAYLAND_DISPLAY")}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["None", "None", "agg", "['.png',", "'.pdf']"]
+    assert (tmp_path / "fig.png").stat().st_size > 0
