@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from probing.study import CONFIG_DIR, QUESTIONS, StudyError, load_config, packaged_configs, run_study
+from probing.study.stages import PER_STAGE, SINCE_START
 
 from .conftest import make_tiny_bert
 
@@ -121,12 +122,59 @@ def test_quick_study_end_to_end_and_reuse(tmp_path, tiny_model_dir):
         assert png.with_suffix(".pdf").read_bytes()[:4] == b"%PDF"
     html = (tmp_path / "run" / "report.html").read_text()
     assert html.count("data:image/png;base64,") == len(figures)
+    check_stage_table(tmp_path / "run", text, html, logs)
     # a second run extracts nothing: every cache is reused
     logs2: list[str] = []
     run_study(cfg, quick=True, log=logs2.append)
     extraction = [l for l in logs2 if "] cache: " in l or "tokens through the model" in l]
     assert extraction == [], extraction
     assert sum("cached:" in l for l in logs2) >= 10
+
+
+def check_stage_table(run: Path, report: str, html: str, logs: list[str]) -> None:
+    """Issue 13: one row per stage (extraction, each question's analyses, figures, report) with its wall
+    time and peak RSS, in tables/stages.csv, in the report's provenance and printed in the log."""
+    stages = pd.read_csv(run / "tables" / "stages.csv")
+    expected = ["extraction"] + [f"analyses {q}" for q in QUESTIONS] + ["figures", "report"]
+    assert stages["stage"].tolist() == expected
+    assert (stages["seconds"] >= 0).all() and (stages["peak_rss_mb"] > 0).all()
+    assert stages["rss_method"].isin([PER_STAGE, SINCE_START]).all()
+    total = float(re.search(r"\*\*run time\*\*: (\d+) s", report).group(1))
+    # the stages cover the run: only loading the config and writing the report fall outside them
+    assert abs(stages["seconds"].sum() - total) <= max(2.0, 0.05 * total), (stages["seconds"].sum(), total)
+    section = report[report.index("## Provenance"):]
+    assert "| stage | wall time (s) | peak RSS (MiB) |" in section
+    for row in stages.itertuples():
+        assert f"| {row.stage} | {row.seconds:.1f} | {row.peak_rss_mb:.0f} |" in section
+        assert f"{row.stage} {row.seconds:.1f} s, {row.peak_rss_mb:.0f} MiB" in html
+    printed = [l for l in logs if re.match(r"\[ *\d+s\] (extraction|analyses Q\d|figures|report|total) ", l)]
+    assert len(printed) == len(expected) + 1  # and a total row
+
+
+def test_stage_peak_memory_is_per_stage(monkeypatch):
+    """With clear_refs writable, a small stage after a large one reports its own, smaller peak; without
+    it, the fallback (peak since start) cannot go down, and the table says which was used."""
+    import numpy as np
+
+    from probing.study import stages as st
+
+    def run() -> pd.DataFrame:
+        rec = st.Stages()
+        with rec.stage("large"):
+            a = np.ones(40_000_000)  # 320 MB, touched
+            del a
+        with rec.stage("small"):
+            sum(range(1000))
+        return rec.table()
+
+    if st.reset_peak_rss():
+        t = run()
+        assert t["rss_method"].tolist() == [st.PER_STAGE] * 2
+        assert t["peak_rss_mb"][1] < t["peak_rss_mb"][0] - 250
+    monkeypatch.setattr(st, "CLEAR_REFS", Path("/nonexistent-dir/clear_refs"))
+    t = run()
+    assert t["rss_method"].tolist() == [st.SINCE_START] * 2
+    assert t["peak_rss_mb"][1] >= t["peak_rss_mb"][0] > 300
 
 
 def test_config_errors(tmp_path):

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .stages import StageSummary
 from .verdicts import format_interval
 
 
@@ -111,7 +112,11 @@ def render_markdown(title: str, intro: str, sections: list[Section], provenance:
         if s.notes or s.limits:
             parts += [f"**What this shows and does not show.** {' '.join(t for t in (s.notes, s.limits) if t)}", ""]
     parts += ["## Provenance", ""]
-    parts += [f"- **{k}**: {v}" for k, v in provenance.items()]
+    for k, v in provenance.items():
+        if isinstance(v, StageSummary):
+            parts += ["", f"**{k}** (peak RSS: {v.methods}; also in tables/stages.csv):", "", _md_table(v.display()), ""]
+        else:
+            parts.append(f"- **{k}**: {v}")
     return "\n".join(parts) + "\n"
 
 

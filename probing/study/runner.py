@@ -33,6 +33,7 @@ from ..examples import Example
 from .questions import (ATTENTION_FORMATS, PAIR_FORMATS, PAIR_NEEDS, PAIR_PROBES, QUESTION_SECTIONS,  # noqa: F401
                         make_intervention)
 from .sections import Context, Job, StudySection, group_prefixes, prefix  # noqa: F401
+from .stages import Stages
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -233,15 +234,18 @@ def _tables_dir(cfg) -> Path:
     return Path(cfg["study"]["out"]) / "tables"
 
 
-def analyse(cfg: dict, caches: Caches, corpora: dict, lm, log) -> dict[str, pd.DataFrame]:
-    """Every selected section's tables (a table two sections share is computed once), each also written
-    to ``<out>/tables/<name>.csv``."""
+def analyse(cfg: dict, caches: Caches, corpora: dict, lm, log, stages: Stages | None = None) -> dict[str, pd.DataFrame]:
+    """Every selected section's tables (a table two sections share is computed once, in the stage of the
+    first section that asks for it), each also written to ``<out>/tables/<name>.csv``. Each section's
+    analyses are one stage of ``stages``."""
     from analyses.results import write_table
 
+    stages = stages if stages is not None else Stages()
     ctx = Context(cfg=cfg, caches=caches, corpora=corpora, lm=lm, out=_tables_dir(cfg), log=log)
     T: dict[str, pd.DataFrame] = {}
     for s in _selected(cfg):
-        T.update(s.analyse(ctx))
+        with stages.stage(f"analyses {s.key}"):
+            T.update(s.analyse(ctx))
     for name, df in T.items():
         write_table(df, ctx.out / f"{name}.csv")
     return T
@@ -272,10 +276,22 @@ def run_limits(cfg: dict, corpora: dict, spec: StudySection, model_name: str) ->
     return " ".join(parts)
 
 
-def write_report(cfg: dict, T: dict, F: dict, caches: Caches, corpora: dict, lm, run_time: str) -> Path:
+@dataclass
+class ReportDocument:
+    """A report before it is written: title, introduction, sections and provenance (key -> value)."""
+
+    title: str
+    intro: str
+    sections: list
+    provenance: dict
+
+
+def build_report(cfg: dict, T: dict, F: dict, caches: Caches, corpora: dict, lm) -> ReportDocument:
+    """Every section's verdict, evidence, figures and tables, the introduction and the provenance (all
+    but the run's total time and its stage table, which :func:`run_study` adds once this is done)."""
     from .. import __version__
     from .model_facts import model_sentence
-    from .report import Section, describe_intervals, machine, quick_notice, render_html, render_markdown
+    from .report import Section, describe_intervals, machine, quick_notice
     from .verdicts import describe_rules
 
     out = Path(cfg["study"]["out"])
@@ -313,7 +329,6 @@ def write_report(cfg: dict, T: dict, F: dict, caches: Caches, corpora: dict, lm,
         "versions": f"probing {__version__}, torch {torch.__version__}, transformers {transformers.__version__}, "
                     f"numpy {np.__version__}, pandas {pd.__version__}, python {platform.python_version()}",
         "machine": machine(),
-        "run time": run_time,
         "tables": str((out / "tables").resolve()),
     }
     quick = bool(cfg["study"].get("quick"))
@@ -325,10 +340,17 @@ def write_report(cfg: dict, T: dict, F: dict, caches: Caches, corpora: dict, lm,
               "Every number below was computed by this run from the result tables in tables/. "
               + describe_intervals(T),
               describe_rules()]
-    intro_text = "\n\n".join(p for p in intro if p)
-    md = render_markdown(title, intro_text, sections_, provenance, out)
+    return ReportDocument(title, "\n\n".join(p for p in intro if p), sections_, provenance)
+
+
+def write_report(doc: ReportDocument, out: Path) -> Path:
+    """Write ``<out>/report.md`` and ``<out>/report.html``; returns the Markdown path."""
+    from .report import render_html, render_markdown
+
+    md = render_markdown(doc.title, doc.intro, doc.sections, doc.provenance, out)
     (out / "report.md").write_text(md, encoding="utf-8")
-    (out / "report.html").write_text(render_html(title, intro_text, sections_, provenance), encoding="utf-8")
+    (out / "report.html").write_text(render_html(doc.title, doc.intro, doc.sections, doc.provenance),
+                                     encoding="utf-8")
     return out / "report.md"
 
 
@@ -373,15 +395,32 @@ def run_study(config: str | os.PathLike | None, *, quick: bool = False, force_an
         import shutil
 
         shutil.rmtree(out / "tables")
+    stages = Stages()
     log(f"study {cfg['study']['name']!r}{' (quick)' if quick else ''}: extracting")
-    caches, corpora, lm = extract_all(cfg, log)
-    T = analyse(cfg, caches, corpora, lm, log)
+    with stages.stage("extraction"):
+        caches, corpora, lm = extract_all(cfg, log)
+    T = analyse(cfg, caches, corpora, lm, log, stages)
     log("drawing figures")
-    F = draw_figures(cfg, T, log)
-    report = write_report(cfg, T, F, caches, corpora, lm, _run_time(time.perf_counter() - t0, started, caches, out,
-                                                                   quick))
+    with stages.stage("figures"):
+        F = draw_figures(cfg, T, log)
+    with stages.stage("report"):
+        doc = build_report(cfg, T, F, caches, corpora, lm)
+    total = time.perf_counter() - t0
+    doc.provenance["run time"] = _run_time(total, started, caches, out, quick)
+    doc.provenance["time and memory per stage"] = stages.summary()
+    report = write_report(doc, out)
+    write_stages(stages, out)
+    for line in stages.lines(total):
+        log(line)
     log(f"report: {report} (and {report.with_suffix('.html')}), {time.perf_counter() - t0:.0f} s")
     return report
+
+
+def write_stages(stages: Stages, out: Path) -> Path:
+    """The stage table as ``<out>/tables/stages.csv`` (and Parquet), beside the result tables."""
+    from analyses.results import write_table
+
+    return write_table(stages.table(), out / "tables" / "stages.csv")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
