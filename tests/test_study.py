@@ -210,14 +210,17 @@ def test_configs_found_by_name_from_any_directory(tmp_path, monkeypatch):
 
 
 def test_configs_are_package_data():
-    """setup.cfg's package_data puts every packaged config into the wheel (a non-editable install)."""
+    """setup.cfg's package_data puts every packaged config, and the questions' titles and claims (data the
+    study reads at import), into the wheel (a non-editable install)."""
     import configparser
 
     setup = configparser.ConfigParser()
     setup.read(REPO / "setup.cfg")
     globs = [g.strip() for g in setup["options.package_data"]["probing.study"].split(",")]
     shipped = {p for g in globs for p in (REPO / "probing" / "study").glob(g)}
-    assert shipped == set(CONFIG_DIR.glob("*.toml")) and len(shipped) == 5
+    data = set((REPO / "probing" / "study").rglob("*.toml"))
+    assert shipped == data == set(CONFIG_DIR.glob("*.toml")) | {REPO / "probing" / "study" / "questions.toml"}
+    assert len(shipped) == 6
 
 
 def test_remote_code_only_with_the_command_line_flag(tmp_path):
@@ -375,7 +378,7 @@ def test_probe_question_verdicts_follow_their_paired_rows(key, table, extra, wor
 
 
 def test_power_sentence_is_generated_from_groups_needed():
-    from probing.study.questions import power_text
+    from probing.study.question_text import power_text
 
     rows = _probe_rows(0.0)
     assert "can detect a difference of 0.03 (needs at most 30)" in power_text(rows, "it")
@@ -406,7 +409,8 @@ def _finetune_table(n_frozen: int = 50):
 
 
 def test_q8_reads_the_same_split_fine_tuning_layout():
-    from probing.study.questions import QUESTION_SECTIONS, q8_same_items
+    from probing.study.question_figures import q8_same_items
+    from probing.study.questions import QUESTION_SECTIONS
     from probing.study import skip_counts
 
     t = q8_same_items(_finetune_table())
@@ -423,7 +427,7 @@ def test_q8_reads_the_same_split_fine_tuning_layout():
 def test_knockout_sentence_compares_with_the_control():
     import pandas as pd
 
-    from probing.study.questions import knockout_text
+    from probing.study.question_text import knockout_text
 
     drift = pd.DataFrame([{"analysis": "intervention_drift", "layer": L, "role": "cls", "metric": "drift_difference",
                            "value": v, "ci_low": v - 0.01, "ci_high": v + 0.01} for L, v in ((1, 0.0), (2, 0.08))])
@@ -474,7 +478,7 @@ def test_study_jobs_union_of_sections():
 
 
 def test_interventions_are_built_for_the_model_depth():
-    from probing.study.questions import make_intervention, patch_layers
+    from probing.study.question_tables import make_intervention, patch_layers
 
     assert patch_layers(6) == {"cls_patch_first": 1, "cls_patch_mid": 3, "cls_patch_late": 5}
     ko = make_intervention("sep_ko", 6)

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from .model_facts import model_facts
+from .question_tables import probe_kw
 from .report import fmt, last_layer, one, pick
 from .sections import Context, Job, StudySection, Tables, corpus_text, safe_plot
 from .verdicts import Claim, difference_rows, ranges, summarise
@@ -27,12 +28,6 @@ __all__ = ["PAPERS", "Job", "Reproduction", "safe_plot", "ANISOTROPY_THRESHOLD"]
 
 def _rs(cfg: dict) -> tuple[int, int]:
     return cfg["study"]["bootstrap_resamples"], cfg["study"]["seed"]
-
-
-def _probe_kw(cfg: dict, out) -> dict:
-    from .questions import probe_kw
-
-    return probe_kw(cfg, out)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -243,7 +238,7 @@ def _rg_analyse(ctx: Context) -> Tables:
     c = ctx.caches.get("sentences", "single")
     label = cfg["papers"]["label"]
     ctx.log("reimers2019: [CLS] vs mean vs max pooling, probes and nearest neighbours")
-    return {"reimers2019_probes": run_probes(c, REIMERS_CHOICES, (label,), **_probe_kw(cfg, ctx.out)),
+    return {"reimers2019_probes": run_probes(c, REIMERS_CHOICES, (label,), **probe_kw(cfg, ctx.out)),
             "reimers2019_knn": run_knn(c, REIMERS_CHOICES, label, k=cfg["papers"]["knn_k"], n_resamples=R,
                                        seed=seed, out=ctx.out)}
 
@@ -354,7 +349,7 @@ def _jw_analyse(ctx: Context) -> Tables:
     rnd = caches.get("swap_sentences", "single", True) if caches.has("swap_sentences", "single", True) else None
     ctx.log("jawahar2019: per-layer probing table")
     return {"jawahar2019_probes": run_probes(c, ("cls", "mean"), [t for t, _ in JAWAHAR_TASKS], random_cache=rnd,
-                                             **_probe_kw(ctx.cfg, ctx.out))}
+                                             **probe_kw(ctx.cfg, ctx.out))}
 
 
 def _jw_metric(target: str) -> str:

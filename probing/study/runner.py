@@ -30,9 +30,9 @@ import numpy as np
 import pandas as pd
 
 from ..examples import Example
-from .questions import (ATTENTION_FORMATS, PAIR_FORMATS, PAIR_NEEDS, PAIR_PROBES, QUESTION_SECTIONS,  # noqa: F401
-                        make_intervention)
-from .sections import Context, Job, StudySection, group_prefixes, prefix  # noqa: F401
+from .question_tables import make_intervention
+from .questions import QUESTION_SECTIONS
+from .sections import Context, Job, StudySection, prefix
 from .stages import Stages
 
 if sys.version_info >= (3, 11):

@@ -1,0 +1,79 @@
+"""The comparison rows each seed question's verdict is computed from (:mod:`probing.study.verdicts`),
+read from the tables of :mod:`probing.study.question_tables`. Paired rows wherever the analyses write
+them; Q3's and the one-sample rows of Q5 and Q7 come from :func:`probing.study.verdicts.difference_rows`.
+Comparisons involving [CLS] leave out layer 0 (the embedding layer: [CLS] is one vector for every input).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .report import last_layer, pick
+from .verdicts import difference_rows
+
+
+def _layers(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows sorted by layer, the layer as an integer (probe comparison rows carry it as a float)."""
+    df = df[pd.to_numeric(df["layer"], errors="coerce").notna()]
+    return df.assign(layer=pd.to_numeric(df["layer"]).astype(int)).sort_values("layer")
+
+
+def _contextual(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows of layers >= 1: comparisons involving [CLS] leave out layer 0, the embedding layer, where
+    [CLS] is the same vector for every input (a trivial difference, or a trivial null)."""
+    return _layers(df[pd.to_numeric(df["layer"], errors="coerce") >= 1])
+
+
+def _q1_rows(T):
+    d = pick(T.get("paired_q1"), metric="drift_diff_roles")
+    return None if d.empty else _contextual(d)
+
+
+def _q2_rows(T):
+    d = pick(T.get("paired_q2"), reference="single", role="s1 words", metric="drift_diff")
+    return None if d.empty else _layers(d)
+
+
+def _q3_rows(T):
+    # PROVISIONAL: k = 2 and the largest k are prefixes of different lengths (different corpora for the
+    # caches), so no shared reference pairs their token keys; two marginal intervals, marked so.
+    d = pick(T.get("drift_q3"), role="all", metric="drift_mean")
+    if d.empty or d["k"].nunique() < 2:
+        return None
+    return difference_rows(_layers(pick(d, k=d["k"].max())), _layers(pick(d, k=d["k"].min())))
+
+
+def _q4_rows(T):
+    d = pick(T.get("paired_q4"), target="is_next")
+    return None if d.empty else _contextual(d)
+
+
+def _q5_rows(T):
+    p = pick(T.get("probes_q5"), role="cls")
+    if p.empty:
+        return None
+    p = p[p["target"].astype(str).str.startswith("bow_s")]  # fw_s1 is the control, not the question
+    L = last_layer(p)
+    p = p[p["layer"] == L]
+    score = p[p["metric"] == "micro_f1"].assign(sentence=lambda t: t["target"].str[5:].astype(int))
+    base = p[p["metric"] == "majority_baseline"].assign(sentence=lambda t: t["target"].str[5:].astype(int),
+                                                        ci_low=float("nan"), ci_high=float("nan"))
+    return difference_rows(score.sort_values("sentence"), base, on="sentence")
+
+
+def _q6_rows(T):
+    d = pick(T.get("paired_q6"), target="topic", condition_b="format=cls_last")
+    return None if d.empty else _contextual(d)
+
+
+def _q7_rows(T):
+    q = pick(T.get("probes_q7"), model_kind="trained", role="cls", target="swapped")
+    if q.empty:
+        return None
+    base = pick(q, metric="majority_baseline").assign(ci_low=float("nan"), ci_high=float("nan"))
+    return difference_rows(_contextual(pick(q, metric="accuracy")), base)
+
+
+def _q8_rows(T):
+    d = pick(T.get("paired_q8"), target="topic")
+    return None if d.empty else _contextual(d)

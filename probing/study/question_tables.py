@@ -1,0 +1,392 @@
+"""What the seed questions compute: the caches each needs (:class:`probing.study.sections.Job`), the
+analyses that make its tables (:data:`PRODUCERS`, each computed once per study through
+:meth:`probing.study.sections.Context.table`), and the multiple-comparison family of each question's
+paired rows (:data:`FAMILIES`). The questions themselves are declared in :mod:`probing.study.questions`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .sections import Context, Job, Tables, group_prefixes
+
+
+ATTENTION_FORMATS = ("pair", "concat")
+PAIR_FORMATS = ("pair", "concat", "concat_segments", "single", "single2", "cls_last", "cls_mid")
+#: The probes of the pair format, per question: (token choices, targets).
+PAIR_PROBES = {
+    "Q8": (("cls", "mean", "max", "sep1", "first_word", "pos3"), ("topic",)),
+    "Q4": (("sep1", "sep2", "cls", "mean_s1", "mean_s2"), ("is_next", "bow_s1", "bow_s2")),
+    "Q7": (("cls", "mean"), ("bow_s1", "length")),
+}
+#: Questions whose pair-format probes are also fitted on the random-init model: only Q7 reads them
+#: (what a random encoder's embeddings alone give); for Q4 and Q8 they would double the probe time.
+RANDOM_INIT_PROBES = ("Q7",)
+#: Control targets of the pair format, trained model only (a random-init control would add cost, not
+#: information): Q7's function-word presence of sentence 1, beside its content-word bag of words.
+PAIR_CONTROLS = {"Q7": (("cls", "mean"), ("fw_s1",))}
+#: Interventions the study extracts (``Job.intervention``), by name -> what they do. Q4: attention to
+#: every [SEP] knocked out in the middle layers, and its control of the same size on random words.
+INTERVENTIONS = {
+    "sep_ko": "no token attends to any [SEP] in the middle layers",
+    "sep_ko_control": "as many random word keys per query knocked out, same layers (control)",
+    "cls_patch_first": "[CLS]'s state at layer 1 replaced by concat's (pair format; Q1)",
+    "cls_patch_mid": "[CLS]'s state at layer L // 2 replaced by concat's (Q1)",
+    "cls_patch_late": "[CLS]'s state at layer L - 1 replaced by concat's (Q1)",
+    "sep1_cls_ko": "[CLS] may not attend to the middle [SEP], every layer (Q1)",
+    "sep1_all_ko": "no token may attend to the middle [SEP], every layer (Q1)",
+}
+
+
+def patch_layers(n_layers: int) -> dict[str, int]:
+    """The layers Q1 patches [CLS] at, by intervention name: first, middle and last but one (a few
+    extractions instead of L - 1; with 2 layers all three are layer 1, one cache)."""
+    return {"cls_patch_first": 1, "cls_patch_mid": max(1, n_layers // 2), "cls_patch_late": max(1, n_layers - 1)}
+#: Formats of the pairs corpus each question reads.
+PAIR_NEEDS = {"Q1": ("pair", "concat", "concat_segments"), "Q2": ("pair", "concat", "single", "single2"),
+              "Q4": ("pair", "concat"), "Q6": ("pair", "cls_mid", "cls_last"), "Q7": ("pair",), "Q8": ("pair",)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Caches
+
+
+def make_intervention(name: str, n_layers: int, caches=None, corpus: str = "", random: bool = False):
+    """The :class:`probing.interventions.Intervention` of :data:`INTERVENTIONS` ``name`` for a model of
+    ``n_layers`` layers (``caches``, ``corpus`` and ``random`` locate a patch's source cache)."""
+    from analyses.interventions import cls_patches, middle_sep_knockouts, sep_knockouts
+
+    if name in patch_layers(n_layers):
+        source = caches.paths[(corpus, "concat", random)]  # extracted first: clean caches come first
+        return cls_patches(source, n_layers)[patch_layers(n_layers)[name]]
+    if name in ("sep1_cls_ko", "sep1_all_ko"):
+        return dict(zip(("sep1_cls_ko", "sep1_all_ko"), middle_sep_knockouts(n_layers)))[name]
+    if name not in ("sep_ko", "sep_ko_control"):
+        raise ValueError(f"unknown intervention {name!r}; known: {', '.join(INTERVENTIONS)}")
+    ko, control = sep_knockouts(n_layers)
+    return {"sep_ko": ko, "sep_ko_control": control}[name]
+
+
+def _pair_jobs(q: str):
+    def jobs(cfg: dict, corpora: dict) -> list[Job]:
+        out = [Job("pairs", f, attention=f in ATTENTION_FORMATS) for f in PAIR_FORMATS if f in PAIR_NEEDS.get(q, ())]
+        if q == "Q4":
+            out += [Job("pairs", "pair", intervention=i) for i in ("sep_ko", "sep_ko_control")]
+        if q == "Q1":
+            out += [Job("pairs", "pair", intervention=i) for i in (*patch_layers(2), "sep1_cls_ko", "sep1_all_ko")]
+        if q in RANDOM_INIT_PROBES and cfg["model"]["random_init_baseline"]:
+            out.append(Job("pairs", "pair", random=True))
+        if q == "Q7":
+            out.append(Job("swap", "pair"))
+            if cfg["model"]["random_init_baseline"]:
+                out.append(Job("swap", "pair", random=True))
+        return out
+
+    return jobs
+
+
+def _q3_jobs(cfg: dict, corpora: dict) -> list[Job]:
+    return [Job(c, f) for c in group_prefixes(corpora).values() for f in ("multi", "concat")]
+
+
+def _q5_jobs(cfg: dict, corpora: dict) -> list[Job]:
+    return [Job(group_prefixes(corpora)[max(group_prefixes(corpora))], "multi")]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tables (each computed once per study, whichever question asks first)
+
+
+def _rs(ctx: Context) -> dict:
+    return dict(n_resamples=ctx.cfg["study"]["bootstrap_resamples"], seed=ctx.cfg["study"]["seed"], out=ctx.out)
+
+
+def probe_kw(cfg: dict, out: Path) -> dict:
+    """The probe runner's options from the config's ``[probes]`` table."""
+    pr = cfg["probes"]
+    return dict(n_splits=pr["folds"], seed=cfg["study"]["seed"], vocab=pr["vocab"], device=pr["device"], Cs=pr["Cs"],
+                inner_splits=pr["inner_splits"], max_iter=pr["max_iter"], bow_Cs=pr["bow_Cs"], out=out)
+
+
+def _pairs(ctx: Context, fmt_: str, random: bool = False):
+    return ctx.caches.get("pairs", fmt_, random) if ctx.caches.has("pairs", fmt_, random) else None
+
+
+def _drift_q1(ctx: Context) -> pd.DataFrame:
+    from analyses.drift import run_drift
+
+    ctx.log("analyses: drift and CKA across formats")
+    pair, concat, seg = _pairs(ctx, "pair"), _pairs(ctx, "concat"), _pairs(ctx, "concat_segments")
+    return pd.concat([run_drift(pair, concat, **_rs(ctx)), run_drift(pair, seg, **_rs(ctx)),
+                      run_drift(seg, concat, **_rs(ctx))], ignore_index=True)
+
+
+def _cka_q1(ctx: Context) -> pd.DataFrame:
+    from analyses.similarity import run_cka_formats
+
+    return run_cka_formats(_pairs(ctx, "pair"), _pairs(ctx, "concat"), ["cls", "mean_s1", "mean_s2", "sep_last"],
+                           out=ctx.out)
+
+
+def _drift_q2(ctx: Context) -> pd.DataFrame:
+    from analyses.drift import run_drift
+
+    pair, concat = _pairs(ctx, "pair"), _pairs(ctx, "concat")
+    return pd.concat([run_drift(_pairs(ctx, s), b, words_only=True, **_rs(ctx))
+                      for s in ("single", "single2") for b in (pair, concat)], ignore_index=True)
+
+
+def _attention(ctx: Context) -> pd.DataFrame:
+    from analyses.attention import run_attention
+
+    ctx.log("analyses: attention")
+    return pd.concat([run_attention(_pairs(ctx, f), **_rs(ctx)) for f in ATTENTION_FORMATS], ignore_index=True)
+
+
+def _drift_q3(ctx: Context) -> pd.DataFrame:
+    from analyses.drift import run_drift
+
+    ctx.log("analyses: k segments")
+    frames = []
+    for k, c in group_prefixes(ctx.corpora).items():
+        d = run_drift(ctx.caches.get(c, "multi"), ctx.caches.get(c, "concat"), **_rs(ctx))
+        d["k"] = k
+        frames.append(d)
+    return pd.concat(frames, ignore_index=True)
+
+
+def _probes_pair(ctx: Context) -> pd.DataFrame:
+    """The pair-format probes of every selected question among Q4, Q7, Q8 (one table: Q4's table and
+    Q7's evidence read each other's rows)."""
+    from analyses.probe_runner import run_probes
+
+    ctx.log("analyses: probes on the pair format (trained; random-init for Q7)")
+    wanted = [q for q in PAIR_PROBES if q in ctx.questions]
+    runs = [run_probes(_pairs(ctx, "pair"), *PAIR_PROBES[q],
+                       random_cache=_pairs(ctx, "pair", True) if q in RANDOM_INIT_PROBES else None,
+                       length_baseline=q == "Q7", items=True, **probe_kw(ctx.cfg, ctx.out)) for q in wanted]
+    runs += [run_probes(_pairs(ctx, "pair"), *PAIR_CONTROLS[q], length_baseline=True, items=True,
+                        **probe_kw(ctx.cfg, ctx.out)) for q in wanted if q in PAIR_CONTROLS]
+    keys = ["model_kind", "layer", "role", "target", "metric"]
+    _keep_items(ctx, "probes_pair", [it for _, it in runs])
+    return pd.concat([t for t, _ in runs], ignore_index=True).drop_duplicates(keys)
+
+
+def _keep_items(ctx: Context, name: str, frames: list) -> None:
+    """The per-item out-of-fold predictions behind table ``name`` (``ctx.tables[name + ":items"]``; not
+    a report table: the probe runner stores them beside its results)."""
+    from analyses.probe_runner import ITEM_KEYS
+
+    items = pd.concat(frames, ignore_index=True)
+    ctx.tables[f"{name}:items"] = items.drop_duplicates(list(ITEM_KEYS) + ["example", "token"])
+
+
+def _items(ctx: Context, name: str) -> pd.DataFrame:
+    ctx.table(name, PRODUCERS[name])
+    return ctx.tables[f"{name}:items"]
+
+
+def _cka_q4(ctx: Context) -> pd.DataFrame:
+    from analyses.similarity import run_cka_roles
+
+    return run_cka_roles(_pairs(ctx, "pair"), [("sep1", "cls"), ("sep1", "mean_s1"), ("sep1", "mean_s2"),
+                                               ("sep2", "cls")], out=ctx.out)
+
+
+def _probes_q5(ctx: Context) -> pd.DataFrame:
+    from analyses.probe_runner import run_probes
+
+    ctx.log("analyses: [CLS] content of sentence i")
+    K = max(group_prefixes(ctx.corpora))
+    multi = ctx.caches.get(f"groups_k{K}", "multi")
+    table, items = run_probes(multi, ("cls", "mean"), [f"bow_s{i}" for i in range(1, K + 1)] + ["fw_s1"], items=True,
+                              **probe_kw(ctx.cfg, ctx.out))
+    _keep_items(ctx, "probes_q5", [items])
+    return table
+
+
+def _probes_q6(ctx: Context) -> pd.DataFrame:
+    from analyses.probe_runner import run_probes
+
+    ctx.log("analyses: classification token position")
+    runs = [run_probes(_pairs(ctx, f), ("cls",), ("topic", "is_next"), items=True, **probe_kw(ctx.cfg, ctx.out))
+            for f in ("pair", "cls_mid", "cls_last")]
+    _keep_items(ctx, "probes_q6", [it for _, it in runs])
+    return pd.concat([t for t, _ in runs], ignore_index=True)
+
+
+def _probes_q7(ctx: Context) -> pd.DataFrame:
+    from analyses.probe_runner import run_probes
+
+    ctx.log("analyses: word order")
+    sw = ctx.caches.get("swap", "pair")
+    swr = ctx.caches.get("swap", "pair", True) if ctx.caches.has("swap", "pair", True) else None
+    table, items = run_probes(sw, ("cls", "mean"), ("swapped",), random_cache=swr, items=True,
+                              **probe_kw(ctx.cfg, ctx.out))
+    _keep_items(ctx, "probes_q7", [items])
+    return table
+
+
+def _finetune(ctx: Context) -> pd.DataFrame:
+    from analyses.pooling import run_pooling_experiment
+
+    ctx.log("analyses: fine-tuning with each pooling")
+    ft = ctx.cfg["finetune"]
+    return run_pooling_experiment(ctx.corpora["pairs"], ft["label"], ft["poolings"], ft["seeds"], model=ctx.lm,
+                                  preset=ft["preset"], out=str(ctx.out), corpus_name=ctx.cfg["corpus"]["pairs"])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Paired comparison tables: the rows the verdicts are computed from. Probe comparisons are paired on the
+# same out-of-fold items (analyses.probe_runner.compare_probes), drift comparisons on the same token keys
+# (analyses.paired); CIs resample documents where the corpus has them. Holm's correction runs over one
+# declared family per question (the ``family`` column; :data:`FAMILIES`).
+
+#: The multiple-comparison family of each question's paired rows, as the report states it.
+FAMILIES = {
+    "Q1": "all layers of [CLS] − words (Holm over layers)",
+    "Q2": "all layers, per sentence (Holm over layers)",
+    "Q4": "sep1 − cls over every layer 1–L × target (is_next, bow_s1, bow_s2) (Holm over all of them)",
+    "Q5": "[CLS] − mean over every layer × sentence position (Holm over all of them)",
+    "Q6": ("first − last and first − middle over every layer 1–L × target (topic, is_next) "
+           "(Holm over all of them)"),
+    "Q7": "per comparison over layers 1–L (Holm over layers)",
+    "Q8": ("frozen cls − mean over layers 1–L (Holm over layers); fine-tuning rows: Holm over every "
+           "accuracy_diff row"),
+}
+
+
+def _compare(items: pd.DataFrame, a: dict, b: dict, family: str, ctx: Context, **where) -> pd.DataFrame:
+    from analyses.probe_runner import compare_probes
+
+    for k, v in where.items():
+        items = items[items[k].isin(v if isinstance(v, (list, tuple)) else [v])]
+    return compare_probes(items, a, b, family=family, n_resamples=ctx.cfg["study"]["bootstrap_resamples"],
+                          seed=ctx.cfg["study"]["seed"])
+
+
+def _from_layer1(items: pd.DataFrame) -> pd.DataFrame:
+    """Items of layers >= 1 (and of layer-less probes such as the length baseline): [CLS] is one vector
+    for every input at layer 0, so comparisons involving it there are trivial."""
+    layer = pd.to_numeric(items["layer"], errors="coerce")
+    return items[layer.isna() | (layer >= 1)]
+
+
+def _rejoin_holm(frames: list[pd.DataFrame], family: str) -> pd.DataFrame:
+    """Several comparisons as one family: Holm over all their rows."""
+    from analyses.stats import holm
+
+    df = pd.concat(frames, ignore_index=True)
+    df["family"] = family
+    df["p_holm"] = holm(df["p_value"].to_numpy(float))
+    return df
+
+
+def _paired_q1(ctx: Context) -> pd.DataFrame:
+    from analyses.paired import run_role_contrast
+
+    d = run_role_contrast(_pairs(ctx, "pair"), _pairs(ctx, "concat"), "cls", **_rs(ctx))
+    return d.assign(family=FAMILIES["Q1"])
+
+
+def _paired_q2(ctx: Context) -> pd.DataFrame:
+    from analyses.paired import run_paired_drift
+
+    pair, concat = _pairs(ctx, "pair"), _pairs(ctx, "concat")
+    frames = [run_paired_drift(_pairs(ctx, "single"), pair, concat, **_rs(ctx))]
+    if _pairs(ctx, "single2") is not None:
+        frames.append(run_paired_drift(_pairs(ctx, "single2"), pair, concat, **_rs(ctx)))
+    return pd.concat(frames, ignore_index=True).assign(family=FAMILIES["Q2"])
+
+
+def _paired_q4(ctx: Context) -> pd.DataFrame:
+    items = _from_layer1(_items(ctx, "probes_pair"))
+    return _compare(items, {"role": "sep1"}, {"role": "cls"}, FAMILIES["Q4"], ctx, model_kind="trained",
+                    target=list(PAIR_PROBES["Q4"][1]))
+
+
+def _paired_q5(ctx: Context) -> pd.DataFrame:
+    return _compare(_items(ctx, "probes_q5"), {"role": "cls"}, {"role": "mean"}, FAMILIES["Q5"], ctx)
+
+
+def _paired_q6(ctx: Context) -> pd.DataFrame:
+    items = _from_layer1(_items(ctx, "probes_q6"))
+    return _rejoin_holm([_compare(items, {"format": "pair"}, {"format": other}, FAMILIES["Q6"], ctx,
+                                  format=["pair", other]) for other in ("cls_last", "cls_mid")], FAMILIES["Q6"])
+
+
+def _paired_q7(ctx: Context) -> pd.DataFrame:
+    frames = []
+    q7 = _from_layer1(_items(ctx, "probes_q7"))
+    if (q7["model_kind"] == "random_init").any():
+        frames.append(_compare(q7, {"model_kind": "trained"}, {"model_kind": "random_init"}, FAMILIES["Q7"], ctx))
+    pair = _items(ctx, "probes_pair") if "Q7" in ctx.questions else None
+    if pair is not None and (pair["role"] == "length_only").any():
+        frames.append(_compare(_from_layer1(pair), {"role": "cls"}, {"role": "length_only"}, FAMILIES["Q7"], ctx,
+                               model_kind="trained", target=list(PAIR_PROBES["Q7"][1]) + list(PAIR_CONTROLS["Q7"][1]),
+                               role=["cls", "length_only"]))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _paired_q8(ctx: Context) -> pd.DataFrame:
+    items = _from_layer1(_items(ctx, "probes_pair"))
+    return _compare(items, {"role": "cls"}, {"role": "mean"}, FAMILIES["Q8"], ctx, model_kind="trained",
+                    target="topic")
+
+
+def _q1_patching(ctx: Context) -> pd.DataFrame:
+    from analyses.interventions import q1_patching
+
+    names = [f"pair@{i}" for i in patch_layers(2) if ctx.caches.has("pairs", f"pair@{i}")]
+    # one cache per patch layer (a 2-layer model patches layer 1 for all three names: the same cache)
+    paths = {ctx.caches.paths[("pairs", n, False)]: n for n in names}
+    patched = {}
+    for path, n in paths.items():
+        cache = ctx.caches.get("pairs", n)
+        patched[int(cache.manifest["intervention"]["patch"][0]["layer"])] = cache
+    routes = [ctx.caches.get("pairs", f"pair@{i}") for i in ("sep1_cls_ko", "sep1_all_ko")
+              if ctx.caches.has("pairs", f"pair@{i}")]
+    if not patched and not routes:
+        return pd.DataFrame()
+    ctx.log("analyses: [CLS] patching and middle-[SEP] routes (Q1)")
+    return q1_patching(_pairs(ctx, "pair"), _pairs(ctx, "concat"), patched, routes, **_rs(ctx))["q1_cls_patching"]
+
+
+def _knockout(ctx: Context) -> None:
+    from analyses.interventions import q4_sep_knockout
+
+    if "q4_knockout_drift" not in ctx.tables:
+        ctx.log("analyses: knockout of attention to [SEP] (and its control)")
+        ctx.tables.update(q4_sep_knockout(_pairs(ctx, "pair"), ctx.caches.get("pairs", "pair@sep_ko"),
+                                          ctx.caches.get("pairs", "pair@sep_ko_control"), targets=("topic", "is_next"),
+                                          choice="cls", probe_layer=-1, **_rs(ctx)))
+
+
+def _q4_knockout_drift(ctx: Context) -> pd.DataFrame:
+    _knockout(ctx)
+    return ctx.tables["q4_knockout_drift"]
+
+
+def _q4_knockout_probes(ctx: Context) -> pd.DataFrame:
+    _knockout(ctx)
+    return ctx.tables["q4_knockout_probes"]
+
+
+#: Every table a question can ask for, and the function that computes it.
+PRODUCERS = {"drift_q1": _drift_q1, "cka_q1": _cka_q1, "drift_q2": _drift_q2, "attention": _attention,
+             "drift_q3": _drift_q3, "probes_pair": _probes_pair, "cka_q4": _cka_q4, "probes_q5": _probes_q5,
+             "probes_q6": _probes_q6, "probes_q7": _probes_q7, "finetune": _finetune,
+             "paired_q1": _paired_q1, "paired_q2": _paired_q2, "paired_q4": _paired_q4, "paired_q5": _paired_q5,
+             "paired_q6": _paired_q6, "paired_q7": _paired_q7, "paired_q8": _paired_q8,
+             "q4_knockout_drift": _q4_knockout_drift, "q4_knockout_probes": _q4_knockout_probes,
+             "q1_cls_patching": _q1_patching}
+
+
+def _tables(*names: str):
+    """``analyse`` of a question that needs the shared tables ``names``."""
+    def analyse(ctx: Context) -> Tables:
+        return {n: ctx.table(n, PRODUCERS[n]) for n in names}
+
+    return analyse

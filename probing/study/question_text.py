@@ -1,0 +1,431 @@
+"""The evidence sentence of each seed question, its numbers read from that run's tables, and the text
+helpers the sentences share (paired rows, power, knockouts, fine-tuning warnings)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from .question_figures import q8_same_items
+from .question_rows import _contextual, _q7_rows
+from .report import fmt, last_layer, one, pick
+from .verdicts import PRACTICAL_THRESHOLD, Claim
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+
+# ---------------------------------------------------------------------------------------------------
+# Evidence: the numbers behind each verdict, read from the tables
+
+
+#: The questions' titles and claims (and Q4's knockout claims): plain data in questions.toml beside this file.
+QUESTION_TEXT: dict[str, dict] = tomllib.loads(Path(__file__).with_name("questions.toml").read_text("utf-8"))
+
+
+def claim(key: str) -> Claim:
+    """The :class:`probing.study.verdicts.Claim` of ``questions.toml``'s table ``key``."""
+    return Claim(**{f: tuple(v) if f == "facet" else v for f, v in QUESTION_TEXT[key].items() if f != "title"})
+
+
+def _reads(name: str):
+    """Evidence read mainly from table ``name``: the function gets that table and all of them, and the
+    evidence is "not measured" where the run has no such table."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def evidence(T: dict) -> str:
+            return "not measured" if T.get(name) is None else fn(T[name], T)
+
+        return evidence
+
+    return wrap
+
+
+def _drift_sentence(d: pd.DataFrame, a: str, b: str) -> str:
+    dd = pick(d, format=a, format_b=b)
+    if dd.empty:
+        return f"(no drift measured for {a} → {b})"
+    L = last_layer(dd)
+    parts = []
+    for role, label in (("cls", "[CLS]"), ("s1 words", "words of sentence 1"), ("s2 words", "words of sentence 2")):
+        v = one(dd, layer=L, role=role, metric="drift_mean")
+        if v is not None:
+            parts.append(f"{label} by 1 − cos = {fmt(v)}")
+    base = one(dd, layer=L, role="all", metric="anisotropy_baseline")
+    nd = one(dd, layer=L, role="cls", metric="normalised_drift")
+    s = f"at layer {L} ({a} → {b}) " + "; ".join(parts)
+    if base is not None:
+        s += f"; the random-pair baseline at that layer is 1 − cos = {1 - base[0]:.3f}"
+    if nd is not None:
+        s += f", so [CLS]'s normalised drift is {fmt(nd[0])}"
+    return s
+
+
+@_reads("drift_q1")
+def _marginal_q1(d: pd.DataFrame, T: dict) -> str:
+    s = "Removing the middle [SEP] changes, " + _drift_sentence(d, "pair", "concat") + ". "
+    cls = pick(d, format="pair", format_b="concat", role="cls", metric="drift_mean")
+    if not cls.empty:
+        worst = cls.loc[cls["value"].idxmax()]
+        s += f"[CLS] moves most at layer {int(worst['layer'])} (1 − cos = {fmt(float(worst['value']))}). "
+    sep_only = one(d, format="pair", format_b="concat_segments", role="cls", metric="drift_mean",
+                   layer=last_layer(d))
+    seg_only = one(d, format="concat_segments", format_b="concat", role="cls", metric="drift_mean",
+                   layer=last_layer(d))
+    if sep_only is not None and seg_only is not None:
+        s += (f"Split into its parts at the last layer: removing only the [SEP] token moves [CLS] by {fmt(sep_only)}, "
+              f"removing only the segment ids by {fmt(seg_only)}.")
+    c = T.get("cka_q1")
+    v = one(c, layer=last_layer(c), role="cls", metric="linear_cka") if c is not None else None
+    if v is not None:
+        s += f" Linear CKA of [CLS] between the two formats at the last layer: {fmt(v[0])}."
+    return s
+
+
+@_reads("drift_q2")
+def _marginal_q2(d: pd.DataFrame, T: dict) -> str:
+    L = last_layer(d)
+    out = []
+    for single, sent in (("single", "s1 words"), ("single2", "s2 words")):
+        for fmt_b in ("pair", "concat"):
+            v = one(d, format=single, format_b=fmt_b, role=sent, metric="drift_mean", layer=L)
+            if v is not None:
+                out.append(f"{sent.split()[0]} alone → in `{fmt_b}`: 1 − cos = {fmt(v)}")
+    s = f"At layer {L}, " + "; ".join(out) + "."
+    a = T.get("attention")
+    if a is not None:
+        m = pick(a, role="s1 words", target="s2 words", head="mean")
+        vals = []
+        for f in ("pair", "concat"):
+            r = pick(m, format=f)
+            if not r.empty:
+                vals.append(f"{r['value'].mean():.3f} in `{f}`")
+        if vals:
+            s += " Attention mass from sentence 1's words to sentence 2's words, averaged over layers and heads: " \
+                 + ", ".join(vals) + "."
+    return s
+
+
+@_reads("drift_q3")
+def answer_q3(d: pd.DataFrame, T: dict) -> str:
+    L = last_layer(d)
+    parts = []
+    for k in sorted(d["k"].unique()):
+        v = one(d, k=k, layer=L, role="cls", metric="drift_mean")
+        w = one(d, k=k, layer=L, role="all", metric="drift_mean")
+        parts.append(f"k={k}: [CLS] {fmt(v)}, all tokens {fmt(w)}")
+    return (f"`multi` ([SEP] after each of k sentences) against `concat` at layer {L}, 1 − cos: "
+            + "; ".join(parts) + ".")
+
+
+@_reads("probes_pair")
+def _marginal_q4(p: pd.DataFrame, T: dict) -> str:
+    tr = pick(p, model_kind="trained")
+    L = last_layer(tr)
+    parts = []
+    for target, metric in (("topic", "accuracy"), ("is_next", "accuracy"), ("bow_s1", "micro_f1"),
+                           ("bow_s2", "micro_f1")):
+        row = []
+        for choice in ("sep1", "cls", "mean_s1"):
+            v = one(tr, role=choice, target=target, metric=metric, layer=L)
+            row.append(f"{choice} {fmt(v[0] if v else None)}")
+        base = one(tr, role="sep1", target=target, metric="majority_baseline", layer=L)
+        parts.append(f"{target} ({metric}): " + ", ".join(row) + f" (majority baseline {fmt(base[0] if base else None)})")
+    s = f"Probes at layer {L} on the middle [SEP] (sep1) vs [CLS] vs mean of sentence 1's words — " + "; ".join(parts) + "."
+    c = T.get("cka_q4")
+    if c is not None:
+        Lc = last_layer(c)
+        vals = []
+        for t in ("cls", "mean_s1", "mean_s2"):
+            v = one(c, role="sep1", target=t, metric="linear_cka", layer=Lc)
+            vals.append(f"{t} {fmt(v[0] if v else None)}")
+        s += f" Linear CKA of sep1 at layer {Lc} with: " + ", ".join(vals) + "."
+    a = T.get("attention")
+    if a is not None:
+        m = pick(a, format="pair", role="s1 words", target="all [SEP]", head="mean")
+        if not m.empty:
+            s += f" Words of sentence 1 send {m['value'].mean():.3f} of their attention to the [SEP]s (mean over layers)."
+    return s
+
+
+def _bow_targets(p: pd.DataFrame) -> list[str]:
+    return sorted({t for t in p["target"].unique() if str(t).startswith("bow_s")}, key=lambda t: int(t[5:]))
+
+
+@_reads("probes_q5")
+def _marginal_q5(p: pd.DataFrame, T: dict) -> str:
+    L = last_layer(p)
+    targets = _bow_targets(p)
+    parts = []
+    for t in targets:
+        v = one(p, role="cls", target=t, metric="micro_f1", layer=L)
+        m = one(p, role="mean", target=t, metric="micro_f1", layer=L)
+        parts.append(f"sentence {t[5:]}: [CLS] {fmt(v)}, mean {fmt(m[0] if m else None)}")
+    base = one(p, role="cls", target=targets[0], metric="majority_baseline", layer=L) if targets else None
+    return (f"Bag-of-words micro-F1 of sentence i read from [CLS] at layer {L} of a {len(targets)}-sentence input: "
+            + "; ".join(parts) + f" (baseline {fmt(base[0] if base else None)}).")
+
+
+@_reads("probes_q6")
+def _marginal_q6(p: pd.DataFrame, T: dict) -> str:
+    L = last_layer(p)
+    parts = []
+    for target in ("topic", "is_next"):
+        vals = [f"{f} {fmt(one(p, format=f, role='cls', target=target, metric='accuracy', layer=L))}"
+                for f in ("pair", "cls_mid", "cls_last")]
+        parts.append(f"{target}: " + ", ".join(vals))
+    return f"Probe accuracy of the classification token at layer {L}, by where it sits — " + "; ".join(parts) + "."
+
+
+def _marginal_q7(T: dict) -> str:
+    p = T.get("probes_pair")
+    parts = []
+    if p is not None:
+        L = last_layer(p)
+        for target, metric in (("bow_s1", "micro_f1"), ("fw_s1", "micro_f1"), ("length", "accuracy")):
+            vals = []
+            for kind in ("trained", "random_init"):
+                for choice in ("cls", "mean"):
+                    v = one(p, model_kind=kind, role=choice, target=target, metric=metric, layer=L)
+                    if v is not None:
+                        vals.append(f"{choice} ({kind.replace('_', ' ')}) {fmt(v[0])}")
+            parts.append(f"{target} {metric}: " + ", ".join(vals))
+    q = T.get("probes_q7")
+    if q is not None:
+        L = last_layer(q)
+        vals = [f"{c} ({k.replace('_', ' ')}) {fmt(one(q, model_kind=k, role=c, target='swapped', metric='accuracy', layer=L))}"
+                for k in ("trained", "random_init") for c in ("cls", "mean")]
+        b = one(q, role="cls", target="swapped", metric="majority_baseline", layer=L)
+        parts.append("word order (swapped) accuracy: " + ", ".join(vals) + f", majority {fmt(b[0] if b else None)}")
+    return "At the last layer — " + "; ".join(parts) + "." if parts else "not measured"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Evidence from the paired rows: each difference with its CI, Holm p and power
+
+
+def paired_text(row) -> str:
+    """``+0.012 (95% CI +0.004 to +0.020; Holm p = 0.01)`` of one paired comparison row."""
+    from .verdicts import format_interval, format_p
+
+    s = format_interval(float(row["value"]), float(row["ci_low"]), float(row["ci_high"]), signed=True)
+    p = row.get("p_holm") if hasattr(row, "get") else None
+    if p is not None and pd.notna(p):
+        s = s[:-1] + f"; Holm {format_p(float(p))})" if s.endswith(")") else s + f" (Holm {format_p(float(p))})"
+    return s
+
+
+def power_text(rows: pd.DataFrame, what: str) -> str:
+    """Whether the default sizes can detect :data:`analyses.stats.DETECTABLE_EFFECT` in ``rows`` (from
+    their ``groups_needed`` and ``n_groups``), generated from the numbers."""
+    from analyses.stats import DETECTABLE_EFFECT
+
+    if rows is None or rows.empty or "groups_needed" not in rows.columns:
+        return ""
+    need = pd.to_numeric(rows["groups_needed"], errors="coerce")
+    have = pd.to_numeric(rows["n_groups"], errors="coerce")
+    if need.isna().all() or have.isna().all():
+        return ""
+    worst = int(need.max())
+    unit = f"{rows['grouping'].iloc[0]}s" if "grouping" in rows.columns else "groups"
+    n = int(have.min())
+    if worst <= n:
+        return (f" Power: with {n} {unit}, {what} can detect a difference of {DETECTABLE_EFFECT:g} "
+                f"(needs at most {worst}).")
+    return (f" Power: with {n} {unit}, {what} cannot reliably detect a difference of {DETECTABLE_EFFECT:g}: that "
+            f"would take about {worst} {unit} (a larger corpus).")
+
+
+def _at_last(rows: pd.DataFrame) -> pd.DataFrame:
+    layer = pd.to_numeric(rows["layer"], errors="coerce")
+    return rows[layer == layer.max()] if layer.notna().any() else rows
+
+
+def _paired_at_last(d: pd.DataFrame | None, intro: str, column: str = "target", tail: str = ".") -> str:
+    """`` {intro} at layer L: <row's column> <difference and CI>; ...{tail}`` for the paired rows of the
+    last layer in ``d`` ("" when there are none)."""
+    if d is None or d.empty:
+        return ""
+    last = _at_last(d)
+    parts = [f"{r[column]} {paired_text(r)}" for _, r in last.iterrows()]
+    return f" {intro} at layer {int(last['layer'].iloc[0])}: " + "; ".join(parts) + tail
+
+
+def answer_q1(T: dict) -> str:
+    s = _marginal_q1(T)
+    d = pick(T.get("paired_q1"), metric="drift_diff_roles")
+    if not d.empty:
+        r = _at_last(d).iloc[0]
+        s += (f" Paired per example, [CLS]'s drift minus the mean drift of the words at layer {int(r['layer'])}: "
+              f"{paired_text(r)} ({int(r['n_groups'])} {r['grouping']}s; Holm over layers).")
+    return s + patching_text(T)
+
+
+def patching_text(T: dict) -> str:
+    """Q1's "how much of [CLS]'s change comes through [SEP]": the share of [CLS]'s pair → concat drift at
+    the last layer each intervention on `pair` reproduces (patching [CLS] from concat at layer l; no
+    attention to the middle [SEP])."""
+    from .verdicts import format_interval
+
+    d = pick(T.get("q1_cls_patching"), metric="fraction_reproduced")
+    if d.empty:
+        return ""
+    parts = []
+    for _, r in d.iterrows():
+        iv = str(r.get("intervention", ""))
+        what = (f"[CLS] patched from concat at layer {int(r['patch_layer'])}" if pd.notna(r.get("patch_layer"))
+                else "[CLS] not attending to the middle [SEP] (every layer)" if "cls->sep1" in iv
+                else "no token attending to the middle [SEP] (every layer)" if "all->sep1" in iv else iv)
+        parts.append(f"{what}: {format_interval(float(r['value']), float(r['ci_low']), float(r['ci_high']))}")
+    return (f" How much of [CLS]'s change comes through [SEP]: the share of [CLS]'s pair → concat drift at layer "
+            f"{int(d['layer'].iloc[0])} that an intervention on `pair` reproduces (1 = all of it, 0 = none) — "
+            + "; ".join(parts) + ".")
+
+
+def answer_q2(T: dict) -> str:
+    s = _marginal_q2(T)
+    d = pick(T.get("paired_q2"), metric="drift_diff")
+    parts = []
+    for ref, role in (("single", "s1 words"), ("single2", "s2 words")):
+        r = pick(d, reference=ref, role=role)
+        if not r.empty:
+            r = _at_last(r).iloc[0]
+            parts.append(f"{role.split()[0]}'s words {paired_text(r)}")
+    if parts:
+        s += (" Paired on the same words, drift into `concat` − into `pair` at the last layer: " + "; ".join(parts)
+              + ".")
+    return s
+
+
+def answer_q4(T: dict) -> str:
+    s = _marginal_q4(T)
+    d = T.get("paired_q4")
+    if d is not None and not d.empty:
+        s += (_paired_at_last(d, "Paired on the same out-of-fold items, sep1 − cls")
+              + power_text(pick(d, target="is_next"), "the is_next comparison"))
+    return s + knockout_text(T)
+
+
+#: The knockout claims: the treated effect beyond the control's, on [CLS] and on the task probes.
+KNOCKOUT_DRIFT_CLAIM = claim("Q4_knockout_drift")
+KNOCKOUT_PROBE_CLAIM = claim("Q4_knockout_probes")
+
+
+def knockout_text(T: dict) -> str:
+    """Q4's "does the model use [SEP]?": verdicts from the knockout − control rows (drift of [CLS] per
+    layer; [CLS] probe accuracy per target), by the same rules as every section's verdict."""
+    from .verdicts import summarise
+
+    drift, probes = T.get("q4_knockout_drift"), T.get("q4_knockout_probes")
+    if drift is None and probes is None:
+        return ""
+    s = " Does the model use [SEP]? Attention to every [SEP] knocked out in the middle layers, against a control " \
+        "knockout of as many random word keys:"
+    d = pick(drift, role="cls", metric="drift_difference")
+    if not d.empty:
+        d = _contextual(d)
+        d = d[pd.to_numeric(d["layer"]) >= pd.to_numeric(d["layer"]).min()]
+        s += " " + summarise(d, KNOCKOUT_DRIFT_CLAIM).sentence
+    p = pick(probes, metric="change_difference", mode="transfer")
+    for _, r in p.iterrows():
+        v = summarise(pd.DataFrame([r]), KNOCKOUT_PROBE_CLAIM)
+        acc = {m: one(probes, metric=m, mode="transfer", target=r["target"])
+               for m in ("accuracy_clean", "accuracy_treated", "accuracy_control")}
+        accs = ", ".join(f"{m.split('_')[1]} {fmt(v_[0])}" for m, v_ in acc.items() if v_ is not None)
+        s += f" {r['target']} ([CLS], last layer; {accs}): {v.sentence}"
+    return s
+
+
+def answer_q5(T: dict) -> str:
+    s = _marginal_q5(T)
+    s += _paired_at_last(T.get("paired_q5"), "Paired on the same items, [CLS] − mean")
+    p = T.get("probes_q5")
+    fw = one(p, role="cls", target="fw_s1", metric="micro_f1", layer=last_layer(p)) if p is not None else None
+    if fw is not None:
+        s += (f" Control: function-word presence of sentence 1 (fw_s1, which tracks length) from [CLS], micro-F1 "
+              f"{fmt(fw)}; the bow targets are content words.")
+    return s
+
+
+def answer_q6(T: dict) -> str:
+    s = _marginal_q6(T)
+    d = T.get("paired_q6")
+    if d is not None and not d.empty:
+        last = _at_last(d)
+        parts = [f"{r['target']} {r['condition_a'].split('=')[1]} − {r['condition_b'].split('=')[1]} {paired_text(r)}"
+                 for _, r in last.iterrows()]
+        same = bool(d["same_folds"].all()) if "same_folds" in d.columns else False
+        s += (f" Paired on the same examples {'and folds' if same else '(folds differ)'} across the three caches, at "
+              f"layer {int(last['layer'].iloc[0])}: " + "; ".join(parts) + "."
+              + power_text(pick(d, target="topic"), "the topic comparison"))
+    return s
+
+
+def answer_q7(T: dict) -> str:
+    from .verdicts import row_mde
+
+    s = _marginal_q7(T)
+    q = T.get("probes_q7")
+    if q is not None:
+        rows = _q7_rows(T)
+        if rows is not None and not rows.empty:
+            worst = max(row_mde(r) for _, r in rows.iterrows())
+            acc = pick(q, role="cls", target="swapped", metric="accuracy")
+            n = f"n = {int(acc['n'].max())} pairs" if "n" in acc.columns and acc["n"].notna().any() else "this size"
+            s += (f" Word order: at {n}, the smallest accuracy above the majority baseline this sample could detect "
+                  f"is {worst:.3f}"
+                  + (f" (it cannot detect {PRACTICAL_THRESHOLD:g})." if worst > PRACTICAL_THRESHOLD else "."))
+    d = T.get("paired_q7")
+    if d is not None and not d.empty:
+        s += _paired_at_last(pick(d, condition_a="model_kind=trained"),
+                             "Trained − random-init (word order, paired items)", column="role")
+        s += _paired_at_last(pick(d, condition_b="role=length_only"),
+                             "Beyond the length baseline (a probe on words per sentence), [CLS] − length-only",
+                             tail=" (fw_s1: function words, the length-tracking control).")
+    return s
+
+
+def answer_q8(T: dict) -> str:
+    s = ""
+    d = T.get("paired_q8")
+    if d is not None and not d.empty:
+        r = _at_last(d).iloc[0]
+        s += (f"Frozen probes for topic, cls − mean at layer {int(r['layer'])}, paired on the same out-of-fold items: "
+              f"{paired_text(r)}." + power_text(d, "this comparison") + " ")
+    f = T.get("finetune")
+    if f is not None:
+        t = q8_same_items(f)
+        if not t.empty:
+            s += ("Fine-tuned vs frozen on the same splits and test items: "
+                  + "; ".join(f"{r['pooling']} fine-tuned {r['fine-tuned']}, frozen {r['frozen (same splits)']}, "
+                              f"difference {r['fine-tuned − frozen']}" for _, r in t.iterrows()) + ".")
+        for _, r in pick(f, metric="accuracy_diff").iterrows():
+            if " − " in str(r["role"]):
+                s += f" {r['role']} ({r['condition']}): {paired_text(r)}."
+        best, chance = one(f, metric="best_constant", role="baseline"), one(f, metric="chance", role="baseline")
+        if best is not None:
+            s += f" Best constant {fmt(best[0])}" + (f", chance {fmt(chance[0])}" if chance else "") + "."
+        s += finetune_warnings(f)
+    return s.strip() or "not measured"
+
+
+def finetune_warnings(f: pd.DataFrame) -> str:
+    """A visible line per fine-tuning or frozen run flagged below the best constant or not converged."""
+    if f is None or "warning" not in f.columns:
+        return ""
+    runs = f["metric"].isin(["test_accuracy", "frozen_test_accuracy"])
+    flagged = runs & f["warning"].fillna("").astype(str).ne("")
+    if not flagged.any():
+        return ""
+    means = f[f["metric"].isin(["test_accuracy_mean", "frozen_test_accuracy_mean"])
+              & f["warning"].fillna("").astype(str).ne("")]
+    what = "; ".join(f"{r['role']} {'frozen' if r['metric'].startswith('frozen') else 'fine-tuned'}: {r['warning']}"
+                     for _, r in means.iterrows())
+    return (f" **Warning:** {int(flagged.sum())} of {int(runs.sum())} runs flagged (below the best constant, or "
+            f"training did not converge){': ' + what if what else ''}; see the `warning` column of "
+            "tables/finetune.csv.")
