@@ -126,7 +126,7 @@ CASES = [
     ("probes-unknown-target", "analyses.probes", "{cache} --targets nosuchtarget --out {out}", "nosuchtarget"),
     ("attention-without-attention", "analyses.attention", "{cache} --out {out}", "holds no attention"),
     ("contextuality-not-a-cache", "analyses.contextuality", "{not_a_cache} --out {out}", "not-a-cache"),
-    ("neighbours-unknown-label", "analyses.neighbours", "{cache} --label nosuchlabel --out {out}", "nosuchlabel"),
+    ("neighbours-unknown-label", "analyses.neighbours", "{cache} --targets nosuchlabel --out {out}", "nosuchlabel"),
     ("figures-missing-table", "figures.drift", "{root}/no-table.csv --out {out}", "no-table.csv"),
     ("figures-unknown-kind", "figures.__main__", "sideways {root}/table.csv --out {out}", "'sideways'"),
     ("figures-not-a-result-table", "figures.cka", "{root}/table.csv --out {out}", "no rows with analysis='cka'"),
