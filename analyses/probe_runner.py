@@ -422,7 +422,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         df = run_probes(cache, args.choices.split(","), args.targets.split(","), layers=layers, random_cache=rnd,
                         n_splits=args.folds, seed=args.seed, control=not args.no_control, vocab=args.vocab,
                         max_tokens=args.max_tokens, device=args.device, backend=args.backend,
-                        length_baseline=args.length_baseline, items=args.items, out=args.out, force=args.force)
+                        length_baseline=args.length_baseline, items=args.items, out=args.out, force=args.force,
+                        progress=not args.no_progress)
         if args.items:
             df = df[0]
     except CLI_ERRORS as err:
