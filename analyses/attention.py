@@ -127,7 +127,7 @@ def run_attention(cache: Cache, *, n_resamples: int = 1000, seed: int = 0, per_h
         if seps:
             named[(ALL_TOKENS, ALL_SEP)] = everyone[..., seps].sum(-1)
     rows = []
-    for (src, tgt), arr in tqdm(named.items(), desc=f"attention {cache.format_name}", disable=not progress,
+    for (src, tgt), arr in tqdm(named.items(), desc=f"attention {cache.format_name}", disable=not progress, delay=1,
                                 file=sys.stderr):
         head_mean = arr.mean(axis=2)  # (n_examples, layers)
         for li, layer in enumerate(layers):

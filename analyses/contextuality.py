@@ -56,8 +56,8 @@ from tqdm.auto import tqdm
 
 from analyses.drift import model_label
 from analyses.drift_metrics import POOL_MODES, anisotropy_baseline_ci, subword_pool
-from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error, keep_table, make_table,
-                              result_path, stored_table)
+from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
+                              keep_table, make_table, result_path, stored_table)
 from analyses.stats import bootstrap_ci, bootstrap_cis
 from probing.cache import Cache
 from probing.cli import ArgumentParser

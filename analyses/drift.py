@@ -21,8 +21,8 @@ from tqdm.auto import tqdm
 
 from analyses.drift_metrics import POOL_MODES, drift_summary, subword_pool
 from analyses.grouping import cache_groups
-from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error, keep_table, make_table,
-                              result_path, stored_table)
+from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
+                              keep_table, make_table, result_path, stored_table)
 from probing.cache import Cache, align, check_comparable, describe_model
 from probing.cli import ArgumentParser
 from probing.layers import shared_layers

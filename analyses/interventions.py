@@ -201,7 +201,8 @@ def knockout_drift(clean: Cache, treated: Cache, control: Cache | None = None, *
             "intervention": _describe(treated), "control": _describe(control) if control is not None else "",
             "target": ""}
     rows = []
-    for layer in tqdm(layers, desc=f"knockout drift {treated.format_name}", disable=not progress, file=sys.stderr):
+    for layer in tqdm(layers, desc=f"knockout drift {treated.format_name}", disable=not progress, file=sys.stderr,
+                      delay=1):
         for g in groups:
             ex, d_t = per_example_drift(clean, treated, layer, g)
             cl = clusters(clean, ex)
@@ -242,7 +243,7 @@ def knockout_probes(clean: Cache, treated: Cache, control: Cache | None = None, 
             "role": choice, "mode": mode, "intervention": _describe(treated),
             "control": _describe(control) if control is not None else ""}
     rows, skipped = [], []
-    for target in tqdm(targets, desc="knockout probes", disable=not progress, file=sys.stderr):
+    for target in tqdm(targets, desc="knockout probes", disable=not progress, file=sys.stderr, delay=1):
         if f"label_{target}" not in clean.examples.columns:
             skipped.append(target)
             continue
@@ -318,7 +319,7 @@ def drift_reproduced(source: Cache, target: Cache, treated: Sequence[Cache], *, 
     base = {**_base(target, "intervention_patching", seed), "format_b": source.format_name, "role": group,
             "target": "", "layer": measured}
     rows = []
-    for cache in tqdm(treated, desc="patching", disable=not progress, file=sys.stderr):
+    for cache in tqdm(treated, desc="patching", disable=not progress, file=sys.stderr, delay=1):
         check_comparable(target, cache)
         ex_p, d_p = per_example_drift(cache, source, measured, group)
         d_p = pd.Series(d_p, index=ex_p).reindex(ex).to_numpy()
@@ -391,7 +392,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     q.add_argument("target", help="the clean cache that was patched (e.g. pair)")
     q.add_argument("treated", nargs="+", help="intervened caches of TARGET's format (patches, knockouts)")
     q.add_argument("--group", default="cls", help="role group whose drift is measured (default cls)")
-    q.add_argument("--layers", default="-1", help="the one layer where the drift is measured; -1 is the last (default -1)")
+    q.add_argument("--layers", default="-1",
+                   help="the one layer where the drift is measured; -1 is the last (default -1)")
     add_output_options(q, resamples=True)
     args = p.parse_args(argv)
     try:

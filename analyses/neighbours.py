@@ -10,7 +10,7 @@ their majority label equals its own. The chance level is what a random neighbour
 ``sum_c p_c * (n_c - 1) / (n - 1)`` for ``k = 1`` (computed from the label counts; reported as
 ``chance_knn_accuracy``).
 
-    python -m analyses.neighbours CACHE --choices cls,mean,max --label topic --out results
+    python -m analyses.neighbours CACHE --choices cls,mean,max --targets topic --out results
 """
 
 from __future__ import annotations
@@ -97,6 +97,9 @@ def run_knn(cache: Cache, choices: Sequence[str] = ("cls", "mean"), label: str =
     :func:`analyses.grouping.cache_groups`)."""
     for c in choices:
         parse_choice(c)
+    for name in (label, group):  # before any progress bar: a missing label is the first line printed
+        if name is not None:
+            cache.labels(name)
     layers = cache_layers(cache, layers)
     config = {"cache": cache_identity(cache), "choices": list(choices), "label": label, "group": group, "k": k,
               "layers": layers, "n_resamples": n_resamples, "seed": seed, "clusters": "doc label, else example"}
@@ -107,7 +110,7 @@ def run_knn(cache: Cache, choices: Sequence[str] = ("cls", "mean"), label: str =
             "format": cache.format_name, "target": label, "seed": seed}
     rows = []
     cells = [(choice, layer) for choice in choices for layer in layers]
-    for choice, layer in tqdm(cells, desc=f"neighbours {label}", disable=not progress, file=sys.stderr):
+    for choice, layer in tqdm(cells, desc=f"neighbours {label}", disable=not progress, file=sys.stderr, delay=1):
         ex, X = pooled(cache, layer, choice)
         y = cache.labels(label, ex)
         groups = cache.labels(group, ex) if group is not None else None

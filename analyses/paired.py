@@ -42,8 +42,8 @@ from tqdm.auto import tqdm
 from analyses.drift import group_labels, model_label, paired_rows
 from analyses.drift_metrics import rowwise_cosine
 from analyses.grouping import cache_groups
-from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error, keep_table, make_table,
-                              stored_table)
+from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
+                              keep_table, make_table, stored_table)
 from analyses.stats import holm, paired_difference
 from probing.cli import ArgumentParser
 from probing.cache import check_comparable

@@ -121,7 +121,7 @@ def run_cka_formats(a: Cache, b: Cache, choices: Sequence[str] = ("cls", "mean")
         return done
     rows = []
     cells = [(choice, layer) for choice in choices for layer in layers]
-    for choice, layer in tqdm(cells, desc=f"CKA {a.format_name} vs {b.format_name}", disable=not progress,
+    for choice, layer in tqdm(cells, desc=f"CKA {a.format_name} vs {b.format_name}", disable=not progress, delay=1,
                               file=sys.stderr):
         X, Y = _paired(a, b, choice, layer)
         for m, v, note in _measure(X, Y, metrics):
@@ -175,7 +175,7 @@ def run_cka_roles(cache: Cache, pairs: Sequence[tuple[str, str]] = (("sep1", "cl
         return done
     rows = []
     cells = [(ca, cb, layer) for ca, cb in pairs for layer in layers]
-    for ca, cb, layer in tqdm(cells, desc=f"CKA {cache.format_name}", disable=not progress, file=sys.stderr):
+    for ca, cb, layer in tqdm(cells, desc=f"CKA {cache.format_name}", disable=not progress, file=sys.stderr, delay=1):
         ex_a, X = pooled(cache, layer, ca)
         ex_b, Y = pooled(cache, layer, cb)
         common, ia, ib = np.intersect1d(ex_a, ex_b, return_indices=True)

@@ -12,9 +12,9 @@ Two table shapes (``analysis="cka"``, ``metric`` in :data:`CKA_LABELS`):
 CKA is undefined (NaN) where a representation has no variance, e.g. ``[CLS]`` at layer 0, identical
 for every example: such points are left as gaps (grey cells) and listed in a note.
 
-CLI: ``python -m figures.cka TABLE.csv --out figs/cka [--metric linear_cka]`` (per layer) or
+CLI: ``python -m figures.cka TABLE.csv --out figs/cka [--metrics linear_cka]`` (per layer) or
 ``python -m figures.cka TABLE.csv --out figs/cka_matrix --heatmap [--format pair --format-b nosep
---role cls --target cls]``.
+--choices cls]``.
 """
 
 from __future__ import annotations

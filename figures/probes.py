@@ -8,7 +8,7 @@ Rows of :mod:`analyses.probes` (``analysis="probe"``): ``role`` = token choice (
 ``value`` with a t-interval over folds in ``ci_low`` / ``ci_high``, and an optional ``model_kind``
 column (``"trained"`` / ``"random_init"``: the same probe on a randomly initialised model).
 
-CLI: ``python -m figures.probes TABLE.csv --out figs/probe_topic [--target topic --metric accuracy]``
+CLI: ``python -m figures.probes TABLE.csv --out figs/probe_topic [--targets topic --metrics accuracy]``
 or ``--position [--choices cls --targets bow_s1,bow_s2,... --layers best|last|<int>]``.
 """
 
