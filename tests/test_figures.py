@@ -747,6 +747,12 @@ def test_drift_cli_overlay_and_by_k(tmp_path, figs):
     axes = visible_axes(figs[1])
     assert [ax.get_title() for ax in axes[:2]] == ["layer 2", "layer 4"]
     assert [ln.get_label() for ln in axes[0].get_lines()][:2] == ["cls", "all"]
+    # one layer spec: -1 is the table's last layer, ranges work, a layer the table lacks is an error
+    assert drift.main([str(csv), "--by-k", "--layers", "3--1", "--out", str(tmp_path / "k2")]) == 0
+    last = int(pd.concat(frames)["layer"].max())
+    want = [f"layer {l}" for l in range(3, last + 1)]
+    assert [ax.get_title() for ax in visible_axes(figs[2])][:len(want)] == want
+    assert drift.main([str(csv), "--by-k", "--layers", "99", "--out", str(tmp_path / "k3")]) == 2
 
 
 def test_probe_figure_draws_a_nearest_neighbour_table(tmp_path, figs):
