@@ -1,1 +1,85 @@
-"""Analyses: pure metric functions of arrays, and thin runners that read caches and write tidy tables."""
+"""Analyses: pure metric functions of arrays, and thin runners that read caches and write tidy tables.
+
+The notebook API: one function per analysis that takes :class:`probing.cache.Cache` objects and
+returns its tidy table as a ``pandas.DataFrame`` (nothing written unless ``out=`` is given). Each
+imports its runner when called, so ``import analyses`` stays light. They are named ``*_table``: a
+package attribute named like a submodule (``analyses.drift``) would be replaced by that submodule as
+soon as anything imports it. Layers are specs of :mod:`probing.layers` (``"-1"`` is the last layer);
+token choices follow :mod:`analyses.selection` (``cls``, ``sep1``, ``mean``, ``mean_s1``, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+#: The notebook functions, declared once (tests check each against the submodule names).
+API: tuple[str, ...] = ("drift_table", "cka_table", "probe_table", "attention_table", "contextuality_table",
+                        "neighbours_table", "paired_drift_table")
+__all__ = list(API)
+
+
+def drift_table(a, b, *, layers=None, **options):
+    """1 − cos of the same tokens in caches ``a`` and ``b`` per layer and role group, with CIs and the
+    anisotropy baseline (:func:`analyses.drift.run_drift`; options: ``subword``, ``standardise``,
+    ``words_only``, ``n_resamples``, ``seed``, ``out``, ...)."""
+    from analyses.drift import run_drift
+
+    return run_drift(a, b, layers=layers, **{"progress": False, **options})
+
+
+def cka_table(a, b=None, *, choices: Sequence[str] = ("cls", "mean"), layers=None, **options):
+    """CKA per layer of each token choice between caches ``a`` and ``b`` (two formats, or two models
+    on one corpus); with ``b=None``, between the pairs of choices ``choices`` = ``[("sep1", "cls"),
+    ...]`` within ``a`` (:mod:`analyses.similarity`; options: ``metrics``, ``out``, ``force``)."""
+    from analyses.similarity import run_cka_formats, run_cka_roles
+
+    if b is None:
+        return run_cka_roles(a, [tuple(p) for p in choices], layers=layers, **options)
+    return run_cka_formats(a, b, list(choices), layers=layers, **options)
+
+
+def probe_table(cache, *, choices: Sequence[str] = ("cls", "mean"), targets: Sequence[str] = ("topic",),
+                layers=None, folds: int = 5, **options):
+    """Linear-probe scores per layer, token choice and target, with CIs and baselines
+    (:mod:`analyses.probe_runner`; options: ``random_cache``, ``seed``, ``control``, ``items``,
+    ``out``, ...). ``folds``: outer cross-validation folds."""
+    from probing.layers import cache_layers
+    from analyses import probe_runner
+
+    return probe_runner.run_probes(cache, list(choices), list(targets), layers=cache_layers(cache, layers),
+                                   n_splits=folds, **{"progress": False, **options})
+
+
+def attention_table(cache, **options):
+    """Attention mass from each token group to cls, each sep<i>, its own and other sentences, per
+    layer and head (:func:`analyses.attention.run_attention`; the cache needs ``attention=True``)."""
+    from analyses.attention import run_attention
+
+    return run_attention(cache, **options)
+
+
+def contextuality_table(cache, *, layers=None, **options):
+    """Anisotropy, self-similarity, intra-sentence similarity and MEV of the cache's words
+    (:func:`analyses.contextuality.run_contextuality`)."""
+    from analyses.contextuality import run_contextuality
+
+    return run_contextuality(cache, layers=layers, **options)
+
+
+def neighbours_table(cache, *, choices: Sequence[str] = ("cls", "mean"), targets: Sequence[str] = ("topic",),
+                     layers=None, **options):
+    """Nearest-neighbour label agreement per layer, token choice and target, against chance
+    (:func:`analyses.neighbours.run_knn`, one call per target)."""
+    import pandas as pd
+
+    from analyses.neighbours import run_knn
+
+    return pd.concat([run_knn(cache, list(choices), t, layers=layers, **options) for t in targets], ignore_index=True)
+
+
+def paired_drift_table(ref, a, b, *, layers=None, **options):
+    """drift(ref → b) − drift(ref → a) on the same token keys, with cluster-bootstrap CIs, sign-flip
+    p-values and Holm across layers (:func:`analyses.paired.run_paired_drift`)."""
+    from analyses.paired import run_paired_drift
+
+    return run_paired_drift(ref, a, b, layers=layers, **{"progress": False, **options})

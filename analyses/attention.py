@@ -20,42 +20,44 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
 from analyses.drift import model_label
 from analyses.grouping import cache_groups
 from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
                               stored_table)
+from analyses.selection import attention_group_names
 from analyses.stats import bootstrap_ci
 from probing.cache import Cache
 from probing.cli import ArgumentParser
 
 
-def _pretty(group: str) -> str:
-    """``cls0`` -> ``[CLS]``, ``sep1`` -> ``[SEP]#2``, ``s1`` -> ``s1 words``."""
-    m = re.fullmatch(r"([a-z]+)(\d+)", group)
-    if group.startswith("s") and group[1:].isdigit():
-        return f"{group} words"
-    name, occ = m.group(1), int(m.group(2))
-    return f"[{name.upper()}]" + (f"#{occ + 1}" if name != "cls" or occ else "")
+#: Targets that sum over groups (beside each group's own name): every [SEP], own and other sentences.
+ALL_SEP, OWN_SENTENCE, OTHER_SENTENCES, ALL_TOKENS = "all [SEP]", "own sentence", "other sentences", "all tokens"
 
 
-def target_masses(mass: np.ndarray, groups: list[str]) -> dict[tuple[str, str], np.ndarray]:
+def _is_sep(name: str) -> bool:
+    return re.fullmatch(r"sep\d+(_\d+)?", name) is not None
+
+
+def target_masses(mass: np.ndarray, names: list[str]) -> dict[tuple[str, str], np.ndarray]:
     """From ``mass (n_examples, layers, heads, G, G)`` to named (source, target) arrays of shape
-    (n_examples, layers, heads). Targets: each group, all [SEP]s, own sentence, other sentences."""
+    (n_examples, layers, heads). ``names``: the G groups in the token-choice grammar
+    (:func:`analyses.selection.attention_group_names`: ``cls``, ``sep1``, ``s1 words``, ...).
+    Targets: each group, all [SEP]s, own sentence, other sentences."""
     out: dict[tuple[str, str], np.ndarray] = {}
-    seps = [j for j, g in enumerate(groups) if g.startswith("sep")]
-    sents = [j for j, g in enumerate(groups) if g.startswith("s") and g[1:].isdigit()]
-    for a, ga in enumerate(groups):
-        src = _pretty(ga)
-        for b, gb in enumerate(groups):
-            out[(src, _pretty(gb))] = mass[..., a, b]
+    seps = [j for j, g in enumerate(names) if _is_sep(g)]
+    sents = [j for j, g in enumerate(names) if g.endswith(" words")]
+    for a, src in enumerate(names):
+        for b, tgt in enumerate(names):
+            out[(src, tgt)] = mass[..., a, b]
         if seps:
-            out[(src, "all [SEP]")] = np.nansum(mass[..., a, seps], axis=-1)
-        if ga in [groups[j] for j in sents]:
-            out[(src, "own sentence")] = mass[..., a, a]
+            out[(src, ALL_SEP)] = np.nansum(mass[..., a, seps], axis=-1)
+        if a in sents:
+            out[(src, OWN_SENTENCE)] = mass[..., a, a]
             others = [j for j in sents if j != a]
             if others:
-                out[(src, "other sentences")] = mass[..., a, others].sum(-1)
+                out[(src, OTHER_SENTENCES)] = mass[..., a, others].sum(-1)
     return out
 
 
@@ -91,9 +93,11 @@ WEIGHTINGS = {"raw": "attention_mass", "norm": "attention_norm_mass"}  # weighti
 
 
 def run_attention(cache: Cache, *, n_resamples: int = 1000, seed: int = 0, per_head: bool = True,
-                  out: str | Path | None = None, force: bool = False, weighting: str = "raw") -> pd.DataFrame:
+                  out: str | Path | None = None, force: bool = False, weighting: str = "raw",
+                  progress: bool = False) -> pd.DataFrame:
     """Tidy table of attention mass (metric ``attention_mass``): role = source group, target = target
-    group; ``head`` column: ``"mean"`` for the head average (with CI) or the head number (no CI).
+    group, both named in the token-choice grammar (``cls``, ``sep1`` = the [SEP] after sentence 1,
+    ``s1 words``; ``all tokens``, ``all [SEP]``, ``own sentence``, ``other sentences``); ``head`` column: ``"mean"`` for the head average (with CI) or the head number (no CI).
     ``weighting="norm"``: the norm-based weights ||alpha f(x)|| of Kobayashi et al. 2020, normalised per
     query (:mod:`probing.attention_norm`; extract with ``--attention-norm``), metric ``attention_norm_mass``.
     The CI resamples documents when the corpus has a ``doc`` label, else examples (``grouping``,
@@ -101,7 +105,7 @@ def run_attention(cache: Cache, *, n_resamples: int = 1000, seed: int = 0, per_h
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting must be one of {list(WEIGHTINGS)}, got {weighting!r}")
     config = {"cache": cache_identity(cache), "n_resamples": n_resamples, "seed": seed, "per_head": per_head,
-              "clusters": "doc label, else example"}
+              "clusters": "doc label, else example", "names": "token-choice grammar"}
     if weighting != "raw":
         config["weighting"] = weighting
     path, done = stored_table(out, "attention", config, force)
@@ -112,17 +116,19 @@ def run_attention(cache: Cache, *, n_resamples: int = 1000, seed: int = 0, per_h
     layers = cache.manifest["attention"]["layers"]
     base = {"analysis": "attention", "model": model_label(cache), "corpus": cache.manifest["corpus"]["name"],
             "format": cache.format_name, "metric": WEIGHTINGS[weighting], "seed": seed}
-    named = target_masses(mass, groups)
+    names = attention_group_names(cache, groups)
+    named = target_masses(mass, names)
     counts = group_counts(cache, examples, groups)
     if counts is not None:  # source "all tokens": the query-token-weighted average over the groups
         everyone = from_all_tokens(mass, counts)
-        seps = [j for j, g in enumerate(groups) if g.startswith("sep")]
-        for b, gb in enumerate(groups):
-            named[("all tokens", _pretty(gb))] = everyone[..., b]
+        seps = [j for j, g in enumerate(names) if _is_sep(g)]
+        for b, gb in enumerate(names):
+            named[(ALL_TOKENS, gb)] = everyone[..., b]
         if seps:
-            named[("all tokens", "all [SEP]")] = everyone[..., seps].sum(-1)
+            named[(ALL_TOKENS, ALL_SEP)] = everyone[..., seps].sum(-1)
     rows = []
-    for (src, tgt), arr in named.items():
+    for (src, tgt), arr in tqdm(named.items(), desc=f"attention {cache.format_name}", disable=not progress, delay=1,
+                                file=sys.stderr):
         head_mean = arr.mean(axis=2)  # (n_examples, layers)
         for li, layer in enumerate(layers):
             v = head_mean[:, li]
@@ -146,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = ArgumentParser(
         prog="python -m analyses.attention",
         description="Attention mass from each token group to [CLS], each [SEP], its own sentence and other "
-                    "sentences, per layer (head mean with 95%% bootstrap CI over documents, or examples without a "
+                    "sentences, per layer (head mean with 95% bootstrap CI over documents, or examples without a "
                     "doc label) and per head. "
                     "Needs a cache extracted with --attention.",
     )
@@ -160,11 +166,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cache = Cache.open(args.cache)
         df = run_attention(cache, n_resamples=args.resamples, seed=args.seed, per_head=not args.no_per_head,
-                           out=args.out, force=args.force, weighting=args.weighting)
+                           out=args.out, force=args.force, weighting=args.weighting, progress=not args.no_progress)
     except CLI_ERRORS as err:
         return cli_error(err)
     mean = df[(df["head"] == "mean")]
-    show = mean[mean["target"].isin(["[CLS]", "all [SEP]", "own sentence", "other sentences"])]
+    show = mean[mean["target"].isin(["cls", ALL_SEP, OWN_SENTENCE, OTHER_SENTENCES])]
     with pd.option_context("display.width", 160, "display.precision", 3):
         print(show.pivot_table(index=["role", "target"], columns="layer", values="value", sort=False).to_string())
     return 0

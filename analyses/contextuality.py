@@ -56,11 +56,12 @@ from tqdm.auto import tqdm
 
 from analyses.drift import model_label
 from analyses.drift_metrics import POOL_MODES, anisotropy_baseline_ci, subword_pool
-from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
-                              parse_layers, result_path, stored_table)
+from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
+                              keep_table, make_table, result_path, stored_table)
 from analyses.stats import bootstrap_ci, bootstrap_cis
 from probing.cache import Cache
 from probing.cli import ArgumentParser
+from probing.layers import cache_layers
 
 #: The metrics of the table, in order.
 METRICS: tuple[str, ...] = (
@@ -337,9 +338,7 @@ def random_word_sets(sizes, examples, seed: int = 0) -> tuple[np.ndarray, np.nda
 
 
 def _layers(cache: Cache, layers: Sequence[int] | None) -> list[int]:
-    if layers is None:
-        return cache.layers
-    return list(dict.fromkeys(cache.layers[cache.layer_index(int(l))] for l in layers))
+    return cache_layers(cache, layers)
 
 
 def _config(cache: Cache, layers, min_contexts, max_contexts, subword, lowercase, n_pairs, n_resamples,
@@ -511,7 +510,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m analyses.contextuality", description=HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("cache", help="cache directory holding word tokens (extracted with --roles word or cls,sep,word)")
-    p.add_argument("--layers", default=None, help="comma list of layers (default: every stored layer)")
+    add_layers_option(p)
     p.add_argument("--min-contexts", type=int, default=5,
                    help="a word type counts if it occurs in at least this many examples (default 5, as the paper)")
     p.add_argument("--max-contexts", type=int, default=50,
@@ -524,11 +523,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         cache = Cache.open(args.cache)
-        layers = parse_layers(args.layers)
+        layers = args.layers
         opts = dict(layers=layers, min_contexts=args.min_contexts, max_contexts=args.max_contexts,
                     subword=args.subword, lowercase=not args.cased, n_pairs=args.pairs,
                     n_resamples=args.resamples, seed=args.seed)
-        df = run_contextuality(cache, **opts, out=args.out, force=args.force, progress=True)
+        df = run_contextuality(cache, **opts, out=args.out, force=args.force, progress=not args.no_progress)
         path = contextuality_path(cache, args.out, **opts)
     except CLI_ERRORS as err:
         return cli_error(err)

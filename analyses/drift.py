@@ -21,10 +21,11 @@ from tqdm.auto import tqdm
 
 from analyses.drift_metrics import POOL_MODES, drift_summary, subword_pool
 from analyses.grouping import cache_groups
-from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
-                              parse_layers, result_path, stored_table)
+from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
+                              keep_table, make_table, result_path, stored_table)
 from probing.cache import Cache, align, check_comparable, describe_model
 from probing.cli import ArgumentParser
+from probing.layers import shared_layers
 
 
 def model_label(cache: Cache) -> str:
@@ -81,9 +82,7 @@ def run_drift(a: Cache, b: Cache, *, layers: Sequence[int] | None = None, subwor
     if subword not in POOL_MODES:
         raise ValueError(f"subword must be one of {POOL_MODES}, got {subword!r}")
     check_comparable(a, b, same_model=True)  # drift compares two formats of one model on one corpus
-    layers = [l for l in (layers if layers is not None else a.layers) if l in b.layers]
-    if not layers:
-        raise ValueError(f"no layer stored in both caches: {a.layers} vs {b.layers}")
+    layers = shared_layers(layers, a, b)
     config = {"a": cache_identity(a), "b": cache_identity(b), "layers": layers, "subword": subword,
               "standardise": standardise, "words_only": words_only, "n_resamples": n_resamples,
               "n_pairs": n_pairs, "seed": seed, "clusters": "doc label, else example"}
@@ -135,14 +134,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = ArgumentParser(
         prog="python -m analyses.drift",
         description="Cosine drift of the same tokens between two formats' caches, per layer and role "
-                    "group, with 95%% cluster-bootstrap CIs over documents (examples when the corpus has "
+                    "group, with 95% cluster-bootstrap CIs over documents (examples when the corpus has "
                     "no doc label), the anisotropy baseline "
                     "(mean cosine of random token pairs from different examples) and drift normalised "
                     "by it. Writes a tidy table (CSV + Parquet).",
     )
     p.add_argument("cache_a", help="cache directory of format A (e.g. caches/all-MiniLM-L6-v2/pair-...)")
     p.add_argument("cache_b", help="cache directory of format B, same model and corpus")
-    p.add_argument("--layers", default=None, help="comma list of layers (default: every layer in both)")
+    add_layers_option(p, "every layer stored in both")
     p.add_argument("--subword", default="first", choices=POOL_MODES,
                    help="word tokens: first subword only, or mean over subwords (default first)")
     p.add_argument("--standardise", action="store_true",
@@ -154,10 +153,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         a, b = Cache.open(args.cache_a), Cache.open(args.cache_b)
-        layers = parse_layers(args.layers)
+        layers = args.layers
         df = run_drift(a, b, layers=layers, subword=args.subword, standardise=args.standardise,
                        words_only=args.context, n_resamples=args.resamples, n_pairs=args.pairs,
-                       seed=args.seed, out=args.out, force=args.force)
+                       seed=args.seed, out=args.out, force=args.force,
+                       progress=not args.no_progress)
     except CLI_ERRORS as err:
         return cli_error(err)
     with pd.option_context("display.width", 160, "display.precision", 4):

@@ -27,12 +27,14 @@ middle [SEP]), with the interventions they need from :func:`sep_knockouts`, :fun
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 from scipy import stats as sps
+from tqdm.auto import tqdm
 
 from analyses.drift import model_label
 from analyses.drift_metrics import rowwise_cosine
@@ -40,6 +42,7 @@ from analyses.results import cache_identity, keep_table, make_table, stored_tabl
 from analyses.stats import _RNG_KW, bootstrap_ci
 from probing.cli import ArgumentParser
 from probing.cache import Cache, align, check_comparable
+from probing.layers import cache_layer, shared_layers
 from probing.interventions import Intervention, Knockout, Patch, check_group, describe, table_mask
 
 PROBE_MODES = ("transfer", "retrain")
@@ -180,14 +183,14 @@ def _ci_row(base: dict, values: np.ndarray, groups: np.ndarray, n_resamples: int
 def knockout_drift(clean: Cache, treated: Cache, control: Cache | None = None, *,
                    groups: Sequence[str] = ("cls", "sep", "word"), layers: Sequence[int] | None = None,
                    n_resamples: int = 1000, seed: int = 0, out: str | Path | None = None,
-                   force: bool = False) -> pd.DataFrame:
+                   force: bool = False, progress: bool = False) -> pd.DataFrame:
     """Drift from the clean run per layer and group (metric ``drift_treated``), the control's
     (``drift_control``) and their paired difference per example (``drift_difference`` = treated −
     control), each a mean over examples with a cluster-bootstrap CI over documents. Columns: the
     standard ones (role = group) plus ``intervention``, ``control``, ``n_clusters``."""
     for c in (treated,) + ((control,) if control is not None else ()):
         check_comparable(clean, c)
-    layers = [l for l in (layers if layers is not None else clean.layers) if l in treated.layers]
+    layers = shared_layers(layers, clean, treated, *([control] if control is not None else []))
     config = {"clean": cache_identity(clean), "treated": cache_identity(treated),
               "control": control and cache_identity(control),
               "groups": list(groups), "layers": layers, "n_resamples": n_resamples, "seed": seed}
@@ -198,7 +201,8 @@ def knockout_drift(clean: Cache, treated: Cache, control: Cache | None = None, *
             "intervention": _describe(treated), "control": _describe(control) if control is not None else "",
             "target": ""}
     rows = []
-    for layer in layers:
+    for layer in tqdm(layers, desc=f"knockout drift {treated.format_name}", disable=not progress, file=sys.stderr,
+                      delay=1):
         for g in groups:
             ex, d_t = per_example_drift(clean, treated, layer, g)
             cl = clusters(clean, ex)
@@ -217,7 +221,8 @@ def knockout_drift(clean: Cache, treated: Cache, control: Cache | None = None, *
 def knockout_probes(clean: Cache, treated: Cache, control: Cache | None = None, *,
                     targets: Sequence[str] = ("topic", "is_next"), choice: str = "cls", layer: int = -1,
                     mode: str = "transfer", n_splits: int = 5, C: float = 1.0, n_resamples: int = 1000,
-                    seed: int = 0, out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
+                    seed: int = 0, out: str | Path | None = None, force: bool = False,
+                    progress: bool = False) -> pd.DataFrame:
     """Probe accuracy of ``choice`` at ``layer`` for each target, clean and intervened, on the same
     items and folds. Metrics: ``accuracy_clean``, ``accuracy_treated``, ``accuracy_control``,
     ``change_treated`` (treated − clean, per item), ``change_control`` and ``change_difference``
@@ -226,7 +231,7 @@ def knockout_probes(clean: Cache, treated: Cache, control: Cache | None = None, 
     listed in the ``skipped`` attribute of the returned frame (``df.attrs["skipped"]``)."""
     for c in (treated,) + ((control,) if control is not None else ()):
         check_comparable(clean, c)
-    layer = clean.layers[clean.layer_index(layer)]
+    layer = cache_layer(clean, layer)
     config = {"clean": cache_identity(clean), "treated": cache_identity(treated),
               "control": control and cache_identity(control),
               "targets": list(targets), "choice": choice, "layer": layer, "mode": mode, "n_splits": n_splits,
@@ -238,7 +243,7 @@ def knockout_probes(clean: Cache, treated: Cache, control: Cache | None = None, 
             "role": choice, "mode": mode, "intervention": _describe(treated),
             "control": _describe(control) if control is not None else ""}
     rows, skipped = [], []
-    for target in targets:
+    for target in tqdm(targets, desc="knockout probes", disable=not progress, file=sys.stderr, delay=1):
         if f"label_{target}" not in clean.examples.columns:
             skipped.append(target)
             continue
@@ -289,8 +294,8 @@ def _patch_layer(cache: Cache):
 
 
 def drift_reproduced(source: Cache, target: Cache, treated: Sequence[Cache], *, group: str = "cls",
-                     layer: int = -1, n_resamples: int = 1000, seed: int = 0, out: str | Path | None = None,
-                     force: bool = False) -> pd.DataFrame:
+                     layer: int | str = -1, n_resamples: int = 1000, seed: int = 0, out: str | Path | None = None,
+                     force: bool = False, progress: bool = False) -> pd.DataFrame:
     """How much of ``group``'s drift between ``target`` (e.g. ``pair``) and ``source`` (e.g. ``concat``)
     at ``layer`` each intervened run of ``target`` reproduces: e.g. ``target`` with ``group``'s state
     at layer l patched from ``source``, or ``target`` with attention to the middle [SEP] knocked out.
@@ -300,7 +305,7 @@ def drift_reproduced(source: Cache, target: Cache, treated: Sequence[Cache], *, 
     columns: ``patch_layer`` (the layer of a cache's single patch, else NA), ``intervention``,
     ``n_clusters``."""
     check_comparable(target, source)
-    measured = target.layers[target.layer_index(layer)]
+    measured = cache_layer(target, layer)
     config = {"source": cache_identity(source), "target": cache_identity(target), "group": group, "layer": measured,
               "treated": [cache_identity(c) for c in treated], "n_resamples": n_resamples, "seed": seed}
     path, done = stored_table(out, "intervention_patching", config, force)
@@ -314,7 +319,7 @@ def drift_reproduced(source: Cache, target: Cache, treated: Sequence[Cache], *, 
     base = {**_base(target, "intervention_patching", seed), "format_b": source.format_name, "role": group,
             "target": "", "layer": measured}
     rows = []
-    for cache in treated:
+    for cache in tqdm(treated, desc="patching", disable=not progress, file=sys.stderr, delay=1):
         check_comparable(target, cache)
         ex_p, d_p = per_example_drift(cache, source, measured, group)
         d_p = pd.Series(d_p, index=ex_p).reindex(ex).to_numpy()
@@ -364,7 +369,7 @@ def q1_patching(pair: Cache, concat: Cache, patched: Mapping[int, Cache], sep_ro
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from analyses.results import CLI_ERRORS, add_output_options, cli_error
+    from analyses.results import CLI_ERRORS, add_layers_option, add_output_options, cli_error, one_value, split_list
 
     p = ArgumentParser(prog="python -m analyses.interventions",
                        description="Effects of an intervention against the clean run (and a control).")
@@ -374,9 +379,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     k.add_argument("treated")
     k.add_argument("control", nargs="?", default=None)
     k.add_argument("--groups", default="cls,sep,word", help="role groups for drift (default cls,sep,word)")
+    add_layers_option(k, "every layer stored in all caches")
     k.add_argument("--targets", default="topic,is_next", help="probe targets (default topic,is_next)")
-    k.add_argument("--choice", default="cls", help="token choice probed (default cls)")
-    k.add_argument("--probe-layer", type=int, default=-1, help="layer probed (default: the last)")
+    k.add_argument("--choices", default="cls", help="the one token choice probed (default cls)")
+    k.add_argument("--probe-layer", default="-1", help="the one layer probed; -1 is the last (default -1)")
+    k.add_argument("--folds", type=int, default=5, help="outer cross-validation folds of the probe (default 5)")
     k.add_argument("--mode", choices=PROBE_MODES, default="transfer",
                    help="transfer: probe fitted on clean states; retrain: fitted on the intervened states")
     add_output_options(k, resamples=True)
@@ -384,25 +391,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     q.add_argument("source", help="the format the states came from (e.g. concat)")
     q.add_argument("target", help="the clean cache that was patched (e.g. pair)")
     q.add_argument("treated", nargs="+", help="intervened caches of TARGET's format (patches, knockouts)")
-    q.add_argument("--group", default="cls")
-    q.add_argument("--layer", type=int, default=-1, help="layer where the drift is measured (default: the last)")
+    q.add_argument("--group", default="cls", help="role group whose drift is measured (default cls)")
+    q.add_argument("--layers", default="-1",
+                   help="the one layer where the drift is measured; -1 is the last (default -1)")
     add_output_options(q, resamples=True)
     args = p.parse_args(argv)
     try:
         if args.kind == "knockout":
             caches = [Cache.open(c) for c in (args.clean, args.treated)]
             control = Cache.open(args.control) if args.control else None
-            drift = knockout_drift(*caches, control, groups=[g for g in args.groups.split(",") if g],
-                                   n_resamples=args.resamples, seed=args.seed, out=args.out, force=args.force)
-            probes = knockout_probes(*caches, control, targets=[t for t in args.targets.split(",") if t],
-                                     choice=args.choice, layer=args.probe_layer, mode=args.mode,
-                                     n_resamples=args.resamples, seed=args.seed, out=args.out, force=args.force)
+            drift = knockout_drift(*caches, control, groups=split_list(args.groups), layers=args.layers,
+                                   n_resamples=args.resamples, seed=args.seed, out=args.out, force=args.force,
+                                   progress=not args.no_progress)
+            probes = knockout_probes(*caches, control, targets=split_list(args.targets),
+                                     choice=one_value(args.choices, "--choices"),
+                                     layer=cache_layer(caches[0], args.probe_layer, "--probe-layer"), mode=args.mode,
+                                     n_splits=args.folds, n_resamples=args.resamples, seed=args.seed, out=args.out,
+                                     force=args.force, progress=not args.no_progress)
             shown = [drift.pivot_table(index=["role", "layer"], columns="metric", values="value"),
                      probes.pivot_table(index="target", columns="metric", values="value")]
         else:
             df = drift_reproduced(Cache.open(args.source), Cache.open(args.target),
-                                  [Cache.open(c) for c in args.treated], group=args.group, layer=args.layer,
-                                  n_resamples=args.resamples, seed=args.seed, out=args.out, force=args.force)
+                                  [Cache.open(c) for c in args.treated], group=args.group, layer=args.layers,
+                                  n_resamples=args.resamples, seed=args.seed, out=args.out, force=args.force,
+                                  progress=not args.no_progress)
             shown = [df.pivot_table(index="intervention", columns="metric", values="value", sort=False)]
     except CLI_ERRORS as err:
         return cli_error(err)

@@ -10,7 +10,7 @@ their majority label equals its own. The chance level is what a random neighbour
 ``sum_c p_c * (n_c - 1) / (n - 1)`` for ``k = 1`` (computed from the label counts; reported as
 ``chance_knn_accuracy``).
 
-    python -m analyses.neighbours CACHE --choices cls,mean,max --label topic --out results
+    python -m analyses.neighbours CACHE --choices cls,mean,max --targets topic --out results
 """
 
 from __future__ import annotations
@@ -21,15 +21,17 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
 from analyses.drift import model_label
 from analyses.grouping import cache_groups
-from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
-                              stored_table)
+from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
+                              keep_table, make_table, split_list, stored_table)
 from analyses.selection import parse_choice, pooled
 from analyses.stats import bootstrap_ci
 from probing.cache import Cache
 from probing.cli import ArgumentParser
+from probing.layers import cache_layers
 
 #: Rows scored per block of the similarity matrix (memory: block x n floats).
 _BLOCK = 2048
@@ -87,7 +89,7 @@ def chance_agreement(labels: np.ndarray) -> float:
 
 def run_knn(cache: Cache, choices: Sequence[str] = ("cls", "mean"), label: str = "topic", *,
             group: str | None = "doc", k: int = 1, layers: Sequence[int] | None = None, n_resamples: int = 1000,
-            seed: int = 0, out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
+            seed: int = 0, out: str | Path | None = None, force: bool = False, progress: bool = False) -> pd.DataFrame:
     """Tidy table (``analysis="knn"``, metric ``knn_accuracy`` with a 95% cluster-bootstrap CI, and
     ``chance_knn_accuracy``) per layer and token choice. ``group``: a label whose equal values
     are never neighbours (``None``: only the example itself is excluded). The CI resamples documents
@@ -95,7 +97,10 @@ def run_knn(cache: Cache, choices: Sequence[str] = ("cls", "mean"), label: str =
     :func:`analyses.grouping.cache_groups`)."""
     for c in choices:
         parse_choice(c)
-    layers = list(layers if layers is not None else cache.layers)
+    for name in (label, group):  # before any progress bar: a missing label is the first line printed
+        if name is not None:
+            cache.labels(name)
+    layers = cache_layers(cache, layers)
     config = {"cache": cache_identity(cache), "choices": list(choices), "label": label, "group": group, "k": k,
               "layers": layers, "n_resamples": n_resamples, "seed": seed, "clusters": "doc label, else example"}
     path, done = stored_table(out, "knn", config, force)
@@ -104,19 +109,19 @@ def run_knn(cache: Cache, choices: Sequence[str] = ("cls", "mean"), label: str =
     base = {"analysis": "knn", "model": model_label(cache), "corpus": cache.manifest["corpus"]["name"],
             "format": cache.format_name, "target": label, "seed": seed}
     rows = []
-    for choice in choices:
-        for layer in layers:
-            ex, X = pooled(cache, layer, choice)
-            y = cache.labels(label, ex)
-            groups = cache.labels(group, ex) if group is not None else None
-            hit = (knn_predict(X, y, groups, k) == y).astype(np.float64)
-            clusters, grouping = cache_groups(cache, ex)
-            info = {"grouping": grouping, "n_groups": int(np.unique(clusters).size)}
-            point, lo, hi = bootstrap_ci(hit, clusters, "mean", n_resamples=n_resamples, seed=seed)
-            rows.append({**base, "layer": layer, "role": choice, "metric": "knn_accuracy", "value": point,
-                         "ci_low": lo, "ci_high": hi, "n": len(ex), **info})
-            rows.append({**base, "layer": layer, "role": choice, "metric": "chance_knn_accuracy",
-                         "value": chance_agreement(y), "ci_low": np.nan, "ci_high": np.nan, "n": len(ex), **info})
+    cells = [(choice, layer) for choice in choices for layer in layers]
+    for choice, layer in tqdm(cells, desc=f"neighbours {label}", disable=not progress, file=sys.stderr, delay=1):
+        ex, X = pooled(cache, layer, choice)
+        y = cache.labels(label, ex)
+        groups = cache.labels(group, ex) if group is not None else None
+        hit = (knn_predict(X, y, groups, k) == y).astype(np.float64)
+        clusters, grouping = cache_groups(cache, ex)
+        info = {"grouping": grouping, "n_groups": int(np.unique(clusters).size)}
+        point, lo, hi = bootstrap_ci(hit, clusters, "mean", n_resamples=n_resamples, seed=seed)
+        rows.append({**base, "layer": layer, "role": choice, "metric": "knn_accuracy", "value": point,
+                     "ci_low": lo, "ci_high": hi, "n": len(ex), **info})
+        rows.append({**base, "layer": layer, "role": choice, "metric": "chance_knn_accuracy",
+                     "value": chance_agreement(y), "ci_low": np.nan, "ci_high": np.nan, "n": len(ex), **info})
     df = make_table(rows)
     return keep_table(df, path)
 
@@ -125,13 +130,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = ArgumentParser(
         prog="python -m analyses.neighbours",
         description="Training-free label agreement of nearest neighbours (cosine) of pooled sentence vectors, "
-                    "per layer and token choice, with a 95%% cluster-bootstrap CI over documents (examples without "
+                    "per layer and token choice, with a 95% cluster-bootstrap CI over documents (examples without "
                     "a doc label) and the chance level. "
                     "Neighbours from the same document (--group) are excluded.",
     )
     p.add_argument("cache", help="cache directory (python -m probing.extract)")
     p.add_argument("--choices", default="cls,mean", help="comma list of token choices (default cls,mean)")
-    p.add_argument("--label", default="topic", help="example label to agree on (default topic)")
+    p.add_argument("--targets", default="topic", help="comma list of example labels to agree on (default topic)")
+    add_layers_option(p)
     p.add_argument("--group", default="doc", help="label whose equal values are never neighbours (default doc; "
                                                   "'none' excludes only the example itself)")
     p.add_argument("-k", type=int, default=1, help="neighbours voting (default 1)")
@@ -139,15 +145,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         cache = Cache.open(args.cache)
-        df = run_knn(cache, [c.strip() for c in args.choices.split(",") if c.strip()], args.label,
-                     group=None if args.group == "none" else args.group, k=args.k, n_resamples=args.resamples,
-                     seed=args.seed, out=args.out, force=args.force)
+        tables = [run_knn(cache, split_list(args.choices), target, group=None if args.group == "none" else args.group,
+                          k=args.k, layers=args.layers, n_resamples=args.resamples, seed=args.seed, out=args.out,
+                          force=args.force, progress=not args.no_progress)
+                  for target in split_list(args.targets)]
     except CLI_ERRORS as err:
         return cli_error(err)
-    acc = df[df["metric"] == "knn_accuracy"]
-    with pd.option_context("display.width", 160, "display.precision", 3):
-        print(acc.pivot_table(index="layer", columns="role", values="value", sort=False).to_string())
-    print(f"chance: {df.loc[df['metric'] == 'chance_knn_accuracy', 'value'].iloc[0]:.3f}")
+    for df in tables:
+        acc = df[df["metric"] == "knn_accuracy"]
+        print(f"{df['target'].iloc[0]}:")
+        with pd.option_context("display.width", 160, "display.precision", 3):
+            print(acc.pivot_table(index="layer", columns="role", values="value", sort=False).to_string())
+        print(f"chance: {df.loc[df['metric'] == 'chance_knn_accuracy', 'value'].iloc[0]:.3f}")
     return 0
 
 

@@ -42,11 +42,12 @@ from tqdm.auto import tqdm
 from analyses.drift import group_labels, model_label, paired_rows
 from analyses.drift_metrics import rowwise_cosine
 from analyses.grouping import cache_groups
-from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
-                              parse_layers, stored_table)
+from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
+                              keep_table, make_table, stored_table)
 from analyses.stats import holm, paired_difference
 from probing.cli import ArgumentParser
 from probing.cache import check_comparable
+from probing.layers import resolve_layers, shared_layers
 
 Unit = Literal["token", "example"]
 #: What one paired item is, declared once: a token key, or an example (mean over its tokens).
@@ -106,9 +107,7 @@ def run_paired_drift(ref, a, b, *, layers: Sequence[int] | None = None, words_on
         raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
     check_comparable(ref, a)
     check_comparable(ref, b)
-    layers = [l for l in (layers if layers is not None else ref.layers) if l in a.layers and l in b.layers]
-    if not layers:
-        raise ValueError(f"no layer stored in all three caches: {ref.layers}, {a.layers}, {b.layers}")
+    layers = shared_layers(layers, ref, a, b)
     config = {"ref": cache_identity(ref), "a": cache_identity(a), "b": cache_identity(b), "layers": layers,
               "words_only": words_only, "unit": unit, "n_resamples": n_resamples, "seed": seed}
     path, done = stored_table(out, "paired_drift", config, force)
@@ -152,9 +151,7 @@ def run_role_contrast(a, b, role: str = "cls", *, versus: str = "words", layers:
     layers) as in :func:`run_paired_drift`.
     """
     check_comparable(a, b)
-    layers = [l for l in (layers if layers is not None else a.layers) if l in b.layers]
-    if not layers:
-        raise ValueError(f"no layer stored in both caches: {a.layers} vs {b.layers}")
+    layers = shared_layers(layers, a, b)
     config = {"a": cache_identity(a), "b": cache_identity(b), "role": role, "versus": versus, "layers": layers,
               "n_resamples": n_resamples, "seed": seed}
     path, done = stored_table(out, "role_contrast", config, force)
@@ -190,9 +187,10 @@ def run_role_contrast(a, b, role: str = "cls", *, versus: str = "words", layers:
 
 
 def run_paired_attention(a, b, *, pairs: Sequence[tuple[str, str]] | None = (("s1 words", "s2 words"),),
-                         n_resamples: int = 1000, seed: int = 0, out: str | Path | None = None,
-                         force: bool = False) -> pd.DataFrame:
-    """Attention mass in format B minus format A, paired on the same examples (Q2).
+                         layers: Sequence[int] | str | None = None, n_resamples: int = 1000, seed: int = 0,
+                         out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
+    """Attention mass in format B minus format A, paired on the same examples (Q2). ``layers``: a layer
+    spec (:mod:`probing.layers`) among the layers both caches recorded attention at (default: all).
 
     a, b: caches of one model and corpus extracted with ``--attention``. For each (source, target)
     group pair of :func:`analyses.attention.target_masses` named in ``pairs`` (None: every pair
@@ -202,21 +200,25 @@ def run_paired_attention(a, b, *, pairs: Sequence[tuple[str, str]] | None = (("s
     two means, CI over documents, p-value and ``p_holm`` across layers, as in :func:`run_paired_drift`.
     """
     from analyses.attention import target_masses
+    from analyses.selection import attention_group_names
 
     check_comparable(a, b)
+    layers_a, layers_b = a.manifest["attention"]["layers"], b.manifest["attention"]["layers"]
+    layers = resolve_layers(layers, int(a.manifest["model"]["n_layers"]), stored=[l for l in layers_a if l in layers_b])
     config = {"a": cache_identity(a), "b": cache_identity(b), "pairs": None if pairs is None else [list(p) for p in pairs],
               "n_resamples": n_resamples, "seed": seed}
+    if layers != [l for l in layers_a if l in layers_b]:
+        config["layers"] = layers
     path, done = stored_table(out, "paired_attention", config, force)
     if done is not None:
         return done
     ex_a, mass_a, groups_a = a.attention()
     ex_b, mass_b, groups_b = b.attention()
-    layers_a, layers_b = a.manifest["attention"]["layers"], b.manifest["attention"]["layers"]
-    layers = [l for l in layers_a if l in layers_b]
     common = np.intersect1d(ex_a, ex_b)
     ia = pd.Series(np.arange(len(ex_a)), index=ex_a).reindex(common).to_numpy()
     ib = pd.Series(np.arange(len(ex_b)), index=ex_b).reindex(common).to_numpy()
-    named_a, named_b = target_masses(mass_a, groups_a), target_masses(mass_b, groups_b)
+    named_a = target_masses(mass_a, attention_group_names(a, groups_a))
+    named_b = target_masses(mass_b, attention_group_names(b, groups_b))
     shared = [k for k in named_a if k in named_b]
     if pairs is not None:
         missing = [tuple(p) for p in pairs if tuple(p) not in shared]
@@ -261,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="two caches with attention summaries: mass from s1 words to s2 words, B minus A")
     p.add_argument("--contrast", default=None, help="role group compared with the words, e.g. cls (Q1)")
     p.add_argument("--versus", default="words", help="with --contrast: 'words' or a group such as 's1 words'")
-    p.add_argument("--layers", default=None, help="comma list of layers (default: every layer stored)")
+    add_layers_option(p)
     p.add_argument("--all-tokens", action="store_true", help="paired drift: special tokens too, not only words")
     p.add_argument("--unit", default="token", choices=UNITS, help="paired item: token key or example mean")
     add_output_options(p, resamples=True)
@@ -271,15 +273,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cli_error(ValueError(f"expected {want} cache directories, got {len(args.caches)}: {args.caches}"))
     try:
         caches = [Cache.open(c) for c in args.caches]
-        kw = dict(layers=parse_layers(args.layers), n_resamples=args.resamples, seed=args.seed, out=args.out,
+        kw = dict(layers=args.layers, n_resamples=args.resamples, seed=args.seed, out=args.out,
                   force=args.force)
         if args.attention:
-            kw.pop("layers")
             df = run_paired_attention(*caches, **kw)
         elif args.contrast is not None:
-            df = run_role_contrast(*caches, role=args.contrast, versus=args.versus, **kw)
+            df = run_role_contrast(*caches, role=args.contrast, versus=args.versus, progress=not args.no_progress,
+                                   **kw)
         else:
-            df = run_paired_drift(*caches, words_only=not args.all_tokens, unit=args.unit, **kw)
+            df = run_paired_drift(*caches, words_only=not args.all_tokens, unit=args.unit,
+                                  progress=not args.no_progress, **kw)
     except CLI_ERRORS as err:
         return cli_error(err)
     cols = ["layer", "role", "target", "value", "ci_low", "ci_high", "p_value", "p_holm", "n", "n_groups", "grouping"]

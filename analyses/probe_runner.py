@@ -50,10 +50,11 @@ from analyses.drift import model_label
 from analyses.grouping import table_groups
 from analyses.probes import cross_validate_probe, probe_many_results, probe_rows
 from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
-                              parse_layers, stored_table)
+                              stored_table)
 from analyses.selection import parse_choice, pooled
 from analyses.stats import DETECTABLE_EFFECT, groups_needed, holm, paired_difference
 from analyses.vocabulary import content_vocabulary, function_vocabulary, presence
+from probing.layers import cache_layers
 from probing.cache import Cache, check_comparable
 from probing.cli import ArgumentParser
 
@@ -417,11 +418,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cache = Cache.open(args.cache)
         rnd = Cache.open(args.random_cache) if args.random_cache else None
-        layers = parse_layers(args.layers)
+        layers = cache_layers(cache, args.layers)
         df = run_probes(cache, args.choices.split(","), args.targets.split(","), layers=layers, random_cache=rnd,
                         n_splits=args.folds, seed=args.seed, control=not args.no_control, vocab=args.vocab,
                         max_tokens=args.max_tokens, device=args.device, backend=args.backend,
-                        length_baseline=args.length_baseline, items=args.items, out=args.out, force=args.force)
+                        length_baseline=args.length_baseline, items=args.items, out=args.out, force=args.force,
+                        progress=not args.no_progress)
         if args.items:
             df = df[0]
     except CLI_ERRORS as err:

@@ -135,22 +135,41 @@ def keep_table(df: pd.DataFrame, path: Path | None) -> pd.DataFrame:
 CLI_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, OSError, RuntimeError)
 
 
-def add_output_options(parser, *, resamples: bool = False) -> None:
-    """Add ``--resamples`` (if asked), ``--seed``, ``--out`` and ``--force`` to an analysis CLI; an
-    ``--out`` that cannot be written is a usage error before anything is computed."""
+def add_output_options(parser, *, resamples: bool = False, seed: bool = True, progress: bool = True) -> None:
+    """Add the options every analysis command shares, named as docs/CLI.md says: ``--resamples`` (if
+    asked), ``--seed`` (splits and resampling; unless the command draws nothing at random), ``--out``, ``--force`` and ``--no-progress`` (unless the
+    command does no long work). An ``--out`` that cannot be written is a usage error before anything is
+    computed."""
     from probing.cli import output_dir_arg
 
     if resamples:
         parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    if seed:
+        parser.add_argument("--seed", type=int, default=0, help="seed of splits and resampling (default 0)")
     parser.add_argument("--out", default="results", type=output_dir_arg,
                         help="directory for the result table (default results/)")
     parser.add_argument("--force", action="store_true", help="recompute even if the result exists")
+    if progress:
+        parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
-def parse_layers(spec: str | None) -> list[int] | None:
-    """``"0,3,6"`` -> ``[0, 3, 6]``; None or empty -> None (every stored layer)."""
-    return [int(x) for x in spec.split(",") if x.strip()] if spec else None
+def add_layers_option(parser, default: str = "every layer stored") -> None:
+    """``--layers``: one spec everywhere (:mod:`probing.layers`: ``all``, ``0,3,-1``, ``2-4``; -1 = last)."""
+    parser.add_argument("--layers", default=None,
+                        help=f"layers: 'all', a comma list or a-b ranges; -1 is the last (default: {default})")
+
+
+def split_list(value: str | None) -> list[str]:
+    """A comma-list option value -> its items, blanks dropped (``"cls, mean"`` -> ``["cls", "mean"]``)."""
+    return [x.strip() for x in (value or "").split(",") if x.strip()]
+
+
+def one_value(value: str, option: str) -> str:
+    """The single item of a comma-list option that takes exactly one here; ValueError naming it otherwise."""
+    items = split_list(value)
+    if len(items) != 1:
+        raise ValueError(f"{option} {value!r}: this command takes exactly one value, got {len(items)}")
+    return items[0]
 
 
 def cli_error(err: BaseException) -> int:

@@ -5,6 +5,8 @@ Token choices (one vector per example), declared once in :data:`TOKEN_CHOICES`:
 ======================  ===========================================================================
 ``cls``                 the first classification token ([CLS] / <s>), wherever the format puts it
 ``sep<i>``              the [SEP] that follows sentence i (``sep1``: the middle one in ``pair``)
+``sep<i>_<j>``          the j-th [SEP] in a row after sentence i (RoBERTa's pair ``<s> a </s></s> b </s>``
+                        has ``sep1``, ``sep1_2`` and ``sep2``)
 ``sep_last``            the last [SEP] of the sequence
 ``mean``                mean of all word tokens (every subword, special tokens excluded)
 ``max``                 element-wise max over word tokens
@@ -13,7 +15,9 @@ Token choices (one vector per example), declared once in :data:`TOKEN_CHOICES`:
 ``pos<k>``              the token at position k (k = 0 is the first position)
 ======================  ===========================================================================
 
-Role groups (many tokens per example) for drift: ``cls``, ``sep<i>``, ``s<i> words``.
+Role groups (many tokens per example), for drift, attention and interventions, named by the same
+grammar (:func:`group_name`): ``cls`` (the first classification token), ``sep<i>`` and ``sep<i>_<j>``,
+``cls<i>`` (a further classification token after sentence i, as in ``bertsum``), ``s<i> words``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from probing.cache import Cache
 TOKEN_CHOICES: dict[str, str] = {
     "cls": "the first classification token",
     "sep<i>": "the [SEP] after sentence i",
+    "sep<i>_<j>": "the j-th [SEP] in a row after sentence i",
     "sep_last": "the last [SEP]",
     "mean": "mean of the word tokens (special tokens excluded)",
     "max": "element-wise max over the word tokens",
@@ -37,18 +42,79 @@ TOKEN_CHOICES: dict[str, str] = {
     "pos<k>": "the token at position k",
 }
 _PATTERNS: dict[str, str] = {
-    "cls": r"cls", "sep<i>": r"sep(\d+)", "sep_last": r"sep_last", "mean": r"mean", "max": r"max",
+    "cls": r"cls", "sep<i>": r"sep(\d+)", "sep<i>_<j>": r"sep(\d+)_(\d+)", "sep_last": r"sep_last", "mean": r"mean", "max": r"max",
     "first_word": r"first_word", "mean_s<i>": r"mean_s(\d+)", "pos<k>": r"pos(\d+)",
 }
 
 
-def parse_choice(choice: str) -> tuple[str, int | None]:
-    """``"sep1"`` -> ``("sep<i>", 1)``; unknown names are a ValueError listing the valid ones."""
+def parse_choice(choice: str) -> tuple[str, int | tuple[int, int] | None]:
+    """``"sep1"`` -> ``("sep<i>", 1)``, ``"sep1_2"`` -> ``("sep<i>_<j>", (1, 2))``; unknown names are a
+    ValueError listing the valid ones."""
     for name, pat in _PATTERNS.items():
         m = re.fullmatch(pat, choice)
         if m:
-            return name, (int(m.group(1)) if m.groups() else None)
+            args = tuple(int(g) for g in m.groups())
+            if name == "sep<i>_<j>" and args[1] < 2:
+                raise ValueError(f"token choice {choice!r}: the j of sep<i>_<j> counts from 2 (sep{args[0]} is the "
+                                 "first [SEP] after sentence i)")
+            return name, (args if len(args) > 1 else args[0] if args else None)
     raise ValueError(f"unknown token choice {choice!r}; valid: {', '.join(TOKEN_CHOICES)}")
+
+
+def group_name(role: str, sentence: int, index: int) -> str:
+    """The grammar's name of a token key's group: words -> ``s<i> words``; the classification token
+    before any sentence -> ``cls``; a special token after sentence i -> ``<role><i>`` for the first in a
+    row, ``<role><i>_<j>`` for the j-th (``sep1``, ``sep1_2``).
+
+    >>> group_name("sep", 1, 0), group_name("sep", 1, 1), group_name("cls", 0, 0), group_name("word", 2, 5)
+    ('sep1', 'sep1_2', 'cls', 's2 words')
+    """
+    if role == "word":
+        return f"s{sentence} words"
+    if role == "cls" and sentence == 0 and index == 0:
+        return "cls"
+    return f"{role}{sentence}" + (f"_{index + 1}" if index else "")
+
+
+def special_keys(fmt, n_sentences: int) -> dict[str, tuple[str, int, int]]:
+    """For a :class:`probing.formats.Format` laid out for ``n_sentences``: each special token's
+    occurrence name as extraction's attention groups write it (``sep0`` = the first [SEP] from the
+    start) -> its key ``(role, sentence, index)`` (as :func:`probing.formats.render` assigns it)."""
+    keys: dict[str, tuple[str, int, int]] = {}
+    last, gap, seen = 0, {}, {}
+    for kind, value, _ in fmt.expand(n_sentences):
+        if kind == "sentence":
+            last, gap = value, {}
+            continue
+        role = str(value).lower()
+        j, o = gap.get(role, 0), seen.get(role, 0)
+        gap[role], seen[role] = j + 1, o + 1
+        keys[f"{role}{o}"] = (role, last, j)
+    return keys
+
+
+def attention_group_names(cache: Cache, groups: list[str]) -> list[str]:
+    """Extraction's attention group names (``cls0``, ``sep0``, ``sep1``, ``s1``, ...: counted from the
+    start of the sequence) -> the grammar's names (``cls``, ``sep1``, ``sep2``, ``s1 words``: the
+    [SEP] after sentence 1 is ``sep1`` here as in every token choice). The first [CLS] is ``cls``."""
+    from probing.formats import Format
+
+    fmt = Format(cache.manifest["format"]["name"], cache.manifest["format"]["template"])
+    k = max([int(g[1:]) for g in groups if re.fullmatch(r"s\d+", g)] or [fmt.min_sentences()])
+    keys = special_keys(fmt, k)
+    out = []
+    for g in groups:
+        if re.fullmatch(r"s\d+", g):
+            out.append(f"{g} words")
+        elif g == "cls0":
+            out.append("cls")
+        elif g in keys:
+            out.append(group_name(*keys[g]))
+        else:
+            raise ValueError(f"{cache.path}: attention group {g!r} is not in format {fmt.name!r} ({fmt.template})")
+    if len(set(out)) != len(out):
+        raise ValueError(f"{cache.path}: attention groups {groups} do not name distinct groups ({out})")
+    return out
 
 
 def _single_rows(tok: pd.DataFrame, mask: np.ndarray, choice: str, cache: Cache) -> tuple[np.ndarray, np.ndarray]:
@@ -67,8 +133,9 @@ def choice_rows(cache: Cache, choice: str) -> tuple[np.ndarray, np.ndarray]:
     role = tok["role"].to_numpy()
     if kind == "cls":
         return _single_rows(tok, role == "cls", choice, cache)
-    if kind == "sep<i>":
-        mask = (role == "sep") & (tok["sentence"].to_numpy() == arg) & (tok["index"].to_numpy() == 0)
+    if kind in ("sep<i>", "sep<i>_<j>"):
+        sentence, j = arg if kind == "sep<i>_<j>" else (arg, 1)
+        mask = (role == "sep") & (tok["sentence"].to_numpy() == sentence) & (tok["index"].to_numpy() == j - 1)
         return _single_rows(tok, mask, choice, cache)
     if kind == "sep_last":
         sub = tok[role == "sep"]
@@ -108,19 +175,20 @@ def pooled(cache: Cache, layer: int, choice: str) -> tuple[np.ndarray, np.ndarra
 
 
 def role_groups(tokens: pd.DataFrame) -> dict[str, np.ndarray]:
-    """Row numbers per role group: ``cls``, ``sep<i>`` (the [SEP] after sentence i), ``s<i> words``,
-    and other special roles by name."""
+    """Row numbers per role group, named by :func:`group_name`: ``cls``, ``sep<i>`` (the [SEP] after
+    sentence i), ``sep<i>_<j>`` (a further [SEP] in a row), ``cls<i>``, ``s<i> words``, and other
+    special roles by name. Without a [CLS] before the first sentence, ``cls`` is every [CLS]."""
     groups: dict[str, np.ndarray] = {}
     role = tokens["role"].to_numpy()
     sent = tokens["sentence"].to_numpy()
     idx = tokens["index"].to_numpy()
     for r in sorted(set(role) - {"word"}):
         m = role == r
-        if r == "sep":
-            for s in sorted(set(sent[m])):
-                groups[f"sep{s}"] = np.flatnonzero(m & (sent == s) & (idx == 0))
-        elif r == "cls":
-            groups["cls"] = np.flatnonzero(m & (sent == 0) & (idx == 0)) if (m & (sent == 0)).any() else np.flatnonzero(m)
+        if r == "cls" and not (m & (sent == 0)).any():
+            groups["cls"] = np.flatnonzero(m)
+        elif r in ("sep", "cls"):
+            for s, j in sorted(set(zip(sent[m].tolist(), idx[m].tolist()))):
+                groups[group_name(r, s, j)] = np.flatnonzero(m & (sent == s) & (idx == j))
         else:
             groups[r] = np.flatnonzero(m)
     w = role == "word"

@@ -20,19 +20,23 @@ paired items is refused.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
 from analyses.cka import MIN_ITEMS, linear_cka, linear_cka_matrix, rbf_cka
 from analyses.drift import model_label
-from analyses.results import CLI_ERRORS, cache_identity, cli_error, keep_table, make_table, stored_table
+from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error, keep_table,
+                              make_table, one_value, split_list, stored_table)
 from analyses.selection import parse_choice, pooled
 from probing.cache import Cache, align, check_comparable
-from probing.cli import ArgumentParser, output_dir_arg
+from probing.cli import ArgumentParser
+from probing.layers import cache_layers, shared_layers
 
 #: CKA variants, declared once: name -> function of (X, Y).
 METRICS = {
@@ -60,7 +64,7 @@ def _measure(X: np.ndarray, Y: np.ndarray, metrics: Sequence[str]) -> list[tuple
 
 
 #: The stored role a token choice reads (``pos<k>`` reads whatever is at position k: no one role).
-_ROLE_OF = {"cls": "cls", "sep<i>": "sep", "sep_last": "sep", "mean": "word", "max": "word",
+_ROLE_OF = {"cls": "cls", "sep<i>": "sep", "sep<i>_<j>": "sep", "sep_last": "sep", "mean": "word", "max": "word",
             "first_word": "word", "mean_s<i>": "word"}
 
 
@@ -103,24 +107,26 @@ def _base(a: Cache, b: Cache, seed: int = 0) -> dict:
 
 
 def run_cka_formats(a: Cache, b: Cache, choices: Sequence[str] = ("cls", "mean"), *,
-                    layers: Sequence[int] | None = None, metrics: Sequence[str] = DEFAULT_METRICS,
-                    out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
-    """Per layer, CKA of each token choice between format A and format B (role = target = choice)."""
+                    layers: Sequence[int] | str | None = None, metrics: Sequence[str] = DEFAULT_METRICS,
+                    out: str | Path | None = None, force: bool = False, progress: bool = False) -> pd.DataFrame:
+    """Per layer, CKA of each token choice between format A and format B (role = target = choice).
+    ``layers``: a layer spec (:mod:`probing.layers`; -1 = last) among the layers both caches store."""
     # another model is allowed (model_b names it); not another corpus
     check_comparable(a, b, same_model=False, roles=roles_needed(choices))
-    layers = [l for l in (layers if layers is not None else a.layers) if l in b.layers]
+    layers = shared_layers(layers, a, b)
     config = {"kind": "formats", "a": cache_identity(a), "b": cache_identity(b), "choices": list(choices),
               "layers": layers, "metrics": list(metrics)}
     path, done = stored_table(out, "cka", config, force)
     if done is not None:
         return done
     rows = []
-    for choice in choices:
-        for layer in layers:
-            X, Y = _paired(a, b, choice, layer)
-            for m, v, note in _measure(X, Y, metrics):
-                rows.append({**_base(a, b), "layer": layer, "role": choice, "target": choice, "metric": m,
-                             "value": v, "n": len(X), "note": note})
+    cells = [(choice, layer) for choice in choices for layer in layers]
+    for choice, layer in tqdm(cells, desc=f"CKA {a.format_name} vs {b.format_name}", disable=not progress, delay=1,
+                              file=sys.stderr):
+        X, Y = _paired(a, b, choice, layer)
+        for m, v, note in _measure(X, Y, metrics):
+            rows.append({**_base(a, b), "layer": layer, "role": choice, "target": choice, "metric": m,
+                         "value": v, "n": len(X), "note": note})
     df = make_table(rows)
     return keep_table(df, path)
 
@@ -158,25 +164,25 @@ def run_cka_matrix(a: Cache, b: Cache | None = None, choice: str = "cls", *,
 
 def run_cka_roles(cache: Cache, pairs: Sequence[tuple[str, str]] = (("sep1", "cls"), ("sep1", "mean_s1"),
                                                                       ("sep1", "mean_s2")), *,
-                  layers: Sequence[int] | None = None, metrics: Sequence[str] = DEFAULT_METRICS,
-                  out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
+                  layers: Sequence[int] | str | None = None, metrics: Sequence[str] = DEFAULT_METRICS,
+                  out: str | Path | None = None, force: bool = False, progress: bool = False) -> pd.DataFrame:
     """Per layer, CKA between two token choices of the same examples in one cache."""
-    layers = list(layers if layers is not None else cache.layers)
+    layers = cache_layers(cache, layers)
     config = {"kind": "roles", "cache": cache_identity(cache), "pairs": [list(p) for p in pairs], "layers": layers,
               "metrics": list(metrics)}
     path, done = stored_table(out, "cka", config, force)
     if done is not None:
         return done
     rows = []
-    for ca, cb in pairs:
-        for layer in layers:
-            ex_a, X = pooled(cache, layer, ca)
-            ex_b, Y = pooled(cache, layer, cb)
-            common, ia, ib = np.intersect1d(ex_a, ex_b, return_indices=True)
-            _enough(len(common), cache, cache, f"{ca!r} vs {cb!r}")
-            for m, v, note in _measure(X[ia], Y[ib], metrics):
-                rows.append({**_base(cache, cache), "layer": layer, "role": ca, "target": cb, "metric": m,
-                             "value": v, "n": len(common), "note": note})
+    cells = [(ca, cb, layer) for ca, cb in pairs for layer in layers]
+    for ca, cb, layer in tqdm(cells, desc=f"CKA {cache.format_name}", disable=not progress, file=sys.stderr, delay=1):
+        ex_a, X = pooled(cache, layer, ca)
+        ex_b, Y = pooled(cache, layer, cb)
+        common, ia, ib = np.intersect1d(ex_a, ex_b, return_indices=True)
+        _enough(len(common), cache, cache, f"{ca!r} vs {cb!r}")
+        for m, v, note in _measure(X[ia], Y[ib], metrics):
+            rows.append({**_base(cache, cache), "layer": layer, "role": ca, "target": cb, "metric": m,
+                         "value": v, "n": len(common), "note": note})
     df = make_table(rows)
     return keep_table(df, path)
 
@@ -193,36 +199,44 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="formats: A vs B per layer; matrix: layer x layer; roles: two choices in one cache")
     p.add_argument("cache_a", help="cache directory")
     p.add_argument("cache_b", nargs="?", default=None, help="second cache (formats; optional for matrix)")
-    p.add_argument("--choices", default="cls,mean", help="token choices for 'formats' (default cls,mean)")
-    p.add_argument("--choice", default="cls", help="token choice for 'matrix' (default cls)")
+    p.add_argument("--choices", default=None,
+                   help="token choices: comma list for 'formats' (default cls,mean); the one choice for 'matrix' "
+                        "(default cls)")
     p.add_argument("--pairs", default="sep1:cls,sep1:mean_s1,sep1:mean_s2",
                    help="choice pairs for 'roles' (default sep1:cls,sep1:mean_s1,sep1:mean_s2)")
-    p.add_argument("--metrics", default=",".join(DEFAULT_METRICS),
-                   help=f"comma list of {', '.join(METRICS)} (default {','.join(DEFAULT_METRICS)}); "
-                        f"rbf_cka is skipped above {RBF_MAX_ITEMS} items")
-    p.add_argument("--debiased", action="store_true", help="debiased CKA for 'matrix'")
-    p.add_argument("--out", default="results", type=output_dir_arg,
-                   help="directory for the result table (default results/)")
-    p.add_argument("--force", action="store_true", help="recompute even if the result exists")
+    p.add_argument("--metrics", default=None,
+                   help=f"comma list of {', '.join(METRICS)} (default {','.join(DEFAULT_METRICS)}; rbf_cka is "
+                        f"skipped above {RBF_MAX_ITEMS} items); 'matrix': linear_cka (default) or linear_cka_debiased")
+    add_layers_option(p, "every layer stored in both; 'matrix' uses every stored layer")
+    add_output_options(p, seed=False)
     args = p.parse_args(argv)
-    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    matrix_metrics = ("linear_cka", "linear_cka_debiased")
+    metrics = split_list(args.metrics) or (list(matrix_metrics[:1]) if args.mode == "matrix" else list(DEFAULT_METRICS))
     bad = [m for m in metrics if m not in METRICS]
     if bad:
-        p.error(f"unknown metric(s) {bad}; choose from {list(METRICS)}")
+        p.error(f"--metrics: unknown metric(s) {bad}; choose from {list(METRICS)}")
+    if args.mode == "matrix" and (len(metrics) != 1 or metrics[0] not in matrix_metrics):
+        p.error(f"--metrics {args.metrics!r}: 'matrix' takes exactly one of {list(matrix_metrics)}")
+    if args.mode == "matrix" and args.layers is not None:
+        p.error("--layers: 'matrix' uses every stored layer of both caches")
+    progress = not args.no_progress
     try:
         a = Cache.open(args.cache_a)
         b = Cache.open(args.cache_b) if args.cache_b else None
         if args.mode == "formats":
             if b is None:
                 p.error("mode 'formats' needs two caches")
-            df = run_cka_formats(a, b, args.choices.split(","), metrics=metrics, out=args.out, force=args.force)
+            df = run_cka_formats(a, b, split_list(args.choices or "cls,mean"), layers=args.layers, metrics=metrics,
+                                 out=args.out, force=args.force, progress=progress)
             show = df.pivot_table(index="layer", columns=["role", "metric"], values="value", sort=False)
         elif args.mode == "matrix":
-            df = run_cka_matrix(a, b, args.choice, debiased=args.debiased, out=args.out, force=args.force)
+            df = run_cka_matrix(a, b, one_value(args.choices or "cls", "--choices"),
+                                debiased=metrics[0] == "linear_cka_debiased", out=args.out, force=args.force)
             show = df.pivot_table(index="layer", columns="layer_b", values="value", sort=False, dropna=False)
         else:
             pairs = [tuple(x.split(":")) for x in args.pairs.split(",")]
-            df = run_cka_roles(a, pairs, metrics=metrics, out=args.out, force=args.force)
+            df = run_cka_roles(a, pairs, layers=args.layers, metrics=metrics, out=args.out, force=args.force,
+                               progress=progress)
             show = df.pivot_table(index="layer", columns=["role", "target", "metric"], values="value", sort=False)
     except CLI_ERRORS as err:
         return cli_error(err)

@@ -2,14 +2,15 @@
 at?", Fig. 2 style) and per head (Q2, Q4).
 
 Rows of :mod:`analyses.attention` (``analysis="attention"``, ``metric="attention_mass"``): ``role``
-= source group (``[CLS]``, ``[SEP]#1``, ``s1 words``, ...), ``target`` = where the mass goes
-(``[CLS]``, ``[SEP]#1``, ``all [SEP]``, ``own sentence``, ``other sentences``, ``s1 words``, ...),
+= source group, named in the token-choice grammar of :mod:`analyses.selection` (``cls``, ``sep1`` = the
+[SEP] after sentence 1, ``s1 words``, ``all tokens``), ``target`` = where the mass goes (``cls``,
+``sep1``, ``all [SEP]``, ``own sentence``, ``other sentences``, ``s1 words``, ...),
 ``layer`` 1..L, and ``head``: ``"mean"`` for the head average (bootstrap CI over examples) or
 ``"0"``..``"H-1"`` per head (no CI). Values are fractions of each query token's attention (0..1),
 averaged over the source group's tokens.
 
 CLI: ``python -m figures.attention TABLE.csv --out figs/attention [--format pair]`` or
-``--heads [--target "all [SEP]" --role "s1 words"]`` for the layer × head heatmap.
+``--heads [--targets "all [SEP]" --choices "s1 words"]`` for the layer × head heatmap.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ import pandas as pd
 from figures import style
 from figures.drift import (add_note, base_parser, ci_band, comma_list, data_color, layer_ticks, legend_right,
                            nan_cells, numeric, one_source, order_roles, run_cli, select, suptitle, title_for,
-                           unique_or_error)
+                           unique_or_error, one_value)
 
 METRIC = "attention_mass"
 #: Targets drawn by :func:`plot_attention` by default, with fixed colours across panels.
-DEFAULT_TARGETS: tuple[str, ...] = ("[CLS]", "all [SEP]", "own sentence", "other sentences")
+DEFAULT_TARGETS: tuple[str, ...] = ("cls", "all [SEP]", "own sentence", "other sentences")
 Y_LABEL = "attention mass (fraction)"
 MAX_ANNOTATED = 13
 
@@ -200,20 +201,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--format", default=None, help="format(s) to draw, comma list (default: all; --heads: needed "
                                                   "when the table holds several)")
     p.add_argument("--targets", default=None,
-                   help="comma list of targets (default: " + ", ".join(DEFAULT_TARGETS) + ")")
+                   help="comma list of targets (default: " + ", ".join(DEFAULT_TARGETS) + "); --heads: the one "
+                        "target (default 'all [SEP]')")
+    p.add_argument("--choices", default=None,
+                   help="comma list of source groups, e.g. cls,sep1,'s1 words' (default: every source)")
     p.add_argument("--heads", action="store_true", help="layer × head heatmap of the per-head rows")
-    p.add_argument("--target", default="all [SEP]", help="--heads: the target (default 'all [SEP]')")
-    p.add_argument("--role", default=None, help="--heads: source group (default: one heatmap per source)")
 
     def plot(df, out, heads, **kw):
         return plot_attention_heads(df, out, **kw) if heads else plot_attention(df, out, **kw)
 
     def options(a):
         if a.heads:
-            return {"heads": True, "target": a.target, "role": a.role, "format": a.format, "model": a.model,
-                    "corpus": a.corpus}
+            return {"heads": True, "target": one_value(a.targets, "--targets") if a.targets else "all [SEP]",
+                    "role": comma_list(a.choices), "format": a.format, "model": a.model, "corpus": a.corpus}
         return {"heads": False, "format": comma_list(a.format), "targets": comma_list(a.targets) or DEFAULT_TARGETS,
-                "model": a.model, "corpus": a.corpus}
+                "sources": comma_list(a.choices), "model": a.model, "corpus": a.corpus}
 
     return run_cli(p, plot, options, argv)
 

@@ -12,9 +12,9 @@ Two table shapes (``analysis="cka"``, ``metric`` in :data:`CKA_LABELS`):
 CKA is undefined (NaN) where a representation has no variance, e.g. ``[CLS]`` at layer 0, identical
 for every example: such points are left as gaps (grey cells) and listed in a note.
 
-CLI: ``python -m figures.cka TABLE.csv --out figs/cka [--metric linear_cka]`` (per layer) or
+CLI: ``python -m figures.cka TABLE.csv --out figs/cka [--metrics linear_cka]`` (per layer) or
 ``python -m figures.cka TABLE.csv --out figs/cka_matrix --heatmap [--format pair --format-b nosep
---role cls --target cls]``.
+--choices cls]``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import pandas as pd
 from figures import style
 from figures.drift import (add_note, base_parser, ci_band, data_color, layer_ticks, legend_right, nan_cells,
                            numeric, one_source, order_roles, panel_grid, run_cli, select, share_ylim, suptitle,
-                           title_for, unique_or_error)
+                           title_for, unique_or_error, comma_list)
 
 #: Metric -> axis / colour-bar label; declared once for validation, CLI choices and labels.
 CKA_LABELS: dict[str, str] = {
@@ -175,10 +175,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = base_parser("python -m figures.cka",
                     "Plot CKA between formats / token choices per layer (default), or a layer × layer "
                     "CKA matrix (--heatmap; rows with a layer_b column).")
-    p.add_argument("--metric", default="linear_cka", choices=list(CKA_LABELS), help="CKA variant (default linear_cka)")
+    p.add_argument("--metrics", default="linear_cka", choices=list(CKA_LABELS), metavar="METRIC",
+                   help="the one CKA variant: " + ", ".join(CKA_LABELS) + " (default linear_cka)")
     p.add_argument("--heatmap", action="store_true", help="layer × layer matrix instead of per-layer lines")
-    p.add_argument("--roles", default=None, help="per-layer: comma list of token choices in A (default all)")
-    for opt in ("format", "format-b", "role", "target"):
+    p.add_argument("--choices", default=None,
+                   help="per-layer: comma list of token choices in A (default all); heatmap: the choice to draw, "
+                        "or A,B for the choice in A and in B (needed when the table holds several)")
+    for opt in ("format", "format-b"):
         p.add_argument(f"--{opt}", default=None, help=f"heatmap: the {opt.replace('-', '_')} to draw "
                                                       "(needed when the table holds several)")
 
@@ -187,9 +190,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def options(a):
         if a.heatmap:
-            return {"heatmap": True, "metric": a.metric, "format": a.format, "format_b": a.format_b,
-                    "role": a.role, "target": a.target, "model": a.model, "corpus": a.corpus}
-        return {"heatmap": False, "metric": a.metric, "roles": a.roles.split(",") if a.roles else None,
+            choices = comma_list(a.choices) or [None]
+            if len(choices) > 2:
+                raise ValueError(f"--choices {a.choices!r}: a heatmap takes one choice, or two (A,B)")
+            return {"heatmap": True, "metric": a.metrics, "format": a.format, "format_b": a.format_b,
+                    "role": choices[0], "target": choices[-1], "model": a.model, "corpus": a.corpus}
+        return {"heatmap": False, "metric": a.metrics, "roles": comma_list(a.choices),
                 "model": a.model, "corpus": a.corpus}
 
     return run_cli(p, plot, options, argv)

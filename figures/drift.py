@@ -13,7 +13,7 @@ This module also holds the small table and layout helpers every figure module sh
 (:func:`select`, :func:`title_for`, :func:`ci_band`, :func:`add_note`, ...); ``figures.style`` is
 the shared look and is not edited here.
 
-CLI: ``python -m figures.drift TABLE.csv --out figs/drift [--metric drift_mean] [--roles cls,sep1]``.
+CLI: ``python -m figures.drift TABLE.csv --out figs/drift [--metrics drift_mean] [--choices cls,sep1]``.
 """
 
 from __future__ import annotations
@@ -272,6 +272,27 @@ def comma_list(s: str | None) -> list[str] | None:
     return [x.strip() for x in s.split(",") if x.strip()] if s else None
 
 
+def one_value(s: str, option: str) -> str:
+    """The one item of a comma-list option that takes exactly one value here."""
+    items = comma_list(s) or []
+    if len(items) != 1:
+        raise ValueError(f"{option} {s!r}: this figure takes exactly one value, got {len(items)}")
+    return items[0]
+
+
+def table_layers(df: pd.DataFrame, spec: str | None, option: str = "--layers") -> list[int] | None:
+    """A layer spec (:mod:`probing.layers`; -1 = last) resolved against the layers a table holds, the
+    largest of them counting as the last; None stays None (the figure's default)."""
+    from probing.layers import resolve_layers
+
+    if spec is None:
+        return None
+    have = sorted(int(x) for x in pd.to_numeric(df["layer"], errors="coerce").dropna().unique())
+    if not have:
+        raise ValueError(f"{option} {spec!r}: the table has no layer values")
+    return resolve_layers(spec, have[-1], stored=have, option=option)
+
+
 # --------------------------------------------------------------------------------------------------
 # Drift
 
@@ -479,27 +500,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = base_parser("python -m figures.drift",
                     "Plot cosine drift between two formats per layer and role group (table of "
                     "analyses.drift), with 95% CI bands and the random-pair (anisotropy) baseline.")
-    p.add_argument("--metric", default="drift_mean", choices=list(DRIFT_LABELS), help="y metric (default drift_mean)")
-    p.add_argument("--roles", default=None, help="comma list of role groups (default: all)")
+    p.add_argument("--metrics", default="drift_mean", choices=list(DRIFT_LABELS), metavar="METRIC",
+                   help="the one y metric: " + ", ".join(DRIFT_LABELS) + " (default drift_mean)")
+    p.add_argument("--choices", default=None, help="comma list of role groups, e.g. cls,sep1,'s1 words' (default: all)")
     p.add_argument("--no-normalised", action="store_true", help="no second row with normalised_drift")
     p.add_argument("--linear", action="store_true", help="linear y axis (default: symmetric log)")
     p.add_argument("--overlay", action="store_true", help="every format pair in one panel (one line per role and pair)")
     p.add_argument("--by-k", action="store_true",
                    help="drift against the number of segments k (a table with a 'k' column, as the study's Q3)")
-    p.add_argument("--layers", default=None, help="--by-k: comma list of layers, one panel each (default middle, last)")
+    p.add_argument("--layers", default=None,
+                   help="--by-k: layers, one panel each: a comma list or a-b range, -1 = the table's last "
+                        "(default middle, last)")
 
     def plot(df, out, by_k, **kw):
         if by_k:
             return plot_drift_by_k(df, out, roles=kw["roles"] or ("cls", "all", "s1 words", "s2 words"),
-                                   layers=kw["layers"], model=kw["model"], corpus=kw["corpus"])
+                                   layers=table_layers(df, kw["layers"]), model=kw["model"], corpus=kw["corpus"])
         kw.pop("layers")
         return plot_drift(df, out, **kw)
 
-    return run_cli(p, plot, lambda a: {"by_k": a.by_k, "metric": a.metric, "roles": comma_list(a.roles),
+    return run_cli(p, plot, lambda a: {"by_k": a.by_k, "metric": a.metrics, "roles": comma_list(a.choices),
                                        "model": a.model, "corpus": a.corpus,
                                        "normalised": False if a.no_normalised else None, "log_scale": not a.linear,
-                                       "overlay": a.overlay,
-                                       "layers": [int(x) for x in comma_list(a.layers)] if a.layers else None},
+                                       "overlay": a.overlay, "layers": a.layers},
                    argv)
 
 

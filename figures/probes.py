@@ -8,8 +8,8 @@ Rows of :mod:`analyses.probes` (``analysis="probe"``): ``role`` = token choice (
 ``value`` with a t-interval over folds in ``ci_low`` / ``ci_high``, and an optional ``model_kind``
 column (``"trained"`` / ``"random_init"``: the same probe on a randomly initialised model).
 
-CLI: ``python -m figures.probes TABLE.csv --out figs/probe_topic [--target topic --metric accuracy]``
-or ``--position [--choice cls --targets bow_s1,bow_s2,... --layer best|last|<int>]``.
+CLI: ``python -m figures.probes TABLE.csv --out figs/probe_topic [--targets topic --metrics accuracy]``
+or ``--position [--choices cls --targets bow_s1,bow_s2,... --layers best|last|<int>]``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from matplotlib.lines import Line2D
 from figures import style
 from figures.drift import (MARKERS, add_note, base_parser, ci_band, data_color, layer_ticks, legend_right,
                            nan_cells, numeric, one_source, order_roles, panel_grid, run_cli, select, share_ylim,
-                           suptitle, title_for, comma_list)
+                           suptitle, table_layers, title_for, comma_list, one_value)
 
 #: Metric -> axis label.
 PROBE_LABELS: dict[str, str] = {
@@ -330,24 +330,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = base_parser("python -m figures.probes",
                     "Plot probe scores per layer and token choice (default), or per sentence position "
                     "(--position, Q5: content of sentence i in [CLS]).")
-    p.add_argument("--target", default="topic", help="per-layer: probe target (default topic)")
-    p.add_argument("--metric", default=None, help="metric (default accuracy; micro_f1 with --position)")
-    p.add_argument("--roles", default=None, help="per-layer: comma list of token choices (default all)")
+    p.add_argument("--targets", default=None,
+                   help="per-layer: the one probe target (default topic); --position: comma list of targets "
+                        "(default the bow_s<i> present)")
+    p.add_argument("--metrics", default=None, help="the one metric (default accuracy; micro_f1 with --position)")
+    p.add_argument("--choices", default=None,
+                   help="comma list of token choices (default: all per layer; cls with --position)")
     p.add_argument("--position", action="store_true", help="score against sentence position (Q5)")
-    p.add_argument("--choice", default="cls", help="--position: comma list of token choices (default cls)")
-    p.add_argument("--targets", default=None, help="--position: comma list of targets (default bow_s<i> present)")
-    p.add_argument("--layer", default="best", help="--position: best, last or a layer number (default best)")
+    p.add_argument("--layers", default="best",
+                   help="--position: best, last or one layer (-1 = the table's last) (default best)")
 
     def plot(df, out, position, **kw):
-        return plot_probe_position(df, out, **kw) if position else plot_probes(df, out, **kw)
+        if position:
+            if kw["layer"] not in ("best", "last"):
+                kw["layer"] = table_layers(df, kw["layer"])
+                if len(kw["layer"]) != 1:
+                    raise ValueError(f"--layers: --position takes best, last or one layer, got {kw['layer']}")
+                kw["layer"] = kw["layer"][0]
+            return plot_probe_position(df, out, **kw)
+        return plot_probes(df, out, **kw)
 
     def options(a):
+        metric = one_value(a.metrics, "--metrics") if a.metrics else None
         if a.position:
-            layer = int(a.layer) if a.layer.lstrip("-").isdigit() else a.layer
-            return {"position": True, "metric": a.metric or "micro_f1", "choice": comma_list(a.choice),
-                    "targets": comma_list(a.targets), "layer": layer, "model": a.model, "corpus": a.corpus}
-        return {"position": False, "target": a.target, "metric": a.metric or "accuracy",
-                "roles": comma_list(a.roles), "model": a.model, "corpus": a.corpus}
+            return {"position": True, "metric": metric or "micro_f1", "choice": comma_list(a.choices) or ["cls"],
+                    "targets": comma_list(a.targets), "layer": a.layers, "model": a.model, "corpus": a.corpus}
+        target = one_value(a.targets, "--targets") if a.targets else "topic"
+        return {"position": False, "target": target, "metric": metric or "accuracy",
+                "roles": comma_list(a.choices), "model": a.model, "corpus": a.corpus}
 
     return run_cli(p, plot, options, argv)
 

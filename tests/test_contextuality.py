@@ -337,8 +337,9 @@ def test_layers_subword_mean_and_no_words(tiny_caches):
     assert abs(a - b) > 1e-6
     with pytest.raises(ValueError, match="no word tokens"):
         run_contextuality(nowords)
-    with pytest.raises(KeyError, match="layer 7"):
+    with pytest.raises(ValueError, match=r"layer 7 is out of range; this model has layers 0..2"):
         run_contextuality(cache, layers=[7])
+    assert set(run_contextuality(cache, layers="-1", n_pairs=300, n_resamples=20)["layer"]) == {2}
 
 
 def test_cli_summary_and_errors(tiny_caches, tmp_path, capsys):

@@ -108,7 +108,7 @@ def probe_table(seed: int = 0, formats=("pair",), roles=("cls", "mean", "max", "
 def attention_table(seed: int = 0, formats=("pair",), k: int = 2, heads: int = 12, layers=range(1, 7)) -> pd.DataFrame:
     """Attention rows as analyses.attention writes them: head means with CIs and per-head values."""
     rng = np.random.default_rng(seed)
-    sources = ["[CLS]"] + [f"[SEP]#{i}" for i in range(1, k + 1)] + [f"s{i} words" for i in range(1, k + 1)]
+    sources = ["cls"] + [f"sep{i}" for i in range(1, k + 1)] + [f"s{i} words" for i in range(1, k + 1)]
     rows = []
     for fmt in formats:
         for layer in layers:
@@ -117,8 +117,8 @@ def attention_table(seed: int = 0, formats=("pair",), k: int = 2, heads: int = 1
                 cls = 0.05 + 0.03 * layer
                 own = (1 - sep - cls) * 0.7
                 other = 1 - sep - cls - own
-                targets = {"[CLS]": cls, "all [SEP]": sep}
-                targets.update({f"[SEP]#{i}": sep / k for i in range(1, k + 1)})
+                targets = {"cls": cls, "all [SEP]": sep}
+                targets.update({f"sep{i}": sep / k for i in range(1, k + 1)})
                 if src.endswith("words"):
                     targets.update({"own sentence": own, "other sentences": other})
                 for tgt, v in targets.items():
@@ -531,11 +531,11 @@ def test_attention_panels_lines_and_notes(tmp_path, figs):
     df = attention_table(heads=2)
     render_once(figs, plot_attention, tmp_path / "a", df)
     axes = visible_axes(figs[0])
-    assert [ax.get_title() for ax in axes] == ["from [CLS]", "from [SEP]#1", "from [SEP]#2", "from s1 words",
+    assert [ax.get_title() for ax in axes] == ["from cls", "from sep1", "from sep2", "from s1 words",
                                                "from s2 words"]
     want = df[(df["head"] == "mean") & (df.role == "s1 words") & (df.target == "own sentence")].sort_values("layer")
     np.testing.assert_allclose(line_by_label(axes[3], "own sentence").get_ydata(), want["value"])
-    assert {ln.get_label() for ln in axes[0].get_lines()} == {"[CLS]", "all [SEP]"}
+    assert {ln.get_label() for ln in axes[0].get_lines()} == {"cls", "all [SEP]"}
     colors = {ax.get_title(): line_by_label(ax, "all [SEP]").get_color() for ax in axes}
     assert len(set(colors.values())) == 1, "a target has one colour in every panel"
     assert axes[0].get_ylabel() == "attention mass (fraction)" and axes[0].get_ylim() == (-0.02, 1.02)
@@ -543,8 +543,8 @@ def test_attention_panels_lines_and_notes(tmp_path, figs):
     two = attention_table(heads=0, formats=("pair", "nosep_seg"))
     plot_attention(two, tmp_path / "two", sources=["s1 words"])
     assert [ax.get_title() for ax in visible_axes(figs[1])] == ["from s1 words — pair", "from s1 words — nosep_seg"]
-    plot_attention(two, tmp_path / "one", format="nosep_seg", sources=["[CLS]", "s2 words"])
-    assert [ax.get_title() for ax in visible_axes(figs[2])] == ["from [CLS]", "from s2 words"]
+    plot_attention(two, tmp_path / "one", format="nosep_seg", sources=["cls", "s2 words"])
+    assert [ax.get_title() for ax in visible_axes(figs[2])] == ["from cls", "from s2 words"]
 
 
 def test_attention_heads_matrix_and_errors(tmp_path, figs):
@@ -659,7 +659,7 @@ def test_nan_everywhere_does_not_crash(tmp_path, figs):
     assert np.isnan(line_by_label(figs[1].axes[0], "mean").get_ydata()).all()
     assert "49 grey cells" in figs[2]._supxlabel.get_text()
     assert "NaN values are left out: cls bow_s2" in figs[3]._supxlabel.get_text()
-    assert np.isnan(line_by_label(figs[4].axes[0], "[CLS]").get_ydata()[1])
+    assert np.isnan(line_by_label(figs[4].axes[0], "cls").get_ydata()[1])
 
 
 def test_clis_run_on_csv(tmp_path, capsys, figs):
@@ -672,10 +672,10 @@ def test_clis_run_on_csv(tmp_path, capsys, figs):
     for path in csv.values():
         path.with_suffix(".parquet").unlink(missing_ok=True)  # read the CSV itself
     runs = [
-        (drift.main, [csv["drift"], "--metric", "cosine_mean", "--roles", "cls,s1 words"], "drift"),
-        (cka.main, [csv["cka"], "--heatmap", "--role", "cls"], "cka"),
-        (probes.main, [csv["probe"], "--target", "topic"], "probes"),
-        (attention.main, [csv["attention"], "--heads", "--role", "s2 words"], "heads"),
+        (drift.main, [csv["drift"], "--metrics", "cosine_mean", "--choices", "cls,s1 words"], "drift"),
+        (cka.main, [csv["cka"], "--heatmap", "--choices", "cls"], "cka"),
+        (probes.main, [csv["probe"], "--targets", "topic"], "probes"),
+        (attention.main, [csv["attention"], "--heads", "--choices", "s2 words"], "heads"),
         (pooling.main, [csv["pool"], "--frozen", csv["probe"], "--frozen-layer", "last"], "pool"),
     ]
     for main, args, name in runs:
@@ -734,7 +734,7 @@ def test_drift_cli_overlay_and_by_k(tmp_path, figs):
 
     pairs = (("single", "pair"), ("single", "concat"))
     csv = write_table(drift_table(pairs=pairs), tmp_path / "d.csv")
-    assert drift.main([str(csv), "--overlay", "--roles", "s1 words", "--out", str(tmp_path / "o")]) == 0
+    assert drift.main([str(csv), "--overlay", "--choices", "s1 words", "--out", str(tmp_path / "o")]) == 0
     labels = [ln.get_label() for ln in visible_axes(figs[0])[0].get_lines()]
     assert labels[:2] == ["s1 words: single → pair", "s1 words: single → concat"]
     frames = []
@@ -743,10 +743,16 @@ def test_drift_cli_overlay_and_by_k(tmp_path, figs):
         d["k"] = k
         frames.append(d)
     csv = write_table(pd.concat(frames, ignore_index=True), tmp_path / "k.csv")
-    assert drift.main([str(csv), "--by-k", "--layers", "2,4", "--roles", "cls,all", "--out", str(tmp_path / "k")]) == 0
+    assert drift.main([str(csv), "--by-k", "--layers", "2,4", "--choices", "cls,all", "--out", str(tmp_path / "k")]) == 0
     axes = visible_axes(figs[1])
     assert [ax.get_title() for ax in axes[:2]] == ["layer 2", "layer 4"]
     assert [ln.get_label() for ln in axes[0].get_lines()][:2] == ["cls", "all"]
+    # one layer spec: -1 is the table's last layer, ranges work, a layer the table lacks is an error
+    assert drift.main([str(csv), "--by-k", "--layers", "3--1", "--out", str(tmp_path / "k2")]) == 0
+    last = int(pd.concat(frames)["layer"].max())
+    want = [f"layer {l}" for l in range(3, last + 1)]
+    assert [ax.get_title() for ax in visible_axes(figs[2])][:len(want)] == want
+    assert drift.main([str(csv), "--by-k", "--layers", "99", "--out", str(tmp_path / "k3")]) == 2
 
 
 def test_probe_figure_draws_a_nearest_neighbour_table(tmp_path, figs):
@@ -760,7 +766,7 @@ def test_probe_figure_draws_a_nearest_neighbour_table(tmp_path, figs):
             rows.append(dict(analysis="knn", model=MODEL, corpus=CORPUS, format="single", layer=layer, role=role,
                              target="topic", metric="chance_knn_accuracy", value=0.2, n=100))
     csv = write_table(make_table(rows), tmp_path / "knn.csv")
-    assert probes.main([str(csv), "--metric", "knn_accuracy", "--out", str(tmp_path / "knn")]) == 0
+    assert probes.main([str(csv), "--metrics", "knn_accuracy", "--out", str(tmp_path / "knn")]) == 0
     ax = visible_axes(figs[0])[0]
     np.testing.assert_allclose(line_by_label(ax, "mean").get_ydata(), [0.6 + 0.04 * l for l in LAYERS])
     assert ax.get_ylabel() == "nearest-neighbour label agreement"

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from probing.examples import Example
-from probing.formats import (BUILTIN_FORMATS, Format, FormatError, parse_formats, render, special_token_ids,
-                             tokenize_sentences)
+from probing.formats import (BUILTIN_FORMATS, Format, FormatError, native_template, parse_formats, render,
+                             resolve_format, special_token_ids, tokenize_sentences)
 
 
 def _render(fmt, ex, tok):
@@ -142,3 +142,60 @@ def test_duplicate_format_names_are_rejected():
 def test_every_builtin_parses():
     for name in BUILTIN_FORMATS:
         assert Format.parse(name).template == BUILTIN_FORMATS[name]
+
+
+# --------------------------------------------------------------------------------------------------
+# native: the tokenizer's own template
+
+
+def _keys(r):
+    return [(ro, int(s), int(i)) for ro, s, i in zip(r.role, r.sentence, r.index) if ro != "word"]
+
+
+def test_native_is_berts_pair_template_and_its_encoding(bert_tokenizer):
+    assert native_template(bert_tokenizer) == BUILTIN_FORMATS["pair"]
+    fmt = resolve_format("native", bert_tokenizer)
+    assert fmt.name == "native" and fmt.template == BUILTIN_FORMATS["pair"]
+    ex = Example("a", ("Hello, world!", "Unbelievable results."))
+    r = _render(fmt, ex, bert_tokenizer)
+    ref = bert_tokenizer(*ex.sentences)
+    assert r.input_ids.tolist() == ref["input_ids"] and r.token_type_ids.tolist() == ref["token_type_ids"]
+    assert _keys(r) == [("cls", 0, 0), ("sep", 1, 0), ("sep", 2, 0)]
+
+
+def test_native_is_robertas_double_separator(roberta_tokenizer):
+    fmt = resolve_format(Format.parse("native"), roberta_tokenizer)
+    assert fmt.template == "[CLS] {1} [SEP] [SEP] {2} [SEP]"
+    ex = Example("x", ("The cat sat on the mat.", "A dog barked."))
+    r = _render(fmt, ex, roberta_tokenizer)
+    ref = roberta_tokenizer(*ex.sentences)
+    assert r.input_ids.tolist() == ref["input_ids"]
+    assert roberta_tokenizer.convert_ids_to_tokens(r.input_ids.tolist()).count("</s>") == 3
+    # cls; sep1 and sep1_2 (the two </s> after sentence 1); sep2
+    assert _keys(r) == [("cls", 0, 0), ("sep", 1, 0), ("sep", 1, 1), ("sep", 2, 0)]
+
+
+@pytest.mark.parametrize("tok", ["bert_tokenizer", "roberta_tokenizer"])
+def test_native_single_sentence_is_the_single_template(tok, request):
+    tokenizer = request.getfixturevalue(tok)
+    fmt = resolve_format("native", tokenizer, n_sentences=1)
+    assert fmt.template == "[CLS] {1} [SEP]"
+    ex = Example("x", ("Economists predicted a recession.",))
+    assert _render(fmt, ex, tokenizer).input_ids.tolist() == tokenizer(ex.sentences[0])["input_ids"]
+
+
+def test_native_text_that_looks_like_a_separator_stays_words(bert_tokenizer):
+    """The template comes from the tokenizer's special-tokens mask on placeholder text; a literal
+    "[SEP]" in a sentence is split as ordinary text and adds no separator."""
+    ex = Example("x", ("[SEP] is text here", "and here"))
+    r = _render(resolve_format("native", bert_tokenizer), ex, bert_tokenizer)
+    assert r.role.count("sep") == 2 and r.role[1] == "word"
+
+
+def test_unresolved_native_is_a_clear_error(bert_tokenizer):
+    fmt = Format.parse("native")
+    with pytest.raises(FormatError, match="resolve_format"):
+        fmt.expand(2)
+    with pytest.raises(FormatError, match="tokenizer's own template"):
+        special_token_ids(bert_tokenizer, fmt)
+    assert resolve_format(Format.parse("concat"), bert_tokenizer) == Format.parse("concat")

@@ -275,7 +275,7 @@ def test_attention_runner_reports_either_weighting(tmp_path, tiny_bert, examples
     cache = Cache.open(path)
     df = run_attention(cache, n_resamples=20, per_head=False, weighting="norm")
     ex, norm, groups = cache.attention("norm")
-    row = df[(df["role"] == "[CLS]") & (df["target"] == "[SEP]#1") & (df["layer"] == 2)].iloc[0]
+    row = df[(df["role"] == "cls") & (df["target"] == "sep1") & (df["layer"] == 2)].iloc[0]
     assert row["metric"] == "attention_norm_mass"
     assert row["value"] == pytest.approx(norm[:, 1, :, groups.index("cls0"), groups.index("sep0")].mean(), abs=1e-6)
     (raw_only,) = extract(examples, ["pair"], model=tiny_bert, out=tmp_path / "raw", attention=True, **QUIET)

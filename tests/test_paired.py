@@ -212,4 +212,4 @@ def test_paired_attention_pair_vs_concat(doc_caches):
     same = run_paired_attention(pair, pair, n_resamples=50)
     assert (same["value"] == 0).all() and (same["p_value"] == 1).all()
     with pytest.raises(ValueError, match="no attention pair"):
-        run_paired_attention(pair, concat, pairs=[("s1 words", "[SEP]#9")])
+        run_paired_attention(pair, concat, pairs=[("s1 words", "sep9")])

@@ -68,7 +68,7 @@ def test_attention_table(caches):
     df = run_attention(caches[0], n_resamples=50)
     mean = df[df["head"] == "mean"].set_index(["layer", "role", "target"])["value"]
     for layer in (1, 2):
-        total = sum(mean[(layer, "s1 words", t)] for t in ["[CLS]", "all [SEP]", "own sentence", "other sentences"])
+        total = sum(mean[(layer, "s1 words", t)] for t in ["cls", "all [SEP]", "own sentence", "other sentences"])
         assert total == pytest.approx(1.0, abs=1e-5)
     assert set(df[df["head"] != "mean"]["head"]) == {"0", "1", "2", "3"}
     assert (df["metric"] == "attention_mass").all()
@@ -82,9 +82,9 @@ def test_attention_from_all_tokens_matches_the_model(caches, tiny_bert):
     df = run_attention(caches[0], n_resamples=20, per_head=False)
     table = df[(df["role"] == "all tokens") & (df["head"] == "mean")].set_index(["layer", "target"])["value"]
     for layer in (1, 2):
-        parts = ["[CLS]", "[SEP]#1", "[SEP]#2", "s1 words", "s2 words"]
+        parts = ["cls", "sep1", "sep2", "s1 words", "s2 words"]
         assert sum(table[(layer, t)] for t in parts) == pytest.approx(1.0, abs=1e-5)
-        assert table[(layer, "all [SEP]")] == pytest.approx(table[(layer, "[SEP]#1")] + table[(layer, "[SEP]#2")])
+        assert table[(layer, "all [SEP]")] == pytest.approx(table[(layer, "sep1")] + table[(layer, "sep2")])
     model, tok = tiny_bert.model, tiny_bert.tokenizer
     before = model.config._attn_implementation
     model.set_attn_implementation("eager")
@@ -99,7 +99,7 @@ def test_attention_from_all_tokens_matches_the_model(caches, tiny_bert):
     finally:
         model.set_attn_implementation(before)
     for layer in (1, 2):
-        assert table[(layer, "[CLS]")] == pytest.approx(np.mean(to_cls[layer]), abs=1e-5)
+        assert table[(layer, "cls")] == pytest.approx(np.mean(to_cls[layer]), abs=1e-5)
 
 
 def _to_examples(table):

@@ -58,3 +58,53 @@ def test_unknown_choice_lists_valid_ones():
     with pytest.raises(ValueError, match="unknown token choice 'bogus'.*cls"):
         parse_choice("bogus")
     assert parse_choice("sep2") == ("sep<i>", 2)
+
+
+@pytest.fixture()
+def roberta_native(tmp_path, roberta_tokenizer, examples):
+    """A tiny RoBERTa-style model's cache in the ``native`` format: <s> a </s></s> b </s>, with attention."""
+    from transformers import RobertaConfig, RobertaModel
+
+    from probing.models import prepare_model
+
+    import torch
+
+    torch.manual_seed(0)
+    cfg = RobertaConfig(vocab_size=len(roberta_tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64, type_vocab_size=1,
+                        pad_token_id=roberta_tokenizer.pad_token_id)
+    lm = prepare_model(RobertaModel(cfg).eval(), roberta_tokenizer, name="tiny-roberta")
+    (p,) = extract([e.__class__(e.id, e.sentences[:2], e.labels) for e in examples], ["native"], model=lm,
+                   out=tmp_path, roles="all", attention=True, progress=False, log=lambda *a: None)
+    return Cache.open(p)
+
+
+def test_native_roberta_roles_follow_the_choice_grammar(roberta_native, roberta_tokenizer, examples):
+    c = roberta_native
+    assert c.manifest["format"] == {"name": "native", "template": "[CLS] {1} [SEP] [SEP] {2} [SEP]"}
+    first = c.tokens[c.tokens["example"] == 0].sort_values("position")
+    ids = roberta_tokenizer(*examples[0].sentences[:2])["input_ids"]
+    assert first["token"].tolist() == roberta_tokenizer.convert_ids_to_tokens(ids)
+    groups = role_groups(c.tokens)
+    assert {"cls", "sep1", "sep1_2", "sep2", "s1 words", "s2 words"} <= set(groups)
+    n_words_1 = int(((first["role"] == "word") & (first["sentence"] == 1)).sum())
+    for name, position in (("cls", 0), ("sep1", n_words_1 + 1), ("sep1_2", n_words_1 + 2), ("sep2", len(first) - 1)):
+        ex, rows = choice_rows(c, name)
+        assert len(ex) == len(examples)
+        assert c.tokens.loc[rows[0], "position"] == position, name
+    assert parse_choice("sep1_2") == ("sep<i>_<j>", (1, 2))
+    with pytest.raises(ValueError, match="counts from 2"):
+        parse_choice("sep1_1")
+
+
+def test_attention_groups_use_the_choice_grammar(roberta_native):
+    from analyses.attention import run_attention
+    from analyses.selection import attention_group_names
+
+    _, _, groups = roberta_native.attention()
+    assert attention_group_names(roberta_native, groups) == ["cls", "sep1", "sep1_2", "sep2", "s1 words", "s2 words"]
+    df = run_attention(roberta_native, n_resamples=10, per_head=False)
+    assert {"cls", "sep1", "sep1_2", "sep2", "s1 words", "all tokens"} <= set(df["role"])
+    row = df.set_index(["layer", "role", "target"])["value"]
+    assert row[(1, "cls", "all [SEP]")] == pytest.approx(
+        row[(1, "cls", "sep1")] + row[(1, "cls", "sep1_2")] + row[(1, "cls", "sep2")])

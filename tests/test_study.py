@@ -593,7 +593,7 @@ def test_clark_verdict_names_the_layers_above_one_half():
     a = pd.DataFrame([{"analysis": "attention", "layer": L, "head": "mean", "role": "all tokens", "target": t,
                        "metric": "attention_mass", "value": v if t == "all [SEP]" else 0.05,
                        "ci_low": (v if t == "all [SEP]" else 0.05) - 0.02, "ci_high": (v if t == "all [SEP]" else 0.05) + 0.02}
-                      for L, v in enumerate(mass) for t in ("all [SEP]", "[CLS]")])
+                      for L, v in enumerate(mass) for t in ("all [SEP]", "cls")])
     v = PAPERS["clark2019"].verdict({"clark2019_attention": a}, load_config(None))
     assert v.sentence.startswith("Only in layers 2–4 (the opposite at layers 0–1, 5): more than 0.5 of the attention")
     assert "at layer 3: +0.200" in v.sentence

@@ -11,6 +11,8 @@ one runner of :mod:`probing.study` runs the keys of :data:`PAPERS` like the ques
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -57,12 +59,19 @@ def _clark_figures(T, fig, log):
     if a is None:
         return []
     return safe_plot(plot_attention, a, fig / "clark2019_attention", format="clark",
-                      targets=("[CLS]", "all [SEP]"), sources=("all tokens", "[CLS]", "[SEP]#1"), log=log)
+                      targets=("cls", "all [SEP]"), sources=("all tokens", "cls", _first_sep(a)), log=log)
+
+
+def _first_sep(a: pd.DataFrame) -> str:
+    """The first [SEP]'s group in the attention table (``sep<i>``: the [SEP] after sentence i)."""
+    roles = a["role"].astype(str) if a is not None and not a.empty else []
+    seps = sorted({r for r in roles if re.fullmatch(r"sep\d+", r)}, key=lambda r: int(r[3:]))
+    return seps[0] if seps else "sep1"
 
 
 def _clark_mass(T) -> pd.DataFrame:
     a = pick(T.get("clark2019_attention"), head="mean", role="all tokens")
-    return a[a["target"].isin(["[CLS]", "all [SEP]"])]
+    return a[a["target"].isin(["cls", "all [SEP]"])]
 
 
 def _clark_table(T):
@@ -70,9 +79,10 @@ def _clark_table(T):
     if a.empty:
         return None
     t = a.pivot_table(index="layer", columns="target", values="value", sort=True)
-    sep = pick(T.get("clark2019_attention"), head="mean", role="[SEP]#1", target="all [SEP]")
+    first = _first_sep(T.get("clark2019_attention"))
+    sep = pick(T.get("clark2019_attention"), head="mean", role=first, target="all [SEP]")
     if not sep.empty:
-        t["[SEP]#1 → all [SEP]"] = sep.set_index("layer")["value"]
+        t[f"{first} → all [SEP]"] = sep.set_index("layer")["value"]
     return t.reset_index(), "attention mass from all tokens (mean over query tokens and heads), and from the first [SEP] to the [SEP]s"
 
 
@@ -99,7 +109,7 @@ def _clark_answer(T):
     if a.empty:
         return "not measured"
     sep = a[a["target"] == "all [SEP]"].sort_values("layer")
-    cls = a[a["target"] == "[CLS]"].sort_values("layer")
+    cls = a[a["target"] == "cls"].sort_values("layer")
     top = sep.loc[sep["value"].idxmax()]
     over = sep.loc[sep["value"] > 0.5, "layer"].astype(int).tolist()
     s = (f"Averaged over all query tokens and heads, attention to the [SEP] tokens peaks at layer {int(top['layer'])} "
@@ -107,7 +117,8 @@ def _clark_answer(T):
          + (f"layers {', '.join(map(str, over))}" if over else "no layer") + ". ")
     ctop = cls.loc[cls["value"].idxmax()]
     s += f"Attention to [CLS] is highest at layer {int(ctop['layer'])} ({ctop['value']:.3f}). "
-    own = pick(T.get("clark2019_attention"), head="mean", role="[SEP]#1", target="all [SEP]")
+    own = pick(T.get("clark2019_attention"), head="mean", role=_first_sep(T.get("clark2019_attention")),
+               target="all [SEP]")
     if not own.empty:
         s += (f"From the first [SEP], {own['value'].min():.3f}–{own['value'].max():.3f} of the attention goes to the "
               f"[SEP]s (range over layers). ")

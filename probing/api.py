@@ -1,0 +1,56 @@
+"""The notebook API: load a model, extract caches, get :class:`probing.cache.Cache` objects back.
+
+Reached through the package (``probing.load_model``, ``probing.extract_caches``, ``probing.Cache``),
+which imports this module only when one of them is first used, so ``import probing`` stays light.
+``probing.extract`` is the extraction module (``python -m probing.extract``), so the function that
+returns caches is named ``extract_caches``: an attribute named like a submodule would be replaced
+by the submodule as soon as anything imports it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from .cache import Cache
+from .examples import Example
+
+
+def load_model(name: str | None = None, *, random_init: bool = False, init_seed: int = 0, device: str = "auto",
+               dtype: str = "float32", trust_remote_code: bool = False):
+    """A model and its fast tokenizer, ready for :func:`extract_caches` (a
+    :class:`probing.models.LoadedModel`). ``name``: a Hugging Face id or local path (None: the default
+    model, all-MiniLM-L6-v2, available offline); ``random_init``: the same architecture with random
+    weights seeded by ``init_seed`` (the baseline)."""
+    from .models import load_model as _load, pick_device
+
+    return _load(name, random_init=random_init, seed=init_seed, device=pick_device(device), dtype=dtype,
+                 trust_remote_code=trust_remote_code)
+
+
+def extract_caches(model, corpus: str | Sequence[Example], *, formats: str | Sequence[str] = ("pair",),
+                   roles: str | Sequence[str] | None = None, layers: str | Sequence[int] | None = None,
+                   out: str | os.PathLike = "caches", corpus_name: str | None = None, attention: bool = False,
+                   force: bool = False, progress: bool = True, log=print, **options) -> list[Cache]:
+    """Extract (or reuse) one cache per format and return them opened, in the order of ``formats``.
+
+    ``model``: a :func:`load_model` result, or a name/path (None: the default model). ``corpus``: a
+    corpus spec (``"generated:n=50,k=2"``, ``"bbc:n=200"``; :func:`probing.corpora.load_corpus`), which
+    also names the corpus in the cache, or a list of :class:`probing.examples.Example` (named
+    ``corpus_name``, default ``custom``). ``formats``: built-in names (``native``: the tokenizer's own
+    template), ``name=TEMPLATE`` or :class:`probing.formats.Format` objects. ``roles``: what a cache
+    stores (``cls,sep,word`` by default, or ``all``). ``layers``: a layer spec (:mod:`probing.layers`:
+    ``all``, ``0,3,-1``, ``2-4``; -1 is the last). Other keyword arguments go to
+    :func:`probing.extract.extract` (``attention_norm``, ``intervention``, ``dtype``, ``device``, ...).
+    """
+    from .extract import extract
+
+    if isinstance(corpus, str):
+        from .corpora import load_corpus
+
+        examples, corpus_name = load_corpus(corpus), corpus_name or corpus
+    else:
+        examples = list(corpus)
+    paths = extract(examples, formats, model=model, out=out, corpus_name=corpus_name or "custom", roles=roles,
+                    layers=layers, attention=attention, force=force, progress=progress, log=log, **options)
+    return [Cache.open(p) for p in paths]

@@ -1,0 +1,97 @@
+"""One command-line vocabulary (docs/CLI.md): every command's parser is built and checked for the
+forbidden synonyms, ``--no-progress`` on the long-running ones, and a rendered help without ``%%``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+from unittest import mock
+
+import pytest
+
+#: module with a ``main(argv)`` -> whether its work is long (it must take --no-progress).
+COMMANDS: dict[str, bool] = {
+    "probing.extract": True, "probing.study.runner": True,
+    "analyses.drift": True, "analyses.cka": True, "analyses.probes": True, "analyses.attention": True,
+    "analyses.contextuality": True, "analyses.neighbours": True, "analyses.paired": True,
+    "analyses.interventions": True, "analyses.pooling": True,
+    "figures.drift": False, "figures.cka": False, "figures.probes": False, "figures.attention": False,
+    "figures.pooling": False, "figures.contextuality": False, "figures.interventions": False,
+}
+#: Options replaced by the vocabulary -> what replaces them.
+FORBIDDEN: dict[str, str] = {
+    "--label": "--targets", "--target": "--targets", "--choice": "--choices", "--role": "--choices",
+    "--roles": "--choices (only extraction keeps --roles)", "--n-splits": "--folds", "--split-seed": "--seed",
+    "--debiased": "--metrics linear_cka_debiased", "--layer": "--layers", "--metric": "--metrics",
+    "--seeds": "--train-seeds",
+}
+#: Where an option of FORBIDDEN is the vocabulary's own word.
+ALLOWED = {("probing.extract", "--roles")}
+
+
+class _Parser(Exception):
+    pass
+
+
+def parsers(module: str) -> dict[str, argparse.ArgumentParser]:
+    """The parser ``module.main`` builds (caught at ``parse_args``), and each subcommand's, by name."""
+    def grab(self, *args, **kwargs):
+        raise _Parser(self)
+
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", grab):
+        with pytest.raises(_Parser) as caught:
+            importlib.import_module(module).main([])
+    root = caught.value.args[0]
+    out = {module: root}
+    for action in root._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            out.update({f"{module} {name}": sub for name, sub in action.choices.items()})
+    return out
+
+
+def options(parser: argparse.ArgumentParser) -> set[str]:
+    return {o for a in parser._actions for o in a.option_strings}
+
+
+@pytest.mark.parametrize("module", list(COMMANDS))
+def test_command_follows_the_vocabulary(module):
+    found = parsers(module)
+    for name, parser in found.items():
+        opts = options(parser)
+        bad = {o: FORBIDDEN[o] for o in opts if o in FORBIDDEN and (module, o) not in ALLOWED}
+        assert not bad, f"{name} uses {bad} (old option -> the vocabulary's)"
+        rendered = parser.format_help()
+        assert "%%" not in rendered and "%(" not in rendered, f"{name}: rendered help shows a %% or %("
+        if COMMANDS[module] and not any(isinstance(a, argparse._SubParsersAction) for a in parser._actions):
+            assert "--no-progress" in opts, f"{name} is long-running but has no --no-progress"
+
+
+def test_the_checks_can_fail():
+    """The checks above catch a parser that breaks the vocabulary."""
+    from probing.cli import ArgumentParser
+
+    p = ArgumentParser(prog="bad", description="95%% of it")
+    p.add_argument("--layer")
+    p.add_argument("--debiased", action="store_true")
+    assert {"--layer", "--debiased"} <= options(p) and set(FORBIDDEN) & options(p) == {"--layer", "--debiased"}
+    assert "%%" in p.format_help()
+
+
+def test_interventions_has_both_subcommands_checked():
+    found = parsers("analyses.interventions")
+    assert set(found) == {"analyses.interventions", "analyses.interventions knockout",
+                          "analyses.interventions patching"}
+    assert {"--choices", "--targets", "--layers", "--folds", "--no-progress"} <= options(found["analyses.interventions knockout"])
+
+
+def test_docs_cli_lists_every_command_and_option():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "CLI.md").read_text(encoding="utf-8")
+    for module in COMMANDS:
+        shown = "probing.study" if module == "probing.study.runner" else module
+        assert f"python -m {shown}" in doc, module
+        for name, parser in parsers(module).items():
+            for opt in options(parser) - {"-h", "--help"}:
+                assert re.search(rf"`{re.escape(opt)}\b", doc), f"docs/CLI.md does not mention {opt} of {name}"
