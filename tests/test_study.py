@@ -171,6 +171,9 @@ def test_stage_peak_memory_is_per_stage(monkeypatch):
         t = run()
         assert t["rss_method"].tolist() == [st.PER_STAGE] * 2
         assert t["peak_rss_mb"][1] < t["peak_rss_mb"][0] - 250
+        rec = st.Stages()
+        rec.rows = t.to_dict("records")
+        assert rec.run_peak_mb() == t["peak_rss_mb"].max()  # the largest stage peak, not ru_maxrss after a reset
     monkeypatch.setattr(st, "CLEAR_REFS", Path("/nonexistent-dir/clear_refs"))
     t = run()
     assert t["rss_method"].tolist() == [st.SINCE_START] * 2

@@ -5,7 +5,9 @@ Peak resident memory per stage comes from Linux's high-water mark: writing ``5``
 reading ``VmHWM`` at the end of a stage gives that stage's own peak. Where the file cannot be written
 (another OS, a sandbox), the fallback is ``resource.getrusage(RUSAGE_SELF).ru_maxrss``: the peak since
 the process started, so a stage shows the largest peak so far, not its own. The table says which was
-used in its ``rss_method`` column.
+used in its ``rss_method`` column. The reset also lowers what ``getrusage`` reports for the whole
+process (the kernel keeps one high-water mark), so the run's peak is the largest stage peak
+(:meth:`Stages.run_peak_mb`).
 
     >>> stages = Stages()
     >>> with stages.stage("sum"):
@@ -80,13 +82,19 @@ class Stages:
         """One row per stage, in the order they ran: ``stage, seconds, peak_rss_mb, rss_method``."""
         return pd.DataFrame(self.rows, columns=["stage", "seconds", "peak_rss_mb", "rss_method"])
 
+    def run_peak_mb(self) -> float:
+        """The whole run's peak RSS in MiB: the largest stage peak. Not ``ru_maxrss`` once a stage has
+        reset the high-water mark: the kernel keeps one mark, which ``getrusage`` also reads, so after
+        a reset ``ru_maxrss`` (and ``/usr/bin/time``) no longer report the peak since the start."""
+        return max([r["peak_rss_mb"] for r in self.rows] + [0.0]) if self.rows else max_rss_mb()
+
     def lines(self, total: float | None = None) -> list[str]:
         """The table as aligned text lines (for the log), with a total row when ``total`` is given."""
         width = max([len(r["stage"]) for r in self.rows] + [len("stage"), len("total")])
         out = [f"{'stage':<{width}}  {'wall s':>8}  {'peak RSS MiB':>12}"]
         out += [f"{r['stage']:<{width}}  {r['seconds']:8.1f}  {r['peak_rss_mb']:12.0f}" for r in self.rows]
         if total is not None:
-            out.append(f"{'total':<{width}}  {total:8.1f}  {max_rss_mb():12.0f}  (peak since start)")
+            out.append(f"{'total':<{width}}  {total:8.1f}  {self.run_peak_mb():12.0f}")
         methods = sorted({r["rss_method"] for r in self.rows})
         out.append("peak RSS: " + "; ".join(methods))
         return out
