@@ -29,7 +29,7 @@ def pick(df: pd.DataFrame | None, **where: Any) -> pd.DataFrame:
     for k, v in where.items():
         if k not in df.columns:
             return df.iloc[0:0]
-        m &= (df[k] == v).to_numpy()
+        m &= (df[k] == v).fillna(False).to_numpy(dtype=bool)  # a missing value (nullable Int64) matches nothing
     return df[m]
 
 
