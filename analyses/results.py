@@ -90,6 +90,7 @@ def write_table(df: pd.DataFrame, path: str | os.PathLike) -> Path:
     it, each atomically. Returns the CSV path."""
     path = Path(path)
     df = typed(df)
+    df.attrs = {}  # run notes (e.g. a runner's "reused") are not table content: Parquet would store them
     if path.suffix != ".csv":
         path = path.with_suffix(".csv")
     _atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
