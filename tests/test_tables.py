@@ -179,6 +179,19 @@ def test_no_cell_holds_a_stringified_structure(tables):
     assert not found, f"stringified structures in {sorted(found)}: {found}"
 
 
+#: What ``role`` holds in every table: a stored token role or a group of them (docs/TABLES.md), never a
+#: token choice (``mean``, ``max``, ``sep1`` as a choice), a pooling or a difference of two.
+ROLE = re.compile(r"cls|sep|word|words|all|sep\d+|s\d+ words|\[CLS\]|\[SEP\](#\d+)?|all tokens")
+
+
+@pytest.mark.slow
+def test_role_means_a_token_role_in_every_table(tables):
+    other = {name: sorted({str(v) for v in df["role"].dropna() if not ROLE.fullmatch(str(v))})[:5]
+             for name, df in tables.items() if "role" in df.columns}
+    other = {n: v for n, v in other.items() if v}
+    assert not other, f"role holds something else than a token role in {sorted(other)}: {other}"
+
+
 @pytest.mark.slow
 def test_integer_columns_are_integers(study, tables):
     sections, files = _doc()
