@@ -78,7 +78,8 @@ def save(fig, out: str | os.PathLike) -> list[Path]:
     paths = [base.with_suffix(".png"), base.with_suffix(".pdf")]
     sup = getattr(fig, "_suptitle", None)  # Figure.get_suptitle() exists only from matplotlib 3.8
     texts = [sup.get_text() if sup is not None else ""] + [ax.get_title() for ax in fig.axes]
-    title = next((" ".join(t.split()) for t in texts if t.strip()), "")
+    # one line: the title's lines ("what" / "model, corpus") joined by a dash
+    title = next((" — ".join(" ".join(l.split()) for l in t.splitlines() if l.strip()) for t in texts if t.strip()), "")
     meta = {"Title": title} if title else {}
     fig.savefig(paths[0], dpi=DPI, metadata=meta)
     fig.savefig(paths[1], metadata=meta)

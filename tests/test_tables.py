@@ -272,10 +272,10 @@ def test_figure_info_reads_title_and_natural_width(tmp_path):
     from figures.style import DPI, save
 
     fig, axes = plt.subplots(2, 2, figsize=(8, 6))
-    fig.suptitle("Drift of the same tokens\nbetween formats")
+    fig.suptitle("Drift of the same  tokens\nmodel-x, corpus-y")
     png = save(fig, tmp_path / "f")[0]
     title, width = figure_info(png)
-    assert title == "Drift of the same tokens between formats"
+    assert title == "Drift of the same tokens — model-x, corpus-y"
     assert width == 8 * 96 and DPI > 96  # 8 inches at 96 CSS px per inch, whatever the PNG's dpi
     fig, ax = plt.subplots()
     ax.set_title("one panel")
