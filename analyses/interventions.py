@@ -227,8 +227,9 @@ def knockout_probes(clean: Cache, treated: Cache, control: Cache | None = None, 
     items and folds. Metrics: ``accuracy_clean``, ``accuracy_treated``, ``accuracy_control``,
     ``change_treated`` (treated − clean, per item), ``change_control`` and ``change_difference``
     (treated − control, per item), each with a cluster-bootstrap CI over documents. Extra columns:
-    ``mode``, ``intervention``, ``control``, ``n_clusters``. A target the corpus lacks is skipped and
-    listed in the ``skipped`` attribute of the returned frame (``df.attrs["skipped"]``)."""
+    ``choice`` (the token choice probed), ``mode``, ``intervention``, ``control``, ``n_clusters``. A target
+    the corpus lacks is skipped and listed in the ``skipped`` attribute of the returned frame
+    (``df.attrs["skipped"]``)."""
     for c in (treated,) + ((control,) if control is not None else ()):
         check_comparable(clean, c)
     layer = cache_layer(clean, layer)
@@ -240,7 +241,7 @@ def knockout_probes(clean: Cache, treated: Cache, control: Cache | None = None, 
     if done is not None:
         return done
     base = {**_base(clean, "intervention_probes", seed), "format_b": treated.format_name, "layer": layer,
-            "role": choice, "mode": mode, "intervention": _describe(treated),
+            "choice": choice, "mode": mode, "intervention": _describe(treated),
             "control": _describe(control) if control is not None else ""}
     rows, skipped = [], []
     for target in tqdm(targets, desc="knockout probes", disable=not progress, file=sys.stderr, delay=1):

@@ -146,8 +146,8 @@ def run_role_contrast(a, b, role: str = "cls", *, versus: str = "words", layers:
     Per example: ``drift(role) − mean drift(words)`` with ``drift = 1 − cos(h_A, h_B)`` of the same
     key, first subwords; ``role`` is a role group of :func:`analyses.drift.group_labels` (``cls``,
     ``sep2``, ...), ``versus`` is ``"words"`` (every word) or a group (``"s1 words"``). Only examples
-    having both are used. One row per layer, ``metric="drift_diff_roles"``, ``role="<role> − <versus>"``,
-    ``value_a`` the role's mean drift and ``value_b`` the words'; CI, p-value and ``p_holm`` (across
+    having both are used. One row per layer, ``metric="drift_diff_roles"``, ``role`` = ``role`` minus
+    ``role_b`` = ``versus``, ``value_a`` the role's mean drift and ``value_b`` the words'; CI, p-value and ``p_holm`` (across
     layers) as in :func:`run_paired_drift`.
     """
     check_comparable(a, b)
@@ -171,7 +171,7 @@ def run_role_contrast(a, b, role: str = "cls", *, versus: str = "words", layers:
     records = []
     base = {"analysis": "role_contrast", "model": model_label(a), "corpus": a.manifest["corpus"]["name"],
             "format": a.format_name, "format_b": b.format_name, "reference": "", "target": "",
-            "metric": "drift_diff_roles", "role": f"{role} − {versus}", "seed": seed, "unit": "example"}
+            "metric": "drift_diff_roles", "role": role, "role_b": versus, "seed": seed, "unit": "example"}
     for layer in tqdm(layers, desc=f"{role} vs {versus} {a.format_name}→{b.format_name}", disable=not progress,
                       file=sys.stderr):
         d = 1.0 - rowwise_cosine(a.states(layer, rows_a), b.states(layer, rows_b))
@@ -182,7 +182,7 @@ def run_role_contrast(a, b, role: str = "cls", *, versus: str = "words", layers:
         groups, grouping = cache_groups(a, both)
         r = paired_difference(v_r, v_w, groups, n_resamples=n_resamples, seed=seed)
         records.append({**base, "layer": layer, **r, "grouping": grouping})
-    df = add_holm(make_table(records), ["role", "metric"])
+    df = add_holm(make_table(records), ["role", "role_b", "metric"])
     return keep_table(df, path)
 
 

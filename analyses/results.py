@@ -1,7 +1,9 @@
 """Tidy result tables: one row per measurement, the same columns for every analysis.
 
 Every runner returns a ``pandas.DataFrame`` made by :func:`make_table` and writes it with
-:func:`write_table` (CSV always, Parquet beside it). Extra columns are allowed after the standard ones.
+:func:`write_table` (CSV always, Parquet beside it, never an index column). Extra columns are allowed
+after the standard ones. Every column of every table the study writes is defined in ``docs/TABLES.md``;
+whole-number columns (:data:`INTEGER_COLUMNS`) are written as integers (:func:`typed`).
 A stored table is found again by :func:`result_key`: a hash of the runner's config (every option, each
 input cache as :func:`cache_identity`) and :func:`code_version`, so only the same options on the same
 caches with the same code return it.
@@ -25,15 +27,49 @@ RESULT_COLUMNS: tuple[str, ...] = (
     "value", "ci_low", "ci_high", "n", "seed",
 )
 
+#: Columns that hold whole numbers wherever they appear (counts, indices, seeds, layers). :func:`typed`
+#: writes them as integers, nullable (``Int64``, an empty CSV cell) where some rows have none.
+INTEGER_COLUMNS: frozenset[str] = frozenset({
+    "layer", "layer_b", "patch_layer", "head", "k", "n", "n_examples", "n_groups", "n_clusters", "n_folds",
+    "n_skipped", "n_train", "n_runs", "groups_needed", "seed", "repeat", "fold", "epoch",
+})
+#: The standard columns holding real numbers.
+FLOAT_COLUMNS: tuple[str, ...] = ("value", "ci_low", "ci_high")
+
+
+def typed(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its :data:`INTEGER_COLUMNS` as integers (``int64``, or nullable ``Int64`` where some
+    values are missing) and its :data:`FLOAT_COLUMNS` as float64. A column whose values are not all whole
+    numbers (e.g. attention's ``head`` = ``"mean"``) is left as it is. Returns a new frame.
+
+    >>> typed(pd.DataFrame({"seed": [0.0, float("nan")], "layer": [1.0, 2.0]})).dtypes.astype(str).tolist()
+    ['Int64', 'int64']
+    """
+    df = df.copy()
+    for col in df.columns:
+        if col not in INTEGER_COLUMNS and col not in FLOAT_COLUMNS:
+            continue
+        if pd.api.types.is_integer_dtype(df[col]) or pd.api.types.is_bool_dtype(df[col]):
+            continue
+        num = pd.to_numeric(df[col], errors="coerce")
+        if not (num.isna() == df[col].isna()).all():  # some value is not a number: leave the column alone
+            continue
+        if col in FLOAT_COLUMNS:
+            df[col] = num.astype("float64")
+        elif (num.dropna() % 1 == 0).all():
+            df[col] = num.astype("Int64" if num.isna().any() else "int64")
+    return df
+
 
 def make_table(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    """Rows (dicts) -> a DataFrame with the standard columns first, missing ones filled with NA."""
+    """Rows (dicts) -> a DataFrame with the standard columns first, missing ones filled with NA, and the
+    column types of :func:`typed`."""
     df = pd.DataFrame(list(rows))
     for col in RESULT_COLUMNS:
         if col not in df.columns:
             df[col] = pd.NA
     extra = [c for c in df.columns if c not in RESULT_COLUMNS]
-    return df[list(RESULT_COLUMNS) + extra]
+    return typed(df[list(RESULT_COLUMNS) + extra])
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -50,8 +86,11 @@ def _atomic_write(path: Path, write) -> None:
 
 
 def write_table(df: pd.DataFrame, path: str | os.PathLike) -> Path:
-    """Write ``df`` to ``path`` (``.csv``) and a ``.parquet`` beside it, each atomically. Returns the CSV path."""
+    """Write ``df`` (as :func:`typed`, without its index) to ``path`` (``.csv``) and a ``.parquet`` beside
+    it, each atomically. Returns the CSV path."""
     path = Path(path)
+    df = typed(df)
+    df.attrs = {}  # run notes (e.g. a runner's "reused") are not table content: Parquet would store them
     if path.suffix != ".csv":
         path = path.with_suffix(".csv")
     _atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
@@ -122,7 +161,9 @@ def stored_table(out_dir: str | os.PathLike | None, analysis: str, config: Mappi
 
 
 def keep_table(df: pd.DataFrame, path: Path | None) -> pd.DataFrame:
-    """Write a runner's fresh table to the path of :func:`stored_table` (nothing if None); returns it."""
+    """Write a runner's fresh table to the path of :func:`stored_table` (nothing if None); returns it as
+    :func:`typed` makes it, so a fresh table has the column types of a stored one."""
+    df = typed(df)
     if path is not None:
         write_table(df, path)
     return df

@@ -109,7 +109,7 @@ def _base(a: Cache, b: Cache, seed: int = 0) -> dict:
 def run_cka_formats(a: Cache, b: Cache, choices: Sequence[str] = ("cls", "mean"), *,
                     layers: Sequence[int] | str | None = None, metrics: Sequence[str] = DEFAULT_METRICS,
                     out: str | Path | None = None, force: bool = False, progress: bool = False) -> pd.DataFrame:
-    """Per layer, CKA of each token choice between format A and format B (role = target = choice).
+    """Per layer, CKA of each token choice between format A and format B (``choice`` = ``choice_b``).
     ``layers``: a layer spec (:mod:`probing.layers`; -1 = last) among the layers both caches store."""
     # another model is allowed (model_b names it); not another corpus
     check_comparable(a, b, same_model=False, roles=roles_needed(choices))
@@ -125,7 +125,7 @@ def run_cka_formats(a: Cache, b: Cache, choices: Sequence[str] = ("cls", "mean")
                               file=sys.stderr):
         X, Y = _paired(a, b, choice, layer)
         for m, v, note in _measure(X, Y, metrics):
-            rows.append({**_base(a, b), "layer": layer, "role": choice, "target": choice, "metric": m,
+            rows.append({**_base(a, b), "layer": layer, "choice": choice, "choice_b": choice, "metric": m,
                          "value": v, "n": len(X), "note": note})
     df = make_table(rows)
     return keep_table(df, path)
@@ -155,7 +155,7 @@ def run_cka_matrix(a: Cache, b: Cache | None = None, choice: str = "cls", *,
     for i, la in enumerate(a.layers):
         for j, lb in enumerate(b.layers):
             v = float(M[i, j])
-            rows.append({**_base(a, b), "layer": la, "layer_b": lb, "role": choice, "target": choice,
+            rows.append({**_base(a, b), "layer": la, "layer_b": lb, "choice": choice, "choice_b": choice,
                          "metric": metric, "value": v, "n": len(Xs[i]),
                          "note": "" if np.isfinite(v) else "undefined: a representation has zero variance"})
     df = make_table(rows)
@@ -181,7 +181,7 @@ def run_cka_roles(cache: Cache, pairs: Sequence[tuple[str, str]] = (("sep1", "cl
         common, ia, ib = np.intersect1d(ex_a, ex_b, return_indices=True)
         _enough(len(common), cache, cache, f"{ca!r} vs {cb!r}")
         for m, v, note in _measure(X[ia], Y[ib], metrics):
-            rows.append({**_base(cache, cache), "layer": layer, "role": ca, "target": cb, "metric": m,
+            rows.append({**_base(cache, cache), "layer": layer, "choice": ca, "choice_b": cb, "metric": m,
                          "value": v, "n": len(common), "note": note})
     df = make_table(rows)
     return keep_table(df, path)
@@ -228,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 p.error("mode 'formats' needs two caches")
             df = run_cka_formats(a, b, split_list(args.choices or "cls,mean"), layers=args.layers, metrics=metrics,
                                  out=args.out, force=args.force, progress=progress)
-            show = df.pivot_table(index="layer", columns=["role", "metric"], values="value", sort=False)
+            show = df.pivot_table(index="layer", columns=["choice", "metric"], values="value", sort=False)
         elif args.mode == "matrix":
             df = run_cka_matrix(a, b, one_value(args.choices or "cls", "--choices"),
                                 debiased=metrics[0] == "linear_cka_debiased", out=args.out, force=args.force)
@@ -237,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pairs = [tuple(x.split(":")) for x in args.pairs.split(",")]
             df = run_cka_roles(a, pairs, layers=args.layers, metrics=metrics, out=args.out, force=args.force,
                                progress=progress)
-            show = df.pivot_table(index="layer", columns=["role", "target", "metric"], values="value", sort=False)
+            show = df.pivot_table(index="layer", columns=["choice", "choice_b", "metric"], values="value", sort=False)
     except CLI_ERRORS as err:
         return cli_error(err)
     with pd.option_context("display.width", 200, "display.precision", 3):

@@ -2,10 +2,10 @@
 
 Two table shapes (``analysis="cka"``, ``metric`` in :data:`CKA_LABELS`):
 
-* per layer: ``format`` / ``format_b`` the two formats, ``role`` the token choice in A, ``target`` the
+* per layer: ``format`` / ``format_b`` the two formats, ``choice`` the token choice in A, ``choice_b`` the
   token choice in B, ``layer``; :func:`plot_cka_layers` draws x = layer, y = CKA, one line per
-  role → target, one panel per format pair. Role-vs-role rows within one format (``format ==
-  format_b``, e.g. role ``sep1`` vs target ``cls``) get their own panel, "within <format>".
+  choice → choice_b, one panel per format pair. Choice-vs-choice rows within one format (``format ==
+  format_b``, e.g. ``sep1`` vs ``cls``) get their own panel, "within <format>".
 * layer × layer: an extra integer column ``layer_b`` (the layer in B); :func:`plot_cka_heatmap`
   draws layer (A) on y, layer_b (B) on x, colour bar 0..1, values written in the cells up to 13 × 13.
 
@@ -53,19 +53,19 @@ def _has_layer_b(df: pd.DataFrame) -> pd.Series:
     return pd.to_numeric(df["layer_b"], errors="coerce").notna()
 
 
-def _series_label(role: str, target: str) -> str:
-    return role if target in ("", "nan", "<NA>", role) else f"{role} vs {target}"
+def _series_label(choice: str, choice_b: str) -> str:
+    return choice if choice_b in ("", "nan", "<NA>", choice) else f"{choice} vs {choice_b}"
 
 
 def plot_cka_layers(df: pd.DataFrame, out: str | Path, metric: str = "linear_cka",
-                    roles: Sequence[str] | None = None, model: str | None = None,
+                    choices: Sequence[str] | None = None, model: str | None = None,
                     corpus: str | None = None) -> list[Path]:
-    """Per-layer CKA: x = layer, y = CKA, one line per role (A) vs target (B), one panel per format
-    pair (``format == format_b``: role-vs-role within one format); CI bands where ``ci_low`` /
+    """Per-layer CKA: x = layer, y = CKA, one line per choice (A) vs choice_b (B), one panel per format
+    pair (``format == format_b``: choice vs choice within one format); CI bands where ``ci_low`` /
     ``ci_high`` exist; writes ``out``.png / ``out``.pdf and returns both paths.
 
     Uses the rows without ``layer_b``; a table holding only layer × layer rows is drawn from their
-    diagonal (``layer == layer_b``), as the note says. ``roles`` keeps only those token choices (A).
+    diagonal (``layer == layer_b``), as the note says. ``choices`` keeps only those token choices (A).
     ``model`` / ``corpus`` pick one when the table holds several.
     """
     _check_metric(metric)
@@ -77,12 +77,12 @@ def plot_cka_layers(df: pd.DataFrame, out: str | Path, metric: str = "linear_cka
         lb = pd.to_numeric(d["layer_b"], errors="coerce")
         flat = d[lb == d["layer"]]
         notes.append("Drawn from the diagonal (layer = layer_b) of layer × layer rows.")
-    if roles is not None:
-        flat = select(flat, what, role=list(roles))
+    if choices is not None:
+        flat = select(flat, what, choice=list(choices))
     flat = flat.assign(format_b=flat["format_b"].fillna(flat["format"]).astype(str), format=flat["format"].astype(str),
-                       target=flat["target"].astype(str).where(flat["target"].notna(), ""),
-                       role=flat["role"].astype(str))
-    flat["series"] = [_series_label(r, t) for r, t in zip(flat["role"], flat["target"])]
+                       choice_b=flat["choice_b"].astype(str).where(flat["choice_b"].notna(), ""),
+                       choice=flat["choice"].astype(str))
+    flat["series"] = [_series_label(r, t) for r, t in zip(flat["choice"], flat["choice_b"])]
     pairs = list(dict.fromkeys(zip(flat["format"], flat["format_b"])))
     # Cross-format panels first, then within-format comparisons.
     pairs.sort(key=lambda p: p[0] == p[1])
@@ -118,10 +118,10 @@ def plot_cka_layers(df: pd.DataFrame, out: str | Path, metric: str = "linear_cka
 
 
 def plot_cka_heatmap(df: pd.DataFrame, out: str | Path, metric: str = "linear_cka", format: str | None = None,
-                     format_b: str | None = None, role: str | None = None, target: str | None = None,
+                     format_b: str | None = None, choice: str | None = None, choice_b: str | None = None,
                      model: str | None = None, corpus: str | None = None) -> list[Path]:
-    """Layer × layer CKA matrix: layer in A (``format``, ``role``) on y, ``layer_b`` in B (``format_b``,
-    ``target``) on x, colour bar 0..1 (colour-blind-safe viridis), values in the cells when the matrix
+    """Layer × layer CKA matrix: layer in A (``format``, ``choice``) on y, ``layer_b`` in B (``format_b``,
+    ``choice_b``) on x, colour bar 0..1 (colour-blind-safe viridis), values in the cells when the matrix
     is at most 13 × 13, NaN cells grey. Options left ``None`` must be unique in the table (else a
     ``ValueError`` lists the choices). Writes ``out``.png / ``out``.pdf and returns both paths."""
     _check_metric(metric)
@@ -132,11 +132,11 @@ def plot_cka_heatmap(df: pd.DataFrame, out: str | Path, metric: str = "linear_ck
         raise ValueError(f"{what}: needs layer × layer rows (a non-null 'layer_b' column); the {metric} rows "
                          f"have none (columns: {list(df.columns)}); use plot_cka_layers for per-layer rows")
     d = d[d["layer_b"].notna()]
-    d = select(d, what, format=format, format_b=format_b, role=role, target=target)
+    d = select(d, what, format=format, format_b=format_b, choice=choice, choice_b=choice_b)
     fa = unique_or_error(d, "format", what)
     fb = unique_or_error(d, "format_b", what)
-    ra = unique_or_error(d, "role", what)
-    tb = unique_or_error(d, "target", what) if d["target"].notna().any() else ra
+    ra = unique_or_error(d, "choice", what)
+    tb = unique_or_error(d, "choice_b", what) if d["choice_b"].notna().any() else ra
     mat = d.pivot_table(index="layer", columns="layer_b", values="value", aggfunc="mean", dropna=False)
     mat = mat.sort_index().sort_index(axis=1)
     ys, xs, vals = mat.index.to_numpy(), mat.columns.to_numpy(), mat.to_numpy(dtype=float)
@@ -194,8 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if len(choices) > 2:
                 raise ValueError(f"--choices {a.choices!r}: a heatmap takes one choice, or two (A,B)")
             return {"heatmap": True, "metric": a.metrics, "format": a.format, "format_b": a.format_b,
-                    "role": choices[0], "target": choices[-1], "model": a.model, "corpus": a.corpus}
-        return {"heatmap": False, "metric": a.metrics, "roles": comma_list(a.choices),
+                    "choice": choices[0], "choice_b": choices[-1], "model": a.model, "corpus": a.corpus}
+        return {"heatmap": False, "metric": a.metrics, "choices": comma_list(a.choices),
                 "model": a.model, "corpus": a.corpus}
 
     return run_cli(p, plot, options, argv)

@@ -84,7 +84,7 @@ def plot_knockout_probes(df: pd.DataFrame, out: str | Path) -> list[Path]:
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xticks(x, targets)
         ax.set_ylabel("accuracy change (intervened − clean)")
-        ax.set_title(f"{m['role'].iloc[0]} at layer {int(m['layer'].iloc[0])}, probe {mode}")
+        ax.set_title(f"{m['choice'].iloc[0]} at layer {int(m['layer'].iloc[0])}, probe {mode}")
     axes[0][0].legend()
     fig.suptitle(_title(d, f"Probe accuracy under {d['intervention'].iloc[0]}"), fontsize=10)
     return style.save(fig, out)

@@ -70,13 +70,20 @@ def layer_axis(ax, layers: Iterable[int]) -> None:
 
 
 def save(fig, out: str | os.PathLike) -> list[Path]:
-    """Write ``out`` as PNG (150 dpi) and PDF (``out`` with or without a suffix); returns both paths."""
+    """Write ``out`` as PNG (150 dpi) and PDF (``out`` with or without a suffix); returns both paths.
+    Both files carry the figure's title (its suptitle, else its first panel's title) as metadata
+    ``Title``, which the HTML report uses as the caption."""
     out = Path(out)
     base = out.with_suffix("") if out.suffix in (".png", ".pdf") else out
     base.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     paths = [base.with_suffix(".png"), base.with_suffix(".pdf")]
-    fig.savefig(paths[0], dpi=DPI)
-    fig.savefig(paths[1])
+    sup = getattr(fig, "_suptitle", None)  # Figure.get_suptitle() exists only from matplotlib 3.8
+    texts = [sup.get_text() if sup is not None else ""] + [ax.get_title() for ax in fig.axes]
+    # one line: the title's lines ("what" / "model, corpus") joined by a dash
+    title = next((" — ".join(" ".join(l.split()) for l in t.splitlines() if l.strip()) for t in texts if t.strip()), "")
+    meta = {"Title": title} if title else {}
+    fig.savefig(paths[0], dpi=DPI, metadata=meta)
+    fig.savefig(paths[1], metadata=meta)
     plt.close(fig)
     return paths

@@ -255,12 +255,25 @@ class Intervention:
         return out
 
 
+def layer_span(layers) -> str:
+    """Layers as a label: ``3-5`` for consecutive layers, ``3`` for one, ``1,3`` otherwise (a label, never
+    a list to parse: the request in the manifest keeps the list)."""
+    ls = sorted(int(l) for l in layers)
+    if len(ls) > 1 and ls == list(range(ls[0], ls[-1] + 1)):
+        return f"{ls[0]}-{ls[-1]}"
+    return ",".join(map(str, ls))
+
+
 def describe(request: Mapping | None) -> str:
     """A short label of an intervention from its request form (:meth:`Intervention.to_json`, as the
-    manifest records it), e.g. ``knockout all->sep@3;4``; ``"clean"`` for None or an empty one."""
+    manifest records it), e.g. ``knockout all->sep@3-4``; ``"clean"`` for None or an empty one.
+
+    >>> describe({"knockout": [{"control": False, "from": "all", "to": "sep", "layers": [3, 4, 5]}]})
+    'knockout all->sep@3-5'
+    """
     if not request:
         return "clean"
-    parts = [f"{'control ' if k['control'] else ''}knockout {k['from']}->{k['to']}@{';'.join(map(str, k['layers']))}"
+    parts = [f"{'control ' if k['control'] else ''}knockout {k['from']}->{k['to']}@{layer_span(k['layers'])}"
              for k in request.get("knockout", [])]
     parts += [f"patch {p['keys']}@{p['layer']} from {p['source']['format']}" for p in request.get("patch", [])]
     parts += [f"ablate {a['keys']}@{a['layer']}={a['value']}" for a in request.get("ablate", [])]

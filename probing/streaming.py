@@ -724,7 +724,7 @@ def _tables(lm, fa, fb, layer_list, corpus_name, acc_drift, acc_cka, choices, me
                         v = float(acc.result(debiased=STREAM_METRICS[m]))
                     if np.isnan(v):
                         note = "; ".join(str(w.message) for w in caught)
-                cka_rows.append({**base, "analysis": "cka", "layer": layer, "role": name, "target": name,
+                cka_rows.append({**base, "analysis": "cka", "layer": layer, "choice": name, "choice_b": name,
                                  "metric": m, "value": v, "n": acc.n_items, "seed": 0, "note": note,
                                  "streaming": True})
     memory = []

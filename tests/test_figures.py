@@ -60,14 +60,14 @@ def cka_table(seed: int = 0, matrix: bool = True, layers=LAYERS) -> pd.DataFrame
                                         ("sep1", "cls", "pair", "pair", 0.2 + 0.1 * layer),
                                         ("sep1", "mean_s1", "pair", "pair", 0.5 + 0.04 * layer)):
             v = np.nan if layer == 0 and "cls" in (role, target) else float(np.clip(v + 0.02 * rng.random(), 0, 1))
-            rows.append(dict(base, format=fa, format_b=fb, layer=layer, role=role, target=target, value=v,
+            rows.append(dict(base, format=fa, format_b=fb, layer=layer, choice=role, choice_b=target, value=v,
                              ci_low=v - 0.03, ci_high=min(v + 0.03, 1.0)))
     if matrix:
         for layer in layers:
             for lb in layers:
                 v = np.nan if 0 in (layer, lb) else float(np.exp(-abs(layer - lb) / 3) * (1 - 0.02 * (layer + lb)))
-                rows.append(dict(base, format="pair", format_b="nosep", layer=layer, layer_b=lb, role="cls",
-                                 target="cls", value=v))
+                rows.append(dict(base, format="pair", format_b="nosep", layer=layer, layer_b=lb, choice="cls",
+                                 choice_b="cls", value=v))
     assert n_layers > 0
     return make_table(rows)
 
@@ -369,7 +369,7 @@ def test_cka_layers_lines_and_nan_note(tmp_path, figs):
     assert cross.get_title().startswith("pair vs nosep") and within.get_title().startswith("within pair")
     y = line_by_label(cross, "cls").get_ydata()
     assert len(y) == 7 and np.isnan(y[0]) and np.isfinite(y[1:]).all()
-    flat = df[df.layer_b.isna() & (df.role == "sep1") & (df.target == "mean_s1")].sort_values("layer")
+    flat = df[df.layer_b.isna() & (df.choice == "sep1") & (df.choice_b == "mean_s1")].sort_values("layer")
     np.testing.assert_allclose(line_by_label(within, "sep1 vs mean_s1").get_ydata(), flat["value"])
     assert "CKA" in cross.get_ylabel()
     note = figs[0]._supxlabel.get_text()
@@ -415,12 +415,12 @@ def test_cka_errors(tmp_path, figs):
         plot_cka_layers(df, tmp_path / "x", metric="rbf_cka")
     with pytest.raises(ValueError, match="layer_b"):
         plot_cka_heatmap(df[df.layer_b.isna()], tmp_path / "x")
-    two = pd.concat([df, df[df.layer_b.notna()].assign(role="mean", target="mean")])
-    with pytest.raises(ValueError, match=r"expected one role, found 2: \['cls', 'mean'\]; pick one with role="):
+    two = pd.concat([df, df[df.layer_b.notna()].assign(choice="mean", choice_b="mean")])
+    with pytest.raises(ValueError, match=r"expected one choice, found 2: \['cls', 'mean'\]; pick one with choice="):
         plot_cka_heatmap(two, tmp_path / "x")
-    with pytest.raises(ValueError, match=r"no rows with role='max'.*\['cls', 'mean'\]"):
-        plot_cka_heatmap(two, tmp_path / "x", role="max")
-    plot_cka_heatmap(two, tmp_path / "ok", role="mean", target="mean")
+    with pytest.raises(ValueError, match=r"no rows with choice='max'.*\['cls', 'mean'\]"):
+        plot_cka_heatmap(two, tmp_path / "x", choice="max")
+    plot_cka_heatmap(two, tmp_path / "ok", choice="mean", choice_b="mean")
     assert "mean in pair vs mean in nosep" in figs[0].axes[0].get_title()
 
 
@@ -648,7 +648,7 @@ def test_nan_everywhere_does_not_crash(tmp_path, figs):
     d = drift_table()
     plot_drift(blank(d, d.role == "cls"), tmp_path / "d", roles=["cls", "s1 words"], normalised=False)
     c = cka_table()
-    plot_cka_layers(blank(c, c.role == "mean"), tmp_path / "c", roles=["mean"])
+    plot_cka_layers(blank(c, c.choice == "mean"), tmp_path / "c", choices=["mean"])
     plot_cka_heatmap(blank(c, c.layer_b.notna()), tmp_path / "h")
     p = probe_table(targets=("bow_s1", "bow_s2"), roles=("cls",), random_init=False)
     plot_probe_position(blank(p, p.target == "bow_s2"), tmp_path / "pp")

@@ -77,7 +77,7 @@ def test_knockout_drift_pairs_the_control_item_by_item(runs):
     assert at2.loc["drift_treated", "value"] > 1e-4
     assert at2.loc["drift_treated", "n_clusters"] == 12  # the doc label, not the example
     assert df[df["layer"] == 0]["value"].abs().max() < 1e-6  # embeddings come before any knockout
-    assert at2.loc["drift_treated", "intervention"] == "knockout all->sep@1;2"
+    assert at2.loc["drift_treated", "intervention"] == "knockout all->sep@1-2"
     same = knockout_drift(runs["clean"], runs["ko"], runs["ko"], groups=("cls",), layers=[2], n_resamples=50)
     assert same.set_index("metric").loc["drift_difference", "value"] == 0.0
 
@@ -134,7 +134,7 @@ def test_patching_at_the_measured_layer_reproduces_all_of_the_drift(runs):
     frac = df[df["metric"] == "fraction_reproduced"].set_index("intervention")["value"]
     assert frac["patch cls@2 from concat"] == pytest.approx(1.0, abs=1e-6)
     assert -1.0 < frac["patch cls@1 from concat"] < 1.0
-    assert frac["knockout cls->sep1@1;2"] != 0.0
+    assert frac["knockout cls->sep1@1-2"] != 0.0
     assert (df["layer"] == 2).all()
     assert df.drop_duplicates("intervention")["patch_layer"].tolist()[:2] == [1, 2]
     assert df.drop_duplicates("intervention")["patch_layer"].isna().tolist() == [False, False, True]
@@ -174,7 +174,7 @@ def test_command_line(runs, tmp_path, capsys):
     assert "drift_difference" in printed and "change_difference" in printed
     assert main(["patching", str(runs["control"].path), str(runs["clean"].path), str(runs["ko"].path),
                  "--resamples", "50", "--out", out]) == 0
-    assert "knockout all->sep@1;2" in capsys.readouterr().out
+    assert "knockout all->sep@1-2" in capsys.readouterr().out
     assert main(["patching", str(runs["clean"].path), str(runs["clean"].path), str(tmp_path / "nowhere"),
                  "--out", out]) == 2
     assert "nowhere is not a complete cache" in capsys.readouterr().err

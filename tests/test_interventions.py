@@ -95,7 +95,7 @@ def test_the_log_names_the_intervention(tmp_path, tiny_bert, examples):
     logs = []
     extract(examples, ["pair"], model=tiny_bert, out=tmp_path, progress=False, log=logs.append,
             intervention=Intervention((Knockout("all", "sep", (1, 2), control=True),)))
-    assert logs[-1].endswith("[pair] intervention: control knockout all->sep@1;2")
+    assert logs[-1].endswith("[pair] intervention: control knockout all->sep@1-2")
 
 
 def test_layer_out_of_range_is_an_error_before_writing(tmp_path, tiny_bert, examples):

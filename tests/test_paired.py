@@ -170,7 +170,7 @@ def test_role_contrast_cls_minus_words(doc_caches, tmp_path):
     got = df.set_index("layer")
     np.testing.assert_allclose(got["value_a"], cls.reindex(got.index), atol=1e-6)  # one [CLS] per example
     np.testing.assert_allclose(got["value"], got["value_a"] - got["value_b"], atol=1e-9)
-    assert (df["role"] == "cls − words").all() and (df["grouping"] == "document").all()
+    assert (df["role"] == "cls").all() and (df["role_b"] == "words").all() and (df["grouping"] == "document").all()
     assert len(list((tmp_path / "r").glob("role_contrast-*.csv"))) == 1
     with pytest.raises(ValueError, match="'nope'"):
         run_role_contrast(pair, concat, "nope", progress=False)

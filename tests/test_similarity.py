@@ -18,9 +18,9 @@ def caches(tmp_path, tiny_bert):
 def test_cka_of_a_cache_with_itself(caches):
     pair = caches[0]
     df = run_cka_formats(pair, pair, ["cls", "mean", "s1 words"])
-    ok = df[~((df["role"] == "cls") & (df["layer"] == 0))]
+    ok = df[~((df["choice"] == "cls") & (df["layer"] == 0))]
     np.testing.assert_allclose(ok[ok["metric"] == "linear_cka"]["value"], 1.0, atol=1e-9)
-    cls0 = df[(df["role"] == "cls") & (df["layer"] == 0)]
+    cls0 = df[(df["choice"] == "cls") & (df["layer"] == 0)]
     assert cls0["value"].isna().all() and cls0["note"].str.contains("variance").all()
 
 
@@ -42,7 +42,7 @@ def test_cka_matrix(caches, tmp_path):
 
 def test_cka_roles(caches):
     df = run_cka_roles(caches[0], [("sep1", "cls"), ("sep1", "mean_s1")])
-    assert set(zip(df["role"], df["target"])) == {("sep1", "cls"), ("sep1", "mean_s1")}
+    assert set(zip(df["choice"], df["choice_b"])) == {("sep1", "cls"), ("sep1", "mean_s1")}
     assert (df["n"] == 16).all()
 
 

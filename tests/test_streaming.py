@@ -54,7 +54,7 @@ def _compare_drift(cached: pd.DataFrame, streamed: pd.DataFrame) -> None:
 
 
 def _compare_cka(cached: pd.DataFrame, streamed: pd.DataFrame) -> None:
-    key = ["layer", "role", "metric"]
+    key = ["layer", "choice", "metric"]
     c = cached.set_index(key).sort_index()
     s = streamed.set_index(key).sort_index()
     assert list(c.index) == list(s.index)
@@ -108,10 +108,10 @@ def test_a_format_against_itself(lm):
     assert (d[d["metric"] == "drift_mean"]["value"].abs() < 1e-12).all()
     assert (d[d["metric"] == "cosine_mean"]["value"] > 1 - 1e-12).all()
     c = out["cka"]
-    undefined = (c["role"] == "cls") & (c["layer"] == 0)
+    undefined = (c["choice"] == "cls") & (c["layer"] == 0)
     np.testing.assert_allclose(c[~undefined]["value"], 1.0, atol=1e-9)
     assert c[undefined]["value"].isna().all() and c[undefined]["note"].str.contains("variance").all()
-    assert {"s1 words", "s2 words"} <= set(c["role"])
+    assert {"s1 words", "s2 words"} <= set(c["choice"])
 
 
 def test_accumulator_memory_does_not_grow_with_the_corpus(lm):
@@ -119,7 +119,7 @@ def test_accumulator_memory_does_not_grow_with_the_corpus(lm):
     large = stream_compare(sample_examples(40, k=2), "pair", "concat", model=lm, n_resamples=30, progress=False)
     pd.testing.assert_frame_equal(small["memory"], large["memory"])
     assert small["memory"]["bytes"].sum() > 0
-    n = lambda t: t["cka"].query("role == 'cls'")["n"].max()  # noqa: E731
+    n = lambda t: t["cka"].query("choice == 'cls'")["n"].max()  # noqa: E731
     assert (n(small), n(large)) == (8, 40)
 
 
@@ -161,5 +161,5 @@ def test_overlong_examples_error_or_are_skipped_in_both_formats(lm):
     with pytest.raises(ExtractError, match="'too-long'"):
         stream_compare(ex + [long], "pair", "concat", model=lm, progress=False)
     out = stream_compare(ex + [long], "pair", "concat", model=lm, on_overflow="skip", n_resamples=10, progress=False)
-    assert (out["cka"]["n"][out["cka"]["role"] == "cls"] == 8).all()
+    assert (out["cka"]["n"][out["cka"]["choice"] == "cls"] == 8).all()
     assert (out["drift"].query("role == 'all'")["n_examples"] == 8).all()

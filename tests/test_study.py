@@ -355,7 +355,7 @@ def _probe_rows(diff: float, layers=(1.0, 2.0), **extra) -> "pd.DataFrame":
 
 
 @pytest.mark.parametrize("key,table,extra,words", [
-    ("Q1", "paired_q1", {"metric": "drift_diff_roles", "role": "cls − words"}, "[CLS] changes"),
+    ("Q1", "paired_q1", {"metric": "drift_diff_roles", "role": "cls", "role_b": "words"}, "[CLS] changes"),
     ("Q4", "paired_q4", {"target": "is_next", "role": None}, "middle [SEP]"),
     ("Q6", "paired_q6", {"target": "topic", "condition_a": "format=pair", "condition_b": "format=cls_last"},
      "placed first"),

@@ -81,7 +81,7 @@ def _marginal_q1(d: pd.DataFrame, T: dict) -> str:
         s += (f"Split into its parts at the last layer: removing only the [SEP] token moves [CLS] by {fmt(sep_only)}, "
               f"removing only the segment ids by {fmt(seg_only)}.")
     c = T.get("cka_q1")
-    v = one(c, layer=last_layer(c), role="cls", metric="linear_cka") if c is not None else None
+    v = one(c, layer=last_layer(c), choice="cls", metric="linear_cka") if c is not None else None
     if v is not None:
         s += f" Linear CKA of [CLS] between the two formats at the last layer: {fmt(v[0])}."
     return s
@@ -142,7 +142,7 @@ def _marginal_q4(p: pd.DataFrame, T: dict) -> str:
         Lc = last_layer(c)
         vals = []
         for t in ("cls", "mean_s1", "mean_s2"):
-            v = one(c, role="sep1", target=t, metric="linear_cka", layer=Lc)
+            v = one(c, choice="sep1", choice_b=t, metric="linear_cka", layer=Lc)
             vals.append(f"{t} {fmt(v[0] if v else None)}")
         s += f" Linear CKA of sep1 at layer {Lc} with: " + ", ".join(vals) + "."
     a = T.get("attention")

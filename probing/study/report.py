@@ -30,7 +30,7 @@ def pick(df: pd.DataFrame | None, **where: Any) -> pd.DataFrame:
     for k, v in where.items():
         if k not in df.columns:
             return df.iloc[0:0]
-        m &= (df[k] == v).to_numpy()
+        m &= (df[k] == v).fillna(False).to_numpy(dtype=bool)  # a missing value (nullable Int64) matches nothing
     return df[m]
 
 
@@ -120,8 +120,60 @@ def render_markdown(title: str, intro: str, sections: list[Section], provenance:
     return "\n".join(parts) + "\n"
 
 
+#: CSS pixels per inch: a figure's natural display width is its width in inches times this.
+CSS_PX_PER_INCH = 96
+
+
+def _inline(text: str) -> str:
+    """Plain report text -> HTML: escaped, with Markdown code spans (`` `concat` ``) as ``<code>``.
+
+    >>> _inline("format `concat` < `pair`")
+    'format <code>concat</code> &lt; <code>pair</code>'
+    """
+    parts = html.escape(text, quote=False).split("`")
+    if len(parts) % 2 == 0:  # an unpaired backtick is text, not a code span
+        parts[-2:] = [parts[-2] + "`" + parts[-1]]
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+
+def _html_table(df: pd.DataFrame, float_format=None) -> str:
+    """A table as HTML with one header row of column names: an index that carries information becomes
+    ordinary columns first, and the index itself is never written (no empty corner cell)."""
+    if not isinstance(df.index, pd.RangeIndex) or any(n is not None for n in df.index.names):
+        df = df.reset_index()
+    if isinstance(df.columns, pd.MultiIndex):
+        df = df.set_axis([" ".join(str(x) for x in c if str(x)) for c in df.columns], axis=1)
+    df = df.rename_axis(columns=None)
+    kw = {"float_format": float_format} if float_format is not None else {}
+    return df.to_html(index=False, na_rep="–", border=0, escape=True, **kw)
+
+
+def figure_info(path: Path) -> tuple[str, int | None]:
+    """``(title, natural width in CSS pixels)`` of a PNG figure: the title the figure stored in its PNG
+    metadata (:func:`figures.style.save`; ``""`` if none) and its pixel width scaled from the PNG's
+    dots per inch to :data:`CSS_PX_PER_INCH` (None if the PNG gives no resolution)."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        title = str(im.info.get("Title", "")).strip()
+        dpi = im.info.get("dpi")
+        width = round(im.width * CSS_PX_PER_INCH / float(dpi[0])) if dpi and float(dpi[0]) > 0 else None
+    return title, width
+
+
+def _figure_html(path: Path, fallback: str) -> str:
+    """One inline figure at its natural width (never wider than the page: ``max-width:100%``),
+    captioned by its own title, else by ``fallback``."""
+    title, width = figure_info(path)
+    caption = " ".join(title.split()) or fallback
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    size = f' width="{width}"' if width else ""
+    return (f'<figure><img alt="{html.escape(caption)}"{size} src="data:image/png;base64,{data}">'
+            f"<figcaption>{_inline(caption)}</figcaption></figure>")
+
+
 def render_html(title: str, intro: str, sections: list[Section], provenance: dict) -> str:
-    e = html.escape
+    e = _inline
     body = [f"<h1>{e(title)}</h1>"] + [f"<p>{e(p)}</p>" for p in intro.split("\n\n")]
     for s in sections:
         body.append(f"<h2>{e(s.title)}</h2>")
@@ -129,25 +181,29 @@ def render_html(title: str, intro: str, sections: list[Section], provenance: dic
             body += [f"<p><b>Answer.</b> {e(s.verdict)}</p>", f"<p><b>Evidence.</b> {e(s.answer)}</p>"]
         else:
             body.append(f"<p><b>Answer.</b> {e(s.answer)}</p>")
-        for f in s.figures:
-            data = base64.b64encode(f.read_bytes()).decode("ascii")
-            body.append(f'<figure><img alt="{e(f.stem)}" src="data:image/png;base64,{data}" style="max-width:100%">'
-                        f"<figcaption>{e(f.stem)}</figcaption></figure>")
+        n = len(s.figures)
+        for i, f in enumerate(s.figures, 1):
+            body.append(_figure_html(f, f"{s.title}: figure {i} of {n}" if n > 1 else s.title))
         if s.table is not None and not s.table.empty:
             if s.table_caption:
                 body.append(f"<p><i>{e(s.table_caption)}</i></p>")
-            body.append(s.table.to_html(index=False, float_format=lambda v: f"{v:.3f}", na_rep="–", border=0))
+            body.append(_html_table(s.table, float_format=lambda v: f"{v:.3f}"))
         if s.comparison is not None and not s.comparison.empty:
-            body += [f"<p><i>{e(s.comparison_caption)}</i></p>", s.comparison.to_html(index=False, border=0)]
+            body += [f"<p><i>{e(s.comparison_caption)}</i></p>", _html_table(s.comparison)]
         if s.notes or s.limits:
             text = " ".join(t for t in (s.notes, s.limits) if t)
             body.append(f"<p><b>What this shows and does not show.</b> {e(text)}</p>")
     body += ["<h2>Provenance</h2>", "<ul>"] + [f"<li><b>{e(k)}</b>: {e(str(v))}</li>" for k, v in provenance.items()]
     body.append("</ul>")
-    style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;line-height:1.45}"
-             "table{border-collapse:collapse;font-size:90%}td,th{padding:2px 8px;border-bottom:1px solid #ddd}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{style}</style>"
-            f"</head><body>{''.join(body)}</body></html>\n")
+    # text at a readable measure, figures up to the wider page (each at its natural width, never shrunk below it
+    # except to fit the window)
+    style = ("body{font-family:sans-serif;max-width:75em;margin:2em auto;padding:0 1em;line-height:1.45}"
+             "p,ul,h1,h2{max-width:60em}figure{margin:1em 0}img{max-width:100%;height:auto}"
+             "figcaption{font-size:90%;color:#444}code{font-size:95%;background:#f3f3f3;padding:0 2px}"
+             "table{border-collapse:collapse;font-size:90%}td,th{padding:2px 8px;border-bottom:1px solid #ddd;"
+             "text-align:left}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
 
 
 # ---------------------------------------------------------------------------------------------------

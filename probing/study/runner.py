@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import os
 import platform
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -231,23 +232,45 @@ def extract_all(cfg: dict, log) -> tuple[Caches, dict[str, list[Example]], Any]:
 
 
 def _tables_dir(cfg) -> Path:
+    """Where the study's named tables go (``<out>/tables/<name>.csv`` and ``.parquet``), one copy each."""
     return Path(cfg["study"]["out"]) / "tables"
+
+
+def results_dir(cfg) -> Path:
+    """The result store: each runner's table under the hash of its inputs and options
+    (:func:`analyses.results.result_path`), reused by the next run. It lives apart from ``tables/``
+    so that ``tables/`` holds each table once, under its name."""
+    return Path(cfg["study"]["out"]) / RESULTS_DIR
+
+
+#: The result store's directory name inside the study's output directory.
+RESULTS_DIR = ".results"
+
+
+#: A result-store file (``<analysis>-<16 hex>[.predictions].csv|parquet``); earlier versions kept them in tables/.
+_STORED = re.compile(r"[a-z0-9_]+-[0-9a-f]{16}(\.predictions)?\.(csv|parquet)")
 
 
 def analyse(cfg: dict, caches: Caches, corpora: dict, lm, log, stages: Stages | None = None) -> dict[str, pd.DataFrame]:
     """Every selected section's tables (a table two sections share is computed once, in the stage of the
-    first section that asks for it), each also written to ``<out>/tables/<name>.csv``. Each section's
-    analyses are one stage of ``stages``."""
+    first section that asks for it), each written once to ``<out>/tables/<name>.csv`` (and ``.parquet``);
+    the runners' own stores go to :func:`results_dir`. Each section's analyses are one stage of ``stages``."""
     from analyses.results import write_table
 
     stages = stages if stages is not None else Stages()
-    ctx = Context(cfg=cfg, caches=caches, corpora=corpora, lm=lm, out=_tables_dir(cfg), log=log)
+    ctx = Context(cfg=cfg, caches=caches, corpora=corpora, lm=lm, out=results_dir(cfg), log=log)
     T: dict[str, pd.DataFrame] = {}
     for s in _selected(cfg):
         with stages.stage(f"analyses {s.key}"):
             T.update(s.analyse(ctx))
+    tables = _tables_dir(cfg)
+    stale = [p for p in tables.glob("*") if _STORED.fullmatch(p.name)] if tables.is_dir() else []
+    for p in stale:  # hash-named copies an older version stored beside the named tables
+        p.unlink()
+    if stale:
+        log(f"removed {len(stale)} hash-named files from {tables} (the result store is now {ctx.out})")
     for name, df in T.items():
-        write_table(df, ctx.out / f"{name}.csv")
+        write_table(df, tables / f"{name}.csv")
     return T
 
 
@@ -374,7 +397,7 @@ def _run_time(seconds: float, started: float, caches: Caches, out: Path, quick: 
     this run's start were reused, not recomputed)."""
     manifests = [Path(p) / "manifest.json" for p in caches.paths.values()]
     old_caches = sum(m.stat().st_mtime < started for m in manifests)
-    tables = [t for t in (out / "tables").glob("*.csv") if "-" in t.stem]  # result_path files: <analysis>-<hash>
+    tables = [t for t in (out / RESULTS_DIR).glob("*.csv") if not t.stem.endswith(".predictions")]
     old_tables = sum(t.stat().st_mtime < started for t in tables)
     s = f"{seconds:.0f} s" + (" (quick mode)" if quick else "")
     if old_caches or old_tables:
@@ -391,10 +414,12 @@ def run_study(config: str | os.PathLike | None, *, quick: bool = False, force_an
     log = lambda msg: plain_log(f"[{time.perf_counter() - t0:6.0f}s] {msg}")  # noqa: E731
     cfg = load_config(config, quick=quick, overrides=overrides, trust_remote_code=trust_remote_code)
     out = Path(cfg["study"]["out"])
-    if force_analyses and (out / "tables").exists():
+    if force_analyses:
         import shutil
 
-        shutil.rmtree(out / "tables")
+        for d in (results_dir(cfg), _tables_dir(cfg)):
+            if d.exists():
+                shutil.rmtree(d)
     stages = Stages()
     log(f"study {cfg['study']['name']!r}{' (quick)' if quick else ''}: extracting")
     with stages.stage("extraction"):
