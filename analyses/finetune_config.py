@@ -41,8 +41,11 @@ class TrainConfig:
         once per repeat by the fine-tuned models (each training seed) and the frozen probe. ``seed``
         also seeds the single-run hash split (:func:`analyses.finetune.train_test_split`).
     frozen_Cs: C grid of the frozen probe (:class:`analyses.probes.LinearProbe`, chosen by grouped
-        inner CV on the training items); default :data:`analyses.probes.DEFAULT_CS`, and the study
-        passes its ``[probes] Cs``, so every probe of a study searches one grid.
+        inner CV on the training items); default :data:`analyses.probes.DEFAULT_CS`, the probes' own
+        default grid (one place). The seed-questions study's narrower ``[probes] Cs`` (0.003, 0.01,
+        0.1) is not passed here: on its Q8 splits the frozen probe then chose the top edge 0.1 in 15 of
+        15 fits (with 0.01-10 it chose 1 or 10 for cls, mean, max, sep1), and frozen cls - mean moved
+        from -0.035 to -0.009.
     """
 
     epochs: int = 1
@@ -109,25 +112,34 @@ class TrainConfig:
 
 TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in fields(TrainConfig))
 
-#: Settings declared once: the corpus spec, label, poolings, seeds and training hyperparameters. Every
-#: preset runs poolings x folds x seeds fine-tuning runs (plus one frozen probe per pooling and fold)
-#: on the model's own length limit (``max_length=None``: nothing skipped on BBC pairs, whose longest
-#: is 107 tokens; anything longer is skipped and counted). Costs on the 2-core CPU with
-#: all-MiniLM-L6-v2, from the protocol-1 timing (15 runs x 160 examples x 3 epochs = 186 s, i.e.
-#: about 26 ms per training example and epoch, with ``--threads 1``) and the ratios measured here
-#: (an evaluation pass about 0.22 of a training pass, BBC pairs 12% longer on average once nothing is
-#: cut at 64 tokens):
+#: Settings declared once: the corpus spec, target label, poolings, training seeds and training
+#: hyperparameters. Every preset runs poolings x run folds x seeds fine-tuning runs (plus one frozen
+#: probe per pooling and fold) on the model's own length limit (``max_length=None``: nothing skipped
+#: on BBC pairs, whose longest is 101 tokens in ``pair``; anything longer is skipped and counted).
 #:
-#: * "quick": 2 poolings x 2 of 3 folds x 1 seed, 48 training examples x 2 epochs on the quick
-#:   corpus (120 generated pairs): measured 21 s of CPU for the whole experiment with the packaged
-#:   model while the 2-core machine was shared (load average 6; each run's training steps took
-#:   about 2.7 times the idle rate above), so well under 20 s on an idle machine;
-#: * "default": 5 poolings x 3 of 5 folds x 1 seed, 128 training examples x 3 epochs, each test fold
-#:   (200 of the study's 1,000 BBC pairs) scored whole: about 170 s of training, 20 s of evaluation,
-#:   10 s of frozen features and probes, about 3.5 minutes in all (an estimate, not a timed run);
-#:   each further seed adds about 1 minute (so keep the study's ``finetune.seeds`` at one seed);
-#: * "full": for a GPU: BBC News pairs, 6 poolings x 5 folds x 2 repeats x 3 seeds, the whole
-#:   training side, 3 epochs of the whole encoder at BERT's usual learning rate.
+#: Cost of "default" on the study's corpus (bbc:n=1000,k=2,max_words=40, target topic,
+#: all-MiniLM-L6-v2, 2-core CPU). Measured:
+#:
+#: * the whole stage took 299 s in the last full study on the idle machine (before the length-sorted
+#:   evaluation and fused AdamW of :mod:`analyses.finetune`);
+#: * CPU seconds of ``run_pooling_experiment(load_corpus(...), "topic", ["mean", "first_word"], [0],
+#:   model=load_model(), preset="default", run_folds=1)`` with ``torch.set_num_threads(1)``
+#:   (``time.process_time()``; both versions run side by side at load average 12-16 on 2 cores, so
+#:   the wall times, 826 s and 716 s, say nothing): 81.4 s before, 65.1 s after (-20%); the
+#:   predictions are identical. A training step (16 pairs of ~53 tokens, forward and backward) is
+#:   about 1.07 CPU s on one thread, about 52 GFLOP/s, so the 15 runs x 24 steps need about 385 CPU
+#:   s of training alone: about 200 s on two idle cores whatever the implementation. Scaled from
+#:   the 299 s, the stage now takes about 240 s idle (an estimate from the ratio, not a timed run).
+#:   Reaching 90 s needs a protocol change (fewer runs or fewer fine-tuned layers), not code;
+#: * peak RSS of ``/usr/bin/time -v python -m analyses.pooling --corpus bbc:n=1000,k=2,max_words=40
+#:   --targets topic --poolings cls,max --run-folds 1 --no-progress --force``: 1,432,736 kB
+#:   (595 MB of it imports, corpus and model; it does not grow from run to run).
+#:
+#: "quick": 2 poolings x 2 of 3 folds x 1 seed, 48 training examples x 2 epochs on the quick corpus
+#: (120 generated pairs): 21 s of CPU measured at load 6 (before this version). "full" is for a GPU:
+#: BBC News pairs, 6 poolings x 5 folds x 2 repeats x 3 seeds, the whole training side, 3 epochs of
+#: the whole encoder at BERT's usual learning rate. Each further training seed multiplies the
+#: fine-tuning cost by (seeds + 1) / seeds.
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {
         "corpus": "generated:n=120,k=2", "target": "topic", "poolings": ("cls", "mean"), "train_seeds": (0,),

@@ -257,8 +257,7 @@ def _finetune(ctx: Context) -> pd.DataFrame:
     ctx.log("analyses: fine-tuning with each pooling")
     ft = ctx.cfg["finetune"]
     return run_pooling_experiment(ctx.corpora["pairs"], ft["label"], ft["poolings"], ft["seeds"], model=ctx.lm,
-                                  preset=ft["preset"], out=str(ctx.out), corpus_name=ctx.cfg["corpus"]["pairs"],
-                                  frozen_Cs=tuple(ctx.cfg["probes"]["Cs"]))  # one C grid for every probe
+                                  preset=ft["preset"], out=str(ctx.out), corpus_name=ctx.cfg["corpus"]["pairs"])
 
 
 # ---------------------------------------------------------------------------------------------------
