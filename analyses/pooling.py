@@ -1,12 +1,5 @@
 """Fine-tuning with different poolings (DESIGN.md Q8): is [CLS] better than mean pooling, and after
-fine-tuning would any token do?
-
-Protocol. For each pooling choice and seed, a fresh copy of the encoder plus a linear head on the
-pooled last-layer vector is fine-tuned end to end for sequence classification, as in BERT's
-fine-tuning recipe (Devlin et al. 2019, sec. 4): cross-entropy on ``softmax(W·pool(h_L) + b)``,
-AdamW (Loshchilov & Hutter 2019) with weight decay on everything but biases and LayerNorm weights,
-and a learning rate warmed up linearly over the first ``warmup_fraction`` of the steps, then
-decayed linearly to 0 (``schedule="linear"``) or held (``"constant"``).
+fine-tuning would any token do? The experiment runner and its command line.
 
 Frozen and fine-tuned on the same items (:func:`run_pooling_experiment`). The examples are split by
 stratified, document-grouped k-fold cross-validation (:func:`cv_splits`: groups = the ``doc`` label
@@ -14,33 +7,24 @@ when every example has one, else the example, :func:`analyses.grouping.example_g
 by the label; several folds and optionally repeated partitions). In every split and for every
 pooling, the frozen encoder's pooled last layer is probed by logistic regression
 (:class:`analyses.probes.LinearProbe`) fitted on the split's training items, and the encoder is
-fine-tuned on the same training items for each seed; both predict the same test items. Per-item
-predictions are kept, so accuracies get cluster-bootstrap CIs over documents and the comparisons
-(fine-tuned − frozen, each pooling − mean) are paired differences on identical items
-(:func:`analyses.paired.paired_difference`, Holm-adjusted). Every split reports its best constant
-(largest test-class share), the training majority's test accuracy and chance; a run that scores
-below the best constant or did not converge is flagged (logged and in the ``warning`` column). No
-example is dropped silently: the length limit is the model's own unless set, and every example
-skipped for length is counted (``n_skipped``).
+fine-tuned (:mod:`analyses.finetune`) on the same training items for each training seed; both
+predict the same test items. Per-item predictions are kept, so accuracies get cluster-bootstrap CIs
+over documents and the comparisons (fine-tuned − frozen, each pooling − mean) are paired
+differences on identical items (:func:`analyses.paired.paired_difference`, Holm-adjusted). Every
+split reports its best constant (largest test-class share), the training majority's test accuracy
+and chance; a run that scores below the best constant or did not converge is flagged (logged and in
+the ``warning`` column).
 
-Poolings (:data:`POOLINGS`, plus ``pos<k>``) read the *last* hidden layer ``h_L: (batch, pos, dim)``
-at positions chosen from the rendered token roles of :func:`probing.formats.render`, never by
-searching token ids, so they mean the same thing for BERT's ``[CLS]``/``[SEP]`` and RoBERTa's
-``<s>``/``</s>``; padding is never selected. Sentence-BERT (Reimers & Gurevych 2019, table 6)
-compared CLS, MEAN and MAX for fine-tuned sentence embeddings; this module asks the same of a
-classifier and adds ``[SEP]``, the first word and a fixed position.
+Poolings are the token choices of :mod:`analyses.selection` (``cls``, ``sep1``, ``mean``, ``max``,
+``first_word``, ``pos<k>``, ...; :mod:`analyses.pooling_choices`) read from the *last* hidden layer.
+Sentence-BERT (Reimers & Gurevych 2019, table 6) compared CLS, MEAN and MAX for fine-tuned sentence
+embeddings; this module asks the same of a classifier and adds ``[SEP]``, the first word and a fixed
+position.
 
-The single-run split (:func:`finetune`, :func:`train_test_split`). Every example goes to the test
-side when ``u(key) < test_fraction``, where ``u(key) = int(sha256(f"{split_seed}|{key}")[:16], 16) /
-2**64`` and ``key`` is the value of the ``split_group`` label (``"id"``: the example id; ``"auto"``:
-the ``doc`` label when every example has one, else the id), so documents never straddle train and
-test and the split depends neither on the pooling, the training seed nor the corpus order.
-``max_train`` keeps the training examples with the smallest ``u(id)``. ``test_ids=...`` gives an
-explicit test set instead. Training never reads test examples or their labels; the class list comes
-from the training labels only.
+Modules: :mod:`analyses.pooling_choices` (the poolings), :mod:`analyses.finetune_config`
+(hyperparameters and presets), :mod:`analyses.finetune` (data, training loop, one run), this module
+(the experiment and ``python -m analyses.pooling``).
 
->>> sorted(POOLINGS)
-['cls', 'first_word', 'max', 'mean', 'sep']
 >>> get_pooling("pos3").position
 3
 """
@@ -48,644 +32,32 @@ from the training labels only.
 from __future__ import annotations
 
 import argparse
-import copy
-import hashlib
-import inspect
 import math
-import re
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable, Iterable, Literal, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
-from scipy import stats
 
+from analyses.finetune import (Task, _accepts_token_types, _check_label, _collate, _device, _finetune_task, _load,
+                               _max_length_of, _task, check_pooling, render_examples, sorted_batches, split_unit)
+from analyses.finetune_config import PRESETS, SCHEDULES, TrainConfig, preset_config
+from analyses.pooling_choices import POOLINGS, Pooling, get_pooling, pool, pooling_mask
 from analyses.results import make_table, read_table, result_path, write_table
 from probing.cli import ArgumentParser, output_dir_arg
 from probing.examples import Example, corpus_fingerprint
-from probing.formats import Format, Rendered, render, special_token_ids, tokenize_sentences
+from probing.formats import Format, Rendered
 
 ANALYSIS = "finetune_pooling"
 #: Bump when the protocol changes, so stored results of the old protocol are not reused.
-PROTOCOL_VERSION = 2
-
-# --------------------------------------------------------------------------------------------------
-# Pooling registry
-
-
-@dataclass(frozen=True)
-class Pooling:
-    """A pooling choice: which positions of a rendered example it reads, and how it reduces them.
-
-    ``select(r) -> positions: (n_selected,) int64`` (empty when the example has no such position);
-    ``reduce`` is ``"mean"`` or ``"max"`` over the selected positions (one position: either is that
-    position's vector).
-    """
-
-    name: str
-    reduce: Literal["mean", "max"]
-    description: str
-    select: Callable[[Rendered], np.ndarray] = field(repr=False, compare=False)
-    position: int | None = None
-
-
-def _first(role: str) -> Callable[[Rendered], np.ndarray]:
-    def select(r: Rendered) -> np.ndarray:
-        hits = [t for t, x in enumerate(r.role) if x == role]
-        return np.asarray(hits[:1], dtype=np.int64)
-
-    return select
-
-
-def _all_words(r: Rendered) -> np.ndarray:
-    return np.asarray([t for t, x in enumerate(r.role) if x == "word"], dtype=np.int64)
-
-
-def _at(k: int) -> Callable[[Rendered], np.ndarray]:
-    def select(r: Rendered) -> np.ndarray:
-        return np.asarray([k] if k < len(r) else [], dtype=np.int64)
-
-    return select
-
-
-#: The named poolings, declared once: used for validation, dispatch and the CLI help.
-POOLINGS: dict[str, Pooling] = {
-    "cls": Pooling("cls", "mean", "the first [CLS] token (role 'cls'; <s> for RoBERTa)", _first("cls")),
-    "mean": Pooling("mean", "mean", "mean over word tokens (role 'word': no special tokens, no padding)",
-                    _all_words),
-    "max": Pooling("max", "max", "element-wise max over word tokens (no special tokens, no padding)", _all_words),
-    "sep": Pooling("sep", "mean", "the FIRST [SEP] of the sequence (in 'pair': the one closing sentence 1)",
-                   _first("sep")),
-    "first_word": Pooling("first_word", "mean", "the first word token (first subword of sentence 1's first word)",
-                          _first("word")),
-}
-_POS_RE = re.compile(r"pos(\d+)")
-POS_HELP = "the token at position k, e.g. pos3 (0-based, any role; k < the shortest example's length)"
-
-
-def get_pooling(name: str) -> Pooling:
-    """A pooling by name: a key of :data:`POOLINGS` or ``pos<k>`` (e.g. ``pos3``)."""
-    if isinstance(name, Pooling):
-        return name
-    if name in POOLINGS:
-        return POOLINGS[name]
-    m = _POS_RE.fullmatch(name) if isinstance(name, str) else None
-    if m is not None:
-        k = int(m.group(1))
-        return Pooling(f"pos{k}", "mean", f"the token at position {k}", _at(k), position=k)
-    raise ValueError(f"unknown pooling {name!r}; valid: {', '.join(POOLINGS)} or pos<k> (e.g. 'pos3')")
-
-
-def pooling_mask(rendered: Sequence[Rendered], pooling: str | Pooling, T: int | None = None) -> np.ndarray:
-    """Positions each example's pool reads: ``mask: (batch, T) bool`` (``T`` defaults to the longest).
-
-    Raises ValueError naming the pooling and the first example that has no such position (e.g.
-    ``sep`` on a format without ``[SEP]``, ``pos5`` on a 4-token example).
-    """
-    p = get_pooling(pooling)
-    T = max(len(r) for r in rendered) if T is None else T
-    mask = np.zeros((len(rendered), T), dtype=bool)
-    for b, r in enumerate(rendered):
-        pos = p.select(r)
-        if pos.size == 0:
-            if p.position is not None:
-                shortest = min(len(x) for x in rendered)
-                raise ValueError(f"pooling {p.name!r} needs position {p.position}, but the shortest example "
-                                 f"has {shortest} tokens; use pos<k> with k < {shortest}")
-            raise ValueError(f"pooling {p.name!r} selects no position in example {b} (roles {r.role})")
-        mask[b, pos] = True
-    return mask
-
-
-def pool(hidden: torch.Tensor, mask: torch.Tensor, reduce: str) -> torch.Tensor:
-    """Pool ``hidden: Float[Tensor, "batch pos dim"]`` over ``mask: Bool[Tensor, "batch pos"]``.
-
-    ``"mean"``: ``sum_t m_bt h_bt / sum_t m_bt``; ``"max"``: ``max_{t: m_bt} h_bt`` element-wise.
-    Returns ``Float[Tensor, "batch dim"]``. Every row of ``mask`` must select at least one position.
-    """
-    if hidden.ndim != 3 or mask.shape != hidden.shape[:2]:
-        raise ValueError(f"hidden must be (batch, pos, dim) and mask (batch, pos); got {tuple(hidden.shape)=} "
-                         f"and {tuple(mask.shape)=}")
-    counts = mask.sum(dim=1)
-    if (counts == 0).any():
-        raise ValueError(f"mask rows {torch.nonzero(counts == 0).flatten().tolist()} select no position")
-    m = mask.unsqueeze(-1)
-    if reduce == "mean":
-        return (hidden * m.to(hidden.dtype)).sum(dim=1) / counts.unsqueeze(-1).to(hidden.dtype)
-    if reduce == "max":
-        return hidden.masked_fill(~m, float("-inf")).amax(dim=1)
-    raise ValueError(f"unknown reduce {reduce!r}; valid: 'mean', 'max'")
-
-
-# --------------------------------------------------------------------------------------------------
-# Hyperparameters and presets
-
-SCHEDULES: tuple[str, ...] = ("linear", "constant")
-ON_OVERFLOW: tuple[str, ...] = ("error", "skip")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Fine-tuning hyperparameters (the result cache key includes all of them).
-
-    lr, head_lr: peak learning rates of the encoder and of the head (``head_lr=None``: ``lr``). A larger
-        head rate lets a freshly initialised head catch up within the few steps of a CPU run.
-    freeze_embeddings: keep the word-embedding table fixed (position, segment and LayerNorm
-        embeddings still train): less time per CPU step, since neither backward nor AdamW touch
-        the 11.7M-entry table, half of MiniLM's parameters. Every transformer layer is fine-tuned.
-    max_train: at most this many training examples (those with the smallest ``u(id)``); None: all.
-    length_grouping: batches are cut from seeded groups of ``length_grouping`` batches sorted by
-        length (less padding, as Hugging Face's ``group_by_length``); 1 gives plain random batches.
-    max_length: longest rendered example kept, in tokens (None: the model's limit); longer ones are an
-        error (``on_overflow="error"``) or left out of train and test alike (``"skip"``, counted in
-        ``n_skipped``: a row of the experiment's table and its ``attrs``). Never truncated.
-    n_splits, folds, repeats: the experiment's splits: ``repeats`` stratified, document-grouped
-        ``n_splits``-fold partitions (:func:`analyses.probes.make_splits`, seeds ``split_seed + r``),
-        of which the first ``folds`` folds are run (None: all). Every test item of a run fold is
-        predicted once per repeat by the fine-tuned models (each seed) and the frozen probe.
-    frozen_Cs: C grid of the frozen probe (:class:`analyses.probes.LinearProbe`, chosen by grouped
-        inner CV on the training items).
-    """
-
-    epochs: int = 1
-    lr: float = 1e-4
-    head_lr: float | None = None
-    freeze_embeddings: bool = False
-    batch_size: int = 16
-    max_train: int | None = None
-    max_length: int | None = None
-    on_overflow: str = "error"
-    weight_decay: float = 0.01
-    warmup_fraction: float = 0.1
-    schedule: str = "linear"
-    test_fraction: float = 0.2
-    split_seed: int = 0
-    split_group: str = "auto"
-    eval_batch_size: int = 64
-    length_grouping: int = 8
-    n_splits: int = 5
-    folds: int | None = None
-    repeats: int = 1
-    frozen_Cs: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "frozen_Cs", tuple(float(c) for c in self.frozen_Cs))
-        if not self.frozen_Cs or not all(c > 0 and math.isfinite(c) for c in self.frozen_Cs):
-            raise ValueError(f"frozen_Cs must be positive numbers, got frozen_Cs={self.frozen_Cs!r}")
-        if isinstance(self.n_splits, bool) or not isinstance(self.n_splits, int) or self.n_splits < 2:
-            raise ValueError(f"n_splits must be an integer >= 2, got n_splits={self.n_splits!r}")
-        if self.folds is not None and (isinstance(self.folds, bool) or not isinstance(self.folds, int)
-                                       or not 1 <= self.folds <= self.n_splits):
-            raise ValueError(f"folds must be None or an integer in [1, n_splits={self.n_splits}], got folds={self.folds!r}")
-        for name in ("epochs", "batch_size", "eval_batch_size", "length_grouping", "repeats"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {name}={v!r}")
-        for name in ("max_train", "max_length"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ValueError(f"{name} must be None or an integer >= 1, got {name}={v!r}")
-        if not isinstance(self.freeze_embeddings, bool):
-            raise ValueError(f"freeze_embeddings must be True or False, got {self.freeze_embeddings!r}")
-        if not isinstance(self.split_group, str) or not self.split_group:
-            raise ValueError(f"split_group must be 'auto', 'id' or a label name, got {self.split_group!r}")
-        for name in ("lr", "head_lr"):
-            v = getattr(self, name)
-            if name == "head_lr" and v is None:
-                continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0 and math.isfinite(v)):
-                raise ValueError(f"{name} must be a positive number, got {name}={v!r}")
-        if not 0.0 < self.test_fraction < 1.0:
-            raise ValueError(f"test_fraction must lie in (0, 1), got test_fraction={self.test_fraction!r}")
-        if not 0.0 <= self.warmup_fraction < 1.0:
-            raise ValueError(f"warmup_fraction must lie in [0, 1), got warmup_fraction={self.warmup_fraction!r}")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got weight_decay={self.weight_decay!r}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {self.schedule!r}; valid: {', '.join(SCHEDULES)}")
-        if self.on_overflow not in ON_OVERFLOW:
-            raise ValueError(f"unknown on_overflow {self.on_overflow!r}; valid: {', '.join(ON_OVERFLOW)}")
-
-
-TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in fields(TrainConfig))
-
-#: Settings declared once: the corpus spec, label, poolings, seeds and training hyperparameters. Every
-#: preset runs poolings x folds x seeds fine-tuning runs (plus one frozen probe per pooling and fold)
-#: on the model's own length limit (``max_length=None``: nothing skipped on BBC pairs, whose longest
-#: is 107 tokens; anything longer is skipped and counted). Costs on the 2-core CPU with
-#: all-MiniLM-L6-v2, from the protocol-1 timing (15 runs x 160 examples x 3 epochs = 186 s, i.e.
-#: about 26 ms per training example and epoch, with ``--threads 1``) and the ratios measured here
-#: (an evaluation pass about 0.22 of a training pass, BBC pairs 12% longer on average once nothing is
-#: cut at 64 tokens):
-#:
-#: * "quick": 2 poolings x 2 of 3 folds x 1 seed, 48 training examples x 2 epochs on the quick
-#:   corpus (120 generated pairs): measured 21 s of CPU for the whole experiment with the packaged
-#:   model while the 2-core machine was shared (load average 6; each run's training steps took
-#:   about 2.7 times the idle rate above), so well under 20 s on an idle machine;
-#: * "default": 5 poolings x 3 of 5 folds x 1 seed, 128 training examples x 3 epochs, each test fold
-#:   (200 of the study's 1,000 BBC pairs) scored whole: about 170 s of training, 20 s of evaluation,
-#:   10 s of frozen features and probes, about 3.5 minutes in all (an estimate, not a timed run);
-#:   each further seed adds about 1 minute (so keep the study's ``finetune.seeds`` at one seed);
-#: * "full": for a GPU: BBC News pairs, 6 poolings x 5 folds x 2 repeats x 3 seeds, the whole
-#:   training side, 3 epochs of the whole encoder at BERT's usual learning rate.
-PRESETS: dict[str, dict[str, Any]] = {
-    "quick": {
-        "corpus": "generated:n=120,k=2", "label": "topic", "poolings": ("cls", "mean"), "seeds": (0,),
-        "train": {"epochs": 2, "lr": 2e-4, "head_lr": 3e-3, "freeze_embeddings": True, "batch_size": 16,
-                  "max_train": 48, "max_length": None, "on_overflow": "skip", "n_splits": 3, "folds": 2},
-    },
-    "default": {
-        "corpus": "generated:n=1000,k=2", "label": "topic",
-        "poolings": ("cls", "mean", "max", "sep", "first_word"), "seeds": (0,),
-        "train": {"epochs": 3, "lr": 2e-4, "head_lr": 3e-3, "freeze_embeddings": True, "batch_size": 16,
-                  "max_train": 128, "max_length": None, "on_overflow": "skip", "n_splits": 5, "folds": 3},
-    },
-    "full": {
-        "corpus": "bbc:k=2,n=6000", "label": "topic",
-        "poolings": ("cls", "mean", "max", "sep", "first_word", "pos3"), "seeds": (0, 1, 2),
-        "train": {"epochs": 3, "lr": 5e-5, "head_lr": 5e-4, "freeze_embeddings": False, "batch_size": 32,
-                  "max_train": None, "max_length": None, "on_overflow": "skip", "eval_batch_size": 256,
-                  "n_splits": 5, "repeats": 2},
-    },
-}
-
-
-def preset_config(preset: str, **overrides: Any) -> TrainConfig:
-    """The preset's :class:`TrainConfig` with ``overrides`` (keys of TrainConfig; None values ignored)."""
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
-    unknown = sorted(set(overrides) - set(TRAIN_KEYS))
-    if unknown:
-        raise ValueError(f"unknown training options {unknown}; valid: {', '.join(TRAIN_KEYS)}")
-    kw = dict(PRESETS[preset]["train"])
-    kw.update({k: v for k, v in overrides.items() if v is not None})
-    return TrainConfig(**kw)
-
-
-# --------------------------------------------------------------------------------------------------
-# Data: rendering, labels and the fixed split
-
-
-def split_unit(key: str, split_seed: int = 0) -> float:
-    """``u(key) = int(sha256(f"{split_seed}|{key}")[:16 hex], 16) / 2**64`` in [0, 1)."""
-    return int(hashlib.sha256(f"{split_seed}|{key}".encode("utf-8")).hexdigest()[:16], 16) / 2.0 ** 64
-
-
-def split_group_key(examples: Sequence[Example], split_group: str) -> list[str]:
-    """The key each example is split by: its ``split_group`` label, or its id (``"id"``, or ``"auto"``
-    when not every example has a ``doc`` label)."""
-    if split_group == "auto":
-        split_group = "doc" if all("doc" in e.labels for e in examples) else "id"
-    if split_group == "id":
-        return [f"id={e.id}" for e in examples]
-    missing = [e.id for e in examples if split_group not in e.labels]
-    if missing:
-        raise ValueError(f"split_group {split_group!r} is missing from {len(missing)} example(s), e.g. {missing[:5]}")
-    return [f"{split_group}={e.labels[split_group]}" for e in examples]
-
-
-def train_test_split(examples: Sequence[Example], *, test_fraction: float = 0.2, split_seed: int = 0,
-                     split_group: str = "auto", test_ids: Iterable[str] | None = None,
-                     max_train: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(train_idx, test_idx)``: sorted indices into ``examples`` (see the module docstring).
-
-    Depends only on the examples' ids / group labels and the arguments, never on a training seed.
-    """
-    ids = [e.id for e in examples]
-    if test_ids is not None:
-        test_ids = set(test_ids)
-        unknown = sorted(test_ids - set(ids))
-        if unknown:
-            raise ValueError(f"test_ids names {len(unknown)} id(s) not in the examples, e.g. {unknown[:5]}")
-        is_test = np.asarray([i in test_ids for i in ids], dtype=bool)
-    else:
-        keys = split_group_key(examples, split_group)
-        is_test = np.asarray([split_unit(k, split_seed) < test_fraction for k in keys], dtype=bool)
-    train = np.flatnonzero(~is_test)
-    test = np.flatnonzero(is_test)
-    if max_train is not None and len(train) > max_train:
-        u = np.asarray([split_unit(ids[i], split_seed) for i in train])
-        train = np.sort(train[np.argsort(u, kind="stable")[:max_train]])
-    if len(train) == 0 or len(test) == 0:
-        raise ValueError(f"the split leaves {len(train)} training and {len(test)} test examples "
-                         f"(of {len(examples)}; test_fraction={test_fraction}); both must be non-empty")
-    return train, test
-
-
-@dataclass
-class Task:
-    """Everything a fine-tuning run needs besides the model, prepared once for all poolings and seeds."""
-
-    rendered: list[Rendered]  # one per kept example
-    labels: list[Any]  # one per kept example (raw label values)
-    ids: list[str]  # one per kept example
-    train: np.ndarray  # indices into the kept examples
-    test: np.ndarray
-    classes: list[Any]  # sorted training classes
-    y: np.ndarray  # (n_kept,) int64 class index, -1 for a test label never seen in training
-    skipped: list[str]
-
-
-def _check_label(examples: Sequence[Example], label: str) -> None:
-    if not examples:
-        raise ValueError("no examples given")
-    missing = [e.id for e in examples if label not in e.labels]
-    if missing:
-        have = sorted({k for e in examples for k in e.labels})
-        raise ValueError(f"label {label!r} is missing from {len(missing)} of {len(examples)} examples "
-                         f"(e.g. {missing[:5]}); labels present: {have}")
-    values = {e.labels[label] for e in examples}
-    if len(values) < 2:
-        raise ValueError(f"label {label!r} has a single class {sorted(values, key=str)} over all "
-                         f"{len(examples)} examples; classification needs at least two")
-
-
-def render_examples(examples: Sequence[Example], label: str, tokenizer, fmt: Format, model_config, *,
-                    config: TrainConfig, model_max_length: int) -> tuple[list[Example], list[Rendered], list[str], int]:
-    """Render every example in ``fmt``: ``(kept examples, their renderings, skipped ids, length limit)``.
-
-    The limit is ``config.max_length`` capped by the model's (``model_max_length``); a longer example
-    is a ValueError naming it (``on_overflow="error"``) or skipped and listed (``"skip"``). Never
-    truncated.
-    """
-    examples = list(examples)
-    _check_label(examples, label)
-    corpus_fingerprint(examples)  # rejects duplicate ids
-    specials = special_token_ids(tokenizer, fmt)
-    unique = list(dict.fromkeys(s for e in examples for s in e.sentences))
-    tokenized = dict(zip(unique, tokenize_sentences(tokenizer, unique)))
-    type_vocab = int(getattr(model_config, "type_vocab_size", 0) or 0)
-    limit = model_max_length if config.max_length is None else min(config.max_length, model_max_length)
-    kept, rendered, skipped = [], [], []
-    for e in examples:
-        r = render(fmt, e, [tokenized[s] for s in e.sentences], specials)
-        if len(r) > limit:
-            if config.on_overflow == "skip":
-                skipped.append(e.id)
-                continue
-            raise ValueError(f"example {e.id!r} is {len(r)} tokens in format {fmt.name!r}, longer than "
-                             f"max_length={limit}; it is never truncated (use on_overflow='skip' to leave it out)")
-        max_type = int(r.token_type_ids.max())
-        if max_type > 0 and type_vocab <= 1:
-            r.token_type_ids = np.zeros_like(r.token_type_ids)  # no segment embeddings to speak of
-        elif max_type >= type_vocab > 1:
-            raise ValueError(f"format {fmt.name!r} uses segment id {max_type} but the model has "
-                             f"type_vocab_size={type_vocab}")
-        kept.append(e)
-        rendered.append(r)
-    if not kept:
-        raise ValueError(f"every example is longer than max_length={limit} in format {fmt.name!r}")
-    return kept, rendered, skipped, limit
-
-
-def _task(kept: Sequence[Example], rendered: list[Rendered], label: str, train: np.ndarray, test: np.ndarray,
-          skipped: list[str]) -> Task:
-    """A :class:`Task` for one split; the class list comes from the training labels only."""
-    labels = [e.labels[label] for e in kept]
-    classes = sorted({labels[i] for i in train}, key=lambda v: (str(type(v)), v))
-    if len(classes) < 2:
-        raise ValueError(f"label {label!r} has a single class {classes} among the {len(train)} training "
-                         "examples; classification needs at least two")
-    index = {c: j for j, c in enumerate(classes)}
-    y = np.asarray([index.get(v, -1) for v in labels], dtype=np.int64)
-    return Task(rendered, labels, [e.id for e in kept], train, test, classes, y, skipped)
-
-
-def prepare_task(examples: Sequence[Example], label: str, tokenizer, fmt: Format, model_config, *,
-                 config: TrainConfig, model_max_length: int, test_ids: Iterable[str] | None = None) -> Task:
-    """Render every example in ``fmt`` (:func:`render_examples`), and split by the fixed hash split."""
-    kept, rendered, skipped, _ = render_examples(examples, label, tokenizer, fmt, model_config, config=config,
-                                                 model_max_length=model_max_length)
-    train, test = train_test_split(kept, test_fraction=config.test_fraction, split_seed=config.split_seed,
-                                   split_group=config.split_group, test_ids=test_ids,
-                                   max_train=config.max_train)
-    return _task(kept, rendered, label, train, test, skipped)
-
-
-def check_pooling(task: Task, pooling: str | Pooling) -> Pooling:
-    """Validate ``pooling`` against every kept example (a ``pos<k>`` beyond the shortest, a format
-    without the token it reads): ValueError naming the pooling."""
-    p = get_pooling(pooling)
-    pooling_mask(task.rendered, p)
-    return p
-
-
-# --------------------------------------------------------------------------------------------------
-# Training
-
-
-def _accepts_token_types(model: torch.nn.Module) -> bool:
-    try:
-        return "token_type_ids" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _collate(rendered: Sequence[Rendered], pooling: Pooling, pad_id: int, device: torch.device) -> dict:
-    T = max(len(r) for r in rendered)
-    ids = np.full((len(rendered), T), pad_id, dtype=np.int64)
-    types = np.zeros((len(rendered), T), dtype=np.int64)
-    att = np.zeros((len(rendered), T), dtype=np.int64)
-    for b, r in enumerate(rendered):
-        n = len(r)
-        ids[b, :n], types[b, :n], att[b, :n] = r.input_ids, r.token_type_ids, 1
-    mask = pooling_mask(rendered, pooling, T)
-    return {"input_ids": torch.from_numpy(ids).to(device), "token_type_ids": torch.from_numpy(types).to(device),
-            "attention_mask": torch.from_numpy(att).to(device), "pool_mask": torch.from_numpy(mask).to(device)}
-
-
-class PooledClassifier(torch.nn.Module):
-    """Encoder + pooling of the last hidden layer + a linear head: ``logits = W·pool(h_L) + b``."""
-
-    def __init__(self, encoder: torch.nn.Module, pooling: Pooling, n_classes: int, hidden_size: int,
-                 init_std: float = 0.02):
-        super().__init__()
-        self.encoder = encoder
-        self.pooling = pooling
-        self.pass_types = _accepts_token_types(encoder)
-        self.head = torch.nn.Linear(hidden_size, n_classes)
-        torch.nn.init.normal_(self.head.weight, std=init_std)
-        torch.nn.init.zeros_(self.head.bias)
-
-    def forward(self, input_ids, attention_mask, token_type_ids, pool_mask) -> torch.Tensor:
-        kw = {"token_type_ids": token_type_ids} if self.pass_types else {}
-        h = self.encoder(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **kw).last_hidden_state
-        return self.head(pool(h, pool_mask, self.pooling.reduce))
-
-
-def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
-    def f(step: int) -> float:
-        if warmup > 0 and step < warmup:
-            return (step + 1) / warmup
-        if schedule == "constant":
-            return 1.0
-        return max(0.0, (total - step) / max(1, total - warmup))
-
-    return f
-
-
-def _param_groups(clf: "PooledClassifier", config: TrainConfig) -> list[dict]:
-    """AdamW groups: (encoder, head) x (decayed, not decayed: biases and LayerNorm weights)."""
-    groups = []
-    for module, lr in ((clf.encoder, config.lr), (clf.head, config.head_lr if config.head_lr is not None else config.lr)):
-        decay, no_decay = [], []
-        for name, p in module.named_parameters():
-            if p.requires_grad:
-                (no_decay if p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(p)
-        groups += [{"params": decay, "weight_decay": config.weight_decay, "lr": lr},
-                   {"params": no_decay, "weight_decay": 0.0, "lr": lr}]
-    return [g for g in groups if g["params"]]
-
-
-def epoch_batches(train: np.ndarray, lengths: np.ndarray, batch_size: int, grouping: int,
-                  generator: torch.Generator) -> list[np.ndarray]:
-    """One epoch's batches: a seeded permutation of ``train`` cut into groups of ``grouping``
-    batches, each group sorted by length (longest first, ties by position) and cut into batches.
-    Every training index appears exactly once; the order depends only on ``generator``'s seed."""
-    perm = train[torch.randperm(len(train), generator=generator).numpy()]
-    out = []
-    chunk = batch_size * grouping
-    for s in range(0, len(perm), chunk):
-        part = perm[s:s + chunk]
-        part = part[np.argsort(-lengths[part], kind="stable")]
-        out += [part[b:b + batch_size] for b in range(0, len(part), batch_size)]
-    return out
-
-
-def _finetune_task(lm, task: Task, pooling: Pooling, seed: int, config: TrainConfig,
-                   device: torch.device) -> dict:
-    """One run: fine-tune a fresh copy of ``lm.model`` + head on ``task.train``, score on ``task.test``."""
-    t0 = time.perf_counter()
-    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        encoder = copy.deepcopy(lm.model).to(device=device, dtype=torch.float32)
-        if config.freeze_embeddings:
-            encoder.get_input_embeddings().weight.requires_grad_(False)
-        clf = PooledClassifier(encoder, pooling, len(task.classes), int(lm.model.config.hidden_size),
-                               float(getattr(lm.model.config, "initializer_range", 0.02))).to(device)
-        order_rng = torch.Generator().manual_seed(seed)
-        train = task.train
-        steps_per_epoch = math.ceil(len(train) / config.batch_size)
-        total = steps_per_epoch * config.epochs
-        lengths = np.asarray([len(r) for r in task.rendered])
-        opt = torch.optim.AdamW(_param_groups(clf, config), lr=config.lr)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, _lr_lambda(config.schedule, int(config.warmup_fraction * total), total))
-        step_losses: list[float] = []
-        epoch_losses: list[float] = []
-        clf.train()
-        for _ in range(config.epochs):
-            total_loss, seen, hits = 0.0, 0, 0
-            for idx in epoch_batches(train, lengths, config.batch_size, config.length_grouping, order_rng):
-                batch = _collate([task.rendered[i] for i in idx], pooling, pad_id, device)
-                target = torch.from_numpy(task.y[idx]).to(device)
-                logits = clf(**batch)
-                loss = torch.nn.functional.cross_entropy(logits, target)
-                hits += int((logits.detach().argmax(dim=-1) == target).sum())
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                sched.step()
-                step_losses.append(float(loss.detach()))
-                total_loss += step_losses[-1] * len(idx)
-                seen += len(idx)
-            epoch_losses.append(total_loss / seen)
-        train_seconds = time.perf_counter() - t0
-        # evaluation: only now are test examples read
-        clf.eval()
-        preds = []
-        with torch.inference_mode():
-            for s in range(0, len(task.test), config.eval_batch_size):
-                idx = task.test[s:s + config.eval_batch_size]
-                batch = _collate([task.rendered[i] for i in idx], pooling, pad_id, device)
-                preds.append(clf(**batch).argmax(dim=-1).cpu().numpy())
-        test_pred = np.concatenate(preds)
-    return {
-        "pooling": pooling.name, "seed": seed, "test_accuracy": float((test_pred == task.y[task.test]).mean()),
-        "test_pred": test_pred, "train_accuracy": hits / seen,
-        "train_loss_steps": step_losses, "train_loss_epochs": epoch_losses,
-        "n_train": int(len(task.train)), "n_test": int(len(task.test)), "n_skipped": len(task.skipped),
-        "classes": list(task.classes), "train_ids": [task.ids[i] for i in task.train],
-        "test_ids": [task.ids[i] for i in task.test], "train_seconds": train_seconds,
-        "seconds": time.perf_counter() - t0,
-    }
-
-
-def _load(model) -> Any:
-    from probing.models import LoadedModel, load_model
-
-    if isinstance(model, LoadedModel):
-        return model
-    if model is None or isinstance(model, str):
-        return load_model(model)
-    raise ValueError(f"model must be None, a name/path or a LoadedModel, got {type(model).__name__}")
-
-
-def _device(device) -> torch.device:
-    from probing.models import pick_device
-
-    return pick_device(device)
-
-
-def _max_length_of(lm) -> int:
-    from probing.models import max_sequence_length
-
-    return max_sequence_length(lm.model.config, lm.tokenizer)
-
-
-def finetune(examples: Sequence[Example], label: str, *, model=None, pooling: str = "cls",
-             fmt: str | Format = "pair", seed: int = 0, preset: str = "default",
-             test_ids: Iterable[str] | None = None, device: str = "auto", **train: Any) -> dict:
-    """Fine-tune a fresh copy of the encoder plus a linear head on one pooling; score on held-out data.
-
-    Args:
-        examples: the corpus; each needs ``labels[label]``.
-        label: the classification target (e.g. ``"topic"``, ``"is_next"``), at least two classes.
-        model: None (the default all-MiniLM-L6-v2), a name or path for :func:`probing.models.load_model`,
-            or a :class:`~probing.models.LoadedModel` (never modified: a deep copy is trained).
-        pooling: a key of :data:`POOLINGS` or ``pos<k>``.
-        fmt: a format name or :class:`~probing.formats.Format` (default ``pair``).
-        seed: ``torch.manual_seed(seed)`` for the head, dropout and the data order (the split does not
-            depend on it).
-        preset: the key of :data:`PRESETS` whose ``train`` settings are the defaults.
-        test_ids: an explicit test set (example ids) instead of the hash split.
-        device: ``"auto"`` (CUDA if available), ``"cpu"``, ``"cuda:0"``, ...
-        **train: overrides of :class:`TrainConfig` (``epochs``, ``lr``, ``batch_size``, ``max_train``,
-            ``test_fraction``, ...).
-
-    Returns a dict: ``test_accuracy``, ``test_pred`` (class index per test example, in ``test_ids``
-    order), ``train_accuracy`` (of the last epoch's training batches, dropout on), ``train_loss_steps``
-    (one per optimiser step), ``train_loss_epochs`` (example-weighted mean per epoch), ``n_train``,
-    ``n_test``, ``n_skipped``, ``classes``, ``train_ids``, ``test_ids``, ``pooling``, ``seed``, ``seconds``.
-    """
-    lm = _load(model)
-    config = preset_config(preset, **train)
-    fmt = fmt if isinstance(fmt, Format) else Format.parse(fmt)
-    task = prepare_task(examples, label, lm.tokenizer, fmt, lm.model.config, config=config,
-                        model_max_length=_max_length_of(lm), test_ids=test_ids)
-    p = check_pooling(task, pooling)
-    return _finetune_task(lm, task, p, int(seed), config, _device(device))
+PROTOCOL_VERSION = 3
 
 
 # --------------------------------------------------------------------------------------------------
 # The experiment: poolings x seeds -> tidy table
-
-
-def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float, float]:
-    """``(mean, sd, low, high)``: sample sd (ddof=1) and the t-interval ``mean ± t_{(1+c)/2, n-1}·sd/√n``.
-    With one value, sd and the interval are NaN."""
-    v = np.asarray(values, dtype=np.float64)
-    mean = float(v.mean())
-    if v.size < 2:
-        return mean, math.nan, math.nan, math.nan
-    sd = float(v.std(ddof=1))
-    half = float(stats.t.ppf((1 + confidence) / 2, v.size - 1)) * sd / math.sqrt(v.size)
-    return mean, sd, mean - half, mean + half
 
 
 def _parse_list(values, what: str, cast=str) -> list:
@@ -732,16 +104,16 @@ class Split:
 
 def cv_splits(kept: Sequence[Example], y: np.ndarray, groups: np.ndarray, config: TrainConfig) -> list[Split]:
     """The experiment's splits: for ``r < repeats``, :func:`analyses.probes.make_splits` (stratified
-    by ``y``, grouped by ``groups``, seed ``split_seed + r``), its first ``folds`` folds; the training
+    by ``y``, grouped by ``groups``, seed ``seed + r``), its first ``run_folds`` folds; the training
     side keeps the ``max_train`` examples of smallest ``u(id)`` (:func:`split_unit`), so it depends
     neither on the pooling nor on the training seed."""
     from analyses.probes import make_splits
 
     out = []
     for r in range(config.repeats):
-        seed = config.split_seed + r
-        folds = make_splits(y, groups, config.n_splits, seed)
-        for f, (train, test) in enumerate(folds[:config.folds]):
+        seed = config.seed + r
+        folds = make_splits(y, groups, config.folds, seed)
+        for f, (train, test) in enumerate(folds[:config.run_folds]):
             if config.max_train is not None and len(train) > config.max_train:
                 u = np.asarray([split_unit(kept[i].id, seed) for i in train])
                 train = np.sort(train[np.argsort(u, kind="stable")[:config.max_train]])
@@ -750,18 +122,19 @@ def cv_splits(kept: Sequence[Example], y: np.ndarray, groups: np.ndarray, config
 
 
 def frozen_features(lm, rendered: Sequence[Rendered], poolings: Sequence[Pooling], config: TrainConfig,
-                    device: torch.device) -> dict[str, np.ndarray]:
+                    device: torch.device, rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Each pooling of the frozen encoder's last layer: ``{pooling: (n_examples, hidden) float64}``,
-    one eval-mode forward pass per batch shared by all poolings (the encoder is not trained)."""
+    one eval-mode forward pass per length-sorted batch shared by all poolings (the encoder is not
+    trained). Only ``rows`` (default: all) are computed; the other rows are NaN."""
     pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     model = lm.model.to(device).eval()
     pass_types = _accepts_token_types(model)
-    lengths = np.asarray([len(r) for r in rendered])
-    order = np.argsort(-lengths, kind="stable")  # similar lengths together: little padding
-    out = {p.name: np.empty((len(rendered), int(lm.model.config.hidden_size))) for p in poolings}
+    rows = np.arange(len(rendered)) if rows is None else np.asarray(rows)
+    lengths = np.asarray([len(rendered[i]) for i in rows])
+    out = {p.name: np.full((len(rendered), int(lm.model.config.hidden_size)), np.nan) for p in poolings}
     with torch.inference_mode():
-        for s in range(0, len(order), config.eval_batch_size):
-            idx = order[s:s + config.eval_batch_size]
+        for part in sorted_batches(lengths, config.eval_batch_size):
+            idx = rows[part]
             batch = _collate([rendered[i] for i in idx], poolings[0], pad_id, device)
             kw = {"token_type_ids": batch["token_type_ids"]} if pass_types else {}
             h = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], return_dict=True,
@@ -853,7 +226,7 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
     poolings = _parse_list(poolings if poolings is not None else pre["poolings"], "poolings")
     for p in poolings:
         get_pooling(p)
-    seeds = _parse_list(seeds if seeds is not None else pre["seeds"], "seeds", int)
+    seeds = _parse_list(seeds if seeds is not None else pre["train_seeds"], "train seeds", int)
     config = preset_config(preset, **train)
     fmt = fmt if isinstance(fmt, Format) else Format.parse(fmt)
     examples = list(examples)
@@ -884,7 +257,8 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
     base = {"analysis": ANALYSIS, "model": lm.name, "corpus": corpus, "format": fmt.name, "format_b": "",
             "layer": int(lm.model.config.num_hidden_layers), "target": label, "grouping": grouping,
             "n_skipped": len(skipped)}
-    X = frozen_features(lm, rendered, checked, config, dev)
+    used = np.unique(np.concatenate([np.r_[sp.train, sp.test] for sp in splits]))
+    X = frozen_features(lm, rendered, checked, config, dev, rows=used)
     rows: list[dict] = []
     preds: list[pd.DataFrame] = []
     warned: list[str] = []
@@ -1030,43 +404,48 @@ def build_parser() -> argparse.ArgumentParser:
     from probing.formats import BUILTIN_FORMATS
     from probing.models import DEFAULT_MODEL
 
-    pool_help = "\n".join(f"  {n:<12} {p.description}" for n, p in POOLINGS.items()) + f"\n  {'pos<k>':<12} {POS_HELP}"
+    pool_help = "\n".join(f"  {n:<12} {d}" for n, d in POOLINGS.items())
 
     def show(name: str) -> str:
         pre = PRESETS[name]
         train = ", ".join(f"{k}={v}" for k, v in pre["train"].items())
-        return (f"  {name:<8} corpus={pre['corpus']} label={pre['label']} poolings={','.join(pre['poolings'])} "
-                f"seeds={','.join(map(str, pre['seeds']))}\n           {train}")
+        return (f"  {name:<8} corpus={pre['corpus']} targets={pre['target']} poolings={','.join(pre['poolings'])} "
+                f"train-seeds={','.join(map(str, pre['train_seeds']))}\n           {train}")
 
     defaults = TrainConfig()
     p = ArgumentParser(
         prog="python -m analyses.pooling",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=("Q8: on the same stratified, document-grouped cross-validation splits, fine-tune\n"
-                     "the encoder + a linear head on each pooling of the last layer (each seed) and fit\n"
-                     "a frozen probe on the same pooling; report out-of-fold accuracy per pooling with a\n"
-                     "cluster-bootstrap CI over documents, paired differences (fine-tuned - frozen,\n"
+                     "the encoder + a linear head on each pooling of the last layer (each training seed)\n"
+                     "and fit a frozen probe on the same pooling; report out-of-fold accuracy per pooling\n"
+                     "with a cluster-bootstrap CI over documents, paired differences (fine-tuned - frozen,\n"
                      "pooling - mean) on identical test items, the best constant and chance, and a\n"
                      "warning for runs below the best constant or that did not converge."),
-        epilog=("poolings:\n" + pool_help + "\n\npresets (options given on the command line override them):\n"
+        epilog=("poolings (the token choices of analyses.selection):\n" + pool_help
+                + "\n\npresets (options given on the command line override them):\n"
                 + "\n".join(show(n) for n in PRESETS)
-                + "\n\nexample:\n  python -m analyses.pooling --corpus generated:n=300,k=2 --label topic "
-                  "--poolings cls,mean --seeds 0,1,2 --preset default --out results/"),
+                + "\n\nexample:\n  python -m analyses.pooling --corpus generated:n=300,k=2 --targets topic "
+                  "--poolings cls,mean --train-seeds 0,1,2 --preset default --out results/"),
     )
     p.add_argument("--preset", default="default", choices=list(PRESETS),
                    help="settings to start from (default: default; 'full' is meant for a GPU)")
     p.add_argument("--corpus", default=None,
                    help="corpus spec, e.g. 'generated:n=500,k=2' or 'bbc:k=2,n=2000' (default: the preset's)")
-    p.add_argument("--label", default=None, help="label to classify, e.g. topic or is_next (default: the preset's)")
+    p.add_argument("--targets", default=None,
+                   help="the one label to classify, e.g. topic or is_next (exactly one; default: the preset's)")
     p.add_argument("--poolings", default=None,
                    help="comma list of poolings (see below) (default: the preset's)")
-    p.add_argument("--seeds", default=None, help="comma list of training seeds, e.g. 0,1,2 (default: the preset's)")
+    p.add_argument("--train-seeds", default=None,
+                   help="comma list of fine-tuning seeds (head, dropout, data order), e.g. 0,1,2 "
+                        "(default: the preset's)")
     p.add_argument("--format", default="pair",
                    help=f"input format: one of {', '.join(BUILTIN_FORMATS)} or 'name=TEMPLATE' (default: pair)")
     p.add_argument("--model", default=None,
                    help=f"Hugging Face id or local path (default: {DEFAULT_MODEL}, shipped offline)")
     p.add_argument("--random-init", action="store_true",
-                   help="fine-tune the same architecture from seeded random weights (baseline)")
+                   help="fine-tune the same architecture from seeded random weights (baseline; see --init-seed)")
+    p.add_argument("--init-seed", type=int, default=0, help="seed of the --random-init weights (default 0)")
     p.add_argument("--epochs", type=int, default=None, help="passes over the training set (default: the preset's)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate of AdamW (default: the preset's)")
     p.add_argument("--head-lr", type=float, default=None,
@@ -1085,13 +464,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"share of steps with linear warm-up (default {defaults.warmup_fraction})")
     p.add_argument("--schedule", default=None, choices=list(SCHEDULES),
                    help="after warm-up: linear decay to 0 or constant (default linear)")
-    p.add_argument("--split-seed", type=int, default=None,
-                   help="seed of the cross-validation partition (repeat r uses split-seed + r), independent of "
-                        "--seeds (default 0)")
-    p.add_argument("--n-splits", type=int, default=None, help="k of the grouped k-fold split (default: the preset's)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the cross-validation partition (repeat r uses seed + r), independent of "
+                        f"--train-seeds (default {defaults.seed})")
     p.add_argument("--folds", type=int, default=None,
+                   help="number of outer cross-validation folds, k (default: the preset's)")
+    p.add_argument("--run-folds", type=int, default=None,
                    help="how many of the k folds are run (default: the preset's; unset means all)")
     p.add_argument("--repeats", type=int, default=None, help="repeated k-fold partitions (default: the preset's)")
+    p.add_argument("--Cs", default=None,
+                   help="comma list of the frozen probe's C grid (default: analyses.probes' "
+                        f"{','.join(f'{c:g}' for c in defaults.frozen_Cs)})")
     p.add_argument("--device", default="auto", help="'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ...")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's own choice). On a machine whose cores are busy "
@@ -1104,29 +487,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     from probing.corpora import load_corpus
     from probing.models import ModelLoadError, load_model
 
     pre = PRESETS[args.preset]
     corpus = args.corpus if args.corpus is not None else pre["corpus"]
-    label = args.label if args.label is not None else pre["label"]
+    targets = [t.strip() for t in (args.targets if args.targets is not None else pre["target"]).split(",")]
+    if len(targets) != 1 or not targets[0]:
+        parser.error(f"--targets takes exactly one label for the fine-tuning head, got {args.targets!r}")
+    label = targets[0]
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+    try:
+        Cs = None if args.Cs is None else tuple(_parse_list(args.Cs, "--Cs", float))
+    except ValueError as err:
+        parser.error(str(err))
     train = {"epochs": args.epochs, "lr": args.lr, "head_lr": args.head_lr,
              "freeze_embeddings": args.freeze_embeddings, "batch_size": args.batch_size, "max_train": args.max_train,
              "max_length": args.max_length, "weight_decay": args.weight_decay,
-             "warmup_fraction": args.warmup_fraction, "schedule": args.schedule,
-             "split_seed": args.split_seed, "n_splits": args.n_splits, "folds": args.folds,
-             "repeats": args.repeats}
+             "warmup_fraction": args.warmup_fraction, "schedule": args.schedule, "seed": args.seed,
+             "folds": args.folds, "run_folds": args.run_folds, "repeats": args.repeats, "frozen_Cs": Cs}
     if args.threads is not None:
-        if args.threads < 1:
-            print(f"error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
-            return 2
         torch.set_num_threads(args.threads)
     try:
         examples = load_corpus(corpus)
-        lm = load_model(args.model, random_init=args.random_init)
+        lm = load_model(args.model, random_init=args.random_init, seed=args.init_seed)
         t0 = time.perf_counter()
-        df = run_pooling_experiment(examples, label, args.poolings, args.seeds, model=lm, fmt=args.format,
+        df = run_pooling_experiment(examples, label, args.poolings, args.train_seeds, model=lm, fmt=args.format,
                                     preset=args.preset, out=args.out, force=args.force, corpus_name=corpus,
                                     device=args.device, progress=not args.no_progress,
                                     **train)

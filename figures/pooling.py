@@ -23,13 +23,10 @@ import numpy as np
 import pandas as pd
 
 from figures import style
-from figures.drift import (add_note, base_parser, data_color, legend_right, numeric, one_source, order_roles, run_cli,
-                           select, title_for, unique_or_error)
+from figures.drift import (add_note, base_parser, comma_list, data_color, legend_right, numeric, one_source, order_roles,
+                           run_cli, select, title_for, unique_or_error)
 
 ANALYSIS = "finetune_pooling"
-#: Fine-tuning pooling name -> probe token choices that mean the same token, tried in order
-#: (``sep`` pools the first [SEP] of the sequence, which is ``sep1`` in the pair format).
-FROZEN_ALIASES: dict[str, tuple[str, ...]] = {"sep": ("sep", "sep1")}
 BASELINE_COLOR = "#777777"
 
 
@@ -81,25 +78,20 @@ def _frozen_points(frozen_df: pd.DataFrame, poolings: list[str], target: str, fm
         raise ValueError(f"{what}: the frozen table has formats {formats} and none is the fine-tuning format "
                          f"{fmt!r}; pass frozen rows of one format")
     out: dict[str, pd.Series] = {}
-    for p in poolings:
-        for choice in FROZEN_ALIASES.get(p, (p,)):
-            g = fz[fz["role"].astype(str) == choice]
-            if g.empty:
-                continue
-            if isinstance(layer, (int, np.integer)):
-                g = g[g["layer"] == float(layer)]
-                if g.empty:
-                    continue
-                row = g.iloc[0]
-            elif layer == "last":
-                row = g.loc[g["layer"].idxmax()]
-            else:
-                finite = g[np.isfinite(g["value"])]
-                row = finite.loc[finite["value"].idxmax()] if not finite.empty else g.iloc[-1]
-            out[p] = row
-            if choice != p:
-                notes.append(f"Frozen '{p}' = probe choice '{choice}' (the same token).")
-            break
+    for p in poolings:  # pooling names are the probes' token choices (analyses.selection)
+        g = fz[fz["role"].astype(str) == p]
+        if isinstance(layer, (int, np.integer)):
+            g = g[g["layer"] == float(layer)]
+        if g.empty:
+            continue
+        if isinstance(layer, (int, np.integer)):
+            row = g.iloc[0]
+        elif layer == "last":
+            row = g.loc[g["layer"].idxmax()]
+        else:
+            finite = g[np.isfinite(g["value"])]
+            row = finite.loc[finite["value"].idxmax()] if not finite.empty else g.iloc[-1]
+        out[p] = row
     if not out:
         raise ValueError(f"{what}: no frozen probe rows for the poolings {poolings} (target={target!r}); "
                          f"token choices present: {sorted(set(fz['role'].dropna().astype(str)))}")
@@ -227,15 +219,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "optionally beside frozen linear-probe accuracy of the same token choice.")
     p.add_argument("--frozen", default=None, help="probe result table (same target) for the frozen bars")
     p.add_argument("--frozen-layer", default="best", help="best, last or a layer number (default best)")
-    p.add_argument("--target", default=None, help="task label, when the table holds several")
+    p.add_argument("--targets", default=None, help="the one task label to draw, when the table holds several")
     p.add_argument("--format", default=None, help="format, when the table holds several")
 
     def options(a):
         from analyses.results import read_table
 
         layer = int(a.frozen_layer) if a.frozen_layer.lstrip("-").isdigit() else a.frozen_layer
+        targets = comma_list(a.targets)
+        if targets is not None and len(targets) != 1:
+            raise ValueError(f"--targets takes exactly one label here (one figure per target), got {a.targets!r}")
         return {"frozen_df": read_table(a.frozen) if a.frozen else None, "frozen_layer": layer,
-                "target": a.target, "format": a.format, "model": a.model, "corpus": a.corpus}
+                "target": targets[0] if targets else None, "format": a.format, "model": a.model, "corpus": a.corpus}
 
     return run_cli(p, plot_pooling, options, argv)
 

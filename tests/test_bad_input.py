@@ -152,6 +152,13 @@ CASES = [
      "--corpus generated:n=3,negatives=other_topic --model {model} --out {out}", "corpus 'generated:n=3,negatives=other_topic'"),
     ("pooling-out-is-a-file", "analyses.pooling", "--corpus generated:n=20 --model {model} --out {root}/a-file",
      "a-file' is a file"),
+    ("pooling-two-targets", "analyses.pooling", "--corpus generated:n=20 --targets topic,is_next --model {model} "
+     "--out {out}", "exactly one label"),
+    ("pooling-old-sep-name", "analyses.pooling", "--corpus generated:n=20 --poolings cls,sep --model {model} --out {out}",
+     "'sep'"),
+    ("pooling-run-folds-over-folds", "analyses.pooling", "--corpus generated:n=20 --folds 3 --run-folds 4 "
+     "--model {model} --out {out}", "run_folds=4"),
+    ("pooling-bad-Cs", "analyses.pooling", "--corpus generated:n=20 --Cs 0.1,x --model {model} --out {out}", "'x'"),
     # the study
     ("study-unknown-config", "probing.study", "no_such_config --out {out}", "'no_such_config'"),
     ("study-unknown-key", "probing.study", "{root}/unknown_key.toml --out {out}", "study.colour"),

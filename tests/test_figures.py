@@ -132,7 +132,7 @@ def attention_table(seed: int = 0, formats=("pair",), k: int = 2, heads: int = 1
     return make_table(rows)
 
 
-def pooling_table(seed: int = 0, poolings=("cls", "mean", "max", "sep", "first_word", "pos3"), seeds=(0, 1, 2),
+def pooling_table(seed: int = 0, poolings=("cls", "mean", "max", "sep1", "first_word", "pos3"), seeds=(0, 1, 2),
                   label: str = "topic", summary: bool = True) -> pd.DataFrame:
     """Fine-tuning rows as analyses.pooling writes them: per-seed accuracy, per-pooling summary
     with ``sd``, one majority-baseline row."""
@@ -582,7 +582,7 @@ def test_pooling_bars_seeds_and_frozen(tmp_path, figs):
     plot_pooling(ft, tmp_path / "ft")
     ax = figs[0].axes[0]
     means = ft[ft.metric == "test_accuracy_mean"].set_index("role")["value"]
-    order = ["cls", "mean", "max", "first_word", "sep", "pos3"]
+    order = ["cls", "mean", "max", "first_word", "sep1", "pos3"]
     assert [t.get_text() for t in ax.get_xticklabels()] == order
     np.testing.assert_allclose([b.get_height() for b in bars(ax)], means.loc[order])
     from matplotlib.collections import PathCollection
@@ -599,7 +599,6 @@ def test_pooling_bars_seeds_and_frozen(tmp_path, figs):
     acc = probes[(probes.metric == "accuracy") & (probes.model_kind == "trained")]
     best = acc.groupby("role")["value"].max()
     np.testing.assert_allclose(heights[6:], [best[r] for r in ["cls", "mean", "max", "first_word", "sep1", "pos3"]])
-    assert "sep' = probe choice 'sep1'" in figs[1]._supxlabel.get_text()
     assert any(t.get_text().startswith("frozen linear probe (best layer") for t in ax.get_legend().get_texts())
 
     plot_pooling(ft, tmp_path / "last", frozen_df=probes, frozen_layer="last")
@@ -615,7 +614,7 @@ def test_pooling_from_seeds_only_nan_and_errors(tmp_path, figs):
     plot_pooling(ft, tmp_path / "seeds")
     seeds = ft[ft.metric == "test_accuracy"]
     means = seeds.groupby("role")["value"].mean()
-    order = ["cls", "mean", "max", "first_word", "sep", "pos3"]
+    order = ["cls", "mean", "max", "first_word", "sep1", "pos3"]
     np.testing.assert_allclose([b.get_height() for b in bars(figs[0].axes[0])], means.loc[order])
     nan = pooling_table()
     nan.loc[(nan.role == "max"), ["value", "sd"]] = np.nan

@@ -10,11 +10,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from scipy import stats
 
+import analyses.finetune as FT
 import analyses.pooling as P
-from analyses.pooling import (POOLINGS, PRESETS, TrainConfig, epoch_batches, finetune, get_pooling, pool,
-                              pooling_mask, run_pooling_experiment, t_interval, train_test_split)
+from analyses.finetune import epoch_batches, finetune, sorted_batches, train_test_split
+from analyses.finetune_config import PRESETS, TrainConfig
+from analyses.pooling import run_pooling_experiment
+from analyses.pooling_choices import POOLINGS, get_pooling, pool, pooling_mask
+from analyses.selection import TOKEN_CHOICES
 from analyses.grouping import example_groups
 from probing.examples import Example
 from probing.formats import Format, render, special_token_ids, tokenize_sentences
@@ -68,7 +71,8 @@ def _render(tokenizer, examples, fmt="pair"):
 
 
 def test_registry_and_pos_names():
-    assert set(POOLINGS) == {"cls", "mean", "max", "sep", "first_word"}
+    assert POOLINGS is TOKEN_CHOICES  # one grammar with the probes' token choices
+    assert get_pooling("sep1").position is None and get_pooling("mean_s2").reduce == "mean"
     assert get_pooling("pos0").position == 0 and get_pooling("pos17").position == 17
     assert get_pooling("mean").reduce == "mean" and get_pooling("max").reduce == "max"
 
@@ -85,7 +89,9 @@ def test_masks_on_hand_built_batch(bert_tokenizer):
         words = [t for t, role in enumerate(r.role) if role == "word"]
         # reference positions computed from the token ids (allowed in a test, not in the code)
         expect = {
-            "cls": [ids.index(cls_id)], "sep": [ids.index(sep_id)], "first_word": [1], "pos2": [2],
+            "cls": [ids.index(cls_id)], "sep1": [ids.index(sep_id)], "sep_last": [len(ids) - 1],
+            "first_word": [1], "pos2": [2], "mean_s1": words[:ids.index(sep_id) - 1],
+            "mean_s2": words[ids.index(sep_id) - 1:],
             "mean": [t for t, i in enumerate(ids) if i not in (cls_id, sep_id)], "max": words,
         }
         assert expect["mean"] == words
@@ -95,7 +101,8 @@ def test_masks_on_hand_built_batch(bert_tokenizer):
             assert not m[b, len(r):].any()  # padding never selected
     # the first [SEP] of 'pair' closes sentence 1: right after its last word
     n1 = len(bert_tokenizer("The cat sat.", add_special_tokens=False)["input_ids"])
-    assert np.flatnonzero(pooling_mask(rendered, "sep", T)[0]).tolist() == [1 + n1]
+    assert np.flatnonzero(pooling_mask(rendered, "sep1", T)[0]).tolist() == [1 + n1]
+    assert np.flatnonzero(pooling_mask(rendered, "sep2", T)[0]).tolist() == [len(rendered[0]) - 1]
 
 
 def test_pool_values_equal_reference_and_ignore_padding(bert_tokenizer):
@@ -105,12 +112,12 @@ def test_pool_values_equal_reference_and_ignore_padding(bert_tokenizer):
     g = torch.Generator().manual_seed(0)
     h = torch.randn(2, T, 5, generator=g, dtype=torch.float64)
     h[1, len(rendered[1]):] = 1e6  # padding: would dominate mean and max if it leaked in
-    for name in ["cls", "sep", "first_word", "pos2", "mean", "max"]:
+    for name in ["cls", "sep1", "first_word", "pos2", "mean", "max"]:
         p = get_pooling(name)
         got = pool(h, torch.from_numpy(pooling_mask(rendered, name, T)), p.reduce).numpy()
         for b, r in enumerate(rendered):
             words = [t for t, role in enumerate(r.role) if role == "word"]
-            ref = {"cls": h[b, 0], "sep": h[b, r.role.index("sep")], "first_word": h[b, 1], "pos2": h[b, 2],
+            ref = {"cls": h[b, 0], "sep1": h[b, r.role.index("sep")], "first_word": h[b, 1], "pos2": h[b, 2],
                    "mean": h[b, words].mean(0), "max": h[b, words].max(0).values}[name].numpy()
             np.testing.assert_allclose(got[b], ref, rtol=0, atol=1e-12, err_msg=f"{name} example {b}")
     assert pool(h, torch.from_numpy(pooling_mask(rendered, "max", T)), "max").max() < 1e5
@@ -121,9 +128,9 @@ def test_classifier_pool_equals_unpadded_forward(bert_tokenizer, tiny):
     ex = [Example("a", ("The cat sat on the mat.", "It purred loudly.")), Example("b", ("Hi.", "Yo."))]
     rendered = _render(bert_tokenizer, ex)
     model = tiny.model.eval()
-    for name in ["mean", "max", "sep", "cls"]:
+    for name in ["mean", "max", "sep1", "cls"]:
         p = get_pooling(name)
-        batch = P._collate(rendered, p, bert_tokenizer.pad_token_id, torch.device("cpu"))
+        batch = FT._collate(rendered, p, bert_tokenizer.pad_token_id, torch.device("cpu"))
         with torch.no_grad():
             h = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                       token_type_ids=batch["token_type_ids"]).last_hidden_state
@@ -141,7 +148,7 @@ def test_roles_work_for_roberta_style_tokenizer(roberta_tokenizer):
     (r,) = _render(roberta_tokenizer, ex)
     ids = r.input_ids.tolist()
     assert np.flatnonzero(pooling_mask([r], "cls")[0]).tolist() == [ids.index(roberta_tokenizer.cls_token_id)] == [0]
-    assert np.flatnonzero(pooling_mask([r], "sep")[0]).tolist() == [ids.index(roberta_tokenizer.sep_token_id)]
+    assert np.flatnonzero(pooling_mask([r], "sep1")[0]).tolist() == [ids.index(roberta_tokenizer.sep_token_id)]
     specials = {roberta_tokenizer.cls_token_id, roberta_tokenizer.sep_token_id}
     assert np.flatnonzero(pooling_mask([r], "mean")[0]).tolist() == [t for t, i in enumerate(ids) if i not in specials]
 
@@ -226,7 +233,7 @@ def test_split_depends_on_ids_not_order():
     assert {ex[i].id for i in te} == {shuffled[i].id for i in te2}
     assert 0.1 < len(te) / 60 < 0.5
     # a different split seed gives a different split; max_train keeps a subset of the same train side
-    _, te3 = train_test_split(ex, test_fraction=0.3, split_seed=1, split_group="id")
+    _, te3 = train_test_split(ex, test_fraction=0.3, seed=1, split_group="id")
     assert set(te3.tolist()) != set(te.tolist())
     tr4, te4 = train_test_split(ex, test_fraction=0.3, split_group="id", max_train=10)
     assert len(tr4) == 10 and set(tr4) <= set(tr) and (te4 == te).all()
@@ -235,10 +242,10 @@ def test_split_depends_on_ids_not_order():
 # --------------------------------------------------------------------------------------------------
 # the experiment table and its reuse
 
-POOLS = ["cls", "mean", "max", "sep", "first_word", "pos2"]
+POOLS = ["cls", "mean", "max", "sep1", "first_word", "pos2"]
 
 
-CV = dict(FAST, n_splits=3, folds=3, max_train=10_000)
+CV = dict(FAST, folds=3, run_folds=3, max_train=10_000)
 
 
 def test_table_has_every_run_and_summaries(tiny):
@@ -280,7 +287,7 @@ def test_table_has_every_run_and_summaries(tiny):
 def test_frozen_and_fine_tuned_score_identical_test_items(tiny):
     ex = keyword_examples(36)
     _, pred = run_pooling_experiment(ex, "kind", "cls,mean", "0,1", model=tiny, progress=False,
-                                     with_predictions=True, **{**CV, "folds": 2})
+                                     with_predictions=True, **{**CV, "run_folds": 2})
     for (fold, pooling), g in pred.groupby(["fold", "pooling"]):
         sets = {(c, s): tuple(sorted(x.example)) for (c, s), x in g.groupby(["condition", g.seed.fillna(-1)])}
         assert set(sets) == {("frozen", -1), ("fine_tuned", 0), ("fine_tuned", 1)}
@@ -298,7 +305,7 @@ def test_cv_splits_are_grouped_and_stratified():
     y = np.asarray([e.labels["kind"] == "apple" for e in ex], dtype=int)
     groups, how = example_groups(ex)
     assert how == "document"
-    splits = P.cv_splits(ex, y, groups, TrainConfig(n_splits=3, repeats=2, max_train=20))
+    splits = P.cv_splits(ex, y, groups, TrainConfig(folds=3, repeats=2, max_train=20))
     assert [(s.repeat, s.fold) for s in splits] == [(r, f) for r in (0, 1) for f in range(3)]
     for s in splits:
         assert not set(groups[s.train]) & set(groups[s.test]) and len(s.train) == 20
@@ -356,11 +363,22 @@ def test_stored_result_is_reused(tiny, tmp_path, monkeypatch):
                                **{**FAST, "lr": 2e-3})
 
 
-def test_t_interval_known_values():
-    mean, sd, lo, hi = t_interval([0.5, 0.7, 0.9])
-    assert mean == pytest.approx(0.7) and sd == pytest.approx(0.2)
-    assert hi - mean == pytest.approx(4.302652729911275 * 0.2 / math.sqrt(3))
-    assert all(math.isnan(x) for x in t_interval([0.4])[1:])
+def test_sorted_batches_cover_each_row_once_longest_first():
+    lengths = np.array([5, 9, 2, 9, 7, 1, 5])
+    batches = sorted_batches(lengths, 3)
+    assert [b.tolist() for b in batches] == [[1, 3, 4], [0, 6, 2], [5]]
+    assert sorted(np.concatenate(batches).tolist()) == list(range(7))
+
+
+def test_evaluation_order_does_not_change_predictions(tiny, monkeypatch):
+    """Length-sorted evaluation batches give each test item the prediction of a batch in index order."""
+    ex = keyword_examples(40)
+    a = finetune(ex, "kind", model=tiny, pooling="mean", seed=0, **{**FAST, "eval_batch_size": 5})
+    monkeypatch.setattr(FT, "sorted_batches", lambda lengths, size: [np.arange(s, min(s + size, len(lengths)))
+                                                                      for s in range(0, len(lengths), size)])
+    b = finetune(ex, "kind", model=tiny, pooling="mean", seed=0, **{**FAST, "eval_batch_size": 5})
+    assert a["test_ids"] == b["test_ids"] and len(set(a["test_ids"])) > 5
+    assert a["test_pred"].tolist() == b["test_pred"].tolist() and a["train_loss_steps"] == b["train_loss_steps"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -371,7 +389,7 @@ def test_t_interval_known_values():
     (dict(pooling="avg"), "'avg'"),
     (dict(pooling="pos999"), "pos999"),
     (dict(label="sentiment"), "'sentiment'"),
-    (dict(pooling="sep", fmt="no_special"), "'sep'"),
+    (dict(pooling="sep1", fmt="no_special"), "'sep1'"),
     (dict(epochs=0), "epochs=0"),
     (dict(schedule="cosine"), "'cosine'"),
     (dict(max_length=4, on_overflow="error"), "max_length=4"),
@@ -401,11 +419,11 @@ def test_presets_are_valid():
         TrainConfig(**pre["train"])
         for p in pre["poolings"]:
             get_pooling(p)
-    assert PRESETS["default"]["poolings"] == ("cls", "mean", "max", "sep", "first_word")
+    assert PRESETS["default"]["poolings"] == ("cls", "mean", "max", "sep1", "first_word")
     # the CPU budget of the docstring: 15 fine-tuning runs of 128 examples x 3 epochs by default, 4 tiny ones quick
     d, q = PRESETS["default"], PRESETS["quick"]
-    assert len(d["poolings"]) * d["train"]["folds"] * len(d["seeds"]) == 15
-    assert len(q["poolings"]) * q["train"]["folds"] * len(q["seeds"]) == 4
+    assert len(d["poolings"]) * d["train"]["run_folds"] * len(d["train_seeds"]) == 15
+    assert len(q["poolings"]) * q["train"]["run_folds"] * len(q["train_seeds"]) == 4
     assert all(pre["train"]["max_length"] is None for pre in PRESETS.values())  # the model's own limit
 
 
@@ -417,7 +435,8 @@ def test_cli_help_lists_every_choice(capsys):
     with pytest.raises(SystemExit):
         P.main(["--help"])
     text = capsys.readouterr().out
-    for name in list(POOLINGS) + list(PRESETS) + ["pos<k>", "--force", "--out", "--model", "--seeds"]:
+    for name in list(POOLINGS) + list(PRESETS) + ["--force", "--out", "--model", "--train-seeds", "--targets",
+                                                 "--folds", "--run-folds", "--seed", "--init-seed", "--Cs"]:
         assert name in text
 
 
@@ -425,7 +444,7 @@ def test_cli_runs_end_to_end(tmp_path, bert_tokenizer, capsys):
     model_dir = tmp_path / "tiny"
     make_tiny_bert(bert_tokenizer, seed=0).save_pretrained(model_dir)
     bert_tokenizer.save_pretrained(model_dir)
-    argv = ["--corpus", "generated:n=30,k=2", "--label", "topic", "--poolings", "cls,mean", "--seeds", "0,1",
+    argv = ["--corpus", "generated:n=30,k=2", "--targets", "topic", "--poolings", "cls,mean", "--train-seeds", "0,1",
             "--preset", "quick", "--model", str(model_dir), "--out", str(tmp_path / "res"), "--device", "cpu",
             "--no-progress", "--lr", "1e-3"]
     assert P.main(argv) == 0

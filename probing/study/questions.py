@@ -62,7 +62,7 @@ def _q8_notes(cfg: dict) -> str:
     return ("Frozen probes score each pooling choice per layer without training the encoder (cls − mean paired on "
             "the same out-of-fold items); the fine-tuning experiment trains the encoder with a linear head on each "
             f"pooling ({', '.join(ft['poolings'])}) over {len(ft['seeds'])} seed(s) with the `{ft['preset']}` preset "
-            "of analyses.pooling, on stratified document-grouped cross-validation splits, and on the same splits "
+            "of analyses.finetune_config, on stratified document-grouped cross-validation splits, and on the same splits "
             "fits a frozen probe per pooling: both predict the same test items, so fine-tuned − frozen and "
             "pooling − mean are paired per item. Multiple comparisons: " + FAMILIES["Q8"] + ".")
 

@@ -55,7 +55,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "extract": {"dtype": "float32", "batch_tokens": 4096, "device": "auto"},
     "probes": {"folds": 5, "vocab": 50, "max_tokens": 6000, "device": None, "Cs": [1e-3, 1e-2, 1e-1, 1.0, 10.0],
                "inner_splits": 3, "max_iter": 1000, "bow_Cs": None},
-    "finetune": {"preset": "default", "label": "topic", "poolings": ["cls", "mean", "max", "sep", "first_word"],
+    "finetune": {"preset": "default", "label": "topic", "poolings": ["cls", "mean", "max", "sep1", "first_word"],
                  "seeds": [0, 1, 2]},
     "papers": {"clark_format": "[CLS] {1} {2} [SEP] <1> {3} {4} [SEP]", "min_contexts": 5, "max_contexts": 50,
                "label": "topic", "knn_k": 1},

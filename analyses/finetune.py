@@ -1,0 +1,405 @@
+"""Fine-tuning an encoder plus a linear head on one pooling (DESIGN.md Q8): data, training loop, one run.
+
+Protocol. A fresh copy of the encoder plus a linear head on the pooled last-layer vector is
+fine-tuned end to end for sequence classification, as in BERT's fine-tuning recipe (Devlin et al.
+2019, sec. 4): cross-entropy on ``softmax(W·pool(h_L) + b)``, AdamW (Loshchilov & Hutter 2019) with
+weight decay on everything but biases and LayerNorm weights, and a learning rate warmed up linearly
+over the first ``warmup_fraction`` of the steps, then decayed linearly to 0 (``schedule="linear"``)
+or held (``"constant"``). Poolings: :mod:`analyses.pooling_choices`. The experiment over poolings,
+folds and seeds, with a frozen probe on the same splits, is :func:`analyses.pooling.run_pooling_experiment`.
+
+No example is dropped silently: the length limit is the model's own unless set, and every example
+skipped for length is counted (``n_skipped``).
+
+The single-run split (:func:`finetune`, :func:`train_test_split`). Every example goes to the test
+side when ``u(key) < test_fraction``, where ``u(key) = int(sha256(f"{seed}|{key}")[:16], 16) /
+2**64`` and ``key`` is the value of the ``split_group`` label (``"id"``: the example id; ``"auto"``:
+the ``doc`` label when every example has one, else the id), so documents never straddle train and
+test and the split depends neither on the pooling, the training seed nor the corpus order.
+``max_train`` keeps the training examples with the smallest ``u(id)``. ``test_ids=...`` gives an
+explicit test set instead. Training never reads test examples or their labels; the class list comes
+from the training labels only.
+
+Speed (CPU). Evaluation batches are cut from the test items sorted by length, so a batch pads to
+its own longest example rather than to the longest of 64 random ones; AdamW runs its fused kernel
+(``fused=True``; on CUDA and on CPU since torch 2.4). Neither changes the protocol: the same steps
+on the same batches, the same predictions up to float rounding.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import inspect
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from analyses.finetune_config import TrainConfig, preset_config
+from analyses.pooling_choices import Pooling, get_pooling, pool, pooling_mask
+from probing.examples import Example, corpus_fingerprint
+from probing.formats import Format, Rendered, render, special_token_ids, tokenize_sentences
+
+
+def split_unit(key: str, seed: int = 0) -> float:
+    """``u(key) = int(sha256(f"{seed}|{key}")[:16 hex], 16) / 2**64`` in [0, 1)."""
+    return int(hashlib.sha256(f"{seed}|{key}".encode("utf-8")).hexdigest()[:16], 16) / 2.0 ** 64
+
+
+def split_group_key(examples: Sequence[Example], split_group: str) -> list[str]:
+    """The key each example is split by: its ``split_group`` label, or its id (``"id"``, or ``"auto"``
+    when not every example has a ``doc`` label)."""
+    if split_group == "auto":
+        split_group = "doc" if all("doc" in e.labels for e in examples) else "id"
+    if split_group == "id":
+        return [f"id={e.id}" for e in examples]
+    missing = [e.id for e in examples if split_group not in e.labels]
+    if missing:
+        raise ValueError(f"split_group {split_group!r} is missing from {len(missing)} example(s), e.g. {missing[:5]}")
+    return [f"{split_group}={e.labels[split_group]}" for e in examples]
+
+
+def train_test_split(examples: Sequence[Example], *, test_fraction: float = 0.2, seed: int = 0,
+                     split_group: str = "auto", test_ids: Iterable[str] | None = None,
+                     max_train: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(train_idx, test_idx)``: sorted indices into ``examples`` (see the module docstring).
+
+    Depends only on the examples' ids / group labels and the arguments, never on a training seed.
+    """
+    ids = [e.id for e in examples]
+    if test_ids is not None:
+        test_ids = set(test_ids)
+        unknown = sorted(test_ids - set(ids))
+        if unknown:
+            raise ValueError(f"test_ids names {len(unknown)} id(s) not in the examples, e.g. {unknown[:5]}")
+        is_test = np.asarray([i in test_ids for i in ids], dtype=bool)
+    else:
+        keys = split_group_key(examples, split_group)
+        is_test = np.asarray([split_unit(k, seed) < test_fraction for k in keys], dtype=bool)
+    train = np.flatnonzero(~is_test)
+    test = np.flatnonzero(is_test)
+    if max_train is not None and len(train) > max_train:
+        u = np.asarray([split_unit(ids[i], seed) for i in train])
+        train = np.sort(train[np.argsort(u, kind="stable")[:max_train]])
+    if len(train) == 0 or len(test) == 0:
+        raise ValueError(f"the split leaves {len(train)} training and {len(test)} test examples "
+                         f"(of {len(examples)}; test_fraction={test_fraction}); both must be non-empty")
+    return train, test
+
+
+@dataclass
+class Task:
+    """Everything a fine-tuning run needs besides the model, prepared once for all poolings and seeds."""
+
+    rendered: list[Rendered]  # one per kept example
+    labels: list[Any]  # one per kept example (raw label values)
+    ids: list[str]  # one per kept example
+    train: np.ndarray  # indices into the kept examples
+    test: np.ndarray
+    classes: list[Any]  # sorted training classes
+    y: np.ndarray  # (n_kept,) int64 class index, -1 for a test label never seen in training
+    skipped: list[str]
+
+
+def _check_label(examples: Sequence[Example], label: str) -> None:
+    if not examples:
+        raise ValueError("no examples given")
+    missing = [e.id for e in examples if label not in e.labels]
+    if missing:
+        have = sorted({k for e in examples for k in e.labels})
+        raise ValueError(f"label {label!r} is missing from {len(missing)} of {len(examples)} examples "
+                         f"(e.g. {missing[:5]}); labels present: {have}")
+    values = {e.labels[label] for e in examples}
+    if len(values) < 2:
+        raise ValueError(f"label {label!r} has a single class {sorted(values, key=str)} over all "
+                         f"{len(examples)} examples; classification needs at least two")
+
+
+def render_examples(examples: Sequence[Example], label: str, tokenizer, fmt: Format, model_config, *,
+                    config: TrainConfig, model_max_length: int) -> tuple[list[Example], list[Rendered], list[str], int]:
+    """Render every example in ``fmt``: ``(kept examples, their renderings, skipped ids, length limit)``.
+
+    The limit is ``config.max_length`` capped by the model's (``model_max_length``); a longer example
+    is a ValueError naming it (``on_overflow="error"``) or skipped and listed (``"skip"``). Never
+    truncated.
+    """
+    examples = list(examples)
+    _check_label(examples, label)
+    corpus_fingerprint(examples)  # rejects duplicate ids
+    specials = special_token_ids(tokenizer, fmt)
+    unique = list(dict.fromkeys(s for e in examples for s in e.sentences))
+    tokenized = dict(zip(unique, tokenize_sentences(tokenizer, unique)))
+    type_vocab = int(getattr(model_config, "type_vocab_size", 0) or 0)
+    limit = model_max_length if config.max_length is None else min(config.max_length, model_max_length)
+    kept, rendered, skipped = [], [], []
+    for e in examples:
+        r = render(fmt, e, [tokenized[s] for s in e.sentences], specials)
+        if len(r) > limit:
+            if config.on_overflow == "skip":
+                skipped.append(e.id)
+                continue
+            raise ValueError(f"example {e.id!r} is {len(r)} tokens in format {fmt.name!r}, longer than "
+                             f"max_length={limit}; it is never truncated (use on_overflow='skip' to leave it out)")
+        max_type = int(r.token_type_ids.max())
+        if max_type > 0 and type_vocab <= 1:
+            r.token_type_ids = np.zeros_like(r.token_type_ids)  # no segment embeddings to speak of
+        elif max_type >= type_vocab > 1:
+            raise ValueError(f"format {fmt.name!r} uses segment id {max_type} but the model has "
+                             f"type_vocab_size={type_vocab}")
+        kept.append(e)
+        rendered.append(r)
+    if not kept:
+        raise ValueError(f"every example is longer than max_length={limit} in format {fmt.name!r}")
+    return kept, rendered, skipped, limit
+
+
+def _task(kept: Sequence[Example], rendered: list[Rendered], label: str, train: np.ndarray, test: np.ndarray,
+          skipped: list[str]) -> Task:
+    """A :class:`Task` for one split; the class list comes from the training labels only."""
+    labels = [e.labels[label] for e in kept]
+    classes = sorted({labels[i] for i in train}, key=lambda v: (str(type(v)), v))
+    if len(classes) < 2:
+        raise ValueError(f"label {label!r} has a single class {classes} among the {len(train)} training "
+                         "examples; classification needs at least two")
+    index = {c: j for j, c in enumerate(classes)}
+    y = np.asarray([index.get(v, -1) for v in labels], dtype=np.int64)
+    return Task(rendered, labels, [e.id for e in kept], train, test, classes, y, skipped)
+
+
+def prepare_task(examples: Sequence[Example], label: str, tokenizer, fmt: Format, model_config, *,
+                 config: TrainConfig, model_max_length: int, test_ids: Iterable[str] | None = None) -> Task:
+    """Render every example in ``fmt`` (:func:`render_examples`), and split by the fixed hash split."""
+    kept, rendered, skipped, _ = render_examples(examples, label, tokenizer, fmt, model_config, config=config,
+                                                 model_max_length=model_max_length)
+    train, test = train_test_split(kept, test_fraction=config.test_fraction, seed=config.seed,
+                                   split_group=config.split_group, test_ids=test_ids,
+                                   max_train=config.max_train)
+    return _task(kept, rendered, label, train, test, skipped)
+
+
+def check_pooling(task: Task, pooling: str | Pooling) -> Pooling:
+    """Validate ``pooling`` against every kept example (a ``pos<k>`` beyond the shortest, a format
+    without the token it reads): ValueError naming the pooling."""
+    p = get_pooling(pooling)
+    pooling_mask(task.rendered, p)
+    return p
+
+
+# --------------------------------------------------------------------------------------------------
+# Training
+
+
+def _accepts_token_types(model: torch.nn.Module) -> bool:
+    try:
+        return "token_type_ids" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _collate(rendered: Sequence[Rendered], pooling: Pooling, pad_id: int, device: torch.device) -> dict:
+    T = max(len(r) for r in rendered)
+    ids = np.full((len(rendered), T), pad_id, dtype=np.int64)
+    types = np.zeros((len(rendered), T), dtype=np.int64)
+    att = np.zeros((len(rendered), T), dtype=np.int64)
+    for b, r in enumerate(rendered):
+        n = len(r)
+        ids[b, :n], types[b, :n], att[b, :n] = r.input_ids, r.token_type_ids, 1
+    mask = pooling_mask(rendered, pooling, T)
+    return {"input_ids": torch.from_numpy(ids).to(device), "token_type_ids": torch.from_numpy(types).to(device),
+            "attention_mask": torch.from_numpy(att).to(device), "pool_mask": torch.from_numpy(mask).to(device)}
+
+
+class PooledClassifier(torch.nn.Module):
+    """Encoder + pooling of the last hidden layer + a linear head: ``logits = W·pool(h_L) + b``."""
+
+    def __init__(self, encoder: torch.nn.Module, pooling: Pooling, n_classes: int, hidden_size: int,
+                 init_std: float = 0.02):
+        super().__init__()
+        self.encoder = encoder
+        self.pooling = pooling
+        self.pass_types = _accepts_token_types(encoder)
+        self.head = torch.nn.Linear(hidden_size, n_classes)
+        torch.nn.init.normal_(self.head.weight, std=init_std)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids, attention_mask, token_type_ids, pool_mask) -> torch.Tensor:
+        kw = {"token_type_ids": token_type_ids} if self.pass_types else {}
+        h = self.encoder(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **kw).last_hidden_state
+        return self.head(pool(h, pool_mask, self.pooling.reduce))
+
+
+def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
+    def f(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return f
+
+
+def _param_groups(clf: "PooledClassifier", config: TrainConfig) -> list[dict]:
+    """AdamW groups: (encoder, head) x (decayed, not decayed: biases and LayerNorm weights)."""
+    groups = []
+    for module, lr in ((clf.encoder, config.lr), (clf.head, config.head_lr if config.head_lr is not None else config.lr)):
+        decay, no_decay = [], []
+        for name, p in module.named_parameters():
+            if p.requires_grad:
+                (no_decay if p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(p)
+        groups += [{"params": decay, "weight_decay": config.weight_decay, "lr": lr},
+                   {"params": no_decay, "weight_decay": 0.0, "lr": lr}]
+    return [g for g in groups if g["params"]]
+
+
+def sorted_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """Batches of row numbers into ``lengths: (n,)``, longest first (ties by row), ``batch_size`` each:
+    a batch pads only to its own longest example. Every row appears exactly once.
+
+    >>> [b.tolist() for b in sorted_batches(np.array([3, 9, 5, 9]), 3)]
+    [[1, 3, 2], [0]]
+    """
+    order = np.argsort(-np.asarray(lengths), kind="stable")
+    return [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
+
+
+def _fused_ok(device: torch.device) -> bool:
+    """AdamW's fused kernel: one pass over all parameters instead of about ten small ops per tensor
+    (CUDA, and CPU since torch 2.4); the update is the same up to float rounding."""
+    return device.type in ("cpu", "cuda")
+
+
+def epoch_batches(train: np.ndarray, lengths: np.ndarray, batch_size: int, grouping: int,
+                  generator: torch.Generator) -> list[np.ndarray]:
+    """One epoch's batches: a seeded permutation of ``train`` cut into groups of ``grouping``
+    batches, each group sorted by length (longest first, ties by position) and cut into batches.
+    Every training index appears exactly once; the order depends only on ``generator``'s seed."""
+    perm = train[torch.randperm(len(train), generator=generator).numpy()]
+    out = []
+    chunk = batch_size * grouping
+    for s in range(0, len(perm), chunk):
+        part = perm[s:s + chunk]
+        part = part[np.argsort(-lengths[part], kind="stable")]
+        out += [part[b:b + batch_size] for b in range(0, len(part), batch_size)]
+    return out
+
+
+def _finetune_task(lm, task: Task, pooling: Pooling, seed: int, config: TrainConfig,
+                   device: torch.device) -> dict:
+    """One run: fine-tune a fresh copy of ``lm.model`` + head on ``task.train``, score on ``task.test``."""
+    t0 = time.perf_counter()
+    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        encoder = copy.deepcopy(lm.model).to(device=device, dtype=torch.float32)
+        if config.freeze_embeddings:
+            encoder.get_input_embeddings().weight.requires_grad_(False)
+        clf = PooledClassifier(encoder, pooling, len(task.classes), int(lm.model.config.hidden_size),
+                               float(getattr(lm.model.config, "initializer_range", 0.02))).to(device)
+        order_rng = torch.Generator().manual_seed(seed)
+        train = task.train
+        steps_per_epoch = math.ceil(len(train) / config.batch_size)
+        total = steps_per_epoch * config.epochs
+        lengths = np.asarray([len(r) for r in task.rendered])
+        opt = torch.optim.AdamW(_param_groups(clf, config), lr=config.lr, fused=_fused_ok(device))
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, _lr_lambda(config.schedule, int(config.warmup_fraction * total), total))
+        step_losses: list[float] = []
+        epoch_losses: list[float] = []
+        clf.train()
+        for _ in range(config.epochs):
+            total_loss, seen, hits = 0.0, 0, 0
+            for idx in epoch_batches(train, lengths, config.batch_size, config.length_grouping, order_rng):
+                batch = _collate([task.rendered[i] for i in idx], pooling, pad_id, device)
+                target = torch.from_numpy(task.y[idx]).to(device)
+                logits = clf(**batch)
+                loss = torch.nn.functional.cross_entropy(logits, target)
+                hits += int((logits.detach().argmax(dim=-1) == target).sum())
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                sched.step()
+                step_losses.append(float(loss.detach()))
+                total_loss += step_losses[-1] * len(idx)
+                seen += len(idx)
+            epoch_losses.append(total_loss / seen)
+        train_seconds = time.perf_counter() - t0
+        # evaluation: only now are test examples read
+        clf.eval()
+        test_pred = np.empty(len(task.test), dtype=np.int64)
+        with torch.inference_mode():
+            for rows in sorted_batches(lengths[task.test], config.eval_batch_size):
+                batch = _collate([task.rendered[i] for i in task.test[rows]], pooling, pad_id, device)
+                test_pred[rows] = clf(**batch).argmax(dim=-1).cpu().numpy()
+    return {
+        "pooling": pooling.name, "seed": seed, "test_accuracy": float((test_pred == task.y[task.test]).mean()),
+        "test_pred": test_pred, "train_accuracy": hits / seen,
+        "train_loss_steps": step_losses, "train_loss_epochs": epoch_losses,
+        "n_train": int(len(task.train)), "n_test": int(len(task.test)), "n_skipped": len(task.skipped),
+        "classes": list(task.classes), "train_ids": [task.ids[i] for i in task.train],
+        "test_ids": [task.ids[i] for i in task.test], "train_seconds": train_seconds,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def _load(model) -> Any:
+    from probing.models import LoadedModel, load_model
+
+    if isinstance(model, LoadedModel):
+        return model
+    if model is None or isinstance(model, str):
+        return load_model(model)
+    raise ValueError(f"model must be None, a name/path or a LoadedModel, got {type(model).__name__}")
+
+
+def _device(device) -> torch.device:
+    from probing.models import pick_device
+
+    return pick_device(device)
+
+
+def _max_length_of(lm) -> int:
+    from probing.models import max_sequence_length
+
+    return max_sequence_length(lm.model.config, lm.tokenizer)
+
+
+def finetune(examples: Sequence[Example], label: str, *, model=None, pooling: str = "cls",
+             fmt: str | Format = "pair", seed: int = 0, preset: str = "default",
+             test_ids: Iterable[str] | None = None, device: str = "auto", **train: Any) -> dict:
+    """Fine-tune a fresh copy of the encoder plus a linear head on one pooling; score on held-out data.
+
+    Args:
+        examples: the corpus; each needs ``labels[label]``.
+        label: the classification target (e.g. ``"topic"``, ``"is_next"``), at least two classes.
+        model: None (the default all-MiniLM-L6-v2), a name or path for :func:`probing.models.load_model`,
+            or a :class:`~probing.models.LoadedModel` (never modified: a deep copy is trained).
+        pooling: a key of :data:`POOLINGS` or ``pos<k>``.
+        fmt: a format name or :class:`~probing.formats.Format` (default ``pair``).
+        seed: ``torch.manual_seed(seed)`` for the head, dropout and the data order (the split does not
+            depend on it).
+        preset: the key of :data:`PRESETS` whose ``train`` settings are the defaults.
+        test_ids: an explicit test set (example ids) instead of the hash split.
+        device: ``"auto"`` (CUDA if available), ``"cpu"``, ``"cuda:0"``, ...
+        **train: overrides of :class:`TrainConfig` (``epochs``, ``lr``, ``batch_size``, ``max_train``,
+            ``test_fraction``, ...).
+
+    Returns a dict: ``test_accuracy``, ``test_pred`` (class index per test example, in ``test_ids``
+    order), ``train_accuracy`` (of the last epoch's training batches, dropout on), ``train_loss_steps``
+    (one per optimiser step), ``train_loss_epochs`` (example-weighted mean per epoch), ``n_train``,
+    ``n_test``, ``n_skipped``, ``classes``, ``train_ids``, ``test_ids``, ``pooling``, ``seed``, ``seconds``.
+    """
+    lm = _load(model)
+    config = preset_config(preset, **train)
+    fmt = fmt if isinstance(fmt, Format) else Format.parse(fmt)
+    task = prepare_task(examples, label, lm.tokenizer, fmt, lm.model.config, config=config,
+                        model_max_length=_max_length_of(lm), test_ids=test_ids)
+    p = check_pooling(task, pooling)
+    return _finetune_task(lm, task, p, int(seed), config, _device(device))
+
+

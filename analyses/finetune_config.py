@@ -1,0 +1,178 @@
+"""Fine-tuning hyperparameters (:class:`TrainConfig`) and the presets of the Q8 experiment.
+
+>>> preset_config("quick", epochs=1).epochs
+1
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+from analyses.probes import DEFAULT_CS
+
+SCHEDULES: tuple[str, ...] = ("linear", "constant")
+ON_OVERFLOW: tuple[str, ...] = ("error", "skip")
+
+
+def _is_int(v: Any, low: int = 1) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int) and v >= low
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Fine-tuning hyperparameters (the result cache key includes all of them).
+
+    lr, head_lr: peak learning rates of the encoder and of the head (``head_lr=None``: ``lr``). A larger
+        head rate lets a freshly initialised head catch up within the few steps of a CPU run.
+    freeze_embeddings: keep the word-embedding table fixed (position, segment and LayerNorm
+        embeddings still train): less time per CPU step, since neither backward nor AdamW touch
+        the 11.7M-entry table, half of MiniLM's parameters. Every transformer layer is fine-tuned.
+    max_train: at most this many training examples (those with the smallest ``u(id)``); None: all.
+    length_grouping: batches are cut from seeded groups of ``length_grouping`` batches sorted by
+        length (less padding, as Hugging Face's ``group_by_length``); 1 gives plain random batches.
+    max_length: longest rendered example kept, in tokens (None: the model's limit); longer ones are an
+        error (``on_overflow="error"``) or left out of train and test alike (``"skip"``, counted in
+        ``n_skipped``: a row of the experiment's table and its ``attrs``). Never truncated.
+    folds, run_folds, repeats, seed: the experiment's splits: ``repeats`` stratified, document-grouped
+        ``folds``-fold partitions (:func:`analyses.probes.make_splits`, seeds ``seed + r``), of which
+        the first ``run_folds`` folds are run (None: all). Every test item of a run fold is predicted
+        once per repeat by the fine-tuned models (each training seed) and the frozen probe. ``seed``
+        also seeds the single-run hash split (:func:`analyses.finetune.train_test_split`).
+    frozen_Cs: C grid of the frozen probe (:class:`analyses.probes.LinearProbe`, chosen by grouped
+        inner CV on the training items); default :data:`analyses.probes.DEFAULT_CS`, the probes' own
+        default grid (one place). The seed-questions study's narrower ``[probes] Cs`` (0.003, 0.01,
+        0.1) is not passed here: on its Q8 splits the frozen probe then chose the top edge 0.1 in 15 of
+        15 fits (with 0.01-10 it chose 1 or 10 for cls, mean, max, sep1), and frozen cls - mean moved
+        from -0.035 to -0.009.
+    """
+
+    epochs: int = 1
+    lr: float = 1e-4
+    head_lr: float | None = None
+    freeze_embeddings: bool = False
+    batch_size: int = 16
+    max_train: int | None = None
+    max_length: int | None = None
+    on_overflow: str = "error"
+    weight_decay: float = 0.01
+    warmup_fraction: float = 0.1
+    schedule: str = "linear"
+    test_fraction: float = 0.2
+    seed: int = 0
+    split_group: str = "auto"
+    eval_batch_size: int = 64
+    length_grouping: int = 8
+    folds: int = 5
+    run_folds: int | None = None
+    repeats: int = 1
+    frozen_Cs: tuple[float, ...] = DEFAULT_CS
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "frozen_Cs", tuple(float(c) for c in self.frozen_Cs))
+        if not self.frozen_Cs or not all(c > 0 and math.isfinite(c) for c in self.frozen_Cs):
+            raise ValueError(f"frozen_Cs must be positive numbers, got frozen_Cs={self.frozen_Cs!r}")
+        if not _is_int(self.folds, 2):
+            raise ValueError(f"folds must be an integer >= 2, got folds={self.folds!r}")
+        if self.run_folds is not None and not (_is_int(self.run_folds) and self.run_folds <= self.folds):
+            raise ValueError(f"run_folds must be None or an integer in [1, folds={self.folds}], "
+                             f"got run_folds={self.run_folds!r}")
+        for name in ("epochs", "batch_size", "eval_batch_size", "length_grouping", "repeats"):
+            v = getattr(self, name)
+            if not _is_int(v):
+                raise ValueError(f"{name} must be an integer >= 1, got {name}={v!r}")
+        for name in ("max_train", "max_length"):
+            v = getattr(self, name)
+            if v is not None and not _is_int(v):
+                raise ValueError(f"{name} must be None or an integer >= 1, got {name}={v!r}")
+        if not _is_int(self.seed, 0):
+            raise ValueError(f"seed must be an integer >= 0, got seed={self.seed!r}")
+        if not isinstance(self.freeze_embeddings, bool):
+            raise ValueError(f"freeze_embeddings must be True or False, got {self.freeze_embeddings!r}")
+        if not isinstance(self.split_group, str) or not self.split_group:
+            raise ValueError(f"split_group must be 'auto', 'id' or a label name, got {self.split_group!r}")
+        for name in ("lr", "head_lr"):
+            v = getattr(self, name)
+            if name == "head_lr" and v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a positive number, got {name}={v!r}")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"test_fraction must lie in (0, 1), got test_fraction={self.test_fraction!r}")
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise ValueError(f"warmup_fraction must lie in [0, 1), got warmup_fraction={self.warmup_fraction!r}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got weight_decay={self.weight_decay!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; valid: {', '.join(SCHEDULES)}")
+        if self.on_overflow not in ON_OVERFLOW:
+            raise ValueError(f"unknown on_overflow {self.on_overflow!r}; valid: {', '.join(ON_OVERFLOW)}")
+
+
+TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in fields(TrainConfig))
+
+#: Settings declared once: the corpus spec, target label, poolings, training seeds and training
+#: hyperparameters. Every preset runs poolings x run folds x seeds fine-tuning runs (plus one frozen
+#: probe per pooling and fold) on the model's own length limit (``max_length=None``: nothing skipped
+#: on BBC pairs, whose longest is 101 tokens in ``pair``; anything longer is skipped and counted).
+#:
+#: Cost of "default" on the study's corpus (bbc:n=1000,k=2,max_words=40, target topic,
+#: all-MiniLM-L6-v2, 2-core CPU). Measured:
+#:
+#: * the whole stage took 299 s in the last full study on the idle machine (before the length-sorted
+#:   evaluation and fused AdamW of :mod:`analyses.finetune`);
+#: * CPU seconds of ``run_pooling_experiment(load_corpus(...), "topic", ["mean", "first_word"], [0],
+#:   model=load_model(), preset="default", run_folds=1)`` with ``torch.set_num_threads(1)``
+#:   (``time.process_time()``; both versions run side by side at load average 12-16 on 2 cores, so
+#:   the wall times, 826 s and 716 s, say nothing): 81.4 s before, 65.1 s after (-20%); the
+#:   predictions are identical. The same call with ``["cls"]``, old and new interleaved at load
+#:   2.3-6.5: 48.4 and 48.5 CPU s before, 35.7 and 32.1 after; the fine-tuning run itself 43.0 s
+#:   before and 25.5 s after (wall, the last pair; the new one had a core to itself). A training step (16 pairs of ~53 tokens, forward and backward) is
+#:   about 1.07 CPU s on one thread, about 52 GFLOP/s, so the 15 runs x 24 steps need about 385 CPU
+#:   s of training alone: about 200 s on two idle cores whatever the implementation. Scaled from
+#:   the 299 s, the stage now takes about 240 s idle (an estimate from the ratio, not a timed run).
+#:   Reaching 90 s needs a protocol change (fewer runs or fewer fine-tuned layers), not code;
+#: * peak RSS of ``/usr/bin/time -v python -m analyses.pooling --corpus bbc:n=1000,k=2,max_words=40
+#:   --targets topic --poolings cls,max --run-folds 1 --no-progress --force``: 1,432,736 kB
+#:   (595 MB of it imports, corpus and model; it does not grow from run to run).
+#:
+#: "quick": 2 poolings x 2 of 3 folds x 1 seed, 48 training examples x 2 epochs on the quick corpus
+#: (120 generated pairs): 21 s of CPU measured at load 6 (before this version). "full" is for a GPU:
+#: BBC News pairs, 6 poolings x 5 folds x 2 repeats x 3 seeds, the whole training side, 3 epochs of
+#: the whole encoder at BERT's usual learning rate. Each further training seed multiplies the
+#: fine-tuning cost by (seeds + 1) / seeds.
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {
+        "corpus": "generated:n=120,k=2", "target": "topic", "poolings": ("cls", "mean"), "train_seeds": (0,),
+        "train": {"epochs": 2, "lr": 2e-4, "head_lr": 3e-3, "freeze_embeddings": True, "batch_size": 16,
+                  "max_train": 48, "max_length": None, "on_overflow": "skip", "folds": 3, "run_folds": 2},
+    },
+    "default": {
+        "corpus": "generated:n=1000,k=2", "target": "topic",
+        "poolings": ("cls", "mean", "max", "sep1", "first_word"), "train_seeds": (0,),
+        "train": {"epochs": 3, "lr": 2e-4, "head_lr": 3e-3, "freeze_embeddings": True, "batch_size": 16,
+                  "max_train": 128, "max_length": None, "on_overflow": "skip", "folds": 5, "run_folds": 3},
+    },
+    "full": {
+        "corpus": "bbc:k=2,n=6000", "target": "topic",
+        "poolings": ("cls", "mean", "max", "sep1", "first_word", "pos3"), "train_seeds": (0, 1, 2),
+        "train": {"epochs": 3, "lr": 5e-5, "head_lr": 5e-4, "freeze_embeddings": False, "batch_size": 32,
+                  "max_train": None, "max_length": None, "on_overflow": "skip", "eval_batch_size": 256,
+                  "folds": 5, "repeats": 2},
+    },
+}
+
+
+def preset_config(preset: str, **overrides: Any) -> TrainConfig:
+    """The preset's :class:`TrainConfig` with ``overrides`` (keys of TrainConfig; None values ignored)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
+    unknown = sorted(set(overrides) - set(TRAIN_KEYS))
+    if unknown:
+        raise ValueError(f"unknown training options {unknown}; valid: {', '.join(TRAIN_KEYS)}")
+    kw = dict(PRESETS[preset]["train"])
+    kw.update({k: v for k, v in overrides.items() if v is not None})
+    return TrainConfig(**kw)
+
+
