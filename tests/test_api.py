@@ -88,10 +88,10 @@ def test_tables_are_dataframes_with_the_layer_spec(two_caches, tiny_bert):
     ref = run_drift(pair, concat, layers=[last], n_resamples=50, progress=False)
     pd.testing.assert_frame_equal(drift, ref)
     cka = analyses.cka_table(pair, concat, choices=["cls", "mean"], layers="-1")
-    assert set(cka["role"]) == {"cls", "mean"} and set(cka["layer"]) == {last}
+    assert set(cka["choice"]) == {"cls", "mean"} and set(cka["layer"]) == {last}
     assert cka["value"].between(0, 1 + 1e-9).all()
     within = analyses.cka_table(pair, choices=[("sep1", "cls")], layers="all")
-    assert set(within["layer"]) == {0, last} and set(within["role"]) == {"sep1"}
+    assert set(within["layer"]) == {0, last} and set(within["choice"]) == {"sep1"}
     knn = analyses.neighbours_table(pair, choices=["mean"], targets=["topic", "parity"], layers="-1", group=None,
                                    n_resamples=50)
     assert set(knn["target"]) == {"topic", "parity"} and set(knn["metric"]) == {"knn_accuracy", "chance_knn_accuracy"}

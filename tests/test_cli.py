@@ -13,7 +13,7 @@ import pytest
 #: module with a ``main(argv)`` -> whether its work is long (it must take --no-progress).
 COMMANDS: dict[str, bool] = {
     "probing.extract": True, "probing.study.runner": True,
-    "analyses.drift": True, "analyses.cka": True, "analyses.probes": True, "analyses.attention": True,
+    "analyses.drift": True, "analyses.similarity": True, "analyses.probes": True, "analyses.attention": True,
     "analyses.contextuality": True, "analyses.neighbours": True, "analyses.paired": True,
     "analyses.interventions": True, "analyses.pooling": True,
     "figures.drift": False, "figures.cka": False, "figures.probes": False, "figures.attention": False,
@@ -52,6 +52,14 @@ def parsers(module: str) -> dict[str, argparse.ArgumentParser]:
 
 def options(parser: argparse.ArgumentParser) -> set[str]:
     return {o for a in parser._actions for o in a.option_strings}
+
+
+def test_every_console_command_is_checked():
+    from probing.study.console import COMMANDS as CONSOLE
+
+    checked = {"probing.study" if m == "probing.study.runner" else m for m in COMMANDS}
+    reached = {m for m, _ in CONSOLE.values()} - {"figures.__main__"}
+    assert reached <= checked, f"commands the vocabulary test misses: {sorted(reached - checked)}"
 
 
 @pytest.mark.parametrize("module", list(COMMANDS))

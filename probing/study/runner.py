@@ -191,7 +191,8 @@ def load_corpora(cfg: dict) -> tuple[dict[str, list[Example]], dict[str, str]]:
     return corpora, names
 
 
-def extract_all(cfg: dict, log) -> tuple[Caches, dict[str, list[Example]], Any]:
+def extract_all(cfg: dict, log, progress: bool = True) -> tuple[Caches, dict[str, list[Example]], Any]:
+    """Every cache the selected sections need (existing ones reused); ``progress``: extraction's bars."""
     from ..extract import extract
     from ..models import load_model
 
@@ -200,7 +201,7 @@ def extract_all(cfg: dict, log) -> tuple[Caches, dict[str, list[Example]], Any]:
     jobs = study_jobs(cfg, corpora)
     caches = Caches()
     common = dict(out=st["caches"], dtype=ex_cfg["dtype"], batch_tokens=ex_cfg["batch_tokens"],
-                  device=ex_cfg["device"], on_overflow="skip", log=log)
+                  device=ex_cfg["device"], on_overflow="skip", log=log, progress=progress)
     models = {}
     for random in (False, True):
         wanted = [j for j in jobs if j.random == random]
@@ -407,7 +408,8 @@ def _run_time(seconds: float, started: float, caches: Caches, out: Path, quick: 
 
 
 def run_study(config: str | os.PathLike | None, *, quick: bool = False, force_analyses: bool = False,
-              overrides: dict[str, Any] | None = None, trust_remote_code: bool = False, log=print) -> Path:
+              overrides: dict[str, Any] | None = None, trust_remote_code: bool = False, log=print,
+              progress: bool = True) -> Path:
     """Run a whole study; returns the path of ``report.md``. ``config`` as :func:`load_config` takes it."""
     t0, started = time.perf_counter(), time.time()
     plain_log = log
@@ -423,7 +425,7 @@ def run_study(config: str | os.PathLike | None, *, quick: bool = False, force_an
     stages = Stages()
     log(f"study {cfg['study']['name']!r}{' (quick)' if quick else ''}: extracting")
     with stages.stage("extraction"):
-        caches, corpora, lm = extract_all(cfg, log)
+        caches, corpora, lm = extract_all(cfg, log, progress)
     T = analyse(cfg, caches, corpora, lm, log, stages)
     log("drawing figures")
     with stages.stage("figures"):
@@ -468,6 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--caches", default=None, help="override [study] caches")
     p.add_argument("--questions", default=None, help="comma list, e.g. Q1,Q4 (default: the config's)")
     p.add_argument("--force", action="store_true", help="recompute the analyses (caches are still reused)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (the stage log lines stay)")
     args = p.parse_args(argv)
     overrides: dict[str, Any] = {}
     if args.model:
@@ -486,7 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_output_dir(cfg["study"]["out"], "--out (study.out)")
         check_output_dir(cfg["study"]["caches"], "--caches (study.caches)")
         run_study(args.config, quick=args.quick, force_analyses=args.force, overrides=overrides,
-                  trust_remote_code=args.trust_remote_code)
+                  trust_remote_code=args.trust_remote_code, progress=not args.no_progress)
     except (StudyError, ModelLoadError, CacheError, ValueError, ImportError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
