@@ -4,9 +4,7 @@ forbidden synonyms, ``--no-progress`` on the long-running ones, and a rendered h
 from __future__ import annotations
 
 import argparse
-import importlib
 import re
-from unittest import mock
 
 import pytest
 
@@ -30,24 +28,7 @@ FORBIDDEN: dict[str, str] = {
 ALLOWED = {("probing.extract", "--roles")}
 
 
-class _Parser(Exception):
-    pass
-
-
-def parsers(module: str) -> dict[str, argparse.ArgumentParser]:
-    """The parser ``module.main`` builds (caught at ``parse_args``), and each subcommand's, by name."""
-    def grab(self, *args, **kwargs):
-        raise _Parser(self)
-
-    with mock.patch.object(argparse.ArgumentParser, "parse_args", grab):
-        with pytest.raises(_Parser) as caught:
-            importlib.import_module(module).main([])
-    root = caught.value.args[0]
-    out = {module: root}
-    for action in root._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            out.update({f"{module} {name}": sub for name, sub in action.choices.items()})
-    return out
+from probing.study.cli_reference import parsers  # noqa: E402
 
 
 def options(parser: argparse.ArgumentParser) -> set[str]:
@@ -91,6 +72,15 @@ def test_interventions_has_both_subcommands_checked():
     assert set(found) == {"analyses.interventions", "analyses.interventions knockout",
                           "analyses.interventions patching"}
     assert {"--choices", "--targets", "--layers", "--folds", "--no-progress"} <= options(found["analyses.interventions knockout"])
+
+
+def test_docs_cli_is_generated_from_the_parsers():
+    """docs/CLI.md's command reference is what the parsers say now (regenerate it with
+    ``python -m probing.study.cli_reference``)."""
+    from probing.study.cli_reference import DOC, updated_doc
+
+    text = DOC.read_text(encoding="utf-8")
+    assert updated_doc(text) == text, "docs/CLI.md is out of date: python -m probing.study.cli_reference"
 
 
 def test_docs_cli_lists_every_command_and_option():
