@@ -6,7 +6,8 @@ are gathered on the device, and float64 accumulators on the device are updated; 
 Memory is O(batch + d² per layer and token choice) plus two integers per example (the planned
 lengths), whatever the corpus size; a corpus given as a (possibly lazy) ``Sequence`` is indexed, never
 copied, and freed heap pages are handed back to the system as the run goes (glibc ``malloc_trim``),
-so the resident size does not creep up with heap fragmentation (``benchmarks/memory.py``).
+so the resident size does not creep up with heap fragmentation (``benchmarks/memory.py``). Planning and
+the forward pass are the extractor's own (:mod:`probing.planning`, :mod:`probing.forward`).
 
     from probing.streaming import stream_compare
     tables = stream_compare(examples, "pair", "concat", model="all-MiniLM-L6-v2")
@@ -47,10 +48,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import os
 import re
 import sys
-import time
 import warnings
 from dataclasses import dataclass
 from collections.abc import Sequence
@@ -62,10 +61,12 @@ import pandas as pd
 import torch
 
 from .examples import Example
-from .extract import (ON_OVERFLOW, ROLES, ExtractError, _accepts_token_types, _batches, parse_layers, parse_roles,
-                      plan, render_shard, sentence_lengths)
 from .formats import Format, FormatError, render, special_token_ids, tokenize_sentences
-from .models import DTYPES, LoadedModel, as_torch_dtype, load_model, pick_device
+from .forward import collate, forward, length_batches, running
+from .heap import HeapTrimmer
+from .models import DTYPES, LoadedModel, pick_device
+from .planning import (ON_OVERFLOW, ROLES, ExtractError, parse_layers, parse_roles, plan, render_shard,
+                       sentence_lengths)
 
 #: CKA metrics that can be accumulated in one pass (RBF CKA needs the n x n Gram matrix).
 STREAM_METRICS: dict[str, bool] = {"linear_cka": False, "linear_cka_debiased": True}  # name -> debiased
@@ -176,52 +177,6 @@ class DriftAccumulator:
                     rows.append({"layer_index": li, "role": role, "metric": metric, "value": float(s[m + 1] / s[0]),
                                  "ci_low": low, "ci_high": high, "n": n, "n_examples": n_ex})
         return rows
-
-
-class _HeapTrimmer:
-    """Hands freed heap pages back to the system (glibc ``malloc_trim``; a no-op elsewhere). Without it
-    glibc keeps the pages of freed batch temporaries (its mmap threshold rises after the first large
-    free) and the heap fragments, so the RSS of a long run creeps up although the live memory is flat.
-    A trim costs milliseconds on a large heap, so it runs at most once per 20 times its own cost
-    (under 5% of the time). With ``grow_mb`` it also waits until the resident size has grown that
-    much since the last trim: pages handed back are faulted in again by the next allocations, a cost
-    the trim's own time does not show, so a trim after every small batch would slow the work."""
-
-    def __init__(self, grow_mb: float | None = None) -> None:
-        self._grow = None if grow_mb is None else int(grow_mb * 2 ** 20)
-        self._after = 0
-        self._trim = None
-        if sys.platform.startswith("linux"):
-            try:
-                import ctypes
-
-                self._trim = ctypes.CDLL("libc.so.6").malloc_trim
-            except (OSError, AttributeError):
-                pass
-        self._last, self._cost = 0.0, 0.0
-
-    def __call__(self) -> None:
-        if self._trim is None:
-            return
-        now = time.perf_counter()
-        if now - self._last < 20 * self._cost:
-            return
-        if self._grow is not None and _rss_bytes() - self._after < self._grow:
-            return
-        self._trim(0)
-        self._last = time.perf_counter()
-        self._cost = self._last - now
-        if self._grow is not None:
-            self._after = _rss_bytes()
-
-
-def _rss_bytes() -> int:
-    """Resident set size of this process (Linux ``/proc/self/statm``; 0 where it cannot be read)."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def _poisson_weights(start: int, stop: int, n_resamples: int, seed: int) -> np.ndarray:
@@ -505,24 +460,6 @@ def _plan_lengths(lm: LoadedModel, fmts: Sequence[Format], examples: Sequence[Ex
 # The public entry point
 
 
-def _forward(lm: LoadedModel, rendered: Sequence, batch: Sequence[int], device: torch.device, pad_multiple: int,
-             pass_types: bool, pad_id: int) -> tuple[tuple[torch.Tensor, ...], int]:
-    """Hidden states (each (B, T, hidden)) of one padded batch, as the extractor builds its inputs."""
-    T = max(len(rendered[i]) for i in batch)
-    T = -(-T // pad_multiple) * pad_multiple
-    ids = np.full((len(batch), T), pad_id, dtype=np.int64)
-    types = np.zeros((len(batch), T), dtype=np.int64)
-    mask = np.zeros((len(batch), T), dtype=np.int64)
-    for b, i in enumerate(batch):
-        r = rendered[i]
-        ids[b, :len(r)], types[b, :len(r)], mask[b, :len(r)] = r.input_ids, r.token_type_ids, 1
-    inputs = {"input_ids": torch.from_numpy(ids).to(device), "attention_mask": torch.from_numpy(mask).to(device)}
-    if pass_types:
-        inputs["token_type_ids"] = torch.from_numpy(types).to(device)
-    out = lm.model(**inputs, output_hidden_states=True, return_dict=True)
-    return out.hidden_states, T
-
-
 def stream_compare(
     examples: Sequence[Example],
     format_a: str | Format,
@@ -564,9 +501,6 @@ def stream_compare(
     Raises ``ValueError`` (naming the offending value) for an unknown choice or metric, formats that
     share no token key, a choice absent from a format; ``ExtractError`` for overlong examples.
     """
-    from analyses.cka import StreamingLinearCKA
-    from analyses.results import make_table
-
     if isinstance(choices, str):
         choices = [c.strip() for c in choices.split(",") if c.strip()]
     if isinstance(metrics, str):
@@ -602,11 +536,20 @@ def stream_compare(
     dev = pick_device(device)
     if dev.type == "cpu" and dtype == "float16":
         raise ValueError("dtype float16 needs a GPU; on the CPU use float32 or bfloat16")
-    if isinstance(model, LoadedModel):
-        lm = model
-        lm.model.to(device=dev, dtype=as_torch_dtype(dtype))
-    else:
-        lm = load_model(model, random_init=random_init, seed=seed, device=dev, dtype=dtype)
+    with running(model, device=dev, dtype=dtype, random_init=random_init, seed=seed) as lm:
+        return _stream(lm, examples, fa, fb, layers=layers, roles=roles, parsed=parsed, word_groups=word_groups,
+                       metrics=metrics, drift=drift, subword=subword, words_only=words_only, n_resamples=n_resamples,
+                       confidence=confidence, bootstrap_seed=bootstrap_seed, batch_tokens=batch_tokens,
+                       max_batch=max_batch, on_overflow=on_overflow, dev=dev, dtype=dtype, corpus_name=corpus_name,
+                       progress=progress)
+
+
+def _stream(lm: LoadedModel, examples: Sequence[Example], fa: Format, fb: Format, *, layers, roles, parsed,
+            word_groups, metrics, drift, subword, words_only, n_resamples, confidence, bootstrap_seed, batch_tokens,
+            max_batch, on_overflow, dev, dtype, corpus_name, progress) -> dict[str, pd.DataFrame]:
+    from analyses.cka import StreamingLinearCKA
+    from analyses.results import make_table
+
     layer_list = parse_layers(layers, lm.n_layers)
     role_list = parse_roles(roles)
     codes = np.asarray([_CODE[r] for r in role_list], dtype=np.int64)
@@ -621,9 +564,6 @@ def stream_compare(
     wanted = [m for m in dict.fromkeys(metrics)]
     debiased = any(STREAM_METRICS[m] for m in wanted)
     acc_cka = {(c, li): StreamingLinearCKA(debiased=debiased, device=dev) for c in all_choices for li in range(L)}
-    pad_multiple = 8 if dev.type == "cuda" else 1
-    pass_types = _accepts_token_types(lm.model)
-    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     H = lm.hidden_size
     n_kept = int((lengths[0] > 0).sum())
     bar = None
@@ -631,7 +571,7 @@ def stream_compare(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=n_kept, desc=f"stream {fa.name} vs {fb.name}", unit="ex", dynamic_ncols=True, file=sys.stderr)
-    trim = _HeapTrimmer()
+    trim = HeapTrimmer()
     with torch.inference_mode():
         for start in range(0, len(examples), _CHUNK):
             stop = min(start + _CHUNK, len(examples))
@@ -643,9 +583,10 @@ def stream_compare(
                 continue
             W = _poisson_weights(start, stop, int(n_resamples), bootstrap_seed) if n_resamples and drift else None
             longest = [max(len(x), len(y)) for x, y in zip(rend_a, rend_b)]
-            for batch in _batches(longest, batch_tokens, max_batch):
-                hs_a, Ta = _forward(lm, rend_a, batch, dev, pad_multiple, pass_types, pad_id)
-                hs_b, Tb = _forward(lm, rend_b, batch, dev, pad_multiple, pass_types, pad_id)
+            for batch in length_batches(longest, batch_tokens, max_batch):
+                in_a, in_b = collate([rend_a[i] for i in batch], lm, dev), collate([rend_b[i] for i in batch], lm, dev)
+                hs_a, hs_b = forward(lm, in_a).hidden_states, forward(lm, in_b).hidden_states
+                Ta, Tb = in_a.T, in_b.T
                 sa, sb = _stored(rend_a, batch, codes), _stored(rend_b, batch, codes)
                 d_index, c_index = _index_batch(sa, sb, Ta, Tb, all_choices, acc_drift, subword, words_only, dev)
                 weights = None
