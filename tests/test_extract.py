@@ -434,3 +434,4 @@ def test_extract_leaves_the_callers_model_as_it_was(tmp_path, tiny_bert, example
         assert cache.manifest["storage_dtype"] == "float16" and states.shape == ref.shape
         scale = np.abs(ref).max()
         assert np.abs(states.astype(np.float32) - ref).max() < 0.05 * scale
+
