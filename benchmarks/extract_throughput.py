@@ -158,7 +158,7 @@ def main(argv=None) -> int:
                           log=lambda *a: None)
         sync()
         t_ext, c_ext = time.perf_counter() - t0, time.process_time() - c0
-        from probing.extract import sentence_lengths
+        from probing.planning import sentence_lengths
 
         lengths = sentence_lengths(lm.tokenizer, list({s for e in examples for s in e.sentences[:2]}))
         per_example = [lengths[e.sentences[0]] + lengths[e.sentences[1]] + 3 for e in examples]

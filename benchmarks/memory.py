@@ -182,7 +182,7 @@ def analysis_worker(args: argparse.Namespace) -> dict:
     hwm = _status_kb("VmHWM") if reset else None
     return {"mode": args.worker, "n": args.n, "peak_mb": _maxrss_mb(), "corpus_mb": 0.0, "start_mb": start / 1024,
             "pipeline_mb": (hwm - start) / 1024 if hwm is not None else None, "seconds": elapsed,
-            "states_mb": sum(sum(f.stat().st_size for f in Path(paths[k]).glob("*.npy")) for k in ("pair", "concat"))
+            "states_mb": sum(sum(f.stat().st_size for f in Path(paths[k]).rglob("*.npy")) for k in ("pair", "concat"))
             / 2 ** 20}
 
 
