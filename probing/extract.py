@@ -95,13 +95,12 @@ def token_table(examples: Sequence[Example], idx: Sequence[int], rendered: Seque
     return df
 
 
-
 def _run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start: int, stop: int, *,
                device: torch.device, batch_tokens: int, max_batch: int, progress=None,
                trim=None) -> tuple[np.ndarray, pd.DataFrame, dict, list[int]]:
     """States of the shard's stored positions (rows in corpus order), its token table, extra arrays.
-    ``trim`` (a :class:`probing.heap.HeapTrimmer`) is called after every batch: glibc otherwise keeps the freed
-    temporaries of each new batch shape, and the resident size grows with the number of batches."""
+    ``trim`` (a :class:`probing.heap.HeapTrimmer`) is called after every batch: glibc otherwise keeps
+    the freed temporaries of each new batch shape, and the resident size grows with the number of batches."""
     layers = plan_.request["layers"]
     storage = STORAGE_DTYPES[plan_.request["storage_dtype"]]
     idx, rendered, stored = render_shard(lm, plan_, examples, start, stop)
