@@ -435,3 +435,19 @@ def test_extract_leaves_the_callers_model_as_it_was(tmp_path, tiny_bert, example
         scale = np.abs(ref).max()
         assert np.abs(states.astype(np.float32) - ref).max() < 0.05 * scale
 
+
+
+def test_states_read_in_chunks_equal_one_read(tmp_path, tiny_bert, examples, monkeypatch):
+    """Cache.states reads a bounded number of rows at a time and drops their pages; the values do not
+    depend on the chunk size (one row at a time here), for one layer and for all layers."""
+    import probing.cache as C
+
+    (path,) = extract(examples, ["pair"], model=tiny_bert, out=tmp_path, roles="all", shard_mb=0.02,
+                      progress=False, log=lambda *a: None)
+    cache = Cache.open(path)
+    rows = np.random.default_rng(0).permutation(cache.n_tokens)[: cache.n_tokens // 2]
+    whole = cache.states(1, rows), cache.states(None, rows)
+    monkeypatch.setattr(C, "READ_CHUNK_BYTES", 1)
+    np.testing.assert_array_equal(cache.states(1, rows), whole[0])
+    np.testing.assert_array_equal(cache.states(None, rows), whole[1])
+    assert len(cache.manifest["shards"]) > 1 and whole[1].shape == (len(rows), len(cache.layers), 32)
