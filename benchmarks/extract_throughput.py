@@ -10,7 +10,18 @@ under ``inference_mode``, gathers only the stored positions on the device and wr
     python benchmarks/extract_throughput.py --corpus generated:n=500 --roles cls,sep,word
     python benchmarks/extract_throughput.py --random-init-size base --device cuda --dtype bfloat16
 
-Tokens/s counts real (unpadded) tokens through the model. Results: benchmarks/RESULTS.md.
+Tokens/s counts real (unpadded) tokens through the model. The extractor's rate is also given in
+GFLOP/s and set against a large float32 matrix product (``--matmul-size``, default 2048 x 2048 x 2048)
+timed in the same run with the same thread count, before and after the extractor (the ratio uses
+their mean). Model FLOPs per example of n real tokens, from the model's config (L layers, hidden d,
+intermediate i):
+
+    dense: n x 2L(4d² + 2di)   (Q, K, V and output projections, the two feed-forward matrices)
+    attention: 4Ln²d           (QKᵀ and attention x V, n² d multiply-adds each, over real tokens only)
+
+Embeddings, biases, layer norms, softmax, GELU and the pooler are left out (element-wise, a few
+percent). For all-MiniLM-L6-v2 (L=6, d=384, i=1536) the dense part is 21.2 MFLOP per token.
+Results: benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -51,6 +62,31 @@ def naive_loop(lm, examples, batch_size: int, device: torch.device) -> tuple[int
     return n_tokens, time.perf_counter() - t0
 
 
+def dense_flops_per_token(config) -> float:
+    L, d, i = config.num_hidden_layers, config.hidden_size, config.intermediate_size
+    return 2.0 * L * (4 * d * d + 2 * d * i)
+
+
+def model_flops(config, lengths) -> float:
+    """FLOPs of one forward pass over examples of the given real lengths (see the module docstring)."""
+    n = np.asarray(lengths, dtype=np.float64)
+    return float(n.sum() * dense_flops_per_token(config)
+                 + (4 * config.num_hidden_layers * config.hidden_size * n ** 2).sum())
+
+
+def matmul_gflops(size: int, seconds: float = 2.0) -> tuple[float, float]:
+    """float32 GFLOP of ``size`` x ``size`` matrix products on the CPU (torch's threads) per second of wall
+    time and per second of this process's CPU time, timed for about ``seconds`` after one warm-up."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)
+    reps, t0, c0 = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - t0 < seconds:
+        torch.mm(a, b)
+        reps += 1
+    flop = reps * 2 * size ** 3 / 1e9
+    return flop / (time.perf_counter() - t0), flop / (time.process_time() - c0)
+
+
 def random_model(size: str, tokenizer, device, dtype):
     """A randomly initialised BERT of a standard size (same code path as any loaded model)."""
     from transformers import BertConfig, BertModel
@@ -79,6 +115,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch-tokens", type=int, default=None, help="extractor token budget per batch")
     p.add_argument("--naive-batch", type=int, default=32)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--matmul-size", type=int, default=2048, help="square float32 matmul for the reference rate")
     args = p.parse_args(argv)
 
     from probing.corpora import load_corpus
@@ -100,6 +137,8 @@ def main(argv=None) -> int:
     print(f"model: {lm.name} ({lm.n_layers} layers, hidden {lm.hidden_size}); corpus: {args.corpus}, "
           f"{len(examples)} pairs")
 
+    cpu_ref = device.type == "cpu"
+    mm_before = matmul_gflops(args.matmul_size) if cpu_ref else None
     naive_loop(lm, examples[: args.naive_batch * 2], args.naive_batch, device)  # warm-up
     n_naive, t_naive = naive_loop(lm, examples, args.naive_batch, device)
     naive_rate = n_naive / t_naive
@@ -113,16 +152,17 @@ def main(argv=None) -> int:
                 log=lambda *a: None)
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         (path,) = extract(examples, ["pair"], model=lm, out=root / "run", roles=args.roles, layers=args.layers,
                           dtype=args.dtype, device=str(device), batch_tokens=batch_tokens, progress=False,
                           log=lambda *a: None)
         sync()
-        t_ext = time.perf_counter() - t0
-        from probing.extract import sentence_lengths
+        t_ext, c_ext = time.perf_counter() - t0, time.process_time() - c0
+        from probing.planning import sentence_lengths
 
         lengths = sentence_lengths(lm.tokenizer, list({s for e in examples for s in e.sentences[:2]}))
-        n_ext = sum(lengths[e.sentences[0]] + lengths[e.sentences[1]] + 3 for e in examples)
+        per_example = [lengths[e.sentences[0]] + lengths[e.sentences[1]] + 3 for e in examples]
+        n_ext = sum(per_example)
         if n_ext != n_naive:
             raise SystemExit(f"token counts differ: extractor {n_ext}, naive {n_naive}")
         size_mb = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
@@ -132,6 +172,22 @@ def main(argv=None) -> int:
     print(f"extractor    : {n_ext} tokens in {t_ext:7.2f}s = {rate:12,.0f} tokens/s "
           f"(roles {args.roles}, {args.dtype}, cache {size_mb:.1f} MiB written)")
     print(f"ratio extractor / naive = {rate / naive_rate:.2f}x")
+    flops = model_flops(lm.config, per_example)
+    dense = dense_flops_per_token(lm.config)
+    print(f"model FLOPs: {flops / n_ext / 1e6:.2f} MFLOP per real token (dense {dense / 1e6:.2f}"
+          f" + attention), {flops / 1e12:.3f} TFLOP in all; extractor CPU time {c_ext:.1f}s of {t_ext:.1f}s wall")
+    gflops = flops / t_ext / 1e9
+    if cpu_ref:
+        mm_after = matmul_gflops(args.matmul_size)
+        mm, mm_cpu = ((x + y) / 2 for x, y in zip(mm_before, mm_after))
+        print(f"matmul {args.matmul_size}^3 float32, {torch.get_num_threads()} threads: "
+              f"{mm_before[0]:.1f} GFLOP/s before, {mm_after[0]:.1f} after")
+        print(f"extractor {gflops:.1f} GFLOP/s = {gflops / mm:.0%} of the matmul rate (target >= 70%); "
+              f"naive loop {flops / t_naive / 1e9:.1f} GFLOP/s = {flops / t_naive / 1e9 / mm:.0%}")
+        print(f"per CPU-second (less sensitive to other jobs on the machine): extractor {flops / c_ext / 1e9:.1f}, "
+              f"matmul {mm_cpu:.1f} GFLOP = {flops / c_ext / 1e9 / mm_cpu:.0%}")
+    else:
+        print(f"extractor {gflops:.1f} GFLOP/s")
     return 0
 
 

@@ -1,7 +1,10 @@
-"""Peak memory of extraction and of streaming drift + CKA as the corpus grows: does it stay flat?
+"""Peak memory of extraction, streaming drift + CKA and the cached analyses as the corpus grows.
 
     python benchmarks/memory.py                                  # sizes 1000,10000,100000, tiny random BERT
     python benchmarks/memory.py --sizes 1000,10000 --model all-MiniLM-L6-v2
+    python benchmarks/memory.py --modes drift,cka,probes,attention --sizes 500,2000
+    python benchmarks/memory.py --modes drift,cka,probes,attention --sizes 250,1000 \
+        --model all-MiniLM-L6-v2 --corpus 'bbc:n={n},k=2,max_words=40'   # the study's sizes at n=1000
 
 Every (mode, size) runs in a fresh subprocess, so no peak is inherited from an earlier run. A run
 loads the model, builds the corpus (``probing.corpora.generated_corpus(n)``, two sentences per
@@ -11,6 +14,17 @@ example) and then runs one mode:
   temporary directory (deleted afterwards), shards of ``--shard-mb``;
 * ``stream``: :func:`probing.streaming.stream_compare` of pair vs concat (drift of every role group,
   CKA of cls, mean and the word groups, Poisson bootstrap), nothing written.
+
+The analysis modes read caches that the parent extracts first, once per size, in a subprocess of its
+own (pair and concat, roles cls,sep,word, every layer; pair again with ``attention=True``); the
+worker opens them, then measures only the analysis:
+
+* ``drift``: :func:`analyses.drift.run_drift` pair vs concat (every layer and role group, bootstrap);
+* ``cka``: :func:`analyses.similarity.run_cka_matrix` of pair (layer x layer, choice ``mean``) and
+  :func:`analyses.similarity.run_cka_formats` pair vs concat (choices cls, mean);
+* ``probes``: :func:`analyses.probe_runner.run_probes` of pair (cls and mean, target topic, every
+  layer; the study's reduced grid: C in 0.01, 0.1, 1 and 2 inner folds);
+* ``attention``: :func:`analyses.attention.run_attention` of the attention cache.
 
 Reported per run: peak RSS of the whole process (``resource.getrusage(RUSAGE_SELF).ru_maxrss``), the
 corpus's own RSS (RSS after building it minus before), the pipeline's peak above the RSS it started
@@ -41,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 MODES = ("extract", "stream")
+ANALYSES = ("drift", "cka", "probes", "attention")
 MMAP_THRESHOLD = 131072  # glibc's initial value; fixing it turns off the dynamic raise on free
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
             max_position_embeddings=512, type_vocab_size=2)
@@ -90,14 +105,15 @@ def worker(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(args.threads)
 
-    from probing.corpora import generated_corpus
     from probing.extract import extract
     from probing.models import load_model
     from probing.streaming import stream_compare
 
+    if args.worker in ANALYSES:
+        return analysis_worker(args)
     lm = load_model(args.model, random_init=args.random_init, seed=0, device="cpu")
     before = _status_kb("VmRSS")
-    examples = generated_corpus(args.n, k=2)
+    examples = load_examples(args.corpus, args.n)
     after = _status_kb("VmRSS")
     reset = _reset_peak()
     t0 = time.perf_counter()
@@ -118,10 +134,64 @@ def worker(args: argparse.Namespace) -> dict:
             "seconds": elapsed}
 
 
+def load_examples(spec: str, n: int):
+    """``spec`` with ``{n}`` filled in (``generated``: the generated corpus of n two-sentence examples)."""
+    from probing.corpora import generated_corpus, load_corpus
+
+    return generated_corpus(n, k=2) if spec == "generated" else load_corpus(spec.format(n=n))
+
+
+def prepare_caches(args: argparse.Namespace) -> dict:
+    """Extract the caches the analysis modes read (run in a subprocess of its own, not measured)."""
+    from probing.extract import extract
+    from probing.models import load_model
+
+    lm = load_model(args.model, random_init=args.random_init, seed=0, device="cpu")
+    examples = load_examples(args.corpus, args.n)
+    quiet = dict(model=lm, out=args.caches, roles="cls,sep,word", progress=False, log=lambda *a: None)
+    pair, concat = extract(examples, ["pair", "concat"], **quiet)
+    (attention,) = extract(examples, ["pair"], attention=True, **quiet)
+    return {"pair": str(pair), "concat": str(concat), "attention": str(attention), "n": args.n}
+
+
+def analysis_worker(args: argparse.Namespace) -> dict:
+    """Open the caches, note the RSS (interpreter, imports and open caches), reset the peak, run one
+    analysis and return its peak above that baseline."""
+    import analyses.attention
+    import analyses.drift
+    import analyses.probe_runner
+    import analyses.similarity
+    from probing.cache import Cache
+
+    paths = json.loads(Path(args.caches, "caches.json").read_text())
+    pair, concat, att = (Cache.open(paths[k]) for k in ("pair", "concat", "attention"))
+    start = _status_kb("VmRSS")
+    reset = _reset_peak()
+    t0 = time.perf_counter()
+    if args.worker == "drift":
+        analyses.drift.run_drift(pair, concat, n_resamples=args.resamples, progress=False)
+    elif args.worker == "cka":
+        analyses.similarity.run_cka_matrix(pair, choice="mean")
+        analyses.similarity.run_cka_formats(pair, concat, ("cls", "mean"))
+    elif args.worker == "probes":
+        analyses.probe_runner.run_probes(pair, ("cls", "mean"), ("topic",), Cs=[0.01, 0.1, 1.0], inner_splits=2,
+                                         progress=False)
+    else:
+        analyses.attention.run_attention(att, n_resamples=args.resamples)
+    elapsed = time.perf_counter() - t0
+    hwm = _status_kb("VmHWM") if reset else None
+    return {"mode": args.worker, "n": args.n, "peak_mb": _maxrss_mb(), "corpus_mb": 0.0, "start_mb": start / 1024,
+            "pipeline_mb": (hwm - start) / 1024 if hwm is not None else None, "seconds": elapsed,
+            "states_mb": sum(sum(f.stat().st_size for f in Path(paths[k]).rglob("*.npy")) for k in ("pair", "concat"))
+            / 2 ** 20}
+
+
 def run_one(mode: str, n: int, model: str, random_init: bool, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", mode, "--n", str(n), "--model", model,
+           "--corpus", args.corpus, "--caches", args.caches_root.format(n=n) if args.caches_root else "",
            "--shard-mb", str(args.shard_mb), "--batch-tokens", str(args.batch_tokens),
-           "--resamples", str(args.resamples), "--threads", str(args.threads)] + (["--random-init"] if random_init else [])
+           "--resamples", str(args.resamples), "--threads", str(args.threads)]
+    cmd += ["--random-init"] if random_init else []
     env = dict(os.environ)
     if args.fixed_mmap_threshold:
         env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
@@ -146,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="tiny",
                    help="'tiny' (default: a small random-init BERT from a config in a temp dir, MiniLM tokenizer) "
                         "or a model name/path such as all-MiniLM-L6-v2 (slow on CPU at 100k)")
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)} (default both)")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help=f"comma list of {', '.join(MODES + ANALYSES)} (default: {','.join(MODES)})")
     p.add_argument("--shard-mb", type=float, default=4.0,
                    help="extraction shard size, MiB (default 4): extraction holds at most two shards, so its "
                         "memory is flat only once a corpus spans several shards")
@@ -160,16 +231,25 @@ def main(argv: list[str] | None = None) -> int:
                         "temporaries to the system at once, so RSS shows what the pipeline holds rather than what "
                         "the allocator keeps after its first few batches")
     p.add_argument("--tolerance", type=float, default=0.10, help="allowed max/min - 1 (default 0.10)")
-    p.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
+    p.add_argument("--corpus", default="generated",
+                   help="'generated' (default: n generated two-sentence examples) or a corpus spec with {n}, e.g. "
+                        "'bbc:n={n},k=2,max_words=40'")
+    p.add_argument("--worker", choices=MODES + ANALYSES + ("prepare",), help=argparse.SUPPRESS)
+    p.add_argument("--caches", default="", help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, help=argparse.SUPPRESS)
     p.add_argument("--random-init", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.worker == "prepare":
+        paths = prepare_caches(args)
+        Path(args.caches, "caches.json").write_text(json.dumps(paths))
+        print(json.dumps(paths))
+        return 0
     if args.worker:
         print(json.dumps(worker(args)))
         return 0
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
+    bad = [m for m in modes if m not in MODES + ANALYSES]
     if bad or not sizes or min(sizes) < 1:
         p.error(f"bad --modes {bad} or --sizes {args.sizes!r}")
     tmp = tempfile.mkdtemp(prefix="probing-tiny-")
@@ -191,6 +271,11 @@ def main(argv: list[str] | None = None) -> int:
               + (f"with MALLOC_MMAP_THRESHOLD_={MMAP_THRESHOLD}" if args.fixed_mmap_threshold else "defaults")
               + f"; extract: pair+concat, roles cls,sep, shard {args.shard_mb} MiB; "
               f"stream: pair vs concat, drift + CKA (cls, mean, word groups), {args.resamples} resamples")
+        args.caches_root = None
+        if any(m in ANALYSES for m in modes):
+            args.caches_root = str(Path(tmp, "caches-{n}"))
+            for n in sizes:
+                run_one("prepare", n, model, random_init, args)
         results = {m: [run_one(m, n, model, random_init, args) for n in sizes] for m in modes}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -203,8 +288,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m:<8} {r['n']:>9,} {r['peak_mb']:>12.1f} {r['corpus_mb']:>10.1f} "
                   f"{r['peak_mb'] - r['corpus_mb']:>14.1f} {pipe:>12} {r['seconds']:>8.1f}")
     print()
-    print("pipeline MB: the run's own peak above the RSS it started from (model and corpus already loaded)")
-    for m in modes:
+    print("pipeline MB: the run's own peak above the RSS it started from (model and corpus already loaded; "
+          "for an analysis: interpreter, imports and the open caches)")
+    for m in (m for m in modes if m in ANALYSES):
+        rs = results[m]
+        pipe = [r["pipeline_mb"] for r in rs]
+        if None in pipe:
+            continue
+        growth = pipe[-1] / max(pipe[0], 1e-9)
+        print(f"{m:<8} analysis peak above baseline: " + ", ".join(f"n={r['n']:,}: {r['pipeline_mb']:.1f} MB "
+              f"(cache states {r['states_mb']:.1f} MB)" for r in rs)
+              + f"; ratio largest/smallest n = {growth:.2f} for {rs[-1]['n'] / rs[0]['n']:.0f}x the items")
+    for m in (m for m in modes if m in MODES):
         peaks = [r["peak_mb"] for r in results[m]]
         net = [r["peak_mb"] - r["corpus_mb"] for r in results[m]]
         for label, values in (("peak RSS", peaks), ("peak RSS without the corpus", net)):

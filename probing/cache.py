@@ -30,6 +30,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import mmap
 import os
 import re
 import shutil
@@ -52,6 +53,19 @@ SHARDS = "shards"
 CACHE_VERSION = 2
 MANIFEST_CHECKSUM = "manifest_sha256"
 
+
+
+#: Bytes of stored rows read at a time by :meth:`Cache.states` before their pages are dropped again.
+READ_CHUNK_BYTES = 32 << 20
+
+
+def _release_pages(arr: np.ndarray) -> None:
+    """Drop the resident pages of a read-only memory map (``madvise(MADV_DONTNEED)``; the data stays in the
+    page cache and is faulted back in cheaply when read again). A no-op where that is not available."""
+    mm = getattr(arr, "_mmap", None)
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if mm is not None and advice is not None and hasattr(mm, "madvise"):
+        mm.madvise(advice)
 
 class CacheError(RuntimeError):
     """A cache is incomplete, damaged, or does not match what was asked for."""
@@ -497,7 +511,13 @@ class Cache:
             sel = np.flatnonzero(which == i)
             local = rows[sel] - self._shards[i].start
             arr = self._array(int(i))
-            out[sel] = arr[local, li] if li is not None else arr[local]
+            # a stored row holds every layer, so reading one layer touches every page of the rows read: read
+            # READ_CHUNK_BYTES of rows at a time and drop those pages from this process (they stay in the page cache),
+            # so the resident size stays bounded instead of growing to the size of every shard read
+            step = max(1, READ_CHUNK_BYTES // max(1, arr.strides[0]))
+            for c in range(0, len(sel), step):
+                out[sel[c:c + step]] = arr[local[c:c + step], li] if li is not None else arr[local[c:c + step]]
+                _release_pages(arr)
         return out
 
     def iter_states(self, layer: int, rows: np.ndarray | None = None, batch_rows: int = 65536,

@@ -2,7 +2,7 @@
 
 ``torchrun --nproc-per-node N -m probing.extract ...`` sets RANK, WORLD_SIZE and LOCAL_RANK; each
 process then takes a disjoint, deterministic set of shards (balanced by token count,
-:func:`probing.extract.assign_shards`) and writes them into the same cache; rank 0 writes the manifest
+:func:`probing.planning.assign_shards`) and writes them into the same cache; rank 0 writes the manifest
 after a barrier, and every rank returns once the manifest is there. Without those variables
 everything runs in one process and no process group is made.
 

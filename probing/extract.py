@@ -19,74 +19,44 @@ shard while the next one is computed, so memory holds at most two shards whateve
 Memory beyond the corpus itself does not grow with the corpus (``benchmarks/memory.py``): planning
 tokenizes ``_CHUNK`` examples at a time and keeps a few integers per example, ``examples.parquet`` is
 written one row group at a time, and freed pages go back to the system after every batch and shard
-(glibc ``malloc_trim`` through :func:`heap_trimmer`, Arrow's pool through :func:`release_arrow_pages`).
+(glibc ``malloc_trim`` and Arrow's pool, :mod:`probing.heap`). The forward pass itself (model start-up,
+batching, collation) is :mod:`probing.forward`; planning is :mod:`probing.planning`.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import os
 import platform
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
 from . import __version__
-from .cache import (CACHE_VERSION, MANIFEST, REQUEST, CacheError, cache_path, clear, complete_shards, read_json,
-                    write_json, write_manifest, write_shard, writer_lock)
+from .cache import (EXAMPLES, MANIFEST, REQUEST, CacheError, _sha256_file, atomic_write, clear, complete_shards,
+                    read_json, write_json, write_manifest, write_shard, writer_lock)
+from .corpus_table import write_examples
 from .examples import Example, corpus_fingerprint
-from .formats import (SPECIAL_TOKENS, Format, FormatError, Rendered, parse_formats, render, resolve_format,
-                      special_token_ids, tokenize_sentences)
-from .layers import LayerSpecError, resolve_layers
-from .models import DTYPES, LoadedModel, as_torch_dtype, load_model, pick_device
+from .formats import Format, FormatError, Rendered, parse_formats, resolve_format, special_token_ids
+from .forward import collate, forward, length_batches, running
+from .heap import HeapTrimmer, release_arrow_pages
+from .models import DTYPES, LoadedModel, pick_device
+from .planning import (DEFAULT_ROLES, ON_OVERFLOW, ROLES, STORAGE_DTYPES, ExtractError, Plan, assign_shards,
+                       group_ids, parse_layers, parse_roles, plan, render_shard, sentence_token_counts)
 
-#: Roles a cache can store: words plus every special token the template language knows.
-ROLES: tuple[str, ...] = ("word",) + tuple(name.lower() for name in SPECIAL_TOKENS)
-DEFAULT_ROLES: tuple[str, ...] = ("cls", "sep", "word")
-STORAGE_DTYPES: dict[str, np.dtype] = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16)}
-ON_OVERFLOW = ("error", "skip")
-_CHUNK = 1024  # examples tokenized at a time while planning
-EXAMPLES_ROW_GROUP = 8192  # rows per row group of examples.parquet, written one group at a time
-
-
-class ExtractError(ValueError):
-    """The request cannot be carried out (bad option, overlong example, unsupported model)."""
-
+__all__ = ["extract", "main", "ExtractError", "assign_shards", "ROLES", "DEFAULT_ROLES", "STORAGE_DTYPES",
+           "ON_OVERFLOW"]
 
 #: Between batches the heap is trimmed only once the resident size has grown this much (MiB) since the
 #: last trim: enough to keep it flat (benchmarks/memory.py) without re-faulting pages after every batch.
 BATCH_TRIM_GROW_MB = 16.0
-
-
-def heap_trimmer(grow_mb: float | None = None):
-    """A callable that hands freed heap pages back to the system: :class:`probing.streaming._HeapTrimmer`
-    (glibc ``malloc_trim(0)``, rate-limited, with ``grow_mb`` only after the resident size grew that
-    much; a no-op where libc has none). Without it glibc keeps the pages of freed shards and planning
-    chunks, and the resident size grows with the corpus."""
-    from .streaming import _HeapTrimmer  # streaming imports this module, so import it when called
-
-    return _HeapTrimmer(grow_mb)
-
-
-def release_arrow_pages() -> None:
-    """Ask Arrow's allocator to hand back the pages it keeps (``MemoryPool.release_unused``). pyarrow's
-    default pool (mimalloc in its wheels) keeps freed pages per thread where ``malloc_trim`` cannot
-    reach them; Parquet writing and pandas' Arrow-backed strings allocate there."""
-    try:
-        import pyarrow as pa
-
-        pa.default_memory_pool().release_unused()
-    except (ImportError, AttributeError):
-        pass
 
 
 def _write_shard(*args) -> dict:
@@ -95,267 +65,6 @@ def _write_shard(*args) -> dict:
     record = write_shard(*args)
     release_arrow_pages()
     return record
-
-
-# ---------------------------------------------------------------------------------------------------
-# Options
-
-
-def parse_layers(spec: str | Sequence[int] | None, n_layers: int) -> list[int]:
-    """``"all"``/None -> [0..n_layers]; ``"0,3,-1"`` -> [0, 3, n_layers] (0 is the embedding layer):
-    :func:`probing.layers.resolve_layers`, the one layer-spec grammar."""
-    try:
-        return resolve_layers(spec, n_layers)
-    except LayerSpecError as err:
-        raise ExtractError(str(err)) from None
-
-
-def parse_roles(spec: str | Sequence[str] | None) -> list[str]:
-    if spec is None:
-        return list(DEFAULT_ROLES)
-    items = [s.strip() for s in spec.split(",")] if isinstance(spec, str) else list(spec)
-    if items == ["all"]:
-        return list(ROLES)
-    bad = [r for r in items if r not in ROLES]
-    if bad or not items:
-        raise ExtractError(f"--roles: unknown role(s) {bad}; choose from {', '.join(ROLES)} or 'all'")
-    return sorted(set(items), key=ROLES.index)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Planning: render every example, check it, cut shards
-
-
-@dataclass
-class Plan:
-    """Everything decided before the first forward pass, for one format. It holds a few integers per
-    example, not the rendered inputs: shards are rendered when they are computed, so memory does not
-    grow with the corpus beyond the corpus itself."""
-
-    fmt: Format
-    request: dict
-    path: Path
-    lengths: np.ndarray  # (n_examples,) tokens of each example in this format; 0 if skipped
-    n_stored: np.ndarray  # (n_examples,) positions stored per example
-    shards: list[tuple[int, int]]  # [start, stop) example ranges
-    skipped: list[str]
-    groups: list[str]  # attention groups (empty unless attention is on)
-    specials: dict[str, int]
-    zero_types: bool
-    intervention: Any = None  # probing.interventions.Bound, or None for a clean extraction
-
-    def kept(self, start: int, stop: int) -> list[int]:
-        return [e for e in range(start, stop) if self.lengths[e] > 0]
-
-
-def _request(lm: LoadedModel, fmt: Format, corpus: dict, layers: list[int], roles: list[str],
-             dtype: str, storage_dtype: str, on_overflow: str, shard_mb: float, attention: bool,
-             extra: Mapping[str, Any] | None = None) -> dict:
-    """The cache request; ``extra`` (interventions, norm-based attention) adds keys only when given, so
-    a clean request, and its cache directory, stay as they were."""
-    return {
-        "cache_version": CACHE_VERSION,
-        "model": lm.describe(),
-        "format": fmt.to_json(),
-        "corpus": corpus,
-        "layers": layers,
-        "roles": roles,
-        "dtype": dtype,
-        "storage_dtype": storage_dtype,
-        "on_overflow": on_overflow,
-        "shard_mb": shard_mb,
-        "attention": attention,
-        **(extra or {}),
-    }
-
-
-def _cut_shards(stored_counts: Sequence[int], bytes_per_row: int, shard_mb: float) -> list[tuple[int, int]]:
-    """Contiguous example ranges whose stored states stay under ``shard_mb`` (at least one example)."""
-    limit = max(1, int(shard_mb * 2**20 // max(bytes_per_row, 1)))
-    shards, start, rows = [], 0, 0
-    for i, n in enumerate(stored_counts):
-        if rows and rows + n > limit:
-            shards.append((start, i))
-            start, rows = i, 0
-        rows += n
-    if start < len(stored_counts) or not shards:
-        shards.append((start, len(stored_counts)))
-    return shards
-
-
-def attention_groups(fmt: Format, sentence_counts: Iterable[int]) -> list[str]:
-    """Group names for attention summaries: each special token by role and occurrence (``cls0``,
-    ``sep0``, ``sep1``, ...) and the words of each sentence (``s1``, ``s2``, ...)."""
-    specials, sentences = set(), set()
-    for k in set(sentence_counts):
-        count: dict[str, int] = {}
-        for kind, value, _ in fmt.expand(k):
-            if kind == "sentence":
-                sentences.add(int(value))
-            else:
-                role = str(value).lower()
-                specials.add((role, count.get(role, 0)))
-                count[role] = count.get(role, 0) + 1
-    order = [n.lower() for n in SPECIAL_TOKENS]
-    names = [f"{role}{o}" for role, o in sorted(specials, key=lambda x: (order.index(x[0]), x[1]))]
-    return names + [f"s{s}" for s in sorted(sentences)]
-
-
-def _group_ids(r: Rendered, groups: list[str]) -> np.ndarray:
-    index = {g: i for i, g in enumerate(groups)}
-    return np.asarray([index[f"s{s}"] if role == "word" else index[f"{role}{o}"]
-                       for role, s, o in zip(r.role, r.sentence, r.occurrence)], dtype=np.int64)
-
-
-def sentence_lengths(tokenizer, sentences: Sequence[str], chunk: int = 4096) -> dict[str, int]:
-    """Tokens per sentence (tokenized on its own), tokenizing in chunks to keep memory small."""
-    out: dict[str, int] = {}
-    for i in range(0, len(sentences), chunk):
-        part = list(sentences[i:i + chunk])
-        for text, ts in zip(part, tokenize_sentences(tokenizer, part)):
-            out[text] = len(ts.ids)
-    return out
-
-
-def sentence_token_counts(tokenizer, examples: Sequence[Example], chunk: int | None = None) -> np.ndarray:
-    """``(n_examples, most sentences)`` int32: the tokens of sentence ``j + 1`` of each example, tokenized
-    on its own (0 past an example's last sentence). The corpus is tokenized ``chunk`` (default
-    :data:`_CHUNK`) examples at a time
-    and only the integers are kept, so planning holds no Python object per example: memory does not
-    grow with the corpus beyond these few bytes per example (``benchmarks/memory.py``)."""
-    n, chunk = len(examples), chunk or _CHUNK
-    k = max((e.n_sentences for e in examples), default=0)
-    out = np.zeros((n, k), dtype=np.int32)
-    trim = heap_trimmer()
-    for start in range(0, n, chunk):
-        part = [examples[i] for i in range(start, min(start + chunk, n))]
-        lengths_of = sentence_lengths(tokenizer, list(dict.fromkeys(s for e in part for s in e.sentences)))
-        _fill_token_counts(out[start:start + len(part)], part, lengths_of)
-        del part, lengths_of
-        trim()
-    return out
-
-
-def _fill_token_counts(out: np.ndarray, examples: Sequence[Example], lengths_of: Mapping[str, int]) -> None:
-    for i, e in enumerate(examples):
-        out[i, :e.n_sentences] = [lengths_of[s] for s in e.sentences]
-
-
-def plan(lm: LoadedModel, fmt: Format, examples: Sequence[Example], lengths_of: Mapping[str, int] | np.ndarray, *,
-         corpus: dict, root: Path, layers: list[int], roles: list[str], dtype: str, storage_dtype: str,
-         on_overflow: str, shard_mb: float, attention: bool, attention_norm: bool = False,
-         intervention=None) -> Plan:
-    """Check every example against the format and the model, and cut the work into shards.
-
-    ``lengths_of`` gives the tokens of each sentence: the array of :func:`sentence_token_counts` (one
-    row per example), or a dict sentence -> tokens (:func:`sentence_lengths`) covering ``examples``.
-    Lengths are computed per sentence count with array operations, so the plan holds a few integers
-    per example and no Python object per example."""
-    specials = special_token_ids(lm.tokenizer, fmt)
-    n = len(examples)
-    if isinstance(lengths_of, np.ndarray):
-        tokens = lengths_of
-        if tokens.shape[0] != n:
-            raise ValueError(f"sentence token counts hold {tokens.shape[0]} rows for {n} examples")
-    else:
-        tokens = np.zeros((n, max((e.n_sentences for e in examples), default=0)), dtype=np.int32)
-        _fill_token_counts(tokens, examples, lengths_of)
-    n_sentences = np.fromiter((e.n_sentences for e in examples), dtype=np.int64, count=n)
-    counts = np.unique(n_sentences).tolist()  # sorted sentence counts present
-    expansions = {k: fmt.expand(k) for k in counts}
-    max_type = max(seg for seq in expansions.values() for _, _, seg in seq)
-    zero_types = False
-    if max_type > 0:
-        if lm.type_vocab_size <= 1:
-            zero_types = True  # no segment embeddings to speak of: every type id must be 0
-        elif max_type >= lm.type_vocab_size:
-            raise ExtractError(
-                f"format {fmt.name!r} uses segment id {max_type} but model {lm.name!r} has "
-                f"type_vocab_size={lm.type_vocab_size}"
-            )
-    limit = lm.max_length
-    role_set = set(roles)
-    lengths = np.zeros(n, dtype=np.int64)
-    n_stored = np.zeros(n, dtype=np.int64)
-    for k, seq in expansions.items():
-        rows = np.flatnonzero(n_sentences == k)
-        n_special = sum(1 for kind, _, _ in seq if kind == "special")
-        n_special_stored = sum(1 for kind, v, _ in seq if kind == "special" and str(v).lower() in role_set)
-        refs = [int(v) - 1 for kind, v, _ in seq if kind == "sentence"]
-        if any(r >= k for r in refs):
-            raise FormatError(f"format {fmt.name!r} ({fmt.template}) names sentence {max(refs) + 1} but example "
-                              f"{examples[int(rows[0])].id!r} has {k}")
-        n_words = tokens[rows][:, refs].sum(1, dtype=np.int64) if refs else np.zeros(len(rows), np.int64)
-        lengths[rows] = n_special + n_words
-        n_stored[rows] = n_special_stored + (n_words if "word" in role_set else 0)
-    over = np.flatnonzero(lengths > limit)
-    skipped: list[str] = []
-    if over.size:
-        if on_overflow != "skip":
-            i = int(over[0])
-            raise ExtractError(
-                f"example {examples[i].id!r} is {int(lengths[i])} tokens in format {fmt.name!r}, longer than the "
-                f"model's limit of {limit}; it is never truncated (keys would no longer align across formats). "
-                f"Use --on-overflow skip to leave such examples out (their ids are recorded in the manifest)."
-            )
-        skipped = [examples[int(i)].id for i in over]
-        lengths[over] = 0
-        n_stored[over] = 0
-    if len(skipped) == n:
-        raise ExtractError(f"format {fmt.name!r}: every example is longer than the model's limit of {limit}")
-    if zero_types:
-        print(f"note: model {lm.name!r} has no segment embeddings (type_vocab_size="
-              f"{lm.type_vocab_size}); format {fmt.name!r}'s segment ids are all set to 0", file=sys.stderr)
-    bound, extra = None, {}
-    if intervention is not None:
-        from .interventions import Bound
-
-        bound = Bound(intervention, lm.model, lm.n_layers, fmt, corpus["fingerprint"], lm.fingerprint, counts)
-        extra["intervention"] = bound.request
-    if attention_norm:
-        extra["attention_norm"] = True
-    request = _request(lm, fmt, corpus, layers, roles, dtype, storage_dtype, on_overflow, shard_mb, attention, extra)
-    bytes_per_row = len(layers) * lm.hidden_size * STORAGE_DTYPES[storage_dtype].itemsize
-    shards = _cut_shards(n_stored, bytes_per_row, shard_mb)
-    groups = attention_groups(fmt, counts) if attention else []
-    return Plan(fmt, request, cache_path(root, request), lengths, n_stored, shards, skipped, groups,
-                specials, zero_types, bound)
-
-
-def assign_shards(plan_: Plan, world_size: int) -> list[list[int]]:
-    """Split shards among ``world_size`` processes, balanced by forward-pass tokens (largest first to
-    the least loaded process; ties by shard number), deterministically."""
-    costs = [int(plan_.lengths[a:b].sum()) for a, b in plan_.shards]
-    owners: list[list[int]] = [[] for _ in range(world_size)]
-    load = [0] * world_size
-    for shard in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        rank = min(range(world_size), key=lambda r: (load[r], r))
-        owners[rank].append(shard)
-        load[rank] += costs[shard]
-    return [sorted(o) for o in owners]
-
-
-# ---------------------------------------------------------------------------------------------------
-# The forward pass
-
-
-def render_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start: int,
-                 stop: int) -> tuple[list[int], list[Rendered], list[np.ndarray]]:
-    """Render the kept examples of one shard: (corpus indices, renders, stored positions)."""
-    idx = plan_.kept(start, stop)
-    unique = list(dict.fromkeys(s for e in idx for s in examples[e].sentences))
-    tokenized = dict(zip(unique, tokenize_sentences(lm.tokenizer, unique)))
-    role_set = set(plan_.request["roles"])
-    rendered, stored = [], []
-    for e in idx:
-        r = render(plan_.fmt, examples[e], [tokenized[s] for s in examples[e].sentences], plan_.specials)
-        if len(r) != plan_.lengths[e]:
-            raise CacheError(f"example {examples[e].id!r} rendered to {len(r)} tokens, planned {plan_.lengths[e]}")
-        if plan_.zero_types:
-            r.token_type_ids = np.zeros_like(r.token_type_ids)
-        rendered.append(r)
-        stored.append(np.flatnonzero([role in role_set for role in r.role]).astype(np.int64))
-    return idx, rendered, stored
 
 
 def token_table(examples: Sequence[Example], idx: Sequence[int], rendered: Sequence[Rendered],
@@ -386,33 +95,12 @@ def token_table(examples: Sequence[Example], idx: Sequence[int], rendered: Seque
     return df
 
 
-def _accepts_token_types(model: torch.nn.Module) -> bool:
-    try:
-        return "token_type_ids" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _batches(lengths: Sequence[int], batch_tokens: int, max_batch: int) -> list[list[int]]:
-    """Indices sorted by length, cut so that (batch size x longest) stays within ``batch_tokens``."""
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    out, cur = [], []
-    for i in order:
-        if cur and ((len(cur) + 1) * lengths[i] > batch_tokens or len(cur) >= max_batch):
-            out.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        out.append(cur)
-    return out
-
-
 def _run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start: int, stop: int, *,
-               device: torch.device, batch_tokens: int, max_batch: int, pad_multiple: int,
-               progress=None, trim=None) -> tuple[np.ndarray, pd.DataFrame, dict, list[int]]:
+               device: torch.device, batch_tokens: int, max_batch: int, progress=None,
+               trim=None) -> tuple[np.ndarray, pd.DataFrame, dict, list[int]]:
     """States of the shard's stored positions (rows in corpus order), its token table, extra arrays.
-    ``trim`` (see :func:`heap_trimmer`) is called after every batch: glibc otherwise keeps the freed
-    temporaries of each new batch shape, and the resident size grows with the number of batches."""
+    ``trim`` (a :class:`probing.heap.HeapTrimmer`) is called after every batch: glibc otherwise keeps
+    the freed temporaries of each new batch shape, and the resident size grows with the number of batches."""
     layers = plan_.request["layers"]
     storage = STORAGE_DTYPES[plan_.request["storage_dtype"]]
     idx, rendered, stored = render_shard(lm, plan_, examples, start, stop)
@@ -423,45 +111,29 @@ def _run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start:
     att = (np.full((len(idx), lm.n_layers, lm.config.num_attention_heads, len(groups), len(groups)),
                    np.nan, dtype=np.float32) if attention else None)
     att_norm = att.copy() if plan_.request.get("attention_norm") else None
-    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    pass_types = _accepts_token_types(lm.model)
     H = lm.hidden_size
+    host_dtype = torch.float32 if storage == np.float32 else torch.float16
     lengths = [len(r) for r in rendered]
-    for batch in _batches(lengths, batch_tokens, max_batch):
-        T = max(lengths[i] for i in batch)
-        T = -(-T // pad_multiple) * pad_multiple
-        ids = np.full((len(batch), T), pad_id, dtype=np.int64)
-        types = np.zeros((len(batch), T), dtype=np.int64)
-        mask = np.zeros((len(batch), T), dtype=np.int64)
-        flat, dest = [], []
-        for b, i in enumerate(batch):
-            r = rendered[i]
-            n = len(r)
-            ids[b, :n], types[b, :n], mask[b, :n] = r.input_ids, r.token_type_ids, 1
-            flat.append(b * T + stored[i])
-            dest.append(np.arange(offsets[i], offsets[i + 1]))
-        flat_t = torch.from_numpy(np.concatenate(flat)).to(device, non_blocking=True)
-        inputs = {"input_ids": torch.from_numpy(ids).to(device), "attention_mask": torch.from_numpy(mask).to(device)}
-        if pass_types:
-            inputs["token_type_ids"] = torch.from_numpy(types).to(device)
-        with torch.inference_mode(), _batch_hooks(lm, plan_, [rendered[i] for i in batch], [idx[i] for i in batch],
-                                                  examples, T, device) as norms:
-            o = lm.model(**inputs, output_hidden_states=True, output_attentions=attention, return_dict=True)
+    for batch in length_batches(lengths, batch_tokens, max_batch):
+        part = [rendered[i] for i in batch]
+        inputs = collate(part, lm, device)
+        T = inputs.T
+        flat = np.concatenate([b * T + stored[i] for b, i in enumerate(batch)])
+        dest = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in batch])
+        flat_t = torch.from_numpy(flat).to(device, non_blocking=True)
+        with _batch_hooks(lm, plan_, part, [idx[i] for i in batch], examples, T, device) as norms:
+            o = forward(lm, inputs, attentions=attention)
+        with torch.inference_mode():
             hs = o.hidden_states
             gathered = torch.stack([hs[l].reshape(-1, H).index_select(0, flat_t) for l in layers], dim=1)
-            host = gathered.to("cpu", dtype=torch.float32 if storage == np.float32 else torch.float16)
+            host = gathered.to("cpu", dtype=host_dtype)
             if attention:
-                summary = _attention_summary(o.attentions, [rendered[i] for i in batch], groups, T, device)
-                for b, i in enumerate(batch):
-                    att[i] = summary[b]
+                att[batch] = _attention_summary(o.attentions, part, groups, T, device)
             if norms is not None:
                 from .attention_norm import norm_weighted
 
-                summary = _attention_summary(norm_weighted(o.attentions, norms), [rendered[i] for i in batch],
-                                             groups, T, device)
-                for b, i in enumerate(batch):
-                    att_norm[i] = summary[b]
-        out[np.concatenate(dest)] = host.numpy()
+                att_norm[batch] = _attention_summary(norm_weighted(o.attentions, norms), part, groups, T, device)
+        out[dest] = host.numpy()
         del o, hs, gathered, host, inputs, flat_t
         if trim is not None:
             trim()
@@ -498,7 +170,7 @@ def _attention_summary(attentions, rendered: Sequence[Rendered], groups: list[st
     group b of attention(q -> k). Returns (batch, layers, heads, G, G); NaN where a group is empty."""
     gid = torch.full((len(rendered), T), -1, dtype=torch.long)
     for b, r in enumerate(rendered):
-        g = _group_ids(r, groups)
+        g = group_ids(r, groups)
         gid[b, :len(g)] = torch.from_numpy(g)
     onehot = torch.zeros(len(rendered), T, len(groups), dtype=torch.float32)
     valid = gid >= 0
@@ -582,26 +254,14 @@ def extract(
     dev = pick_device(device)
     if dev.type == "cpu" and dtype == "float16":
         raise ExtractError("--dtype float16 needs a GPU; on the CPU use float32 or bfloat16")
-    if isinstance(model, LoadedModel):
-        lm = model
-        lm.model.to(device=dev, dtype=as_torch_dtype(dtype))
-    else:
-        lm = load_model(model, random_init=random_init, seed=seed, device=dev, dtype=dtype,
-                        trust_remote_code=trust_remote_code,
-                        attn_implementation="eager" if attention else None)
-    fmts = [resolve_format(f, lm.tokenizer, min(ex.n_sentences for ex in examples)) for f in fmts]  # native
-    previous_attn = getattr(lm.model.config, "_attn_implementation", "eager")
-    if attention and previous_attn != "eager":
-        lm.model.set_attn_implementation("eager")  # attention weights need the eager kernel
-    try:
+    with running(model, device=dev, dtype=dtype, attention=attention, random_init=random_init, seed=seed,
+                 trust_remote_code=trust_remote_code) as lm:
+        fmts = [resolve_format(f, lm.tokenizer, min(ex.n_sentences for ex in examples)) for f in fmts]  # native
         return _extract(lm, examples, fmts, dev, layers=layers, roles=roles, dtype=dtype, storage_dtype=storage_dtype,
                         out=out, corpus_name=corpus_name, batch_tokens=batch_tokens, max_batch=max_batch,
                         shard_mb=shard_mb, on_overflow=on_overflow, attention=attention, force=force,
                         progress=progress, rank=rank, world_size=world_size, barrier=barrier, log=log,
                         attention_norm=attention_norm, intervention=intervention)
-    finally:
-        if attention and previous_attn != "eager":
-            lm.model.set_attn_implementation(previous_attn)
 
 
 def _extract(lm: LoadedModel, examples: list[Example], fmts: list[Format], dev: torch.device, *, layers, roles,
@@ -681,15 +341,14 @@ def _extract_locked(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, de
 
         bar = tqdm(total=n_todo, desc=f"{p.fmt.name}" + (f" rank {rank}" if world_size > 1 else ""),
                    unit="ex", dynamic_ncols=True, file=sys.stderr)
-    pad_multiple = 8 if device.type == "cuda" else 1
     pending: Future | None = None
-    trim, batch_trim = heap_trimmer(), heap_trimmer(BATCH_TRIM_GROW_MB)
+    trim, batch_trim = HeapTrimmer(), HeapTrimmer(BATCH_TRIM_GROW_MB)
     with ThreadPoolExecutor(max_workers=1) as writer:
         for s in todo:
             start, stop = p.shards[s]
             states, tokens, extra, kept = _run_shard(lm, p, examples, start, stop, device=device,
                                                      batch_tokens=batch_tokens, max_batch=max_batch,
-                                                     pad_multiple=pad_multiple, progress=bar, trim=batch_trim)
+                                                     progress=bar, trim=batch_trim)
             info = {"examples": [start, stop]}
             if extra:
                 info["attention_examples"] = kept
@@ -723,92 +382,11 @@ def _extract_locked(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, de
         barrier()  # no rank returns before the manifest exists: the returned path is a complete cache
 
 
-def _label_kinds(examples: Sequence[Example]) -> dict[str, type]:
-    """Column type of every label, decided over the whole corpus in one pass (a label column is int
-    if every example has an int or bool value, float if every value is a number or missing, else
-    str), so that each row group of ``examples.parquet`` gets the same schema."""
-    kinds: dict[str, set] = {}
-    present: dict[str, int] = {}  # examples with a value that is not None
-    for e in examples:
-        for name, v in e.labels.items():
-            seen = kinds.setdefault(name, set())
-            if v is not None:
-                seen.add(type(v))
-                present[name] = present.get(name, 0) + 1
-    out = {}
-    for name in sorted(kinds):
-        seen = kinds[name]
-        if seen <= {int, bool} and present.get(name, 0) == len(examples):
-            out[name] = int
-        elif seen <= {int, float, bool}:
-            out[name] = float
-        else:
-            out[name] = str
-    return out
-
-
-def examples_table(examples: Sequence[Example], start: int = 0, stop: int | None = None, *,
-                   n_sentence_columns: int | None = None, label_kinds: Mapping[str, type] | None = None
-                   ) -> pd.DataFrame:
-    """The corpus beside the states, so analyses need nothing else: index, id, sentences, labels.
-    Rows ``start:stop``; ``n_sentence_columns`` and ``label_kinds`` must be given for the whole corpus
-    when only a part is built (:func:`write_examples` builds one row group at a time)."""
-    stop = len(examples) if stop is None else stop
-    part = [examples[i] for i in range(start, stop)]
-    k = max(e.n_sentences for e in examples) if n_sentence_columns is None else n_sentence_columns
-    kinds = _label_kinds(examples) if label_kinds is None else label_kinds
-    data: dict[str, list] = {"example": list(range(start, stop)), "example_id": [e.id for e in part],
-                             "n_sentences": [e.n_sentences for e in part]}
-    for i in range(k):
-        data[f"sentence_{i + 1}"] = [e.sentences[i] if i < e.n_sentences else "" for e in part]
-    for name, kind in kinds.items():
-        values = [e.labels.get(name) for e in part]
-        if kind is int:
-            data[f"label_{name}"] = [int(v) for v in values]
-        elif kind is float:
-            data[f"label_{name}"] = [float("nan") if v is None else float(v) for v in values]
-        else:
-            data[f"label_{name}"] = ["" if v is None else str(v) for v in values]
-    return pd.DataFrame(data)
-
-
-def write_examples(tmp: str, examples: Sequence[Example], rows: int | None = None) -> None:
-    """Write ``examples.parquet`` one row group of ``rows`` (default :data:`EXAMPLES_ROW_GROUP`)
-    examples at a time with ``ParquetWriter``, so its memory does not grow with the corpus. The table
-    read back is the same whatever ``rows``; a corpus of at most ``rows`` examples gives the same bytes
-    as writing the whole table at once (one row group)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rows = rows or EXAMPLES_ROW_GROUP
-    k = max(e.n_sentences for e in examples)
-    kinds = _label_kinds(examples)
-    trim = heap_trimmer()
-    writer = None
-    try:
-        for start in range(0, len(examples), rows):
-            df = examples_table(examples, start, min(start + rows, len(examples)), n_sentence_columns=k,
-                                label_kinds=kinds)
-            table = pa.Table.from_pandas(df, preserve_index=False)
-            del df
-            if writer is None:
-                writer = pq.ParquetWriter(tmp, table.schema)
-            writer.write_table(table)
-            del table
-            release_arrow_pages()
-            trim()
-    finally:
-        if writer is not None:
-            writer.close()
-
-
 def _finish(lm: LoadedModel, p: Plan, path: Path, examples: Sequence[Example], log) -> None:
     done = complete_shards(path, verify=False, clean=False)  # each record was checked as it was written
     missing = [s for s in range(len(p.shards)) if s not in done]
     if missing:
         raise CacheError(f"{path}: shards {missing} are missing after extraction; run again to resume")
-    from .cache import EXAMPLES, _sha256_file, atomic_write
-
     atomic_write(path / EXAMPLES, lambda tmp: write_examples(tmp, examples))
     manifest = dict(p.request)
     manifest["examples_sha256"] = _sha256_file(path / EXAMPLES)

@@ -240,7 +240,8 @@ def _mixed_examples(n: int = 23) -> list[Example]:
 
 
 def test_planning_in_chunks_equals_planning_the_whole_corpus(tiny_bert):
-    from probing.extract import parse_formats, plan, render_shard, sentence_lengths, sentence_token_counts
+    from probing.formats import parse_formats
+    from probing.planning import plan, render_shard, sentence_lengths, sentence_token_counts
 
     data = _mixed_examples(40)
     data.insert(7, Example("too-long", ("word " * 80, "short.")))
@@ -263,7 +264,7 @@ def test_planning_in_chunks_equals_planning_the_whole_corpus(tiny_bert):
 
 
 def test_planning_tokenizes_the_corpus_in_bounded_chunks(tmp_path, tiny_bert, monkeypatch):
-    import probing.extract as X
+    import probing.planning as X
 
     asked, real = [], X.sentence_lengths
 
@@ -281,7 +282,7 @@ def test_planning_tokenizes_the_corpus_in_bounded_chunks(tmp_path, tiny_bert, mo
 def test_examples_parquet_is_written_in_row_groups(tmp_path, tiny_bert, monkeypatch):
     import pyarrow.parquet as pq
 
-    import probing.extract as X
+    import probing.corpus_table as X
     from probing.cache import _write_parquet
 
     data = _mixed_examples()
@@ -308,9 +309,9 @@ def test_examples_parquet_is_written_in_row_groups(tmp_path, tiny_bert, monkeypa
 
 
 def test_heap_trimmer_is_callable_everywhere():
-    from probing.extract import heap_trimmer, release_arrow_pages
+    from probing.heap import HeapTrimmer, release_arrow_pages
 
-    trim = heap_trimmer()
+    trim = HeapTrimmer()
     trim()
     trim()  # rate-limited and a no-op where libc has no malloc_trim
     release_arrow_pages()
@@ -381,14 +382,14 @@ def test_batch_trimmer_waits_for_the_heap_to_grow(monkeypatch):
     its last trim (a trim after every batch costs re-faulted pages)."""
     import sys
 
-    import probing.streaming as streaming
+    import probing.heap as heap
 
     if sys.platform.startswith("linux"):
-        assert streaming._rss_bytes() > 10 * 2 ** 20  # this process holds torch: well over 10 MiB resident
+        assert heap.rss_bytes() > 10 * 2 ** 20  # this process holds torch: well over 10 MiB resident
     rss = {"now": 100 * 2 ** 20}
-    monkeypatch.setattr(streaming, "_rss_bytes", lambda: rss["now"])
+    monkeypatch.setattr(heap, "rss_bytes", lambda: rss["now"])
     calls = []
-    trim = streaming._HeapTrimmer(grow_mb=16)
+    trim = heap.HeapTrimmer(grow_mb=16)
     trim._trim = lambda pad: calls.append(pad)  # stands in for libc's malloc_trim
     trim()  # 100 MiB above nothing: trims, and remembers 100 MiB
     assert calls == [0]
@@ -399,7 +400,54 @@ def test_batch_trimmer_waits_for_the_heap_to_grow(monkeypatch):
     rss["now"] += 10 * 2 ** 20
     trim()
     assert calls == [0, 0]
-    always = streaming._HeapTrimmer()
+    always = heap.HeapTrimmer()
     always._trim = lambda pad: calls.append(pad)
     always()
     assert len(calls) == 3  # without grow_mb only the rate limit applies
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_extract_leaves_the_callers_model_as_it_was(tmp_path, tiny_bert, examples, dtype):
+    """A model passed in keeps its dtype, device, attention kernel and outputs, whatever extract ran in."""
+    model = tiny_bert.model
+    ids = torch.tensor([[101, 2023, 2003, 102, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    with torch.no_grad():
+        before = model(input_ids=ids, attention_mask=mask).last_hidden_state.clone()
+    kinds = {(p.dtype, p.device) for p in model.parameters()}
+    kernel = model.config._attn_implementation
+    (path,) = extract(examples, ["pair"], model=tiny_bert, out=tmp_path, dtype=dtype, device="cpu", attention=True,
+                      roles="all", progress=False, log=lambda *a: None)
+    assert {(p.dtype, p.device) for p in model.parameters()} == kinds == {(torch.float32, torch.device("cpu"))}
+    assert model.config._attn_implementation == kernel
+    with torch.no_grad():
+        after = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert torch.equal(before, after)
+    cache = Cache.open(path)
+    assert cache.manifest["dtype"] == dtype
+    if dtype == "float32":
+        _reference_states(tiny_bert, cache)
+    else:  # bfloat16 compute (float16 storage) agrees with the float32 model to bfloat16's precision
+        states = cache.states()
+        ref = Cache.open(extract(examples, ["pair"], model=tiny_bert, out=tmp_path / "fp32", roles="all",
+                                 progress=False, log=lambda *a: None)[0]).states()
+        assert cache.manifest["storage_dtype"] == "float16" and states.shape == ref.shape
+        scale = np.abs(ref).max()
+        assert np.abs(states.astype(np.float32) - ref).max() < 0.05 * scale
+
+
+
+def test_states_read_in_chunks_equal_one_read(tmp_path, tiny_bert, examples, monkeypatch):
+    """Cache.states reads a bounded number of rows at a time and drops their pages; the values do not
+    depend on the chunk size (one row at a time here), for one layer and for all layers."""
+    import probing.cache as C
+
+    (path,) = extract(examples, ["pair"], model=tiny_bert, out=tmp_path, roles="all", shard_mb=0.02,
+                      progress=False, log=lambda *a: None)
+    cache = Cache.open(path)
+    rows = np.random.default_rng(0).permutation(cache.n_tokens)[: cache.n_tokens // 2]
+    whole = cache.states(1, rows), cache.states(None, rows)
+    monkeypatch.setattr(C, "READ_CHUNK_BYTES", 1)
+    np.testing.assert_array_equal(cache.states(1, rows), whole[0])
+    np.testing.assert_array_equal(cache.states(None, rows), whole[1])
+    assert len(cache.manifest["shards"]) > 1 and whole[1].shape == (len(rows), len(cache.layers), 32)

@@ -2,6 +2,7 @@
 accumulator memory, clear errors."""
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -163,3 +164,18 @@ def test_overlong_examples_error_or_are_skipped_in_both_formats(lm):
     out = stream_compare(ex + [long], "pair", "concat", model=lm, on_overflow="skip", n_resamples=10, progress=False)
     assert (out["cka"]["n"][out["cka"]["choice"] == "cls"] == 8).all()
     assert (out["drift"].query("role == 'all'")["n_examples"] == 8).all()
+
+
+def test_extract_and_streaming_do_not_import_each_other():
+    """Both build on probing.forward and probing.planning; neither imports the other (no cycle)."""
+    import ast
+
+    import probing
+
+    root = Path(probing.__file__).parent
+    for name, other in (("extract", "streaming"), ("streaming", "extract")):
+        tree = ast.parse((root / f"{name}.py").read_text())
+        imported = {(n.module or "") for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert not any(m.split(".")[-1] == other for m in imported), (name, sorted(imported))
+        assert {"forward", "planning"} <= {m.split(".")[-1] for m in imported}, name
