@@ -48,9 +48,11 @@ import pandas as pd
 
 from analyses.drift import model_label
 from analyses.grouping import table_groups
-from analyses.probes import cross_validate_probe, probe_many_results, probe_rows
+from analyses.probe_batched import probe_many_results
+from analyses.probe_results import PROBE_RESAMPLES, cross_validate_probe, probe_rows
+from analyses.probe_metrics import DEFAULT_CS
 from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
-                              parse_layers, stored_table)
+                              stored_table)
 from analyses.selection import parse_choice, pooled
 from analyses.stats import DETECTABLE_EFFECT, groups_needed, holm, paired_difference
 from analyses.vocabulary import content_vocabulary, function_vocabulary, presence
@@ -153,30 +155,47 @@ def _token_features(cache: Cache, layers: Sequence[int], max_tokens: int, seed: 
 BACKENDS = ("auto", "torch", "sklearn")
 
 
+def resolve_layers(cache: Cache, layers: Sequence[int] | None) -> list[int]:
+    """Model layers to probe: every stored one for None; a negative layer counts from the model's last
+    (-1 = last), through :meth:`probing.cache.Cache.layer_index`, which also refuses a layer the cache
+    does not store (``KeyError`` naming the stored ones). Minimal on purpose: the one shared resolver of
+    layer specs is another module's."""
+    if layers is None:
+        return list(cache.layers)
+    out = []
+    for layer in layers:
+        resolved = cache.layers[cache.layer_index(int(layer))]
+        if resolved not in out:
+            out.append(resolved)
+    return out
+
+
 def fit_probes(features: dict, y: np.ndarray, groups: np.ndarray, *, meta: dict, n_splits: int, seed: int,
                control_types, backend: str, device: str | None, Cs=None, inner_splits: int = 3,
-               max_iter: int = 1000) -> tuple[pd.DataFrame, dict]:
+               max_iter: int = 1000, num_threads: int | None = None,
+               n_resamples: int = PROBE_RESAMPLES) -> tuple[pd.DataFrame, dict]:
     """All feature sets' probes: batched in torch (``probe_many_results``, the default; on the CPU with
-    one thread, which is faster than several on small machines: see benchmarks/RESULTS.md), or one
+    ``num_threads`` threads, default one, which is faster than several on small machines: see
+    benchmarks/RESULTS.md), or one
     scikit-learn cross-validation per feature set (the reference path). Returns the tidy table and
     ``{(layer, role): ProbeResult}`` (whose ``items`` are the out-of-fold predictions)."""
     import torch
 
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    extra = {"inner_splits": inner_splits, "max_iter": max_iter}
+    extra = {"inner_splits": inner_splits, "max_iter": max_iter, "n_resamples": n_resamples}
     if Cs is not None:
         extra["Cs"] = tuple(Cs)
     if backend in ("auto", "torch"):
         on_gpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
         results = probe_many_results(features, y, groups, n_splits=n_splits, seed=seed, control_types=control_types,
-                                     device=device, num_threads=None if on_gpu else 1, **extra)
+                                     device=device, num_threads=None if on_gpu else (num_threads or 1), **extra)
     else:
         results = {key: cross_validate_probe(X, y, groups, n_splits=n_splits, seed=seed, control_types=control_types,
                                              **extra) for key, X in features.items()}
     rows = []
     for (layer, role), res in results.items():
-        rows.extend(probe_rows(res, **meta, layer=layer, role=role, seed=seed, feature=str((layer, role))))
+        rows.extend(probe_rows(res, **meta, layer=layer, role=role, seed=seed))
     return make_table(rows), results
 
 
@@ -206,8 +225,9 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                seed: int = 0, control: bool = True, vocab: int = 50, max_tokens: int = 6000,
                device: str | None = None, backend: str = "auto", Cs: Sequence[float] | None = None,
                inner_splits: int = 3, max_iter: int = 1000, bow_Cs: Sequence[float] | None = None,
-               length_baseline: bool = False, items: bool = False,
-               out: str | Path | None = None, force: bool = False, progress: bool = True):
+               length_baseline: bool = False, items: bool = False, num_threads: int | None = None,
+               n_resamples: int = PROBE_RESAMPLES, out: str | Path | None = None, force: bool = False,
+               progress: bool = True):
     """Probes for every layer x token choice x target, on ``cache`` and optionally ``random_cache``.
 
     ``Cs`` is the grid the inner CV chooses C from; ``bow_Cs``, if given, replaces it for the
@@ -220,7 +240,10 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
     words per sentence; layer empty), on the same splits. Returns the result table, or
     ``(table, items)`` with ``items=True`` (per-item out-of-fold predictions, see the module
     docstring; one row per item and probe, so ask for them where a comparison needs them); with
-    ``out`` both are stored (``probe-<key>`` and ``probe_items-<key>``)."""
+    ``out`` both are stored (``probe-<key>`` and ``probe_items-<key>``). ``layers``: model layers, a
+    negative one counting from the last (-1 = the model's last layer; :func:`resolve_layers`).
+    ``num_threads``: torch CPU threads of the batched probes (None: 1); ``n_resamples``: bootstrap
+    resamples of each interval; ``progress``: a tqdm bar over (model x target) on stderr."""
     import torch
 
     for c in choices:
@@ -230,14 +253,15 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
     if random_cache is not None:
         # the baseline must be this model's architecture with random weights, same corpus and format
         check_comparable(cache, random_cache, random_baseline=True)
-    layers = list(layers if layers is not None else cache.layers)
+    layers = resolve_layers(cache, layers)
     run_device = None if backend == "sklearn" else (device or ("cuda" if torch.cuda.is_available() else "cpu"))
     config = {"cache": cache_identity(cache), "random": cache_identity(random_cache) if random_cache else None,
               "backend": "sklearn" if backend == "sklearn" else "torch", "device": run_device,
               "choices": list(choices), "targets": list(targets), "layers": layers, "n_splits": n_splits,
               "seed": seed, "control": control, "vocab": vocab, "max_tokens": max_tokens,
               "Cs": None if Cs is None else list(Cs), "inner_splits": inner_splits, "max_iter": max_iter,
-              "bow_Cs": None if bow_Cs is None else list(bow_Cs), "length_baseline": length_baseline}
+              "bow_Cs": None if bow_Cs is None else list(bow_Cs), "length_baseline": length_baseline,
+              "n_resamples": n_resamples}
     path, done = stored_table(out, "probe", config, force)
     items_path, items_done = stored_table(out if items else None, "probe_items", config, force)
     if done is not None and (not items or items_done is not None):
@@ -283,7 +307,8 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                               Cs=bow_Cs if multilabel and bow_Cs is not None else Cs)
             meta["grouping"] = grouping
             df, results = fit_probes(features, y, groups, meta=meta, n_splits=n_splits, seed=seed, backend=backend,
-                                     device=device, inner_splits=inner_splits, max_iter=max_iter, **fit_kw)
+                                     device=device, inner_splits=inner_splits, max_iter=max_iter,
+                                     num_threads=num_threads, n_resamples=n_resamples, **fit_kw)
             df["model_kind"] = kind
             frames.append(df)
             if items:
@@ -382,6 +407,42 @@ def compare_probes(items: pd.DataFrame, a: Mapping[str, object], b: Mapping[str,
     return df
 
 
+def _int_at_least(minimum: int):
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"{value!r}: must be at least {minimum}")
+        return number
+
+    return parse
+
+
+def _positive_floats(value: str) -> list[float]:
+    """``"0.003,0.01"`` -> ``[0.003, 0.01]`` (with ``nargs="+"`` space-separated values work too)."""
+    out = []
+    for part in (v for v in value.split(",") if v.strip()):
+        try:
+            number = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not a number") from None
+        if not (np.isfinite(number) and number > 0):
+            raise argparse.ArgumentTypeError(f"{part!r}: must be a positive finite number")
+        out.append(number)
+    if not out:
+        raise argparse.ArgumentTypeError(f"{value!r}: no value given")
+    return out
+
+
+def _layer_list(value: str) -> list[int]:
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: give comma-separated integers such as 0,3,-1") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = ArgumentParser(
         prog="python -m analyses.probes",
@@ -397,31 +458,46 @@ def main(argv: Sequence[str] | None = None) -> int:
                + "\ntoken choices: cls, sep<i>, sep_last, mean, max, first_word, mean_s<i>, pos<k>",
     )
     p.add_argument("cache", help="cache directory")
-    p.add_argument("--choices", default="cls,mean", help="token choices (default cls,mean)")
+    p.add_argument("--choices", default="cls,mean", help="comma list of token choices (default cls,mean)")
     p.add_argument("--targets", default="topic", help="comma list of targets (default topic)")
-    p.add_argument("--layers", default=None, help="comma list of layers (default: all stored)")
+    p.add_argument("--layers", type=_layer_list, default=None,
+                   help="comma list of model layers, negative counting from the last (-1 = last; default: all stored)")
     p.add_argument("--random-cache", default=None, help="cache of the same format from --random-init")
-    p.add_argument("--folds", type=int, default=5, help="outer cross-validation folds (default 5)")
-    p.add_argument("--vocab", type=int, default=50, help="words in bag-of-words targets (default 50)")
-    p.add_argument("--max-tokens", type=int, default=6000, help="token-level targets: at most this many tokens")
+    p.add_argument("--folds", type=_int_at_least(2), default=5, help="outer cross-validation folds (default 5)")
+    p.add_argument("--inner-folds", type=_int_at_least(2), default=3,
+                   help="inner cross-validation folds choosing C (default 3)")
+    p.add_argument("--Cs", type=_positive_floats, nargs="+", default=None,
+                   help="the C grid, e.g. 0.003,0.01,0.1 (one value: a fixed C, no inner CV; default "
+                        + ",".join(f"{c:g}" for c in DEFAULT_CS) + ")")
+    p.add_argument("--bow-Cs", type=_positive_floats, nargs="+", default=None,
+                   help="the C grid of bag-of-words targets (default: --Cs)")
+    p.add_argument("--max-iter", type=_int_at_least(1), default=1000, help="L-BFGS iterations per fit (default 1000)")
+    p.add_argument("--vocab", type=_int_at_least(1), default=50, help="words in bag-of-words targets (default 50)")
+    p.add_argument("--max-tokens", type=_int_at_least(1), default=6000,
+                   help="token-level targets: at most this many tokens (default 6000)")
     p.add_argument("--no-control", action="store_true", help="skip the control task")
     p.add_argument("--length-baseline", action="store_true",
                    help="also probe each example-level target from the sentences' word counts (role length_only)")
     p.add_argument("--device", default=None, help="torch device for the batched probes (default: CUDA if available)")
+    p.add_argument("--threads", type=_int_at_least(1), default=None,
+                   help="torch CPU threads of the batched probes (default 1: fastest on small machines)")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="torch (default): all probes batched, on the GPU when present; sklearn: one CV per probe (reference)")
     p.add_argument("--items", action="store_true",
                    help="also store the per-item out-of-fold predictions (probe_items-<key>, for compare_probes)")
-    add_output_options(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_output_options(p, resamples=True)
     args = p.parse_args(argv)
+    flat = (lambda lists: None if lists is None else [c for part in lists for c in part])
     try:
         cache = Cache.open(args.cache)
         rnd = Cache.open(args.random_cache) if args.random_cache else None
-        layers = parse_layers(args.layers)
-        df = run_probes(cache, args.choices.split(","), args.targets.split(","), layers=layers, random_cache=rnd,
+        df = run_probes(cache, args.choices.split(","), args.targets.split(","), layers=args.layers, random_cache=rnd,
                         n_splits=args.folds, seed=args.seed, control=not args.no_control, vocab=args.vocab,
-                        max_tokens=args.max_tokens, device=args.device, backend=args.backend,
-                        length_baseline=args.length_baseline, items=args.items, out=args.out, force=args.force)
+                        max_tokens=args.max_tokens, device=args.device, backend=args.backend, Cs=flat(args.Cs),
+                        inner_splits=args.inner_folds, max_iter=args.max_iter, bow_Cs=flat(args.bow_Cs),
+                        length_baseline=args.length_baseline, items=args.items, num_threads=args.threads,
+                        n_resamples=args.resamples, out=args.out, force=args.force, progress=not args.no_progress)
         if args.items:
             df = df[0]
     except CLI_ERRORS as err:
@@ -431,3 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(df[main_metric].pivot_table(index="layer", columns=["model_kind", "target", "role"], values="value",
                                           sort=False).to_string())
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -27,7 +27,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from analyses.probes import DTYPES, cross_validate_probe, probe_many_results  # noqa: E402
+from analyses.probe_batched import probe_many_results  # noqa: E402
+from analyses.probe_metrics import DTYPES  # noqa: E402
+from analyses.probe_results import cross_validate_probe  # noqa: E402
 
 
 def planted_features(n_items: int, dim: int, layers: int, token_choices: int, classes: int,

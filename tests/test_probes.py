@@ -12,11 +12,16 @@ from scipy import stats
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import GridSearchCV, GroupKFold, StratifiedKFold
+from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
+from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from analyses.probes import (DEFAULT_CS, LinearProbe, ProbeResult, _evaluate_fold, _lbfgs, _Problems,
-                             control_labels, cross_validate_probe, fold_t_interval, make_splits,
-                             mdl_online_codelength, probe_many, probe_many_results, probe_rows, probe_table)
+from analyses.probe_metrics import _evaluate_fold
+from analyses.probe_solver import _lbfgs, _Problems
+from analyses.probes import (DEFAULT_CS, LinearProbe, ProbeResult, control_labels, cross_validate_probe,
+                             fold_t_interval, make_splits, mdl_online_codelength, probe_many, probe_many_results,
+                             probe_rows, probe_table)
 from analyses.results import RESULT_COLUMNS
 
 CS = (1e-2, 1.0, 100.0)  # a short grid keeps the sklearn path quick
@@ -272,7 +277,9 @@ def test_probe_many_table():
     assert set(df["metric"]) == {"accuracy", "majority_baseline", "control_accuracy", "selectivity"}
     assert sorted(set(zip(df["layer"], df["role"]))) == [(3, "cls"), (4, "mean")]
     assert (df["model"] == "m").all() and (df["n"] == 120).all() and (df["seed"] == 0).all()
-    assert (df["chosen_C"] == "1;1;1;1;1").all()
+    assert (df[["chosen_C", "chosen_C_min", "chosen_C_max"]] == 1.0).all().all() and "feature" not in df.columns
+    named = probe_many({"first": X, 7: X[:, ::-1]}, y, groups, Cs=(1.0,), num_threads=1)
+    assert set(named["feature"]) == {"first", 7} and named["layer"].isna().all()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -313,6 +320,26 @@ def test_sklearn_estimator_conventions():
     yb = np.where(y == 0, "no", "yes")
     binary = LinearProbe(Cs=(1.0,)).fit(X, yb)
     assert binary.coef_.shape == (1, 4) and set(binary.predict(X)) <= {"no", "yes"}
+
+
+@parametrize_with_checks([LinearProbe(Cs=(1.0,), max_iter=200), LinearProbe(Cs=(0.1, 1.0), inner_splits=2, max_iter=200)])
+def test_scikit_learn_estimator_checks(estimator, check):
+    """scikit-learn's own conventions (cloning, input validation, n_features_in_, sparse refusal,
+    pickling round trips by sklearn's checks, ...), with one C and with an inner CV."""
+    check(estimator)
+
+
+@pytest.mark.parametrize("splitter", [GroupKFold(n_splits=3), StratifiedKFold(n_splits=3, shuffle=True, random_state=0)])
+def test_pipeline_and_grid_search_with_any_splitter(splitter):
+    X, y, groups = planted(n=120, d=5, strength=1.5)
+    pipe = Pipeline([("scale", StandardScaler()), ("probe", LinearProbe(inner_splits=2))])
+    search = GridSearchCV(pipe, {"probe__Cs": [(0.01,), (0.1, 1.0)]}, cv=splitter)
+    search.fit(X, y, groups=groups)
+    assert search.best_score_ > 0.8 and search.best_estimator_.score(X, y) > 0.8
+    assert search.cv_results_["mean_test_score"].shape == (2,)
+    alone = LinearProbe(Cs=search.best_params_["probe__Cs"], inner_splits=2).fit(StandardScaler().fit_transform(X), y)
+    np.testing.assert_allclose(search.best_estimator_.predict_proba(X),
+                               alone.predict_proba(StandardScaler().fit_transform(X)), atol=1e-6)
 
 
 def test_default_grid_is_sorted_and_positive():
