@@ -20,6 +20,11 @@ from analyses.probe_results import PROBE_RESAMPLES, ProbeResult, _items_table, _
 from analyses.probe_solver import _device_inner_scores, _lbfgs, _Problems, _torch, feature_basis
 from analyses.results import make_table
 
+#: Condition number of a feature set's covariance above which the batched solver is preconditioned
+#: (:mod:`analyses.probe_solver`): below it plain L-BFGS took as few iterations on the planted
+#: benchmark (condition number ~9), above it (~2e7, anisotropic states) the preconditioner cut them ~7x.
+PRECONDITION_ABOVE = 100.0
+
 def probe_many_results(features: Mapping[Hashable, Any], y: Any, groups: Any = None, *, n_splits: int = 5,
                        seed: int = 0, Cs: Sequence[float] = DEFAULT_CS, inner_splits: int = 3,
                        select_by: SelectBy = "log_loss", max_iter: int = 1000, tol: float = 1e-4,
@@ -33,7 +38,12 @@ def probe_many_results(features: Mapping[Hashable, Any], y: Any, groups: Any = N
     inner splits, C grid, standardisation, objective and scoring as the reference, so results agree
     with :func:`cross_validate_probe` up to optimiser tolerance. All (feature set x outer fold x
     inner fold x C [x task/control]) problems of a chunk are solved together by :func:`_lbfgs`
-    (stage 1, choosing C), then all (feature set x outer fold) refits (stage 2). ``device``: None ->
+    (stage 1, choosing C: the Cs in ascending order, each started from the previous C's solutions and
+    curvature pairs), then all (feature set x outer fold) refits (stage 2, each started from the mean
+    of its inner folds' solutions at the chosen C). One eigendecomposition per feature set
+    (:func:`analyses.probe_solver.feature_basis`) preconditions every solve when some covariance's
+    condition number exceeds :data:`PRECONDITION_ABOVE`. Features stay in ``dtype`` (one
+    ``(B, n, d + 1)`` tensor per chunk, never copied per problem). ``device``: None ->
     CUDA if available; ``dtype`` in ``DTYPES``. ``max_batch_elements`` bounds the elements of the
     largest tensors of one batched solve, ``B * G * K * (n + 40 (d + 1))`` (memory). ``num_threads``: torch CPU threads during the call, restored afterwards
     (None: leave torch's setting; 1 is fastest on small CPU machines, where thread hand-offs cost
@@ -137,6 +147,10 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
             mean, std = a.mean(0, dtype=np.float64), a.std(0, dtype=np.float64)
             X[b, :, :d] = torch.as_tensor(((a - mean) / np.where(std > 0, std, 1.0)).astype(dtype, copy=False))
         basis = feature_basis(X)  # one factorisation per feature set, shared by every fold, C and target
+        # Preconditioning pays where a covariance is ill-conditioned (states of trained encoders are
+        # highly anisotropic); on a well-conditioned one it only adds two d x d products per evaluation.
+        lam = basis[1].double()
+        precondition = bool((lam.amax(1) > PRECONDITION_ABOVE * lam.amin(1)).any())
         chosen = np.full((B, L, n_splits), float(Cs_arr[0]))
         theta0 = torch.zeros(B, len(stage2), (d + 1) * K, dtype=tdtype, device=dev)
         if stage1:
@@ -147,7 +161,7 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
             path, memory = [], {}
             for c, C in enumerate(Cs_arr):
                 at_C = problems.with_inv_C(torch.full((B, len(stage1)), 1.0 / C, dtype=tdtype, device=dev))
-                theta, _ = _lbfgs(at_C, theta, max_iter=max_iter, tol=tol, memory=memory)
+                theta, _ = _lbfgs(at_C, theta, max_iter=max_iter, tol=tol, memory=memory, precondition=precondition)
                 path.append(theta.view(B, L, n_splits, inner_splits, -1).mean(3))
                 sc[:, :, c] = _device_inner_scores(at_C, theta, evals, select_by, multilabel).double().cpu().numpy()
             sc = sc.reshape(B, L, n_splits, inner_splits, len(Cs_arr))
@@ -159,7 +173,7 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
         masks, _, targets = columns(stage2)
         inv_C = torch.as_tensor(1.0 / chosen.reshape(B, L * n_splits), dtype=tdtype, device=dev)
         problems = _Problems(X, masks, targets, inv_C, kind, basis)
-        theta, _ = _lbfgs(problems, theta0, max_iter=max_iter, tol=tol)
+        theta, _ = _lbfgs(problems, theta0, max_iter=max_iter, tol=tol, precondition=precondition)
         P = problems.item_loss_and_prob(problems.logits(theta))[1].double().cpu().numpy()  # (B, n, K, G)
         if binary:
             P = np.concatenate([1 - P, P], axis=2)

@@ -1,7 +1,13 @@
 """Probe runner: read caches, build targets, fit every (layer x token choice) probe, write tidy tables.
 
     python -m analyses.probes CACHE --choices cls,mean,sep1 --targets topic,length,bow_s1 \
-        [--random-cache CACHE_OF_RANDOM_INIT_MODEL] [--length-baseline] [--items] --out results
+        [--layers 0,3,-1] [--folds 5] [--inner-folds 2] [--Cs 0.003,0.01,0.1] [--bow-Cs 0.1] [--max-iter 300] \
+        [--seed 0] [--resamples 1000] [--threads 1] [--device cpu] [--no-progress] \
+        [--random-cache CACHE_OF_RANDOM_INIT_MODEL] [--length-baseline] [--items] --out results [--force]
+
+(``python -m analyses.probe_runner`` is the same command.) The flags carry the study's ``[probes]``
+settings one to one: ``folds``, ``inner_splits`` (``--inner-folds``), ``Cs``, ``bow_Cs``,
+``max_iter``, ``vocab``, ``max_tokens``, ``device``.
 
 Targets, declared once in :data:`TARGETS`:
 
