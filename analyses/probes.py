@@ -26,6 +26,7 @@ the cache runner of :mod:`analyses.probe_runner`):
 * :mod:`analyses.probe_solver`: the batched, preconditioned L-BFGS in torch;
 * :mod:`analyses.probe_batched`: :func:`probe_many_results` / :func:`probe_many` over many feature sets;
 * :mod:`analyses.probe_runner`: caches -> features and targets -> tables, and the command line.
+* :mod:`analyses.probe_compare`: paired differences of probes on the same out-of-fold items.
 
 ``LinearProbe`` / ``cross_validate_probe`` are the scikit-learn reference (float64, one probe at a
 time); ``probe_many`` / ``probe_many_results`` fit many feature sets (layers x token choices) x folds
