@@ -45,7 +45,7 @@ def probe_many_results(features: Mapping[Hashable, Any], y: Any, groups: Any = N
     condition number exceeds :data:`PRECONDITION_ABOVE`. Features stay in ``dtype`` (one
     ``(B, n, d + 1)`` tensor per chunk, never copied per problem). ``device``: None ->
     CUDA if available; ``dtype`` in ``DTYPES``. ``max_batch_elements`` bounds the elements of the
-    largest tensors of one batched solve, ``B * G * K * (n + 40 (d + 1))`` (memory). ``num_threads``: torch CPU threads during the call, restored afterwards
+    largest tensors of one batched solve, ``B * G * K * (n + 20 (d + 1))`` (memory). ``num_threads``: torch CPU threads during the call, restored afterwards
     (None: leave torch's setting; 1 is fastest on small CPU machines, where thread hand-offs cost
     more than the work of each operation). Returns name -> :class:`ProbeResult`.
     """
@@ -130,9 +130,8 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
         by_dim.setdefault(arrays[k].shape[1], []).append(k)
     batches = []
     for dim, ks in by_dim.items():
-        # logits (n rows) and the optimiser's 2 x 10 history vectors (dim + 1 rows), kept twice along
-        # the C path, per feature set
-        per_set = K * max(len(stage1), len(stage2)) * (n + 40 * (dim + 1))
+        # logits (n rows) and the optimiser's 2 x 10 history vectors (dim + 1 rows) per feature set
+        per_set = K * max(len(stage1), len(stage2)) * (n + 20 * (dim + 1))
         chunk = max(1, max_batch_elements // per_set)
         batches += [ks[i:i + chunk] for i in range(0, len(ks), chunk)]
     results: dict[Hashable, ProbeResult] = {}

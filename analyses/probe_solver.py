@@ -27,10 +27,14 @@ def feature_basis(X1):
     for every fold of that feature set (each fold's covariance is close to it; the preconditioner only
     sets the optimiser's pace)."""
     torch = _torch()
-    X = X1[..., :-1]
-    S = (X.transpose(1, 2) @ X).double() / X.shape[1]
-    lam, Q = torch.linalg.eigh(S)
-    return Q.to(X1.dtype), lam.clamp_min(0).to(X1.dtype)
+    B, n, d1 = X1.shape
+    Q = torch.empty(B, d1 - 1, d1 - 1, dtype=X1.dtype, device=X1.device)
+    lam = torch.empty(B, d1 - 1, dtype=X1.dtype, device=X1.device)
+    for b in range(B):  # one at a time: a (d, d) float64 workspace, not B of them
+        X = X1[b, :, :-1]
+        values, vectors = torch.linalg.eigh((X.T @ X).double() / n)
+        Q[b], lam[b] = vectors, values.clamp_min(0)
+    return Q, lam
 
 
 class _Problems:
@@ -188,10 +192,12 @@ def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: i
     stopped leave the batch once they are a third of it. Returns ``theta`` and the number of iterations per
     problem ``(B, G)``.
 
-    ``memory``: a dict the run leaves its curvature pairs in (``S``, ``Y``, ``pos``, ``pen``); given
-    one left by a run on the same problems at other penalties (the next C of a path), the run starts
-    from those pairs with ``Y`` corrected exactly for the change of the L2 term (``y += Δpen · s`` on
-    the weights), so its quasi-Newton model starts informed instead of from a scaled identity.
+    ``memory``: a dict the run leaves its curvature pairs in (``S``, ``Y``, ``pos``, ``pen``; zeros for
+    problems that left the batch early, so no full-size copy is kept while it runs); given one left by
+    a run on the same problems at other penalties (the next C of a path), the run starts from those
+    pairs (taking them out of the dict) with ``Y`` corrected exactly for the change of the L2 term
+    (``y += Δpen · s`` on the weights), so its quasi-Newton model starts informed instead of from a
+    scaled identity.
     """
     torch = _torch()
     theta = theta0.clone()
@@ -221,10 +227,11 @@ def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: i
         gamma = torch.clamp(1.0 / dot(g, g).sqrt().clamp_min(1e-30), max=1.0)  # first step: at most unit length
     pos = 0
     if memory is not None and "S" in memory and memory["S"].shape[1:] == theta.shape:
-        S, pos = memory["S"].clone(), memory["pos"]
+        S, pos, Y_old, pen_old = memory.pop("S"), memory.pop("pos"), memory.pop("Y"), memory.pop("pen")
         weights = torch.ones(theta.shape[2], dtype=theta.dtype, device=theta.device).view(-1, problems.K)
         weights[-1] = 0.0  # the intercept is not penalised
-        Yh = memory["Y"] + (problems.pen - memory["pen"])[None, ..., None] * S * weights.view(-1)
+        Yh = Y_old.add_((problems.pen - pen_old)[None, ..., None] * S * weights.view(-1))
+        del Y_old
         sy, yy = dot(S, Yh), dot(Yh, Yh)
         valid = (sy > eps * yy) & (yy > 0)
         rho = torch.where(valid, 1.0 / torch.where(valid, sy, torch.ones_like(sy)), torch.zeros_like(sy))
@@ -235,7 +242,6 @@ def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: i
         S = torch.zeros((history,) + theta.shape, dtype=theta.dtype, device=theta.device)
         Yh = torch.zeros_like(S)
         rho = torch.zeros(history, B, G, dtype=theta.dtype, device=theta.device)
-    S_all, Y_all = S.clone(), Yh.clone()
     pen_all = problems.pen.clone()
     done = gmax <= tol
     for it in range(max_iter):
@@ -246,7 +252,6 @@ def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: i
         row_keep, col_keep = ~done.all(1), ~done.all(0)
         if int((~row_keep).sum()) * 3 >= len(row_keep) or int((~col_keep).sum()) * 3 >= len(col_keep):
             out[rows[:, None], cols[None, :]] = theta
-            S_all[:, rows[:, None], cols[None, :]], Y_all[:, rows[:, None], cols[None, :]] = S, Yh
             kr, kc = row_keep.nonzero().squeeze(1), col_keep.nonzero().squeeze(1)
             rows, cols, problems = rows[kr], cols[kc], problems.select(kr, kc)
 
@@ -310,8 +315,14 @@ def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: i
         theta, f, g, gmax = new_theta, new_f, new_g, new_gmax
         done = done | ~accepted | (flat & (it > 0)) | (gmax <= tol)
     out[rows[:, None], cols[None, :]] = theta
-    if memory is not None:
-        S_all[:, rows[:, None], cols[None, :]], Y_all[:, rows[:, None], cols[None, :]] = S, Yh
+    if memory is not None:  # problems that left the batch early leave no pairs (zeros: unused next time)
+        if S.shape[1:3] == (B, G):  # nothing left the batch: hand over the pairs as they are
+            S_all, Y_all = S, Yh
+        else:
+            S_all = torch.zeros((history, B, G) + theta.shape[2:], dtype=theta.dtype, device=theta.device)
+            Y_all = torch.zeros_like(S_all)
+            S_all[:, rows[:, None], cols[None, :]], Y_all[:, rows[:, None], cols[None, :]] = S, Yh
+        del S, Yh
         memory.update(S=S_all, Y=Y_all, pos=pos, pen=pen_all)
     return (full.from_basis(out) if precondition else out), iters
 
