@@ -1,7 +1,13 @@
 """Probe runner: read caches, build targets, fit every (layer x token choice) probe, write tidy tables.
 
     python -m analyses.probes CACHE --choices cls,mean,sep1 --targets topic,length,bow_s1 \
-        [--random-cache CACHE_OF_RANDOM_INIT_MODEL] [--length-baseline] [--items] --out results
+        [--layers 0,3,-1] [--folds 5] [--inner-folds 2] [--Cs 0.003,0.01,0.1] [--bow-Cs 0.1] [--max-iter 300] \
+        [--seed 0] [--resamples 1000] [--threads 1] [--device cpu] [--no-progress] \
+        [--random-cache CACHE_OF_RANDOM_INIT_MODEL] [--length-baseline] [--items] --out results [--force]
+
+(``python -m analyses.probe_runner`` is the same command.) The flags carry the study's ``[probes]``
+settings one to one: ``folds``, ``inner_splits`` (``--inner-folds``), ``Cs``, ``bow_Cs``,
+``max_iter``, ``vocab``, ``max_tokens``, ``device``.
 
 Targets, declared once in :data:`TARGETS`:
 
@@ -41,18 +47,20 @@ import argparse
 import re
 import sys
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
 from analyses.drift import model_label
 from analyses.grouping import table_groups
-from analyses.probes import cross_validate_probe, probe_many_results, probe_rows
+from analyses.probe_batched import probe_many_results
+from analyses.probe_compare import ITEM_KEYS, compare_probes  # noqa: F401 (re-exported: probing.study.questions)
+from analyses.probe_metrics import DEFAULT_CS
+from analyses.probe_results import PROBE_RESAMPLES, cross_validate_probe, probe_rows
 from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
                               stored_table)
 from analyses.selection import parse_choice, pooled
-from analyses.stats import DETECTABLE_EFFECT, groups_needed, holm, paired_difference
 from analyses.vocabulary import content_vocabulary, function_vocabulary, presence
 from probing.layers import cache_layers
 from probing.cache import Cache, check_comparable
@@ -68,8 +76,6 @@ TARGETS: dict[str, str] = {
     "fw_s<i>": "control: presence of the --vocab most frequent function words of sentence i",
     "segment": "token level: the sentence a word token belongs to",
 }
-#: Columns that identify one probe in the result and item tables.
-ITEM_KEYS: tuple[str, ...] = ("model_kind", "model", "corpus", "format", "target", "layer", "role")
 
 
 def _sentence_column(table: pd.DataFrame, target: str, i: str) -> str:
@@ -156,28 +162,30 @@ BACKENDS = ("auto", "torch", "sklearn")
 
 def fit_probes(features: dict, y: np.ndarray, groups: np.ndarray, *, meta: dict, n_splits: int, seed: int,
                control_types, backend: str, device: str | None, Cs=None, inner_splits: int = 3,
-               max_iter: int = 1000) -> tuple[pd.DataFrame, dict]:
+               max_iter: int = 1000, num_threads: int | None = None,
+               n_resamples: int = PROBE_RESAMPLES) -> tuple[pd.DataFrame, dict]:
     """All feature sets' probes: batched in torch (``probe_many_results``, the default; on the CPU with
-    one thread, which is faster than several on small machines: see benchmarks/RESULTS.md), or one
+    ``num_threads`` threads, default one, which is faster than several on small machines: see
+    benchmarks/RESULTS.md), or one
     scikit-learn cross-validation per feature set (the reference path). Returns the tidy table and
     ``{(layer, role): ProbeResult}`` (whose ``items`` are the out-of-fold predictions)."""
     import torch
 
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    extra = {"inner_splits": inner_splits, "max_iter": max_iter}
+    extra = {"inner_splits": inner_splits, "max_iter": max_iter, "n_resamples": n_resamples}
     if Cs is not None:
         extra["Cs"] = tuple(Cs)
     if backend in ("auto", "torch"):
         on_gpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
         results = probe_many_results(features, y, groups, n_splits=n_splits, seed=seed, control_types=control_types,
-                                     device=device, num_threads=None if on_gpu else 1, **extra)
+                                     device=device, num_threads=None if on_gpu else (num_threads or 1), **extra)
     else:
         results = {key: cross_validate_probe(X, y, groups, n_splits=n_splits, seed=seed, control_types=control_types,
                                              **extra) for key, X in features.items()}
     rows = []
     for (layer, role), res in results.items():
-        rows.extend(probe_rows(res, **meta, layer=layer, role=role, seed=seed, feature=str((layer, role))))
+        rows.extend(probe_rows(res, **meta, layer=layer, role=role, seed=seed))
     return make_table(rows), results
 
 
@@ -207,8 +215,9 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                seed: int = 0, control: bool = True, vocab: int = 50, max_tokens: int = 6000,
                device: str | None = None, backend: str = "auto", Cs: Sequence[float] | None = None,
                inner_splits: int = 3, max_iter: int = 1000, bow_Cs: Sequence[float] | None = None,
-               length_baseline: bool = False, items: bool = False,
-               out: str | Path | None = None, force: bool = False, progress: bool = True):
+               length_baseline: bool = False, items: bool = False, num_threads: int | None = None,
+               n_resamples: int = PROBE_RESAMPLES, out: str | Path | None = None, force: bool = False,
+               progress: bool = True):
     """Probes for every layer x token choice x target, on ``cache`` and optionally ``random_cache``.
 
     ``Cs`` is the grid the inner CV chooses C from; ``bow_Cs``, if given, replaces it for the
@@ -221,7 +230,10 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
     words per sentence; layer empty), on the same splits. Returns the result table, or
     ``(table, items)`` with ``items=True`` (per-item out-of-fold predictions, see the module
     docstring; one row per item and probe, so ask for them where a comparison needs them); with
-    ``out`` both are stored (``probe-<key>`` and ``probe_items-<key>``)."""
+    ``out`` both are stored (``probe-<key>`` and ``probe_items-<key>``). ``layers``: model layers, a
+    negative one counting from the last (-1 = the model's last layer; :func:`probing.layers.cache_layers`).
+    ``num_threads``: torch CPU threads of the batched probes (None: 1); ``n_resamples``: bootstrap
+    resamples of each interval; ``progress``: a tqdm bar over (model x target) on stderr."""
     import torch
 
     for c in choices:
@@ -231,14 +243,15 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
     if random_cache is not None:
         # the baseline must be this model's architecture with random weights, same corpus and format
         check_comparable(cache, random_cache, random_baseline=True)
-    layers = list(layers if layers is not None else cache.layers)
+    layers = cache_layers(cache, layers)
     run_device = None if backend == "sklearn" else (device or ("cuda" if torch.cuda.is_available() else "cpu"))
     config = {"cache": cache_identity(cache), "random": cache_identity(random_cache) if random_cache else None,
               "backend": "sklearn" if backend == "sklearn" else "torch", "device": run_device,
               "choices": list(choices), "targets": list(targets), "layers": layers, "n_splits": n_splits,
               "seed": seed, "control": control, "vocab": vocab, "max_tokens": max_tokens,
               "Cs": None if Cs is None else list(Cs), "inner_splits": inner_splits, "max_iter": max_iter,
-              "bow_Cs": None if bow_Cs is None else list(bow_Cs), "length_baseline": length_baseline}
+              "bow_Cs": None if bow_Cs is None else list(bow_Cs), "length_baseline": length_baseline,
+              "n_resamples": n_resamples}
     path, done = stored_table(out, "probe", config, force)
     items_path, items_done = stored_table(out if items else None, "probe_items", config, force)
     if done is not None and (not items or items_done is not None):
@@ -284,7 +297,8 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                               Cs=bow_Cs if multilabel and bow_Cs is not None else Cs)
             meta["grouping"] = grouping
             df, results = fit_probes(features, y, groups, meta=meta, n_splits=n_splits, seed=seed, backend=backend,
-                                     device=device, inner_splits=inner_splits, max_iter=max_iter, **fit_kw)
+                                     device=device, inner_splits=inner_splits, max_iter=max_iter,
+                                     num_threads=num_threads, n_resamples=n_resamples, **fit_kw)
             df["model_kind"] = kind
             frames.append(df)
             if items:
@@ -298,89 +312,40 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
     return (df, pd.concat(item_frames, ignore_index=True)) if items else df
 
 
-def _describe(condition: Mapping[str, object]) -> str:
-    return ",".join(f"{k}={v}" for k, v in condition.items())
+def _int_at_least(minimum: int):
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"{value!r}: must be at least {minimum}")
+        return number
+
+    return parse
 
 
-def compare_probes(items: pd.DataFrame, a: Mapping[str, object], b: Mapping[str, object], *,
-                   family: str | None = None, n_resamples: int = 2000, seed: int = 0,
-                   confidence: float = 0.95) -> pd.DataFrame:
-    """Paired differences between two sets of probes, on the same out-of-fold items.
+def _positive_floats(value: str) -> list[float]:
+    """``"0.003,0.01"`` -> ``[0.003, 0.01]`` (with ``nargs="+"`` space-separated values work too)."""
+    out = []
+    for part in (v for v in value.split(",") if v.strip()):
+        try:
+            number = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not a number") from None
+        if not (np.isfinite(number) and number > 0):
+            raise argparse.ArgumentTypeError(f"{part!r}: must be a positive finite number")
+        out.append(number)
+    if not out:
+        raise argparse.ArgumentTypeError(f"{value!r}: no value given")
+    return out
 
-    ``items``: the item table of :func:`run_probes` (``items=True``), possibly concatenated over
-    caches (formats) of the same corpus. ``a`` / ``b``: column filters naming the two conditions,
-    e.g. ``a={"role": "cls"}, b={"role": "mean"}`` (same cache), ``a={"format": "pair_cls_first"},
-    b={"format": "pair_cls_last"}`` (two caches of the same examples: the same splits when the
-    labels, groups and seed agree), ``a={"model_kind": "trained"}, b={"model_kind": "random_init"}``.
-    Rows of ``a`` and ``b`` are matched on the :data:`ITEM_KEYS` not named in the filters (``model``
-    is left out of the match too when ``model_kind`` is compared: a random-init model has its own
-    label; a key empty on one side only, such as the layer of ``role = "length_only"``, is not
-    matched, so ``b={"role": "length_only"}`` is compared with every layer of ``a``), then on
-    ``example`` and ``token``; each matched cell (e.g. one layer x target) gives one
-    row: :func:`analyses.stats.paired_difference` of ``correct`` (a − b; 0/1 accuracy, or per-item F1
-    for multi-label targets) over the cell's items, clustered by ``group``.
 
-    Returns a tidy table (``make_table``): the cell's keys, ``analysis = "probe_comparison"``,
-    ``metric = "difference"``, ``condition_a`` / ``condition_b`` (the filters as ``k=v``),
-    ``value``, ``ci_low``, ``ci_high``, ``p_value``, ``se``, ``mde``, ``n``, ``n_groups``,
-    ``groups_needed`` (groups that would detect :data:`analyses.stats.DETECTABLE_EFFECT`, by
-    :func:`analyses.stats.groups_needed`), ``grouping``,
-    ``same_folds`` (whether every matched item was in the same outer fold under both), ``family``
-    (default ``"<a> vs <b>"``) and ``p_holm``: Holm-adjusted over all rows of this call, the declared
-    family (:func:`analyses.stats.holm`). Raises ``ValueError`` when a filter names an unknown
-    column or matches no row, or when no item matches.
-    """
-    for name, cond in (("a", a), ("b", b)):
-        if not cond:
-            raise ValueError(f"compare_probes: condition {name} is empty; give a column filter such as role='cls'")
-        unknown = [k for k in cond if k not in items.columns]
-        if unknown:
-            raise ValueError(f"compare_probes: condition {name}={dict(cond)} names unknown columns {unknown}; "
-                             f"item columns: {list(items.columns)}")
-    named = set(a) | set(b)
-    on = [k for k in ITEM_KEYS if k not in named and not (k == "model" and "model_kind" in named)]
-
-    def select(cond):
-        mask = np.ones(len(items), dtype=bool)
-        for k, v in cond.items():
-            mask &= (items[k] == v).to_numpy(dtype=bool, na_value=False)
-        return items[mask]
-
-    A, B = select(a), select(b)
-    for name, cond, part in (("a", a, A), ("b", b, B)):
-        if part.empty:
-            raise ValueError(f"compare_probes: condition {name}={dict(cond)} matches no item")
-    cols = ["example", "token", "group", "fold", "correct", "grouping"]
-    # A key empty on one side only (the layer of a length_only probe) is not matched: that side's
-    # probe is compared with every cell of the other.
-    empty_a = {k for k in on if A[k].isna().all()}
-    empty_b = {k for k in on if B[k].isna().all()}
-    shared = [k for k in on if (k in empty_a) == (k in empty_b)]
-    keys = shared + ["example", "token"]
-    merged = A[[k for k in on if k not in empty_a or k in empty_b] + cols].merge(
-        B[[k for k in on if k not in empty_b or k in empty_a] + cols], on=keys, suffixes=("_a", "_b"))
-    if merged.empty:
-        raise ValueError(f"compare_probes: no item of a={dict(a)} matches one of b={dict(b)} on {keys}")
-    bad = (merged["group_a"].astype(str) != merged["group_b"].astype(str))
-    if bad.any():
-        raise ValueError(f"compare_probes: {int(bad.sum())} matched items have different groups in a and b; "
-                         "they are not the same items")
-    family = family if family is not None else f"{_describe(a)} vs {_describe(b)}"
-    rows = []
-    for cell, part in merged.groupby(on, sort=False, dropna=False) if on else [((), merged)]:
-        cell = cell if isinstance(cell, tuple) else (cell,)
-        res = paired_difference(part["correct_a"].to_numpy(float), part["correct_b"].to_numpy(float),
-                                part["group_a"].astype(str).to_numpy(), n_resamples=n_resamples, seed=seed,
-                                confidence=confidence)
-        rows.append({**dict(zip(on, cell)), "analysis": "probe_comparison", "metric": "difference",
-                     "condition_a": _describe(a), "condition_b": _describe(b), **res,
-                     "groups_needed": groups_needed(DETECTABLE_EFFECT, res["se"], res["n_groups"])
-                     if np.isfinite(res["se"]) else pd.NA,
-                     "grouping": part["grouping_a"].iloc[0], "seed": seed,
-                     "same_folds": bool((part["fold_a"] == part["fold_b"]).all()), "family": family})
-    df = make_table(rows)
-    df["p_holm"] = holm(df["p_value"].to_numpy(float))
-    return df
+def _layer_list(value: str) -> list[int]:
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: give comma-separated integers such as 0,3,-1") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -398,32 +363,47 @@ def main(argv: Sequence[str] | None = None) -> int:
                + "\ntoken choices: cls, sep<i>, sep_last, mean, max, first_word, mean_s<i>, pos<k>",
     )
     p.add_argument("cache", help="cache directory")
-    p.add_argument("--choices", default="cls,mean", help="token choices (default cls,mean)")
+    p.add_argument("--choices", default="cls,mean", help="comma list of token choices (default cls,mean)")
     p.add_argument("--targets", default="topic", help="comma list of targets (default topic)")
-    p.add_argument("--layers", default=None, help="comma list of layers (default: all stored)")
+    p.add_argument("--layers", type=_layer_list, default=None,
+                   help="comma list of model layers, negative counting from the last (-1 = last; default: all stored)")
     p.add_argument("--random-cache", default=None, help="cache of the same format from --random-init")
-    p.add_argument("--folds", type=int, default=5, help="outer cross-validation folds (default 5)")
-    p.add_argument("--vocab", type=int, default=50, help="words in bag-of-words targets (default 50)")
-    p.add_argument("--max-tokens", type=int, default=6000, help="token-level targets: at most this many tokens")
+    p.add_argument("--folds", type=_int_at_least(2), default=5, help="outer cross-validation folds (default 5)")
+    p.add_argument("--inner-folds", type=_int_at_least(2), default=3,
+                   help="inner cross-validation folds choosing C (default 3)")
+    p.add_argument("--Cs", type=_positive_floats, nargs="+", default=None,
+                   help="the C grid, e.g. 0.003,0.01,0.1 (one value: a fixed C, no inner CV; default "
+                        + ",".join(f"{c:g}" for c in DEFAULT_CS) + ")")
+    p.add_argument("--bow-Cs", type=_positive_floats, nargs="+", default=None,
+                   help="the C grid of bag-of-words targets (default: --Cs)")
+    p.add_argument("--max-iter", type=_int_at_least(1), default=1000, help="L-BFGS iterations per fit (default 1000)")
+    p.add_argument("--vocab", type=_int_at_least(1), default=50, help="words in bag-of-words targets (default 50)")
+    p.add_argument("--max-tokens", type=_int_at_least(1), default=6000,
+                   help="token-level targets: at most this many tokens (default 6000)")
     p.add_argument("--no-control", action="store_true", help="skip the control task")
     p.add_argument("--length-baseline", action="store_true",
                    help="also probe each example-level target from the sentences' word counts (role length_only)")
     p.add_argument("--device", default=None, help="torch device for the batched probes (default: CUDA if available)")
+    p.add_argument("--threads", type=_int_at_least(1), default=None,
+                   help="torch CPU threads of the batched probes (default 1: fastest on small machines)")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="torch (default): all probes batched, on the GPU when present; sklearn: one CV per probe (reference)")
     p.add_argument("--items", action="store_true",
                    help="also store the per-item out-of-fold predictions (probe_items-<key>, for compare_probes)")
-    add_output_options(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_output_options(p, resamples=True)
     args = p.parse_args(argv)
+    flat = (lambda lists: None if lists is None else [c for part in lists for c in part])
     try:
         cache = Cache.open(args.cache)
         rnd = Cache.open(args.random_cache) if args.random_cache else None
         layers = cache_layers(cache, args.layers)
         df = run_probes(cache, args.choices.split(","), args.targets.split(","), layers=layers, random_cache=rnd,
                         n_splits=args.folds, seed=args.seed, control=not args.no_control, vocab=args.vocab,
-                        max_tokens=args.max_tokens, device=args.device, backend=args.backend,
-                        length_baseline=args.length_baseline, items=args.items, out=args.out, force=args.force,
-                        progress=not args.no_progress)
+                        max_tokens=args.max_tokens, device=args.device, backend=args.backend, Cs=flat(args.Cs),
+                        inner_splits=args.inner_folds, max_iter=args.max_iter, bow_Cs=flat(args.bow_Cs),
+                        length_baseline=args.length_baseline, items=args.items, num_threads=args.threads,
+                        n_resamples=args.resamples, out=args.out, force=args.force, progress=not args.no_progress)
         if args.items:
             df = df[0]
     except CLI_ERRORS as err:
@@ -433,3 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(df[main_metric].pivot_table(index="layer", columns=["model_kind", "target", "role"], values="value",
                                           sort=False).to_string())
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -299,6 +299,21 @@ def t_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
+
+def fold_t_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
+    """:func:`t_interval` over the finite values only (e.g. per-fold scores, some undefined):
+    ``(mean, low, high)``; ``(nan, nan, nan)`` when none is finite, ``(mean, nan, nan)`` with one.
+    Folds share training rows, so the interval tends to be too narrow (Nadeau & Bengio 2003).
+
+    >>> fold_t_interval([1.0, float("nan"), 3.0])[0]
+    2.0
+    """
+    v = np.asarray(values, dtype=np.float64).ravel()
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    return t_interval(v, confidence)
+
 # --------------------------------------------------------------------------------------------------
 # Ratio estimators (micro-F1), paired comparisons, multiple comparisons, power, formatting
 

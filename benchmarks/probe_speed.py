@@ -14,6 +14,7 @@ Prints both wall times, their ratio and the mean / max absolute difference in me
 
     python benchmarks/probe_speed.py                 # 7 layers x 4 token choices, n=2000, d=384
     python benchmarks/probe_speed.py --n-items 300 --dim 32 --layers 2 --token-choices 2   # smoke test
+    python benchmarks/probe_speed.py --Cs 0.003,0.01,0.1 --inner-folds 2 --max-iter 300   # the study's settings
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from analyses.probes import DTYPES, cross_validate_probe, probe_many_results  # noqa: E402
+from analyses.probe_batched import probe_many_results  # noqa: E402
+from analyses.probe_metrics import DTYPES  # noqa: E402
+from analyses.probe_results import cross_validate_probe  # noqa: E402
 
 
 def planted_features(n_items: int, dim: int, layers: int, token_choices: int, classes: int,
@@ -61,9 +64,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--token-choices", type=int, default=4)
     ap.add_argument("--classes", type=int, default=5)
     ap.add_argument("--items-per-example", type=int, default=4)
-    ap.add_argument("--n-splits", type=int, default=5)
-    ap.add_argument("--inner-splits", type=int, default=3)
-    ap.add_argument("--Cs", type=float, nargs="+", default=[1e-3, 1e-2, 1e-1, 1.0, 10.0])
+    ap.add_argument("--folds", type=int, default=5, help="outer cross-validation folds (default 5)")
+    ap.add_argument("--inner-folds", type=int, default=3, help="inner folds choosing C (default 3)")
+    ap.add_argument("--Cs", nargs="+", default=["0.001,0.01,0.1,1,10"],
+                    help="the C grid, comma- or space-separated (default 0.001,0.01,0.1,1,10)")
+    ap.add_argument("--max-iter", type=int, default=1000, help="L-BFGS iterations per fit (default 1000)")
     ap.add_argument("--control", action="store_true", help="also fit control-task probes (example id as type)")
     ap.add_argument("--device", default=None, help="torch device for the batched path (default: cuda if available)")
     ap.add_argument("--dtype", choices=DTYPES, default="float32")
@@ -72,13 +77,14 @@ def main(argv: list[str] | None = None) -> None:
                          "runs its BLAS on one thread inside LinearProbe.fit)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    args.Cs = [float(c) for part in args.Cs for c in part.split(",") if c.strip()]
 
     features, y, groups, strength = planted_features(args.n_items, args.dim, args.layers, args.token_choices,
                                                      args.classes, args.items_per_example, args.seed)
-    common = dict(n_splits=args.n_splits, seed=args.seed, Cs=args.Cs, inner_splits=args.inner_splits,
+    common = dict(n_splits=args.folds, seed=args.seed, Cs=args.Cs, inner_splits=args.inner_folds, max_iter=args.max_iter,
                   control_types=groups if args.control else None)
     print(f"{len(features)} feature sets ({args.layers} layers x {args.token_choices} token choices), "
-          f"n={args.n_items}, d={args.dim}, {args.classes} classes, {args.n_splits} outer x {args.inner_splits} "
+          f"n={args.n_items}, d={args.dim}, {args.classes} classes, {args.folds} outer x {args.inner_folds} "
           f"inner folds, {len(args.Cs)} Cs{', with control task' if args.control else ''}")
 
     t0 = time.perf_counter()
@@ -100,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"sklearn loop: {t_ref:.1f} s")
     print(f"batched torch ({device}, {args.dtype}): {t_fast:.1f} s")
     print(f"speed-up: {t_ref / t_fast:.2f}x")
-    print(f"|accuracy difference|: mean {diffs.mean():.4f}, max {diffs.max():.4f}; same C chosen in {same_C:.0%} of folds")
+    print(f"|accuracy difference|: mean {diffs.mean():.4f}, max {diffs.max():.4f}; same C chosen in {same_C:.1%} of folds")
+    print("load average (1, 5, 15 min) at the end: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 
 if __name__ == "__main__":

@@ -36,7 +36,10 @@ def test_probe_table_has_every_cell_and_baselines(caches, tmp_path):
     assert set(df[df["target"] == "fw_s1"]["metric"]) >= {"micro_f1", "macro_auc", "majority_baseline"}
     assert set(df["grouping"]) == {"example"} and set(df["n_groups"]) == {30}  # no doc label: one group per example
     assert set(df[df["target"] == "topic"]["metric"]) >= {"majority_baseline", "control_accuracy", "selectivity"}
-    assert (df[df["target"] == "fw_s1"]["chosen_C"].str.split(";").explode().astype(float) == 0.1).all()
+    fw = df[df["target"] == "fw_s1"]
+    assert (fw[["chosen_C", "chosen_C_min", "chosen_C_max"]] == 0.1).all().all()
+    assert "feature" not in df.columns and df["seed"].dtype.kind == "i" and (df["seed"] == 0).all()
+    assert set(df.loc[df["target"] == "topic", "chosen_C"]) <= {0.1, 1.0}  # the median of 3 folds is a grid value
     # bootstrap intervals of pooled scores stay in range by construction; t-intervals over folds
     # (macro AUC) are not clipped, and say so in ci_method
     ok = df["ci_low"].notna() & (df["ci_method"] == "cluster_bootstrap")
@@ -270,3 +273,35 @@ def test_compare_trained_with_random_init_on_the_same_items(caches):
                          family="Q3 trained vs random")
     assert len(cmp) == 3 and cmp["same_folds"].all() and (cmp["n"] == 30).all()
     assert set(cmp["family"]) == {"Q3 trained vs random"} and set(cmp["grouping"]) == {"example"}
+
+
+def test_cli_takes_every_study_setting(caches, tmp_path, capsys):
+    """The study's [probes] settings on the command line, with the shared vocabulary; bad values are
+    usage errors (``error: ...``, exit 2) and nothing is written."""
+    from analyses.probe_runner import main
+
+    a, _ = caches
+    out = tmp_path / "r"
+    args = [str(a.path), "--choices", "cls", "--targets", "topic", "--layers=-1", "--folds", "3", "--inner-folds", "2",
+            "--Cs", "0.01,1", "--max-iter", "50", "--seed", "3", "--resamples", "50", "--threads", "1",
+            "--no-progress", "--out", str(out)]
+    assert main(args) == 0
+    assert capsys.readouterr().err == ""  # --no-progress: no bar
+    df = pd.read_csv(next(out.glob("probe-*.csv")))
+    acc = df[df["metric"] == "accuracy"]
+    assert set(acc["layer"]) == {max(a.layers)} and set(acc["seed"]) == {3} and (acc["n_folds"] == 3).all()
+    assert set(acc["chosen_C"]) <= {0.01, 1.0} and (acc["chosen_C_min"] <= acc["chosen_C_max"]).all()
+    for bad, message in [(["--folds", "1"], "argument --folds: '1': must be at least 2"),
+                         (["--Cs", "0.1,-1"], "argument --Cs: '-1': must be a positive finite number"),
+                         (["--inner-folds", "x"], "argument --inner-folds: 'x' is not an integer"),
+                         (["--layers", "99"], "layer 99 is not in this cache")]:
+        fresh = tmp_path / "bad"
+        try:  # argparse exits; an error found while running returns the status
+            status = main([str(a.path), "--out", str(fresh), "--no-progress"] + bad)
+        except SystemExit as exit_:
+            status = exit_.code
+        assert status == 2
+        err = capsys.readouterr().err
+        assert "error: " in err and message in err, err
+        assert not fresh.exists()
+

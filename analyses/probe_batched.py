@@ -1,0 +1,207 @@
+"""The probe protocol for many feature sets at once (layers x token choices), in torch.
+
+:func:`probe_many_results` runs :func:`analyses.probe_results.cross_validate_probe`'s protocol (same
+splits, C grid, standardisation, objective and scores) for every feature set together with the
+batched solver of :mod:`analyses.probe_solver`; :func:`probe_many` returns it as one tidy table.
+Columns: :mod:`analyses.probes`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from analyses.probe_metrics import (DEFAULT_CS, DTYPES, SelectBy, _check_Cs, _check_groups, _check_n_groups,
+                                    _check_select_by, _check_X, _check_y, _choose_C, _evaluate_fold, _fold_items,
+                                    control_labels, make_splits)
+from analyses.probe_results import PROBE_RESAMPLES, ProbeResult, _items_table, _result, probe_rows
+from analyses.probe_solver import _device_inner_scores, _lbfgs, _Problems, _torch, feature_basis
+from analyses.results import make_table
+
+#: Condition number of a feature set's covariance above which the batched solver is preconditioned
+#: (:mod:`analyses.probe_solver`): below it plain L-BFGS took as few iterations on the planted
+#: benchmark (condition number ~9), above it (~2e7, anisotropic states) the preconditioner cut them ~7x.
+PRECONDITION_ABOVE = 100.0
+
+def probe_many_results(features: Mapping[Hashable, Any], y: Any, groups: Any = None, *, n_splits: int = 5,
+                       seed: int = 0, Cs: Sequence[float] = DEFAULT_CS, inner_splits: int = 3,
+                       select_by: SelectBy = "log_loss", max_iter: int = 1000, tol: float = 1e-4,
+                       control_types: Any = None, device: str | None = None, dtype: str = "float32",
+                       max_batch_elements: int = 2 ** 27, num_threads: int | None = None,
+                       confidence: float = 0.95, n_resamples: int = PROBE_RESAMPLES) -> dict[Hashable, ProbeResult]:
+    """The protocol of :func:`cross_validate_probe` for many feature sets at once, in torch.
+
+    ``features``: name -> ``(n_items, dim)`` array (e.g. ``(layer, role)`` -> states), all with the
+    same items in the same order as ``y`` and ``groups``. Every feature set uses the same outer and
+    inner splits, C grid, standardisation, objective and scoring as the reference, so results agree
+    with :func:`cross_validate_probe` up to optimiser tolerance. All (feature set x outer fold x
+    inner fold x C [x task/control]) problems of a chunk are solved together by :func:`_lbfgs`
+    (stage 1, choosing C: the Cs in ascending order, each started from the previous C's solutions and
+    curvature pairs), then all (feature set x outer fold) refits (stage 2, each started from the mean
+    of its inner folds' solutions at the chosen C). One eigendecomposition per feature set
+    (:func:`analyses.probe_solver.feature_basis`) preconditions every solve when some covariance's
+    condition number exceeds :data:`PRECONDITION_ABOVE`. Features stay in ``dtype`` (one
+    ``(B, n, d + 1)`` tensor per chunk, never copied per problem). ``device``: None ->
+    CUDA if available; ``dtype`` in ``DTYPES``. ``max_batch_elements`` bounds the elements of the
+    largest tensors of one batched solve, ``B * G * K * (n + 20 (d + 1))`` (memory). ``num_threads``: torch CPU threads during the call, restored afterwards
+    (None: leave torch's setting; 1 is fastest on small CPU machines, where thread hand-offs cost
+    more than the work of each operation). Returns name -> :class:`ProbeResult`.
+    """
+    torch = _torch()
+    if num_threads is None:
+        return _probe_many_results(features, y, groups, n_splits=n_splits, seed=seed, Cs=Cs, inner_splits=inner_splits,
+                                   select_by=select_by, max_iter=max_iter, tol=tol, control_types=control_types,
+                                   device=device, dtype=dtype, max_batch_elements=max_batch_elements,
+                                   confidence=confidence, n_resamples=n_resamples)
+    before = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        return _probe_many_results(features, y, groups, n_splits=n_splits, seed=seed, Cs=Cs, inner_splits=inner_splits,
+                                   select_by=select_by, max_iter=max_iter, tol=tol, control_types=control_types,
+                                   device=device, dtype=dtype, max_batch_elements=max_batch_elements,
+                                   confidence=confidence, n_resamples=n_resamples)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits, select_by, max_iter, tol,
+                        control_types, device, dtype, max_batch_elements, confidence, n_resamples):
+    torch = _torch()
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}; got dtype={dtype!r}")
+    tdtype = getattr(torch, dtype)
+    dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if len(features) == 0:
+        raise ValueError("features is empty; pass at least one name -> (n_items, dim) array")
+    names = list(features)
+    arrays = {k: _check_X(features[k], name=f"features[{k!r}]") for k in names}
+    n = arrays[names[0]].shape[0]
+    y, multilabel = _check_y(y, arrays[names[0]].shape)
+    for k, a in arrays.items():
+        if a.shape[0] != n:
+            raise ValueError(f"features[{k!r}] and y differ in n_items: features[{k!r}].shape={a.shape}, y.shape={y.shape}")
+    groups = _check_groups(groups, n)
+    n_groups = _check_n_groups(groups, n_splits, "n_splits")
+    Cs_arr = _check_Cs(Cs)
+    _check_select_by(select_by)
+
+    classes = np.arange(y.shape[1]) if multilabel else np.unique(y)
+    binary = not multilabel and len(classes) == 2
+    kind = "softmax" if not multilabel and not binary else "sigmoid"
+    label_sets = [y]
+    if control_types is not None:
+        label_sets.append(_check_y(control_labels(y, control_types, seed), (n,), what="control labels")[0])
+    L = len(label_sets)
+
+    def encode(lab: np.ndarray) -> np.ndarray:  # 0/1 targets (n, K): one-hot classes or labels
+        if multilabel:
+            return lab.astype(np.float64)
+        idx = np.searchsorted(classes, lab)
+        if binary:
+            return (idx == 1).astype(np.float64)[:, None]
+        return np.eye(len(classes))[idx]
+
+    encoded = [encode(lab) for lab in label_sets]
+    K = encoded[0].shape[1]
+    outer = make_splits(y, groups, n_splits, seed)
+    inner = []
+    if len(Cs_arr) > 1:
+        for tr, _ in outer:  # the same call LinearProbe.fit makes on the outer training rows
+            _check_n_groups(groups[tr], inner_splits, "inner_splits")
+            inner.append([(tr[a], tr[b]) for a, b in make_splits(y[tr], groups[tr], inner_splits, seed)])
+
+    def columns(specs):
+        """specs: [(label_set, train_idx, eval_idx)] -> train masks, eval masks (n, G), targets (n, K, G)."""
+        masks, evals = np.zeros((n, len(specs))), np.zeros((n, len(specs)))
+        for g, (_, tr, te) in enumerate(specs):
+            masks[tr, g] = 1.0
+            evals[te, g] = 1.0
+        targets = np.stack([encoded[l] for l, _, _ in specs], axis=2)
+        return tuple(torch.as_tensor(a, dtype=tdtype, device=dev) for a in (masks, evals, targets))
+
+    # Stage 1 columns: label set x outer fold x inner fold, solved for each C in turn (ascending, each
+    # started from the previous C's solution, as LogisticRegressionCV does); stage 2: label set x outer fold.
+    stage1 = [(l, tr_in, te_in) for l in range(L) for folds in inner for tr_in, te_in in folds]
+    stage2 = [(l, tr, te) for l in range(L) for tr, te in outer]
+    by_dim: dict[int, list[Hashable]] = {}
+    for k in names:
+        by_dim.setdefault(arrays[k].shape[1], []).append(k)
+    batches = []
+    for dim, ks in by_dim.items():
+        # logits (n rows) and the optimiser's 2 x 10 history vectors (dim + 1 rows) per feature set
+        per_set = K * max(len(stage1), len(stage2)) * (n + 20 * (dim + 1))
+        chunk = max(1, max_batch_elements // per_set)
+        batches += [ks[i:i + chunk] for i in range(0, len(ks), chunk)]
+    results: dict[Hashable, ProbeResult] = {}
+    for keys in batches:
+        B, d = len(keys), arrays[keys[0]].shape[1]
+        # A fixed global standardisation first: exact for the per-fold standardisation that follows
+        # (affine per feature) and keeps float32 from cancelling large means. Statistics in float64,
+        # the features themselves stay in the solver's dtype (no float64 copy of every feature set).
+        X = torch.ones(B, n, d + 1, dtype=tdtype, device=dev)  # trailing ones column: the intercept
+        for b, k in enumerate(keys):
+            a = arrays[k]
+            mean, std = a.mean(0, dtype=np.float64), a.std(0, dtype=np.float64)
+            X[b, :, :d] = torch.as_tensor(((a - mean) / np.where(std > 0, std, 1.0)).astype(dtype, copy=False))
+        basis = feature_basis(X)  # one factorisation per feature set, shared by every fold, C and target
+        # Preconditioning pays where a covariance is ill-conditioned (states of trained encoders are
+        # highly anisotropic); on a well-conditioned one it only adds two d x d products per evaluation.
+        lam = basis[1].double()
+        precondition = bool((lam.amax(1) > PRECONDITION_ABOVE * lam.amin(1)).any())
+        chosen = np.full((B, L, n_splits), float(Cs_arr[0]))
+        theta0 = torch.zeros(B, len(stage2), (d + 1) * K, dtype=tdtype, device=dev)
+        if stage1:
+            masks, evals, targets = columns(stage1)
+            problems = _Problems(X, masks, targets, torch.ones(B, len(stage1), dtype=tdtype, device=dev), kind, basis)
+            theta = torch.zeros(B, len(stage1), (d + 1) * K, dtype=tdtype, device=dev)
+            sc = np.empty((B, len(stage1), len(Cs_arr)))
+            path, memory = [], {}
+            for c, C in enumerate(Cs_arr):
+                at_C = problems.with_inv_C(torch.full((B, len(stage1)), 1.0 / C, dtype=tdtype, device=dev))
+                theta, _ = _lbfgs(at_C, theta, max_iter=max_iter, tol=tol, memory=memory, precondition=precondition)
+                path.append(theta.view(B, L, n_splits, inner_splits, -1).mean(3))
+                sc[:, :, c] = _device_inner_scores(at_C, theta, evals, select_by, multilabel).double().cpu().numpy()
+            sc = sc.reshape(B, L, n_splits, inner_splits, len(Cs_arr))
+            for b, l, o in np.ndindex(B, L, n_splits):
+                chosen[b, l, o] = _choose_C(sc[b, l, o], Cs_arr)
+                # the refit starts from the mean of its inner folds' solutions at the chosen C
+                theta0[b, l * n_splits + o] = path[int(np.searchsorted(Cs_arr, chosen[b, l, o]))][b, l, o]
+            del problems, at_C, theta, masks, evals, targets, path, memory
+        masks, _, targets = columns(stage2)
+        inv_C = torch.as_tensor(1.0 / chosen.reshape(B, L * n_splits), dtype=tdtype, device=dev)
+        problems = _Problems(X, masks, targets, inv_C, kind, basis)
+        theta, _ = _lbfgs(problems, theta0, max_iter=max_iter, tol=tol, precondition=precondition)
+        P = problems.item_loss_and_prob(problems.logits(theta))[1].double().cpu().numpy()  # (B, n, K, G)
+        if binary:
+            P = np.concatenate([1 - P, P], axis=2)
+        for b, key in enumerate(keys):
+            per_label, per_items = [], []
+            for l, lab in enumerate(label_sets):
+                per_label.append([_evaluate_fold(lab[tr], lab[te], P[b, te, :, l * n_splits + o], classes, multilabel)
+                                  for o, (tr, te) in enumerate(outer)])
+                per_items.append([_fold_items(lab[tr], lab[te], P[b, te, :, l * n_splits + o], classes, multilabel)
+                                  for o, (tr, te) in enumerate(outer)])
+            control = [d_["micro_f1" if multilabel else "accuracy"] for d_ in per_label[1]] if L > 1 else None
+            items = _items_table(outer, per_items[0], y, groups, multilabel, per_items[1] if L > 1 else None)
+            results[key] = _result(multilabel, per_label[0], list(chosen[b, 0]), n, n_groups, control,
+                                   list(chosen[b, 1]) if L > 1 else None, confidence, items, n_resamples, seed)
+        del problems, theta, X
+    return {k: results[k] for k in names}
+
+
+def probe_many(features: Mapping[Hashable, Any], y: Any, groups: Any = None, *, meta: Mapping[str, Any] | None = None,
+               **kwargs: Any) -> pd.DataFrame:
+    """:func:`probe_many_results` as one tidy table (``make_table``): rows of :func:`probe_rows` for
+    every feature set. A ``(layer, role)`` tuple name fills the ``layer`` and ``role`` columns; any
+    other name goes, as it is, into a ``feature`` column. ``meta`` (model, corpus, format, target,
+    seed, analysis) goes on every row; ``kwargs`` go to :func:`probe_many_results`."""
+    results = probe_many_results(features, y, groups, **kwargs)
+    meta = dict(meta or {})
+    meta.setdefault("seed", kwargs.get("seed", 0))
+    rows = []
+    for key, res in results.items():
+        where = {"layer": key[0], "role": key[1]} if isinstance(key, tuple) and len(key) == 2 else {"feature": key}
+        rows.extend(probe_rows(res, **{**meta, **where}))
+    return make_table(rows)

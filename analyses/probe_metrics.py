@@ -1,0 +1,254 @@
+"""Probe building blocks shared by the reference and batched paths: settings, input validation,
+grouped splits, per-fold scores, per-item out-of-fold contributions, the inner-CV score and the
+choice of C, and control-task labels (Hewitt & Liang 2019).
+
+Protocol and table columns: :mod:`analyses.probes`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+from sklearn.metrics import roc_auc_score
+from sklearn.model_selection import GroupKFold, StratifiedGroupKFold
+
+#: Default grid of inverse regularisation strengths (for standardised features).
+DEFAULT_CS: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
+
+#: How the inner cross-validation ranks the Cs: held-out log-loss (a proper scoring rule, few ties on
+#: small inner folds; the default sklearn's LogisticRegressionCV moves to in 1.11) or the primary
+#: metric (accuracy; micro-F1 for multi-label targets).
+SELECT_BY: tuple[str, ...] = ("log_loss", "metric")
+SelectBy = Literal["log_loss", "metric"]
+
+#: Floating-point types of the batched torch path.
+DTYPES: tuple[str, ...] = ("float32", "float64")
+
+# Logit margin for what the training rows leave no doubt about: a multi-label column constant on them
+# (a word never or always present) or a class absent from them; sigmoid(30) ~ 1 - 1e-13.
+_CONSTANT_LOGIT = 30.0
+_PROB_FLOOR = 1e-15
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation
+
+
+def _check_X(X: Any, name: str = "X") -> np.ndarray:
+    X = np.asarray(X)
+    if X.ndim != 2:
+        raise ValueError(f"{name} must be (n_items, dim); got {name}.shape={X.shape}")
+    if not np.issubdtype(X.dtype, np.number):
+        raise ValueError(f"{name} must be numeric; got {name}.dtype={X.dtype}")
+    finite = np.isfinite(X)
+    if not finite.all():
+        i, j = np.argwhere(~finite)[0]
+        raise ValueError(f"{name} contains {int((~finite).sum())} NaN/inf values (of {X.size}); "
+                         f"first at {name}[{i}, {j}] = {X[i, j]} ({name}.shape={X.shape})")
+    return X
+
+
+def _check_y(y: Any, X_shape: tuple[int, ...], what: str = "y") -> tuple[np.ndarray, bool]:
+    """Returns ``(y, multilabel)``. Single-label y: (n_items,); multi-label y: (n_items, n_labels) 0/1."""
+    y = np.asarray(y)
+    if y.ndim not in (1, 2):
+        raise ValueError(f"{what} must be (n_items,) labels or (n_items, n_labels) 0/1; got {what}.shape={y.shape}")
+    if y.shape[0] != X_shape[0]:
+        raise ValueError(f"X and {what} differ in n_items: X.shape={X_shape}, {what}.shape={y.shape}")
+    if y.ndim == 1:
+        classes = np.unique(y)
+        if len(classes) < 2:
+            raise ValueError(f"{what} has a single class {classes.tolist()} over all {len(y)} items (one class "
+                             "only); a probe needs at least two classes")
+        return y, False
+    values = np.unique(y)
+    if not np.isin(values, (0, 1)).all():
+        raise ValueError(f"multi-label {what} must hold only 0/1; found values {values[:10].tolist()}")
+    varying = (y.min(axis=0) != y.max(axis=0)).sum()
+    if varying == 0:
+        raise ValueError(f"every column of multi-label {what} (shape {y.shape}) is constant over the "
+                         "items; a probe needs at least one column with both 0 and 1")
+    return y.astype(np.int64), True
+
+
+def _check_groups(groups: Any, n: int) -> np.ndarray:
+    if groups is None:
+        return np.arange(n)
+    groups = np.asarray(groups)
+    if groups.shape != (n,):
+        raise ValueError(f"groups must be (n_items,) = ({n},); got groups.shape={groups.shape}")
+    return groups
+
+
+def _check_n_groups(groups: np.ndarray, n_splits: int, what: str) -> int:
+    if not isinstance(n_splits, (int, np.integer)) or n_splits < 2:
+        raise ValueError(f"{what} must be an integer >= 2; got {what}={n_splits!r}")
+    n_groups = len(np.unique(groups))
+    if n_groups < n_splits:
+        raise ValueError(f"only {n_groups} distinct groups (example ids) for {what}={n_splits}; "
+                         "grouped cross-validation needs at least as many groups as folds")
+    return n_groups
+
+
+def _check_Cs(Cs: Any) -> np.ndarray:
+    Cs = np.atleast_1d(np.asarray(Cs, dtype=np.float64))
+    if Cs.ndim != 1 or Cs.size == 0 or not (np.isfinite(Cs) & (Cs > 0)).all():
+        raise ValueError(f"Cs must be a non-empty list of positive finite numbers; got Cs={Cs.tolist()}")
+    return np.unique(Cs)  # sorted ascending: ties in the inner CV go to the strongest penalty
+
+
+def _check_select_by(select_by: str) -> str:
+    if select_by not in SELECT_BY:
+        raise ValueError(f"select_by must be one of {SELECT_BY}; got select_by={select_by!r}")
+    return select_by
+
+
+# Splits and scores shared by both paths
+
+
+def make_splits(y: np.ndarray, groups: np.ndarray, n_splits: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Grouped k-fold splits ``[(train_idx, test_idx), ...]`` (sorted index arrays).
+
+    Single-label ``y: (n_items,)``: ``StratifiedGroupKFold`` (keeps label proportions per fold);
+    multi-label ``y: (n_items, n_labels)``: ``GroupKFold``. Both shuffled with ``seed``. A group
+    (example id) is always wholly in train or wholly in test.
+    """
+    y = np.asarray(y)
+    groups = np.asarray(groups)
+    _check_n_groups(groups, n_splits, "n_splits")
+    if y.ndim == 1:
+        splitter = StratifiedGroupKFold(n_splits=n_splits, shuffle=True, random_state=seed)
+        splits = list(splitter.split(np.zeros((len(y), 1)), y, groups))
+    else:
+        splitter = GroupKFold(n_splits=n_splits, shuffle=True, random_state=seed)
+        splits = list(splitter.split(np.zeros((len(y), 1)), y, groups))
+    sizes = [len(te) for _, te in splits]
+    if min(sizes) == 0:
+        raise ValueError(f"a fold came out empty (test sizes {sizes}); use fewer folds than {n_splits}")
+    return [(np.sort(tr), np.sort(te)) for tr, te in splits]
+
+
+#: How items are grouped for splits, inner CV and bootstraps: by the document they come from (the corpus
+#: has a ``doc`` label), or each example on its own.
+GROUPINGS: tuple[str, ...] = ("document", "example")
+
+def _micro_f1(Y: np.ndarray, pred: np.ndarray) -> float:
+    """Micro-F1 = 2 TP / (2 TP + FP + FN) pooled over items and labels (0 when there are no positives)."""
+    tp = float((pred & (Y == 1)).sum())
+    fp = float((pred & (Y == 0)).sum())
+    fn = float((~pred & (Y == 1)).sum())
+    return 2 * tp / (2 * tp + fp + fn) if tp + fp + fn > 0 else 0.0
+
+
+def _macro_auc(Y: np.ndarray, P: np.ndarray) -> float:
+    """Mean ROC AUC over the labels that have both 0 and 1 among ``Y``'s rows (NaN if none has)."""
+    ok = (Y.min(axis=0) != Y.max(axis=0))
+    if not ok.any():
+        return math.nan
+    return float(roc_auc_score(Y[:, ok], P[:, ok], average="macro"))
+
+
+def _evaluate_fold(y_train: np.ndarray, y_test: np.ndarray, P_test: np.ndarray, classes: np.ndarray,
+                   multilabel: bool) -> dict[str, float]:
+    """Scores of one outer fold.
+
+    Single-label: ``accuracy`` of ``classes[argmax P]``; ``majority_baseline`` = accuracy of always
+    predicting the training fold's most frequent label. Multi-label (``P_test: (n_test, n_labels)``):
+    ``micro_f1`` at threshold 0.5 and ``macro_auc``; ``majority_baseline`` = micro-F1 of predicting
+    each label's training majority value (prevalence > 0.5), ``majority_baseline_macro_auc`` = AUC of
+    scoring every item with the training prevalence (constant scores, so 0.5), and
+    ``chance_micro_f1`` = expected micro-F1 of guessing label j with probability p_j (training
+    prevalence), ``2 sum_j p_j q_j / (sum_j p_j + sum_j q_j)`` with q_j the test prevalence (ratio of
+    expectations).
+    """
+    if not multilabel:
+        pred = classes[np.argmax(P_test, axis=1)]
+        labels, counts = np.unique(y_train, return_counts=True)
+        majority = labels[np.argmax(counts)]
+        return {"accuracy": float(np.mean(pred == y_test)),
+                "majority_baseline": float(np.mean(y_test == majority))}
+    p = y_train.mean(axis=0)
+    q = y_test.mean(axis=0)
+    const = np.broadcast_to(p, y_test.shape)
+    return {
+        "micro_f1": _micro_f1(y_test, P_test > 0.5),
+        "macro_auc": _macro_auc(y_test, P_test),
+        "majority_baseline": _micro_f1(y_test, np.broadcast_to(p > 0.5, y_test.shape)),
+        "majority_baseline_macro_auc": _macro_auc(y_test, const),
+        "chance_micro_f1": float(2 * (p * q).sum() / (p.sum() + q.sum())) if p.sum() + q.sum() > 0 else 0.0,
+    }
+
+
+def _fold_items(y_train: np.ndarray, y_test: np.ndarray, P_test: np.ndarray, classes: np.ndarray,
+                multilabel: bool) -> dict[str, np.ndarray]:
+    """Per-item out-of-fold outputs of one outer fold, each ``(n_test,)``.
+
+    ``num`` / ``den``: the item's contribution to the primary metric, which is ``Σ num / Σ den`` over
+    any set of items: single-label ``num`` = 1 if correct, ``den`` = 1 (accuracy); multi-label
+    ``num = 2 TP_i``, ``den = 2 TP_i + FP_i + FN_i`` (micro-F1). ``correct``: single-label 0/1;
+    multi-label the item's own F1 ``num / den`` (1 when it has no true and no predicted label), the
+    per-item score paired comparisons use. ``baseline_num`` / ``baseline_den``: the same for the
+    majority baseline of :func:`_evaluate_fold`. Single-label also ``y_pred`` (the predicted label).
+    """
+    if not multilabel:
+        pred = classes[np.argmax(P_test, axis=1)]
+        labels, counts = np.unique(y_train, return_counts=True)
+        correct = (pred == y_test).astype(np.float64)
+        ones = np.ones(len(y_test))
+        return {"y_pred": pred, "num": correct, "den": ones, "correct": correct,
+                "baseline_num": (y_test == labels[np.argmax(counts)]).astype(np.float64), "baseline_den": ones}
+
+    def contributions(pred: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        truth = y_test == 1
+        tp, fp, fn = (pred & truth).sum(1), (pred & ~truth).sum(1), (~pred & truth).sum(1)
+        return 2.0 * tp, 2.0 * tp + fp + fn
+
+    num, den = contributions(P_test > 0.5)
+    b_num, b_den = contributions(np.broadcast_to(y_train.mean(axis=0) > 0.5, y_test.shape))
+    correct = np.divide(num, den, out=np.ones_like(num), where=den > 0)
+    return {"num": num, "den": den, "correct": correct, "baseline_num": b_num, "baseline_den": b_den}
+
+
+def _inner_score(y_test: np.ndarray, P_test: np.ndarray, classes: np.ndarray, multilabel: bool,
+                 select_by: str) -> float:
+    """Higher-is-better inner-CV score: minus mean log-loss (per item; per item and label for
+    multi-label), or accuracy / micro-F1."""
+    if multilabel:
+        if select_by == "metric":
+            return _micro_f1(y_test, P_test > 0.5)
+        P = np.clip(P_test, _PROB_FLOOR, 1 - _PROB_FLOOR)
+        return float(np.mean(y_test * np.log(P) + (1 - y_test) * np.log1p(-P)))
+    idx = np.searchsorted(classes, y_test)
+    if select_by == "metric":
+        return float(np.mean(np.argmax(P_test, axis=1) == idx))
+    return float(np.mean(np.log(np.clip(P_test[np.arange(len(idx)), idx], _PROB_FLOOR, None))))
+
+
+def _choose_C(scores: np.ndarray, Cs: np.ndarray) -> float:
+    """``scores: (n_inner, n_Cs)`` higher-is-better; best mean, ties to the smallest C."""
+    mean = scores.mean(axis=0)
+    return float(Cs[np.flatnonzero(mean >= mean.max() - 1e-12)[0]])
+
+
+def control_labels(y: Any, types: Any, seed: int = 0) -> np.ndarray:
+    """Control task of Hewitt & Liang (2019, section 2): each distinct type gets one fixed random label.
+
+    ``y: (n_items,)`` (or ``(n_items, n_labels)``), ``types: (n_items,)`` (word type, example id, ...).
+    For every distinct type one item is drawn uniformly at random and its label (row) becomes the
+    type's control label, so control labels follow the empirical distribution of ``y`` and every
+    item of a type shares one label. Returns an array shaped like ``y``.
+
+    >>> control_labels(np.array([0, 1, 1, 1]), ["a", "b", "a", "c"], seed=0).shape
+    (4,)
+    """
+    y = np.asarray(y)
+    types = np.asarray(types)
+    if types.shape != (y.shape[0],):
+        raise ValueError(f"types must be (n_items,) = ({y.shape[0]},); got types.shape={types.shape}, y.shape={y.shape}")
+    _, inverse = np.unique(types, return_inverse=True)
+    donors = np.random.default_rng(seed).integers(0, y.shape[0], size=inverse.max() + 1)
+    return y[donors][inverse.ravel()]
+
+

@@ -1,0 +1,273 @@
+"""Cross-validated probe results (:class:`ProbeResult`: per-fold scores, out-of-fold items, cluster
+bootstrap intervals), their tidy rows, and the reference cross-validation :func:`cross_validate_probe`
+(one :class:`analyses.probe_estimator.LinearProbe` per outer fold).
+
+Columns of the tables: :mod:`analyses.probes`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from sklearn.base import clone
+
+from analyses.probe_estimator import LinearProbe
+from analyses.probe_metrics import (DEFAULT_CS, SelectBy, _check_groups, _check_n_groups, _check_X, _check_y,
+                                    _evaluate_fold, _fold_items, control_labels, make_splits)
+from analyses.results import make_table
+from analyses.stats import cluster_se, fold_t_interval, minimum_detectable_effect
+
+# --------------------------------------------------------------------------------------------------
+# Results
+
+
+#: Metrics whose interval comes from the cluster bootstrap of out-of-fold items (the rest, macro AUC
+#: and the chance micro-F1, are fold-level: mean and t-interval over folds).
+ITEM_METRICS: tuple[str, ...] = ("accuracy", "micro_f1", "majority_baseline", "control_accuracy",
+                                 "control_micro_f1", "selectivity")
+#: Default number of bootstrap resamples of a probe's interval.
+PROBE_RESAMPLES = 1000
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Cross-validated probe scores and the out-of-fold predictions behind them.
+
+    ``metric`` is the primary metric: ``"accuracy"`` (single-label) or ``"micro_f1"`` (multi-label).
+    ``folds`` maps each metric name to its ``(n_splits,)`` per-fold values: the primary metric,
+    ``majority_baseline`` (same metric), for multi-label also ``macro_auc``,
+    ``majority_baseline_macro_auc`` and ``chance_micro_f1``; with a control task
+    ``control_<metric>`` and ``selectivity`` = ``<metric> - control_<metric>`` per fold.
+    ``chosen_Cs: (n_splits,)`` is the C picked by the inner CV in each outer fold
+    (``control_chosen_Cs`` for the control probe).
+
+    ``items``: one row per item (every item is tested exactly once), columns ``item`` (position in
+    the inputs), ``group``, ``fold``, ``y_true`` / ``y_pred`` (single-label), ``num`` / ``den``
+    (contribution to the primary metric, which is ``Σ num / Σ den``), ``correct`` (0/1, or the
+    item's F1 for multi-label), ``baseline_num`` / ``baseline_den`` (majority baseline) and, with a
+    control task, ``control_num`` / ``control_den`` / ``control_correct``.
+
+    Intervals (:meth:`interval`): the metrics of :data:`ITEM_METRICS` are pooled over all
+    out-of-fold items (``Σ num / Σ den``) with a percentile cluster bootstrap over ``group``
+    (documents or examples; ``n_resamples`` resamples, ``seed``); selectivity is the paired
+    difference of the task and control scores on the same resamples. Fold-level metrics (macro AUC,
+    chance micro-F1) keep the mean and t-interval over folds (:func:`fold_t_interval`).
+    """
+
+    metric: str
+    folds: Mapping[str, np.ndarray]
+    chosen_Cs: np.ndarray
+    n: int
+    n_groups: int
+    control_chosen_Cs: np.ndarray | None = None
+    confidence: float = 0.95
+    items: pd.DataFrame | None = field(default=None, compare=False, repr=False)
+    n_resamples: int = PROBE_RESAMPLES
+    seed: int = 0
+
+    @functools.cached_property
+    def _item_intervals(self) -> dict[str, tuple[float, float, float]]:
+        it = self.items
+        ctrl = f"control_{self.metric}"
+        parts = {self.metric: ("num", "den"), "majority_baseline": ("baseline_num", "baseline_den")}
+        if "control_num" in it.columns:
+            parts[ctrl] = ("control_num", "control_den")
+        _, codes = np.unique(it["group"].to_numpy(), return_inverse=True)
+        codes = codes.reshape(-1)
+        G = int(codes.max()) + 1
+        sums = {k: (np.bincount(codes, weights=it[a].to_numpy(float), minlength=G),
+                    np.bincount(codes, weights=it[b].to_numpy(float), minlength=G)) for k, (a, b) in parts.items()}
+        point = {k: float(sn.sum() / sd.sum()) if sd.sum() > 0 else math.nan for k, (sn, sd) in sums.items()}
+        if ctrl in point:
+            point["selectivity"] = point[self.metric] - point[ctrl]
+        if G < 2:
+            return {k: (v, math.nan, math.nan) for k, v in point.items()}
+        draws = np.random.default_rng(self.seed).integers(0, G, size=(self.n_resamples, G))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            boot = {k: sn[draws].sum(1) / sd[draws].sum(1) for k, (sn, sd) in sums.items()}
+        if ctrl in boot:
+            boot["selectivity"] = boot[self.metric] - boot[ctrl]
+        a = (1 - self.confidence) / 2
+        out = {}
+        for k, b in boot.items():
+            b = b[np.isfinite(b)]
+            lo, hi = np.quantile(b, [a, 1 - a]) if b.size else (math.nan, math.nan)
+            out[k] = (point[k], float(lo), float(hi))
+        return out
+
+    def ci_method(self, name: str | None = None) -> str:
+        """``"cluster_bootstrap"`` (items pooled, groups resampled) or ``"t_folds"`` (t over folds)."""
+        name = name if name is not None else self.metric
+        return "cluster_bootstrap" if self.items is not None and name in self._item_intervals else "t_folds"
+
+    def interval(self, name: str | None = None) -> tuple[float, float, float]:
+        """``(value, ci_low, ci_high)`` of one metric (the primary metric by default); see the class."""
+        name = name if name is not None else self.metric
+        if self.ci_method(name) == "cluster_bootstrap":
+            return self._item_intervals[name]
+        return fold_t_interval(self.folds[name], self.confidence)
+
+    @property
+    def scores(self) -> np.ndarray:
+        """Per-fold values of the primary metric, ``(n_splits,)``."""
+        return self.folds[self.metric]
+
+    @property
+    def mean(self) -> float:
+        """The primary metric (pooled over out-of-fold items when they are kept)."""
+        return self.interval()[0]
+
+    @property
+    def ci(self) -> tuple[float, float]:
+        return self.interval()[1:]
+
+    @property
+    def majority_baseline(self) -> float:
+        return self.interval("majority_baseline")[0]
+
+    @property
+    def control_score(self) -> float | None:
+        key = f"control_{self.metric}"
+        return self.interval(key)[0] if key in self.folds else None
+
+    @property
+    def selectivity(self) -> float | None:
+        return self.interval("selectivity")[0] if "selectivity" in self.folds else None
+
+    @property
+    def mde(self) -> float:
+        """Minimum detectable difference from the majority baseline at this sample
+        (:func:`analyses.stats.minimum_detectable_effect` of the cluster-robust SE of the per-item
+        score minus the baseline's per-item score); NaN without items."""
+        if self.items is None:
+            return math.nan
+        it = self.items
+        base = np.divide(it["baseline_num"].to_numpy(float), it["baseline_den"].to_numpy(float),
+                         out=np.ones(len(it)), where=it["baseline_den"].to_numpy(float) > 0)
+        se = cluster_se(it["correct"].to_numpy(float) - base, it["group"].to_numpy())
+        return minimum_detectable_effect(se) if np.isfinite(se) else math.nan
+
+    def summary(self) -> dict[str, tuple[float, float, float]]:
+        """Every metric -> ``(value, ci_low, ci_high)``."""
+        return {name: self.interval(name) for name in self.folds}
+
+
+def _items_table(outer, fold_items: list[dict[str, np.ndarray]], y: np.ndarray, groups: np.ndarray,
+                 multilabel: bool, control_items: list[dict[str, np.ndarray]] | None) -> pd.DataFrame:
+    """The per-item out-of-fold table of :class:`ProbeResult` from each fold's :func:`_fold_items`."""
+    parts = []
+    for o, (_, te) in enumerate(outer):
+        d = {"item": te, "group": groups[te], "fold": np.full(len(te), o)}
+        if not multilabel:
+            d["y_true"] = y[te]
+        d.update(fold_items[o])
+        if control_items is not None:
+            c = control_items[o]
+            d.update(control_num=c["num"], control_den=c["den"], control_correct=c["correct"])
+        parts.append(pd.DataFrame(d))
+    return pd.concat(parts, ignore_index=True).sort_values("item", kind="stable").reset_index(drop=True)
+
+
+def _result(multilabel: bool, fold_dicts: list[dict[str, float]], chosen: list[float], n: int, n_groups: int,
+            control: list[float] | None, control_Cs: list[float] | None, confidence: float,
+            items: pd.DataFrame | None = None, n_resamples: int = PROBE_RESAMPLES, seed: int = 0) -> ProbeResult:
+    metric = "micro_f1" if multilabel else "accuracy"
+    folds = {k: np.array([d[k] for d in fold_dicts]) for k in fold_dicts[0]}
+    if control is not None:
+        folds[f"control_{metric}"] = np.asarray(control, dtype=np.float64)
+        folds["selectivity"] = folds[metric] - folds[f"control_{metric}"]
+    return ProbeResult(metric=metric, folds=folds, chosen_Cs=np.asarray(chosen), n=n, n_groups=n_groups,
+                       control_chosen_Cs=None if control_Cs is None else np.asarray(control_Cs),
+                       confidence=confidence, items=items, n_resamples=n_resamples, seed=seed)
+
+
+def probe_rows(result: ProbeResult, *, analysis: str = "probe", model: str | None = None,
+               corpus: str | None = None, format: str | None = None, layer: int | None = None,
+               role: str | None = None, target: str | None = None, seed: int | None = None,
+               **extra: Any) -> list[dict[str, Any]]:
+    """One tidy row per metric of ``result`` (value, ci_low, ci_high from :meth:`ProbeResult.interval`,
+    n = items), with extra columns ``ci_method`` (``cluster_bootstrap`` or ``t_folds``), ``mde``
+    (on the primary metric's row: :attr:`ProbeResult.mde`, the smallest difference from the majority
+    baseline this sample detects; NaN on other rows), ``n_folds``, ``n_groups``, and the C the inner
+    CV chose over the outer folds as numbers: ``chosen_C`` (median), ``chosen_C_min``,
+    ``chosen_C_max``. ``seed`` is stored as an int. Feed to :func:`analyses.results.make_table`."""
+    chosen = np.asarray(result.chosen_Cs, dtype=np.float64)
+    picked = {"chosen_C": float(np.median(chosen)), "chosen_C_min": float(chosen.min()),
+              "chosen_C_max": float(chosen.max())}
+    rows = []
+    for name, (value, lo, hi) in result.summary().items():
+        rows.append({"analysis": analysis, "model": model, "corpus": corpus, "format": format, "layer": layer,
+                     "role": role, "target": target, "metric": name, "value": value, "ci_low": lo, "ci_high": hi,
+                     "n": result.n, "seed": None if seed is None else int(seed), "n_folds": len(result.scores),
+                     "n_groups": result.n_groups, "ci_method": result.ci_method(name),
+                     "mde": result.mde if name == result.metric else math.nan, **picked, **extra})
+    return rows
+
+
+def probe_table(result: ProbeResult, **meta: Any) -> pd.DataFrame:
+    """:func:`probe_rows` as a tidy DataFrame (``make_table``)."""
+    return make_table(probe_rows(result, **meta))
+
+
+# --------------------------------------------------------------------------------------------------
+# Cross-validation with the reference probe
+
+
+def cross_validate_probe(X: Any, y: Any, groups: Any = None, n_splits: int = 5, seed: int = 0, *,
+                         Cs: Sequence[float] = DEFAULT_CS, inner_splits: int = 3, select_by: SelectBy = "log_loss",
+                         max_iter: int = 1000, tol: float = 1e-4, control_types: Any = None,
+                         confidence: float = 0.95, n_resamples: int = PROBE_RESAMPLES) -> ProbeResult:
+    """Grouped outer k-fold CV of :class:`LinearProbe` (scikit-learn reference path).
+
+    ``X: (n_items, dim)``; ``y: (n_items,)`` labels, or ``(n_items, n_labels)`` 0/1 for a
+    multi-label (bag-of-words) target; ``groups: (n_items,)`` example ids (None: each item its own).
+    Outer splits: :func:`make_splits` with ``seed``; in each outer fold the probe standardises on
+    the training rows, picks C by grouped inner CV (``inner_splits``, same ``seed``) and refits.
+
+    Reported (see :class:`ProbeResult`): single-label -> accuracy pooled over the out-of-fold
+    predictions with a 95% cluster-bootstrap interval over ``groups`` (``n_resamples``), the
+    majority baseline (most frequent training-fold label scored on the test fold); multi-label ->
+    micro-F1 (threshold 0.5, pooled the same way) and macro ROC AUC (over labels with both values in
+    the test fold; mean and t-interval over folds), with the baselines of :func:`_evaluate_fold`.
+    The per-item out-of-fold predictions are kept in ``result.items``. With ``control_types: (n_items,)`` the same probe is also fit, on the
+    same folds, to :func:`control_labels` ``(y, control_types, seed)`` and ``control_<metric>`` and
+    ``selectivity`` (Hewitt & Liang 2019) are added.
+    """
+    X = _check_X(X).astype(np.float64, copy=False)
+    y, multilabel = _check_y(y, X.shape)
+    groups = _check_groups(groups, X.shape[0])
+    n_groups = _check_n_groups(groups, n_splits, "n_splits")
+    probe = LinearProbe(Cs=Cs, inner_splits=inner_splits, select_by=select_by, max_iter=max_iter, tol=tol, seed=seed)
+    splits = make_splits(y, groups, n_splits, seed)
+    classes = np.arange(y.shape[1]) if multilabel else np.unique(y)
+
+    def run(labels: np.ndarray):
+        out, items, chosen = [], [], []
+        for tr, te in splits:
+            fitted = clone(probe).fit(X[tr], labels[tr], groups[tr])
+            P = fitted.predict_proba(X[te])
+            if not multilabel:  # align columns to the classes of the whole y
+                full = np.zeros((len(te), len(classes)))
+                full[:, np.searchsorted(classes, fitted.classes_)] = P
+                P = full
+            out.append(_evaluate_fold(labels[tr], labels[te], P, classes, multilabel))
+            items.append(_fold_items(labels[tr], labels[te], P, classes, multilabel))
+            chosen.append(fitted.C_)
+        return out, items, chosen
+
+    fold_dicts, fold_items, chosen = run(y)
+    control = control_Cs = control_items = None
+    if control_types is not None:
+        yc, _ = _check_y(control_labels(y, control_types, seed), X.shape, what="control labels")
+        control_dicts, control_items, control_Cs = run(yc)
+        control = [d["micro_f1" if multilabel else "accuracy"] for d in control_dicts]
+    items = _items_table(splits, fold_items, y, groups, multilabel, control_items)
+    return _result(multilabel, fold_dicts, chosen, X.shape[0], n_groups, control, control_Cs, confidence,
+                   items, n_resamples, seed)
+
+

@@ -1,0 +1,353 @@
+"""Batched L2 logistic regressions in torch: many problems sharing feature matrices, solved together.
+
+:class:`_Problems` holds (feature set x problem) logistic regressions whose per-fold standardisation
+is folded into the weights (X is never copied per problem); :func:`_lbfgs` solves them all at once
+with a batched L-BFGS preconditioned by Böhning's bound on the logistic Hessian (Böhning 1992,
+"Multinomial logistic regression algorithm", Ann. Inst. Statist. Math. 44: ``H <= c (I - 11ᵀ/K) ⊗
+XᵀX/n + λI`` with c = 1/2 for the softmax, 1/4 for a sigmoid), applied elementwise in the
+eigenbasis of each feature set's covariance (:func:`feature_basis`: one factorisation per feature
+set, shared by every fold, C and target). The preconditioner only changes how fast the optimiser
+gets there: the optimum and the stopping rule (``max|grad| <= tol``, scikit-learn's) are those of
+the plain objective.
+"""
+
+from __future__ import annotations
+
+
+def _torch():
+    import torch  # deferred: the reference path does not need torch
+
+    return torch
+
+
+def feature_basis(X1):
+    """Eigendecomposition ``(Q: (B, d, d), lam: (B, d))`` of each feature set's covariance
+    ``X[b]ᵀ X[b] / n`` (``X1: (B, n, d + 1)``, globally standardised, trailing ones column left out),
+    computed in float64 and returned in ``X1``'s dtype: the preconditioner of :meth:`_Problems.precondition`
+    for every fold of that feature set (each fold's covariance is close to it; the preconditioner only
+    sets the optimiser's pace)."""
+    torch = _torch()
+    B, n, d1 = X1.shape
+    Q = torch.empty(B, d1 - 1, d1 - 1, dtype=X1.dtype, device=X1.device)
+    lam = torch.empty(B, d1 - 1, dtype=X1.dtype, device=X1.device)
+    for b in range(B):  # one at a time: a (d, d) float64 workspace, not B of them
+        X = X1[b, :, :-1]
+        values, vectors = torch.linalg.eigh((X.T @ X).double() / n)
+        Q[b], lam[b] = vectors, values.clamp_min(0)
+    return Q, lam
+
+
+class _Problems:
+    """Many independent L2 logistic regressions sharing feature matrices.
+
+    ``X1: (B, n, d + 1)`` feature sets with a trailing column of ones; problem ``(b, g)`` uses
+    feature set b, training weights ``masks[:, g]`` (0/1, ``(n, G)``), 0/1 targets
+    ``targets[:, :, g]`` (``(n, K, G)``: one-hot classes for "softmax", labels for "sigmoid") and
+    ``inv_C[b, g]``. Standardisation with the training rows' mean ``mu`` and std ``sd``
+    (``(B, G, d)``) is folded into the weights, so X is never copied per problem: logits
+    ``Z = X @ (W / sd) + (b - (mu / sd) . W)``, one matmul with the intercept as the ones column's
+    weight, laid out ``(B, n, K, G)``. Parameters ``theta: (B, G, (d + 1) * K)``, a view of
+    ``(B, G, d + 1, K)``: rows ``:d`` weights in standardised units, row ``d`` the unpenalised
+    intercept; each problem's parameters are contiguous so the optimiser's dot products are cheap.
+    Objective per problem (sklearn's scaling, so ``tol`` means the same):
+    ``f = sum_i m_i loss_i / n_g + ||W||^2 / (2 C n_g)``.
+    """
+
+    def __init__(self, X1, masks, targets, inv_C, kind: str, basis=None):
+        torch = _torch()
+        self.X1, self.kind, self.K = X1, kind, targets.shape[1]
+        self.Q, self.lam = basis if basis is not None else feature_basis(X1)
+        self.curv = 0.5 if kind == "softmax" else 0.25  # Böhning's bound on the loss curvature
+        n_g = masks.sum(0)  # (G,)
+        mu = torch.einsum("bnd,ng->bgd", X1, masks) / n_g[:, None]
+        ex2 = torch.einsum("bnd,ng->bgd", X1 * X1, masks) / n_g[:, None]
+        var = (ex2 - mu * mu).clamp_min(0)
+        # Features (globally standardised beforehand) that are constant on the training rows get scale 1,
+        # like sklearn's StandardScaler; their weights stay ~0 since the training rows carry no gradient.
+        tiny = 1e3 * torch.finfo(X1.dtype).eps
+        self.sd = torch.where(var > tiny, var.sqrt(), torch.ones_like(var))
+        self.sd[..., -1] = 1.0  # the ones column carries the intercept: not standardised
+        self.mu_sd = mu / self.sd
+        self.mu_sd[..., -1] = 0.0
+        self._set(masks, targets, inv_C, n_g)
+
+    def _set(self, masks, targets, inv_C, n_g):
+        self.masks, self.targets, self.n_g = masks, targets, n_g
+        self.w = masks / n_g  # (n, G) per-row weight in the mean loss
+        self.wT = self.w[:, None, :] * targets  # (n, K, G)
+        self.with_inv_C(inv_C, inplace=True)
+
+    def with_inv_C(self, inv_C, inplace: bool = False) -> "_Problems":
+        """The same problems with penalties ``inv_C: (B, G)`` (shares every other tensor)."""
+        new = self if inplace else object.__new__(_Problems)
+        if not inplace:
+            new.__dict__.update(self.__dict__)
+        new.inv_C, new.pen = inv_C, inv_C / self.n_g  # pen: (B, G)
+        return new
+
+    def select(self, rows, cols):
+        """The sub-problem made of feature sets ``rows`` (indices into B) and columns ``cols`` (into G)."""
+        new = object.__new__(_Problems)
+        whole = len(rows) == self.X1.shape[0]
+        new.X1 = self.X1 if whole else self.X1[rows]
+        new.Q, new.lam = (self.Q, self.lam) if whole else (self.Q[rows], self.lam[rows])
+        new.kind, new.K, new.curv = self.kind, self.K, self.curv
+        new.sd, new.mu_sd = self.sd[rows][:, cols], self.mu_sd[rows][:, cols]
+        new._set(self.masks[:, cols], self.targets[..., cols], self.inv_C[rows][:, cols], self.n_g[cols])
+        return new
+
+    def logits(self, theta):
+        """``Z: (B, n, K, G)`` for ``theta: (B, G, (d + 1) * K)``."""
+        B, G, K, d1 = theta.shape[0], theta.shape[1], self.K, self.X1.shape[2]
+        Wb = theta.view(B, G, d1, K)
+        A = Wb / self.sd[..., None]
+        A[:, :, -1] -= (self.mu_sd[:, :, None, :] @ Wb).squeeze(2)
+        return (self.X1 @ A.permute(0, 2, 3, 1).reshape(B, d1, K * G)).view(B, -1, K, G)
+
+    def _rotate(self, v, to_basis: bool):
+        """Weights of ``v: (B, G, (d + 1) * K)`` times ``Qᵀ`` (into the eigenbasis) or ``Q`` (back);
+        the intercept row is left as it is."""
+        B, G, K, d = v.shape[0], v.shape[1], self.K, self.X1.shape[2] - 1
+        V = v.view(B, G, d + 1, K)
+        Q = self.Q.transpose(1, 2) if to_basis else self.Q
+        out = _torch().empty_like(V)
+        out[:, :, :d] = (Q @ V[:, :, :d].permute(0, 2, 1, 3).reshape(B, d, G * K)).view(B, d, G, K).permute(0, 2, 1, 3)
+        out[:, :, d] = V[:, :, d]
+        return out.view(B, G, -1)
+
+    def to_basis(self, theta):
+        """Parameters in eigenbasis coordinates ``v`` (weights ``Qᵀ W``): an orthogonal change of
+        variables, so the L2 term and the optimum are unchanged."""
+        return self._rotate(theta, True)
+
+    def from_basis(self, v):
+        return self._rotate(v, False)
+
+    def value_grad_basis(self, v):
+        """:meth:`value_grad` at eigenbasis coordinates ``v``: objective ``(B, G)``, gradient in
+        those coordinates and ``max|grad|`` in the original ones ``(B, G)`` (the stopping rule)."""
+        f, g = self.value_grad(self.from_basis(v))
+        return f, self.to_basis(g), g.abs().amax(-1)
+
+    def precondition(self, v):
+        """``M^-1 v`` in eigenbasis coordinates: Böhning's bound ``M = curv · Σ_b + pen I`` on the
+        weights (``Σ_b = Q diag(lam) Qᵀ``, so elementwise here) and ``curv`` on the intercept (the
+        training columns are centred, so it does not couple to the weights)."""
+        B, G, K, d = v.shape[0], v.shape[1], self.K, self.X1.shape[2] - 1
+        V = v.view(B, G, d + 1, K)
+        out = _torch().empty_like(V)
+        out[:, :, :d] = V[:, :, :d] / (self.curv * self.lam[:, None, :, None] + self.pen[:, :, None, None])
+        out[:, :, d] = V[:, :, d] / self.curv
+        return out.view(B, G, -1)
+
+    def item_loss_and_prob(self, Z):
+        """Per-item loss ``(B, n, G)`` (cross-entropy; summed binary cross-entropy for "sigmoid")
+        and probabilities ``(B, n, K, G)``."""
+        torch = _torch()
+        if self.kind == "softmax":
+            m = Z.amax(2, keepdim=True)
+            E = (Z - m).exp_()
+            S = E.sum(2, keepdim=True)
+            lse = (S.log() + m).squeeze(2)
+            return lse - (Z * self.targets).sum(2), E.div_(S)
+        loss = torch.nn.functional.softplus(Z).sub_(Z * self.targets).sum(2)
+        return loss, torch.sigmoid(Z)
+
+    def value_grad(self, theta):
+        """Objective ``(B, G)`` and its gradient ``(B, G, (d + 1) * K)``."""
+        torch = _torch()
+        B, G, K, d1 = theta.shape[0], theta.shape[1], self.K, self.X1.shape[2]
+        Wb = theta.view(B, G, d1, K)
+        W = Wb[:, :, :-1]
+        Z = self.logits(theta)
+        fit = -(Z * self.wT).sum((1, 2))  # - sum_i w_i sum_k t_ik z_ik
+        if self.kind == "softmax":
+            m = Z.amax(2, keepdim=True)
+            R = Z.sub_(m).exp_()  # Z is not needed any more
+            S = R.sum(2, keepdim=True)
+            fit += ((S.log() + m).squeeze(2) * self.w).sum(1)
+            R.mul_(self.w[:, None, :] / S)
+        else:
+            fit += (torch.nn.functional.softplus(Z).sum(2) * self.w).sum(1)
+            R = Z.sigmoid_().mul_(self.w[:, None, :])
+        R.sub_(self.wT)  # d f / d Z
+        f = fit + 0.5 * self.pen * (W * W).sum((2, 3))
+        g = (self.X1.transpose(1, 2) @ R.view(B, -1, K * G)).view(B, d1, K, G).permute(0, 3, 1, 2)
+        gc = g[:, :, -1:]  # (B, G, 1, K): d f / d intercept
+        g = g / self.sd[..., None] - self.mu_sd[..., None] * gc
+        g[:, :, :-1] += self.pen[..., None, None] * W
+        return f, g.reshape(B, G, -1)
+
+
+def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: int = 10, max_ls: int = 40,
+           precondition: bool = True, memory: dict | None = None):
+    """Batched L-BFGS, one independent run per problem (own history, step and stopping).
+
+    Two-loop recursion (Nocedal & Wright 2006, alg. 7.4) on ``theta: (B, G, D)`` with the initial
+    inverse Hessian ``M^-1`` of :meth:`_Problems.precondition` (``precondition=False``: the usual
+    ``(sᵀy / yᵀy) I``), so the first step is Böhning's majorise-minimise step; backtracking
+    Armijo line search (c1 = 1e-4) from step 1. A problem stops when ``max|grad| <= tol`` (lbfgs'
+    ``gtol`` in sklearn), when its objective stops moving (relative change below 4 machine
+    epsilons) or when no step decreases it. Feature sets (rows) and columns whose problems have all
+    stopped leave the batch once they are a third of it. Returns ``theta`` and the number of iterations per
+    problem ``(B, G)``.
+
+    ``memory``: a dict the run leaves its curvature pairs in (``S``, ``Y``, ``pos``, ``pen``; zeros for
+    problems that left the batch early, so no full-size copy is kept while it runs); given one left by
+    a run on the same problems at other penalties (the next C of a path), the run starts from those
+    pairs (taking them out of the dict) with ``Y`` corrected exactly for the change of the L2 term
+    (``y += Δpen · s`` on the weights), so its quasi-Newton model starts informed instead of from a
+    scaled identity.
+    """
+    torch = _torch()
+    theta = theta0.clone()
+    B, G = theta.shape[:2]
+    eps = torch.finfo(theta.dtype).eps
+    full = problems
+    iters = torch.zeros(B, G, dtype=torch.long, device=theta.device)
+    rows, cols = torch.arange(B, device=theta.device), torch.arange(G, device=theta.device)
+
+    def dot(u, v):
+        return (u * v).sum(-1)
+
+    if precondition:  # iterate in the eigenbasis, where the preconditioner is elementwise
+        theta = problems.to_basis(theta)
+
+        def evaluate(t, p):
+            return p.value_grad_basis(t)
+    else:
+        def evaluate(t, p):
+            f_, g_ = p.value_grad(t)
+            return f_, g_, g_.abs().amax(-1)
+    out = theta.clone()
+    f, g, gmax = evaluate(theta, problems)
+    if precondition:
+        gamma = torch.ones_like(f)
+    else:
+        gamma = torch.clamp(1.0 / dot(g, g).sqrt().clamp_min(1e-30), max=1.0)  # first step: at most unit length
+    pos = 0
+    if memory is not None and "S" in memory and memory["S"].shape[1:] == theta.shape:
+        S, pos, Y_old, pen_old = memory.pop("S"), memory.pop("pos"), memory.pop("Y"), memory.pop("pen")
+        weights = torch.ones(theta.shape[2], dtype=theta.dtype, device=theta.device).view(-1, problems.K)
+        weights[-1] = 0.0  # the intercept is not penalised
+        Yh = Y_old.add_((problems.pen - pen_old)[None, ..., None] * S * weights.view(-1))
+        del Y_old
+        sy, yy = dot(S, Yh), dot(Yh, Yh)
+        valid = (sy > eps * yy) & (yy > 0)
+        rho = torch.where(valid, 1.0 / torch.where(valid, sy, torch.ones_like(sy)), torch.zeros_like(sy))
+        last = (pos - 1) % history
+        gamma = torch.where(valid[last], sy[last] / torch.where(valid[last], yy[last], torch.ones_like(yy[last])),
+                            gamma)
+    else:
+        S = torch.zeros((history,) + theta.shape, dtype=theta.dtype, device=theta.device)
+        Yh = torch.zeros_like(S)
+        rho = torch.zeros(history, B, G, dtype=theta.dtype, device=theta.device)
+    pen_all = problems.pen.clone()
+    done = gmax <= tol
+    for it in range(max_iter):
+        if bool(done.all()):
+            break
+        # Drop the feature sets / columns whose problems have all stopped once they are a third of the batch
+        # (dropping each as it stops measured slower: every drop copies the optimiser's history).
+        row_keep, col_keep = ~done.all(1), ~done.all(0)
+        if int((~row_keep).sum()) * 3 >= len(row_keep) or int((~col_keep).sum()) * 3 >= len(col_keep):
+            out[rows[:, None], cols[None, :]] = theta
+            kr, kc = row_keep.nonzero().squeeze(1), col_keep.nonzero().squeeze(1)
+            rows, cols, problems = rows[kr], cols[kc], problems.select(kr, kc)
+
+            def sub(t, lead=0):
+                t = t[(slice(None),) * lead + (kr,)]
+                return t[(slice(None),) * (lead + 1) + (kc,)]
+
+            theta, f, g, gmax, gamma, done = sub(theta), sub(f), sub(g), sub(gmax), sub(gamma), sub(done)
+            S, Yh, rho = sub(S, 1), sub(Yh, 1), sub(rho, 1)
+        iters[rows[:, None], cols[None, :]] += (~done).long()
+        # Two-loop recursion: r ~ H^{-1} g.
+        q = g.clone()
+        alpha = torch.zeros_like(rho)
+        order = [(pos - 1 - j) % history for j in range(history)]
+        for j in order:
+            alpha[j] = rho[j] * dot(S[j], q)
+            q.addcmul_(alpha[j][..., None], Yh[j], value=-1)
+        r = (problems.precondition(q) if precondition else q).mul_(gamma[..., None])
+        for j in reversed(order):
+            beta = rho[j] * dot(Yh[j], r)
+            r.addcmul_(S[j], (alpha[j] - beta)[..., None])
+        direction = r.neg_()
+        gd = dot(g, direction)
+        bad = ~(gd < 0) & ~done  # not a descent direction (not expected for convex f): restart on -g
+        if bool(bad.any()):
+            direction = torch.where(bad[..., None], -g, direction)
+            gd = torch.where(bad, -dot(g, g), gd)
+            rho = torch.where(bad[None], torch.zeros_like(rho), rho)
+        direction = torch.where(done[..., None], torch.zeros_like(direction), direction)
+        gd = torch.where(done, torch.zeros_like(gd), gd)
+        # Backtracking Armijo line search, per problem.
+        step = torch.ones_like(f)
+        accepted = done.clone()
+        new_theta, new_f, new_g, new_gmax = theta, f, g, gmax
+        for _ in range(max_ls):
+            trial = torch.addcmul(theta, step[..., None], direction)
+            ft, gt, gmt = evaluate(trial, problems)
+            ok = ~accepted & torch.isfinite(ft) & (ft <= f + 1e-4 * step * gd)
+            if bool((ok | done).all()):  # the usual case (stopped problems have direction 0, trial = theta)
+                new_theta, new_f, new_g, new_gmax = trial, torch.where(done, f, ft), gt, torch.where(done, gmax, gmt)
+                accepted |= ok
+                break
+            new_theta = torch.where(ok[..., None], trial, new_theta)
+            new_f = torch.where(ok, ft, new_f)
+            new_g = torch.where(ok[..., None], gt, new_g)
+            new_gmax = torch.where(ok, gmt, new_gmax)
+            accepted |= ok
+            if bool(accepted.all()):
+                break
+            step = torch.where(accepted, step, 0.5 * step)
+        s, yv = new_theta - theta, new_g - g
+        sy, yy = dot(s, yv), dot(yv, yv)
+        valid = (sy > eps * yy) & (yy > 0)
+        S[pos], Yh[pos] = s, yv
+        rho[pos] = torch.where(valid, 1.0 / torch.where(valid, sy, torch.ones_like(sy)), torch.zeros_like(sy))
+        if precondition:  # scale M^-1 to the curvature just seen: sᵀy / yᵀ M^-1 y
+            yy = dot(yv, problems.precondition(yv))
+        gamma = torch.where(valid, sy / torch.where(valid, yy, torch.ones_like(yy)), gamma)
+        pos = (pos + 1) % history
+        flat = (f - new_f).abs() <= 4 * eps * torch.maximum(f.abs(), new_f.abs()).clamp_min(1.0)
+        theta, f, g, gmax = new_theta, new_f, new_g, new_gmax
+        done = done | ~accepted | (flat & (it > 0)) | (gmax <= tol)
+    out[rows[:, None], cols[None, :]] = theta
+    if memory is not None:  # problems that left the batch early leave no pairs (zeros: unused next time)
+        if S.shape[1:3] == (B, G):  # nothing left the batch: hand over the pairs as they are
+            S_all, Y_all = S, Yh
+        else:
+            S_all = torch.zeros((history, B, G) + theta.shape[2:], dtype=theta.dtype, device=theta.device)
+            Y_all = torch.zeros_like(S_all)
+            S_all[:, rows[:, None], cols[None, :]], Y_all[:, rows[:, None], cols[None, :]] = S, Yh
+        del S, Yh
+        memory.update(S=S_all, Y=Y_all, pos=pos, pen=pen_all)
+    return (full.from_basis(out) if precondition else out), iters
+
+
+def _device_inner_scores(problems: _Problems, theta, eval_masks, select_by: str, multilabel: bool):
+    """Higher-is-better inner-CV score ``(B, G)`` on rows ``eval_masks: (n, G)``, with the
+    definitions of :func:`_inner_score`."""
+    torch = _torch()
+    Z = problems.logits(theta)
+    n_eval = eval_masks.sum(0)
+    T = problems.targets  # (n, K, G)
+    if select_by == "log_loss":
+        loss, _ = problems.item_loss_and_prob(Z)
+        if multilabel:
+            loss = loss / T.shape[1]  # mean over labels
+        return -(loss * eval_masks).sum(1) / n_eval
+    if problems.kind == "softmax":
+        correct = (Z.argmax(2) == T.argmax(1)[None]).to(Z.dtype)
+        return (correct * eval_masks).sum(1) / n_eval
+    pred, truth = Z > 0, (T > 0.5)[None]
+    if not multilabel:  # binary: one sigmoid column
+        return (((pred == truth)[:, :, 0]).to(Z.dtype) * eval_masks).sum(1) / n_eval
+    m = eval_masks[None, :, None, :]
+    tp, fp, fn = ((pred & truth) * m).sum((1, 2)), ((pred & ~truth) * m).sum((1, 2)), ((~pred & truth) * m).sum((1, 2))
+    den = 2 * tp + fp + fn
+    return torch.where(den > 0, 2 * tp / den.clamp_min(1), torch.zeros_like(den))
+
+
