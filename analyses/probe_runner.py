@@ -390,7 +390,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="torch (default): all probes batched, on the GPU when present; sklearn: one CV per probe (reference)")
     p.add_argument("--items", action="store_true",
                    help="also store the per-item out-of-fold predictions (probe_items-<key>, for compare_probes)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_output_options(p, resamples=True)
     args = p.parse_args(argv)
     flat = (lambda lists: None if lists is None else [c for part in lists for c in part])

@@ -12,7 +12,7 @@ example) and then runs one mode:
 
 * ``extract``: :func:`probing.extract.extract` of formats pair and concat, roles cls,sep, into a
   temporary directory (deleted afterwards), shards of ``--shard-mb``;
-* ``stream``: :func:`probing.streaming.stream_compare` of pair vs concat (drift of every role group,
+* ``stream``: :func:`analyses.streaming.stream_compare` of pair vs concat (drift of every role group,
   CKA of cls, mean and the word groups, Poisson bootstrap), nothing written.
 
 The analysis modes read caches that the parent extracts first, once per size, in a subprocess of its
@@ -107,7 +107,7 @@ def worker(args: argparse.Namespace) -> dict:
 
     from probing.extract import extract
     from probing.models import load_model
-    from probing.streaming import stream_compare
+    from analyses.streaming import stream_compare
 
     if args.worker in ANALYSES:
         return analysis_worker(args)

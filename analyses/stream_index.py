@@ -1,6 +1,6 @@
 """Which positions each streamed measurement needs, per batch: small integer arrays built on the host
 (token keys of both formats, rows aligned by key, the rows of each token choice) and sent to the device
-once per batch. Used by :mod:`probing.streaming`.
+once per batch. Used by :mod:`analyses.streaming`.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .planning import ROLES
+from probing.planning import ROLES
 
 if TYPE_CHECKING:
-    from .stream_drift import DriftAccumulator
+    from analyses.stream_drift import DriftAccumulator
 
 ROLE_CODE = {r: i for i, r in enumerate(ROLES)}
 WORD, CLS, SEP = ROLE_CODE["word"], ROLE_CODE["cls"], ROLE_CODE["sep"]

@@ -9,7 +9,7 @@ copied, and freed heap pages are handed back to the system as the run goes (glib
 so the resident size does not creep up with heap fragmentation (``benchmarks/memory.py``). Planning and
 the forward pass are the extractor's own (:mod:`probing.planning`, :mod:`probing.forward`).
 
-    from probing.streaming import stream_compare
+    from analyses.streaming import stream_compare
     tables = stream_compare(examples, "pair", "concat", model="all-MiniLM-L6-v2")
     tables["drift"], tables["cka"], tables["memory"]
 
@@ -57,15 +57,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .examples import Example
-from .formats import Format, FormatError, render, special_token_ids, tokenize_sentences
-from .forward import collate, forward, length_batches, running
-from .heap import HeapTrimmer
-from .models import DTYPES, LoadedModel, pick_device
-from .planning import (ON_OVERFLOW, ROLES, ExtractError, parse_layers, parse_roles, plan, render_shard,
+from probing.examples import Example
+from probing.formats import Format, FormatError, render, special_token_ids, tokenize_sentences
+from probing.forward import collate, forward, length_batches, running
+from probing.heap import HeapTrimmer
+from probing.models import DTYPES, LoadedModel, pick_device
+from probing.planning import (ON_OVERFLOW, ROLES, ExtractError, parse_layers, parse_roles, plan, render_shard,
                        sentence_lengths)
-from .stream_drift import BLOCK, STREAM_DRIFT_METRICS, DriftAccumulator, poisson_weights
-from .stream_index import (ROLE_CODE, WORD, ChoiceIndex, DriftIndex, align_keys, choice_rows, index_batch,
+from analyses.stream_drift import BLOCK, STREAM_DRIFT_METRICS, DriftAccumulator, poisson_weights
+from analyses.stream_index import (ROLE_CODE, WORD, ChoiceIndex, DriftIndex, align_keys, choice_rows, index_batch,
                            parse_stream_choice, pool_rows, stored_positions, token_keys)
 
 __all__ = ["stream_compare", "STREAM_METRICS", "STREAM_DRIFT_METRICS", "SUBWORD_MODES", "DriftAccumulator"]

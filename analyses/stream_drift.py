@@ -1,6 +1,6 @@
 """Streaming cosine drift: running float64 sums per (layer, role group) and their Poisson bootstrap.
 
-Used by :mod:`probing.streaming`; the bootstrap (Hanley & MacGibbon 2006; Chamandy et al. 2012) gives
+Used by :mod:`analyses.streaming`; the bootstrap (Hanley & MacGibbon 2006; Chamandy et al. 2012) gives
 each example a Poisson(1) weight per resample, drawn per block of :data:`BLOCK` examples, so the
 weights do not depend on batching.
 """
