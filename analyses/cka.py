@@ -66,6 +66,18 @@ __all__ = [
 # --------------------------------------------------------------------------- in-memory linear CKA
 
 
+def _checked_pair(X: Array, Y: Array, debiased: bool):
+    """``(X, Y, None)`` ready for CKA (checked, float64), or ``(X, Y, nan)`` with a
+    :class:`CKAUndefinedWarning` when either has zero variance."""
+    X, Y = _prepare([X, Y], ["X", "Y"])
+    n = X.shape[0]
+    _check_n(n, debiased)
+    for name, A in (("X", X), ("Y", Y)):
+        if _is_constant(A):
+            return X, Y, _undefined(_zero_variance_msg(name, n))
+    return X, Y, None
+
+
 def linear_cka(X: Array, Y: Array, debiased: bool = False) -> float:
     """Linear CKA between ``X: (n_items, d1)`` and ``Y: (n_items, d2)``.
 
@@ -78,12 +90,10 @@ def linear_cka(X: Array, Y: Array, debiased: bool = False) -> float:
     :class:`CKAUndefinedWarning` when X or Y has zero variance. Raises ``ValueError`` for non-2-D,
     non-finite or empty input, for differing n_items and for n_items < 4.
     """
-    X, Y = _prepare([X, Y], ["X", "Y"])
+    X, Y, undefined = _checked_pair(X, Y, debiased)
+    if undefined is not None:
+        return undefined
     n = X.shape[0]
-    _check_n(n, debiased)
-    for name, A in (("X", X), ("Y", Y)):
-        if _is_constant(A):
-            return _undefined(_zero_variance_msg(name, n))
     Xc = _centred_unit(X)
     Yc = _centred_unit(Y)
     xy = _sq(Xc.T @ Yc)
@@ -308,12 +318,9 @@ def rbf_cka(X: Array, Y: Array, sigma: float = 0.5, debiased: bool = False) -> f
     """
     if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma > 0):
         raise ValueError(f"sigma must be a positive finite number, got {sigma=!r}")
-    X, Y = _prepare([X, Y], ["X", "Y"])
-    n = X.shape[0]
-    _check_n(n, debiased)
-    for name, A in (("X", X), ("Y", Y)):
-        if _is_constant(A):
-            return _undefined(_zero_variance_msg(name, n))
+    X, Y, undefined = _checked_pair(X, Y, debiased)
+    if undefined is not None:
+        return undefined
     K = _rbf_gram(X, sigma, "X")
     L = _rbf_gram(Y, sigma, "Y") if K is not None else None
     if K is None or L is None:

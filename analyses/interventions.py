@@ -33,13 +33,12 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sps
 from tqdm.auto import tqdm
 
 from analyses.drift import model_label
 from analyses.drift_metrics import rowwise_cosine
 from analyses.results import cache_identity, keep_table, make_table, stored_table
-from analyses.stats import _RNG_KW, bootstrap_ci
+from analyses.stats import bootstrap_ci, ratio_bootstrap_ci
 from probing.cli import ArgumentParser
 from probing.cache import Cache, align, check_comparable
 from probing.layers import cache_layer, shared_layers
@@ -272,21 +271,9 @@ def knockout_probes(clean: Cache, treated: Cache, control: Cache | None = None, 
 def fraction_closed(d_clean: np.ndarray, d_patched: np.ndarray, groups: np.ndarray, *, n_resamples: int = 1000,
                     seed: int = 0) -> tuple[float, float, float]:
     """``1 − Σ d_patched / Σ d_clean``: the share of the clean drift that a patch closes, with a
-    cluster-bootstrap percentile CI (:func:`scipy.stats.bootstrap` over clusters, ratio of sums)."""
-    _, codes = np.unique(np.asarray(groups), return_inverse=True)
-    k = int(codes.max()) + 1
-    num = np.bincount(codes, weights=d_patched, minlength=k)
-    den = np.bincount(codes, weights=d_clean, minlength=k)
-    point = 1.0 - num.sum() / den.sum()
-    if k < 2:
-        return float(point), float("nan"), float("nan")
-
-    def stat(idx, axis=-1):
-        return 1.0 - num[idx].sum(axis) / den[idx].sum(axis)
-
-    res = sps.bootstrap((np.arange(k),), stat, n_resamples=n_resamples, vectorized=True, method="percentile",
-                        **{_RNG_KW: np.random.default_rng(seed)})
-    return float(point), float(res.confidence_interval.low), float(res.confidence_interval.high)
+    cluster-bootstrap percentile CI (the ratio of sums of :func:`analyses.stats.ratio_bootstrap_ci`)."""
+    point, lo, hi = ratio_bootstrap_ci(d_patched, d_clean, groups, n_resamples=n_resamples, seed=seed)
+    return 1.0 - point, 1.0 - hi, 1.0 - lo
 
 
 def _patch_layer(cache: Cache):

@@ -118,9 +118,9 @@ def run_knn(cache: Cache, choices: Sequence[str] = ("cls", "mean"), label: str =
         clusters, grouping = cache_groups(cache, ex)
         info = {"grouping": grouping, "n_groups": int(np.unique(clusters).size)}
         point, lo, hi = bootstrap_ci(hit, clusters, "mean", n_resamples=n_resamples, seed=seed)
-        rows.append({**base, "layer": layer, "role": choice, "metric": "knn_accuracy", "value": point,
+        rows.append({**base, "layer": layer, "choice": choice, "metric": "knn_accuracy", "value": point,
                      "ci_low": lo, "ci_high": hi, "n": len(ex), **info})
-        rows.append({**base, "layer": layer, "role": choice, "metric": "chance_knn_accuracy",
+        rows.append({**base, "layer": layer, "choice": choice, "metric": "chance_knn_accuracy",
                      "value": chance_agreement(y), "ci_low": np.nan, "ci_high": np.nan, "n": len(ex), **info})
     df = make_table(rows)
     return keep_table(df, path)
@@ -155,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         acc = df[df["metric"] == "knn_accuracy"]
         print(f"{df['target'].iloc[0]}:")
         with pd.option_context("display.width", 160, "display.precision", 3):
-            print(acc.pivot_table(index="layer", columns="role", values="value", sort=False).to_string())
+            print(acc.pivot_table(index="layer", columns="choice", values="value", sort=False).to_string())
         print(f"chance: {df.loc[df['metric'] == 'chance_knn_accuracy', 'value'].iloc[0]:.3f}")
     return 0
 

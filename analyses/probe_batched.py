@@ -202,6 +202,6 @@ def probe_many(features: Mapping[Hashable, Any], y: Any, groups: Any = None, *, 
     meta.setdefault("seed", kwargs.get("seed", 0))
     rows = []
     for key, res in results.items():
-        where = {"layer": key[0], "role": key[1]} if isinstance(key, tuple) and len(key) == 2 else {"feature": key}
+        where = {"layer": key[0], "choice": key[1]} if isinstance(key, tuple) and len(key) == 2 else {"feature": key}
         rows.extend(probe_rows(res, **{**meta, **where}))
     return make_table(rows)

@@ -13,7 +13,7 @@ from analyses.results import make_table
 from analyses.stats import DETECTABLE_EFFECT, groups_needed, holm, paired_difference
 
 #: Columns that identify one probe in the result and item tables.
-ITEM_KEYS: tuple[str, ...] = ("model_kind", "model", "corpus", "format", "target", "layer", "role")
+ITEM_KEYS: tuple[str, ...] = ("model_kind", "model", "corpus", "format", "target", "layer", "choice")
 
 
 def _describe(condition: Mapping[str, object]) -> str:
@@ -27,13 +27,13 @@ def compare_probes(items: pd.DataFrame, a: Mapping[str, object], b: Mapping[str,
 
     ``items``: the item table of :func:`run_probes` (``items=True``), possibly concatenated over
     caches (formats) of the same corpus. ``a`` / ``b``: column filters naming the two conditions,
-    e.g. ``a={"role": "cls"}, b={"role": "mean"}`` (same cache), ``a={"format": "pair_cls_first"},
+    e.g. ``a={"choice": "cls"}, b={"choice": "mean"}`` (same cache), ``a={"format": "pair_cls_first"},
     b={"format": "pair_cls_last"}`` (two caches of the same examples: the same splits when the
     labels, groups and seed agree), ``a={"model_kind": "trained"}, b={"model_kind": "random_init"}``.
     Rows of ``a`` and ``b`` are matched on the :data:`ITEM_KEYS` not named in the filters (``model``
     is left out of the match too when ``model_kind`` is compared: a random-init model has its own
-    label; a key empty on one side only, such as the layer of ``role = "length_only"``, is not
-    matched, so ``b={"role": "length_only"}`` is compared with every layer of ``a``), then on
+    label; a key empty on one side only, such as the layer of ``choice = "length_only"``, is not
+    matched, so ``b={"choice": "length_only"}`` is compared with every layer of ``a``), then on
     ``example`` and ``token``; each matched cell (e.g. one layer x target) gives one
     row: :func:`analyses.stats.paired_difference` of ``correct`` (a − b; 0/1 accuracy, or per-item F1
     for multi-label targets) over the cell's items, clustered by ``group``.
@@ -50,7 +50,7 @@ def compare_probes(items: pd.DataFrame, a: Mapping[str, object], b: Mapping[str,
     """
     for name, cond in (("a", a), ("b", b)):
         if not cond:
-            raise ValueError(f"compare_probes: condition {name} is empty; give a column filter such as role='cls'")
+            raise ValueError(f"compare_probes: condition {name} is empty; give a column filter such as choice='cls'")
         unknown = [k for k in cond if k not in items.columns]
         if unknown:
             raise ValueError(f"compare_probes: condition {name}={dict(cond)} names unknown columns {unknown}; "

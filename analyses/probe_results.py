@@ -188,7 +188,7 @@ def _result(multilabel: bool, fold_dicts: list[dict[str, float]], chosen: list[f
 
 def probe_rows(result: ProbeResult, *, analysis: str = "probe", model: str | None = None,
                corpus: str | None = None, format: str | None = None, layer: int | None = None,
-               role: str | None = None, target: str | None = None, seed: int | None = None,
+               choice: str | None = None, target: str | None = None, seed: int | None = None,
                **extra: Any) -> list[dict[str, Any]]:
     """One tidy row per metric of ``result`` (value, ci_low, ci_high from :meth:`ProbeResult.interval`,
     n = items), with extra columns ``ci_method`` (``cluster_bootstrap`` or ``t_folds``), ``mde``
@@ -202,7 +202,7 @@ def probe_rows(result: ProbeResult, *, analysis: str = "probe", model: str | Non
     rows = []
     for name, (value, lo, hi) in result.summary().items():
         rows.append({"analysis": analysis, "model": model, "corpus": corpus, "format": format, "layer": layer,
-                     "role": role, "target": target, "metric": name, "value": value, "ci_low": lo, "ci_high": hi,
+                     "choice": choice, "target": target, "metric": name, "value": value, "ci_low": lo, "ci_high": hi,
                      "n": result.n, "seed": None if seed is None else int(seed), "n_folds": len(result.scores),
                      "n_groups": result.n_groups, "ci_method": result.ci_method(name),
                      "mde": result.mde if name == result.metric else math.nan, **picked, **extra})

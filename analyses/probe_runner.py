@@ -34,7 +34,7 @@ extracted with ``--random-init``) the same probes are fit on the randomly initia
 (``model_kind = random_init``); it must be the baseline of ``cache``: random weights, the same
 architecture, corpus, format and layers (:func:`probing.cache.check_comparable` with
 ``random_baseline=True``), or the run is refused. With ``length_baseline`` every example-level target is also probed
-from the word counts of the example's sentences alone (``role = length_only``, no layer, same splits):
+from the word counts of the example's sentences alone (``choice = length_only``, no layer, same splits):
 how much of a score length explains. With ``items=True`` the per-item out-of-fold predictions come
 back as a second table (stored beside the result with ``out``): :data:`ITEM_KEYS` + ``example``,
 ``token``, ``group``, ``fold``, ``y_true``, ``y_pred``, ``correct``, ``num``, ``den``, ...; file ``probe_items-<key>``, the result's key);
@@ -168,7 +168,7 @@ def fit_probes(features: dict, y: np.ndarray, groups: np.ndarray, *, meta: dict,
     ``num_threads`` threads, default one, which is faster than several on small machines: see
     benchmarks/RESULTS.md), or one
     scikit-learn cross-validation per feature set (the reference path). Returns the tidy table and
-    ``{(layer, role): ProbeResult}`` (whose ``items`` are the out-of-fold predictions)."""
+    ``{(layer, choice): ProbeResult}`` (whose ``items`` are the out-of-fold predictions)."""
     import torch
 
     if backend not in BACKENDS:
@@ -184,8 +184,8 @@ def fit_probes(features: dict, y: np.ndarray, groups: np.ndarray, *, meta: dict,
         results = {key: cross_validate_probe(X, y, groups, n_splits=n_splits, seed=seed, control_types=control_types,
                                              **extra) for key, X in features.items()}
     rows = []
-    for (layer, role), res in results.items():
-        rows.extend(probe_rows(res, **meta, layer=layer, role=role, seed=seed))
+    for (layer, choice), res in results.items():
+        rows.extend(probe_rows(res, **meta, layer=layer, choice=choice, seed=seed))
     return make_table(rows), results
 
 
@@ -193,7 +193,7 @@ def _item_rows(results: dict, meta: dict, kind: str, examples: np.ndarray, token
     """The out-of-fold items of ``results`` keyed like the result table (:data:`ITEM_KEYS`); ``examples``
     (and ``tokens`` for token-level targets) map each item position to its example id (token row)."""
     frames = []
-    for (layer, role), res in results.items():
+    for (layer, choice), res in results.items():
         it = res.items.copy()
         pos = it.pop("item").to_numpy()
         for col in ("y_true", "y_pred"):
@@ -202,7 +202,7 @@ def _item_rows(results: dict, meta: dict, kind: str, examples: np.ndarray, token
         it.insert(0, "example", examples[pos])
         it.insert(1, "token", tokens[pos] if tokens is not None else pd.NA)
         keys = {"model_kind": kind, "model": meta["model"], "corpus": meta["corpus"], "format": meta["format"],
-                "target": meta["target"], "layer": layer, "role": role}
+                "target": meta["target"], "layer": layer, "choice": choice}
         for i, (k, v) in enumerate(keys.items()):
             it.insert(i, k, v)
         it.insert(len(keys), "grouping", meta["grouping"])
@@ -226,7 +226,7 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
 
     Splits, inner CV and bootstrap group by document when the corpus has a ``doc`` label, else by
     example (:func:`analyses.grouping.table_groups`); every row records ``grouping`` and ``n_groups``.
-    ``length_baseline``: also a ``role = "length_only"`` probe per example-level target (features:
+    ``length_baseline``: also a ``choice = "length_only"`` probe per example-level target (features:
     words per sentence; layer empty), on the same splits. Returns the result table, or
     ``(table, items)`` with ``items=True`` (per-item out-of-fold predictions, see the module
     docstring; one row per item and probe, so ask for them where a comparison needs them); with
@@ -382,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="token-level targets: at most this many tokens (default 6000)")
     p.add_argument("--no-control", action="store_true", help="skip the control task")
     p.add_argument("--length-baseline", action="store_true",
-                   help="also probe each example-level target from the sentences' word counts (role length_only)")
+                   help="also probe each example-level target from the sentences' word counts (choice length_only)")
     p.add_argument("--device", default=None, help="torch device for the batched probes (default: CUDA if available)")
     p.add_argument("--threads", type=_int_at_least(1), default=None,
                    help="torch CPU threads of the batched probes (default 1: fastest on small machines)")
@@ -409,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cli_error(err)
     main_metric = df["metric"].isin(["accuracy", "micro_f1"])
     with pd.option_context("display.width", 200, "display.precision", 3):
-        print(df[main_metric].pivot_table(index="layer", columns=["model_kind", "target", "role"], values="value",
+        print(df[main_metric].pivot_table(index="layer", columns=["model_kind", "target", "choice"], values="value",
                                           sort=False).to_string())
     return 0
 

@@ -39,8 +39,8 @@ Result table (``probe-<key>``, one row per probe and metric; :func:`probe_rows`,
 the last two):
 
 * ``analysis`` ("probe"), ``model``, ``corpus``, ``format``, ``format_b`` (empty), ``layer`` (model
-  layer, 0 = embeddings; empty for ``role = length_only``), ``role`` (the token choice, or
-  ``length_only``), ``target``;
+  layer, 0 = embeddings; empty for ``choice = length_only``), ``role`` (empty: no stored token role),
+  ``target``, ``choice`` (the token choice, or ``length_only``);
 * ``metric``: ``accuracy`` or ``micro_f1`` (the primary metric), ``majority_baseline``, for
   multi-label targets ``macro_auc``, ``majority_baseline_macro_auc`` and ``chance_micro_f1``, with a
   control task ``control_accuracy`` / ``control_micro_f1`` and ``selectivity``;

@@ -15,11 +15,12 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import pandas as pd
+
+from probing.cache import atomic_write
 
 #: The standard columns, in order. ``format_b`` is the second format of a comparison (empty otherwise).
 RESULT_COLUMNS: tuple[str, ...] = (
@@ -72,33 +73,21 @@ def make_table(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     return typed(df[list(RESULT_COLUMNS) + extra])
 
 
-def _atomic_write(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_table(df: pd.DataFrame, path: str | os.PathLike) -> Path:
     """Write ``df`` (as :func:`typed`, without its index) to ``path`` (``.csv``) and a ``.parquet`` beside
-    it, each atomically. Returns the CSV path."""
+    it, each atomically (:func:`probing.cache.atomic_write`: the whole file or none, fsynced). Returns the
+    CSV path."""
     path = Path(path)
     df = typed(df)
     df.attrs = {}  # run notes (e.g. a runner's "reused") are not table content: Parquet would store them
     if path.suffix != ".csv":
         path = path.with_suffix(".csv")
-    _atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
+    atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
     try:
         import pyarrow  # noqa: F401
     except ImportError:
         return path
-    _atomic_write(path.with_suffix(".parquet"), lambda tmp: df.to_parquet(tmp, index=False))
+    atomic_write(path.with_suffix(".parquet"), lambda tmp: df.to_parquet(tmp, index=False))
     return path
 
 

@@ -79,7 +79,7 @@ def _frozen_points(frozen_df: pd.DataFrame, poolings: list[str], target: str, fm
                          f"{fmt!r}; pass frozen rows of one format")
     out: dict[str, pd.Series] = {}
     for p in poolings:  # pooling names are the probes' token choices (analyses.selection)
-        g = fz[fz["role"].astype(str) == p]
+        g = fz[fz["choice"].astype(str) == p]
         if isinstance(layer, (int, np.integer)):
             g = g[g["layer"] == float(layer)]
         if g.empty:
@@ -94,7 +94,7 @@ def _frozen_points(frozen_df: pd.DataFrame, poolings: list[str], target: str, fm
         out[p] = row
     if not out:
         raise ValueError(f"{what}: no frozen probe rows for the poolings {poolings} (target={target!r}); "
-                         f"token choices present: {sorted(set(fz['role'].dropna().astype(str)))}")
+                         f"token choices present: {sorted(set(fz['choice'].dropna().astype(str)))}")
     return out, notes
 
 

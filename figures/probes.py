@@ -1,7 +1,7 @@
 """Linear-probe accuracy per layer and token choice (Q4, Q6, Q7, Q8), and probe scores per sentence
 position (Q5: does [CLS] hold the content of sentence i?).
 
-Rows of :mod:`analyses.probes` (``analysis="probe"``): ``role`` = token choice (``cls``, ``mean``,
+Rows of :mod:`analyses.probes` (``analysis="probe"``): ``choice`` = token choice (``cls``, ``mean``,
 ``sep1``, ``pos3``, ...), ``target`` = what is predicted (``topic``, ``is_next``, ``bow_s1``, ...),
 ``metric`` (``accuracy`` / ``micro_f1`` primary; ``majority_baseline``, ``control_<metric>``,
 ``selectivity`` = task − control (Hewitt & Liang 2019), ``macro_auc``, ``chance_micro_f1``),
@@ -66,7 +66,7 @@ def _probe_rows(df: pd.DataFrame, what: str, model: str | None, corpus: str | No
     pick them); random-init rows are kept when their model name starts with the trained one's."""
     # nearest-neighbour tables (analyses.neighbours) share the layout and are drawn the same way
     d = numeric(one_source(select(df, what, analysis=["probe", "knn"]), what, corpus=corpus, check=("corpus",)))
-    d = d.assign(kind=_kinds(d).to_numpy(), role=d["role"].astype(str),
+    d = d.assign(kind=_kinds(d).to_numpy(), choice=d["choice"].astype(str),
                  format=d["format"].astype(str).where(d["format"].notna(), ""))
     trained = d[d["kind"] != RANDOM]
     if model is not None:
@@ -139,7 +139,7 @@ def _draw_baselines(ax, d: pd.DataFrame, m: str, metric: str, base_metric: str |
 
 
 def plot_probes(df: pd.DataFrame, out: str | Path, target: str = "topic", metric: str = "accuracy",
-                roles: Sequence[str] | None = None, model: str | None = None, selectivity: bool | None = None,
+                choices: Sequence[str] | None = None, model: str | None = None, selectivity: bool | None = None,
                 max_lines: int = 6, corpus: str | None = None, heading: str | None = None,
                 band_note: str | None = None, chance_label: str = CHANCE_LABEL) -> list[Path]:
     """Probe ``metric`` for ``target`` per layer: one colour per token choice (trained model solid
@@ -147,7 +147,7 @@ def plot_probes(df: pd.DataFrame, out: str | Path, target: str = "topic", metric
     one column per format, and a second row with selectivity (task − control) when the table has
     control rows. Writes ``out``.png / ``out``.pdf and returns both paths.
 
-    ``roles`` keeps only those token choices; more than ``max_lines`` are split into rows of pooled
+    ``choices`` keeps only those token choices; more than ``max_lines`` are split into rows of pooled
     choices (cls, mean, max, first_word, mean_s<i>) and single tokens ([SEP]s, positions), so no
     panel holds more than ``max_lines`` colours. ``selectivity``: add the selectivity row (None:
     when the table has it). ``model`` picks the trained model when the table holds
@@ -160,11 +160,11 @@ def plot_probes(df: pd.DataFrame, out: str | Path, target: str = "topic", metric
     d = _probe_rows(df, what, model, corpus)
     d = select(d, what, target=target)
     rows = select(d, what, metric=metric)
-    if roles is not None:
-        rows = select(rows, what, role=list(roles))
-    role_list = order_roles(rows["role"]) if roles is None else [str(r) for r in roles]
+    if choices is not None:
+        rows = select(rows, what, choice=list(choices))
+    role_list = order_roles(rows["choice"]) if choices is None else [str(r) for r in choices]
     formats = list(dict.fromkeys(rows["format"]))
-    sel = d[(d["metric"].astype(str) == "selectivity") & d["role"].isin(role_list)]
+    sel = d[(d["metric"].astype(str) == "selectivity") & d["choice"].isin(role_list)]
     show_sel = (not sel.empty and metric != "selectivity") if selectivity is None else bool(selectivity)
     if show_sel and sel.empty:
         select(d, what, metric="selectivity")  # raises, naming the metrics there
@@ -186,7 +186,7 @@ def plot_probes(df: pd.DataFrame, out: str | Path, target: str = "topic", metric
                 by_metric.setdefault(m, []).append(ax)
                 for r in rs:
                     for kind, ls in ((TRAINED, "-"), (RANDOM, ":")):
-                        g = prow[(prow["role"] == r) & ((prow["kind"] == RANDOM) == (kind == RANDOM))]
+                        g = prow[(prow["choice"] == r) & ((prow["kind"] == RANDOM) == (kind == RANDOM))]
                         g = g.sort_values("layer")
                         if g.empty:
                             continue
@@ -205,7 +205,7 @@ def plot_probes(df: pd.DataFrame, out: str | Path, target: str = "topic", metric
                     h, lab = ax.get_legend_handles_labels()
                     h2, lab2 = _style_handles(has_random, baselines)
                     legend_right(ax, h + h2, lab + lab2, title="token choice")
-            bad = nan_cells(prow[prow["kind"] != RANDOM], ["role"])
+            bad = nan_cells(prow[prow["kind"] != RANDOM], ["choice"])
             if bad:
                 notes.append(f"{fmt}, {m}: NaN (left as gaps) for {bad}.")
     for axs in by_metric.values():
@@ -252,19 +252,19 @@ def plot_probe_position(df: pd.DataFrame, out: str | Path, metric: str = "micro_
     if any(_position(t) is None for t in targets):
         raise ValueError(f"{what}: every target must end in its sentence position, got {targets}")
     d = select(d, what, target=targets)
-    rows = select(d, what, metric=metric, role=choices)
+    rows = select(d, what, metric=metric, choice=choices)
     if isinstance(layer, (int, np.integer)):
         rows = select(rows, what, layer=float(layer))
     base_metric = _baseline_metric(d, metric)
     formats = list(dict.fromkeys(rows["format"]))
-    lines = [(c, f) for c in choices for f in formats if ((rows["role"] == c) & (rows["format"] == f)).any()]
+    lines = [(c, f) for c in choices for f in formats if ((rows["choice"] == c) & (rows["format"] == f)).any()]
     fig, axes = style.new_figure(width=6.4 + 1.8, height=4.2)
     ax = axes[0, 0]
     width = 0.25 / max(1, len(lines) - 1) if len(lines) > 1 else 0.0
     best_notes: list[str] = []
     base_pts: dict[str, dict[str, list[float]]] = {}
     for li, (c, f) in enumerate(lines):
-        g = rows[(rows["role"] == c) & (rows["format"] == f)]
+        g = rows[(rows["choice"] == c) & (rows["format"] == f)]
         pts = []
         for t in targets:
             gt = g[g["target"].astype(str) == t]
@@ -321,7 +321,7 @@ def plot_probe_position(df: pd.DataFrame, out: str | Path, metric: str = "micro_
         notes.append("Best layer per point (chosen on the same scores, so optimistic; layer='last' avoids "
                      "that), as s<i>→L<layer>: " + "; ".join(best_notes) + ".")
     if rows["value"].isna().any():
-        notes.append("NaN values are left out: " + nan_cells(rows, ["role", "target"]) + ".")
+        notes.append("NaN values are left out: " + nan_cells(rows, ["choice", "target"]) + ".")
     add_note(fig, notes)
     return style.save(fig, out)
 
@@ -357,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "targets": comma_list(a.targets), "layer": a.layers, "model": a.model, "corpus": a.corpus}
         target = one_value(a.targets, "--targets") if a.targets else "topic"
         return {"position": False, "target": target, "metric": metric or "accuracy",
-                "roles": comma_list(a.choices), "model": a.model, "corpus": a.corpus}
+                "choices": comma_list(a.choices), "model": a.model, "corpus": a.corpus}
 
     return run_cli(p, plot, options, argv)
 

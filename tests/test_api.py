@@ -101,7 +101,7 @@ def test_probe_table(two_caches, tiny_bert):
     _, (pair, _) = two_caches
     df = analyses.probe_table(pair, choices=["cls"], targets=["topic"], layers="-1", folds=3, control=False)
     assert isinstance(df, pd.DataFrame)
-    acc = df[(df["metric"] == "accuracy") & (df["role"] == "cls")]
+    acc = df[(df["metric"] == "accuracy") & (df["choice"] == "cls")]
     assert set(acc["layer"].astype(int)) == {tiny_bert.n_layers}
     assert acc["value"].between(0, 1).all()
 

@@ -93,7 +93,7 @@ def probe_table(seed: int = 0, formats=("pair",), roles=("cls", "mean", "max", "
                         v = float(np.clip(v + 0.02 * rng.standard_normal(), 0, 1))
                         ctrl = 0.3 + 0.03 * layer
                         base = dict(analysis="probe", model=model, corpus=CORPUS, format=fmt, format_b="",
-                                    layer=layer, role=role, target=target, n=400, seed=0, model_kind=kind)
+                                    layer=layer, choice=role, target=target, n=400, seed=0, model_kind=kind)
                         vals = [(metric, v, 0.04), ("majority_baseline", 0.34 if not multi else 0.1, 0.01)]
                         if control:
                             vals += [(f"control_{metric}", ctrl, 0.03), ("selectivity", v - ctrl, 0.05)]
@@ -597,12 +597,12 @@ def test_pooling_bars_seeds_and_frozen(tmp_path, figs):
     ax = figs[1].axes[0]
     heights = [b.get_height() for b in bars(ax)]
     acc = probes[(probes.metric == "accuracy") & (probes.model_kind == "trained")]
-    best = acc.groupby("role")["value"].max()
+    best = acc.groupby("choice")["value"].max()
     np.testing.assert_allclose(heights[6:], [best[r] for r in ["cls", "mean", "max", "first_word", "sep1", "pos3"]])
     assert any(t.get_text().startswith("frozen linear probe (best layer") for t in ax.get_legend().get_texts())
 
     plot_pooling(ft, tmp_path / "last", frozen_df=probes, frozen_layer="last")
-    last = acc[acc.layer == 6].set_index("role")["value"]
+    last = acc[acc.layer == 6].set_index("choice")["value"]
     np.testing.assert_allclose([b.get_height() for b in bars(figs[2].axes[0])][6:],
                                [last[r] for r in ["cls", "mean", "max", "first_word", "sep1", "pos3"]])
 
@@ -760,9 +760,9 @@ def test_probe_figure_draws_a_nearest_neighbour_table(tmp_path, figs):
     rows = []
     for layer in LAYERS:
         for role, v in (("cls", 0.5 + 0.05 * layer), ("mean", 0.6 + 0.04 * layer)):
-            rows.append(dict(analysis="knn", model=MODEL, corpus=CORPUS, format="single", layer=layer, role=role,
+            rows.append(dict(analysis="knn", model=MODEL, corpus=CORPUS, format="single", layer=layer, choice=role,
                              target="topic", metric="knn_accuracy", value=v, ci_low=v - 0.02, ci_high=v + 0.02, n=100))
-            rows.append(dict(analysis="knn", model=MODEL, corpus=CORPUS, format="single", layer=layer, role=role,
+            rows.append(dict(analysis="knn", model=MODEL, corpus=CORPUS, format="single", layer=layer, choice=role,
                              target="topic", metric="chance_knn_accuracy", value=0.2, n=100))
     csv = write_table(make_table(rows), tmp_path / "knn.csv")
     assert probes.main([str(csv), "--metrics", "knn_accuracy", "--out", str(tmp_path / "knn")]) == 0

@@ -64,7 +64,7 @@ def test_token_level_segment_probe(caches):
     assert (tok["example"].to_numpy() == items["example"].to_numpy()).all()
     assert (tok["sentence"].astype(str).to_numpy() == items["y_true"].to_numpy()).all()
     assert set(items["grouping"]) == {"example"} and len(items) == 3 * len(set(items["token"]))
-    assert set(acc["role"]) == {"word"} and len(acc) == 3
+    assert set(acc["choice"]) == {"word"} and len(acc) == 3
     # the segment embedding makes sentence membership readable at the embedding layer already
     assert acc[acc["layer"] == 0]["value"].iloc[0] > 0.9
 
@@ -171,26 +171,26 @@ def test_document_grouping_items_and_length_baseline(doc_caches, tmp_path):
     for target in ("topic", "bow_s1"):
         t = items[items["target"] == target]
         assert len(t) == 60 * (2 * n_layers + 1)
-        assert (t.groupby(["layer", "role", "group"], dropna=False)["fold"].nunique() == 1).all()
+        assert (t.groupby(["layer", "choice", "group"], dropna=False)["fold"].nunique() == 1).all()
         assert (t["group"].to_numpy() == docs.loc[t["example"]].to_numpy()).all()
     # the table's value is the items' pooled score
-    acc = df[(df["metric"] == "accuracy") & (df["role"] == "cls") & (df["layer"] == 1)]["value"].iloc[0]
-    it = items[(items["target"] == "topic") & (items["role"] == "cls") & (items["layer"] == 1)]
+    acc = df[(df["metric"] == "accuracy") & (df["choice"] == "cls") & (df["layer"] == 1)]["value"].iloc[0]
+    it = items[(items["target"] == "topic") & (items["choice"] == "cls") & (items["layer"] == 1)]
     assert acc == pytest.approx(it["correct"].mean())
-    f1 = df[(df["metric"] == "micro_f1") & (df["role"] == "mean") & (df["layer"] == 0)]["value"].iloc[0]
-    it = items[(items["target"] == "bow_s1") & (items["role"] == "mean") & (items["layer"] == 0)]
+    f1 = df[(df["metric"] == "micro_f1") & (df["choice"] == "mean") & (df["layer"] == 0)]["value"].iloc[0]
+    it = items[(items["target"] == "bow_s1") & (items["choice"] == "mean") & (items["layer"] == 0)]
     assert f1 == pytest.approx(it["num"].sum() / it["den"].sum())
-    length = df[(df["role"] == "length_only") & (df["metric"] == "accuracy")]
+    length = df[(df["choice"] == "length_only") & (df["metric"] == "accuracy")]
     assert len(length) == 1 and length["layer"].isna().all() and 0 <= length["value"].iloc[0] <= 1
     assert (df.loc[df["metric"] == "accuracy", "mde"] > 0).all()
     # the length-only probe reads a length target from word counts alone
     ln = run_probes(c, ("cls",), ("length",), length_baseline=True, **{**kw, "Cs": (100.0,)})
-    ln = ln[(ln["metric"] == "accuracy")].set_index("role")["value"]
+    ln = ln[(ln["metric"] == "accuracy")].set_index("choice")["value"]
     assert ln.loc["length_only"] > 0.95
     # every layer's probe against the length-only probe, paired on the same items
     from analyses.probe_runner import compare_probes
 
-    vs_length = compare_probes(items[items["target"] == "topic"], a={"role": "cls"}, b={"role": "length_only"},
+    vs_length = compare_probes(items[items["target"] == "topic"], a={"choice": "cls"}, b={"choice": "length_only"},
                                n_resamples=100)
     assert sorted(vs_length["layer"]) == list(c.layers) and (vs_length["n"] == 60).all()
     # stored beside the result (only when asked), read back
@@ -230,21 +230,21 @@ def test_compare_probes_pairs_items(doc_caches):
     c, _ = doc_caches
     _, items = run_probes(c, ("cls", "mean"), ("topic",), n_splits=3, Cs=(1.0,), max_iter=100, items=True,
                           progress=False, control=False)
-    cmp = compare_probes(items, a={"role": "cls"}, b={"role": "mean"}, n_resamples=200)
+    cmp = compare_probes(items, a={"choice": "cls"}, b={"choice": "mean"}, n_resamples=200)
     assert len(cmp) == len(c.layers) and set(cmp["analysis"]) == {"probe_comparison"}
     assert cmp["same_folds"].all() and set(cmp["grouping"]) == {"document"}
-    assert (cmp["p_holm"] >= cmp["p_value"] - 1e-12).all() and set(cmp["family"]) == {"role=cls vs role=mean"}
+    assert (cmp["p_holm"] >= cmp["p_value"] - 1e-12).all() and set(cmp["family"]) == {"choice=cls vs choice=mean"}
     assert (cmp["mde"] > 0).all() and (cmp["groups_needed"] > 0).all()
     one = cmp[cmp["layer"] == 1].iloc[0]
-    a = items[(items["role"] == "cls") & (items["layer"] == 1)].set_index("example")["correct"]
-    b = items[(items["role"] == "mean") & (items["layer"] == 1)].set_index("example")["correct"]
+    a = items[(items["choice"] == "cls") & (items["layer"] == 1)].set_index("example")["correct"]
+    b = items[(items["choice"] == "mean") & (items["layer"] == 1)].set_index("example")["correct"]
     assert one["value"] == pytest.approx((a - b.loc[a.index]).mean())
     assert one["n"] == 60 and one["n_groups"] == c.examples["label_doc"].nunique()
     assert one["ci_low"] <= one["value"] <= one["ci_high"]
     with pytest.raises(ValueError, match=r"condition a=\{'nope': 1\} names unknown columns \['nope'\]"):
-        compare_probes(items, a={"nope": 1}, b={"role": "mean"})
+        compare_probes(items, a={"nope": 1}, b={"choice": "mean"})
     with pytest.raises(ValueError, match=r"condition b=\{'role': 'sep9'\} matches no item"):
-        compare_probes(items, a={"role": "cls"}, b={"role": "sep9"})
+        compare_probes(items, a={"choice": "cls"}, b={"choice": "sep9"})
 
 
 def test_cli_refuses_undefined_topic_and_stores_items(doc_caches, tmp_path, capsys):

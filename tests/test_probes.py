@@ -305,7 +305,7 @@ def test_probe_many_table():
                     meta={"model": "m", "format": "pair", "target": "topic", "analysis": "probe"}, num_threads=1)
     assert list(df.columns[: len(RESULT_COLUMNS)]) == list(RESULT_COLUMNS)
     assert set(df["metric"]) == {"accuracy", "majority_baseline", "control_accuracy", "selectivity"}
-    assert sorted(set(zip(df["layer"], df["role"]))) == [(3, "cls"), (4, "mean")]
+    assert sorted(set(zip(df["layer"], df["choice"]))) == [(3, "cls"), (4, "mean")]
     assert (df["model"] == "m").all() and (df["n"] == 120).all() and (df["seed"] == 0).all()
     assert (df[["chosen_C", "chosen_C_min", "chosen_C_max"]] == 1.0).all().all() and "feature" not in df.columns
     named = probe_many({"first": X, 7: X[:, ::-1]}, y, groups, Cs=(1.0,), num_threads=1)
@@ -319,13 +319,13 @@ def test_probe_many_table():
 def test_probe_rows_match_result():
     X, y, groups = planted(n=120, d=5, strength=1.0)
     res = cross_validate_probe(X, y, groups, Cs=(0.1, 1.0), control_types=groups)
-    rows = probe_rows(res, model="m", corpus="c", format="pair", layer=2, role="cls", target="topic", seed=0)
+    rows = probe_rows(res, model="m", corpus="c", format="pair", layer=2, choice="cls", target="topic", seed=0)
     df = pd.DataFrame(rows)
     acc = df.set_index("metric").loc["accuracy"]
     assert acc["value"] == pytest.approx(res.mean)
     assert acc["ci_low"] <= acc["value"] <= acc["ci_high"]
     assert df.set_index("metric").loc["selectivity", "value"] == pytest.approx(res.selectivity)
-    table = probe_table(res, layer=2, role="cls")
+    table = probe_table(res, layer=2, choice="cls")
     assert list(table.columns[: len(RESULT_COLUMNS)]) == list(RESULT_COLUMNS)
     assert len(table) == 4 and (table["n_folds"] == 5).all()
 

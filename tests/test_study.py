@@ -356,7 +356,7 @@ def _probe_rows(diff: float, layers=(1.0, 2.0), **extra) -> "pd.DataFrame":
 
 @pytest.mark.parametrize("key,table,extra,words", [
     ("Q1", "paired_q1", {"metric": "drift_diff_roles", "role": "cls", "role_b": "words"}, "[CLS] changes"),
-    ("Q4", "paired_q4", {"target": "is_next", "role": None}, "middle [SEP]"),
+    ("Q4", "paired_q4", {"target": "is_next", "choice": None}, "middle [SEP]"),
     ("Q6", "paired_q6", {"target": "topic", "condition_a": "format=pair", "condition_b": "format=cls_last"},
      "placed first"),
     ("Q8", "paired_q8", {"target": "topic"}, "mean pooling"),
@@ -577,7 +577,7 @@ def test_reimers_says_mean_pooling_wins_by_construction_on_a_mean_pooled_model()
     from probing.study.reproductions import PAPERS
 
     rg = PAPERS["reimers2019"]
-    knn = pd.DataFrame([{"analysis": "knn", "layer": 6, "role": r, "metric": "knn_accuracy", "value": v,
+    knn = pd.DataFrame([{"analysis": "knn", "layer": 6, "choice": r, "metric": "knn_accuracy", "value": v,
                          "ci_low": v - 0.02, "ci_high": v + 0.02} for r, v in (("cls", 0.6), ("mean", 0.7))])
     mini = load_config(None, overrides={"model.name": "all-MiniLM-L6-v2"})
     s = rg.verdict({"reimers2019_knn": knn}, mini).sentence

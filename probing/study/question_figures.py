@@ -65,9 +65,9 @@ def _fig_q4(T, fig, log):
         out += safe_plot(plot_attention, T["attention"], fig / "q4_attention_concat", format="concat", log=log)
     if "probes_pair" in T:
         p = T["probes_pair"]
-        out += safe_plot(plot_probes, p, fig / "q4_probes_is_next", target="is_next", roles=_Q4_ROLES, log=log)
+        out += safe_plot(plot_probes, p, fig / "q4_probes_is_next", target="is_next", choices=_Q4_ROLES, log=log)
         out += safe_plot(plot_probes, p, fig / "q4_probes_bow_s2", target="bow_s2", metric="micro_f1",
-                         roles=_Q4_ROLES, log=log)
+                         choices=_Q4_ROLES, log=log)
     if "cka_q4" in T:
         out += safe_plot(plot_cka_layers, T["cka_q4"], fig / "q4_cka_sep", log=log)
     if "q4_knockout_drift" in T:
@@ -93,7 +93,7 @@ def _fig_q6(T, fig, log):
     if "probes_q6" not in T:
         return []
     p = T["probes_q6"].copy()
-    p["role"] = p["format"].map({"pair": "cls first", "cls_mid": "cls middle", "cls_last": "cls last"})
+    p["choice"] = p["format"].map({"pair": "cls first", "cls_mid": "cls middle", "cls_last": "cls last"})
     p["format"] = "pair / cls_mid / cls_last"
     return (safe_plot(plot_probes, p, fig / "q6_cls_position_topic", target="topic", log=log)
             + safe_plot(plot_probes, p, fig / "q6_cls_position_is_next", target="is_next", log=log))
@@ -106,8 +106,8 @@ def _fig_q7(T, fig, log):
     if "probes_pair" in T:
         p = T["probes_pair"]
         out += safe_plot(plot_probes, p, fig / "q7_probes_bow_s1", target="bow_s1", metric="micro_f1",
-                         roles=["cls", "mean"], log=log)
-        out += safe_plot(plot_probes, p, fig / "q7_probes_length", target="length", roles=["cls", "mean"], log=log)
+                         choices=["cls", "mean"], log=log)
+        out += safe_plot(plot_probes, p, fig / "q7_probes_length", target="length", choices=["cls", "mean"], log=log)
     if "probes_q7" in T:
         out += safe_plot(plot_probes, T["probes_q7"], fig / "q7_probes_word_order", target="swapped", log=log)
     return out
@@ -120,7 +120,7 @@ def _fig_q8(T, fig, log):
     out = []
     if "probes_pair" in T:
         out += safe_plot(plot_probes, T["probes_pair"], fig / "q8_probes_topic", target="topic",
-                         roles=["cls", "mean", "max", "sep1", "first_word", "pos3"], log=log)
+                         choices=["cls", "mean", "max", "sep1", "first_word", "pos3"], log=log)
     if "finetune" in T:
         # the fine-tuning table holds its own frozen probes on the same splits and test items: those bars
         out += safe_plot(plot_pooling, T["finetune"], fig / "q8_pooling", log=log)
@@ -166,12 +166,12 @@ _table_q2 = _report_table("drift_q2", {"metric": "drift_mean"}, _by_layer, ["for
 _table_q3 = _report_table("drift_q3", {"metric": "drift_mean"}, _at_last_layer, "k", "role",
                           "1 − cos (mean) between multi and concat at layer {L}, by k")
 _table_q4 = _report_table("probes_pair", {"model_kind": "trained", "metric": ("accuracy", "micro_f1")}, _at_last_layer,
-                          "role", "target", "probe scores at layer {L} (accuracy; micro-F1 for bow_*; trained model)")
-_table_q5 = _report_table("probes_q5", {"metric": "micro_f1"}, _at_last_layer, "role", "target",
+                          "choice", "target", "probe scores at layer {L} (accuracy; micro-F1 for bow_*; trained model)")
+_table_q5 = _report_table("probes_q5", {"metric": "micro_f1"}, _at_last_layer, "choice", "target",
                           "bag-of-words micro-F1 per sentence position at layer {L}")
 _table_q6 = _report_table("probes_q6", {"metric": "accuracy"}, _by_layer, ["target", "format"],
                           "probe accuracy of the classification token by layer and position")
-_table_q7 = _report_table("probes_q7", {"metric": "accuracy"}, _by_layer, ["model_kind", "role"],
+_table_q7 = _report_table("probes_q7", {"metric": "accuracy"}, _by_layer, ["model_kind", "choice"],
                           "word-order (swapped) probe accuracy by layer")
 
 

@@ -49,7 +49,7 @@ def _q4_rows(T):
 
 
 def _q5_rows(T):
-    p = pick(T.get("probes_q5"), role="cls")
+    p = pick(T.get("probes_q5"), choice="cls")
     if p.empty:
         return None
     p = p[p["target"].astype(str).str.startswith("bow_s")]  # fw_s1 is the control, not the question
@@ -67,7 +67,7 @@ def _q6_rows(T):
 
 
 def _q7_rows(T):
-    q = pick(T.get("probes_q7"), model_kind="trained", role="cls", target="swapped")
+    q = pick(T.get("probes_q7"), model_kind="trained", choice="cls", target="swapped")
     if q.empty:
         return None
     base = pick(q, metric="majority_baseline").assign(ci_low=float("nan"), ci_high=float("nan"))

@@ -103,11 +103,12 @@ def _rs(ctx: Context) -> dict:
     return dict(n_resamples=ctx.cfg["study"]["bootstrap_resamples"], seed=ctx.cfg["study"]["seed"], out=ctx.out)
 
 
-def probe_kw(cfg: dict, out: Path) -> dict:
-    """The probe runner's options from the config's ``[probes]`` table."""
+def probe_kw(cfg: dict, out: Path, progress: bool = True) -> dict:
+    """The probe runner's options from the config's ``[probes]`` table (``progress``: its bars)."""
     pr = cfg["probes"]
     return dict(n_splits=pr["folds"], seed=cfg["study"]["seed"], vocab=pr["vocab"], device=pr["device"], Cs=pr["Cs"],
-                inner_splits=pr["inner_splits"], max_iter=pr["max_iter"], bow_Cs=pr["bow_Cs"], out=out)
+                inner_splits=pr["inner_splits"], max_iter=pr["max_iter"], bow_Cs=pr["bow_Cs"], out=out,
+                progress=progress)
 
 
 def _pairs(ctx: Context, fmt_: str, random: bool = False):
@@ -119,8 +120,9 @@ def _drift_q1(ctx: Context) -> pd.DataFrame:
 
     ctx.log("analyses: drift and CKA across formats")
     pair, concat, seg = _pairs(ctx, "pair"), _pairs(ctx, "concat"), _pairs(ctx, "concat_segments")
-    return pd.concat([run_drift(pair, concat, **_rs(ctx)), run_drift(pair, seg, **_rs(ctx)),
-                      run_drift(seg, concat, **_rs(ctx))], ignore_index=True)
+    kw = dict(_rs(ctx), progress=ctx.progress)
+    return pd.concat([run_drift(pair, concat, **kw), run_drift(pair, seg, **kw), run_drift(seg, concat, **kw)],
+                     ignore_index=True)
 
 
 def _cka_q1(ctx: Context) -> pd.DataFrame:
@@ -134,7 +136,7 @@ def _drift_q2(ctx: Context) -> pd.DataFrame:
     from analyses.drift import run_drift
 
     pair, concat = _pairs(ctx, "pair"), _pairs(ctx, "concat")
-    return pd.concat([run_drift(_pairs(ctx, s), b, words_only=True, **_rs(ctx))
+    return pd.concat([run_drift(_pairs(ctx, s), b, words_only=True, **_rs(ctx), progress=ctx.progress)
                       for s in ("single", "single2") for b in (pair, concat)], ignore_index=True)
 
 
@@ -142,7 +144,8 @@ def _attention(ctx: Context) -> pd.DataFrame:
     from analyses.attention import run_attention
 
     ctx.log("analyses: attention")
-    return pd.concat([run_attention(_pairs(ctx, f), **_rs(ctx)) for f in ATTENTION_FORMATS], ignore_index=True)
+    return pd.concat([run_attention(_pairs(ctx, f), **_rs(ctx), progress=ctx.progress) for f in ATTENTION_FORMATS],
+                     ignore_index=True)
 
 
 def _drift_q3(ctx: Context) -> pd.DataFrame:
@@ -151,7 +154,7 @@ def _drift_q3(ctx: Context) -> pd.DataFrame:
     ctx.log("analyses: k segments")
     frames = []
     for k, c in group_prefixes(ctx.corpora).items():
-        d = run_drift(ctx.caches.get(c, "multi"), ctx.caches.get(c, "concat"), **_rs(ctx))
+        d = run_drift(ctx.caches.get(c, "multi"), ctx.caches.get(c, "concat"), **_rs(ctx), progress=ctx.progress)
         d["k"] = k
         frames.append(d)
     return pd.concat(frames, ignore_index=True)
@@ -166,10 +169,11 @@ def _probes_pair(ctx: Context) -> pd.DataFrame:
     wanted = [q for q in PAIR_PROBES if q in ctx.questions]
     runs = [run_probes(_pairs(ctx, "pair"), *PAIR_PROBES[q],
                        random_cache=_pairs(ctx, "pair", True) if q in RANDOM_INIT_PROBES else None,
-                       length_baseline=q == "Q7", items=True, **probe_kw(ctx.cfg, ctx.out)) for q in wanted]
+                       length_baseline=q == "Q7", items=True, **probe_kw(ctx.cfg, ctx.out, ctx.progress))
+            for q in wanted]
     runs += [run_probes(_pairs(ctx, "pair"), *PAIR_CONTROLS[q], length_baseline=True, items=True,
-                        **probe_kw(ctx.cfg, ctx.out)) for q in wanted if q in PAIR_CONTROLS]
-    keys = ["model_kind", "layer", "role", "target", "metric"]
+                        **probe_kw(ctx.cfg, ctx.out, ctx.progress)) for q in wanted if q in PAIR_CONTROLS]
+    keys = ["model_kind", "layer", "choice", "target", "metric"]
     _keep_items(ctx, "probes_pair", [it for _, it in runs])
     return pd.concat([t for t, _ in runs], ignore_index=True).drop_duplicates(keys)
 
@@ -202,7 +206,7 @@ def _probes_q5(ctx: Context) -> pd.DataFrame:
     K = max(group_prefixes(ctx.corpora))
     multi = ctx.caches.get(f"groups_k{K}", "multi")
     table, items = run_probes(multi, ("cls", "mean"), [f"bow_s{i}" for i in range(1, K + 1)] + ["fw_s1"], items=True,
-                              **probe_kw(ctx.cfg, ctx.out))
+                              **probe_kw(ctx.cfg, ctx.out, ctx.progress))
     _keep_items(ctx, "probes_q5", [items])
     return table
 
@@ -211,7 +215,8 @@ def _probes_q6(ctx: Context) -> pd.DataFrame:
     from analyses.probe_runner import run_probes
 
     ctx.log("analyses: classification token position")
-    runs = [run_probes(_pairs(ctx, f), ("cls",), ("topic", "is_next"), items=True, **probe_kw(ctx.cfg, ctx.out))
+    runs = [run_probes(_pairs(ctx, f), ("cls",), ("topic", "is_next"), items=True,
+                       **probe_kw(ctx.cfg, ctx.out, ctx.progress))
             for f in ("pair", "cls_mid", "cls_last")]
     _keep_items(ctx, "probes_q6", [it for _, it in runs])
     return pd.concat([t for t, _ in runs], ignore_index=True)
@@ -224,7 +229,7 @@ def _probes_q7(ctx: Context) -> pd.DataFrame:
     sw = ctx.caches.get("swap", "pair")
     swr = ctx.caches.get("swap", "pair", True) if ctx.caches.has("swap", "pair", True) else None
     table, items = run_probes(sw, ("cls", "mean"), ("swapped",), random_cache=swr, items=True,
-                              **probe_kw(ctx.cfg, ctx.out))
+                              **probe_kw(ctx.cfg, ctx.out, ctx.progress))
     _keep_items(ctx, "probes_q7", [items])
     return table
 
@@ -235,7 +240,8 @@ def _finetune(ctx: Context) -> pd.DataFrame:
     ctx.log("analyses: fine-tuning with each pooling")
     ft = ctx.cfg["finetune"]
     return run_pooling_experiment(ctx.corpora["pairs"], ft["label"], ft["poolings"], ft["seeds"], model=ctx.lm,
-                                  preset=ft["preset"], out=str(ctx.out), corpus_name=ctx.cfg["corpus"]["pairs"])
+                                  preset=ft["preset"], out=str(ctx.out), corpus_name=ctx.cfg["corpus"]["pairs"],
+                                  progress=ctx.progress)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -287,7 +293,7 @@ def _rejoin_holm(frames: list[pd.DataFrame], family: str) -> pd.DataFrame:
 def _paired_q1(ctx: Context) -> pd.DataFrame:
     from analyses.paired import run_role_contrast
 
-    d = run_role_contrast(_pairs(ctx, "pair"), _pairs(ctx, "concat"), "cls", **_rs(ctx))
+    d = run_role_contrast(_pairs(ctx, "pair"), _pairs(ctx, "concat"), "cls", **_rs(ctx), progress=ctx.progress)
     return d.assign(family=FAMILIES["Q1"])
 
 
@@ -295,20 +301,20 @@ def _paired_q2(ctx: Context) -> pd.DataFrame:
     from analyses.paired import run_paired_drift
 
     pair, concat = _pairs(ctx, "pair"), _pairs(ctx, "concat")
-    frames = [run_paired_drift(_pairs(ctx, "single"), pair, concat, **_rs(ctx))]
+    frames = [run_paired_drift(_pairs(ctx, "single"), pair, concat, **_rs(ctx), progress=ctx.progress)]
     if _pairs(ctx, "single2") is not None:
-        frames.append(run_paired_drift(_pairs(ctx, "single2"), pair, concat, **_rs(ctx)))
+        frames.append(run_paired_drift(_pairs(ctx, "single2"), pair, concat, **_rs(ctx), progress=ctx.progress))
     return pd.concat(frames, ignore_index=True).assign(family=FAMILIES["Q2"])
 
 
 def _paired_q4(ctx: Context) -> pd.DataFrame:
     items = _from_layer1(_items(ctx, "probes_pair"))
-    return _compare(items, {"role": "sep1"}, {"role": "cls"}, FAMILIES["Q4"], ctx, model_kind="trained",
+    return _compare(items, {"choice": "sep1"}, {"choice": "cls"}, FAMILIES["Q4"], ctx, model_kind="trained",
                     target=list(PAIR_PROBES["Q4"][1]))
 
 
 def _paired_q5(ctx: Context) -> pd.DataFrame:
-    return _compare(_items(ctx, "probes_q5"), {"role": "cls"}, {"role": "mean"}, FAMILIES["Q5"], ctx)
+    return _compare(_items(ctx, "probes_q5"), {"choice": "cls"}, {"choice": "mean"}, FAMILIES["Q5"], ctx)
 
 
 def _paired_q6(ctx: Context) -> pd.DataFrame:
@@ -323,16 +329,16 @@ def _paired_q7(ctx: Context) -> pd.DataFrame:
     if (q7["model_kind"] == "random_init").any():
         frames.append(_compare(q7, {"model_kind": "trained"}, {"model_kind": "random_init"}, FAMILIES["Q7"], ctx))
     pair = _items(ctx, "probes_pair") if "Q7" in ctx.questions else None
-    if pair is not None and (pair["role"] == "length_only").any():
-        frames.append(_compare(_from_layer1(pair), {"role": "cls"}, {"role": "length_only"}, FAMILIES["Q7"], ctx,
+    if pair is not None and (pair["choice"] == "length_only").any():
+        frames.append(_compare(_from_layer1(pair), {"choice": "cls"}, {"choice": "length_only"}, FAMILIES["Q7"], ctx,
                                model_kind="trained", target=list(PAIR_PROBES["Q7"][1]) + list(PAIR_CONTROLS["Q7"][1]),
-                               role=["cls", "length_only"]))
+                               choice=["cls", "length_only"]))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def _paired_q8(ctx: Context) -> pd.DataFrame:
     items = _from_layer1(_items(ctx, "probes_pair"))
-    return _compare(items, {"role": "cls"}, {"role": "mean"}, FAMILIES["Q8"], ctx, model_kind="trained",
+    return _compare(items, {"choice": "cls"}, {"choice": "mean"}, FAMILIES["Q8"], ctx, model_kind="trained",
                     target="topic")
 
 

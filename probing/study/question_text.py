@@ -132,9 +132,9 @@ def _marginal_q4(p: pd.DataFrame, T: dict) -> str:
                            ("bow_s2", "micro_f1")):
         row = []
         for choice in ("sep1", "cls", "mean_s1"):
-            v = one(tr, role=choice, target=target, metric=metric, layer=L)
+            v = one(tr, choice=choice, target=target, metric=metric, layer=L)
             row.append(f"{choice} {fmt(v[0] if v else None)}")
-        base = one(tr, role="sep1", target=target, metric="majority_baseline", layer=L)
+        base = one(tr, choice="sep1", target=target, metric="majority_baseline", layer=L)
         parts.append(f"{target} ({metric}): " + ", ".join(row) + f" (majority baseline {fmt(base[0] if base else None)})")
     s = f"Probes at layer {L} on the middle [SEP] (sep1) vs [CLS] vs mean of sentence 1's words — " + "; ".join(parts) + "."
     c = T.get("cka_q4")
@@ -163,10 +163,10 @@ def _marginal_q5(p: pd.DataFrame, T: dict) -> str:
     targets = _bow_targets(p)
     parts = []
     for t in targets:
-        v = one(p, role="cls", target=t, metric="micro_f1", layer=L)
-        m = one(p, role="mean", target=t, metric="micro_f1", layer=L)
+        v = one(p, choice="cls", target=t, metric="micro_f1", layer=L)
+        m = one(p, choice="mean", target=t, metric="micro_f1", layer=L)
         parts.append(f"sentence {t[5:]}: [CLS] {fmt(v)}, mean {fmt(m[0] if m else None)}")
-    base = one(p, role="cls", target=targets[0], metric="majority_baseline", layer=L) if targets else None
+    base = one(p, choice="cls", target=targets[0], metric="majority_baseline", layer=L) if targets else None
     return (f"Bag-of-words micro-F1 of sentence i read from [CLS] at layer {L} of a {len(targets)}-sentence input: "
             + "; ".join(parts) + f" (baseline {fmt(base[0] if base else None)}).")
 
@@ -176,7 +176,7 @@ def _marginal_q6(p: pd.DataFrame, T: dict) -> str:
     L = last_layer(p)
     parts = []
     for target in ("topic", "is_next"):
-        vals = [f"{f} {fmt(one(p, format=f, role='cls', target=target, metric='accuracy', layer=L))}"
+        vals = [f"{f} {fmt(one(p, format=f, choice='cls', target=target, metric='accuracy', layer=L))}"
                 for f in ("pair", "cls_mid", "cls_last")]
         parts.append(f"{target}: " + ", ".join(vals))
     return f"Probe accuracy of the classification token at layer {L}, by where it sits — " + "; ".join(parts) + "."
@@ -191,16 +191,16 @@ def _marginal_q7(T: dict) -> str:
             vals = []
             for kind in ("trained", "random_init"):
                 for choice in ("cls", "mean"):
-                    v = one(p, model_kind=kind, role=choice, target=target, metric=metric, layer=L)
+                    v = one(p, model_kind=kind, choice=choice, target=target, metric=metric, layer=L)
                     if v is not None:
                         vals.append(f"{choice} ({kind.replace('_', ' ')}) {fmt(v[0])}")
             parts.append(f"{target} {metric}: " + ", ".join(vals))
     q = T.get("probes_q7")
     if q is not None:
         L = last_layer(q)
-        vals = [f"{c} ({k.replace('_', ' ')}) {fmt(one(q, model_kind=k, role=c, target='swapped', metric='accuracy', layer=L))}"
+        vals = [f"{c} ({k.replace('_', ' ')}) {fmt(one(q, model_kind=k, choice=c, target='swapped', metric='accuracy', layer=L))}"
                 for k in ("trained", "random_init") for c in ("cls", "mean")]
-        b = one(q, role="cls", target="swapped", metric="majority_baseline", layer=L)
+        b = one(q, choice="cls", target="swapped", metric="majority_baseline", layer=L)
         parts.append("word order (swapped) accuracy: " + ", ".join(vals) + f", majority {fmt(b[0] if b else None)}")
     return "At the last layer — " + "; ".join(parts) + "." if parts else "not measured"
 
@@ -345,7 +345,7 @@ def answer_q5(T: dict) -> str:
     s = _marginal_q5(T)
     s += _paired_at_last(T.get("paired_q5"), "Paired on the same items, [CLS] − mean")
     p = T.get("probes_q5")
-    fw = one(p, role="cls", target="fw_s1", metric="micro_f1", layer=last_layer(p)) if p is not None else None
+    fw = one(p, choice="cls", target="fw_s1", metric="micro_f1", layer=last_layer(p)) if p is not None else None
     if fw is not None:
         s += (f" Control: function-word presence of sentence 1 (fw_s1, which tracks length) from [CLS], micro-F1 "
               f"{fmt(fw)}; the bow targets are content words.")
@@ -375,7 +375,7 @@ def answer_q7(T: dict) -> str:
         rows = _q7_rows(T)
         if rows is not None and not rows.empty:
             worst = max(row_mde(r) for _, r in rows.iterrows())
-            acc = pick(q, role="cls", target="swapped", metric="accuracy")
+            acc = pick(q, choice="cls", target="swapped", metric="accuracy")
             n = f"n = {int(acc['n'].max())} pairs" if "n" in acc.columns and acc["n"].notna().any() else "this size"
             s += (f" Word order: at {n}, the smallest accuracy above the majority baseline this sample could detect "
                   f"is {worst:.3f}"
@@ -383,8 +383,8 @@ def answer_q7(T: dict) -> str:
     d = T.get("paired_q7")
     if d is not None and not d.empty:
         s += _paired_at_last(pick(d, condition_a="model_kind=trained"),
-                             "Trained − random-init (word order, paired items)", column="role")
-        s += _paired_at_last(pick(d, condition_b="role=length_only"),
+                             "Trained − random-init (word order, paired items)", column="choice")
+        s += _paired_at_last(pick(d, condition_b="choice=length_only"),
                              "Beyond the length baseline (a probe on words per sentence), [CLS] − length-only",
                              tail=" (fw_s1: function words, the length-tracking control).")
     return s

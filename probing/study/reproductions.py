@@ -249,7 +249,7 @@ def _rg_analyse(ctx: Context) -> Tables:
     c = ctx.caches.get("sentences", "single")
     label = cfg["papers"]["label"]
     ctx.log("reimers2019: [CLS] vs mean vs max pooling, probes and nearest neighbours")
-    return {"reimers2019_probes": run_probes(c, REIMERS_CHOICES, (label,), **probe_kw(cfg, ctx.out)),
+    return {"reimers2019_probes": run_probes(c, REIMERS_CHOICES, (label,), **probe_kw(cfg, ctx.out, ctx.progress)),
             "reimers2019_knn": run_knn(c, REIMERS_CHOICES, label, k=cfg["papers"]["knn_k"], n_resamples=R,
                                        seed=seed, out=ctx.out)}
 
@@ -261,11 +261,11 @@ def _rg_figures(T, fig, log):
     p, k = T.get("reimers2019_probes"), T.get("reimers2019_knn")
     if p is not None:
         t = p["target"].iloc[0]
-        out += safe_plot(plot_probes, p, fig / "reimers2019_probes", target=t, roles=list(REIMERS_CHOICES), log=log)
+        out += safe_plot(plot_probes, p, fig / "reimers2019_probes", target=t, choices=list(REIMERS_CHOICES), log=log)
     if k is not None:
         t = k["target"].iloc[0]
         out += safe_plot(plot_probes, k, fig / "reimers2019_knn", target=t,
-                          metric="knn_accuracy", roles=list(REIMERS_CHOICES),
+                          metric="knn_accuracy", choices=list(REIMERS_CHOICES),
                           heading=f"Nearest neighbour (cosine) agrees on {t!r}",
                           band_note="Bands: 95% bootstrap CIs over documents (examples without them). Neighbours from the same document are "
                                     "excluded.", chance_label="chance (a random neighbour)", log=log)
@@ -280,10 +280,10 @@ def _rg_table(T):
     rows = []
     for c in REIMERS_CHOICES:
         rows.append({"pooling": c,
-                     "probe accuracy": (one(p, role=c, metric="accuracy", layer=L) or (np.nan,))[0],
-                     "nearest-neighbour accuracy": (one(k, role=c, metric="knn_accuracy", layer=L) or (np.nan,))[0]})
-    base = one(p, role="cls", metric="majority_baseline", layer=L)
-    chance = one(k, role="cls", metric="chance_knn_accuracy", layer=L)
+                     "probe accuracy": (one(p, choice=c, metric="accuracy", layer=L) or (np.nan,))[0],
+                     "nearest-neighbour accuracy": (one(k, choice=c, metric="knn_accuracy", layer=L) or (np.nan,))[0]})
+    base = one(p, choice="cls", metric="majority_baseline", layer=L)
+    chance = one(k, choice="cls", metric="chance_knn_accuracy", layer=L)
     rows.append({"pooling": "baseline (majority / chance)", "probe accuracy": base[0] if base else np.nan,
                  "nearest-neighbour accuracy": chance[0] if chance else np.nan})
     return pd.DataFrame(rows), f"last layer ({L}): trained linear probe vs training-free cosine neighbours"
@@ -303,7 +303,7 @@ def _rg_rows(T):
         return None
     L = last_layer(k)
     k = pick(k, metric="knn_accuracy", layer=L)
-    return difference_rows(pick(k, role="mean"), pick(k, role="cls"))  # PROVISIONAL: marginal CIs
+    return difference_rows(pick(k, choice="mean"), pick(k, choice="cls"))  # PROVISIONAL: marginal CIs
 
 
 def _by_construction(cfg) -> str:
@@ -327,9 +327,9 @@ def _rg_answer(T):
         return "not measured"
     L = last_layer(p)
     t = p["target"].iloc[0]
-    probe = ", ".join(f"{c} {fmt(one(p, role=c, metric='accuracy', layer=L))}" for c in REIMERS_CHOICES)
-    knn = ", ".join(f"{c} {fmt(one(k, role=c, metric='knn_accuracy', layer=L))}" for c in REIMERS_CHOICES)
-    chance = one(k, role="cls", metric="chance_knn_accuracy", layer=L)
+    probe = ", ".join(f"{c} {fmt(one(p, choice=c, metric='accuracy', layer=L))}" for c in REIMERS_CHOICES)
+    knn = ", ".join(f"{c} {fmt(one(k, choice=c, metric='knn_accuracy', layer=L))}" for c in REIMERS_CHOICES)
+    chance = one(k, choice="cls", metric="chance_knn_accuracy", layer=L)
     return (f"At the last layer ({L}), a linear probe for {t!r} reads {probe}; without training, the nearest "
             f"neighbour by cosine has the same {t!r} for {knn} (chance {fmt(chance[0] if chance else None)}). "
             "Reimers & Gurevych (2019) report for BERT-base that cosine similarity of [CLS] vectors ranks STS "
@@ -360,7 +360,7 @@ def _jw_analyse(ctx: Context) -> Tables:
     rnd = caches.get("swap_sentences", "single", True) if caches.has("swap_sentences", "single", True) else None
     ctx.log("jawahar2019: per-layer probing table")
     return {"jawahar2019_probes": run_probes(c, ("cls", "mean"), [t for t, _ in JAWAHAR_TASKS], random_cache=rnd,
-                                             **probe_kw(ctx.cfg, ctx.out))}
+                                             **probe_kw(ctx.cfg, ctx.out, ctx.progress))}
 
 
 def _jw_metric(target: str) -> str:
@@ -381,7 +381,7 @@ def _jw_table(T):
     p = T.get("jawahar2019_probes")
     if p is None:
         return None
-    p = p[(p["role"] == "cls") & (p.get("model_kind", "trained") == "trained")]
+    p = p[(p["choice"] == "cls") & (p.get("model_kind", "trained") == "trained")]
     cols = {}
     for t, name in JAWAHAR_TASKS:
         g = p[(p["target"] == t) & (p["metric"] == _jw_metric(t))]
@@ -394,7 +394,7 @@ def _jw_answer(T):
     p = T.get("jawahar2019_probes")
     if p is None or p.empty:
         return "not measured"
-    tr = pick(p, model_kind="trained", role="cls")
+    tr = pick(p, model_kind="trained", choice="cls")
     parts = []
     for t, name in JAWAHAR_TASKS:
         g = tr[(tr["target"] == t) & (tr["metric"] == _jw_metric(t))]
@@ -405,7 +405,7 @@ def _jw_answer(T):
         parts.append(f"{name} is best read at layer {int(best['layer'])} "
                      f"({fmt((best['value'], best['ci_low'], best['ci_high']))}; majority {fmt(base[0] if base else None)})")
     s = "From [CLS]: " + "; ".join(parts) + "."
-    rnd = pick(p, model_kind="random_init", role="cls", target="length6", metric="accuracy")
+    rnd = pick(p, model_kind="random_init", choice="cls", target="length6", metric="accuracy")
     trn = tr[(tr["target"] == "length6") & (tr["metric"] == "accuracy")]
     if not rnd.empty and not trn.empty:
         L = last_layer(trn)

@@ -252,14 +252,15 @@ RESULTS_DIR = ".results"
 _STORED = re.compile(r"[a-z0-9_]+-[0-9a-f]{16}(\.predictions)?\.(csv|parquet)")
 
 
-def analyse(cfg: dict, caches: Caches, corpora: dict, lm, log, stages: Stages | None = None) -> dict[str, pd.DataFrame]:
+def analyse(cfg: dict, caches: Caches, corpora: dict, lm, log, stages: Stages | None = None,
+            progress: bool = True) -> dict[str, pd.DataFrame]:
     """Every selected section's tables (a table two sections share is computed once, in the stage of the
     first section that asks for it), each written once to ``<out>/tables/<name>.csv`` (and ``.parquet``);
     the runners' own stores go to :func:`results_dir`. Each section's analyses are one stage of ``stages``."""
     from analyses.results import write_table
 
     stages = stages if stages is not None else Stages()
-    ctx = Context(cfg=cfg, caches=caches, corpora=corpora, lm=lm, out=results_dir(cfg), log=log)
+    ctx = Context(cfg=cfg, caches=caches, corpora=corpora, lm=lm, out=results_dir(cfg), log=log, progress=progress)
     T: dict[str, pd.DataFrame] = {}
     for s in _selected(cfg):
         with stages.stage(f"analyses {s.key}"):
@@ -426,7 +427,7 @@ def run_study(config: str | os.PathLike | None, *, quick: bool = False, force_an
     log(f"study {cfg['study']['name']!r}{' (quick)' if quick else ''}: extracting")
     with stages.stage("extraction"):
         caches, corpora, lm = extract_all(cfg, log, progress)
-    T = analyse(cfg, caches, corpora, lm, log, stages)
+    T = analyse(cfg, caches, corpora, lm, log, stages, progress)
     log("drawing figures")
     with stages.stage("figures"):
         F = draw_figures(cfg, T, log)

@@ -56,6 +56,7 @@ class Context:
     out: Path
     log: Callable[[str], None] = print
     tables: Tables = field(default_factory=dict)
+    progress: bool = True  # progress bars of the analyses (the study's --no-progress turns them off)
 
     @property
     def questions(self) -> list[str]:
