@@ -434,19 +434,19 @@ def test_probes_trained_random_baseline_and_selectivity(tmp_path, figs):
     df = probe_table()
     render_once(figs, plot_probes, tmp_path / "p", df)
     acc, sel = visible_axes(figs[0])
-    want = df[(df.metric == "accuracy") & (df.role == "cls") & (df.model_kind == "trained")].sort_values("layer")
+    want = df[(df.metric == "accuracy") & (df.choice == "cls") & (df.model_kind == "trained")].sort_values("layer")
     cls = line_by_label(acc, "cls")
     np.testing.assert_allclose(cls.get_ydata(), want["value"])
     assert cls.get_linestyle() == "-"
     dotted = [ln for ln in acc.get_lines() if ln.get_linestyle() == ":" and ln.get_color() == cls.get_color()]
-    rnd = df[(df.metric == "accuracy") & (df.role == "cls") & (df.model_kind == "random_init")].sort_values("layer")
+    rnd = df[(df.metric == "accuracy") & (df.choice == "cls") & (df.model_kind == "random_init")].sort_values("layer")
     assert len(dotted) == 1 and np.allclose(dotted[0].get_ydata(), rnd["value"])
     grey = [ln for ln in acc.get_lines() if ln.get_linestyle() == "--"]
     assert len(grey) == 1 and np.allclose(grey[0].get_ydata(), 0.34)
     legend = [t.get_text() for t in acc.get_legend().get_texts()]
     assert legend[:6] == ["cls", "mean", "max", "first_word", "sep1", "pos3"]
     assert {"majority baseline", "random-init model"} <= set(legend)
-    want_sel = df[(df.metric == "selectivity") & (df.role == "mean") & (df.model_kind == "trained")]
+    want_sel = df[(df.metric == "selectivity") & (df.choice == "mean") & (df.model_kind == "trained")]
     want_sel = want_sel.sort_values("layer")
     np.testing.assert_allclose(line_by_label(sel, "mean").get_ydata(), want_sel["value"])
     assert "selectivity" in sel.get_ylabel() and acc.get_ylabel() == "accuracy"
@@ -485,7 +485,7 @@ def test_probes_errors_and_nan(tmp_path, figs):
     plot_probes(two, tmp_path / "x", model="bert-base-uncased")
     assert "bert-base-uncased" in figs[0]._suptitle.get_text()
     nan = df.copy()
-    nan.loc[(nan.role == "mean") & (nan.layer == 0), ["value", "ci_low", "ci_high"]] = np.nan
+    nan.loc[(nan.choice == "mean") & (nan.layer == 0), ["value", "ci_low", "ci_high"]] = np.nan
     plot_probes(nan, tmp_path / "nan")
     assert np.isnan(line_by_label(visible_axes(figs[1])[0], "mean").get_ydata()[0])
     assert "mean at layer 0" in figs[1]._supxlabel.get_text()
@@ -497,7 +497,7 @@ def test_probe_position_best_and_last_layer(tmp_path, figs):
     df = probe_table(targets=tuple(f"bow_s{i}" for i in range(1, 6)), roles=("cls", "mean"), random_init=False)
     render_once(figs, plot_probe_position, tmp_path / "best", df, choice=["cls", "mean"])
     ax = figs[0].axes[0]
-    f1 = df[(df.metric == "micro_f1") & (df.role == "cls")]
+    f1 = df[(df.metric == "micro_f1") & (df.choice == "cls")]
     best = f1.groupby("target")["value"].max().loc[[f"bow_s{i}" for i in range(1, 6)]].to_numpy()
     cls = ax.containers[0]  # errorbar container of the first choice
     x, y = cls.lines[0].get_data()

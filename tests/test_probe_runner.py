@@ -243,7 +243,7 @@ def test_compare_probes_pairs_items(doc_caches):
     assert one["ci_low"] <= one["value"] <= one["ci_high"]
     with pytest.raises(ValueError, match=r"condition a=\{'nope': 1\} names unknown columns \['nope'\]"):
         compare_probes(items, a={"nope": 1}, b={"choice": "mean"})
-    with pytest.raises(ValueError, match=r"condition b=\{'role': 'sep9'\} matches no item"):
+    with pytest.raises(ValueError, match=r"condition b=\{'choice': 'sep9'\} matches no item"):
         compare_probes(items, a={"choice": "cls"}, b={"choice": "sep9"})
 
 
