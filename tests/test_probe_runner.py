@@ -294,7 +294,7 @@ def test_cli_takes_every_study_setting(caches, tmp_path, capsys):
     for bad, message in [(["--folds", "1"], "argument --folds: '1': must be at least 2"),
                          (["--Cs", "0.1,-1"], "argument --Cs: '-1': must be a positive finite number"),
                          (["--inner-folds", "x"], "argument --inner-folds: 'x' is not an integer"),
-                         (["--layers", "99"], "layer 99 is not in this cache")]:
+                         (["--layers", "99"], "layer 99 is out of range")]:
         fresh = tmp_path / "bad"
         try:  # argparse exits; an error found while running returns the status
             status = main([str(a.path), "--out", str(fresh), "--no-progress"] + bad)
