@@ -43,13 +43,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--stream-n", type=int, default=1_000_000, help="items for the streaming run (default 1000000)")
     p.add_argument("--stream-batch", type=int, default=10_000, help="streaming batch size (default 10000)")
     p.add_argument("--stream-layers", type=int, default=1, help="layers per side in the streaming run (default 1)")
-    p.add_argument("--debiased", action="store_true", help="debiased CKA (U-statistic HSIC) everywhere")
+    p.add_argument("--metrics", choices=("linear_cka", "linear_cka_debiased"), default="linear_cka",
+                   help="linear_cka (default) or linear_cka_debiased (U-statistic HSIC) everywhere")
     p.add_argument("--device", choices=DEVICES, default="numpy",
                    help="numpy arrays, or torch tensors on cpu/cuda (default numpy)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-memory", action="store_true", help="skip the in-memory comparison")
     p.add_argument("--skip-stream", action="store_true", help="skip the streaming run")
     args = p.parse_args(argv)
+    args.debiased = args.metrics == "linear_cka_debiased"
     for name in ("n", "d", "layers", "stream_n", "stream_batch", "stream_layers"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
