@@ -50,6 +50,7 @@ from analyses.results import make_table, read_table, result_path, write_table
 from probing.cli import ArgumentParser, output_dir_arg
 from probing.examples import Example, corpus_fingerprint
 from probing.formats import Format, Rendered
+from probing.forward import running
 
 ANALYSIS = "finetune_pooling"
 #: Bump when the protocol changes, so stored results of the old protocol are not reused.
@@ -127,21 +128,27 @@ def frozen_features(lm, rendered: Sequence[Rendered], poolings: Sequence[Pooling
     one eval-mode forward pass per length-sorted batch shared by all poolings (the encoder is not
     trained). Only ``rows`` (default: all) are computed; the other rows are NaN."""
     pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    model = lm.model.to(device).eval()
-    pass_types = _accepts_token_types(model)
     rows = np.arange(len(rendered)) if rows is None else np.asarray(rows)
     lengths = np.asarray([len(rendered[i]) for i in rows])
     out = {p.name: np.full((len(rendered), int(lm.model.config.hidden_size)), np.nan) for p in poolings}
-    with torch.inference_mode():
-        for part in sorted_batches(lengths, config.eval_batch_size):
-            idx = rows[part]
-            batch = _collate([rendered[i] for i in idx], poolings[0], pad_id, device)
-            kw = {"token_type_ids": batch["token_type_ids"]} if pass_types else {}
-            h = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], return_dict=True,
-                      **kw).last_hidden_state.float()
-            for p in poolings:
-                mask = torch.from_numpy(pooling_mask([rendered[i] for i in idx], p, h.shape[1])).to(device)
-                out[p.name][idx] = pool(h, mask, p.reduce).double().cpu().numpy()
+    dtype = next(lm.model.parameters()).dtype
+    # a copy when the caller's model is on another device; its train/eval mode is restored below
+    with running(lm, device=device, dtype=dtype) as run, torch.inference_mode():
+        model, was_training = run.model, run.model.training
+        model.eval()
+        pass_types = _accepts_token_types(model)
+        try:
+            for part in sorted_batches(lengths, config.eval_batch_size):
+                idx = rows[part]
+                batch = _collate([rendered[i] for i in idx], poolings[0], pad_id, device)
+                kw = {"token_type_ids": batch["token_type_ids"]} if pass_types else {}
+                h = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], return_dict=True,
+                          **kw).last_hidden_state.float()
+                for p in poolings:
+                    mask = torch.from_numpy(pooling_mask([rendered[i] for i in idx], p, h.shape[1])).to(device)
+                    out[p.name][idx] = pool(h, mask, p.reduce).double().cpu().numpy()
+        finally:
+            model.train(was_training)
     return out
 
 

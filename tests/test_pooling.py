@@ -482,3 +482,25 @@ def test_figure_draws_frozen_and_fine_tuned_from_the_same_splits(tiny, tmp_path,
     assert 0.11 not in bars and 0.12 not in bars
     frozen = df[df.metric == "frozen_test_accuracy_mean"].set_index("role")["value"]
     assert any(b == pytest.approx(frozen["cls"]) for b in bars)
+
+
+def test_frozen_features_leave_the_callers_model_as_it_was(tiny, bert_tokenizer):
+    """frozen_features runs the encoder in eval mode but hands the model back in the mode, dtype and
+    device it came in, and its numbers equal an eval-mode forward pass of the same model."""
+    ex = keyword_examples(12)
+    rendered = _render(bert_tokenizer, ex)
+    pools = [get_pooling("cls"), get_pooling("mean")]
+    tiny.model.train()
+    before = {k: v.clone() for k, v in tiny.model.state_dict().items()}
+    feats = P.frozen_features(tiny, rendered, pools, TrainConfig(), torch.device("cpu"))
+    assert tiny.model.training, "frozen_features left the caller's model in eval mode"
+    p = next(tiny.model.parameters())
+    assert p.dtype == torch.float32 and p.device.type == "cpu"
+    assert all(torch.equal(before[k], v) for k, v in tiny.model.state_dict().items())
+    tiny.model.eval()
+    with torch.inference_mode():
+        r = rendered[0]
+        h = tiny.model(input_ids=torch.as_tensor(r.input_ids)[None],
+                       attention_mask=torch.ones(1, len(r), dtype=torch.long),
+                       token_type_ids=torch.as_tensor(r.token_type_ids)[None]).last_hidden_state[0]
+    np.testing.assert_allclose(feats["cls"][0], h[0].double().numpy(), rtol=1e-5, atol=1e-6)
