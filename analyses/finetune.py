@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import inspect
 import math
 import time
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from analyses.finetune_config import TrainConfig, preset_config
 from analyses.pooling_choices import Pooling, get_pooling, pool, pooling_mask
 from probing.examples import Example, corpus_fingerprint
 from probing.formats import Format, Rendered, render, special_token_ids, tokenize_sentences
+from probing.forward import accepts_token_types
 
 
 def split_unit(key: str, seed: int = 0) -> float:
@@ -193,13 +193,6 @@ def check_pooling(task: Task, pooling: str | Pooling) -> Pooling:
 # Training
 
 
-def _accepts_token_types(model: torch.nn.Module) -> bool:
-    try:
-        return "token_type_ids" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def _collate(rendered: Sequence[Rendered], pooling: Pooling, pad_id: int, device: torch.device) -> dict:
     T = max(len(r) for r in rendered)
     ids = np.full((len(rendered), T), pad_id, dtype=np.int64)
@@ -221,7 +214,7 @@ class PooledClassifier(torch.nn.Module):
         super().__init__()
         self.encoder = encoder
         self.pooling = pooling
-        self.pass_types = _accepts_token_types(encoder)
+        self.pass_types = accepts_token_types(encoder)
         self.head = torch.nn.Linear(hidden_size, n_classes)
         torch.nn.init.normal_(self.head.weight, std=init_std)
         torch.nn.init.zeros_(self.head.bias)

@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from analyses.finetune import (Task, _accepts_token_types, _check_label, _collate, _device, _finetune_task, _load,
+from analyses.finetune import (Task, _check_label, _collate, _device, _finetune_task, _load,
                                _max_length_of, _task, check_pooling, render_examples, sorted_batches, split_unit)
 from analyses.finetune_config import PRESETS, SCHEDULES, TrainConfig, preset_config
 from analyses.pooling_choices import POOLINGS, Pooling, get_pooling, pool, pooling_mask
@@ -50,7 +50,7 @@ from analyses.results import make_table, read_table, result_path, write_table
 from probing.cli import ArgumentParser, output_dir_arg
 from probing.examples import Example, corpus_fingerprint
 from probing.formats import Format, Rendered
-from probing.forward import running
+from probing.forward import accepts_token_types, running
 
 ANALYSIS = "finetune_pooling"
 #: Bump when the protocol changes, so stored results of the old protocol are not reused.
@@ -136,7 +136,7 @@ def frozen_features(lm, rendered: Sequence[Rendered], poolings: Sequence[Pooling
     with running(lm, device=device, dtype=dtype) as run, torch.inference_mode():
         model, was_training = run.model, run.model.training
         model.eval()
-        pass_types = _accepts_token_types(model)
+        pass_types = accepts_token_types(model)
         try:
             for part in sorted_batches(lengths, config.eval_batch_size):
                 idx = rows[part]
