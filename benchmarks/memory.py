@@ -7,7 +7,7 @@
         --model all-MiniLM-L6-v2 --corpus 'bbc:n={n},k=2,max_words=40'   # the study's sizes at n=1000
 
 Every (mode, size) runs in a fresh subprocess, so no peak is inherited from an earlier run. A run
-loads the model, builds the corpus (``probing.corpora.generated_corpus(n)``, two sentences per
+loads the model, builds the corpus (``probing.corpus_generated.generated_corpus(n)``, two sentences per
 example) and then runs one mode:
 
 * ``extract``: :func:`probing.extract.extract` of formats pair and concat, roles cls,sep, into a
@@ -136,7 +136,8 @@ def worker(args: argparse.Namespace) -> dict:
 
 def load_examples(spec: str, n: int):
     """``spec`` with ``{n}`` filled in (``generated``: the generated corpus of n two-sentence examples)."""
-    from probing.corpora import generated_corpus, load_corpus
+    from probing.corpora import load_corpus
+    from probing.corpus_generated import generated_corpus
 
     return generated_corpus(n, k=2) if spec == "generated" else load_corpus(spec.format(n=n))
 

