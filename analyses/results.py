@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
-from probing.cache import atomic_write
+from probing.cache_writer import atomic_write
 
 #: The standard columns, in order. ``format_b`` is the second format of a comparison (empty otherwise).
 RESULT_COLUMNS: tuple[str, ...] = (
@@ -75,7 +75,7 @@ def make_table(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
 
 def write_table(df: pd.DataFrame, path: str | os.PathLike) -> Path:
     """Write ``df`` (as :func:`typed`, without its index) to ``path`` (``.csv``) and a ``.parquet`` beside
-    it, each atomically (:func:`probing.cache.atomic_write`: the whole file or none, fsynced). Returns the
+    it, each atomically (:func:`probing.cache_writer.atomic_write`: the whole file or none, fsynced). Returns the
     CSV path."""
     path = Path(path)
     df = typed(df)
@@ -103,13 +103,14 @@ def read_table(path: str | os.PathLike) -> pd.DataFrame:
 @functools.cache
 def code_version() -> dict[str, str]:
     """What decides the numbers besides the options: the toolkit version and a SHA-256 over the source
-    of every module of :mod:`analyses` and of :mod:`probing.cache` (the read path), computed once per
-    process. A code change gives new result keys, so a table computed by old code is not reused."""
+    of every module of :mod:`analyses` and of the read path (:mod:`probing.cache`, :mod:`probing.cache_layout`),
+    computed once per process. A code change gives new result keys, so a table computed by old code is not reused."""
     import probing
 
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
-    for f in [*sorted(here.glob("*.py")), Path(probing.__file__).resolve().parent / "cache.py"]:
+    read_path = [Path(probing.__file__).resolve().parent / f for f in ("cache.py", "cache_layout.py")]
+    for f in [*sorted(here.glob("*.py")), *read_path]:
         h.update(f.name.encode("utf-8") + b"\0" + f.read_bytes() + b"\0")
     return {"toolkit": probing.__version__, "code_sha256": h.hexdigest()}
 

@@ -1,59 +1,35 @@
-"""The on-disk cache of hidden states: layout, atomic writes, checksums, and the read API.
+"""The read side of the on-disk cache of hidden states: :class:`Cache`, and whether two caches may be
+combined (:func:`check_comparable`, :func:`align`).
 
-Layout of one cache (one model x format x corpus x options)::
-
-    <root>/<model-slug>/<format>-<key>/
-        request.json                 what is being extracted (written first)
-        shards/00000.npy             states of shard 0: (n_tokens, n_layers_stored, hidden), .npy
-        shards/00000.tokens.parquet  its token table: one row per stored token, with its key
-        shards/00000.json            its record: example range, row count, SHA-256 of both files
-                                     (written last: a shard is complete iff its record exists)
-        examples.parquet             the corpus: example index, id, sentences, label_<name> columns
-        manifest.json                written when every shard is complete: the cache is complete;
-                                     it holds the SHA-256 of its own canonical content
-                                     (``manifest_sha256``), checked on open
-    <root>/<model-slug>/.<format>-<key>.lock
-                                     the writers' lock (empty at rest; see :func:`writer_lock`)
-
-Every file is written to a temporary name and renamed into place, so an interrupted run leaves only
-complete shards; the next run of the same request skips them and ends with the same bytes. Several
-processes may write disjoint shards of one cache at once (one extractor per GPU); the manifest is
-written once all are there. One extraction at a time holds a cache's lock; an independent second
-writer is refused instead of deleting the first one's temporaries. Nothing is pickled: states are
-``.npy`` (memory-mapped on read, loaded with ``allow_pickle=False``), tables are Parquet, metadata
-JSON. :func:`check_comparable` decides whether two caches may be combined in one measurement.
+A cache is a directory of ``.npy`` shards (memory-mapped on read, loaded with ``allow_pickle=False``),
+Parquet token tables and a JSON manifest; :mod:`probing.cache_layout` describes the layout, names and
+checksums, :mod:`probing.cache_writer` writes it (atomically, under a lock). Nothing is pickled.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import hashlib
-import json
 import mmap
 import os
-import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
+from .cache_layout import EXAMPLES, MANIFEST, REQUEST, SHARDS, CacheError, read_json, read_manifest, sha256_file
+from .cache_writer import atomic_write, clear, complete_shards, write_json, write_manifest, write_shard, writer_lock
 from .formats import KEY_COLUMNS
 
-MANIFEST = "manifest.json"
-EXAMPLES = "examples.parquet"
-REQUEST = "request.json"
-SHARDS = "shards"
-#: 2: manifest.json carries ``manifest_sha256``, its own checksum (version 1 had none).
-CACHE_VERSION = 2
-MANIFEST_CHECKSUM = "manifest_sha256"
+__all__ = ["Cache", "CacheError", "IncomparableCaches", "align", "check_comparable", "describe_model", "find_caches"]
 
-
+#: What ``probing.extract`` imports from here, written before the writer moved to
+#: :mod:`probing.cache_writer` (and ``_sha256_file``, its name for ``sha256_file``): kept until it
+#: imports them from their homes.
+_FOR_EXTRACT = (EXAMPLES, MANIFEST, REQUEST, read_json, atomic_write, clear, complete_shards, write_json,
+                write_manifest, write_shard, writer_lock)
+_sha256_file = sha256_file
 
 #: Bytes of stored rows read at a time by :meth:`Cache.states` before their pages are dropped again.
 READ_CHUNK_BYTES = 32 << 20
@@ -67,256 +43,9 @@ def _release_pages(arr: np.ndarray) -> None:
     if mm is not None and advice is not None and hasattr(mm, "madvise"):
         mm.madvise(advice)
 
-class CacheError(RuntimeError):
-    """A cache is incomplete, damaged, or does not match what was asked for."""
-
 
 class IncomparableCaches(CacheError, ValueError):
     """Two caches cannot be combined in one measurement (see :func:`check_comparable`)."""
-
-
-# ---------------------------------------------------------------------------------------------------
-# Paths and keys
-
-
-def _canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-
-
-def cache_key(request: Mapping[str, Any]) -> str:
-    """Content hash of everything that determines a cache's contents (16 hex digits)."""
-    return hashlib.sha256(_canonical(request)).hexdigest()[:16]
-
-
-def slug(text: str) -> str:
-    """A file-name-safe version of a model name: ``bert-base-uncased``, ``org--model``."""
-    text = text.rstrip("/").replace("/", "--")
-    text = re.sub(r"[^A-Za-z0-9_.+-]+", "_", text)
-    return text[-80:] or "model"
-
-
-def cache_path(root: str | os.PathLike, request: Mapping[str, Any]) -> Path:
-    """The one function that maps a request to its cache directory."""
-    model = request["model"]
-    name = model["name"] + ("-random-init-seed%s" % model["seed"] if model.get("random_init") else "")
-    return Path(root) / slug(name) / f"{request['format']['name']}-{cache_key(request)}"
-
-
-# ---------------------------------------------------------------------------------------------------
-# Atomic writes
-
-
-def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            block = f.read(chunk)
-            if not block:
-                break
-            h.update(block)
-    return h.hexdigest()
-
-
-def atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)`` then rename onto ``path``: readers see the whole file or none."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def write_json(path: Path, obj: Any) -> None:
-    text = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-
-
-def read_json(path: Path) -> Any:
-    """Parse a JSON file; a file that is not valid UTF-8 JSON raises :class:`CacheError` naming it."""
-    path = Path(path)
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CacheError(f"{path} is damaged (not valid JSON: {err}); delete the cache directory "
-                         f"{path.parent} or re-run the extraction with --force") from None
-
-
-def manifest_checksum(manifest: Mapping[str, Any]) -> str:
-    """SHA-256 of a manifest's canonical JSON (sorted keys, compact), its own checksum field left out."""
-    return hashlib.sha256(_canonical({k: v for k, v in manifest.items() if k != MANIFEST_CHECKSUM})).hexdigest()
-
-
-def write_manifest(cache_dir: Path, manifest: Mapping[str, Any]) -> None:
-    """Write ``manifest.json`` with its checksum (``manifest_sha256``) embedded; atomic."""
-    write_json(Path(cache_dir) / MANIFEST, {**manifest, MANIFEST_CHECKSUM: manifest_checksum(manifest)})
-
-
-def read_manifest(cache_dir: Path) -> dict:
-    """Read and verify ``manifest.json``: a damaged file (invalid JSON, a checksum that does not match
-    its content, e.g. one flipped bit that relabels a layer) raises :class:`CacheError` naming it."""
-    path = Path(cache_dir) / MANIFEST
-    manifest = read_json(path)
-    if not isinstance(manifest, dict):
-        raise CacheError(f"{path} is damaged (a JSON {type(manifest).__name__}, not an object)")
-    version = manifest.get("cache_version")
-    if MANIFEST_CHECKSUM not in manifest:
-        if version == 1:
-            raise CacheError(f"{path}: cache version 1 (written by an older probing, no manifest checksum) is "
-                             f"not {CACHE_VERSION}; extract again (the new cache goes to a new directory)")
-        raise CacheError(f"{path} is damaged: it has no {MANIFEST_CHECKSUM}; delete the cache directory or "
-                         f"re-run the extraction with --force")
-    if manifest_checksum(manifest) != manifest[MANIFEST_CHECKSUM]:
-        raise CacheError(f"{path} is damaged (its content does not match its SHA-256 {MANIFEST_CHECKSUM}); "
-                         f"delete the cache directory or re-run the extraction with --force")
-    if version != CACHE_VERSION:
-        raise CacheError(f"{path}: cache version {version} is not {CACHE_VERSION}")
-    return manifest
-
-
-def _write_npy(tmp: str, array: np.ndarray) -> None:
-    with open(tmp, "wb") as f:
-        np.lib.format.write_array(f, np.ascontiguousarray(array), allow_pickle=False)
-
-
-def _write_parquet(tmp: str, df: pd.DataFrame) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp)
-
-
-def shard_name(index: int) -> str:
-    return f"{index:05d}"
-
-
-def write_shard(cache_dir: Path, index: int, states: np.ndarray, tokens: pd.DataFrame,
-                info: Mapping[str, Any], extra: Mapping[str, np.ndarray] | None = None) -> dict:
-    """Write one shard's states, token table and ``extra`` arrays (e.g. attention summaries), then
-    its record (last). Returns the record."""
-    if len(tokens) != states.shape[0]:
-        raise CacheError(f"shard {index}: {len(tokens)=} rows but {states.shape=}")
-    d = Path(cache_dir) / SHARDS
-    name = shard_name(index)
-    atomic_write(d / f"{name}.npy", lambda tmp: _write_npy(tmp, states))
-    atomic_write(d / f"{name}.tokens.parquet", lambda tmp: _write_parquet(tmp, tokens))
-    extras = {}
-    for key, arr in sorted((extra or {}).items()):
-        fname = f"{name}.{key}.npy"
-        atomic_write(d / fname, lambda tmp, arr=arr: _write_npy(tmp, arr))
-        extras[key] = {"file": fname, "sha256": _sha256_file(d / fname)}
-    record = dict(info)
-    record["extra"] = extras
-    record.update({
-        "shard": index,
-        "n_tokens": int(states.shape[0]),
-        "states": f"{name}.npy",
-        "tokens": f"{name}.tokens.parquet",
-        "states_sha256": _sha256_file(d / f"{name}.npy"),
-        "tokens_sha256": _sha256_file(d / f"{name}.tokens.parquet"),
-    })
-    write_json(d / f"{name}.json", record)
-    return record
-
-
-def remove_temporaries(cache_dir: Path) -> list[Path]:
-    """Remove the temporary files (``.*.tmp``) an interrupted writer left in the cache directory and
-    its ``shards/``; returns them. Only call it while holding :func:`writer_lock` and before this
-    extraction's ranks start writing: then no live writer owns a temporary there."""
-    d = Path(cache_dir)
-    gone = [*d.glob(".*.tmp"), *(d / SHARDS).glob(".*.tmp")]
-    for tmp in gone:
-        tmp.unlink(missing_ok=True)
-    return gone
-
-
-def lock_path(cache_dir: Path) -> Path:
-    """The lock file of a cache directory: beside it (``.<name>.lock``), so clearing the directory
-    (``--force``) never removes a lock that is held."""
-    cache_dir = Path(cache_dir)
-    return cache_dir.parent / f".{cache_dir.name}.lock"
-
-
-class writer_lock:
-    """Exclusive lock of one cache directory for one extraction (``fcntl.flock`` on
-    :func:`lock_path`, non-blocking).
-
-    An independent second writer is refused at once with a :class:`CacheError` that names the
-    directory and the holder's process id; it never waits and never touches the holder's files. The
-    kernel drops the lock when its holder dies, so a killed run leaves no stale lock. Under torchrun
-    only rank 0 takes it: the ranks of one extraction write disjoint shards inside it.
-
-    >>> with writer_lock(path):           # doctest: +SKIP
-    ...     ...  # clean temporaries, write shards, write the manifest
-    """
-
-    def __init__(self, cache_dir: Path):
-        self.path = lock_path(cache_dir)
-        self.cache_dir = Path(cache_dir)
-        self._fd: int | None = None
-
-    def __enter__(self) -> "writer_lock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-            os.close(fd)
-            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            raise CacheError(
-                f"{self.cache_dir}: another extraction (process {holder}) is writing this cache; this one "
-                f"is refused and leaves it alone. Wait for it to finish (then this request is already "
-                f"cached), or give another --out") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
-        self._fd = fd
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._fd is not None:
-            os.ftruncate(self._fd, 0)  # empty at rest: the cache tree is the same bytes after any run
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-
-def complete_shards(cache_dir: Path, verify: bool = True, clean: bool = False) -> dict[int, dict]:
-    """Records of shards already written (and, with ``verify``, whose checksums still match; damaged
-    shards are dropped so they are written again). ``clean`` removes temporary files an interrupted
-    run left behind (:func:`remove_temporaries`): only under :func:`writer_lock`, before writing."""
-    d = Path(cache_dir) / SHARDS
-    if not d.is_dir():
-        return {}
-    if clean:
-        remove_temporaries(cache_dir)
-    out: dict[int, dict] = {}
-    for rec_path in sorted(d.glob("[0-9]*.json")):
-        try:
-            rec = json.loads(rec_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            continue
-        if verify:
-            files = [(rec[k], rec[k + "_sha256"]) for k in ("states", "tokens")]
-            files += [(e["file"], e["sha256"]) for e in rec.get("extra", {}).values()]
-            ok = all((d / f).exists() and _sha256_file(d / f) == h for f, h in files)
-            if not ok:
-                rec_path.unlink(missing_ok=True)
-                continue
-        out[int(rec["shard"])] = rec
-    return out
-
-
-def clear(cache_dir: Path) -> None:
-    if Path(cache_dir).exists():
-        shutil.rmtree(cache_dir)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -426,7 +155,7 @@ class Cache:
         p = self.path / SHARDS / fname
         if not p.exists():
             raise CacheError(f"{self.path}: shard file {p.name} is missing")
-        if self.verify and _sha256_file(p) != digest:
+        if self.verify and sha256_file(p) != digest:
             raise CacheError(
                 f"{self.path}: shard file {p.name} is damaged (SHA-256 does not match the manifest); "
                 f"delete the cache or re-run the extraction with --force"
@@ -438,7 +167,7 @@ class Cache:
         """The corpus: one row per example (skipped ones included), indexed by corpus position, with
         ``example_id``, ``sentence_<i>`` and ``label_<name>`` columns."""
         p = self.path / EXAMPLES
-        if self.verify and _sha256_file(p) != self.manifest["examples_sha256"]:
+        if self.verify and sha256_file(p) != self.manifest["examples_sha256"]:
             raise CacheError(f"{self.path}: {EXAMPLES} is damaged (SHA-256 does not match the manifest)")
         return pd.read_parquet(p).set_index("example", drop=False)
 

@@ -44,8 +44,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .cache import KEY_COLUMNS, Cache, CacheError
-from .formats import Format, Rendered, render, TokenizedSentence
+from .cache import Cache, CacheError
+from .formats import KEY_COLUMNS, Format, Rendered, render, TokenizedSentence
 
 #: The group grammar, declared once: CLI help, validation and masks use it.
 GROUPS: dict[str, str] = {

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .cache import CACHE_VERSION, CacheError, cache_path
+from .cache_layout import CACHE_VERSION, CacheError, cache_path
 from .examples import Example
 from .formats import SPECIAL_TOKENS, Format, FormatError, Rendered, render, special_token_ids, tokenize_sentences
 from .heap import HeapTrimmer

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from probing.cache import (MANIFEST, SHARDS, Cache, CacheError, IncomparableCaches, check_comparable, lock_path,
-                           writer_lock)
+from probing.cache import Cache, CacheError, IncomparableCaches, check_comparable
+from probing.cache_layout import MANIFEST, SHARDS
+from probing.cache_writer import lock_path, writer_lock
 from probing.extract import extract
 from probing.extract import main as extract_main
 
@@ -127,7 +128,7 @@ def test_second_writer_from_another_process_gets_exit_2(tmp_path, tiny_bert, ber
     (path,) = [p.parent for p in (tmp_path / "c").glob(f"*/*/{MANIFEST}")]
     (path / MANIFEST).unlink()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from probing.cache import writer_lock\n"
+        [sys.executable, "-c", "import sys, time; from probing.cache_writer import writer_lock\n"
          f"with writer_lock({str(path)!r}):\n    print('held', flush=True); time.sleep(60)"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
     try:

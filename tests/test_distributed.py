@@ -23,7 +23,8 @@ import pandas as pd
 import pytest
 import torch
 
-from probing.cache import MANIFEST, REQUEST, SHARDS, Cache, CacheError
+from probing.cache import Cache, CacheError
+from probing.cache_layout import MANIFEST, REQUEST, SHARDS
 from probing.distributed import TORCHRUN_ENV, DistContext, barrier_timeout
 from probing.extract import ExtractError, assign_shards, extract
 from probing.extract import main as extract_main

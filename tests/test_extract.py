@@ -283,7 +283,7 @@ def test_examples_parquet_is_written_in_row_groups(tmp_path, tiny_bert, monkeypa
     import pyarrow.parquet as pq
 
     import probing.corpus_table as X
-    from probing.cache import _write_parquet
+    from probing.cache_writer import _write_parquet
 
     data = _mixed_examples()
     (one,) = extract(data, ["pair"], model=tiny_bert, out=tmp_path / "one", progress=False, log=lambda *a: None)
