@@ -23,19 +23,21 @@ from figures.drift import (add_note, base_parser, ci_band, data_color, layer_tic
                            numeric, one_source, run_cli, select, suptitle, title_for, unique_or_error)
 
 BASELINE = "anisotropy_baseline"
-#: Metric -> legend label, raw panel then adjusted panel; colours match between the panels.
-RAW: dict[str, str] = {
-    "self_similarity": "self-similarity (same word, different contexts)",
-    "intra_similarity": "intra-sentence similarity (word vs sentence mean)",
-    "mev": "max. explainable variance (σ₁² share, uncentred: the paper)",
-    "mev_centred": "MEV, centred (PCA ratio: the authors' code)",
+#: Metric -> (its legend label in the raw panel, that of ``<metric>_adjusted`` in the adjusted panel);
+#: colours match between the panels.
+LABELS: dict[str, tuple[str, str]] = {
+    "self_similarity": ("self-similarity (same word, different contexts)",
+                        "self-similarity − baseline"),
+    "intra_similarity": ("intra-sentence similarity (word vs sentence mean)",
+                         "intra-sentence similarity − baseline"),
+    "mev": ("max. explainable variance (σ₁² share, uncentred: the paper)",
+            "MEV − MEV of random words"),
+    "mev_centred": ("MEV, centred (PCA ratio: the authors' code)",
+                    "centred MEV − centred MEV of random words"),
 }
-ADJUSTED: dict[str, str] = {
-    "self_similarity_adjusted": "self-similarity − baseline",
-    "intra_similarity_adjusted": "intra-sentence similarity − baseline",
-    "mev_adjusted": "MEV − MEV of random words",
-    "mev_centred_adjusted": "centred MEV − centred MEV of random words",
-}
+#: Metric -> legend label, raw panel then adjusted panel.
+RAW: dict[str, str] = {m: raw for m, (raw, _) in LABELS.items()}
+ADJUSTED: dict[str, str] = {f"{m}_adjusted": adjusted for m, (_, adjusted) in LABELS.items()}
 
 
 def _line(ax, g: pd.DataFrame, color: str, label: str, **kw) -> None:

@@ -416,25 +416,29 @@ def _jw_answer(T):
     return s
 
 
+def _corpus_read(cfg, key: str) -> str:
+    """The corpus a paper's section reads (``cfg["corpus"][key]``), as its notes name it."""
+    spec = cfg["corpus"][key]
+    return f"{corpus_text(spec)} sentences ({spec})"
+
+
 def _clark_notes(cfg) -> str:
-    spec = cfg["corpus"]["paragraphs"]
     return ("Protocol: consecutive sentences of one document laid out by the config's clark_format "
             f"(`{cfg['papers']['clark_format']}`), attention weights of every head summed over the target tokens, "
             "averaged over all query tokens (special tokens included, as in the authors' notebook), then over "
             "heads and examples; 95% bootstrap CIs over documents (examples without them). The passages here are "
-            f"{corpus_text(spec)} sentences ({spec}), not the paper's Wikipedia paragraphs of about 128 tokens. "
+            f"{_corpus_read(cfg, 'paragraphs')}, not the paper's Wikipedia paragraphs of about 128 tokens. "
             "The figure also shows attention from [CLS] and from the first [SEP]. Attention weights are not "
             "explanations: Clark et al. argue that attention to [SEP] is largely a no-op.")
 
 
 def _eth_notes(cfg) -> str:
-    spec = cfg["corpus"]["sentences"]
     return ("Protocol: each sentence encoded alone ([CLS] s [SEP]); a word's vector is its first subword; words "
             f"occurring in at least {cfg['papers']['min_contexts']} sentences; self-similarity = mean pairwise "
             "cosine of a word's occurrences, intra-sentence similarity = mean cosine of a sentence's words with their "
             "mean, MEV = share of variance on the first principal direction; each adjusted by its random-word "
             "baseline of the same layer. The paper used STS sentences and WordPiece tokens as words; here "
-            f"{corpus_text(spec)} sentences ({spec}) and whole words. MEV is given both ways: uncentred (`mev`, the "
+            f"{_corpus_read(cfg, 'sentences')} and whole words. MEV is given both ways: uncentred (`mev`, the "
             "paper's definition) and centred on each word's mean (`mev_centred`, what the authors' released code "
             f"computes with PCA); over at most {cfg['papers']['max_contexts']} occurrences per word, and a share of "
             "variance on one direction is larger for fewer occurrences, so neither is comparable with the paper's "
