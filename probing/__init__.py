@@ -20,7 +20,8 @@ import importlib
 
 __version__ = "0.1.0"
 
-#: The notebook API: attribute -> (module, name), imported on first access (PEP 562).
+#: The notebook API: attribute -> (module, name), imported on first access (PEP 562). Only modules of
+#: the probing core (text -> cache) may be named: the study's entry point is ``probing.study.run``.
 API: dict[str, tuple[str, str]] = {
     "load_model": ("probing.api", "load_model"),
     "extract_caches": ("probing.api", "extract_caches"),
@@ -29,7 +30,6 @@ API: dict[str, tuple[str, str]] = {
     "Example": ("probing.examples", "Example"),
     "Format": ("probing.formats", "Format"),
     "resolve_layers": ("probing.layers", "resolve_layers"),
-    "run_study": ("probing.study", "run"),
 }
 
 __all__ = ["__version__", *API]

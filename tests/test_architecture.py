@@ -4,7 +4,8 @@ The layers, bottom to top: the probing core (``probing/`` except ``probing/study
 ``analyses/`` (cache -> tables), ``figures/`` (tables -> files) and ``probing.study`` (config -> report,
 and the ``probing`` console script). An import may only point down or stay within its layer, and no
 two modules may import each other, directly or around a loop. Imports inside functions count: a
-lazy import is still an arrow. Nothing is exempt.
+lazy import is still an arrow, and so is a module named in a string that is imported later (a lazy
+attribute table such as ``probing.API``, ``importlib.import_module("...")``). Nothing is exempt.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def resolve(name: str, modules: dict[str, Path]) -> str | None:
     return None
 
 
-def import_graph() -> nx.DiGraph:
+def static_import_graph() -> nx.DiGraph:
     """Module -> module it imports (toolkit modules only; a package's own ``__init__`` is not counted
     as an import of its submodules, since Python runs it first anyway and it is not a choice)."""
     modules = toolkit_modules()
@@ -84,6 +85,43 @@ def import_graph() -> nx.DiGraph:
             target = resolve(name, modules)
             if target is not None and target != mod:
                 graph.add_edge(mod, target)
+    return graph
+
+
+def docstrings(tree: ast.AST) -> set[int]:
+    """``id`` of every docstring node (prose may name modules without importing them)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def named_modules(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The toolkit modules ``path`` names in a string, outside docstrings: a lazy reference
+    (``{"run": ("probing.study", "run")}`` resolved by ``importlib.import_module``, or a literal
+    ``importlib.import_module("probing.study")``) is an arrow the import statements do not show.
+    A string counts if it is exactly a module's dotted name or ``module:attribute``."""
+    tree = ast.parse(path.read_text(), str(path))
+    prose = docstrings(tree)
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
+            name = node.value.split(":", 1)[0]
+            if name in modules:
+                out.add(name)
+    return out
+
+
+def import_graph(lazy: bool = False) -> nx.DiGraph:
+    """:func:`static_import_graph`, with ``lazy`` also the arrows of :func:`named_modules`."""
+    graph = static_import_graph()
+    if lazy:
+        modules = toolkit_modules()
+        for mod, path in modules.items():
+            graph.add_edges_from((mod, target) for target in named_modules(path, modules) if target != mod)
     return graph
 
 
@@ -107,12 +145,33 @@ def test_no_import_cycles():
     assert not cycles, "import cycles:\n  " + "\n  ".join(sorted(cycles))
 
 
-def test_layers_only_point_down():
-    graph = import_graph()
+def upward_arrows(graph: nx.DiGraph) -> list[str]:
     rank = {name: i for i, name in enumerate(LAYERS)}
-    upward = sorted(f"{a} ({layer(a)}) imports {b} ({layer(b)})" for a, b in graph.edges
-                    if rank[layer(b)] > rank[layer(a)])
+    return sorted(f"{a} ({layer(a)}) imports {b} ({layer(b)})" for a, b in graph.edges
+                  if rank[layer(b)] > rank[layer(a)])
+
+
+def test_layers_only_point_down():
+    """Static imports and lazy string references alike (cycles are judged on static imports only:
+    ``probing``'s lazy table names modules that import ``probing.__version__``)."""
+    upward = upward_arrows(import_graph(lazy=True))
     assert not upward, "imports that point up a layer:\n  " + "\n  ".join(upward)
+
+
+def test_the_walk_sees_lazy_string_references(tmp_path):
+    """The notebook API's table is seen as arrows from ``probing``; a table entry or an
+    ``import_module`` call naming the study from the core would be an upward arrow, prose would not."""
+    modules = toolkit_modules()
+    graph = import_graph(lazy=True)
+    assert graph.has_edge("probing", "probing.api") and not static_import_graph().has_edge("probing", "probing.api")
+    upward = tmp_path / "upward.py"
+    upward.write_text('"""Prose may name probing.study."""\nimport importlib\n'
+                      'API = {"run_study": ("probing.study", "run")}\n'
+                      'figure = importlib.import_module("figures.drift")\n')
+    assert named_modules(upward, modules) == {"probing.study", "figures.drift"}
+    graph.add_edges_from(("probing", m) for m in named_modules(upward, modules))
+    assert upward_arrows(graph) == ["probing (probing core) imports figures.drift (figures)",
+                                    "probing (probing core) imports probing.study (probing.study)"]
 
 
 # ---------------------------------------------------------------------------------- console script
