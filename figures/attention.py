@@ -25,9 +25,9 @@ import numpy as np
 import pandas as pd
 
 from figures import style
-from figures.drift import (add_note, base_parser, ci_band, comma_list, data_color, layer_ticks, legend_right,
-                           nan_cells, numeric, one_source, order_roles, run_cli, select, suptitle, title_for,
-                           unique_or_error, one_value)
+from figures.common import (add_note, base_parser, ci_band, comma_list, data_color, layer_ticks, legend_right,
+                            nan_cells, numeric, one_source, order_roles, run_cli, select, suptitle, title_for,
+                            unique_or_error, one_value)
 
 METRIC = "attention_mass"
 #: Targets drawn by :func:`plot_attention` by default, with fixed colours across panels.

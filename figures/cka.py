@@ -28,9 +28,9 @@ import numpy as np
 import pandas as pd
 
 from figures import style
-from figures.drift import (add_note, base_parser, ci_band, data_color, layer_ticks, legend_right, nan_cells,
-                           numeric, one_source, order_roles, panel_grid, run_cli, select, share_ylim, suptitle,
-                           title_for, unique_or_error, comma_list)
+from figures.common import (add_note, base_parser, ci_band, data_color, layer_ticks, legend_right, nan_cells,
+                            numeric, one_source, order_roles, panel_grid, run_cli, select, share_ylim, suptitle,
+                            title_for, unique_or_error, comma_list)
 
 #: Metric -> axis / colour-bar label; declared once for validation, CLI choices and labels.
 CKA_LABELS: dict[str, str] = {

@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from figures import style
-from figures.drift import (add_note, base_parser, ci_band, data_color, layer_ticks, nan_cells,
-                           numeric, one_source, run_cli, select, suptitle, title_for, unique_or_error)
+from figures.common import (add_note, base_parser, ci_band, data_color, layer_ticks, nan_cells,
+                            numeric, one_source, run_cli, select, suptitle, title_for, unique_or_error)
 
 BASELINE = "anisotropy_baseline"
 #: Metric -> (its legend label in the raw panel, that of ``<metric>_adjusted`` in the adjusted panel);

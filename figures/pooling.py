@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 
 from figures import style
-from figures.drift import (add_note, base_parser, comma_list, data_color, legend_right, numeric, one_source, order_roles,
-                           run_cli, select, title_for, unique_or_error)
+from figures.common import (add_note, base_parser, comma_list, data_color, legend_right, numeric, one_source,
+                            order_roles, run_cli, select, title_for, unique_or_error)
 
 ANALYSIS = "finetune_pooling"
 BASELINE_COLOR = "#777777"
