@@ -8,9 +8,10 @@ import pandas as pd
 import pytest
 
 from analyses import contextuality as ctx
-from analyses.contextuality import (METRICS, choose_contexts, intra_similarity, join_subwords,
-                                    max_explainable_variance, random_word_sets, run_contextuality,
-                                    self_similarity, word_table)
+from analyses import contextuality_metrics
+from analyses.contextuality import METRICS, run_contextuality
+from analyses.contextuality_metrics import (choose_contexts, intra_similarity, join_subwords, max_explainable_variance,
+                                            random_word_sets, self_similarity, word_table)
 from analyses.drift_metrics import anisotropy_baseline_ci
 from analyses.results import RESULT_COLUMNS
 from probing.cache import Cache
@@ -115,7 +116,7 @@ def test_centred_mev_is_pca_explained_variance_ratio():
 
 def test_mev_batches_and_wide_groups(monkeypatch):
     # n > dim (rank-deficient Gram) and batches split across several chunks
-    monkeypatch.setattr(ctx, "_BATCH_ELEMENTS", 50)
+    monkeypatch.setattr(contextuality_metrics, "_BATCH_ELEMENTS", 50)
     rng = np.random.default_rng(2)
     codes = np.repeat(np.arange(7), [6, 6, 6, 6, 4, 4, 8])
     X = rng.normal(size=(codes.size, 3))
