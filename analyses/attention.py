@@ -27,7 +27,7 @@ from analyses.grouping import cache_groups
 from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
                               stored_table)
 from analyses.selection import attention_group_names
-from analyses.stats import bootstrap_ci
+from analyses.intervals import bootstrap_ci
 from probing.cache import Cache
 from probing.cli import ArgumentParser
 

@@ -33,7 +33,7 @@ markers where that column is missing or empty), lower-cased by default. A contex
 type's first occurrence in each example is used, so repeats inside one example do not count as
 contexts. The same occurrences and the same random tokens are used at every layer.
 
-CIs are 95% bootstraps (:func:`analyses.stats.bootstrap_ci`): over word types for self-similarity and
+CIs are 95% bootstraps (:func:`analyses.intervals.bootstrap_ci`): over word types for self-similarity and
 MEV (each type one cluster), over examples for intra-similarity (the sentences of one example form
 one cluster). The adjusted self- and intra-similarity CIs are the raw CIs shifted by the baseline's
 point value (the baseline's own uncertainty is not propagated, as for normalised drift); the
@@ -62,7 +62,7 @@ from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options,
                               keep_table, make_table, result_path, stored_table)
 from analyses.contextuality_metrics import (choose_contexts, intra_similarity, max_explainable_variance,
                                             random_word_sets, self_similarity, word_table)
-from analyses.stats import bootstrap_ci, bootstrap_cis
+from analyses.intervals import bootstrap_ci, bootstrap_cis
 from probing.cache import Cache
 from probing.cli import ArgumentParser
 from probing.layers import cache_layers

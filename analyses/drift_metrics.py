@@ -16,7 +16,7 @@ from typing import Literal, Sequence, get_args
 import numpy as np
 from scipy import sparse as _sparse
 
-from analyses.stats import CIMethod, bootstrap_ci, bootstrap_cis
+from analyses.intervals import CIMethod, bootstrap_ci, bootstrap_cis
 
 PoolMode = Literal["first", "mean"]
 #: Subword pooling choices, declared once.
@@ -377,7 +377,7 @@ def drift_summary(
     (clusters in the cell), ``seed``, matching :data:`analyses.results.RESULT_COLUMNS` plus
     ``n_examples`` and ``n_groups``; the caller fills analysis, model, corpus, format, format_b, layer
     and the grouping's name. CIs are cluster bootstraps over ``clusters``
-    (:func:`analyses.stats.bootstrap_ci`, same ``seed`` for every cell); with one cluster they are
+    (:func:`analyses.intervals.bootstrap_ci`, same ``seed`` for every cell); with one cluster they are
     NaN. The anisotropy baseline's pairs are clustered by the example of their first row.
 
     Raises ``ValueError`` on shape mismatches, fewer than 2 baseline examples, or rows with zero norm

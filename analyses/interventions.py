@@ -16,7 +16,7 @@ measured item by item:
 A **control** intervention of the same size (``control=1``: as many random word keys per query as
 the knockout takes) makes "knocking out [SEP] changes [CLS] more than the control does" a paired
 comparison: the per-item difference of the two effects, with a cluster-bootstrap CI over documents
-(:func:`analyses.stats.bootstrap_ci`). Every CI here is a 95% percentile interval; no correction for
+(:func:`analyses.intervals.bootstrap_ci`). Every CI here is a 95% percentile interval; no correction for
 multiple comparisons is applied (each layer and target is reported on its own).
 
 Study functions: :func:`q4_sep_knockout` (does the model use [SEP]?) and :func:`q1_patching` (how
@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from analyses.drift import model_label
 from analyses.drift_metrics import rowwise_cosine
 from analyses.results import cache_identity, keep_table, make_table, stored_table
-from analyses.stats import bootstrap_ci, ratio_bootstrap_ci
+from analyses.intervals import bootstrap_ci, ratio_bootstrap_ci
 from probing.cli import ArgumentParser
 from probing.cache import Cache, align, check_comparable
 from probing.layers import cache_layer, shared_layers
@@ -271,7 +271,7 @@ def knockout_probes(clean: Cache, treated: Cache, control: Cache | None = None, 
 def fraction_closed(d_clean: np.ndarray, d_patched: np.ndarray, groups: np.ndarray, *, n_resamples: int = 1000,
                     seed: int = 0) -> tuple[float, float, float]:
     """``1 − Σ d_patched / Σ d_clean``: the share of the clean drift that a patch closes, with a
-    cluster-bootstrap percentile CI (the ratio of sums of :func:`analyses.stats.ratio_bootstrap_ci`)."""
+    cluster-bootstrap percentile CI (the ratio of sums of :func:`analyses.intervals.ratio_bootstrap_ci`)."""
     point, lo, hi = ratio_bootstrap_ci(d_patched, d_clean, groups, n_resamples=n_resamples, seed=seed)
     return 1.0 - point, 1.0 - hi, 1.0 - lo
 

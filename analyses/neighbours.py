@@ -28,7 +28,7 @@ from analyses.grouping import cache_groups
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
                               keep_table, make_table, split_list, stored_table)
 from analyses.selection import parse_choice, pooled
-from analyses.stats import bootstrap_ci
+from analyses.intervals import bootstrap_ci
 from probing.cache import Cache
 from probing.cli import ArgumentParser
 from probing.layers import cache_layers

@@ -1,369 +1,28 @@
-"""Confidence intervals, paired comparisons, power and interval formatting.
+"""Paired comparisons, power and interval formatting, built on the intervals of :mod:`analyses.intervals`.
 
-Intervals: a cluster bootstrap over groups (examples or documents), and a t interval over folds.
 Paired comparisons (:func:`paired_difference`): the mean per-item difference between two conditions
 measured on the same items, with a cluster-bootstrap CI and a cluster sign-flip permutation p-value;
 :func:`holm` adjusts a family of p-values. Power: :func:`cluster_se`, :func:`minimum_detectable_effect`
 and :func:`groups_needed`. :func:`format_interval` prints an interval with enough digits that it
 never collapses to a point.
-
-Tokens of one example share a context, so their measurements are correlated; resampling tokens as if
-they were independent gives intervals that are too narrow. :func:`bootstrap_ci` resamples whole
-groups (examples) with replacement, the cluster bootstrap (Davison & Hinkley 1997, "Bootstrap Methods
-and their Application", sec. 3.8; Field & Welsh 2007, "Bootstrapping clustered data"), through
-:func:`scipy.stats.bootstrap` over group indices. :func:`bootstrap_cis` does several columns and
-statistics on the same resamples in one pass.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
-from typing import Literal, Mapping, Sequence, get_args
+from typing import Sequence
 
 import numpy as np
-import scipy
 from scipy import stats as _sps
 
-Statistic = Literal["mean", "median"]
-CIMethod = Literal["percentile", "BCa"]
-#: The choices, declared once; used for validation and dispatch.
-STATISTICS: tuple[str, ...] = get_args(Statistic)
-CI_METHODS: tuple[str, ...] = get_args(CIMethod)
+from analyses.intervals import RNG_KW, bootstrap_ci, check_confidence, check_values, fold_t_interval, group_codes
 
-# Elements per batch of resamples (resamples x items): bounds peak memory at a few tens of MB.
-_BATCH_ELEMENTS = 4_000_000
-
-# scipy >= 1.15 takes ``rng``; older releases take ``random_state``. Both accept a Generator.
-_RNG_KW = "rng" if "rng" in inspect.signature(_sps.bootstrap).parameters else "random_state"
-# Statistics returning several values at once: scipy >= 1.12. Older scipy gets one call per output,
-# with the same seed and hence the same resamples: identical results, only slower.
-_MULTI_OUTPUT = tuple(int(p) for p in scipy.__version__.split(".")[:2]) >= (1, 12)
-
-
-def _median_window_half(sd_rank: float, max_group: int) -> int:
-    """Half-width of the median's scan window in sorted positions (see :func:`_MedianFromCounts`):
-    8 standard deviations of the median's rank plus twice the largest group (a jackknife drops one
-    group). Any value gives exact results; a larger one only costs time."""
-    return int(8.0 * sd_rank + 2.0 * max_group + 16)
-
-
-def _check_confidence(confidence: float) -> float:
-    confidence = float(confidence)
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence=}")
-    return confidence
-
-
-def _check_values(values, name: str = "values") -> np.ndarray:
-    v = np.asarray(values, dtype=np.float64)
-    if v.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got {name}.shape={v.shape}")
-    if v.size == 0:
-        raise ValueError(f"{name} is empty ({name}.shape={v.shape})")
-    bad = ~np.isfinite(v)
-    if bad.any():
-        idx = np.flatnonzero(bad)
-        raise ValueError(
-            f"{name} has {idx.size} non-finite entries (NaN or inf), first at indices "
-            f"{idx[:10].tolist()}: {v[idx[:10]].tolist()}"
-        )
-    return v
-
-
-def _weighted_median_sorted(v_sorted: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Median of each row's multiset: ``v_sorted`` (n,) ascending, repeated ``w[b, i]`` times.
-
-    w: (batch, n) non-negative integer multiplicities. Returns (batch,), equal to ``np.median`` of
-    the expanded multiset (mean of the two middle elements when its size is even).
-    """
-    cw = np.cumsum(w, axis=1)
-    total = cw[:, -1]
-    lo_rank = (total - 1) // 2
-    hi_rank = total // 2
-    # The element of 0-based rank r is the first position whose cumulative count exceeds r.
-    lo = (cw <= lo_rank[:, None]).sum(axis=1)
-    hi = (cw <= hi_rank[:, None]).sum(axis=1)
-    return 0.5 * (v_sorted[lo] + v_sorted[hi])
-
-
-class _MedianFromCounts:
-    """Median of the pooled values of a resample, from its group multiplicities.
-
-    A resample is a vector of multiplicities ``m_g`` (b, G); its median is the mean of the values of
-    rank ``(N-1)//2`` and ``N//2`` (N = Σ m_g C_g) in the sorted values, each value repeated by its
-    group's multiplicity. Only a window of sorted positions around the full-sample median is scanned:
-    the weighted count below the window is one matrix-vector product. Rows whose middle ranks fall
-    outside the window (rare: the window spans 8 standard deviations of the median's rank under
-    resampling, ``sqrt(Σ_g (below_g − C_g/2)²)``) are redone over all values, so the result is exact.
-    """
-
-    def __init__(self, v: np.ndarray, codes: np.ndarray, counts: np.ndarray):
-        n, n_groups = v.size, counts.size
-        order = np.argsort(v, kind="stable")
-        self.v_sorted = v[order]
-        self.g_sorted = codes[order]
-        mid = n // 2
-        below_mid = np.bincount(self.g_sorted[:mid], minlength=n_groups)
-        sd_rank = float(np.sqrt(((below_mid - counts / 2.0) ** 2).sum()))
-        half = _median_window_half(sd_rank, int(counts.max()))
-        self.p0, p1 = max(0, mid - half), min(n, mid + half + 1)
-        self.below_p0 = np.bincount(self.g_sorted[:self.p0], minlength=n_groups).astype(np.float64)
-        self.g_win = self.g_sorted[self.p0:p1]
-        self.width = p1 - self.p0
-
-    def __call__(self, mult: np.ndarray, multf: np.ndarray, total: np.ndarray) -> np.ndarray:
-        rows = mult.shape[0]
-        before = (multf @ self.below_p0).astype(np.int64)
-        cw = np.cumsum(mult[:, self.g_win], axis=1)
-        cw += before[:, None]
-        lo_rank, hi_rank = (total - 1) // 2, total // 2
-        inside = (before <= lo_rank) & (cw[:, -1] > hi_rank)
-        # Rows of cw ascend; offset row b by b * stride so one searchsorted over the flattened array
-        # finds, per row, the first position whose cumulative count exceeds the rank.
-        stride = int(total.max()) + 1
-        offset = np.arange(rows, dtype=np.int64) * stride
-        cw += offset[:, None]
-        flat = cw.ravel()
-        base = np.arange(rows, dtype=np.int64) * self.width - self.p0
-        lo = np.searchsorted(flat, lo_rank + offset, side="right") - base
-        hi = np.searchsorted(flat, hi_rank + offset, side="right") - base
-        out = np.empty(rows)
-        out[inside] = 0.5 * (self.v_sorted[lo[inside]] + self.v_sorted[hi[inside]])
-        if not inside.all():
-            out[~inside] = _weighted_median_sorted(self.v_sorted, mult[~inside][:, self.g_sorted])
-        return out
-
-
-def bootstrap_cis(
-    columns: Mapping[str, np.ndarray],
-    groups,
-    statistics: Sequence[Statistic] = STATISTICS,
-    n_resamples: int = 1000,
-    confidence: float = 0.95,
-    seed: int = 0,
-    method: CIMethod = "percentile",
-) -> dict[tuple[str, str], tuple[float, float, float]]:
-    """Cluster-bootstrap CIs of several statistics of several columns, on shared resamples.
-
-    columns: name -> (n,) finite values, all measured on the same n tokens; groups: (n,) cluster
-    labels. Returns ``{(name, statistic): (point, low, high)}`` for every column and statistic, each
-    equal to ``bootstrap_ci(columns[name], groups, statistic, ...)`` with the same arguments (the
-    same seed draws the same resamples), computed in one pass. See :func:`bootstrap_ci`.
-    """
-    for s in statistics:
-        if s not in STATISTICS:
-            raise ValueError(f"statistic must be one of {STATISTICS}, got {s!r}")
-    if method not in CI_METHODS:
-        raise ValueError(f"method must be one of {CI_METHODS}, got {method=!r}")
-    if isinstance(n_resamples, bool) or int(n_resamples) != n_resamples or n_resamples < 1:
-        raise ValueError(f"n_resamples must be a positive integer, got {n_resamples=!r}")
-    n_resamples = int(n_resamples)
-    confidence = _check_confidence(confidence)
-    if not columns:
-        raise ValueError("columns is empty: nothing to bootstrap")
-    cols = {name: _check_values(v, name) for name, v in columns.items()}
-    n = next(iter(cols.values())).size
-    for name, v in cols.items():
-        if v.shape != (n,):
-            raise ValueError(f"columns differ in length: {name!r} has shape {v.shape}, expected ({n},)")
-    g = np.asarray(groups)
-    if g.shape != (n,):
-        raise ValueError(f"groups must have shape ({n},), one label per value; got groups.shape={g.shape}")
-    _, codes = np.unique(g, return_inverse=True)
-    codes = codes.reshape(-1)
-    n_groups = int(codes.max()) + 1
-
-    out: dict[tuple[str, str], tuple[float, float, float]] = {}
-    todo: list[tuple[str, str]] = []
-    for name, v in cols.items():
-        for s in statistics:
-            point = float(v.mean()) if s == "mean" else float(np.median(v))
-            if n_groups == 1:
-                out[name, s] = (point, float("nan"), float("nan"))
-            elif v.min() == v.max():  # degenerate bootstrap distribution: BCa would return NaN
-                out[name, s] = (point, point, point)
-            else:
-                out[name, s] = (point, float("nan"), float("nan"))
-                todo.append((name, s))
-    if not todo:
-        return out
-
-    counts_i = np.bincount(codes, minlength=n_groups)
-    counts = counts_i.astype(np.float64)
-    mean_cols = [name for name, s in todo if s == "mean"]
-    sums = np.stack([np.bincount(codes, weights=cols[c], minlength=n_groups) for c in mean_cols],
-                    axis=1) if mean_cols else np.zeros((n_groups, 0))
-    medians = {name: _MedianFromCounts(cols[name], codes, counts) for name, s in todo if s == "median"}
-
-    def stat_all(idx, axis=-1):
-        idx = np.moveaxis(np.asarray(idx, dtype=np.intp), axis, -1)
-        lead = idx.shape[:-1]
-        idx2 = idx.reshape(-1, idx.shape[-1])
-        rows = idx2.shape[0]
-        flat = (idx2 + (np.arange(rows)[:, None] * n_groups)).ravel()
-        mult = np.bincount(flat, minlength=rows * n_groups).reshape(rows, n_groups)
-        multf = mult.astype(np.float64)  # exact: integer counts far below 2**53
-        total = multf @ counts
-        mean_vals = (multf @ sums) / total[:, None]
-        total_i = total.astype(np.int64)
-        res, k = [], 0
-        for name, s in todo:
-            if s == "mean":
-                res.append(mean_vals[:, k])
-                k += 1
-            else:
-                res.append(medians[name](mult, multf, total_i))
-        return np.stack(res).reshape((len(todo),) + lead)
-
-    width = n_groups + max([m.width for m in medians.values()], default=0)
-    kw = dict(n_resamples=n_resamples, batch=max(1, _BATCH_ELEMENTS // width), vectorized=True,
-              confidence_level=confidence, method=method)
-    if _MULTI_OUTPUT:
-        res = _sps.bootstrap((np.arange(n_groups),), stat_all, **kw,
-                             **{_RNG_KW: np.random.default_rng(seed)})
-        lows, highs = np.atleast_1d(res.confidence_interval.low), np.atleast_1d(res.confidence_interval.high)
-    else:
-        lows, highs = [], []
-        for k in range(len(todo)):
-            res = _sps.bootstrap((np.arange(n_groups),), lambda i, axis=-1, k=k: stat_all(i, axis)[k],
-                                 **kw, **{_RNG_KW: np.random.default_rng(seed)})
-            lows.append(res.confidence_interval.low)
-            highs.append(res.confidence_interval.high)
-    for key, lo, hi in zip(todo, lows, highs):
-        out[key] = (out[key][0], float(lo), float(hi))
-    return out
-
-
-def bootstrap_ci(
-    values,
-    groups,
-    statistic: Statistic = "mean",
-    n_resamples: int = 1000,
-    confidence: float = 0.95,
-    seed: int = 0,
-    method: CIMethod = "percentile",
-) -> tuple[float, float, float]:
-    """Cluster-bootstrap confidence interval of the mean or median of ``values``.
-
-    values: (n,) finite numbers. groups: (n,) cluster labels (any sortable dtype: example ids).
-    Each resample draws ``n_groups`` groups with replacement and pools all values of the drawn groups
-    (a group drawn twice counts twice); the statistic is computed on the pooled values.
-
-    - ``"mean"``: the token-weighted mean ``sum(values) / n``. Resampled as
-      ``Σ_g m_g S_g / Σ_g m_g C_g`` with per-group sums ``S_g``, counts ``C_g`` and multiplicities
-      ``m_g`` (a ratio estimator), vectorised; 50k values in 5k groups with 1000 resamples take
-      about 0.1 s.
-    - ``"median"``: the median of the pooled values (``np.median`` of the expanded multiset), by an
-      exact weighted median over the once-sorted values.
-
-    ``method`` is passed to :func:`scipy.stats.bootstrap`: ``"percentile"`` or ``"BCa"`` (Efron 1987,
-    bias-corrected and accelerated; the acceleration uses the jackknife over groups, which costs
-    O(n_groups²) and is several times slower for thousands of groups).
-
-    Returns ``(point, low, high)``: the statistic on all values, and the interval's ends.
-
-    Edge cases: with a single group the between-group variance is unknown and the interval is
-    ``(nan, nan)`` (no error: a caller may legitimately have one example in a cell). When all values
-    are equal the bootstrap distribution is degenerate and the interval is ``(point, point)``.
-    Raises ``ValueError`` for NaN/inf values, mismatched shapes, or an unknown statistic/method.
-    Deterministic given ``seed``.
-
-    >>> bootstrap_ci([1.0, 1.0, 3.0, 3.0], ["a", "a", "b", "b"], n_resamples=200)[0]
-    2.0
-    """
-    if statistic not in STATISTICS:
-        raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic=!r}")
-    return bootstrap_cis({"values": values}, groups, (statistic,), n_resamples=n_resamples,
-                         confidence=confidence, seed=seed, method=method)["values", statistic]
-
-
-def t_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
-    """Student-t interval of a mean: ``mean ± t_{(1+confidence)/2, n-1} · s / sqrt(n)``.
-
-    values: (n,) finite numbers, e.g. one score per cross-validation fold; ``s`` is the sample
-    standard deviation (ddof=1). Returns ``(mean, low, high)``; with ``n == 1`` the interval is
-    ``(nan, nan)``. Fold scores share training data, so this interval is approximate (Bengio &
-    Grandvalet 2004, "No Unbiased Estimator of the Variance of K-Fold Cross-Validation").
-
-    >>> t_interval([1.0, 2.0, 3.0])[0]
-    2.0
-    """
-    confidence = _check_confidence(confidence)
-    v = _check_values(values)
-    n = v.size
-    mean = float(v.mean())
-    if n == 1:
-        return mean, float("nan"), float("nan")
-    half = float(_sps.t.ppf(0.5 + confidence / 2.0, df=n - 1) * v.std(ddof=1) / np.sqrt(n))
-    return mean, mean - half, mean + half
-
-
-
-def fold_t_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
-    """:func:`t_interval` over the finite values only (e.g. per-fold scores, some undefined):
-    ``(mean, low, high)``; ``(nan, nan, nan)`` when none is finite, ``(mean, nan, nan)`` with one.
-    Folds share training rows, so the interval tends to be too narrow (Nadeau & Bengio 2003).
-
-    >>> fold_t_interval([1.0, float("nan"), 3.0])[0]
-    2.0
-    """
-    v = np.asarray(values, dtype=np.float64).ravel()
-    v = v[np.isfinite(v)]
-    if v.size == 0:
-        return float("nan"), float("nan"), float("nan")
-    return t_interval(v, confidence)
-
-# --------------------------------------------------------------------------------------------------
-# Ratio estimators (micro-F1), paired comparisons, multiple comparisons, power, formatting
-
+#: What ``analyses.pooling``, ``analyses.probes`` and ``analyses.probe_results`` import from here, from before
+#: the intervals moved to :mod:`analyses.intervals`: kept until they import them from there.
+_MOVED = (bootstrap_ci, fold_t_interval)
 
 #: The difference in accuracy the study's headline comparisons should be able to detect (issue 11).
 DETECTABLE_EFFECT = 0.03
-
-
-def _group_codes(groups, n: int) -> tuple[np.ndarray, int]:
-    g = np.asarray(groups)
-    if g.shape != (n,):
-        raise ValueError(f"groups must have shape ({n},), one label per value; got groups.shape={g.shape}")
-    _, codes = np.unique(g, return_inverse=True)
-    codes = codes.reshape(-1)
-    return codes, int(codes.max()) + 1
-
-
-def ratio_bootstrap_ci(numerator, denominator, groups, n_resamples: int = 1000, confidence: float = 0.95,
-                       seed: int = 0) -> tuple[float, float, float]:
-    """Cluster-bootstrap percentile CI of a ratio of sums ``Σ numerator / Σ denominator``.
-
-    numerator, denominator: (n,) per-item values (e.g. micro-F1 = ``Σ 2TP_i / Σ (2TP_i + FP_i + FN_i)``);
-    groups: (n,) cluster labels, resampled whole as in :func:`bootstrap_ci`. Returns
-    ``(point, low, high)``; ``(point, nan, nan)`` with one group; ``nan`` point when the denominator
-    sums to 0.
-
-    >>> ratio_bootstrap_ci([1, 0, 1, 1], [1, 1, 1, 1], [0, 0, 1, 1], n_resamples=100)[0]
-    0.75
-    """
-    num = _check_values(numerator, "numerator")
-    den = _check_values(denominator, "denominator")
-    if num.shape != den.shape:
-        raise ValueError(f"numerator and denominator differ in shape: {num.shape=} and {den.shape=}")
-    confidence = _check_confidence(confidence)
-    codes, n_groups = _group_codes(groups, num.size)
-    total = den.sum()
-    point = float(num.sum() / total) if total > 0 else float("nan")
-    if n_groups == 1 or not np.isfinite(point):
-        return point, float("nan"), float("nan")
-    sn = np.bincount(codes, weights=num, minlength=n_groups)
-    sd = np.bincount(codes, weights=den, minlength=n_groups)
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, n_groups, size=(int(n_resamples), n_groups))
-    d = sd[draws].sum(1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ratios = sn[draws].sum(1) / d
-    ratios = ratios[d > 0]
-    alpha = (1.0 - confidence) / 2.0
-    lo, hi = np.quantile(ratios, [alpha, 1.0 - alpha])
-    return point, float(lo), float(hi)
 
 
 def cluster_se(values, groups) -> float:
@@ -377,8 +36,8 @@ def cluster_se(values, groups) -> float:
     >>> round(cluster_se([0.0, 0.0, 1.0, 1.0], ["a", "a", "b", "b"]), 3)
     0.5
     """
-    v = _check_values(values)
-    codes, n_groups = _group_codes(groups, v.size)
+    v = check_values(values)
+    codes, n_groups = group_codes(groups, v.size)
     if n_groups < 2:
         return float("nan")
     m = v.mean()
@@ -394,8 +53,8 @@ def minimum_detectable_effect(se: float, alpha: float = 0.05, power: float = 0.8
     >>> round(minimum_detectable_effect(0.01), 4)
     0.028
     """
-    _check_confidence(1.0 - alpha)
-    _check_confidence(power)
+    check_confidence(1.0 - alpha)
+    check_confidence(power)
     return float((_sps.norm.ppf(1.0 - alpha / 2.0) + _sps.norm.ppf(power)) * se)
 
 
@@ -440,14 +99,14 @@ def sign_flip_p_value(differences, groups, n_resamples: int = 2000, seed: int = 
     ``permutation_type="samples"``, applied to group sums; exact when ``2**G <= n_resamples``).
     All differences 0 gives p = 1.
     """
-    d = _check_values(differences, "differences")
-    codes, n_groups = _group_codes(groups, d.size)
+    d = check_values(differences, "differences")
+    codes, n_groups = group_codes(groups, d.size)
     sums = np.bincount(codes, weights=d, minlength=n_groups)
     if not np.any(sums != 0):
         return 1.0
     res = _sps.permutation_test((sums, np.zeros_like(sums)), lambda x, y, axis=-1: np.sum(x - y, axis=axis),
                                 permutation_type="samples", vectorized=True, n_resamples=int(n_resamples),
-                                alternative="two-sided", **{_RNG_KW: np.random.default_rng(seed)})
+                                alternative="two-sided", **{RNG_KW: np.random.default_rng(seed)})
     return float(min(1.0, res.pvalue))
 
 
@@ -469,12 +128,12 @@ def paired_difference(a, b, groups, n_resamples: int = 2000, seed: int = 0, conf
     >>> r["value"], r["n"], r["n_groups"]
     (0.5, 4, 4)
     """
-    va = _check_values(a, "a")
-    vb = _check_values(b, "b")
+    va = check_values(a, "a")
+    vb = check_values(b, "b")
     if va.shape != vb.shape:
         raise ValueError(f"a and b must be paired item by item; got {va.shape=} and {vb.shape=}")
     d = va - vb
-    codes, n_groups = _group_codes(groups, d.size)
+    codes, n_groups = group_codes(groups, d.size)
     value, lo, hi = bootstrap_ci(d, codes, "mean", n_resamples=n_resamples, confidence=confidence, seed=seed)
     se = cluster_se(d, codes)
     return {"value": value, "ci_low": lo, "ci_high": hi,

@@ -1,4 +1,4 @@
-"""Known-answer tests for analyses.drift_metrics and analyses.stats."""
+"""Known-answer tests for analyses.drift_metrics, analyses.intervals and analyses.stats."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import pytest
 from scipy import stats as sps
 
 import analyses.drift_metrics as dm
+import analyses.intervals as iv
 import analyses.stats as st
 from analyses.drift_metrics import (
     DRIFT_METRICS, anisotropy_baseline, anisotropy_baseline_ci, drift_summary, fit_standardization,
     normalised_drift, random_pair_indices, relative_l2, rowwise_cosine, standardize, subword_pool,
 )
+from analyses.intervals import bootstrap_ci, t_interval
 from analyses.results import RESULT_COLUMNS, make_table
-from analyses.stats import bootstrap_ci, t_interval
 
 
 # ---------------------------------------------------------------- helpers
@@ -49,7 +50,7 @@ def slow_cosine(A, B):
 
 # ---------------------------------------------------------------- doctests
 
-@pytest.mark.parametrize("module", [dm, st])
+@pytest.mark.parametrize("module", [dm, iv, st])
 def test_doctests(module):
     res = doctest.testmod(module)
     assert res.attempted > 0 and res.failed == 0
@@ -192,7 +193,7 @@ def test_bootstrap_matches_slow_reference(statistic, window, method, monkeypatch
     """Same resampled group indices (same seed) through an obvious per-resample statistic.
     A tiny median scan window (window=2) makes most resamples take the exact fallback path."""
     if window is not None:
-        monkeypatch.setattr(st, "_median_window_half", lambda sd_rank, max_group: window)
+        monkeypatch.setattr(iv, "_median_window_half", lambda sd_rank, max_group: window)
     rng = np.random.default_rng(11)
     sizes = rng.integers(1, 7, size=25)
     g = np.repeat(np.arange(25), sizes)
@@ -218,18 +219,18 @@ def test_bootstrap_matches_slow_reference(statistic, window, method, monkeypatch
 @pytest.mark.parametrize("method", ["percentile", "BCa"])
 def test_bootstrap_cis_equals_separate_calls(multi_output, method, monkeypatch):
     """One pass over shared resamples gives what separate calls give (also on old scipy's path)."""
-    monkeypatch.setattr(st, "_MULTI_OUTPUT", multi_output)
+    monkeypatch.setattr(iv, "_MULTI_OUTPUT", multi_output)
     rng = np.random.default_rng(9)
     v, g = clustered_values(40, 6, rng)
     cols = {"a": v, "b": 1.0 - v ** 2, "const": np.full(v.size, 0.25)}
-    got = st.bootstrap_cis(cols, g, ("mean", "median"), n_resamples=300, seed=5, method=method)
+    got = iv.bootstrap_cis(cols, g, ("mean", "median"), n_resamples=300, seed=5, method=method)
     assert set(got) == {(c, s) for c in cols for s in ("mean", "median")}
     for (c, s), triple in got.items():
         alone = bootstrap_ci(cols[c], g, s, n_resamples=300, seed=5, method=method)
         np.testing.assert_allclose(triple, alone, rtol=0, atol=1e-14)
     assert got["const", "median"] == (0.25, 0.25, 0.25)
     with pytest.raises(ValueError, match=r"'b' has shape \(5,\), expected \(240,\)"):
-        st.bootstrap_cis({"a": v, "b": v[:5]}, g)
+        iv.bootstrap_cis({"a": v, "b": v[:5]}, g)
 
 
 def test_weighted_median_equals_median_of_expanded_multiset():
@@ -239,7 +240,7 @@ def test_weighted_median_equals_median_of_expanded_multiset():
         v = np.sort(np.round(rng.normal(size=n), 1))
         w = rng.integers(0, 4, size=(3, n))
         w[:, rng.integers(n)] += 1  # at least one element per row
-        got = st._weighted_median_sorted(v, w)
+        got = iv._weighted_median_sorted(v, w)
         ref = [np.median(np.repeat(v, row)) for row in w]
         np.testing.assert_array_equal(got, ref)
 

@@ -11,7 +11,7 @@ from analyses.drift_metrics import drift_summary
 from analyses.grouping import cache_groups, example_groups
 from analyses.neighbours import run_knn
 from analyses.paired import add_holm, main, run_paired_attention, run_paired_drift, run_role_contrast
-from analyses.stats import bootstrap_ci, holm, paired_difference, sign_flip_p_value
+from analyses.stats import holm, paired_difference, sign_flip_p_value
 from probing.cache import Cache
 from probing.examples import Example
 from probing.extract import extract
