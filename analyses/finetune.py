@@ -41,7 +41,7 @@ import torch
 from analyses.finetune_config import TrainConfig, preset_config
 from analyses.pooling_choices import Pooling, get_pooling, pool, pooling_mask
 from probing.examples import Example, corpus_fingerprint
-from probing.formats import Format, Rendered, render, special_token_ids, tokenize_sentences
+from probing.formats import Format, Rendered, render, resolve_format, special_token_ids, tokenize_sentences
 from probing.forward import accepts_token_types
 
 
@@ -130,6 +130,7 @@ def render_examples(examples: Sequence[Example], label: str, tokenizer, fmt: For
     examples = list(examples)
     _check_label(examples, label)
     corpus_fingerprint(examples)  # rejects duplicate ids
+    fmt = resolve_format(fmt, tokenizer, min(e.n_sentences for e in examples))  # native: the tokenizer's own
     specials = special_token_ids(tokenizer, fmt)
     unique = list(dict.fromkeys(s for e in examples for s in e.sentences))
     tokenized = dict(zip(unique, tokenize_sentences(tokenizer, unique)))

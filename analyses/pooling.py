@@ -22,8 +22,9 @@ embeddings; this module asks the same of a classifier and adds ``[SEP]``, the fi
 position.
 
 Modules: :mod:`analyses.pooling_choices` (the poolings), :mod:`analyses.finetune_config`
-(hyperparameters and presets), :mod:`analyses.finetune` (data, training loop, one run), this module
-(the experiment and ``python -m analyses.pooling``).
+(hyperparameters and presets), :mod:`analyses.finetune` (data, training loop, one run),
+:mod:`analyses.pooling_table` (the table's baseline, summary and paired-difference rows, and its
+readers), this module (the experiment and ``python -m analyses.pooling``).
 
 >>> get_pooling("pos3").position
 3
@@ -32,7 +33,6 @@ Modules: :mod:`analyses.pooling_choices` (the poolings), :mod:`analyses.finetune
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -46,10 +46,12 @@ from analyses.finetune import (Task, _check_label, _collate, _device, _finetune_
                                _max_length_of, _task, check_pooling, render_examples, sorted_batches, split_unit)
 from analyses.finetune_config import PRESETS, SCHEDULES, TrainConfig, preset_config
 from analyses.pooling_choices import POOLINGS, Pooling, get_pooling, pool, pooling_mask
-from analyses.results import make_table, read_table, result_path, write_table
+from analyses.pooling_table import (RUN_METRICS, baseline_rows, best_constant, diff_label, diff_rows, finish_table,
+                                    pooled_baselines, summary, summary_rows)
+from analyses.results import read_table, result_path, write_table
 from probing.cli import ArgumentParser, output_dir_arg
 from probing.examples import Example, corpus_fingerprint
-from probing.formats import Format, Rendered
+from probing.formats import Format, Rendered, resolve_format
 from probing.forward import accepts_token_types, running
 
 ANALYSIS = "finetune_pooling"
@@ -186,9 +188,10 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
     each pooling, the frozen probe (:func:`frozen_features` + :class:`analyses.probes.LinearProbe` on
     the split's training items) and the fine-tuned model for each seed predict the SAME test items.
 
-    Rows of the table (:func:`make_table`; ``role`` = pooling, ``target`` = label, ``layer`` = the
-    last layer; extra columns ``condition`` (``fine_tuned`` / ``frozen``), ``repeat``, ``fold``,
-    ``grouping``, ``n_groups``, ``n_skipped`` on every row):
+    Rows of the table (:mod:`analyses.pooling_table`, which names the columns; ``pooling`` = the
+    pooling, ``role`` empty, ``target`` = label, ``layer`` = the last layer; extra columns
+    ``condition`` (``fine_tuned`` / ``frozen``), ``repeat``, ``fold``, ``grouping``, ``n_groups``,
+    ``n_skipped`` on every row):
 
     * per fine-tuning run: ``metric="test_accuracy"`` with ``seed``, ``n`` (test items), ``n_train``,
       ``first_train_loss`` (first step), ``final_train_loss`` (last epoch's mean), ``train_accuracy``
@@ -196,22 +199,17 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
       ``metric="train_loss_epoch"`` with ``epoch``;
     * per frozen run: ``metric="frozen_test_accuracy"`` (``seed`` empty) with ``train_accuracy``,
       ``C``, ``converged``, ``warning``;
-    * per split: ``role="baseline"``, ``metric`` ``best_constant`` (the largest class share of the
-      test items), ``majority_baseline`` (test accuracy of the training majority class) and
-      ``chance`` (1 / number of classes);
-    * per pooling: ``test_accuracy_mean`` (fine-tuned) and ``frozen_test_accuracy_mean``:
-      ``value`` = accuracy over all out-of-fold test items (each item's correctness averaged over
-      seeds and repeats), ``ci_low``/``ci_high`` a cluster bootstrap over documents
-      (:func:`analyses.stats.bootstrap_ci`), ``sd`` over runs, ``n_runs``, ``n`` = items, and
-      ``warning`` (below the pooled best constant; runs that did not converge);
-    * paired, ``metric="accuracy_diff"`` (:func:`analyses.paired.paired_difference` on per-item
-      correctness, so both sides are scored on identical items): ``role=<pooling>``,
-      ``condition="fine_tuned − frozen"``; and ``role="<pooling> − <ref>"`` per condition, ``ref`` =
-      ``mean`` when run (else the first pooling); ``p_value`` and ``p_holm`` (Holm over every
-      accuracy_diff row);
-    * ``role="baseline"``: pooled ``best_constant`` and ``chance`` over all test items, and
-      ``metric="n_skipped"``: examples left out for length (never silently; ids in
-      ``attrs["skipped_ids"]``).
+    * per split, ``pooling`` empty and ``condition="baseline"``: ``best_constant``, ``majority_baseline``
+      and ``chance`` (:func:`analyses.pooling_table.baseline_rows`);
+    * per pooling and condition, over all out-of-fold test items: ``test_accuracy_mean`` (fine-tuned)
+      and ``frozen_test_accuracy_mean`` with a cluster-bootstrap CI over documents
+      (:func:`analyses.pooling_table.summary_rows`);
+    * ``metric="accuracy_diff"``, paired per item, side A (``pooling``, ``condition``) − side B
+      (``pooling_b``, ``condition_b``): per pooling fine-tuned − frozen, and per condition each pooling
+      − ``mean`` (else the first pooling), Holm over every such row
+      (:func:`analyses.pooling_table.diff_rows`);
+    * over all test items, ``pooling`` empty: ``best_constant`` and ``chance``, and ``metric="n_skipped"``:
+      examples left out for length (never silently; ids in ``attrs["skipped_ids"]``).
 
     A warning (``log`` and :class:`RuntimeWarning`) is raised and recorded in the ``warning`` column
     when a run scores below its split's best constant, when its final training loss is not below
@@ -224,8 +222,6 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
     reused unless ``force``. Cost: see :data:`PRESETS`.
     """
     from analyses.grouping import example_groups
-    from analyses.paired import add_holm, paired_difference
-    from analyses.stats import bootstrap_ci
 
     pre = PRESETS.get(preset)
     if pre is None:
@@ -239,6 +235,7 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
     examples = list(examples)
     _check_label(examples, label)
     lm = _load(model)
+    fmt = resolve_format(fmt, lm.tokenizer, min(e.n_sentences for e in examples))  # native, as extraction does
     path = pred_path = None
     if out is not None:
         path = result_path(out, ANALYSIS, experiment_config(lm, examples, label, fmt, poolings, seeds, config))
@@ -278,13 +275,9 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
             y_tr, y_te = task.y[sp.train], task.y[sp.test]
             where = {"repeat": sp.repeat, "fold": sp.fold}
             split_base = {**base, **where, "n_groups": int(np.unique(groups[sp.test]).size)}
-            best = float(np.bincount(y_te[y_te >= 0], minlength=len(task.classes)).max() / len(y_te))
+            best = best_constant(y_te, len(task.classes))
             train_share = float(np.bincount(y_tr).max() / len(y_tr))
-            majority = int(np.bincount(y_tr).argmax())
-            for metric, value in (("best_constant", best), ("majority_baseline", float((y_te == majority).mean())),
-                                  ("chance", 1.0 / len(task.classes))):
-                rows.append({**split_base, "role": "baseline", "condition": "", "metric": metric, "value": value,
-                             "n": int(len(sp.test))})
+            rows += baseline_rows(split_base, y_te, len(task.classes), majority=int(np.bincount(y_tr).argmax()))
 
             def record(p: Pooling, condition: str, seed, r: dict, extra: dict) -> None:
                 acc = float((r["test_pred"] == y_te).mean())
@@ -304,9 +297,8 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
                            + (f", seed {seed}" if seed is not None else "") + f"): {text}")
                     warned.append(msg)
                     _warn(msg, log)
-                metric = "test_accuracy" if condition == "fine_tuned" else "frozen_test_accuracy"
-                rows.append({**split_base, "role": p.name, "condition": condition, "metric": metric, "value": acc,
-                             "n": int(len(sp.test)), "seed": seed, "n_train": int(len(sp.train)),
+                rows.append({**split_base, "pooling": p.name, "condition": condition, "metric": RUN_METRICS[condition],
+                             "value": acc, "n": int(len(sp.test)), "seed": seed, "n_train": int(len(sp.train)),
                              "train_accuracy": r["train_accuracy"], "converged": converged, "warning": text,
                              "seconds": r["seconds"], **extra})
                 preds.append(pd.DataFrame({
@@ -323,7 +315,7 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
                     record(p, "fine_tuned", seed, r, {"first_train_loss": r["train_loss_steps"][0],
                                                       "final_train_loss": r["train_loss_epochs"][-1]})
                     for e, loss in enumerate(r["train_loss_epochs"]):
-                        rows.append({**split_base, "role": p.name, "condition": "fine_tuned",
+                        rows.append({**split_base, "pooling": p.name, "condition": "fine_tuned",
                                      "metric": "train_loss_epoch", "value": loss, "n": r["n_train"], "seed": seed,
                                      "epoch": e})
                     bar.update(1)
@@ -335,55 +327,18 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
     # one value per test item and condition: correctness averaged over seeds and repeats
     item = P.groupby(["pooling", "condition", "example"], sort=False).agg(correct=("correct", "mean"),
                                                                            doc=("doc", "first")).sort_index()
-    runs = pd.DataFrame([r for r in rows if r["metric"] in ("test_accuracy", "frozen_test_accuracy")])
+    runs = pd.DataFrame([r for r in rows if r["metric"] in RUN_METRICS.values()])
     all_test = np.unique(np.concatenate([sp.test for sp in splits]))
-    y_pool = y_all[all_test]
-    pooled_best = float(np.bincount(y_pool).max() / len(y_pool))
+    n_classes = len(np.unique(y_all))
+    pooled_best = best_constant(y_all[all_test], n_classes)
     summary_base = {**base, "n_groups": int(np.unique(groups[all_test]).size)}
-    for metric, value in (("best_constant", pooled_best), ("chance", 1.0 / len(np.unique(y_all)))):
-        rows.append({**summary_base, "role": "baseline", "condition": "", "metric": metric, "value": value,
-                     "n": int(len(all_test))})
-    rows.append({**summary_base, "role": "baseline", "condition": "", "metric": "n_skipped",
+    rows += baseline_rows(summary_base, y_all[all_test], n_classes)
+    rows.append({**summary_base, "pooling": None, "condition": "", "metric": "n_skipped",
                  "value": float(len(skipped)), "n": len(examples)})
-    for p in checked:
-        for condition, metric in (("frozen", "frozen_test_accuracy_mean"), ("fine_tuned", "test_accuracy_mean")):
-            it = item.loc[(p.name, condition)]
-            point, lo, hi = bootstrap_ci(it["correct"].to_numpy(float), it["doc"].to_numpy(), "mean",
-                                         n_resamples=1000, seed=0)
-            acc = runs[(runs["role"] == p.name) & (runs["condition"] == condition)]
-            problems = [f"{(~acc['converged'].astype(bool)).sum()} of {len(acc)} runs did not converge"] \
-                if not acc["converged"].astype(bool).all() else []
-            if point < pooled_best:
-                problems.insert(0, f"accuracy {point:.3f} below the best constant {pooled_best:.3f}")
-                _warn(f"Q8 {condition} {p.name}: {problems[0]}", log)
-            rows.append({**summary_base, "role": p.name, "condition": condition, "metric": metric, "value": point,
-                         "ci_low": lo, "ci_high": hi, "n": len(it), "n_runs": len(acc),
-                         "sd": float(acc["value"].std(ddof=1)) if len(acc) > 1 else math.nan,
-                         "warning": "; ".join(problems)})
-    diffs = []
-
-    def compare(a: pd.DataFrame, b: pd.DataFrame, role: str, condition: str) -> None:
-        j = a.add_suffix("_a").join(b.add_suffix("_b"), how="inner")
-        r = paired_difference(j["correct_a"].to_numpy(float), j["correct_b"].to_numpy(float), j["doc_a"].to_numpy(),
-                              n_resamples=1000, seed=0)
-        diffs.append({**base, "role": role, "condition": condition, "metric": "accuracy_diff", **r})
-
-    for p in checked:
-        compare(item.loc[(p.name, "fine_tuned")], item.loc[(p.name, "frozen")], p.name, "fine_tuned − frozen")
-    ref = "mean" if "mean" in poolings else poolings[0]
-    for condition in ("fine_tuned", "frozen"):
-        for p in checked:
-            if p.name != ref:
-                compare(item.loc[(p.name, condition)], item.loc[(ref, condition)], f"{p.name} − {ref}", condition)
-    if diffs:
-        d = add_holm(pd.DataFrame(diffs), ["metric"])
-        rows += d.to_dict("records")
-    df = make_table(rows)
-    # stable dtypes, so a stored table reads back equal: NA (not None) where a column does not apply
-    df["converged"] = df["converged"].astype("boolean")
-    df["warning"] = df["warning"].fillna("").astype(str)
-    for col in ("repeat", "fold", "epoch", "n_runs", "n_train"):
-        df[col] = pd.to_numeric(df[col]).astype("Int64")
+    names = [p.name for p in checked]
+    rows += summary_rows(summary_base, names, item, runs, pooled_best, lambda m: _warn(m, log))
+    rows += diff_rows(base, names, item, "mean" if "mean" in poolings else poolings[0])
+    df = finish_table(rows)
     if path is not None:
         write_table(df, path)
         write_table(P, pred_path)
@@ -391,16 +346,6 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
                     predictions_path=str(pred_path) if pred_path is not None else None, reused=False,
                     n_skipped=len(skipped), skipped_ids=list(skipped), warnings=warned)
     return (df, P) if with_predictions else df
-
-
-def summary(df: pd.DataFrame) -> pd.DataFrame:
-    """The per-pooling summary rows as a small table: pooling, condition, mean, ci_low, ci_high (cluster
-    bootstrap over documents), sd over runs, runs, warning."""
-    s = df[df["metric"].isin(["test_accuracy_mean", "frozen_test_accuracy_mean"])]
-    return pd.DataFrame({"pooling": s["role"].to_numpy(), "condition": s["condition"].to_numpy(),
-                         "mean": s["value"].astype(float).to_numpy(), "ci_low": s["ci_low"].astype(float).to_numpy(),
-                         "ci_high": s["ci_high"].astype(float).to_numpy(), "sd": s["sd"].astype(float).to_numpy(),
-                         "runs": s["n_runs"].to_numpy(), "warning": s["warning"].fillna("").to_numpy()})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -531,14 +476,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     s = summary(df)
-    pooled = df[(df["role"] == "baseline") & df["fold"].isna()].set_index("metric")["value"]
+    pooled = pooled_baselines(df)
     print(f"\n{ANALYSIS}: {label} on {corpus}, format {args.format}, model {lm.name} ({elapsed:.0f} s)")
     print(f"{'pooling':<12} {'condition':<11} {'accuracy':>8}   95% CI (documents)   runs")
     for _, r in s.iterrows():
         print(f"{r['pooling']:<12} {r['condition']:<11} {r['mean']:8.3f}   [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
               f"     {int(r['runs'])}" + (f"   WARNING: {r['warning']}" if r["warning"] else ""))
     for _, r in df[df["metric"] == "accuracy_diff"].iterrows():
-        print(f"{r['role']:<12} {r['condition']:<22} {r['value']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
+        print(f"{diff_label(r):<35} {r['value']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
               f"  p_holm={r['p_holm']:.3g}")
     print(f"{'constant':<12} {float(pooled['best_constant']):6.3f}   (the test items' largest class share); "
           f"chance {float(pooled['chance']):.3f}; {int(pooled['n_skipped'])} example(s) skipped as too long")

@@ -58,7 +58,7 @@ import pandas as pd
 import torch
 
 from probing.examples import Example
-from probing.formats import Format, FormatError, render, special_token_ids, tokenize_sentences
+from probing.formats import Format, FormatError, render, resolve_format, special_token_ids, tokenize_sentences
 from probing.forward import collate, forward, length_batches, running
 from probing.heap import HeapTrimmer
 from probing.models import DTYPES, LoadedModel, pick_device
@@ -232,6 +232,8 @@ def stream_compare(
     if not len(examples):
         raise ValueError("the corpus is empty")
     for f in (fa, fb):
+        if f.is_unresolved:
+            continue  # native: resolved against the tokenizer below, to a template every example fills
         need = f.min_sentences()
         short = next((ex for ex in examples if ex.n_sentences < need), None)
         if short is not None:
@@ -241,6 +243,9 @@ def stream_compare(
     if dev.type == "cpu" and dtype == "float16":
         raise ValueError("dtype float16 needs a GPU; on the CPU use float32 or bfloat16")
     with running(model, device=dev, dtype=dtype, random_init=random_init, seed=seed) as lm:
+        if fa.is_unresolved or fb.is_unresolved:  # native, as extraction resolves it
+            n_min = min(ex.n_sentences for ex in examples)
+            fa, fb = (resolve_format(f, lm.tokenizer, n_min) for f in (fa, fb))
         return _stream(lm, examples, fa, fb, layers=layers, roles=roles, parsed=parsed, word_groups=word_groups,
                        metrics=metrics, drift=drift, subword=subword, words_only=words_only, n_resamples=n_resamples,
                        confidence=confidence, bootstrap_seed=bootstrap_seed, batch_tokens=batch_tokens,

@@ -1,8 +1,9 @@
 """Q8: is [CLS] better than mean pooling, and after fine-tuning would any token do?
 
 ``plot_pooling`` draws, per pooling choice, the fine-tuned test accuracy (every run a dot) from
-:mod:`analyses.pooling` (``analysis="finetune_pooling"``: ``role`` = pooling, ``metric="test_accuracy"``
-per run, ``"test_accuracy_mean"`` per pooling) beside the frozen accuracy of the same token choice.
+:mod:`analyses.pooling` (``analysis="finetune_pooling"``: ``pooling`` names the pooling, ``metric="test_accuracy"``
+per run, ``"test_accuracy_mean"`` per pooling; tables written before that column existed named it
+``role`` and are read too) beside the frozen accuracy of the same token choice.
 Tables of the current protocol carry their own frozen probe on the same splits
 (``"frozen_test_accuracy_mean"``): both bars are then out-of-fold accuracies on identical test items
 with 95% cluster-bootstrap CIs over documents (``n_runs`` runs each), and a ``frozen_df`` is not drawn. Older tables (one split, mean ±
@@ -43,13 +44,13 @@ def _finetune_summary(ft: pd.DataFrame, what: str) -> pd.DataFrame:
                             "n": pd.to_numeric(runs, errors="coerce").to_numpy(dtype=float),
                             "ci_low": pd.to_numeric(summ["ci_low"], errors="coerce").to_numpy(dtype=float),
                             "ci_high": pd.to_numeric(summ["ci_high"], errors="coerce").to_numpy(dtype=float)},
-                           index=summ["role"].astype(str).to_numpy())
+                           index=summ["pooling"].astype(str).to_numpy())
         missing_sd = ~np.isfinite(out["sd"].to_numpy())
         if missing_sd.any() and not seeds.empty:  # fill sd from the seeds where the summary lacks it
-            by = seeds.groupby(seeds["role"].astype(str))["value"].std(ddof=1)
+            by = seeds.groupby(seeds["pooling"].astype(str))["value"].std(ddof=1)
             out.loc[missing_sd, "sd"] = by.reindex(out.index[missing_sd]).to_numpy()
         return out
-    g = seeds.groupby(seeds["role"].astype(str))["value"]
+    g = seeds.groupby(seeds["pooling"].astype(str))["value"]
     return pd.DataFrame({"mean": g.mean(), "sd": g.std(ddof=1), "n": g.count().astype(float)})
 
 
@@ -114,6 +115,8 @@ def plot_pooling(finetune_df: pd.DataFrame, out: str | Path, frozen_df: pd.DataF
     what = "pooling figure"
     if not (frozen_layer in ("best", "last") or isinstance(frozen_layer, (int, np.integer))):
         raise ValueError(f"frozen_layer must be 'best', 'last' or an int, got {frozen_layer!r}")
+    if "pooling" not in finetune_df.columns and "role" in finetune_df.columns:  # a table of the old layout
+        finetune_df = finetune_df.rename(columns={"role": "pooling"})
     ft = select(finetune_df, what, analysis=ANALYSIS, target=target, format=format)
     ft = numeric(one_source(ft, what, model, corpus))
     target = str(unique_or_error(ft, "target", what, option="target"))
@@ -126,7 +129,7 @@ def plot_pooling(finetune_df: pd.DataFrame, out: str | Path, frozen_df: pd.DataF
     same = ft[ft["metric"].astype(str) == "frozen_test_accuracy_mean"]  # frozen probe on the same splits
     paired = not same.empty
     if paired:
-        frozen = {str(r["role"]): r for _, r in same.iterrows() if str(r["role"]) in poolings}
+        frozen = {str(r["pooling"]): r for _, r in same.iterrows() if str(r["pooling"]) in poolings}
         frozen_layer = "same"
         if frozen_df is not None:
             notes.append("Frozen bars: the probe fitted on the fine-tuning splits (same test items); "
@@ -155,7 +158,7 @@ def plot_pooling(finetune_df: pd.DataFrame, out: str | Path, frozen_df: pd.DataF
     ax.errorbar(xf, means, yerr=yerr, fmt="none", ecolor="black", capsize=4, linewidth=1.2)
     rng = np.random.default_rng(0)  # fixed jitter: the same table gives the same picture
     for i, p in enumerate(poolings):
-        v = seeds.loc[seeds["role"].astype(str) == p, "value"].to_numpy(dtype=float)
+        v = seeds.loc[seeds["pooling"].astype(str) == p, "value"].to_numpy(dtype=float)
         if len(v):
             ax.scatter(xf[i] + rng.uniform(-w / 4, w / 4, len(v)), v, s=12, color="black", zorder=3,
                        label=("one run (fold × seed)" if paired else "one seed") if i == 0 else None)
@@ -190,8 +193,8 @@ def plot_pooling(finetune_df: pd.DataFrame, out: str | Path, frozen_df: pd.DataF
     flagged = ft[ft["metric"].astype(str).isin(["test_accuracy_mean", "frozen_test_accuracy_mean"])]
     if "warning" in flagged.columns:
         for _, r in flagged[flagged["warning"].fillna("").astype(str) != ""].iterrows():
-            if str(r["role"]) in warned:
-                notes.append(f"Warning, {r['role']} ({r.get('condition', '')}): {r['warning']}.")
+            if str(r["pooling"]) in warned:
+                notes.append(f"Warning, {r['pooling']} ({r.get('condition', '')}): {r['warning']}.")
     ax.set_xticks(x, poolings)
     ax.set_xlabel("pooling / token choice (last layer for fine-tuning)")
     ax.set_ylabel("test accuracy")

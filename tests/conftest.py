@@ -23,6 +23,17 @@ def tiny_bert_config(vocab_size: int, **kw):
     return BertConfig(**args)
 
 
+def make_tiny_roberta(tokenizer, seed: int = 0):
+    """A 2-layer RoBERTa-style encoder over ``tokenizer`` (the ``roberta_tokenizer`` fixture), eval mode."""
+    from transformers import RobertaConfig, RobertaModel
+
+    torch.manual_seed(seed)
+    cfg = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64, type_vocab_size=1,
+                        pad_token_id=tokenizer.pad_token_id)
+    return RobertaModel(cfg).eval()
+
+
 @pytest.fixture(scope="session")
 def bert_tokenizer():
     from transformers import AutoTokenizer

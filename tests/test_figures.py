@@ -143,12 +143,13 @@ def pooling_table(seed: int = 0, poolings=("cls", "mean", "max", "sep1", "first_
     for pi, p in enumerate(poolings):
         accs = [float(np.clip(0.88 - 0.01 * pi + 0.02 * rng.standard_normal(), 0, 1)) for _ in seeds]
         for s, a in zip(seeds, accs):
-            rows.append(dict(base, role=p, metric="test_accuracy", value=a, n=300, seed=s, n_train=1200))
+            rows.append(dict(base, pooling=p, condition="fine_tuned", metric="test_accuracy", value=a, n=300, seed=s,
+                             n_train=1200))
         if summary:
             m, sd = float(np.mean(accs)), float(np.std(accs, ddof=1)) if len(accs) > 1 else np.nan
-            rows.append(dict(base, role=p, metric="test_accuracy_mean", value=m, ci_low=m - 2.5 * sd,
-                             ci_high=m + 2.5 * sd, n=len(seeds), sd=sd))
-    rows.append(dict(base, role="majority", metric="majority_baseline", value=0.34, n=300))
+            rows.append(dict(base, pooling=p, condition="fine_tuned", metric="test_accuracy_mean", value=m,
+                             ci_low=m - 2.5 * sd, ci_high=m + 2.5 * sd, n=len(seeds), sd=sd))
+    rows.append(dict(base, condition="baseline", metric="majority_baseline", value=0.34, n=300))
     return make_table(rows)
 
 
@@ -581,7 +582,7 @@ def test_pooling_bars_seeds_and_frozen(tmp_path, figs):
     ft = pooling_table()
     plot_pooling(ft, tmp_path / "ft")
     ax = figs[0].axes[0]
-    means = ft[ft.metric == "test_accuracy_mean"].set_index("role")["value"]
+    means = ft[ft.metric == "test_accuracy_mean"].set_index("pooling")["value"]
     order = ["cls", "mean", "max", "first_word", "sep1", "pos3"]
     assert [t.get_text() for t in ax.get_xticklabels()] == order
     np.testing.assert_allclose([b.get_height() for b in bars(ax)], means.loc[order])
@@ -605,6 +606,9 @@ def test_pooling_bars_seeds_and_frozen(tmp_path, figs):
     last = acc[acc.layer == 6].set_index("choice")["value"]
     np.testing.assert_allclose([b.get_height() for b in bars(figs[2].axes[0])][6:],
                                [last[r] for r in ["cls", "mean", "max", "first_word", "sep1", "pos3"]])
+    # a table written before the `pooling` column (the pooling in `role`) draws the same bars
+    plot_pooling(ft.drop(columns="role").rename(columns={"pooling": "role"}), tmp_path / "old")
+    np.testing.assert_allclose([b.get_height() for b in bars(figs[3].axes[0])], means.loc[order])
 
 
 def test_pooling_from_seeds_only_nan_and_errors(tmp_path, figs):
@@ -613,11 +617,11 @@ def test_pooling_from_seeds_only_nan_and_errors(tmp_path, figs):
     ft = pooling_table(summary=False)
     plot_pooling(ft, tmp_path / "seeds")
     seeds = ft[ft.metric == "test_accuracy"]
-    means = seeds.groupby("role")["value"].mean()
+    means = seeds.groupby("pooling")["value"].mean()
     order = ["cls", "mean", "max", "first_word", "sep1", "pos3"]
     np.testing.assert_allclose([b.get_height() for b in bars(figs[0].axes[0])], means.loc[order])
     nan = pooling_table()
-    nan.loc[(nan.role == "max"), ["value", "sd"]] = np.nan
+    nan.loc[(nan.pooling == "max"), ["value", "sd"]] = np.nan
     plot_pooling(nan, tmp_path / "nan")
     assert "NaN mean accuracy (no bar) for max" in figs[1]._supxlabel.get_text()
     with pytest.raises(ValueError, match=r"metric=\['test_accuracy_mean', 'test_accuracy'\].*'majority_baseline'"):

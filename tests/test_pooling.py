@@ -23,7 +23,7 @@ from probing.examples import Example
 from probing.formats import Format, render, special_token_ids, tokenize_sentences
 from probing.models import prepare_model
 
-from .conftest import make_tiny_bert
+from .conftest import make_tiny_bert, make_tiny_roberta
 
 FILLER = ["the", "a", "man", "woman", "saw", "took", "house", "river", "green", "old", "quickly", "went", "near"]
 
@@ -254,18 +254,26 @@ def test_table_has_every_run_and_summaries(tiny):
                                       **CV)
     acc = df[df.metric == "test_accuracy"]
     runs = sorted((p, s, f) for p in POOLS for s in (0, 1) for f in (0, 1, 2))
-    assert sorted(zip(acc.role, acc.seed.astype(int), acc.fold.astype(int))) == runs
+    assert sorted(zip(acc.pooling, acc.seed.astype(int), acc.fold.astype(int))) == runs
     frozen = df[df.metric == "frozen_test_accuracy"]
-    assert sorted(zip(frozen.role, frozen.fold.astype(int))) == sorted((p, f) for p in POOLS for f in (0, 1, 2))
+    assert sorted(zip(frozen.pooling, frozen.fold.astype(int))) == sorted((p, f) for p in POOLS for f in (0, 1, 2))
     assert (df.analysis == "finetune_pooling").all() and (df.target == "kind").all()
     assert (df.grouping == "document").all() and acc.value.between(0, 1).all()
     assert len(df[df.metric == "train_loss_epoch"]) == len(POOLS) * 2 * 3  # one epoch each
     for metric in ("best_constant", "majority_baseline", "chance"):
         assert len(df[(df.metric == metric) & df.fold.notna()]) == 3
+    # `role` (a stored token role elsewhere) is empty; the pooling has its own column, empty on the rows
+    # that depend on no pooling; no cell packs two values ("cls − mean")
+    assert df.role.isna().all()
+    baselines = df.metric.isin(["best_constant", "majority_baseline", "chance"])
+    assert (df.condition[baselines] == "baseline").all() and df.pooling[baselines | (df.metric == "n_skipped")].isna().all()
+    assert set(df.pooling.dropna()) == set(POOLS) and set(df.pooling_b.dropna()) == set(POOLS)
+    assert set(df.condition.dropna()) | set(df.condition_b.dropna()) <= {"fine_tuned", "frozen", "baseline", ""}
+    assert df.pooling_b.notna().eq(df.metric == "accuracy_diff").all()
     # the pooled accuracy is the mean over items of each item's correctness averaged over seeds, its CI a
     # bootstrap over documents
     for cond, metric in (("fine_tuned", "test_accuracy_mean"), ("frozen", "frozen_test_accuracy_mean")):
-        summ = df[df.metric == metric].set_index("role")
+        summ = df[df.metric == metric].set_index("pooling")
         assert sorted(summ.index) == sorted(POOLS)
         for p in POOLS:
             items = pred[(pred.pooling == p) & (pred.condition == cond)].groupby("example")
@@ -274,14 +282,36 @@ def test_table_has_every_run_and_summaries(tiny):
             assert summ.loc[p, "n"] == 36 and summ.loc[p, "n_groups"] == 18
             assert summ.loc[p, "ci_low"] <= summ.loc[p, "value"] <= summ.loc[p, "ci_high"]
     # paired differences on per-item correctness, Holm-adjusted over the family
-    diff = df[df.metric == "accuracy_diff"].set_index(["role", "condition"])
+    diff = df[df.metric == "accuracy_diff"].set_index(["pooling", "condition", "pooling_b", "condition_b"])
     ft = pred[pred.condition == "fine_tuned"].groupby(["pooling", "example"])["correct"].mean()
     fz = pred[pred.condition == "frozen"].groupby(["pooling", "example"])["correct"].mean()
     for p in POOLS:
-        assert diff.loc[(p, "fine_tuned − frozen"), "value"] == pytest.approx((ft.loc[p] - fz.loc[p]).mean())
-    assert diff.loc[("cls − mean", "frozen"), "value"] == pytest.approx((fz.loc["cls"] - fz.loc["mean"]).mean())
+        assert diff.loc[(p, "fine_tuned", p, "frozen"), "value"] == pytest.approx((ft.loc[p] - fz.loc[p]).mean())
+    assert diff.loc[("cls", "frozen", "mean", "frozen"), "value"] == pytest.approx((fz.loc["cls"] - fz.loc["mean"]).mean())
+    assert diff.loc[("cls", "fine_tuned", "mean", "fine_tuned"), "value"] == pytest.approx(
+        (ft.loc["cls"] - ft.loc["mean"]).mean())
     assert len(diff) == len(POOLS) + 2 * (len(POOLS) - 1)
     assert (diff["p_holm"] >= diff["p_value"] - 1e-12).all() and diff["p_value"].between(0, 1).all()
+
+
+@pytest.mark.parametrize("tokenizer", ["bert_tokenizer", "roberta_tokenizer"])
+def test_native_format_is_the_tokenizers_own_template(tiny, tokenizer, request):
+    """``native`` trains and probes on what ``tokenizer(s1, s2)`` gives (probing.formats.resolve_format, as
+    extraction resolves it): the same numbers as that template written out, keyed ``native``."""
+    from probing.formats import native_template
+
+    tok = request.getfixturevalue(tokenizer)
+    lm = tiny if tokenizer == "bert_tokenizer" else prepare_model(make_tiny_roberta(tok), tok, name="tiny-roberta")
+    ex = keyword_examples(24)
+    kw = dict(model=lm, progress=False, **{**FAST, "folds": 2, "run_folds": 1})
+    native = run_pooling_experiment(ex, "kind", "cls,sep1", "0", fmt="native", **kw)
+    written = run_pooling_experiment(ex, "kind", "cls,sep1", "0", fmt="own=" + native_template(tok), **kw)
+    assert (native.format == "native").all() and (written.format == "own").all()
+    cols = ["metric", "pooling", "condition", "value", "n"]
+    pd.testing.assert_frame_equal(native[cols], written[cols])
+    one = FT.finetune(ex, "kind", model=lm, pooling="sep1", fmt="native", epochs=1, batch_size=8, device="cpu",
+                      preset="quick")
+    assert one["n_train"] > 0 and 0 <= one["test_accuracy"] <= 1
 
 
 def test_frozen_and_fine_tuned_score_identical_test_items(tiny):
@@ -475,12 +505,12 @@ def test_figure_draws_frozen_and_fine_tuned_from_the_same_splits(tiny, tmp_path,
     assert any(t.startswith("fine-tuned (2 runs;") for t in labels), labels
     # a separate probe table does not replace the same-split probe
     probes = pd.DataFrame({"analysis": "probe", "model": "tiny-bert", "corpus": df.corpus.iloc[0], "format": "pair",
-                           "format_b": "", "layer": 2, "role": ["cls", "mean"], "target": "kind", "metric": "accuracy",
+                           "format_b": "", "layer": 2, "choice": ["cls", "mean"], "target": "kind", "metric": "accuracy",
                            "value": [0.11, 0.12], "ci_low": 0.1, "ci_high": 0.13, "n": 24, "seed": 0})
     F.plot_pooling(df, tmp_path / "q8b", frozen_df=probes)
     bars = [p.get_height() for p in seen["fig"].axes[0].patches]
     assert 0.11 not in bars and 0.12 not in bars
-    frozen = df[df.metric == "frozen_test_accuracy_mean"].set_index("role")["value"]
+    frozen = df[df.metric == "frozen_test_accuracy_mean"].set_index("pooling")["value"]
     assert any(b == pytest.approx(frozen["cls"]) for b in bars)
 
 

@@ -16,7 +16,7 @@ from probing.extract import ExtractError, extract
 from probing.models import prepare_model
 from analyses.streaming import stream_compare
 
-from .conftest import make_tiny_bert, sample_examples
+from .conftest import make_tiny_bert, make_tiny_roberta, sample_examples
 
 CHOICES = ["cls", "mean", "sep2", "sep_last", "max", "mean_s1", "first_word", "pos3"]
 DRIFT = ["cosine_mean", "drift_mean", "relative_l2_mean"]
@@ -89,6 +89,27 @@ def test_streaming_equals_cached(lm, tmp_path, fa, fb, k, batch_tokens):
         assert {"cls", "cls@1.0", "cls@2.0", "sep1", "sep2", "sep3", "s3 words", "all"} <= set(out["drift"]["role"])
     assert (out["drift"]["format"] == fa).all() and (out["drift"]["format_b"] == fb).all()
     assert (out["cka"]["model"] == "tiny-bert").all()
+
+
+@pytest.mark.parametrize("tokenizer", ["bert_tokenizer", "roberta_tokenizer"])
+def test_native_streams_as_the_extracted_native_cache(lm, tmp_path, tokenizer, request):
+    """``native`` (the tokenizer's own pair template: [CLS] a [SEP] b [SEP] for BERT, <s> a </s></s> b </s>
+    for RoBERTa) is resolved as extraction resolves it, so streaming equals the cached path on it."""
+    if tokenizer == "roberta_tokenizer":
+        tok = request.getfixturevalue(tokenizer)
+        lm = prepare_model(make_tiny_roberta(tok), tok, name="tiny-roberta")
+    examples = sample_examples(12, k=2)
+    a, b = _cached(lm, examples, ["native", "concat"], tmp_path)
+    choices = ["cls", "mean", "sep_last", "first_word"]
+    cached_drift = run_drift(a, b, n_resamples=20, n_pairs=100, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the zero-variance warning of [CLS] at layer 0
+        cached_cka = run_cka_formats(a, b, choices + ["s1 words", "s2 words"])
+    out = stream_compare(examples, "native", "concat", model=lm, choices=choices, n_resamples=20, progress=False)
+    _compare_drift(cached_drift, out["drift"])
+    _compare_cka(cached_cka, out["cka"])
+    assert (out["drift"]["format"] == "native").all() and (out["cka"]["format"] == "native").all()
+    assert {"cls", "sep2", "s1 words", "s2 words"} <= set(out["drift"]["role"])
 
 
 def test_context_effect_words_only_mean_subwords(lm, tmp_path):

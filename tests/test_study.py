@@ -103,9 +103,10 @@ def test_quick_study_end_to_end_and_reuse(tmp_path, tiny_model_dir):
     # Q8: frozen and fine-tuned from identical test items, recorded in the table and the report
     ft = pd.read_csv(tables / "finetune.csv")
     for pooling in ("cls", "mean"):
-        n_ft = ft[(ft["metric"] == "test_accuracy_mean") & (ft["role"] == pooling)]["n"].iloc[0]
-        n_fr = ft[(ft["metric"] == "frozen_test_accuracy_mean") & (ft["role"] == pooling)]["n"].iloc[0]
-        n_d = ft[(ft["metric"] == "accuracy_diff") & (ft["role"] == pooling)]["n"].iloc[0]
+        n_ft = ft[(ft["metric"] == "test_accuracy_mean") & (ft["pooling"] == pooling)]["n"].iloc[0]
+        n_fr = ft[(ft["metric"] == "frozen_test_accuracy_mean") & (ft["pooling"] == pooling)]["n"].iloc[0]
+        n_d = ft[(ft["metric"] == "accuracy_diff") & (ft["pooling"] == pooling)
+                 & (ft["pooling_b"] == pooling)]["n"].iloc[0]
         assert n_ft == n_fr == n_d > 0
     q8 = re.search(r"^## Q8\..*?(?=^## )", text, flags=re.S | re.M).group(0)
     assert "| same test items |" in q8 and "| True |" in q8
@@ -391,23 +392,30 @@ def test_power_sentence_is_generated_from_groups_needed():
 
 
 def _finetune_table(n_frozen: int = 50):
+    """The fine-tuning table's layout (analyses.pooling_table): a split's baselines first (fold 0), then the
+    pooled ones (fold empty), per-pooling summaries, and paired differences naming both sides."""
     import pandas as pd
 
-    rows = []
+    rows = [{"metric": "best_constant", "condition": "baseline", "value": 0.5, "fold": 0},
+            {"metric": "chance", "condition": "baseline", "value": 0.2, "fold": 0}]
     for pooling, ft, fr in (("cls", 0.8, 0.7), ("mean", 0.82, 0.75)):
         rows += [
-            {"metric": "test_accuracy_mean", "role": pooling, "value": ft, "ci_low": ft - 0.05, "ci_high": ft + 0.05,
-             "n": 50, "n_runs": 6, "warning": ""},
-            {"metric": "frozen_test_accuracy_mean", "role": pooling, "value": fr, "ci_low": fr - 0.05,
-             "ci_high": fr + 0.05, "n": n_frozen, "n_runs": 3, "warning": ""},
-            {"metric": "accuracy_diff", "role": pooling, "condition": "fine_tuned − frozen", "value": ft - fr,
-             "ci_low": ft - fr - 0.04, "ci_high": ft - fr + 0.04, "p_value": 0.01, "p_holm": 0.02, "n": 50},
-            {"metric": "test_accuracy", "role": pooling, "seed": 0, "value": ft, "n": 25,
-             "warning": "test accuracy 0.1 below the best constant 0.3" if pooling == "mean" else ""},
+            {"metric": "test_accuracy_mean", "pooling": pooling, "condition": "fine_tuned", "value": ft,
+             "ci_low": ft - 0.05, "ci_high": ft + 0.05, "n": 50, "n_runs": 6, "warning": ""},
+            {"metric": "frozen_test_accuracy_mean", "pooling": pooling, "condition": "frozen", "value": fr,
+             "ci_low": fr - 0.05, "ci_high": fr + 0.05, "n": n_frozen, "n_runs": 3, "warning": ""},
+            {"metric": "accuracy_diff", "pooling": pooling, "condition": "fine_tuned", "pooling_b": pooling,
+             "condition_b": "frozen", "value": ft - fr, "ci_low": ft - fr - 0.04, "ci_high": ft - fr + 0.04,
+             "p_value": 0.01, "p_holm": 0.02, "n": 50},
+            {"metric": "test_accuracy", "pooling": pooling, "condition": "fine_tuned", "seed": 0, "value": ft, "n": 25,
+             "fold": 0, "warning": "test accuracy 0.1 below the best constant 0.3" if pooling == "mean" else ""},
         ]
-    rows += [{"metric": "best_constant", "role": "baseline", "value": 0.3}, {"metric": "chance", "role": "baseline",
-                                                                               "value": 0.2},
-             {"metric": "n_skipped", "role": "baseline", "value": 3}]
+    rows += [{"metric": "accuracy_diff", "pooling": "cls", "condition": "frozen", "pooling_b": "mean",
+              "condition_b": "frozen", "value": -0.05, "ci_low": -0.09, "ci_high": -0.01, "p_value": 0.01,
+              "p_holm": 0.03, "n": 50},
+             {"metric": "best_constant", "condition": "baseline", "value": 0.3},
+             {"metric": "chance", "condition": "baseline", "value": 0.2},
+             {"metric": "n_skipped", "condition": "", "value": 3}]
     return pd.DataFrame(rows)
 
 
@@ -421,7 +429,10 @@ def test_q8_reads_the_same_split_fine_tuning_layout():
     assert t.loc[0, "fine-tuned − frozen"].startswith("+0.100 (95% CI +0.060 to +0.140)")
     assert not q8_same_items(_finetune_table(n_frozen=40))["same test items"].any()
     ev = QUESTION_SECTIONS["Q8"].answer({"finetune": _finetune_table()})
-    assert "cls fine-tuned 0.800" in ev and "frozen 0.700" in ev and "Best constant 0.300" in ev
+    assert "cls fine-tuned 0.800" in ev and "frozen 0.700" in ev
+    assert "Best constant 0.300" in ev  # the pooled one, not the first split's (0.500)
+    assert "cls − mean (frozen): −0.050" in ev or "cls − mean (frozen): -0.050" in ev, ev
+    assert "fine_tuned − frozen" not in ev  # the same-pooling differences are in the table above it
     assert "**Warning:** 1 of 2 runs flagged" in ev
     assert "Warning" not in QUESTION_SECTIONS["Q8"].answer({"finetune": _finetune_table().assign(warning="")})
     assert skip_counts({"pairs": 2}, _finetune_table()) == "2 at extraction (pairs 2); 3 in fine-tuning (Q8)"

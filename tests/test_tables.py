@@ -187,8 +187,6 @@ ROLE = re.compile(r"cls|sep|word|words|all|sep\d+|s\d+ words|\[CLS\]|\[SEP\](#\d
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="open work: the fine-tuning table still names the pooling `role` "
-                                       "(docs/TABLES.md)")
 def test_role_means_a_token_role_in_every_table(tables):
     other = {name: sorted({str(v) for v in df["role"].dropna() if not ROLE.fullmatch(str(v))})[:5]
              for name, df in tables.items() if "role" in df.columns}

@@ -182,10 +182,11 @@ def q8_same_items(f: pd.DataFrame) -> pd.DataFrame:
     from .verdicts import format_interval
 
     rows = []
-    for pooling in dict.fromkeys(pick(f, metric="test_accuracy_mean")["role"]):
-        ft = pick(f, metric="test_accuracy_mean", role=pooling).iloc[0]
-        fr = pick(f, metric="frozen_test_accuracy_mean", role=pooling)
-        d = pick(f, metric="accuracy_diff", role=pooling)
+    for pooling in dict.fromkeys(pick(f, metric="test_accuracy_mean")["pooling"]):
+        ft = pick(f, metric="test_accuracy_mean", pooling=pooling).iloc[0]
+        fr = pick(f, metric="frozen_test_accuracy_mean", pooling=pooling)
+        d = pick(f, metric="accuracy_diff", pooling=pooling, condition="fine_tuned", pooling_b=pooling,
+                 condition_b="frozen")
         fr = fr.iloc[0] if not fr.empty else None
         d = d.iloc[0] if not d.empty else None
         n_ft, n_fr = int(ft["n"]), int(fr["n"]) if fr is not None else None

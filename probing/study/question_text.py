@@ -391,6 +391,8 @@ def answer_q7(T: dict) -> str:
 
 
 def answer_q8(T: dict) -> str:
+    from analyses.pooling_table import BASELINE, diff_label
+
     s = ""
     d = T.get("paired_q8")
     if d is not None and not d.empty:
@@ -404,10 +406,11 @@ def answer_q8(T: dict) -> str:
             s += ("Fine-tuned vs frozen on the same splits and test items: "
                   + "; ".join(f"{r['pooling']} fine-tuned {r['fine-tuned']}, frozen {r['frozen (same splits)']}, "
                               f"difference {r['fine-tuned − frozen']}" for _, r in t.iterrows()) + ".")
-        for _, r in pick(f, metric="accuracy_diff").iterrows():
-            if " − " in str(r["role"]):
-                s += f" {r['role']} ({r['condition']}): {paired_text(r)}."
-        best, chance = one(f, metric="best_constant", role="baseline"), one(f, metric="chance", role="baseline")
+        d = pick(f, metric="accuracy_diff")
+        for _, r in d[d["pooling"] != d["pooling_b"]].iterrows():
+            s += f" {diff_label(r)}: {paired_text(r)}."
+        pooled = f[f["fold"].isna()] if "fold" in f.columns else f
+        best, chance = (one(pooled, metric=m, condition=BASELINE) for m in ("best_constant", "chance"))
         if best is not None:
             s += f" Best constant {fmt(best[0])}" + (f", chance {fmt(chance[0])}" if chance else "") + "."
         s += finetune_warnings(f)
@@ -424,7 +427,7 @@ def finetune_warnings(f: pd.DataFrame) -> str:
         return ""
     means = f[f["metric"].isin(["test_accuracy_mean", "frozen_test_accuracy_mean"])
               & f["warning"].fillna("").astype(str).ne("")]
-    what = "; ".join(f"{r['role']} {'frozen' if r['metric'].startswith('frozen') else 'fine-tuned'}: {r['warning']}"
+    what = "; ".join(f"{r['pooling']} {'frozen' if r['metric'].startswith('frozen') else 'fine-tuned'}: {r['warning']}"
                      for _, r in means.iterrows())
     return (f" **Warning:** {int(flagged.sum())} of {int(runs.sum())} runs flagged (below the best constant, or "
             f"training did not converge){': ' + what if what else ''}; see the `warning` column of "
