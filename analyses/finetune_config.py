@@ -68,6 +68,7 @@ class TrainConfig:
     run_folds: int | None = None
     repeats: int = 1
     frozen_Cs: tuple[float, ...] = DEFAULT_CS
+    autocast: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "frozen_Cs", tuple(float(c) for c in self.frozen_Cs))
@@ -88,8 +89,9 @@ class TrainConfig:
                 raise ValueError(f"{name} must be None or an integer >= 1, got {name}={v!r}")
         if not _is_int(self.seed, 0):
             raise ValueError(f"seed must be an integer >= 0, got seed={self.seed!r}")
-        if not isinstance(self.freeze_embeddings, bool):
-            raise ValueError(f"freeze_embeddings must be True or False, got {self.freeze_embeddings!r}")
+        for name in ("freeze_embeddings", "autocast"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {name}={getattr(self, name)!r}")
         if not isinstance(self.split_group, str) or not self.split_group:
             raise ValueError(f"split_group must be 'auto', 'id' or a label name, got {self.split_group!r}")
         for name in ("lr", "head_lr"):
