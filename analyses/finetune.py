@@ -23,7 +23,14 @@ from the training labels only.
 Speed (CPU). Evaluation batches are cut from the test items sorted by length, so a batch pads to
 its own longest example rather than to the longest of 64 random ones; AdamW runs its fused kernel
 (``fused=True``; on CUDA and on CPU since torch 2.4). Neither changes the protocol: the same steps
-on the same batches, the same predictions up to float rounding.
+on the same batches, the same predictions up to float rounding. ``TrainConfig(autocast=True)`` runs
+the forward pass and the loss in bfloat16 mixed precision (float32 weights, gradients and AdamW); its
+speed and accuracy check: :class:`analyses.finetune_config.TrainConfig`.
+
+Batches are padded by :func:`probing.forward.collate` and run through :func:`probing.forward.last_hidden`
+(the toolkit's one collation and forward pass; :func:`training_inputs` adds the pooling mask), the
+model is loaded by :func:`probing.models.load_model` and the device chosen by
+:func:`probing.models.pick_device`.
 """
 
 from __future__ import annotations
