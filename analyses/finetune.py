@@ -23,7 +23,14 @@ from the training labels only.
 Speed (CPU). Evaluation batches are cut from the test items sorted by length, so a batch pads to
 its own longest example rather than to the longest of 64 random ones; AdamW runs its fused kernel
 (``fused=True``; on CUDA and on CPU since torch 2.4). Neither changes the protocol: the same steps
-on the same batches, the same predictions up to float rounding.
+on the same batches, the same predictions up to float rounding. ``TrainConfig(autocast=True)`` runs
+the forward pass and the loss in bfloat16 mixed precision (float32 weights, gradients and AdamW); its
+speed and accuracy check: :class:`analyses.finetune_config.TrainConfig`.
+
+Batches are padded by :func:`probing.forward.collate` and run through :func:`probing.forward.last_hidden`
+(the toolkit's one collation and forward pass; :func:`training_inputs` adds the pooling mask), the
+model is loaded by :func:`probing.models.load_model` and the device chosen by
+:func:`probing.models.pick_device`.
 """
 
 from __future__ import annotations
@@ -42,7 +49,8 @@ from analyses.finetune_config import TrainConfig, preset_config
 from analyses.pooling_choices import Pooling, get_pooling, pool, pooling_mask
 from probing.examples import Example, corpus_fingerprint
 from probing.formats import Format, Rendered, render, resolve_format, special_token_ids, tokenize_sentences
-from probing.forward import accepts_token_types
+from probing.forward import Inputs, collate, last_hidden, pad_arrays
+from probing.models import LoadedModel, load_model, pick_device
 
 
 def split_unit(key: str, seed: int = 0) -> float:
@@ -194,17 +202,23 @@ def check_pooling(task: Task, pooling: str | Pooling) -> Pooling:
 # Training
 
 
+def training_inputs(rendered: Sequence[Rendered], lm, pooling: Pooling,
+                    device: torch.device) -> tuple[Inputs, torch.Tensor]:
+    """One batch for :class:`PooledClassifier`: the model inputs of :func:`probing.forward.collate`
+    (the toolkit's one collation) and the pooling's ``(B, T)`` mask over the same padded length."""
+    inputs = collate(rendered, lm, device)
+    return inputs, torch.from_numpy(pooling_mask(rendered, pooling, inputs.T)).to(device)
+
+
 def _collate(rendered: Sequence[Rendered], pooling: Pooling, pad_id: int, device: torch.device) -> dict:
+    """The padded batch as a dict (``input_ids``, ``token_type_ids``, ``attention_mask``, ``pool_mask``),
+    for :func:`analyses.pooling.frozen_features`: :func:`probing.forward.pad_arrays` and
+    :func:`analyses.pooling_choices.pooling_mask`; training uses :func:`training_inputs`."""
     T = max(len(r) for r in rendered)
-    ids = np.full((len(rendered), T), pad_id, dtype=np.int64)
-    types = np.zeros((len(rendered), T), dtype=np.int64)
-    att = np.zeros((len(rendered), T), dtype=np.int64)
-    for b, r in enumerate(rendered):
-        n = len(r)
-        ids[b, :n], types[b, :n], att[b, :n] = r.input_ids, r.token_type_ids, 1
+    ids, types, att = pad_arrays(rendered, pad_id, T)
     mask = pooling_mask(rendered, pooling, T)
-    return {"input_ids": torch.from_numpy(ids).to(device), "token_type_ids": torch.from_numpy(types).to(device),
-            "attention_mask": torch.from_numpy(att).to(device), "pool_mask": torch.from_numpy(mask).to(device)}
+    return {k: torch.from_numpy(v).to(device) for k, v in
+            (("input_ids", ids), ("token_type_ids", types), ("attention_mask", att), ("pool_mask", mask))}
 
 
 class PooledClassifier(torch.nn.Module):
@@ -215,15 +229,12 @@ class PooledClassifier(torch.nn.Module):
         super().__init__()
         self.encoder = encoder
         self.pooling = pooling
-        self.pass_types = accepts_token_types(encoder)
         self.head = torch.nn.Linear(hidden_size, n_classes)
         torch.nn.init.normal_(self.head.weight, std=init_std)
         torch.nn.init.zeros_(self.head.bias)
 
-    def forward(self, input_ids, attention_mask, token_type_ids, pool_mask) -> torch.Tensor:
-        kw = {"token_type_ids": token_type_ids} if self.pass_types else {}
-        h = self.encoder(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **kw).last_hidden_state
-        return self.head(pool(h, pool_mask, self.pooling.reduce))
+    def forward(self, inputs: Inputs, pool_mask: torch.Tensor) -> torch.Tensor:
+        return self.head(pool(last_hidden(self.encoder, inputs), pool_mask, self.pooling.reduce))
 
 
 def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
@@ -286,7 +297,7 @@ def _finetune_task(lm, task: Task, pooling: Pooling, seed: int, config: TrainCon
                    device: torch.device) -> dict:
     """One run: fine-tune a fresh copy of ``lm.model`` + head on ``task.train``, score on ``task.test``."""
     t0 = time.perf_counter()
-    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast)
     devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
@@ -309,10 +320,10 @@ def _finetune_task(lm, task: Task, pooling: Pooling, seed: int, config: TrainCon
         for _ in range(config.epochs):
             total_loss, seen, hits = 0.0, 0, 0
             for idx in epoch_batches(train, lengths, config.batch_size, config.length_grouping, order_rng):
-                batch = _collate([task.rendered[i] for i in idx], pooling, pad_id, device)
                 target = torch.from_numpy(task.y[idx]).to(device)
-                logits = clf(**batch)
-                loss = torch.nn.functional.cross_entropy(logits, target)
+                with autocast:
+                    logits = clf(*training_inputs([task.rendered[i] for i in idx], lm, pooling, device))
+                    loss = torch.nn.functional.cross_entropy(logits, target)
                 hits += int((logits.detach().argmax(dim=-1) == target).sum())
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -326,10 +337,10 @@ def _finetune_task(lm, task: Task, pooling: Pooling, seed: int, config: TrainCon
         # evaluation: only now are test examples read
         clf.eval()
         test_pred = np.empty(len(task.test), dtype=np.int64)
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast:
             for rows in sorted_batches(lengths[task.test], config.eval_batch_size):
-                batch = _collate([task.rendered[i] for i in task.test[rows]], pooling, pad_id, device)
-                test_pred[rows] = clf(**batch).argmax(dim=-1).cpu().numpy()
+                batch = training_inputs([task.rendered[i] for i in task.test[rows]], lm, pooling, device)
+                test_pred[rows] = clf(*batch).argmax(dim=-1).cpu().numpy()
     return {
         "pooling": pooling.name, "seed": seed, "test_accuracy": float((test_pred == task.y[task.test]).mean()),
         "test_pred": test_pred, "train_accuracy": hits / seen,
@@ -341,9 +352,9 @@ def _finetune_task(lm, task: Task, pooling: Pooling, seed: int, config: TrainCon
     }
 
 
-def _load(model) -> Any:
-    from probing.models import LoadedModel, load_model
-
+def _load(model) -> LoadedModel:
+    """``model`` as a :class:`~probing.models.LoadedModel`: as it is, or :func:`probing.models.load_model`
+    of a name or path (None: the default model)."""
     if isinstance(model, LoadedModel):
         return model
     if model is None or isinstance(model, str):
@@ -351,16 +362,11 @@ def _load(model) -> Any:
     raise ValueError(f"model must be None, a name/path or a LoadedModel, got {type(model).__name__}")
 
 
-def _device(device) -> torch.device:
-    from probing.models import pick_device
-
-    return pick_device(device)
+_device = pick_device  # analyses.pooling's name for probing.models.pick_device
 
 
-def _max_length_of(lm) -> int:
-    from probing.models import max_sequence_length
-
-    return max_sequence_length(lm.model.config, lm.tokenizer)
+def _max_length_of(lm: LoadedModel) -> int:
+    return lm.max_length
 
 
 def finetune(examples: Sequence[Example], label: str, *, model=None, pooling: str = "cls",

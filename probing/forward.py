@@ -60,13 +60,14 @@ class Inputs:
     T: int
 
 
-def collate(rendered: Sequence[Rendered], lm: LoadedModel, device: torch.device) -> Inputs:
-    """Pad ``rendered`` examples to the longest (on a GPU to a multiple of 8, for the tensor cores)
-    with the tokenizer's pad id (0 only where it has none); the mask marks the real tokens."""
-    pad_multiple = 8 if device.type == "cuda" else 1
-    T = max(len(r) for r in rendered)
-    T = -(-T // pad_multiple) * pad_multiple
-    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+def pad_token_id(lm: LoadedModel) -> int:
+    """The tokenizer's pad id (0 only where it has none)."""
+    return lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+
+
+def pad_arrays(rendered: Sequence[Rendered], pad_id: int, T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(input_ids, token_type_ids, attention_mask)``, each ``(B, T)`` int64: ``rendered`` padded to
+    ``T`` with ``pad_id``; the mask marks the real tokens."""
     B = len(rendered)
     ids = np.full((B, T), pad_id, dtype=np.int64)
     types = np.zeros((B, T), dtype=np.int64)
@@ -74,6 +75,22 @@ def collate(rendered: Sequence[Rendered], lm: LoadedModel, device: torch.device)
     for b, r in enumerate(rendered):
         n = len(r)
         ids[b, :n], types[b, :n], mask[b, :n] = r.input_ids, r.token_type_ids, 1
+    return ids, types, mask
+
+
+def last_hidden(model: torch.nn.Module, inputs: Inputs) -> torch.Tensor:
+    """The last layer ``(B, T, hidden)`` of one batch in the caller's grad mode (gradients flow when
+    training: fine-tuning, :mod:`analyses.finetune`); unlike :func:`forward`, no other layer is kept."""
+    return model(**inputs.tensors, return_dict=True).last_hidden_state
+
+
+def collate(rendered: Sequence[Rendered], lm: LoadedModel, device: torch.device) -> Inputs:
+    """Pad ``rendered`` examples to the longest (on a GPU to a multiple of 8, for the tensor cores)
+    with the tokenizer's pad id (0 only where it has none); the mask marks the real tokens."""
+    pad_multiple = 8 if device.type == "cuda" else 1
+    T = max(len(r) for r in rendered)
+    T = -(-T // pad_multiple) * pad_multiple
+    ids, types, mask = pad_arrays(rendered, pad_token_id(lm), T)
     tensors = {"input_ids": ids, "attention_mask": mask}
     if accepts_token_types(lm.model):
         tensors["token_type_ids"] = types

@@ -1,0 +1,97 @@
+"""Fine-tuning (Q8) on the toolkit's one collation and forward pass (probing.forward), and the bf16
+mixed-precision option: fp32 runs give the predictions and losses of the code before the move, the
+option runs the forward in bfloat16 with float32 weights, and it is part of the result's key."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import analyses.finetune as FT
+from analyses.finetune import PooledClassifier, finetune, training_inputs
+from analyses.finetune_config import PRESETS, TrainConfig, preset_config
+from analyses.pooling import experiment_config
+from analyses.pooling_choices import get_pooling, pooling_mask
+from probing.examples import Example
+from probing.formats import Format
+
+from .test_pooling import _render, keyword_examples, one_thread, tiny
+
+FIXTURES = (one_thread, tiny)  # one torch thread for every test (autouse); the tiny random-init BERT
+
+#: One run per pooling: 64 keyword examples, seed 1, 6 epochs of batch 8 (42 steps), evaluation in
+#: batches of 5.
+PINNED = dict(seed=1, epochs=6, batch_size=8, lr=3e-3, head_lr=1e-2, max_train=10_000, device="cpu",
+              preset="quick", eval_batch_size=5)
+#: Test predictions, first and last step loss and the sum of the 42 step losses of PINNED, recorded
+#: with the code of commit e207821 (its own _collate and encoder call, before fine-tuning moved onto
+#: probing.forward.collate / last_hidden): the fp32 path must give the same run.
+BEFORE = {
+    "mean": ([1, 1, 1, 0, 0, 0, 1, 0, 0, 1, 1, 1, 0, 0], 0.695117, 0.402012, 25.05805),
+    "max": ([1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 0, 0], 0.701536, 0.338175, 25.57441),
+}
+
+
+@pytest.mark.parametrize("pooling", sorted(BEFORE))
+def test_fp32_run_is_the_run_before_the_move(tiny, pooling):
+    pred, first, last, total = BEFORE[pooling]
+    r = finetune(keyword_examples(64), "kind", model=tiny, pooling=pooling, **PINNED)
+    assert r["test_pred"].tolist() == pred
+    assert len(r["train_loss_steps"]) == 42
+    assert r["train_loss_steps"][0] == pytest.approx(first, abs=2e-6)
+    assert r["train_loss_steps"][-1] == pytest.approx(last, abs=2e-6)
+    assert sum(r["train_loss_steps"]) == pytest.approx(total, abs=1e-4)
+
+
+def test_training_inputs_are_the_toolkits_collation(bert_tokenizer, tiny):
+    """The classifier's batch is probing.forward.collate's, the pooling mask is over its padded length,
+    and the logits equal the head on the explicitly pooled last layer."""
+    ex = [Example("a", ("The cat sat on the mat.", "It purred loudly.")), Example("b", ("Hi.", "Yo."))]
+    rendered = _render(bert_tokenizer, ex)
+    p = get_pooling("mean")
+    inputs, mask = training_inputs(rendered, tiny, p, torch.device("cpu"))
+    assert set(inputs.tensors) == {"input_ids", "attention_mask", "token_type_ids"}
+    np.testing.assert_array_equal(mask.numpy(), pooling_mask(rendered, p, inputs.T))
+    old = FT._collate(rendered, p, bert_tokenizer.pad_token_id, torch.device("cpu"))
+    for k, v in inputs.tensors.items():
+        assert torch.equal(v, old[k]), k
+    clf = PooledClassifier(tiny.model, p, 3, tiny.hidden_size).eval()
+    with torch.no_grad():
+        h = tiny.model(**inputs.tensors).last_hidden_state
+        ref = clf.head((h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True))
+        torch.testing.assert_close(clf(inputs, mask), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_autocast_runs_the_forward_in_bfloat16_with_float32_weights(tiny, monkeypatch):
+    seen = []
+    forward = PooledClassifier.forward
+
+    def spy(self, inputs, pool_mask):
+        logits = forward(self, inputs, pool_mask)
+        seen.append((logits.dtype, {p.dtype for p in self.parameters()}))
+        return logits
+
+    monkeypatch.setattr(PooledClassifier, "forward", spy)
+    kw = {**PINNED, "epochs": 1}
+    fp32 = finetune(keyword_examples(32), "kind", model=tiny, pooling="mean", **kw)
+    assert {d for d, _ in seen} == {torch.float32}
+    seen.clear()
+    bf16 = finetune(keyword_examples(32), "kind", model=tiny, pooling="mean", autocast=True, **kw)
+    assert {d for d, _ in seen} == {torch.bfloat16}  # training and evaluation
+    assert all(w == {torch.float32} for _, w in seen)  # master weights stay float32
+    assert np.isfinite(bf16["train_loss_steps"]).all()
+    assert bf16["train_loss_steps"] != fp32["train_loss_steps"]
+    assert bf16["train_loss_steps"][0] == pytest.approx(fp32["train_loss_steps"][0], abs=0.02)
+
+
+def test_autocast_is_an_option_of_the_config_and_the_result_key(tiny):
+    assert preset_config("quick", autocast=False).autocast is False
+    assert preset_config("full").autocast is False  # the GPU preset: fp32 unless asked
+    with pytest.raises(ValueError, match="autocast"):
+        TrainConfig(autocast="yes")
+    ex = keyword_examples(8)
+    keys = [experiment_config(tiny, ex, "kind", Format.parse("pair"), ["mean"], [0],
+                              preset_config("quick", autocast=a)) for a in (False, True)]
+    assert keys[0]["train"]["autocast"] is False and keys[1]["train"]["autocast"] is True
+    assert all(isinstance(PRESETS[p]["train"].get("autocast", False), bool) for p in PRESETS)
