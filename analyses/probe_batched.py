@@ -173,7 +173,7 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
         inv_C = torch.as_tensor(1.0 / chosen.reshape(B, L * n_splits), dtype=tdtype, device=dev)
         problems = _Problems(X, masks, targets, inv_C, kind, basis)
         theta, _ = _lbfgs(problems, theta0, max_iter=max_iter, tol=tol, precondition=precondition)
-        P = problems.item_loss_and_prob(problems.logits(theta))[1].double().cpu().numpy()  # (B, n, K, G)
+        P = problems.item_loss_and_prob(problems.full_logits(theta))[1].double().cpu().numpy()  # (B, n, K, G)
         if binary:
             P = np.concatenate([1 - P, P], axis=2)
         for b, key in enumerate(keys):

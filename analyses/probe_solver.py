@@ -40,22 +40,26 @@ def feature_basis(X1):
 class _Problems:
     """Many independent L2 logistic regressions sharing feature matrices.
 
-    ``X1: (B, n, d + 1)`` feature sets with a trailing column of ones; problem ``(b, g)`` uses
-    feature set b, training weights ``masks[:, g]`` (0/1, ``(n, G)``), 0/1 targets
-    ``targets[:, :, g]`` (``(n, K, G)``: one-hot classes for "softmax", labels for "sigmoid") and
-    ``inv_C[b, g]``. Standardisation with the training rows' mean ``mu`` and std ``sd``
-    (``(B, G, d)``) is folded into the weights, so X is never copied per problem: logits
-    ``Z = X @ (W / sd) + (b - (mu / sd) . W)``, one matmul with the intercept as the ones column's
-    weight, laid out ``(B, n, K, G)``. Parameters ``theta: (B, G, (d + 1) * K)``, a view of
-    ``(B, G, d + 1, K)``: rows ``:d`` weights in standardised units, row ``d`` the unpenalised
-    intercept; each problem's parameters are contiguous so the optimiser's dot products are cheap.
-    Objective per problem (sklearn's scaling, so ``tol`` means the same):
+    Built from ``X1: (B, n, d + 1)`` feature sets with a trailing column of ones, training masks
+    ``masks: (n, G)`` (0/1), 0/1 targets ``targets: (n, K, G)`` (one-hot classes for "softmax",
+    labels for "sigmoid") and penalties ``inv_C: (B, G)``: problem ``(b, g)`` fits feature set b on
+    the rows of column g. The ``P = B * G`` problems are laid out flat, ``p = b * G + g``, so that
+    each one leaves the batch as soon as it has converged (:meth:`select`) without copying X: an
+    evaluation multiplies each feature set once by the weights of its problems still running (one
+    wide product per feature set). Standardisation with the training rows' mean ``mu`` and std ``sd``
+    (``(P, d + 1)``) is folded into the weights: logits ``Z = X @ (W / sd) + (b - (mu / sd) . W)``,
+    the intercept being the ones column's weight. Parameters ``theta: (P, 1, (d + 1) * K)``, a view
+    of ``(P, 1, d + 1, K)``: rows ``:d`` weights in standardised units, row ``d`` the unpenalised
+    intercept. Objective per problem (sklearn's scaling, so ``tol`` means the same):
     ``f = sum_i m_i loss_i / n_g + ||W||^2 / (2 C n_g)``.
     """
 
     def __init__(self, X1, masks, targets, inv_C, kind: str, basis=None):
         torch = _torch()
-        self.X1, self.kind, self.K = X1, kind, targets.shape[1]
+        B, n, d1 = X1.shape
+        G = masks.shape[1]
+        self.X1, self.kind, self.K, self.shape = X1, kind, targets.shape[1], (B, G)
+        self.masks, self.targets = masks, targets
         self.Q, self.lam = basis if basis is not None else feature_basis(X1)
         self.curv = 0.5 if kind == "softmax" else 0.25  # Böhning's bound on the loss curvature
         n_g = masks.sum(0)  # (G,)
@@ -65,55 +69,77 @@ class _Problems:
         # Features (globally standardised beforehand) that are constant on the training rows get scale 1,
         # like sklearn's StandardScaler; their weights stay ~0 since the training rows carry no gradient.
         tiny = 1e3 * torch.finfo(X1.dtype).eps
-        self.sd = torch.where(var > tiny, var.sqrt(), torch.ones_like(var))
-        self.sd[..., -1] = 1.0  # the ones column carries the intercept: not standardised
-        self.mu_sd = mu / self.sd
-        self.mu_sd[..., -1] = 0.0
-        self._set(masks, targets, inv_C, n_g)
-
-    def _set(self, masks, targets, inv_C, n_g):
-        self.masks, self.targets, self.n_g = masks, targets, n_g
-        self.w = masks / n_g  # (n, G) per-row weight in the mean loss
-        self.wT = self.w[:, None, :] * targets  # (n, K, G)
+        sd = torch.where(var > tiny, var.sqrt(), torch.ones_like(var))
+        sd[..., -1] = 1.0  # the ones column carries the intercept: not standardised
+        mu_sd = mu / sd
+        mu_sd[..., -1] = 0.0
+        self.sd, self.mu_sd = sd.reshape(B * G, d1), mu_sd.reshape(B * G, d1)
+        self.owner = torch.arange(B, device=X1.device).repeat_interleave(G)  # feature set of each problem
+        self.col = torch.arange(G, device=X1.device).repeat(B)  # its column of masks and targets
+        self.n_g = n_g.repeat(B)  # (P,)
+        self._index()
         self.with_inv_C(inv_C, inplace=True)
 
+    def _index(self) -> None:
+        """Per-problem row weights and targets, eigenvalues, and the runs of consecutive problems sharing a
+        feature set (each product takes a feature set once, with all of its problems' weights)."""
+        torch = _torch()
+        w = self.masks[:, self.col] / self.n_g  # (n, P): 1 / n_g on training rows
+        self.w = w
+        self.wT = w[:, :, None] * self.targets[:, :, self.col].transpose(1, 2)  # (n, P, K)
+        self.lam_p = self.lam[self.owner]  # (P, d)
+        values, counts = torch.unique_consecutive(self.owner, return_counts=True)
+        ends = counts.cumsum(0).tolist()
+        self.runs = list(zip(values.tolist(), [0] + ends[:-1], ends))
+
     def with_inv_C(self, inv_C, inplace: bool = False) -> "_Problems":
-        """The same problems with penalties ``inv_C: (B, G)`` (shares every other tensor)."""
+        """The same problems with penalties ``inv_C: (B, G)`` or ``(P,)`` (shares every other tensor)."""
         new = self if inplace else object.__new__(_Problems)
         if not inplace:
             new.__dict__.update(self.__dict__)
-        new.inv_C, new.pen = inv_C, inv_C / self.n_g  # pen: (B, G)
+        new.inv_C = inv_C.reshape(-1)
+        new.pen = (new.inv_C / self.n_g)[:, None]  # (P, 1)
         return new
 
     def select(self, rows, cols):
-        """The sub-problem made of feature sets ``rows`` (indices into B) and columns ``cols`` (into G)."""
+        """The problems ``rows`` (indices into P; ``cols`` is the single column 0 of the flat layout)."""
         new = object.__new__(_Problems)
-        whole = len(rows) == self.X1.shape[0]
-        new.X1 = self.X1 if whole else self.X1[rows]
-        new.Q, new.lam = (self.Q, self.lam) if whole else (self.Q[rows], self.lam[rows])
-        new.kind, new.K, new.curv = self.kind, self.K, self.curv
-        new.sd, new.mu_sd = self.sd[rows][:, cols], self.mu_sd[rows][:, cols]
-        new._set(self.masks[:, cols], self.targets[..., cols], self.inv_C[rows][:, cols], self.n_g[cols])
+        new.__dict__.update(self.__dict__)
+        for name in ("owner", "col", "n_g", "sd", "mu_sd", "inv_C", "pen"):
+            setattr(new, name, getattr(self, name)[rows])
+        new._index()
         return new
 
+    def _folded(self, theta):
+        """``A: (P, d + 1, K)``: the weights acting on the (globally standardised) rows of ``X1``."""
+        Wb = theta.view(theta.shape[0], -1, self.K)
+        A = Wb / self.sd[:, :, None]
+        A[:, -1] -= (self.mu_sd[:, None, :] @ Wb).squeeze(1)
+        return A
+
     def logits(self, theta):
-        """``Z: (B, n, K, G)`` for ``theta: (B, G, (d + 1) * K)``."""
-        B, G, K, d1 = theta.shape[0], theta.shape[1], self.K, self.X1.shape[2]
-        Wb = theta.view(B, G, d1, K)
-        A = Wb / self.sd[..., None]
-        A[:, :, -1] -= (self.mu_sd[:, :, None, :] @ Wb).squeeze(2)
-        return (self.X1 @ A.permute(0, 2, 3, 1).reshape(B, d1, K * G)).view(B, -1, K, G)
+        """``Z: (n, P, K)`` on every row, for ``theta: (P, 1, (d + 1) * K)``."""
+        A = self._folded(theta)
+        d1, K = A.shape[1], self.K
+        parts = [self.X1[b] @ A[s:e].transpose(0, 1).reshape(d1, (e - s) * K) for b, s, e in self.runs]
+        return (parts[0] if len(parts) == 1 else _torch().cat(parts, 1)).view(self.X1.shape[1], -1, K)
+
+    def full_logits(self, theta):
+        """``Z: (B, n, K, G)`` of all ``B * G`` problems as built (``theta: (B, G, D)``)."""
+        B, G = self.shape
+        return self.logits(theta.reshape(B * G, 1, -1)).view(-1, B, G, self.K).permute(1, 0, 3, 2)
 
     def _rotate(self, v, to_basis: bool):
-        """Weights of ``v: (B, G, (d + 1) * K)`` times ``Qᵀ`` (into the eigenbasis) or ``Q`` (back);
-        the intercept row is left as it is."""
-        B, G, K, d = v.shape[0], v.shape[1], self.K, self.X1.shape[2] - 1
-        V = v.view(B, G, d + 1, K)
-        Q = self.Q.transpose(1, 2) if to_basis else self.Q
+        """Weights of ``v: (P, 1, (d + 1) * K)`` times ``Qᵀ`` (into the eigenbasis) or ``Q`` (back), each
+        problem with its feature set's ``Q``; the intercept row is left as it is."""
+        P, K, d = v.shape[0], self.K, self.X1.shape[2] - 1
+        V = v.view(P, d + 1, K)
         out = _torch().empty_like(V)
-        out[:, :, :d] = (Q @ V[:, :, :d].permute(0, 2, 1, 3).reshape(B, d, G * K)).view(B, d, G, K).permute(0, 2, 1, 3)
-        out[:, :, d] = V[:, :, d]
-        return out.view(B, G, -1)
+        for b, s, e in self.runs:
+            Q = self.Q[b].T if to_basis else self.Q[b]
+            out[s:e, :d] = (Q @ V[s:e, :d].transpose(0, 1).reshape(d, -1)).view(d, e - s, K).transpose(0, 1)
+        out[:, d] = V[:, d]
+        return out.view(v.shape)
 
     def to_basis(self, theta):
         """Parameters in eigenbasis coordinates ``v`` (weights ``Qᵀ W``): an orthogonal change of
@@ -124,8 +150,8 @@ class _Problems:
         return self._rotate(v, False)
 
     def value_grad_basis(self, v):
-        """:meth:`value_grad` at eigenbasis coordinates ``v``: objective ``(B, G)``, gradient in
-        those coordinates and ``max|grad|`` in the original ones ``(B, G)`` (the stopping rule)."""
+        """:meth:`value_grad` at eigenbasis coordinates ``v``: objective ``(P, 1)``, gradient in
+        those coordinates and ``max|grad|`` in the original ones ``(P, 1)`` (the stopping rule)."""
         f, g = self.value_grad(self.from_basis(v))
         return f, self.to_basis(g), g.abs().amax(-1)
 
@@ -133,50 +159,53 @@ class _Problems:
         """``M^-1 v`` in eigenbasis coordinates: Böhning's bound ``M = curv · Σ_b + pen I`` on the
         weights (``Σ_b = Q diag(lam) Qᵀ``, so elementwise here) and ``curv`` on the intercept (the
         training columns are centred, so it does not couple to the weights)."""
-        B, G, K, d = v.shape[0], v.shape[1], self.K, self.X1.shape[2] - 1
-        V = v.view(B, G, d + 1, K)
+        P, K, d = v.shape[0], self.K, self.X1.shape[2] - 1
+        V = v.view(P, d + 1, K)
         out = _torch().empty_like(V)
-        out[:, :, :d] = V[:, :, :d] / (self.curv * self.lam[:, None, :, None] + self.pen[:, :, None, None])
-        out[:, :, d] = V[:, :, d] / self.curv
-        return out.view(B, G, -1)
+        out[:, :d] = V[:, :d] / (self.curv * self.lam_p[:, :, None] + self.pen[:, :, None])
+        out[:, d] = V[:, d] / self.curv
+        return out.view(v.shape)
 
-    def item_loss_and_prob(self, Z):
-        """Per-item loss ``(B, n, G)`` (cross-entropy; summed binary cross-entropy for "sigmoid")
-        and probabilities ``(B, n, K, G)``."""
+    def item_loss_and_prob(self, Z, targets=None):
+        """Per-item loss (cross-entropy; summed binary cross-entropy for "sigmoid") over the class
+        axis 2 of ``Z`` and probabilities (``Z``'s shape), for 0/1 ``targets`` broadcasting against
+        ``Z`` (default: ``masks``' targets ``(n, K, G)``, for :meth:`full_logits`)."""
         torch = _torch()
+        targets = self.targets if targets is None else targets
         if self.kind == "softmax":
             m = Z.amax(2, keepdim=True)
             E = (Z - m).exp_()
             S = E.sum(2, keepdim=True)
             lse = (S.log() + m).squeeze(2)
-            return lse - (Z * self.targets).sum(2), E.div_(S)
-        loss = torch.nn.functional.softplus(Z).sub_(Z * self.targets).sum(2)
+            return lse - (Z * targets).sum(2), E.div_(S)
+        loss = torch.nn.functional.softplus(Z).sub_(Z * targets).sum(2)
         return loss, torch.sigmoid(Z)
 
     def value_grad(self, theta):
-        """Objective ``(B, G)`` and its gradient ``(B, G, (d + 1) * K)``."""
+        """Objective ``(P, 1)`` and its gradient ``(P, 1, (d + 1) * K)``."""
         torch = _torch()
-        B, G, K, d1 = theta.shape[0], theta.shape[1], self.K, self.X1.shape[2]
-        Wb = theta.view(B, G, d1, K)
-        W = Wb[:, :, :-1]
-        Z = self.logits(theta)
-        fit = -(Z * self.wT).sum((1, 2))  # - sum_i w_i sum_k t_ik z_ik
+        P, K = theta.shape[0], self.K
+        W = theta.view(P, -1, K)[:, :-1]
+        Z = self.logits(theta)  # (n, P, K)
+        fit = -(Z * self.wT).sum((0, 2))  # - sum_i w_i sum_k t_ik z_ik
         if self.kind == "softmax":
             m = Z.amax(2, keepdim=True)
             R = Z.sub_(m).exp_()  # Z is not needed any more
             S = R.sum(2, keepdim=True)
-            fit += ((S.log() + m).squeeze(2) * self.w).sum(1)
-            R.mul_(self.w[:, None, :] / S)
+            fit += ((S.log() + m).squeeze(2) * self.w).sum(0)
+            R.mul_(self.w[:, :, None] / S)
         else:
-            fit += (torch.nn.functional.softplus(Z).sum(2) * self.w).sum(1)
-            R = Z.sigmoid_().mul_(self.w[:, None, :])
-        R.sub_(self.wT)  # d f / d Z
-        f = fit + 0.5 * self.pen * (W * W).sum((2, 3))
-        g = (self.X1.transpose(1, 2) @ R.view(B, -1, K * G)).view(B, d1, K, G).permute(0, 3, 1, 2)
-        gc = g[:, :, -1:]  # (B, G, 1, K): d f / d intercept
-        g = g / self.sd[..., None] - self.mu_sd[..., None] * gc
-        g[:, :, :-1] += self.pen[..., None, None] * W
-        return f, g.reshape(B, G, -1)
+            fit += (torch.nn.functional.softplus(Z).sum(2) * self.w).sum(0)
+            R = Z.sigmoid_().mul_(self.w[:, :, None])
+        R.sub_(self.wT)  # d f / d Z, (n, P, K)
+        f = fit[:, None] + 0.5 * self.pen * (W * W).sum((1, 2))[:, None]
+        n, d1 = R.shape[0], self.X1.shape[2]
+        parts = [self.X1[b].T @ R[:, s:e].reshape(n, (e - s) * K) for b, s, e in self.runs]
+        g = (parts[0] if len(parts) == 1 else torch.cat(parts, 1)).view(d1, P, K).transpose(0, 1)
+        gc = g[:, -1:]  # d f / d intercept
+        g = g / self.sd[:, :, None] - self.mu_sd[:, :, None] * gc
+        g[:, :-1] += self.pen[:, :, None] * W
+        return f, g.reshape(P, 1, -1)
 
 
 def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: int = 10, max_ls: int = 40,
@@ -200,7 +229,8 @@ def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: i
     scaled identity.
     """
     torch = _torch()
-    theta = theta0.clone()
+    shape = theta0.shape
+    theta = theta0.reshape(-1, 1, shape[-1]).clone()  # one row per problem: each leaves the batch on its own
     B, G = theta.shape[:2]
     eps = torch.finfo(theta.dtype).eps
     full = problems
@@ -247,10 +277,10 @@ def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: i
     for it in range(max_iter):
         if bool(done.all()):
             break
-        # Drop the feature sets / columns whose problems have all stopped once they are a third of the batch
-        # (dropping each as it stops measured slower: every drop copies the optimiser's history).
+        # Drop the problems that have stopped once they are an eighth of the batch (each drop copies the
+        # optimiser's history, not X).
         row_keep, col_keep = ~done.all(1), ~done.all(0)
-        if int((~row_keep).sum()) * 3 >= len(row_keep) or int((~col_keep).sum()) * 3 >= len(col_keep):
+        if int((~row_keep).sum()) * 8 >= len(row_keep) or int((~col_keep).sum()) * 8 >= len(col_keep):
             out[rows[:, None], cols[None, :]] = theta
             kr, kc = row_keep.nonzero().squeeze(1), col_keep.nonzero().squeeze(1)
             rows, cols, problems = rows[kr], cols[kc], problems.select(kr, kc)
@@ -282,26 +312,39 @@ def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: i
             rho = torch.where(bad[None], torch.zeros_like(rho), rho)
         direction = torch.where(done[..., None], torch.zeros_like(direction), direction)
         gd = torch.where(done, torch.zeros_like(gd), gd)
-        # Backtracking Armijo line search, per problem.
+        # Backtracking Armijo line search, per problem. The first trial (step 1) takes the whole batch;
+        # each further one only the problems still searching (a sub-batch: X is shared, nothing is
+        # copied), at the minimiser of the quadratic through f, f'(0) and the failed trial, kept within
+        # [0.1, 0.5] of the failed step.
         step = torch.ones_like(f)
-        accepted = done.clone()
-        new_theta, new_f, new_g, new_gmax = theta, f, g, gmax
-        for _ in range(max_ls):
-            trial = torch.addcmul(theta, step[..., None], direction)
-            ft, gt, gmt = evaluate(trial, problems)
-            ok = ~accepted & torch.isfinite(ft) & (ft <= f + 1e-4 * step * gd)
-            if bool((ok | done).all()):  # the usual case (stopped problems have direction 0, trial = theta)
-                new_theta, new_f, new_g, new_gmax = trial, torch.where(done, f, ft), gt, torch.where(done, gmax, gmt)
-                accepted |= ok
-                break
-            new_theta = torch.where(ok[..., None], trial, new_theta)
-            new_f = torch.where(ok, ft, new_f)
-            new_g = torch.where(ok[..., None], gt, new_g)
-            new_gmax = torch.where(ok, gmt, new_gmax)
-            accepted |= ok
+        trial = torch.addcmul(theta, step[..., None], direction)
+        ft, gt, gmt = evaluate(trial, problems)
+        accepted = done | (torch.isfinite(ft) & (ft <= f + 1e-4 * step * gd))
+        fresh = accepted & ~done  # stopped problems keep their values (direction 0: trial = theta)
+        new_theta = torch.where(accepted[..., None], trial, theta)
+        new_g = torch.where(accepted[..., None], gt, g)
+        new_f, new_gmax = torch.where(fresh, ft, f), torch.where(fresh, gmt, gmax)
+        for _ in range(max_ls - 1):
             if bool(accepted.all()):
                 break
-            step = torch.where(accepted, step, 0.5 * step)
+            # A problem whose next trial could not lower f by more than rounding (its predicted decrease
+            # below 8 epsilons of f) stops searching: it stays where it is and counts as stopped.
+            a_next = 0.5 * step
+            hopeless = ~accepted & (-gd * a_next <= 8 * eps * f.abs().clamp_min(1.0))
+            searching = ~accepted & ~hopeless
+            if not bool(searching.any()):
+                break
+            idx = searching.view(-1).nonzero().squeeze(1)  # one column (flat layout): rows are problems
+            a, fa, f0, d0 = step[idx], ft[idx], f[idx], gd[idx]
+            excess = fa - f0 - d0 * a  # > 0 when the Armijo test failed at a finite value
+            a_q = torch.where(torch.isfinite(fa) & (excess > 0), -d0 * a * a / (2 * excess.clamp_min(1e-300)), 0.1 * a)
+            a = torch.minimum(torch.maximum(a_q, 0.1 * a), 0.5 * a)
+            trial = torch.addcmul(theta[idx], a[..., None], direction[idx])
+            fs, gs, gms = evaluate(trial, problems.select(idx, cols[:1]))
+            ok = torch.isfinite(fs) & (fs <= f0 + 1e-4 * a * d0)
+            step[idx], ft[idx], accepted[idx] = a, fs, ok
+            hit, rows_ok = idx[ok.view(-1)], ok.view(-1)
+            new_theta[hit], new_g[hit], new_f[hit], new_gmax[hit] = trial[rows_ok], gs[rows_ok], fs[rows_ok], gms[rows_ok]
         s, yv = new_theta - theta, new_g - g
         sy, yy = dot(s, yv), dot(yv, yv)
         valid = (sy > eps * yy) & (yy > 0)
@@ -324,14 +367,14 @@ def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: i
             S_all[:, rows[:, None], cols[None, :]], Y_all[:, rows[:, None], cols[None, :]] = S, Yh
         del S, Yh
         memory.update(S=S_all, Y=Y_all, pos=pos, pen=pen_all)
-    return (full.from_basis(out) if precondition else out), iters
+    return (full.from_basis(out) if precondition else out).view(shape), iters.view(shape[:-1])
 
 
 def _device_inner_scores(problems: _Problems, theta, eval_masks, select_by: str, multilabel: bool):
     """Higher-is-better inner-CV score ``(B, G)`` on rows ``eval_masks: (n, G)``, with the
     definitions of :func:`_inner_score`."""
     torch = _torch()
-    Z = problems.logits(theta)
+    Z = problems.full_logits(theta)  # (B, n, K, G)
     n_eval = eval_masks.sum(0)
     T = problems.targets  # (n, K, G)
     if select_by == "log_loss":

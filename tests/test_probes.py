@@ -244,11 +244,12 @@ def test_batched_gradient_matches_autograd():
     T = torch.tensor(np.eye(k)[rng.integers(0, k, (n, G))].transpose(0, 2, 1).copy())
     problems = _Problems(X1, masks, T, torch.tensor([[0.5, 2.0], [1.0, 4.0]], dtype=torch.float64), "softmax")
     theta = torch.tensor(rng.normal(size=(2, G, (d + 1) * k)), requires_grad=True)
-    f, g = problems.value_grad(theta.detach())
-    Z = problems.logits(theta)
+    f, g = problems.value_grad(theta.detach().reshape(2 * G, 1, -1))  # problems laid out flat: p = b * G + g
+    f, g = f.view(2, G), g.view(theta.shape)
+    Z = problems.full_logits(theta)
     loss = torch.logsumexp(Z, 2) - (Z * T).sum(2)
     W = theta.view(2, G, d + 1, k)[:, :, :d]
-    f_ref = (loss * masks / masks.sum(0)).sum(1) + 0.5 * problems.pen * (W ** 2).sum((2, 3))
+    f_ref = (loss * masks / masks.sum(0)).sum(1) + 0.5 * problems.pen.view(2, G) * (W ** 2).sum((2, 3))
     f_ref.sum().backward()
     torch.testing.assert_close(f, f_ref.detach())
     torch.testing.assert_close(g, theta.grad)
