@@ -60,9 +60,9 @@ def summary_rows(base: Mapping, poolings: Sequence[str], item: pd.DataFrame, run
     ``item``: per (pooling, condition, example) the item's correctness averaged over seeds and repeats
     (``correct``) and its document (``doc``); ``runs``: the per-run accuracy rows; ``best``: the pooled
     best constant. ``value`` = mean correctness, ``ci_low``/``ci_high`` a cluster bootstrap over
-    documents (:func:`analyses.stats.bootstrap_ci`), ``sd`` over runs, ``n_runs``, ``n`` = items;
+    documents (:func:`analyses.intervals.bootstrap_ci`), ``sd`` over runs, ``n_runs``, ``n`` = items;
     ``warning`` when below ``best`` (also passed to ``warn``) or when runs did not converge."""
-    from analyses.stats import bootstrap_ci
+    from analyses.intervals import bootstrap_ci
 
     rows = []
     for p in poolings:

@@ -20,7 +20,8 @@ from analyses.probe_estimator import LinearProbe
 from analyses.probe_metrics import (DEFAULT_CS, SelectBy, _check_groups, _check_n_groups, _check_X, _check_y,
                                     _evaluate_fold, _fold_items, control_labels, make_splits)
 from analyses.results import make_table
-from analyses.stats import cluster_se, fold_t_interval, minimum_detectable_effect
+from analyses.intervals import fold_t_interval
+from analyses.stats import cluster_se, minimum_detectable_effect
 
 # --------------------------------------------------------------------------------------------------
 # Results

@@ -76,7 +76,7 @@ from analyses.probe_metrics import (DEFAULT_CS, DTYPES, GROUPINGS, SELECT_BY, Se
                                     make_splits)
 from analyses.probe_results import (ITEM_METRICS, PROBE_RESAMPLES, ProbeResult, cross_validate_probe, probe_rows,
                                     probe_table)
-from analyses.stats import fold_t_interval
+from analyses.intervals import fold_t_interval
 
 __all__ = ["DEFAULT_CS", "DTYPES", "GROUPINGS", "ITEM_METRICS", "MDL_FRACTIONS", "PROBE_RESAMPLES", "SELECT_BY",
            "LinearProbe", "ProbeResult", "SelectBy", "control_labels", "cross_validate_probe", "fold_t_interval",

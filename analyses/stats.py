@@ -15,11 +15,8 @@ from typing import Sequence
 import numpy as np
 from scipy import stats as _sps
 
-from analyses.intervals import RNG_KW, bootstrap_ci, check_confidence, check_values, fold_t_interval, group_codes
+from analyses.intervals import RNG_KW, bootstrap_ci, check_confidence, check_values, group_codes
 
-#: What ``analyses.pooling``, ``analyses.probes`` and ``analyses.probe_results`` import from here, from before
-#: the intervals moved to :mod:`analyses.intervals`: kept until they import them from there.
-_MOVED = (bootstrap_ci, fold_t_interval)
 
 #: The difference in accuracy the study's headline comparisons should be able to detect (issue 11).
 DETECTABLE_EFFECT = 0.03

@@ -18,18 +18,11 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from .cache_layout import EXAMPLES, MANIFEST, REQUEST, SHARDS, CacheError, read_json, read_manifest, sha256_file
-from .cache_writer import atomic_write, clear, complete_shards, write_json, write_manifest, write_shard, writer_lock
+from .cache_layout import EXAMPLES, MANIFEST, REQUEST, SHARDS, CacheError, read_manifest, sha256_file
 from .formats import KEY_COLUMNS
 
 __all__ = ["Cache", "CacheError", "IncomparableCaches", "align", "check_comparable", "describe_model", "find_caches"]
 
-#: What ``probing.extract`` imports from here, written before the writer moved to
-#: :mod:`probing.cache_writer` (and ``_sha256_file``, its name for ``sha256_file``): kept until it
-#: imports them from their homes.
-_FOR_EXTRACT = (EXAMPLES, MANIFEST, REQUEST, read_json, atomic_write, clear, complete_shards, write_json,
-                write_manifest, write_shard, writer_lock)
-_sha256_file = sha256_file
 
 #: Bytes of stored rows read at a time by :meth:`Cache.states` before their pages are dropped again.
 READ_CHUNK_BYTES = 32 << 20

@@ -40,8 +40,8 @@ import pandas as pd
 import torch
 
 from . import __version__
-from .cache import (EXAMPLES, MANIFEST, REQUEST, CacheError, _sha256_file, atomic_write, clear, complete_shards,
-                    read_json, write_json, write_manifest, write_shard, writer_lock)
+from .cache_layout import EXAMPLES, MANIFEST, REQUEST, CacheError, read_json, sha256_file
+from .cache_writer import atomic_write, clear, complete_shards, write_json, write_manifest, write_shard, writer_lock
 from .corpus_table import write_examples
 from .examples import Example, corpus_fingerprint
 from .formats import Format, FormatError, Rendered, parse_formats, resolve_format, special_token_ids
@@ -60,7 +60,7 @@ BATCH_TRIM_GROW_MB = 16.0
 
 
 def _write_shard(*args) -> dict:
-    """:func:`probing.cache.write_shard` on the writer thread, then release the Arrow pages that thread
+    """:func:`probing.cache_writer.write_shard` on the writer thread, then release the Arrow pages that thread
     kept (mimalloc's are per thread, so the release has to run there)."""
     record = write_shard(*args)
     release_arrow_pages()
@@ -292,7 +292,7 @@ def _extract(lm: LoadedModel, examples: list[Example], fmts: list[Format], dev: 
 
 def _extract_one(lm: LoadedModel, p: Plan, examples: Sequence[Example], **kw) -> None:
     """Extract one format's cache. Rank 0 (the only process outside torchrun) holds the cache's
-    :class:`~probing.cache.writer_lock` throughout: an independent second extractor on the same cache
+    :class:`~probing.cache_writer.writer_lock` throughout: an independent second extractor on the same cache
     is refused and cannot delete this one's temporaries; the ranks of one torchrun extraction share
     it (they wait at barriers for rank 0, which cleans stale temporaries under the lock first)."""
     if kw["rank"] != 0:
@@ -389,7 +389,7 @@ def _finish(lm: LoadedModel, p: Plan, path: Path, examples: Sequence[Example], l
         raise CacheError(f"{path}: shards {missing} are missing after extraction; run again to resume")
     atomic_write(path / EXAMPLES, lambda tmp: write_examples(tmp, examples))
     manifest = dict(p.request)
-    manifest["examples_sha256"] = _sha256_file(path / EXAMPLES)
+    manifest["examples_sha256"] = sha256_file(path / EXAMPLES)
     manifest["skipped"] = list(p.skipped)
     manifest["shards"] = [done[s] for s in range(len(p.shards))]
     manifest["n_tokens"] = sum(r["n_tokens"] for r in manifest["shards"])

@@ -455,7 +455,7 @@ def test_out_of_fold_items_and_bootstrap_interval():
     assert value == pytest.approx(it["correct"].mean()) and lo < value < hi
     assert res.ci_method() == "cluster_bootstrap"
     # the interval is the cluster bootstrap of the pooled items over documents
-    from analyses.stats import bootstrap_ci
+    from analyses.intervals import bootstrap_ci
 
     ref = bootstrap_ci(it["correct"].to_numpy(float), it["group"].to_numpy(), n_resamples=1000)
     assert lo == pytest.approx(ref[1], abs=0.03) and hi == pytest.approx(ref[2], abs=0.03)
