@@ -217,8 +217,10 @@ def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: i
     ``(sᵀy / yᵀy) I``), so the first step is Böhning's majorise-minimise step; backtracking
     Armijo line search (c1 = 1e-4) from step 1. A problem stops when ``max|grad| <= tol`` (lbfgs'
     ``gtol`` in sklearn), when its objective stops moving (relative change below 4 machine
-    epsilons) or when no step decreases it. Feature sets (rows) and columns whose problems have all
-    stopped leave the batch once they are a third of it. Returns ``theta`` and the number of iterations per
+    epsilons) or when no step decreases it by more than rounding. ``theta0: (B, G, D)`` is solved
+    as ``B * G`` independent rows (the flat layout of :class:`_Problems`); stopped problems leave
+    the batch once they are an eighth of it, and backtracking re-evaluates only the problems still
+    searching. Returns ``theta`` and the number of iterations per
     problem ``(B, G)``.
 
     ``memory``: a dict the run leaves its curvature pairs in (``S``, ``Y``, ``pos``, ``pen``; zeros for
