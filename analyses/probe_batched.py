@@ -19,6 +19,7 @@ from analyses.probe_metrics import (DEFAULT_CS, DTYPES, SelectBy, _check_Cs, _ch
 from analyses.probe_results import PROBE_RESAMPLES, ProbeResult, _items_table, _result, probe_rows
 from analyses.probe_solver import _device_inner_scores, _lbfgs, _Problems, _torch, feature_basis
 from analyses.results import make_table
+from probing.workers import cpu_workers, split, thread_map
 
 #: Condition number of a feature set's covariance above which the batched solver is preconditioned
 #: (:mod:`analyses.probe_solver`): below it plain L-BFGS took as few iterations on the planted
@@ -45,29 +46,21 @@ def probe_many_results(features: Mapping[Hashable, Any], y: Any, groups: Any = N
     condition number exceeds :data:`PRECONDITION_ABOVE`. Features stay in ``dtype`` (one
     ``(B, n, d + 1)`` tensor per chunk, never copied per problem). ``device``: None ->
     CUDA if available; ``dtype`` in ``DTYPES``. ``max_batch_elements`` bounds the elements of the
-    largest tensors of one batched solve, ``B * G * K * (n + 20 (d + 1))`` (memory). ``num_threads``: torch CPU threads during the call, restored afterwards
-    (None: leave torch's setting; 1 is fastest on small CPU machines, where thread hand-offs cost
-    more than the work of each operation). Returns name -> :class:`ProbeResult`.
+    largest tensors of one batched solve, ``B * G * K * (n + 20 (d + 1))`` (memory).
+    ``num_threads``: on the CPU, the feature sets are dealt to this many workers of one torch thread
+    each (:mod:`probing.workers`; None: torch's thread count, by default the machine's cores), which
+    is faster than torch's own threads on these small products; torch's setting is restored
+    afterwards. The preconditioning decision is taken over all feature sets, so the results do not
+    depend on the number of workers beyond float rounding. Returns name -> :class:`ProbeResult`.
     """
-    torch = _torch()
-    if num_threads is None:
-        return _probe_many_results(features, y, groups, n_splits=n_splits, seed=seed, Cs=Cs, inner_splits=inner_splits,
-                                   select_by=select_by, max_iter=max_iter, tol=tol, control_types=control_types,
-                                   device=device, dtype=dtype, max_batch_elements=max_batch_elements,
-                                   confidence=confidence, n_resamples=n_resamples)
-    before = torch.get_num_threads()
-    torch.set_num_threads(num_threads)
-    try:
-        return _probe_many_results(features, y, groups, n_splits=n_splits, seed=seed, Cs=Cs, inner_splits=inner_splits,
-                                   select_by=select_by, max_iter=max_iter, tol=tol, control_types=control_types,
-                                   device=device, dtype=dtype, max_batch_elements=max_batch_elements,
-                                   confidence=confidence, n_resamples=n_resamples)
-    finally:
-        torch.set_num_threads(before)
+    return _probe_many_results(features, y, groups, n_splits=n_splits, seed=seed, Cs=Cs, inner_splits=inner_splits,
+                               select_by=select_by, max_iter=max_iter, tol=tol, control_types=control_types,
+                               device=device, dtype=dtype, max_batch_elements=max_batch_elements,
+                               workers=cpu_workers(num_threads), confidence=confidence, n_resamples=n_resamples)
 
 
 def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits, select_by, max_iter, tol,
-                        control_types, device, dtype, max_batch_elements, confidence, n_resamples):
+                        control_types, device, dtype, max_batch_elements, workers, confidence, n_resamples):
     torch = _torch()
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}; got dtype={dtype!r}")
@@ -133,23 +126,38 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
         # logits (n rows) and the optimiser's 2 x 10 history vectors (dim + 1 rows) per feature set
         per_set = K * max(len(stage1), len(stage2)) * (n + 20 * (dim + 1))
         chunk = max(1, max_batch_elements // per_set)
-        batches += [ks[i:i + chunk] for i in range(0, len(ks), chunk)]
-    results: dict[Hashable, ProbeResult] = {}
-    for keys in batches:
+        # on the CPU at least one batch per worker (each worker solves its batches on one thread)
+        parts = max(-(-len(ks) // chunk), workers if dev.type == "cpu" else 1)
+        batches += split(ks, parts)
+    on_cpu = workers if dev.type == "cpu" else None
+
+    def run(fn, xs):
+        return thread_map(fn, xs, on_cpu)
+
+    def prepare(keys):
+        """The chunk's features as one ``(B, n, d + 1)`` tensor with a trailing ones column (the
+        intercept) and their eigenbases. A fixed global standardisation first: exact for the per-fold
+        standardisation that follows (affine per feature) and keeps float32 from cancelling large
+        means. Statistics in float64, the features themselves stay in the solver's dtype."""
         B, d = len(keys), arrays[keys[0]].shape[1]
-        # A fixed global standardisation first: exact for the per-fold standardisation that follows
-        # (affine per feature) and keeps float32 from cancelling large means. Statistics in float64,
-        # the features themselves stay in the solver's dtype (no float64 copy of every feature set).
-        X = torch.ones(B, n, d + 1, dtype=tdtype, device=dev)  # trailing ones column: the intercept
+        X = torch.ones(B, n, d + 1, dtype=tdtype, device=dev)
         for b, k in enumerate(keys):
             a = arrays[k]
             mean, std = a.mean(0, dtype=np.float64), a.std(0, dtype=np.float64)
             X[b, :, :d] = torch.as_tensor(((a - mean) / np.where(std > 0, std, 1.0)).astype(dtype, copy=False))
         basis = feature_basis(X)  # one factorisation per feature set, shared by every fold, C and target
-        # Preconditioning pays where a covariance is ill-conditioned (states of trained encoders are
-        # highly anisotropic); on a well-conditioned one it only adds two d x d products per evaluation.
         lam = basis[1].double()
-        precondition = bool((lam.amax(1) > PRECONDITION_ABOVE * lam.amin(1)).any())
+        return X, basis, bool((lam.amax(1) > PRECONDITION_ABOVE * lam.amin(1)).any())
+
+    prepared = run(prepare, batches)
+    # Preconditioning pays where a covariance is ill-conditioned (states of trained encoders are highly
+    # anisotropic); on a well-conditioned one it only adds two d x d products per evaluation. Decided
+    # once for all feature sets, so that no result depends on how they were split into batches.
+    precondition = any(p[2] for p in prepared)
+
+    def solve(job):
+        keys, (X, basis, _) = job
+        B, d = len(keys), X.shape[2] - 1
         chosen = np.full((B, L, n_splits), float(Cs_arr[0]))
         theta0 = torch.zeros(B, len(stage2), (d + 1) * K, dtype=tdtype, device=dev)
         if stage1:
@@ -176,6 +184,7 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
         P = problems.item_loss_and_prob(problems.full_logits(theta))[1].double().cpu().numpy()  # (B, n, K, G)
         if binary:
             P = np.concatenate([1 - P, P], axis=2)
+        out = {}
         for b, key in enumerate(keys):
             per_label, per_items = [], []
             for l, lab in enumerate(label_sets):
@@ -185,9 +194,15 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
                                   for o, (tr, te) in enumerate(outer)])
             control = [d_["micro_f1" if multilabel else "accuracy"] for d_ in per_label[1]] if L > 1 else None
             items = _items_table(outer, per_items[0], y, groups, multilabel, per_items[1] if L > 1 else None)
-            results[key] = _result(multilabel, per_label[0], list(chosen[b, 0]), n, n_groups, control,
-                                   list(chosen[b, 1]) if L > 1 else None, confidence, items, n_resamples, seed)
-        del problems, theta, X
+            out[key] = _result(multilabel, per_label[0], list(chosen[b, 0]), n, n_groups, control,
+                               list(chosen[b, 1]) if L > 1 else None, confidence, items, n_resamples, seed)
+        return out
+
+    jobs = list(zip(batches, prepared))
+    del prepared
+    results: dict[Hashable, ProbeResult] = {}
+    for out in run(solve, jobs):
+        results.update(out)
     return {k: results[k] for k in names}
 
 

@@ -47,6 +47,7 @@ from .examples import Example, corpus_fingerprint
 from .formats import Format, FormatError, Rendered, parse_formats, resolve_format, special_token_ids
 from .forward import collate, forward, length_batches, running
 from .heap import HeapTrimmer, release_arrow_pages
+from .workers import cpu_workers, thread_imap
 from .models import DTYPES, LoadedModel, pick_device
 from .planning import (DEFAULT_ROLES, ON_OVERFLOW, ROLES, STORAGE_DTYPES, ExtractError, Plan, assign_shards,
                        group_ids, parse_layers, parse_roles, plan, render_shard, sentence_token_counts)
@@ -97,8 +98,9 @@ def token_table(examples: Sequence[Example], idx: Sequence[int], rendered: Seque
 
 def _run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start: int, stop: int, *,
                device: torch.device, batch_tokens: int, max_batch: int, progress=None,
-               trim=None) -> tuple[np.ndarray, pd.DataFrame, dict, list[int]]:
+               trim=None, workers: int = 1) -> tuple[np.ndarray, pd.DataFrame, dict, list[int]]:
     """States of the shard's stored positions (rows in corpus order), its token table, extra arrays.
+    ``workers``: on the CPU, batches run side by side in this many single-threaded workers.
     ``trim`` (a :class:`probing.heap.HeapTrimmer`) is called after every batch: glibc otherwise keeps
     the freed temporaries of each new batch shape, and the resident size grows with the number of batches."""
     layers = plan_.request["layers"]
@@ -114,27 +116,42 @@ def _run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start:
     H = lm.hidden_size
     host_dtype = torch.float32 if storage == np.float32 else torch.float16
     lengths = [len(r) for r in rendered]
-    for batch in length_batches(lengths, batch_tokens, max_batch):
+
+    def run_batch(batch: list[int]):
+        """One batch through the model: its examples' stored states on the host ``(rows, layers,
+        hidden)`` and attention summaries."""
         part = [rendered[i] for i in batch]
         inputs = collate(part, lm, device)
         T = inputs.T
         flat = np.concatenate([b * T + stored[i] for b, i in enumerate(batch)])
-        dest = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in batch])
         flat_t = torch.from_numpy(flat).to(device, non_blocking=True)
         with _batch_hooks(lm, plan_, part, [idx[i] for i in batch], examples, T, device) as norms:
             o = forward(lm, inputs, attentions=attention)
+        summary = summary_norm = None
         with torch.inference_mode():
             hs = o.hidden_states
             gathered = torch.stack([hs[l].reshape(-1, H).index_select(0, flat_t) for l in layers], dim=1)
-            host = gathered.to("cpu", dtype=host_dtype)
+            host = gathered.to("cpu", dtype=host_dtype).numpy()
             if attention:
-                att[batch] = _attention_summary(o.attentions, part, groups, T, device)
+                summary = _attention_summary(o.attentions, part, groups, T, device)
             if norms is not None:
                 from .attention_norm import norm_weighted
 
-                att_norm[batch] = _attention_summary(norm_weighted(o.attentions, norms), part, groups, T, device)
-        out[dest] = host.numpy()
-        del o, hs, gathered, host, inputs, flat_t
+                summary_norm = _attention_summary(norm_weighted(o.attentions, norms), part, groups, T, device)
+        return batch, host, summary, summary_norm
+
+    # On the CPU, batches run side by side in single-threaded workers (probing.workers), unless hooks
+    # are installed on the (shared) model for each batch: interventions and value-norm recording.
+    parallel = device.type == "cpu" and plan_.intervention is None and not plan_.request.get("attention_norm")
+    for batch, host, summary, summary_norm in thread_imap(run_batch, length_batches(lengths, batch_tokens, max_batch),
+                                                          workers if parallel else None):
+        dest = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in batch])
+        out[dest] = host
+        if summary is not None:
+            att[batch] = summary
+        if summary_norm is not None:
+            att_norm[batch] = summary_norm
+        del host, summary, summary_norm
         if trim is not None:
             trim()
         if progress is not None:
@@ -220,6 +237,7 @@ def extract(
     force: bool = False,
     progress: bool = True,
     trust_remote_code: bool = False,
+    num_threads: int | None = None,
     rank: int = 0,
     world_size: int = 1,
     barrier=None,
@@ -234,6 +252,8 @@ def extract(
     ``intervention`` (:class:`probing.interventions.Intervention`) knocks out attention, patches or
     ablates states during the forward pass; ``attention_norm`` also records the norm-based attention
     summary (:mod:`probing.attention_norm`; implies ``attention``). Both are part of the cache request.
+    ``num_threads``: on the CPU, batches run side by side in this many workers of one torch thread
+    each (:mod:`probing.workers`; None: torch's thread count, by default the machine's cores).
     """
     attention = attention or attention_norm
     if on_overflow not in ON_OVERFLOW:
@@ -243,6 +263,7 @@ def extract(
     storage_dtype = storage_dtype or ("float32" if dtype == "float32" else "float16")
     if storage_dtype not in STORAGE_DTYPES:
         raise ExtractError(f"--storage-dtype must be one of {list(STORAGE_DTYPES)}, got {storage_dtype!r}")
+    workers = cpu_workers(num_threads)
     if batch_tokens < 1 or max_batch < 1 or shard_mb <= 0:
         raise ExtractError(f"{batch_tokens=}, {max_batch=} and {shard_mb=} must be positive")
     if not 0 <= rank < world_size:
@@ -261,12 +282,13 @@ def extract(
                         out=out, corpus_name=corpus_name, batch_tokens=batch_tokens, max_batch=max_batch,
                         shard_mb=shard_mb, on_overflow=on_overflow, attention=attention, force=force,
                         progress=progress, rank=rank, world_size=world_size, barrier=barrier, log=log,
-                        attention_norm=attention_norm, intervention=intervention)
+                        attention_norm=attention_norm, intervention=intervention, workers=workers)
 
 
 def _extract(lm: LoadedModel, examples: list[Example], fmts: list[Format], dev: torch.device, *, layers, roles,
              dtype, storage_dtype, out, corpus_name, batch_tokens, max_batch, shard_mb, on_overflow, attention,
-             force, progress, rank, world_size, barrier, log, attention_norm=False, intervention=None) -> list[Path]:
+             force, progress, rank, world_size, barrier, log, attention_norm=False, intervention=None,
+             workers=1) -> list[Path]:
     layer_list = parse_layers(layers, lm.n_layers)
     role_list = parse_roles(roles)
     corpus = {"name": corpus_name, "fingerprint": corpus_fingerprint(examples), "n_examples": len(examples)}
@@ -286,7 +308,8 @@ def _extract(lm: LoadedModel, examples: list[Example], fmts: list[Format], dev: 
     del tokens
     for p in plans:
         _extract_one(lm, p, examples, device=dev, batch_tokens=batch_tokens, max_batch=max_batch,
-                     force=force, progress=progress, rank=rank, world_size=world_size, barrier=barrier, log=log)
+                     force=force, progress=progress, rank=rank, world_size=world_size, barrier=barrier, log=log,
+                     workers=workers)
     return [p.path for p in plans]
 
 
@@ -303,7 +326,7 @@ def _extract_one(lm: LoadedModel, p: Plan, examples: Sequence[Example], **kw) ->
 
 def _extract_locked(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, device: torch.device,
                  batch_tokens: int, max_batch: int, force: bool, progress: bool, rank: int,
-                 world_size: int, barrier, log) -> None:
+                 world_size: int, barrier, log, workers: int = 1) -> None:
     path = p.path
     if force and rank == 0:
         clear(path)
@@ -348,7 +371,7 @@ def _extract_locked(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, de
             start, stop = p.shards[s]
             states, tokens, extra, kept = _run_shard(lm, p, examples, start, stop, device=device,
                                                      batch_tokens=batch_tokens, max_batch=max_batch,
-                                                     progress=bar, trim=batch_trim)
+                                                     progress=bar, trim=batch_trim, workers=workers)
             info = {"examples": [start, stop]}
             if extra:
                 info["attention_examples"] = kept
@@ -444,6 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ...")
     p.add_argument("--batch-tokens", type=int, default=8192, help="padded tokens per batch (default 8192)")
     p.add_argument("--max-batch", type=int, default=256, help="examples per batch at most (default 256)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU: batches run side by side in this many single-threaded workers (default: torch's "
+                        "thread count, the machine's cores)")
     p.add_argument("--shard-mb", type=float, default=256.0, help="stored bytes per shard file, MiB (default 256)")
     p.add_argument("--on-overflow", default="error", choices=ON_OVERFLOW,
                    help="an example longer than the model's limit: stop with an error (default) or skip it "
@@ -502,7 +528,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 on_overflow=args.on_overflow, attention=args.attention, force=args.force,
                 attention_norm=args.attention_norm, intervention=intervention,
                 progress=not args.no_progress, trust_remote_code=args.trust_remote_code,
-                rank=dist.rank, world_size=dist.world_size, barrier=dist.barrier,
+                num_threads=args.threads, rank=dist.rank, world_size=dist.world_size, barrier=dist.barrier,
             )
     except (ExtractError, FormatError, CacheError, ModelLoadError, ValueError, ImportError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
