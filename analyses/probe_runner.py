@@ -164,22 +164,19 @@ def fit_probes(features: dict, y: np.ndarray, groups: np.ndarray, *, meta: dict,
                control_types, backend: str, device: str | None, Cs=None, inner_splits: int = 3,
                max_iter: int = 1000, num_threads: int | None = None,
                n_resamples: int = PROBE_RESAMPLES) -> tuple[pd.DataFrame, dict]:
-    """All feature sets' probes: batched in torch (``probe_many_results``, the default; on the CPU with
-    ``num_threads`` threads, default one, which is faster than several on small machines: see
+    """All feature sets' probes: batched in torch (``probe_many_results``, the default; on the CPU in
+    ``num_threads`` single-threaded workers, default one per core: see :mod:`probing.workers` and
     benchmarks/RESULTS.md), or one
     scikit-learn cross-validation per feature set (the reference path). Returns the tidy table and
     ``{(layer, choice): ProbeResult}`` (whose ``items`` are the out-of-fold predictions)."""
-    import torch
-
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     extra = {"inner_splits": inner_splits, "max_iter": max_iter, "n_resamples": n_resamples}
     if Cs is not None:
         extra["Cs"] = tuple(Cs)
     if backend in ("auto", "torch"):
-        on_gpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
         results = probe_many_results(features, y, groups, n_splits=n_splits, seed=seed, control_types=control_types,
-                                     device=device, num_threads=None if on_gpu else (num_threads or 1), **extra)
+                                     device=device, num_threads=num_threads, **extra)
     else:
         results = {key: cross_validate_probe(X, y, groups, n_splits=n_splits, seed=seed, control_types=control_types,
                                              **extra) for key, X in features.items()}
@@ -232,7 +229,7 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
     docstring; one row per item and probe, so ask for them where a comparison needs them); with
     ``out`` both are stored (``probe-<key>`` and ``probe_items-<key>``). ``layers``: model layers, a
     negative one counting from the last (-1 = the model's last layer; :func:`probing.layers.cache_layers`).
-    ``num_threads``: torch CPU threads of the batched probes (None: 1); ``n_resamples``: bootstrap
+    ``num_threads``: CPU workers of the batched probes (None: one per core); ``n_resamples``: bootstrap
     resamples of each interval; ``progress``: a tqdm bar over (model x target) on stderr."""
     import torch
 
@@ -385,7 +382,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="also probe each example-level target from the sentences' word counts (choice length_only)")
     p.add_argument("--device", default=None, help="torch device for the batched probes (default: CUDA if available)")
     p.add_argument("--threads", type=_int_at_least(1), default=None,
-                   help="torch CPU threads of the batched probes (default 1: fastest on small machines)")
+                   help="CPU: the batched probes' feature sets are solved in this many single-threaded workers "
+                        "(default: torch's thread count, the machine's cores)")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="torch (default): all probes batched, on the GPU when present; sklearn: one CV per probe (reference)")
     p.add_argument("--items", action="store_true",

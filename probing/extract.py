@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
+import dataclasses
 import os
+import queue
 import platform
 import sys
 import time
@@ -117,16 +120,31 @@ def _run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start:
     host_dtype = torch.float32 if storage == np.float32 else torch.float16
     lengths = [len(r) for r in rendered]
 
+    # On the CPU, batches run side by side in single-threaded workers (probing.workers). Where hooks are
+    # installed for each batch (interventions, value-norm recording), every worker runs its own replica
+    # of the model, so that concurrent batches never hook the same modules.
+    hooked = plan_.intervention is not None or bool(plan_.request.get("attention_norm"))
+    n_workers = workers if device.type == "cpu" else None
+    replicas: queue.SimpleQueue = queue.SimpleQueue()
+    replicas.put((lm, plan_.intervention))
+    for _ in range(1, n_workers or 1):
+        copy_ = dataclasses.replace(lm, model=copy.deepcopy(lm.model)) if hooked else lm
+        replicas.put((copy_, plan_.intervention.on(copy_.model) if plan_.intervention is not None else None))
+
     def run_batch(batch: list[int]):
         """One batch through the model: its examples' stored states on the host ``(rows, layers,
         hidden)`` and attention summaries."""
-        part = [rendered[i] for i in batch]
-        inputs = collate(part, lm, device)
-        T = inputs.T
-        flat = np.concatenate([b * T + stored[i] for b, i in enumerate(batch)])
-        flat_t = torch.from_numpy(flat).to(device, non_blocking=True)
-        with _batch_hooks(lm, plan_, part, [idx[i] for i in batch], examples, T, device) as norms:
-            o = forward(lm, inputs, attentions=attention)
+        rep, bound = replicas.get()
+        try:
+            part = [rendered[i] for i in batch]
+            inputs = collate(part, rep, device)
+            T = inputs.T
+            flat = np.concatenate([b * T + stored[i] for b, i in enumerate(batch)])
+            flat_t = torch.from_numpy(flat).to(device, non_blocking=True)
+            with _batch_hooks(rep, bound, plan_, part, [idx[i] for i in batch], examples, T, device) as norms:
+                o = forward(rep, inputs, attentions=attention)
+        finally:
+            replicas.put((rep, bound))
         summary = summary_norm = None
         with torch.inference_mode():
             hs = o.hidden_states
@@ -140,11 +158,8 @@ def _run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start:
                 summary_norm = _attention_summary(norm_weighted(o.attentions, norms), part, groups, T, device)
         return batch, host, summary, summary_norm
 
-    # On the CPU, batches run side by side in single-threaded workers (probing.workers), unless hooks
-    # are installed on the (shared) model for each batch: interventions and value-norm recording.
-    parallel = device.type == "cpu" and plan_.intervention is None and not plan_.request.get("attention_norm")
     for batch, host, summary, summary_norm in thread_imap(run_batch, length_batches(lengths, batch_tokens, max_batch),
-                                                          workers if parallel else None):
+                                                          n_workers):
         dest = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in batch])
         out[dest] = host
         if summary is not None:
@@ -164,14 +179,13 @@ def _run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start:
 
 
 @contextlib.contextmanager
-def _batch_hooks(lm: LoadedModel, plan_: Plan, rendered: Sequence[Rendered], corpus_index: Sequence[int],
+def _batch_hooks(lm: LoadedModel, bound, plan_: Plan, rendered: Sequence[Rendered], corpus_index: Sequence[int],
                  examples: Sequence[Example], T: int, device: torch.device):
-    """The plan's intervention hooks for one batch, and the value-norm recorder of ``--attention-norm``
-    (yields its per-layer list, or None)."""
+    """The intervention hooks (``bound``, the plan's intervention on ``lm``'s model) for one batch, and
+    the value-norm recorder of ``--attention-norm`` (yields its per-layer list, or None)."""
     with contextlib.ExitStack() as stack:
-        if plan_.intervention is not None:
-            stack.enter_context(plan_.intervention.batch(rendered, corpus_index, [examples[e].id for e in corpus_index],
-                                                         T, device))
+        if bound is not None:
+            stack.enter_context(bound.batch(rendered, corpus_index, [examples[e].id for e in corpus_index], T, device))
         norms = None
         if plan_.request.get("attention_norm"):
             from .attention_norm import recording_value_norms

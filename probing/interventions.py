@@ -35,6 +35,7 @@ directory) and of ``manifest.json``; a clean request is unchanged.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import re
 from dataclasses import dataclass
@@ -404,6 +405,13 @@ class Bound:
                         f"--patch keys={group}: token {key[0]} (sentence {key[1]}, index {key[2]}) of format "
                         f"{fmt.name!r} has no counterpart in source {src.path} (format {src.format_name!r}, "
                         f"roles {sorted(roles)})")
+
+    def on(self, model: torch.nn.Module) -> "Bound":
+        """The same intervention on ``model``, a copy of the bound model (a CPU worker's replica, so
+        that concurrent batches hook their own modules); sources and means are shared, read-only."""
+        new = copy.copy(self)
+        new.model, new.blocks = model, encoder_blocks(model)
+        return new
 
     # -- one forward pass ------------------------------------------------------------------------------
     @contextlib.contextmanager
