@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from analyses.probe_batched import probe_many_results  # noqa: E402
 from analyses.probe_metrics import DTYPES  # noqa: E402
 from analyses.probe_results import cross_validate_probe  # noqa: E402
+from probing.workers import thread_map  # noqa: E402
 
 
 def planted_features(n_items: int, dim: int, layers: int, token_choices: int, classes: int,
@@ -73,8 +74,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default=None, help="torch device for the batched path (default: cuda if available)")
     ap.add_argument("--dtype", choices=DTYPES, default="float32")
     ap.add_argument("--threads", type=int, default=1,
-                    help="torch CPU threads for the batched path (1: fastest on small machines; scikit-learn "
-                         "runs its BLAS on one thread inside LinearProbe.fit)")
+                    help="CPU workers of the batched path, one torch thread each (probing.workers; default 1: "
+                         "like for like with the scikit-learn loop, which runs its BLAS on one thread inside "
+                         "LinearProbe.fit; the toolkit's own default is one worker per core)")
+    ap.add_argument("--sklearn-workers", type=int, default=1,
+                    help="threads running the scikit-learn loop's feature sets side by side (default 1)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     args.Cs = [float(c) for part in args.Cs for c in part.split(",") if c.strip()]
@@ -93,7 +97,8 @@ def main(argv: list[str] | None = None) -> None:
     t_fast = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    ref = {k: cross_validate_probe(X, y, groups, **common) for k, X in features.items()}
+    ref = dict(zip(features, thread_map(lambda X: cross_validate_probe(X, y, groups, **common), features.values(),
+                                        args.sklearn_workers)))
     t_ref = time.perf_counter() - t0
 
     diffs = np.array([abs(fast[k].mean - ref[k].mean) for k in features])
@@ -103,8 +108,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{str(k):>14} {strength[k]:7.3f} {ref[k].mean:8.4f} {fast[k].mean:8.4f} {ref[k].majority_baseline:8.4f}")
     import torch
     device = args.device if args.device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
-    print(f"sklearn loop: {t_ref:.1f} s")
-    print(f"batched torch ({device}, {args.dtype}): {t_fast:.1f} s")
+    print(f"sklearn loop ({args.sklearn_workers} thread(s)): {t_ref:.1f} s")
+    print(f"batched torch ({device}, {args.dtype}, {args.threads} worker(s)): {t_fast:.1f} s")
     print(f"speed-up: {t_ref / t_fast:.2f}x")
     print(f"|accuracy difference|: mean {diffs.mean():.4f}, max {diffs.max():.4f}; same C chosen in {same_C:.1%} of folds")
     print("load average (1, 5, 15 min) at the end: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
