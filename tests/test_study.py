@@ -139,6 +139,7 @@ def check_stage_table(run: Path, report: str, html: str, logs: list[str]) -> Non
     expected = ["extraction"] + [f"analyses {q}" for q in QUESTIONS] + ["figures", "report"]
     assert stages["stage"].tolist() == expected
     assert (stages["seconds"] >= 0).all() and (stages["peak_rss_mb"] > 0).all()
+    assert (stages["cpu_seconds"] >= 0).all() and stages["cpu_seconds"].sum() > 0
     assert stages["rss_method"].isin([PER_STAGE, SINCE_START]).all()
     total = float(re.search(r"\*\*run time\*\*: (\d+) s", report).group(1))
     # the stages cover the run: only loading the config and writing the report fall outside them
@@ -179,6 +180,25 @@ def test_stage_peak_memory_is_per_stage(monkeypatch):
     t = run()
     assert t["rss_method"].tolist() == [st.SINCE_START] * 2
     assert t["peak_rss_mb"][1] >= t["peak_rss_mb"][0] > 300
+
+
+def test_stage_cpu_time_counts_work_not_waiting():
+    """``cpu_seconds`` is the process's CPU time during the stage: a busy stage has it, a sleeping one not."""
+    import time
+
+    from probing.study import stages as st
+
+    rec = st.Stages()
+    with rec.stage("busy"):
+        end = time.process_time() + 0.3
+        while time.process_time() < end:
+            pass
+    with rec.stage("asleep"):
+        time.sleep(0.3)
+    t = rec.table()
+    assert t["cpu_seconds"][0] >= 0.3
+    assert t["cpu_seconds"][1] < 0.1 and t["seconds"][1] >= 0.3
+    assert "CPU s" in rec.lines(1.0)[0] and rec.lines(1.0)[-2].split()[2] == f"{t['cpu_seconds'].sum():.1f}"
 
 
 def test_config_errors(tmp_path):

@@ -1,4 +1,6 @@
-"""Wall time and peak memory per stage of a study (extraction, each section's analyses, figures, report).
+"""Wall time, CPU time and peak memory per stage of a study (extraction, each section's analyses, figures,
+report). CPU time (``time.process_time``: every thread of the process, user and system) is less
+sensitive than wall time to other jobs on a shared machine; CPU / wall tells how many cores a stage kept busy.
 
 Peak resident memory per stage comes from Linux's high-water mark: writing ``5`` to
 ``/proc/self/clear_refs`` resets ``VmHWM`` (``/proc/self/status``) to the current RSS (Linux >= 4.0), so
@@ -13,7 +15,7 @@ process (the kernel keeps one high-water mark), so the run's peak is the largest
     >>> with stages.stage("sum"):
     ...     _ = sum(range(1000))
     >>> list(stages.table().columns)
-    ['stage', 'seconds', 'peak_rss_mb', 'rss_method']
+    ['stage', 'seconds', 'cpu_seconds', 'peak_rss_mb', 'rss_method']
 """
 
 from __future__ import annotations
@@ -68,19 +70,19 @@ class Stages:
     @contextmanager
     def stage(self, name: str):
         per_stage = reset_peak_rss()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
             seconds = time.perf_counter() - start
             peak = vm_hwm_mb() if per_stage else None
-            self.rows.append({"stage": name, "seconds": seconds,
+            self.rows.append({"stage": name, "seconds": seconds, "cpu_seconds": time.process_time() - cpu,
                               "peak_rss_mb": peak if peak is not None else max_rss_mb(),
                               "rss_method": PER_STAGE if peak is not None else SINCE_START})
 
     def table(self) -> pd.DataFrame:
-        """One row per stage, in the order they ran: ``stage, seconds, peak_rss_mb, rss_method``."""
-        return pd.DataFrame(self.rows, columns=["stage", "seconds", "peak_rss_mb", "rss_method"])
+        """One row per stage, in the order they ran: ``stage, seconds, cpu_seconds, peak_rss_mb, rss_method``."""
+        return pd.DataFrame(self.rows, columns=["stage", "seconds", "cpu_seconds", "peak_rss_mb", "rss_method"])
 
     def run_peak_mb(self) -> float:
         """The whole run's peak RSS in MiB: the largest stage peak. Not ``ru_maxrss`` once a stage has
@@ -91,10 +93,12 @@ class Stages:
     def lines(self, total: float | None = None) -> list[str]:
         """The table as aligned text lines (for the log), with a total row when ``total`` is given."""
         width = max([len(r["stage"]) for r in self.rows] + [len("stage"), len("total")])
-        out = [f"{'stage':<{width}}  {'wall s':>8}  {'peak RSS MiB':>12}"]
-        out += [f"{r['stage']:<{width}}  {r['seconds']:8.1f}  {r['peak_rss_mb']:12.0f}" for r in self.rows]
+        out = [f"{'stage':<{width}}  {'wall s':>8}  {'CPU s':>8}  {'peak RSS MiB':>12}"]
+        out += [f"{r['stage']:<{width}}  {r['seconds']:8.1f}  {r['cpu_seconds']:8.1f}  {r['peak_rss_mb']:12.0f}"
+                for r in self.rows]
         if total is not None:
-            out.append(f"{'total':<{width}}  {total:8.1f}  {self.run_peak_mb():12.0f}")
+            cpu = sum(r["cpu_seconds"] for r in self.rows)
+            out.append(f"{'total':<{width}}  {total:8.1f}  {cpu:8.1f}  {self.run_peak_mb():12.0f}")
         methods = sorted({r["rss_method"] for r in self.rows})
         out.append("peak RSS: " + "; ".join(methods))
         return out
