@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..heap import HeapTrimmer, release_arrow_pages
+
 CLEAR_REFS = Path("/proc/self/clear_refs")
 STATUS = Path("/proc/self/status")
 #: ``rss_method`` values: what ``peak_rss_mb`` means in each row.
@@ -69,6 +71,11 @@ class Stages:
 
     @contextmanager
     def stage(self, name: str):
+        # hand the heap pages earlier stages freed back first (glibc and Arrow keep them otherwise, also
+        # in the arenas of finished worker threads), so that a stage's peak is its own and not what an
+        # earlier stage left behind
+        HeapTrimmer()()
+        release_arrow_pages()
         per_stage = reset_peak_rss()
         start, cpu = time.perf_counter(), time.process_time()
         try:
