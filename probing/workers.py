@@ -8,7 +8,8 @@ its own piece (torch releases the GIL inside its operations). ``benchmarks/probe
 ``benchmarks/extract_throughput.py`` measure both ways.
 
 Each worker sets one torch thread for itself; torch's (process-wide) thread count is restored when
-the work ends. Results come back in the order of the inputs, so they do not depend on which worker
+the work ends, and the heap pages the workers freed are handed back (glibc keeps them in each
+thread's malloc arena otherwise). Results come back in the order of the inputs, so they do not depend on which worker
 ran what.
 
 >>> thread_map(lambda x: x * x, [1, 2, 3], workers=2)
@@ -20,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
+
+from .heap import HeapTrimmer
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -88,3 +91,5 @@ def thread_imap(fn: Callable[[T], R], items: Iterable[T], workers: int | None) -
         for f in pending:
             f.cancel()
         torch.set_num_threads(before)
+        if workers > 1:  # what the workers freed stays in their malloc arenas until trimmed
+            HeapTrimmer()()

@@ -110,3 +110,12 @@ def test_batched_probes_with_two_workers_equal_one():
         assert one[k].mean == pytest.approx(two[k].mean, abs=1e-9)
         np.testing.assert_array_equal(one[k].chosen_Cs, two[k].chosen_Cs)
         assert one[k].control_score == pytest.approx(two[k].control_score, abs=1e-9)
+
+
+@pytest.mark.parametrize("module", ["probing.workers", "probing.study.stages"])
+def test_doctests(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0 and result.failed == 0
