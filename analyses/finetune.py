@@ -35,9 +35,11 @@ model is loaded by :func:`probing.models.load_model` and the device chosen by
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import math
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
@@ -293,19 +295,73 @@ def epoch_batches(train: np.ndarray, lengths: np.ndarray, batch_size: int, group
     return out
 
 
-def _finetune_task(lm, task: Task, pooling: Pooling, seed: int, config: TrainConfig,
-                   device: torch.device) -> dict:
-    """One run: fine-tune a fresh copy of ``lm.model`` + head on ``task.train``, score on ``task.test``."""
-    t0 = time.perf_counter()
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast)
+class RngStreams:
+    """Concurrent fine-tuning runs (CPU workers, :mod:`probing.workers`) that each draw from torch's
+    process-wide CPU generator as if they ran alone.
+
+    Every random draw of a run (the head's initialisation, dropout in each forward pass) happens inside
+    :meth:`Stream.turn`, which holds one lock shared by all runs, installs the run's own generator state
+    and saves it back afterwards. A run's draws are therefore the sequence a run started from
+    ``torch.manual_seed(seed)`` alone would make, whatever the other runs do; backward passes and
+    optimiser steps draw nothing and run side by side. The caller's generator state is left as it was.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def stream(self, seed: int) -> "Stream":
+        return Stream(self.lock, seed)
+
+
+class Stream:
+    """One run's generator state (see :class:`RngStreams`)."""
+
+    def __init__(self, lock: threading.Lock, seed: int) -> None:
+        self.lock = lock
+        with lock:
+            saved = torch.get_rng_state()
+            torch.manual_seed(seed)
+            self.state = torch.get_rng_state()
+            torch.set_rng_state(saved)
+
+    @contextlib.contextmanager
+    def turn(self):
+        with self.lock:
+            saved = torch.get_rng_state()
+            torch.set_rng_state(self.state)
+            try:
+                yield
+            finally:
+                self.state = torch.get_rng_state()
+                torch.set_rng_state(saved)
+
+
+@contextlib.contextmanager
+def _alone(seed: int, device: torch.device):
+    """A run on its own: torch's generators (the device's too) seeded for the run and restored afterwards;
+    yields the context each draw runs in (nothing more to do: the run is the only one drawing)."""
     devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        encoder = copy.deepcopy(lm.model).to(device=device, dtype=torch.float32)
-        if config.freeze_embeddings:
-            encoder.get_input_embeddings().weight.requires_grad_(False)
-        clf = PooledClassifier(encoder, pooling, len(task.classes), int(lm.model.config.hidden_size),
-                               float(getattr(lm.model.config, "initializer_range", 0.02))).to(device)
+        yield contextlib.nullcontext
+
+
+def _finetune_task(lm, task: Task, pooling: Pooling, seed: int, config: TrainConfig,
+                   device: torch.device, streams: RngStreams | None = None) -> dict:
+    """One run: fine-tune a fresh copy of ``lm.model`` + head on ``task.train``, score on ``task.test``.
+    ``streams`` (CPU only): the run shares torch's generator with concurrent runs (:class:`RngStreams`);
+    its draws, and so its result, are those of the run alone."""
+    t0 = time.perf_counter()
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast)
+    if streams is not None and device.type != "cpu":
+        raise ValueError(f"concurrent fine-tuning runs share torch's CPU generator only; device is {device}")
+    with (_alone(seed, device) if streams is None else contextlib.nullcontext(streams.stream(seed).turn)) as turn:
+        with turn():
+            encoder = copy.deepcopy(lm.model).to(device=device, dtype=torch.float32)
+            if config.freeze_embeddings:
+                encoder.get_input_embeddings().weight.requires_grad_(False)
+            clf = PooledClassifier(encoder, pooling, len(task.classes), int(lm.model.config.hidden_size),
+                                   float(getattr(lm.model.config, "initializer_range", 0.02))).to(device)
         order_rng = torch.Generator().manual_seed(seed)
         train = task.train
         steps_per_epoch = math.ceil(len(train) / config.batch_size)
@@ -321,8 +377,9 @@ def _finetune_task(lm, task: Task, pooling: Pooling, seed: int, config: TrainCon
             total_loss, seen, hits = 0.0, 0, 0
             for idx in epoch_batches(train, lengths, config.batch_size, config.length_grouping, order_rng):
                 target = torch.from_numpy(task.y[idx]).to(device)
-                with autocast:
-                    logits = clf(*training_inputs([task.rendered[i] for i in idx], lm, pooling, device))
+                batch = training_inputs([task.rendered[i] for i in idx], lm, pooling, device)
+                with turn(), autocast:  # dropout draws here
+                    logits = clf(*batch)
                     loss = torch.nn.functional.cross_entropy(logits, target)
                 hits += int((logits.detach().argmax(dim=-1) == target).sum())
                 opt.zero_grad(set_to_none=True)

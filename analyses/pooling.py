@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from analyses.finetune import (Task, _check_label, _collate, _device, _finetune_task, _load,
+from analyses.finetune import (RngStreams, Task, _check_label, _collate, _device, _finetune_task, _load,
                                _max_length_of, _task, check_pooling, render_examples, sorted_batches, split_unit)
 from analyses.finetune_config import PRESETS, SCHEDULES, TrainConfig, preset_config
 from analyses.pooling_choices import POOLINGS, Pooling, get_pooling, pool, pooling_mask
@@ -53,6 +53,7 @@ from probing.cli import ArgumentParser, output_dir_arg
 from probing.examples import Example, corpus_fingerprint
 from probing.formats import Format, Rendered, resolve_format
 from probing.forward import accepts_token_types, running
+from probing.workers import cpu_workers, thread_imap
 
 ANALYSIS = "finetune_pooling"
 #: Bump when the protocol changes, so stored results of the old protocol are not reused.
@@ -180,7 +181,7 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
                            preset: str = "default", out: str | None = None, force: bool = False,
                            corpus_name: str | None = None, device: str = "auto", progress: bool = True,
                            log: Callable[[str], None] | None = None, with_predictions: bool = False,
-                           **train: Any):
+                           num_threads: int | None = None, **train: Any):
     """Fine-tuned and frozen, every pooling, on the same document-grouped splits; a tidy table.
 
     Splits: :func:`cv_splits` (stratified by the label, grouped by document when every example has a
@@ -219,7 +220,9 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
     pooling x condition x test item with ``repeat, fold, seed, pooling, condition, example, doc
     (its group), y_true, y_pred, correct``. With ``out``, both are written
     (``result_path(out, "finetune_pooling", config)`` and ``....predictions.csv`` beside it) and
-    reused unless ``force``. Cost: see :data:`PRESETS`.
+    reused unless ``force``. Cost: see :data:`PRESETS`. ``num_threads``: on the CPU, the fine-tuning runs
+    go to this many workers of one torch thread each (:mod:`probing.workers`; None: torch's thread count,
+    the machine's cores); the results are those of the runs one at a time (:class:`analyses.finetune.RngStreams`).
     """
     from analyses.grouping import example_groups
 
@@ -269,9 +272,17 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(splits) * len(checked) * len(seeds), desc="fine-tune", disable=not progress)
+    tasks = [_task(kept, rendered, label, sp.train, sp.test, skipped) for sp in splits]
+    # The fine-tuning runs, in the order the loop below records them; on the CPU they run side by side in
+    # single-threaded workers (probing.workers), each drawing its own random stream (RngStreams), so every
+    # result is the one its run would give alone. The frozen probes run here, between them.
+    jobs = [(task, p, seed) for task in tasks for p in checked for seed in seeds]
+    on_cpu = dev.type == "cpu"
+    streams = RngStreams() if on_cpu else None
+    finetuned = thread_imap(lambda job: _finetune_task(lm, *job, config, dev, streams), jobs,
+                            cpu_workers(num_threads) if on_cpu else None)
     try:
-        for sp in splits:
-            task = _task(kept, rendered, label, sp.train, sp.test, skipped)
+        for sp, task in zip(splits, tasks):
             y_tr, y_te = task.y[sp.train], task.y[sp.test]
             where = {"repeat": sp.repeat, "fold": sp.fold}
             split_base = {**base, **where, "n_groups": int(np.unique(groups[sp.test]).size)}
@@ -311,7 +322,7 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
                 record(p, "frozen", None, fr, {"C": fr["C"]})
                 for seed in seeds:
                     bar.set_postfix(pooling=p.name, seed=seed, fold=sp.fold)
-                    r = _finetune_task(lm, task, p, seed, config, dev)
+                    r = next(finetuned)
                     record(p, "fine_tuned", seed, r, {"first_train_loss": r["train_loss_steps"][0],
                                                       "final_train_loss": r["train_loss_epochs"][-1]})
                     for e, loss in enumerate(r["train_loss_epochs"]):
@@ -320,6 +331,7 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
                                      "epoch": e})
                     bar.update(1)
     finally:
+        finetuned.close()
         bar.close()
     P = pd.concat(preds, ignore_index=True)
     P["seed"] = P["seed"].astype("Int64")  # empty for the frozen probe
@@ -429,8 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{','.join(f'{c:g}' for c in defaults.frozen_Cs)})")
     p.add_argument("--device", default="auto", help="'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ...")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's own choice). On a machine whose cores are busy "
-                        "with other work, 1 can be many times faster than oversubscribed threads")
+                   help="CPU: fine-tuning runs go side by side to this many single-threaded workers, each "
+                        "with the result it would have alone (default: torch's thread count, the machine's cores)")
     p.add_argument("--out", default="results", type=output_dir_arg,
                    help="directory of result tables (default: ./results)")
     p.add_argument("--force", action="store_true", help="recompute even if a stored result exists")
@@ -461,8 +473,6 @@ def main(argv: Sequence[str] | None = None) -> int:
              "max_length": args.max_length, "weight_decay": args.weight_decay,
              "warmup_fraction": args.warmup_fraction, "schedule": args.schedule, "seed": args.seed,
              "folds": args.folds, "run_folds": args.run_folds, "repeats": args.repeats, "frozen_Cs": Cs}
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     try:
         examples = load_corpus(corpus)
         lm = load_model(args.model, random_init=args.random_init, seed=args.init_seed)
@@ -470,7 +480,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         df = run_pooling_experiment(examples, label, args.poolings, args.train_seeds, model=lm, fmt=args.format,
                                     preset=args.preset, out=args.out, force=args.force, corpus_name=corpus,
                                     device=args.device, progress=not args.no_progress,
-                                    **train)
+                                    num_threads=args.threads, **train)
         elapsed = time.perf_counter() - t0
     except (ValueError, ImportError, ModelLoadError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)

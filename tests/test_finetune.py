@@ -5,6 +5,7 @@ option runs the forward in bfloat16 with float32 weights, and it is part of the 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -95,3 +96,45 @@ def test_autocast_is_an_option_of_the_config_and_the_result_key(tiny):
                               preset_config("quick", autocast=a)) for a in (False, True)]
     assert keys[0]["train"]["autocast"] is False and keys[1]["train"]["autocast"] is True
     assert all(isinstance(PRESETS[p]["train"].get("autocast", False), bool) for p in PRESETS)
+
+
+def test_rng_streams_give_each_run_its_own_seeded_sequence_whatever_the_interleaving():
+    """Two runs' draws interleaved through RngStreams are the draws each run makes alone from
+    torch.manual_seed(seed); the caller's generator state is left as it was."""
+    def alone(seed, n):
+        g = torch.Generator().manual_seed(seed)
+        return [torch.rand(3, generator=g) for _ in range(n)]
+
+    torch.manual_seed(123)
+    caller = torch.get_rng_state()
+    streams = FT.RngStreams()
+    a, b = streams.stream(0), streams.stream(7)
+    got = {0: [], 7: []}
+    for s, stream in [(0, a), (7, b), (7, b), (0, a), (7, b), (0, a)]:
+        with stream.turn():
+            got[s].append(torch.rand(3))
+    for seed in (0, 7):
+        for x, y in zip(got[seed], alone(seed, 3)):
+            torch.testing.assert_close(x, y, rtol=0, atol=0)
+    assert torch.equal(torch.get_rng_state(), caller)
+
+
+def test_concurrent_fine_tuning_runs_equal_one_at_a_time(tiny):
+    """Q8 with two CPU workers (runs side by side, dropout on) gives the table and predictions of one
+    worker, run by run: each run draws its own random stream."""
+    from analyses.pooling import run_pooling_experiment
+
+    from .test_pooling import keyword_examples
+
+    assert tiny.model.config.hidden_dropout_prob > 0  # dropout draws random numbers in every forward pass
+    kw = dict(model=tiny, progress=False, with_predictions=True, epochs=2, batch_size=8, lr=1e-3, max_length=None,
+              device="cpu", preset="quick", folds=3, run_folds=3, max_train=10_000)
+    ex = keyword_examples(36)
+    one, p1 = run_pooling_experiment(ex, "kind", ["cls", "mean"], [0, 1], num_threads=1, **kw)
+    two, p2 = run_pooling_experiment(ex, "kind", ["cls", "mean"], [0, 1], num_threads=2, **kw)
+    pd.testing.assert_frame_equal(p1, p2)
+    cols = [c for c in one.columns if c != "seconds"]
+    pd.testing.assert_frame_equal(one[cols], two[cols])
+    other, _ = run_pooling_experiment(ex, "kind", ["cls", "mean"], [2, 3], num_threads=2, **kw)
+    losses = lambda df: df[df.metric == "train_loss_epoch"]["value"].to_numpy()
+    assert not np.array_equal(losses(one), losses(other))  # other seeds: other draws
