@@ -2,9 +2,10 @@
 
 The naive loop is what people write first: batches of 32 examples in corpus order, padded to the
 longest, float32, ``output_hidden_states=True``, every hidden state of every layer copied to the host
-as NumPy. The toolkit's extractor sorts by length inside shards, batches under a token budget, runs
-under ``inference_mode``, gathers only the stored positions on the device and writes the cache to disk
-(the naive loop writes nothing, so the comparison is generous to it).
+as NumPy, on torch's threads. The toolkit's extractor sorts by length inside shards, batches under a
+token budget, runs under ``inference_mode`` (on the CPU: batches side by side in one single-threaded
+worker per torch thread, :mod:`probing.workers`), gathers only the stored positions on the device and
+writes the cache to disk (the naive loop writes nothing, so the comparison is generous to it).
 
     python benchmarks/extract_throughput.py                       # default model, BBC pairs, CPU
     python benchmarks/extract_throughput.py --corpus generated:n=500 --roles cls,sep,word
@@ -169,8 +170,9 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rate = n_ext / t_ext
+    how = (f"{torch.get_num_threads()} single-threaded workers" if device.type == "cpu" else str(device))
     print(f"extractor    : {n_ext} tokens in {t_ext:7.2f}s = {rate:12,.0f} tokens/s "
-          f"(roles {args.roles}, {args.dtype}, cache {size_mb:.1f} MiB written)")
+          f"(roles {args.roles}, {args.dtype}, batches of {batch_tokens} tokens, {how}, cache {size_mb:.1f} MiB written)")
     print(f"ratio extractor / naive = {rate / naive_rate:.2f}x")
     flops = model_flops(lm.config, per_example)
     dense = dense_flops_per_token(lm.config)
