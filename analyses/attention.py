@@ -68,14 +68,12 @@ def group_counts(cache: Cache, examples: np.ndarray, groups: list[str]) -> np.nd
     if not {g.rstrip("0123456789") for g in groups if not re.fullmatch(r"s\d+", g)} <= stored or "word" not in stored:
         return None
     tok = cache.tokens
-    role = tok["role"].to_numpy().astype(str)
-    name = np.where(role == "word", "s" + tok["sentence"].astype(str).to_numpy(),
-                    np.char.add(role, tok["occurrence"].astype(str).to_numpy().astype(str)))
+    # the group of each distinct (role, sentence, occurrence), then per token by its code: no string per token
+    codes, uniq = pd.MultiIndex.from_frame(tok[["role", "sentence", "occurrence"]]).factorize()
     index = {g: i for i, g in enumerate(groups)}
-    gid = np.asarray([index.get(n, -1) for n in name])
-    ex = tok["example"].to_numpy()
-    pos = {e: i for i, e in enumerate(examples)}
-    rows = np.asarray([pos.get(e, -1) for e in ex])
+    gid = np.asarray([index.get(f"s{s}" if r == "word" else f"{r}{o}", -1) for r, s, o in uniq], dtype=np.int64)
+    gid = gid[codes] if len(uniq) else np.zeros(0, dtype=np.int64)
+    rows = pd.Index(examples).get_indexer(tok["example"].to_numpy())
     ok = (gid >= 0) & (rows >= 0)
     counts = np.zeros((len(examples), len(groups)))
     np.add.at(counts, (rows[ok], gid[ok]), 1.0)

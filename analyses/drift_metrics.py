@@ -33,7 +33,8 @@ _BLOCK_ROWS = 8192  # rows per float64 block: bounds temporaries for (n, 1024) i
 
 
 def _check_2d(X, name: str) -> np.ndarray:
-    X = X if isinstance(X, np.ndarray) else np.asarray(X)  # keeps a memmap a memmap
+    # keeps a memmap a memmap, and a lazy row source (probing.cache.LayerRows) lazy: both are read in row blocks
+    X = X if isinstance(X, np.ndarray) or getattr(X, "lazy_rows", False) else np.asarray(X)
     if X.ndim != 2:
         raise ValueError(f"{name} must be 2-D (n_tokens, dim), got {name}.shape={X.shape}")
     if not (np.issubdtype(X.dtype, np.floating) or np.issubdtype(X.dtype, np.integer)):
