@@ -5,7 +5,8 @@ Pure functions of arrays. ``A`` and ``B`` are paired states of the same token ke
 of BERT-like states are high for any two tokens (anisotropy, Ethayarajh 2019), so each drift comes
 with the layer's random-pair baseline and a drift normalised by it; per-dimension standardisation
 (Timkey & van Schijndel 2021) is offered against rogue dimensions. All arithmetic is in float64 and
-processed in row blocks, so memory stays flat for memory-mapped inputs.
+processed in row blocks, so memory stays flat for memory-mapped inputs and for lazy row sources
+(:meth:`probing.cache.Cache.layer_rows`, which :func:`analyses.drift.run_drift` passes).
 """
 
 from __future__ import annotations

@@ -176,6 +176,8 @@ class ItemRows:
     def take(self, items: np.ndarray | slice) -> "ItemRows":
         """The items ``items`` (positions, or a slice), in that order."""
         k = np.arange(len(self))[items]
+        if len(k) == len(self) and (k == np.arange(len(self))).all():
+            return self  # every item in order: no copy of the row index
         lengths = self.starts[k + 1] - self.starts[k]
         offsets = np.r_[0, np.cumsum(lengths)]
         within = np.arange(offsets[-1]) - np.repeat(offsets[:-1], lengths)
