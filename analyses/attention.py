@@ -34,6 +34,7 @@ from probing.cli import ArgumentParser
 
 #: Targets that sum over groups (beside each group's own name): every [SEP], own and other sentences.
 ALL_SEP, OWN_SENTENCE, OTHER_SENTENCES, ALL_TOKENS = "all [SEP]", "own sentence", "other sentences", "all tokens"
+_EXAMPLES_PER_CHUNK = 1024  # examples per chunk of from_all_tokens's float64 products
 
 
 def _is_sep(name: str) -> bool:
@@ -83,8 +84,12 @@ def group_counts(cache: Cache, examples: np.ndarray, groups: list[str]) -> np.nd
 def from_all_tokens(mass: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """Mass from every token of an example to each group (Clark et al.'s per-head average over all
     query tokens): ``sum_a n_a mass[a, b] / sum_a n_a`` -> ``(n_examples, layers, heads, G)``."""
-    w = counts[:, None, None, :, None]
-    return np.nansum(np.nan_to_num(mass) * w, axis=3) / counts.sum(1)[:, None, None, None]
+    out = np.empty(mass.shape[:3] + mass.shape[4:])
+    for k in range(0, len(mass), _EXAMPLES_PER_CHUNK):  # float64 products of a chunk of examples, not of all
+        part, c = mass[k:k + _EXAMPLES_PER_CHUNK], counts[k:k + _EXAMPLES_PER_CHUNK]
+        out[k:k + len(part)] = np.nansum(np.nan_to_num(part) * c[:, None, None, :, None], axis=3) \
+            / c.sum(1)[:, None, None, None]
+    return out
 
 
 WEIGHTINGS = {"raw": "attention_mass", "norm": "attention_norm_mass"}  # weighting -> metric name

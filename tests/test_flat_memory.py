@@ -190,3 +190,43 @@ def test_streamed_cka_formats_equal_the_whole_array_cka(caches, small_chunks, mo
     assert (chunked["note"] != "").any()  # [CLS] at the embedding layer: zero variance, NaN with its note
     pd.testing.assert_frame_equal(chunked.drop(columns="value"), whole.drop(columns="value"), check_exact=True)
     np.testing.assert_allclose(chunked["value"], whole["value"], rtol=0, atol=1e-12, equal_nan=True)
+
+
+def _merge_align(a: Cache, b: Cache, rows_a=None):
+    """The inner merge that :func:`probing.cache.align` replaced."""
+    from probing.formats import KEY_COLUMNS
+
+    ta = a.tokens[list(KEY_COLUMNS)]
+    if rows_a is not None:
+        ta = ta.iloc[np.asarray(rows_a)]
+    left = ta.reset_index(names="_row_a")
+    right = b.tokens[list(KEY_COLUMNS)].reset_index(names="_row_b")
+    merged = left.merge(right, on=list(KEY_COLUMNS), how="inner", sort=False, validate="one_to_one")
+    return merged["_row_a"].to_numpy(np.int64), merged["_row_b"].to_numpy(np.int64)
+
+
+@pytest.mark.parametrize("subset", [False, True])
+def test_align_equals_an_inner_merge(caches, subset):
+    from probing.cache import align
+
+    pair, concat = caches[:2]
+    rows = np.random.default_rng(0).permutation(pair.n_tokens)[:100] if subset else None
+    for a, b in ((pair, concat), (concat, pair), (pair, pair)):
+        got, ref = align(a, b, rows_a=rows if a is pair else None), _merge_align(a, b, rows if a is pair else None)
+        for x, y in zip(got, ref):
+            assert x.dtype == np.int64
+            np.testing.assert_array_equal(x, y)
+
+
+def test_attention_summaries_and_from_all_tokens_in_chunks(caches, monkeypatch):
+    import analyses.attention as attention
+
+    att = caches[0]
+    examples, mass, groups = att.attention()
+    shards = np.concatenate([np.load(att._check(s, "attention"), allow_pickle=False) for s in att._shards])
+    np.testing.assert_array_equal(mass, shards)
+    assert mass.dtype == shards.dtype
+    counts = group_counts(att, examples, groups)
+    whole = np.nansum(np.nan_to_num(mass) * counts[:, None, None, :, None], axis=3) / counts.sum(1)[:, None, None, None]
+    monkeypatch.setattr(attention, "_EXAMPLES_PER_CHUNK", 5)
+    np.testing.assert_array_equal(attention.from_all_tokens(mass, counts), whole)
