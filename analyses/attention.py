@@ -26,7 +26,7 @@ from analyses.drift import model_label
 from analyses.grouping import cache_groups
 from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
                               stored_table)
-from analyses.selection import attention_group_names
+from analyses.selection import attention_group_names, is_role
 from analyses.intervals import bootstrap_ci
 from probing.cache import Cache
 from probing.cli import ArgumentParser
@@ -34,7 +34,7 @@ from probing.cli import ArgumentParser
 
 #: Targets that sum over groups (beside each group's own name): every [SEP], own and other sentences.
 ALL_SEP, OWN_SENTENCE, OTHER_SENTENCES, ALL_TOKENS = "all [SEP]", "own sentence", "other sentences", "all tokens"
-_EXAMPLES_PER_CHUNK = 1024  # examples per chunk of from_all_tokens's float64 products
+_EXAMPLES_PER_CHUNK = 128  # examples per chunk of from_all_tokens's float64 products (about 4 MB for MiniLM)
 
 
 def _is_sep(name: str) -> bool:
@@ -69,11 +69,18 @@ def group_counts(cache: Cache, examples: np.ndarray, groups: list[str]) -> np.nd
     if not {g.rstrip("0123456789") for g in groups if not re.fullmatch(r"s\d+", g)} <= stored or "word" not in stored:
         return None
     tok = cache.tokens
-    # the group of each distinct (role, sentence, occurrence), then per token by its code: no string per token
-    codes, uniq = pd.MultiIndex.from_frame(tok[["role", "sentence", "occurrence"]]).factorize()
+    # group name s<sentence> for words, <role><occurrence> otherwise, assigned per distinct (role, number) with
+    # masks: no string or tuple per token
     index = {g: i for i, g in enumerate(groups)}
-    gid = np.asarray([index.get(f"s{s}" if r == "word" else f"{r}{o}", -1) for r, s, o in uniq], dtype=np.int64)
-    gid = gid[codes] if len(uniq) else np.zeros(0, dtype=np.int64)
+    gid = np.full(len(tok), -1, dtype=np.int64)
+    sentence, occurrence = tok["sentence"].to_numpy(), tok["occurrence"].to_numpy()
+    for role in tok["role"].dropna().unique():
+        is_r = is_role(tok, role)
+        values = sentence if role == "word" else occurrence
+        for v in np.unique(values[is_r]):
+            g = index.get(f"s{v}" if role == "word" else f"{role}{v}", -1)
+            if g >= 0:
+                gid[is_r & (values == v)] = g
     rows = pd.Index(examples).get_indexer(tok["example"].to_numpy())
     ok = (gid >= 0) & (rows >= 0)
     counts = np.zeros((len(examples), len(groups)))
