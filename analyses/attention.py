@@ -26,7 +26,7 @@ from analyses.drift import model_label
 from analyses.grouping import cache_groups
 from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
                               stored_table)
-from analyses.selection import attention_group_names
+from analyses.selection import attention_group_names, is_role
 from analyses.intervals import bootstrap_ci
 from probing.cache import Cache
 from probing.cli import ArgumentParser
@@ -34,6 +34,7 @@ from probing.cli import ArgumentParser
 
 #: Targets that sum over groups (beside each group's own name): every [SEP], own and other sentences.
 ALL_SEP, OWN_SENTENCE, OTHER_SENTENCES, ALL_TOKENS = "all [SEP]", "own sentence", "other sentences", "all tokens"
+_EXAMPLES_PER_CHUNK = 128  # examples per chunk of from_all_tokens's float64 products (about 4 MB for MiniLM)
 
 
 def _is_sep(name: str) -> bool:
@@ -68,14 +69,19 @@ def group_counts(cache: Cache, examples: np.ndarray, groups: list[str]) -> np.nd
     if not {g.rstrip("0123456789") for g in groups if not re.fullmatch(r"s\d+", g)} <= stored or "word" not in stored:
         return None
     tok = cache.tokens
-    role = tok["role"].to_numpy().astype(str)
-    name = np.where(role == "word", "s" + tok["sentence"].astype(str).to_numpy(),
-                    np.char.add(role, tok["occurrence"].astype(str).to_numpy().astype(str)))
+    # group name s<sentence> for words, <role><occurrence> otherwise, assigned per distinct (role, number) with
+    # masks: no string or tuple per token
     index = {g: i for i, g in enumerate(groups)}
-    gid = np.asarray([index.get(n, -1) for n in name])
-    ex = tok["example"].to_numpy()
-    pos = {e: i for i, e in enumerate(examples)}
-    rows = np.asarray([pos.get(e, -1) for e in ex])
+    gid = np.full(len(tok), -1, dtype=np.int64)
+    sentence, occurrence = tok["sentence"].to_numpy(), tok["occurrence"].to_numpy()
+    for role in tok["role"].dropna().unique():
+        is_r = is_role(tok, role)
+        values = sentence if role == "word" else occurrence
+        for v in np.unique(values[is_r]):
+            g = index.get(f"s{v}" if role == "word" else f"{role}{v}", -1)
+            if g >= 0:
+                gid[is_r & (values == v)] = g
+    rows = pd.Index(examples).get_indexer(tok["example"].to_numpy())
     ok = (gid >= 0) & (rows >= 0)
     counts = np.zeros((len(examples), len(groups)))
     np.add.at(counts, (rows[ok], gid[ok]), 1.0)
@@ -85,8 +91,12 @@ def group_counts(cache: Cache, examples: np.ndarray, groups: list[str]) -> np.nd
 def from_all_tokens(mass: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """Mass from every token of an example to each group (Clark et al.'s per-head average over all
     query tokens): ``sum_a n_a mass[a, b] / sum_a n_a`` -> ``(n_examples, layers, heads, G)``."""
-    w = counts[:, None, None, :, None]
-    return np.nansum(np.nan_to_num(mass) * w, axis=3) / counts.sum(1)[:, None, None, None]
+    out = np.empty(mass.shape[:3] + mass.shape[4:])
+    for k in range(0, len(mass), _EXAMPLES_PER_CHUNK):  # float64 products of a chunk of examples, not of all
+        part, c = mass[k:k + _EXAMPLES_PER_CHUNK], counts[k:k + _EXAMPLES_PER_CHUNK]
+        out[k:k + len(part)] = np.nansum(np.nan_to_num(part) * c[:, None, None, :, None], axis=3) \
+            / c.sum(1)[:, None, None, None]
+    return out
 
 
 WEIGHTINGS = {"raw": "attention_mass", "norm": "attention_norm_mass"}  # weighting -> metric name

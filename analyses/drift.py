@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from analyses.drift_metrics import POOL_MODES, drift_summary, subword_pool
 from analyses.grouping import cache_groups
+from analyses.selection import is_role
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
                               keep_table, make_table, result_path, stored_table)
 from probing.cache import Cache, align, check_comparable, describe_model
@@ -35,11 +36,11 @@ def model_label(cache: Cache) -> str:
 
 def group_labels(tokens: pd.DataFrame) -> np.ndarray:
     """Role group of each token row: ``cls``, ``sep<i>`` (the [SEP] after sentence i), ``s<i> words``."""
-    role = tokens["role"].to_numpy()
-    sent = tokens["sentence"].to_numpy()
-    idx = tokens["index"].to_numpy()
-    out = np.empty(len(tokens), dtype=object)
-    for i, (r, s, j) in enumerate(zip(role, sent, idx)):
+    # one label per distinct (role, sentence, index), shared by its rows: no string object per token
+    keys = tokens[["role", "sentence", "index"]]
+    codes, uniq = pd.MultiIndex.from_frame(keys).factorize() if len(keys) else (np.zeros(0, int), [])
+    out = np.empty(len(uniq), dtype=object)
+    for i, (r, s, j) in enumerate(uniq):
         if r == "word":
             out[i] = f"s{s} words"
         elif r == "sep":
@@ -48,14 +49,14 @@ def group_labels(tokens: pd.DataFrame) -> np.ndarray:
             out[i] = "cls" if s == 0 and j == 0 else f"cls@{s}.{j}"
         else:
             out[i] = r
-    return out
+    return out[codes]
 
 
 def paired_rows(a: Cache, b: Cache, subword: str, words_only: bool = False):
     """Aligned rows of both caches; for ``subword="first"`` only first subwords of words are kept."""
     tok = a.tokens
     keep = np.ones(len(tok), dtype=bool)
-    is_word = tok["role"].to_numpy() == "word"
+    is_word = is_role(tok, "word")
     if subword == "first":
         keep &= ~is_word | (tok["subword"].to_numpy() == 0)
     if words_only:
@@ -90,19 +91,21 @@ def run_drift(a: Cache, b: Cache, *, layers: Sequence[int] | None = None, subwor
     if done is not None:
         return done
     rows_a, rows_b = paired_rows(a, b, subword, words_only)
-    tok = a.tokens.iloc[rows_a]
+    cols = ["example", "role", "sentence", "index", "subword"]
+    tok = a.tokens.iloc[rows_a, [a.tokens.columns.get_loc(c) for c in cols]]  # only the columns used
     groups = group_labels(tok)
     examples = tok["example"].to_numpy()
     clusters, grouping = cache_groups(a, examples)
     if subword == "mean":
-        is_word = tok["role"].to_numpy() == "word"
+        is_word = is_role(tok, "word")
         word_key = pd.MultiIndex.from_frame(tok[["example", "sentence", "index"]]).factorize()[0] if len(tok) else np.zeros(0, int)
         word_key = np.where(is_word, word_key, -1 - np.arange(len(tok)))  # specials: their own "word"
     records = []
     for layer in tqdm(layers, desc=f"drift {a.format_name} vs {b.format_name}", disable=not progress,
                       file=sys.stderr):
-        A = a.states(layer, rows_a)
-        B = b.states(layer, rows_b)
+        # lazy: the metrics read both formats' rows in blocks, and only the per-token cosines stay in memory
+        A = a.layer_rows(layer, rows_a)
+        B = b.layer_rows(layer, rows_b)
         g, ex, cl = groups, examples, clusters
         if subword == "mean":
             sub = tok["subword"].to_numpy()
@@ -110,8 +113,6 @@ def run_drift(a: Cache, b: Cache, *, layers: Sequence[int] | None = None, subwor
             B, _ = subword_pool(B, word_key, sub, "mean")
             first = pd.Series(np.arange(len(word_key))).groupby(word_key).first().reindex(words).to_numpy()
             g, ex, cl = groups[first], examples[first], clusters[first]
-        if layer == 0 and np.allclose(A, B):
-            pass  # embeddings of the same token ids can coincide exactly: drift 0 is the honest answer
         for r in drift_summary(A, B, ex, g, standardise=standardise, n_resamples=n_resamples,
                                n_pairs=n_pairs, seed=seed, clusters=cl):
             r.update(analysis="drift", model=model_label(a), corpus=a.manifest["corpus"]["name"],

@@ -5,7 +5,8 @@ Pure functions of arrays. ``A`` and ``B`` are paired states of the same token ke
 of BERT-like states are high for any two tokens (anisotropy, Ethayarajh 2019), so each drift comes
 with the layer's random-pair baseline and a drift normalised by it; per-dimension standardisation
 (Timkey & van Schijndel 2021) is offered against rogue dimensions. All arithmetic is in float64 and
-processed in row blocks, so memory stays flat for memory-mapped inputs.
+processed in row blocks, so memory stays flat for memory-mapped inputs and for lazy row sources
+(:meth:`probing.cache.Cache.layer_rows`, which :func:`analyses.drift.run_drift` passes).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ _BLOCK_ROWS = 8192  # rows per float64 block: bounds temporaries for (n, 1024) i
 
 
 def _check_2d(X, name: str) -> np.ndarray:
-    X = X if isinstance(X, np.ndarray) else np.asarray(X)  # keeps a memmap a memmap
+    # keeps a memmap a memmap, and a lazy row source (probing.cache.LayerRows) lazy: both are read in row blocks
+    X = X if isinstance(X, np.ndarray) or getattr(X, "lazy_rows", False) else np.asarray(X)
     if X.ndim != 2:
         raise ValueError(f"{name} must be 2-D (n_tokens, dim), got {name}.shape={X.shape}")
     if not (np.issubdtype(X.dtype, np.floating) or np.issubdtype(X.dtype, np.integer)):

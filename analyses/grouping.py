@@ -63,7 +63,12 @@ def cache_groups(cache: Cache, examples: np.ndarray | None = None) -> tuple[np.n
     """``(groups, grouping)`` for corpus indices ``examples: (n,)`` of a cache (default: all of its
     examples), by the rule of :func:`table_groups`, read from the cache's stored corpus."""
     table = cache.examples
-    return table_groups(table if examples is None else table.iloc[np.asarray(examples)])
+    if examples is None:
+        return table_groups(table)
+    # examples may repeat (one per token): look each up once rather than copying a table row per token
+    uniq, inverse = np.unique(np.asarray(examples), return_inverse=True)
+    groups, grouping = table_groups(table.iloc[uniq])
+    return groups[inverse.reshape(-1)], grouping
 
 
 def group_info(groups: np.ndarray, grouping: str) -> dict:

@@ -23,12 +23,16 @@ grammar (:func:`group_name`): ``cls`` (the first classification token), ``sep<i>
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from probing.cache import Cache
+
+#: Word rows read (and pooled in float64) at a time by :func:`pooled`; whole examples are never split.
+POOL_CHUNK_ROWS = 8192
 
 TOKEN_CHOICES: dict[str, str] = {
     "cls": "the first classification token",
@@ -117,6 +121,12 @@ def attention_group_names(cache: Cache, groups: list[str]) -> list[str]:
     return out
 
 
+def is_role(tokens: pd.DataFrame, role: str) -> np.ndarray:
+    """(n_tokens,) bool: rows of a token table whose role is ``role``, compared column-wise (``to_numpy()`` of a
+    string column would make a Python string per token first)."""
+    return tokens["role"].eq(role).to_numpy(dtype=bool, na_value=False, copy=True)
+
+
 def _single_rows(tok: pd.DataFrame, mask: np.ndarray, choice: str, cache: Cache) -> tuple[np.ndarray, np.ndarray]:
     sub = tok[mask]
     if sub.empty:
@@ -130,48 +140,108 @@ def choice_rows(cache: Cache, choice: str) -> tuple[np.ndarray, np.ndarray]:
     """For single-token choices: ``(examples, rows)``, one row per example that has the token."""
     kind, arg = parse_choice(choice)
     tok = cache.tokens
-    role = tok["role"].to_numpy()
     if kind == "cls":
-        return _single_rows(tok, role == "cls", choice, cache)
+        return _single_rows(tok, is_role(tok, "cls"), choice, cache)
     if kind in ("sep<i>", "sep<i>_<j>"):
         sentence, j = arg if kind == "sep<i>_<j>" else (arg, 1)
-        mask = (role == "sep") & (tok["sentence"].to_numpy() == sentence) & (tok["index"].to_numpy() == j - 1)
+        mask = is_role(tok, "sep") & (tok["sentence"].to_numpy() == sentence) & (tok["index"].to_numpy() == j - 1)
         return _single_rows(tok, mask, choice, cache)
     if kind == "sep_last":
-        sub = tok[role == "sep"]
+        sub = tok[is_role(tok, "sep")]
         if sub.empty:
             raise ValueError(f"{cache.format_name}: no [SEP] stored")
         sub = sub.drop_duplicates("example", keep="last")
         return sub["example"].to_numpy(), sub.index.to_numpy()
     if kind == "first_word":
-        return _single_rows(tok, role == "word", choice, cache)
+        return _single_rows(tok, is_role(tok, "word"), choice, cache)
     if kind == "pos<k>":
         return _single_rows(tok, tok["position"].to_numpy() == arg, choice, cache)
     raise ValueError(f"{choice!r} pools several tokens; use pooled()")
 
 
-def pooled(cache: Cache, layer: int, choice: str) -> tuple[np.ndarray, np.ndarray]:
-    """One vector per example for ``choice`` at ``layer``: ``(examples (n,), X (n, hidden))``."""
+@dataclass(frozen=True)
+class ItemRows:
+    """Which stored rows make each item's vector: item k is ``reduce`` (``"mean"`` or ``"max"``, in float64)
+    over ``rows[starts[k]:starts[k + 1]]``, or that one row when ``reduce`` is None.
+    ``examples``: (m,) corpus index of each item; ``rows``: stored rows, item by item; ``starts``: (m + 1,)."""
+
+    examples: np.ndarray
+    rows: np.ndarray
+    starts: np.ndarray
+    reduce: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def take(self, items: np.ndarray | slice) -> "ItemRows":
+        """The items ``items`` (positions, or a slice), in that order."""
+        k = np.arange(len(self))[items]
+        if len(k) == len(self) and (k == np.arange(len(self))).all():
+            return self  # every item in order: no copy of the row index
+        lengths = self.starts[k + 1] - self.starts[k]
+        offsets = np.r_[0, np.cumsum(lengths)]
+        within = np.arange(offsets[-1]) - np.repeat(offsets[:-1], lengths)
+        return ItemRows(self.examples[k], self.rows[np.repeat(self.starts[k], lengths) + within], offsets, self.reduce)
+
+
+def item_rows(cache: Cache, choice: str) -> ItemRows:
+    """The stored rows behind each example's vector for ``choice`` (see :func:`pooled`)."""
     kind, arg = parse_choice(choice)
     if kind not in ("mean", "max", "mean_s<i>"):
         ex, rows = choice_rows(cache, choice)
-        return ex, cache.states(layer, rows)
+        return ItemRows(ex, rows, np.arange(len(rows) + 1))
     tok = cache.tokens
-    mask = tok["role"].to_numpy() == "word"
+    mask = is_role(tok, "word")
     if kind == "mean_s<i>":
         mask &= tok["sentence"].to_numpy() == arg
     rows = np.flatnonzero(mask)
     if rows.size == 0:
         raise ValueError(f"{cache.format_name}: choice {choice!r} needs word tokens; extract with --roles ...,word")
-    X = cache.states(layer, rows).astype(np.float64)
     ex = tok["example"].to_numpy()[rows]
     starts = np.flatnonzero(np.r_[True, ex[1:] != ex[:-1]])  # rows are stored example by example
-    if kind == "max":
-        out = np.maximum.reduceat(X, starts, axis=0)
-    else:
-        counts = np.diff(np.r_[starts, len(ex)])
-        out = np.add.reduceat(X, starts, axis=0) / counts[:, None]
-    return ex[starts], out.astype(np.float32)
+    return ItemRows(ex[starts], rows, np.r_[starts, len(ex)], "max" if kind == "max" else "mean")
+
+
+def pool(cache: Cache, layer: int | None, items: ItemRows) -> np.ndarray:
+    """The vectors of ``items`` at ``layer``: (m, hidden) float32; ``layer=None``: every stored layer,
+    (m, n_layers_stored, hidden). Reads all their rows at once: callers chunk (:meth:`ItemRows.chunks`)."""
+    X = cache.states(layer, items.rows)
+    if items.reduce is None:
+        return X
+    X = X.astype(np.float64)
+    local = items.starts[:-1]
+    if items.reduce == "max":
+        return np.maximum.reduceat(X, local, axis=0).astype(np.float32)
+    counts = np.diff(items.starts).reshape((-1,) + (1,) * (X.ndim - 1))
+    return (np.add.reduceat(X, local, axis=0) / counts).astype(np.float32)
+
+
+def item_chunks(max_rows: int, *items: ItemRows):
+    """Slices of consecutive whole items with at most ``max_rows`` rows in each of ``items`` (which list the same
+    items), at least one item each."""
+    k, m = 0, len(items[0])
+    while k < m:
+        k_end = min(max(k + 1, int(np.searchsorted(it.starts, it.starts[k] + max_rows, side="right")) - 1)
+                    for it in items)
+        yield slice(k, k_end)
+        k = k_end
+
+
+def pool_chunked(cache: Cache, layer: int, items: ItemRows) -> np.ndarray:
+    """:func:`pool` of every item at ``layer``, reading :data:`POOL_CHUNK_ROWS` rows (whole items) at a time:
+    each vector is the same, bit for bit, as from the whole layer at once, and only one chunk of the layer
+    is held in float64."""
+    out = np.empty((len(items), cache.hidden_size), dtype=np.float32)
+    for part in item_chunks(POOL_CHUNK_ROWS, items):
+        out[part] = pool(cache, layer, items.take(part))
+    return out
+
+
+def pooled(cache: Cache, layer: int, choice: str) -> tuple[np.ndarray, np.ndarray]:
+    """One vector per example for ``choice`` at ``layer``: ``(examples (n,), X (n, hidden))``
+    (:func:`item_rows`, :func:`pool_chunked`)."""
+    items = item_rows(cache, choice)
+    return items.examples, pool_chunked(cache, layer, items)
 
 
 def role_groups(tokens: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -202,7 +272,7 @@ def word_rows(tokens: pd.DataFrame, subword: str = "first") -> Callable | np.nda
     with :func:`analyses.drift_metrics.subword_pool`)."""
     if subword not in ("first", "mean"):
         raise ValueError(f"subword must be 'first' or 'mean', got {subword!r}")
-    m = tokens["role"].to_numpy() == "word"
+    m = is_role(tokens, "word")
     if subword == "first":
         m &= tokens["subword"].to_numpy() == 0
     return np.flatnonzero(m)

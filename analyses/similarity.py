@@ -20,6 +20,7 @@ paired items is refused.
 
 from __future__ import annotations
 
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -29,11 +30,13 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from analyses.cka import MIN_ITEMS, linear_cka, linear_cka_matrix, rbf_cka
+from analyses.cka import MIN_ITEMS, linear_cka, rbf_cka
+from analyses.cka_streaming import StreamingCKAMatrix, StreamingLinearCKA
 from analyses.drift import model_label
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error, keep_table,
                               make_table, one_value, split_list, stored_table)
-from analyses.selection import parse_choice, pooled
+from analyses.selection import (POOL_CHUNK_ROWS, ItemRows, is_role, item_chunks, item_rows, parse_choice, pool,
+                                pool_chunked, pooled)
 from probing.cache import Cache, align, check_comparable
 from probing.cli import ArgumentParser
 from probing.layers import cache_layers, shared_layers
@@ -63,6 +66,39 @@ def _measure(X: np.ndarray, Y: np.ndarray, metrics: Sequence[str]) -> list[tuple
     return out
 
 
+#: The linear CKA variants, accumulated over chunks of items: name -> debiased.
+_LINEAR = {"linear_cka": False, "linear_cka_debiased": True}
+_STREAMED_PREFIX = re.compile(r"^layer 0 of ")  # the accumulator names the layer; the whole-array CKA does not
+
+
+def _measure_items(a: Cache, b: Cache, items_a: ItemRows, items_b: ItemRows, layer: int,
+                   metrics: Sequence[str]) -> list[tuple[str, float, str]]:
+    """:func:`_measure` of the paired items at ``layer``. The linear variants are accumulated over chunks of items
+    (:class:`analyses.cka_streaming.StreamingLinearCKA`; equal to :func:`analyses.cka.linear_cka` on the whole
+    arrays to rounding, and the same note where undefined), so memory does not grow with the items; the RBF
+    variant needs the n x n Gram matrices and reads the whole arrays (up to :data:`RBF_MAX_ITEMS` items)."""
+    linear = [m for m in metrics if m in _LINEAR]
+    found: dict[str, tuple[float, str]] = {}
+    if linear:
+        acc = StreamingLinearCKA(debiased=any(_LINEAR[m] for m in linear))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # each result's own warnings are recorded below
+            for part in item_chunks(POOL_CHUNK_ROWS, items_a, items_b):
+                acc.update(pool(a, layer, items_a.take(part)), pool(b, layer, items_b.take(part)))
+        for m in linear:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                value = acc.result(debiased=_LINEAR[m])
+            first = [_STREAMED_PREFIX.sub("", str(w.message)) for w in caught][:1]  # the whole-array CKA stops at one
+            found[m] = (float(value), "; ".join(first) if np.isnan(value) else "")
+    rest = [m for m in metrics if m not in _LINEAR]
+    if rest:
+        X = pool_chunked(a, layer, items_a) if len(items_a) <= RBF_MAX_ITEMS else np.zeros((len(items_a), 0))
+        Y = pool_chunked(b, layer, items_b) if len(items_b) <= RBF_MAX_ITEMS else np.zeros((len(items_b), 0))
+        found.update({m: (v, note) for m, v, note in _measure(X, Y, rest)})
+    return [(m, *found[m]) for m in metrics]
+
+
 #: The stored role a token choice reads (``pos<k>`` reads whatever is at position k: no one role).
 _ROLE_OF = {"cls": "cls", "sep<i>": "sep", "sep<i>_<j>": "sep", "sep_last": "sep", "mean": "word", "max": "word",
             "first_word": "word", "mean_s<i>": "word"}
@@ -82,21 +118,27 @@ def _enough(n: int, a: Cache, b: Cache, what: str) -> None:
                          f"(with 2 it is 1 whatever the representations)")
 
 
-def _paired(a: Cache, b: Cache, choice: str, layer: int) -> tuple[np.ndarray, np.ndarray]:
-    """Paired (n, d) arrays of ``choice`` in both caches at ``layer``: per example for token choices,
-    per aligned token for word groups ``s<i> words``."""
+def _paired_items(a: Cache, b: Cache, choice: str) -> tuple[ItemRows, ItemRows]:
+    """The items of ``choice`` present in both caches, in the same order: one per example for token choices,
+    one per aligned token for word groups ``s<i> words``."""
     if choice.endswith(" words"):
         s = int(choice.split()[0][1:])
         tok = a.tokens
-        rows = np.flatnonzero((tok["role"].to_numpy() == "word") & (tok["sentence"].to_numpy() == s))
+        rows = np.flatnonzero(is_role(tok, "word") & (tok["sentence"].to_numpy() == s))
         ra, rb = align(a, b, rows_a=rows)
         _enough(len(ra), a, b, repr(choice))
-        return a.states(layer, ra), b.states(layer, rb)
-    ex_a, Xa = pooled(a, layer, choice)
-    ex_b, Xb = pooled(b, layer, choice)
-    common, ia, ib = np.intersect1d(ex_a, ex_b, return_indices=True)
+        ex, one = tok["example"].to_numpy()[ra], np.arange(len(ra) + 1)
+        return ItemRows(ex, ra, one), ItemRows(ex, rb, one)
+    ia, ib = item_rows(a, choice), item_rows(b, choice)
+    common, pa, pb = np.intersect1d(ia.examples, ib.examples, return_indices=True)
     _enough(len(common), a, b, repr(choice))
-    return Xa[ia], Xb[ib]
+    return ia.take(pa), ib.take(pb)
+
+
+def _paired(a: Cache, b: Cache, choice: str, layer: int) -> tuple[np.ndarray, np.ndarray]:
+    """Paired (n, d) arrays of ``choice`` in both caches at ``layer`` (:func:`_paired_items`)."""
+    items_a, items_b = _paired_items(a, b, choice)
+    return pool_chunked(a, layer, items_a), pool_chunked(b, layer, items_b)
 
 
 def _base(a: Cache, b: Cache, seed: int = 0) -> dict:
@@ -123,10 +165,10 @@ def run_cka_formats(a: Cache, b: Cache, choices: Sequence[str] = ("cls", "mean")
     cells = [(choice, layer) for choice in choices for layer in layers]
     for choice, layer in tqdm(cells, desc=f"CKA {a.format_name} vs {b.format_name}", disable=not progress, delay=1,
                               file=sys.stderr):
-        X, Y = _paired(a, b, choice, layer)
-        for m, v, note in _measure(X, Y, metrics):
+        items_a, items_b = _paired_items(a, b, choice)
+        for m, v, note in _measure_items(a, b, items_a, items_b, layer, metrics):
             rows.append({**_base(a, b), "layer": layer, "choice": choice, "choice_b": choice, "metric": m,
-                         "value": v, "n": len(X), "note": note})
+                         "value": v, "n": len(items_a), "note": note})
     df = make_table(rows)
     return keep_table(df, path)
 
@@ -140,23 +182,26 @@ def run_cka_matrix(a: Cache, b: Cache | None = None, choice: str = "cls", *,
     path, done = stored_table(out, "cka", config, force)
     if done is not None:
         return done
-    Xs, Ys = [], []
-    for layer in a.layers:
-        X, _ = _paired(a, b, choice, layer)
-        Xs.append(X)
-    for layer in b.layers:
-        _, Y = _paired(a, b, choice, layer)
-        Ys.append(Y)
+    items_a, items_b = _paired_items(a, b, choice)
+    # accumulated over chunks of items (every layer of a chunk read at once): memory does not grow with the items
+    acc = StreamingCKAMatrix(debiased=debiased)
+    max_rows = max(1, POOL_CHUNK_ROWS // max(len(a.layers), len(b.layers)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # NaN cells are explained in the note column
-        M = linear_cka_matrix(Xs, Ys, debiased=debiased)
+        for part in item_chunks(max_rows, items_a, items_b):
+            X = pool(a, None, items_a.take(part))
+            Y = None if b is a else pool(b, None, items_b.take(part))
+            acc.update([X[:, i] for i in range(X.shape[1])],
+                       None if Y is None else [Y[:, j] for j in range(Y.shape[1])])
+        M = acc.result()
+    n = acc.n_items
     metric = "linear_cka_debiased" if debiased else "linear_cka"
     rows = []
     for i, la in enumerate(a.layers):
         for j, lb in enumerate(b.layers):
             v = float(M[i, j])
             rows.append({**_base(a, b), "layer": la, "layer_b": lb, "choice": choice, "choice_b": choice,
-                         "metric": metric, "value": v, "n": len(Xs[i]),
+                         "metric": metric, "value": v, "n": n,
                          "note": "" if np.isfinite(v) else "undefined: a representation has zero variance"})
     df = make_table(rows)
     return keep_table(df, path)

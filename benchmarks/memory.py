@@ -26,6 +26,11 @@ worker opens them, then measures only the analysis:
   layer; the study's reduced grid: C in 0.01, 0.1, 1 and 2 inner folds);
 * ``attention``: :func:`analyses.attention.run_attention` of the attention cache.
 
+For an analysis the worker first reads the token and example tables of the caches it uses (per-token
+metadata: keys, roles, token text; every analysis needs them) and reports their growth of the peak
+apart (``tables``); the analysis's own peak is then measured above the RSS with the tables loaded, and
+its verdict is max/min of that peak over sizes against ``--tolerance``.
+
 Reported per run: peak RSS of the whole process (``resource.getrusage(RUSAGE_SELF).ru_maxrss``), the
 corpus's own RSS (RSS after building it minus before), the pipeline's peak above the RSS it started
 from (``VmHWM`` of /proc/self/status, reset just before the run by writing 5 to
@@ -164,8 +169,16 @@ def analysis_worker(args: argparse.Namespace) -> dict:
     import analyses.similarity
     from probing.cache import Cache
 
+    import pyarrow.parquet  # noqa: F401 (an import, part of the baseline, not of the tables read below)
+
     paths = json.loads(Path(args.caches, "caches.json").read_text())
     pair, concat, att = (Cache.open(paths[k]) for k in ("pair", "concat", "attention"))
+    used = {"drift": (pair, concat), "cka": (pair, concat), "probes": (pair,), "attention": (att,)}[args.worker]
+    before_tables = _status_kb("VmRSS")
+    _reset_peak()
+    for c in used:  # the caches' token and example tables: per-token metadata, read by every analysis
+        c.tokens, c.examples
+    tables_hwm = _status_kb("VmHWM")
     start = _status_kb("VmRSS")
     reset = _reset_peak()
     t0 = time.perf_counter()
@@ -183,6 +196,8 @@ def analysis_worker(args: argparse.Namespace) -> dict:
     hwm = _status_kb("VmHWM") if reset else None
     return {"mode": args.worker, "n": args.n, "peak_mb": _maxrss_mb(), "corpus_mb": 0.0, "start_mb": start / 1024,
             "pipeline_mb": (hwm - start) / 1024 if hwm is not None else None, "seconds": elapsed,
+            "tables_mb": (tables_hwm - before_tables) / 1024 if reset else None,
+            "tokens": sum(c.n_tokens for c in used),
             "states_mb": sum(sum(f.stat().st_size for f in Path(paths[k]).rglob("*.npy")) for k in ("pair", "concat"))
             / 2 ** 20}
 
@@ -290,16 +305,18 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['peak_mb'] - r['corpus_mb']:>14.1f} {pipe:>12} {r['seconds']:>8.1f}")
     print()
     print("pipeline MB: the run's own peak above the RSS it started from (model and corpus already loaded; "
-          "for an analysis: interpreter, imports and the open caches)")
+          "for an analysis: interpreter, imports, the open caches and their token and example tables)")
     for m in (m for m in modes if m in ANALYSES):
         rs = results[m]
         pipe = [r["pipeline_mb"] for r in rs]
         if None in pipe:
             continue
-        growth = pipe[-1] / max(pipe[0], 1e-9)
-        print(f"{m:<8} analysis peak above baseline: " + ", ".join(f"n={r['n']:,}: {r['pipeline_mb']:.1f} MB "
-              f"(cache states {r['states_mb']:.1f} MB)" for r in rs)
-              + f"; ratio largest/smallest n = {growth:.2f} for {rs[-1]['n'] / rs[0]['n']:.0f}x the items")
+        ratio = _ratio([max(v, 1e-9) for v in pipe])
+        print(f"{m:<9} analysis peak above baseline: " + ", ".join(
+            f"n={r['n']:,}: {r['pipeline_mb']:.1f} MB (its caches: {r['tokens']:,} tokens, token and example tables "
+            f"{r['tables_mb']:.1f} MB read first; states {r['states_mb']:.1f} MB)" for r in rs)
+              + f"; max/min = {ratio:.3f} for {rs[-1]['n'] / rs[0]['n']:.0f}x the items  "
+              f"{'PASS' if ratio <= 1 + args.tolerance else 'FAIL'} (within {args.tolerance:.0%})")
     for m in (m for m in modes if m in MODES):
         peaks = [r["peak_mb"] for r in results[m]]
         net = [r["peak_mb"] - r["corpus_mb"] for r in results[m]]

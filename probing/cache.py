@@ -25,7 +25,7 @@ __all__ = ["Cache", "CacheError", "IncomparableCaches", "align", "check_comparab
 
 
 #: Bytes of stored rows read at a time by :meth:`Cache.states` before their pages are dropped again.
-READ_CHUNK_BYTES = 32 << 20
+READ_CHUNK_BYTES = 8 << 20
 
 
 def _release_pages(arr: np.ndarray) -> None:
@@ -35,6 +35,36 @@ def _release_pages(arr: np.ndarray) -> None:
     advice = getattr(mmap, "MADV_DONTNEED", None)
     if mm is not None and advice is not None and hasattr(mm, "madvise"):
         mm.madvise(advice)
+
+
+class LayerRows:
+    """Rows of one layer of a cache, read on demand: a read-only ``(n_rows, hidden)`` float32 array-like.
+    Indexing by a slice or an integer array returns an ndarray (:meth:`Cache.states` of those rows);
+    ``np.asarray`` reads them all. Metrics that read their inputs in row blocks
+    (:mod:`analyses.drift_metrics`) accept it as they accept a memory map (``lazy_rows`` says so)."""
+
+    lazy_rows = True
+    ndim = 2
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, cache: "Cache", layer: int, rows: np.ndarray):
+        self.cache, self.layer, self.rows = cache, layer, rows
+        self.shape = (len(rows), cache.hidden_size)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key) -> np.ndarray:
+        if isinstance(key, (int, np.integer)):
+            return self.cache.states(self.layer, self.rows[[key]])[0]
+        return self.cache.states(self.layer, self.rows[key])
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self.cache.states(self.layer, self.rows)
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def __repr__(self) -> str:
+        return f"LayerRows(layer={self.layer}, shape={self.shape}, cache='{self.cache.path}')"
 
 
 class IncomparableCaches(CacheError, ValueError):
@@ -233,14 +263,26 @@ class Cache:
             sel = np.flatnonzero(which == i)
             local = rows[sel] - self._shards[i].start
             arr = self._array(int(i))
-            # a stored row holds every layer, so reading one layer touches every page of the rows read: read
-            # READ_CHUNK_BYTES of rows at a time and drop those pages from this process (they stay in the page cache),
-            # so the resident size stays bounded instead of growing to the size of every shard read
-            step = max(1, READ_CHUNK_BYTES // max(1, arr.strides[0]))
-            for c in range(0, len(sel), step):
-                out[sel[c:c + step]] = arr[local[c:c + step], li] if li is not None else arr[local[c:c + step]]
+            # a stored row holds every layer, so reading one layer touches every page of the rows read, and the kernel
+            # maps pages around each fault too (fault-around): read the rows that lie in one READ_CHUNK_BYTES window
+            # of the shard at a time and drop those pages from this process afterwards (they stay in the page cache),
+            # so the resident size stays bounded by the window however scattered the rows, instead of growing to the
+            # size of every shard read
+            order = np.argsort(local, kind="stable")
+            window = local[order] // max(1, READ_CHUNK_BYTES // arr.strides[0])
+            cuts = np.flatnonzero(np.r_[True, window[1:] != window[:-1], True])
+            for c0, c1 in zip(cuts[:-1], cuts[1:]):
+                part = order[c0:c1]
+                out[sel[part]] = arr[local[part], li] if li is not None else arr[local[part]]
                 _release_pages(arr)
         return out
+
+    def layer_rows(self, layer: int, rows: Sequence[int] | np.ndarray | None = None) -> "LayerRows":
+        """The states of ``rows`` at ``layer`` as a lazy (n_rows, hidden) float32 array-like (:class:`LayerRows`):
+        nothing is read until it is indexed, so a metric that works in row blocks holds one block at a time."""
+        self.layer_index(layer)
+        rows = np.arange(self.n_tokens) if rows is None else np.asarray(rows, dtype=np.int64)
+        return LayerRows(self, layer, rows)
 
     def iter_states(self, layer: int, rows: np.ndarray | None = None, batch_rows: int = 65536,
                     dtype=np.float32) -> Iterable[tuple[np.ndarray, np.ndarray]]:
@@ -273,11 +315,18 @@ class Cache:
         if weighting == "norm" and not self.manifest.get("attention_norm"):
             raise CacheError(f"{self.path} holds no norm-based attention; extract with --attention-norm")
         kind = "attention" if weighting == "raw" else "attention_norm"
-        ex, arrs = [], []
-        for s in self._shards:
-            arrs.append(np.load(self._check(s, kind), allow_pickle=False))
-            ex.extend(s.record["attention_examples"])
-        return np.asarray(ex, dtype=np.int64), np.concatenate(arrs), list(self.manifest["attention"]["groups"])
+        ex = [e for s in self._shards for e in s.record["attention_examples"]]
+        maps = [np.load(self._check(s, kind), mmap_mode="r", allow_pickle=False) for s in self._shards]
+        if not maps:
+            raise CacheError(f"{self.path} holds no shards")
+        # filled shard by shard from their memory maps: one copy of the summaries, not the shards plus their concatenation
+        out = np.empty((sum(len(m) for m in maps),) + maps[0].shape[1:], dtype=np.result_type(*maps))
+        k = 0
+        for m in maps:
+            out[k:k + len(m)] = m
+            k += len(m)
+            _release_pages(m)
+        return np.asarray(ex, dtype=np.int64), out, list(self.manifest["attention"]["groups"])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -350,13 +399,16 @@ def align(a: Cache, b: Cache, rows_a: np.ndarray | None = None,
     Only keys present in both are kept, in ``a``'s order. The caches must hold the same corpus
     (:func:`check_comparable` with ``same_model=False``)."""
     check_comparable(a, b, same_model=False)
-    ta = a.tokens[list(on)]
-    if rows_a is not None:
-        ta = ta.iloc[np.asarray(rows_a)]
-    left = ta.reset_index(names="_row_a")
-    right = b.tokens[list(on)].reset_index(names="_row_b")
-    merged = left.merge(right, on=list(on), how="inner", sort=False, validate="one_to_one")
-    return merged["_row_a"].to_numpy(np.int64), merged["_row_b"].to_numpy(np.int64)
+    rows = np.arange(a.n_tokens, dtype=np.int64) if rows_a is None else np.asarray(rows_a, dtype=np.int64)
+    # keys as a MultiIndex (small integer codes per column) looked up in b's: the same pairs, in a's order, as an
+    # inner merge, without a copy of both tables' key columns (a few hundred bytes per token at its peak)
+    left = pd.MultiIndex.from_arrays([a.tokens[c].iloc[rows] if rows_a is not None else a.tokens[c] for c in on])
+    right = pd.MultiIndex.from_arrays([b.tokens[c] for c in on])
+    if not (left.is_unique and right.is_unique):
+        raise pd.errors.MergeError("Merge keys are not unique in either left or right dataset; not a one-to-one merge")
+    pos = right.get_indexer(left)
+    found = pos >= 0
+    return rows[found], pos[found].astype(np.int64)
 
 
 def _cache_facts(manifest: Mapping[str, Any]) -> dict[str, Any]:
