@@ -131,7 +131,9 @@ def main(argv=None) -> int:
     lm = load_model(args.model, device=device, dtype="float32")
     if args.random_init_size:
         lm = random_model(args.random_init_size, lm.tokenizer, device, "float32")
-    batch_tokens = args.batch_tokens or (65536 if device.type == "cuda" else 4096)
+    from probing.extract import BATCH_TOKENS
+
+    batch_tokens = args.batch_tokens or (65536 if device.type == "cuda" else BATCH_TOKENS["cpu"])
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
           f"{torch.__version__}, threads {torch.get_num_threads()}, device {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""))

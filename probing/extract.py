@@ -58,6 +58,11 @@ from .planning import (DEFAULT_ROLES, ON_OVERFLOW, ROLES, STORAGE_DTYPES, Extrac
 __all__ = ["extract", "main", "ExtractError", "assign_shards", "ROLES", "DEFAULT_ROLES", "STORAGE_DTYPES",
            "ON_OVERFLOW"]
 
+#: Default padded tokens per batch by device type. On the CPU each single-threaded worker runs one batch:
+#: 2,048 tokens ran at 78-79% of the machine's float32 matmul rate against 76% at 4,096 and 70-79% at
+#: 8,192 (all-MiniLM-L6-v2, 1,000 BBC pairs, 2 cores; benchmarks/RESULTS.md); a GPU wants large batches.
+BATCH_TOKENS = {"cpu": 2048, "cuda": 8192}
+
 #: Between batches the heap is trimmed only once the resident size has grown this much (MiB) since the
 #: last trim: enough to keep it flat (benchmarks/memory.py) without re-faulting pages after every batch.
 BATCH_TRIM_GROW_MB = 16.0
@@ -241,7 +246,7 @@ def extract(
     dtype: str = "float32",
     storage_dtype: str | None = None,
     device: str | None = "auto",
-    batch_tokens: int = 8192,
+    batch_tokens: int | None = None,
     max_batch: int = 256,
     shard_mb: float = 256.0,
     on_overflow: str = "error",
@@ -268,6 +273,7 @@ def extract(
     summary (:mod:`probing.attention_norm`; implies ``attention``). Both are part of the cache request.
     ``num_threads``: on the CPU, batches run side by side in this many workers of one torch thread
     each (:mod:`probing.workers`; None: torch's thread count, by default the machine's cores).
+    ``batch_tokens``: padded tokens per batch; None: :data:`BATCH_TOKENS` of the device type.
     """
     attention = attention or attention_norm
     if on_overflow not in ON_OVERFLOW:
@@ -278,6 +284,9 @@ def extract(
     if storage_dtype not in STORAGE_DTYPES:
         raise ExtractError(f"--storage-dtype must be one of {list(STORAGE_DTYPES)}, got {storage_dtype!r}")
     workers = cpu_workers(num_threads)
+    dev = pick_device(device)
+    if batch_tokens is None:
+        batch_tokens = BATCH_TOKENS.get(dev.type, BATCH_TOKENS["cuda"])
     if batch_tokens < 1 or max_batch < 1 or shard_mb <= 0:
         raise ExtractError(f"{batch_tokens=}, {max_batch=} and {shard_mb=} must be positive")
     if not 0 <= rank < world_size:
@@ -286,7 +295,6 @@ def extract(
     if not examples:
         raise ExtractError("the corpus is empty")
     fmts = parse_formats([formats] if isinstance(formats, (str, Format)) else formats)
-    dev = pick_device(device)
     if dev.type == "cpu" and dtype == "float16":
         raise ExtractError("--dtype float16 needs a GPU; on the CPU use float32 or bfloat16")
     with running(model, device=dev, dtype=dtype, attention=attention, random_init=random_init, seed=seed,
@@ -479,7 +487,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage-dtype", default=None, choices=list(STORAGE_DTYPES),
                    help="precision on disk (default: float32 for float32 compute, else float16)")
     p.add_argument("--device", default="auto", help="'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ...")
-    p.add_argument("--batch-tokens", type=int, default=8192, help="padded tokens per batch (default 8192)")
+    p.add_argument("--batch-tokens", type=int, default=None,
+                   help=f"padded tokens per batch (default: {BATCH_TOKENS['cpu']} on the CPU, {BATCH_TOKENS['cuda']} on a GPU)")
     p.add_argument("--max-batch", type=int, default=256, help="examples per batch at most (default 256)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU: batches run side by side in this many single-threaded workers (default: torch's "

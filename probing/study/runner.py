@@ -52,7 +52,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                # paper reproductions (probing.study.reproductions)
                "sentences": "generated:n=300,k=1", "paragraphs": "generated:n=100,k=4,pairing=consecutive",
                "swap_sentences": "generated:n=300,k=1,seed=1,swap=1"},
-    "extract": {"dtype": "float32", "batch_tokens": 4096, "device": "auto"},
+    "extract": {"dtype": "float32", "batch_tokens": None, "device": "auto"},
     "probes": {"folds": 5, "vocab": 50, "max_tokens": 6000, "device": None, "Cs": [1e-3, 1e-2, 1e-1, 1.0, 10.0],
                "inner_splits": 3, "max_iter": 1000, "bow_Cs": None},
     "finetune": {"preset": "default", "label": "topic", "poolings": ["cls", "mean", "max", "sep1", "first_word"],
