@@ -220,9 +220,13 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
     pooling x condition x test item with ``repeat, fold, seed, pooling, condition, example, doc
     (its group), y_true, y_pred, correct``. With ``out``, both are written
     (``result_path(out, "finetune_pooling", config)`` and ``....predictions.csv`` beside it) and
-    reused unless ``force``. Cost: see :data:`PRESETS`. ``num_threads``: on the CPU, the fine-tuning runs
-    go to this many workers of one torch thread each (:mod:`probing.workers`; None: torch's thread count,
-    the machine's cores); the results are those of the runs one at a time (:class:`analyses.finetune.RngStreams`).
+    reused unless ``force``. Cost: see :data:`PRESETS`. ``num_threads``: None runs the fine-tuning runs one
+    at a time on torch's threads; a number (CPU only) runs them side by side in that many workers of one
+    torch thread each (:mod:`probing.workers`), with the results of the runs one at a time
+    (:class:`analyses.finetune.RngStreams`). Two workers took the study's Q8 from 151 to 131 s on 2
+    cores, but each run in flight holds its own model copy, optimiser state and activations (about
+    650 MB on all-MiniLM-L6-v2), which took the study's peak from under 2 GB to 2.7 GB: so the
+    default is one at a time (benchmarks/RESULTS.md).
     """
     from analyses.grouping import example_groups
 
@@ -273,14 +277,14 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
 
     bar = tqdm(total=len(splits) * len(checked) * len(seeds), desc="fine-tune", disable=not progress)
     tasks = [_task(kept, rendered, label, sp.train, sp.test, skipped) for sp in splits]
-    # The fine-tuning runs, in the order the loop below records them; on the CPU they run side by side in
-    # single-threaded workers (probing.workers), each drawing its own random stream (RngStreams), so every
-    # result is the one its run would give alone. The frozen probes run here, between them.
+    # The fine-tuning runs, in the order the loop below records them: one at a time on torch's threads, or
+    # (num_threads on the CPU) side by side in single-threaded workers (probing.workers), each drawing its
+    # own random stream (RngStreams), so every result is the one its run would give alone. The frozen
+    # probes run here, between them.
     jobs = [(task, p, seed) for task in tasks for p in checked for seed in seeds]
-    on_cpu = dev.type == "cpu"
-    streams = RngStreams() if on_cpu else None
-    finetuned = thread_imap(lambda job: _finetune_task(lm, *job, config, dev, streams), jobs,
-                            cpu_workers(num_threads) if on_cpu else None)
+    workers = cpu_workers(num_threads) if num_threads is not None and dev.type == "cpu" else None
+    streams = RngStreams() if workers is not None else None
+    finetuned = thread_imap(lambda job: _finetune_task(lm, *job, config, dev, streams), jobs, workers)
     try:
         for sp, task in zip(splits, tasks):
             y_tr, y_te = task.y[sp.train], task.y[sp.test]
@@ -442,7 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ...")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU: fine-tuning runs go side by side to this many single-threaded workers, each "
-                        "with the result it would have alone (default: torch's thread count, the machine's cores)")
+                        "with the result it would have alone; every run in flight holds its own model copy and "
+                        "optimiser (default: one run at a time on torch's threads)")
     p.add_argument("--out", default="results", type=output_dir_arg,
                    help="directory of result tables (default: ./results)")
     p.add_argument("--force", action="store_true", help="recompute even if a stored result exists")

@@ -121,7 +121,8 @@ def test_rng_streams_give_each_run_its_own_seeded_sequence_whatever_the_interlea
 
 def test_concurrent_fine_tuning_runs_equal_one_at_a_time(tiny):
     """Q8 with two CPU workers (runs side by side, dropout on) gives the table and predictions of one
-    worker, run by run: each run draws its own random stream."""
+    worker and of the default (runs one at a time, no workers), run by run: each run draws its own
+    random stream."""
     from analyses.pooling import run_pooling_experiment
 
     from .test_pooling import keyword_examples
@@ -132,9 +133,11 @@ def test_concurrent_fine_tuning_runs_equal_one_at_a_time(tiny):
     ex = keyword_examples(36)
     one, p1 = run_pooling_experiment(ex, "kind", ["cls", "mean"], [0, 1], num_threads=1, **kw)
     two, p2 = run_pooling_experiment(ex, "kind", ["cls", "mean"], [0, 1], num_threads=2, **kw)
-    pd.testing.assert_frame_equal(p1, p2)
+    alone, p0 = run_pooling_experiment(ex, "kind", ["cls", "mean"], [0, 1], **kw)  # one at a time (one_thread)
     cols = [c for c in one.columns if c != "seconds"]
-    pd.testing.assert_frame_equal(one[cols], two[cols])
+    for df, pred in ((two, p2), (alone, p0)):
+        pd.testing.assert_frame_equal(p1, pred)
+        pd.testing.assert_frame_equal(one[cols], df[cols])
     other, _ = run_pooling_experiment(ex, "kind", ["cls", "mean"], [2, 3], num_threads=2, **kw)
     losses = lambda df: df[df.metric == "train_loss_epoch"]["value"].to_numpy()
     assert not np.array_equal(losses(one), losses(other))  # other seeds: other draws
