@@ -104,11 +104,28 @@ def token_table(examples: Sequence[Example], idx: Sequence[int], rendered: Seque
     return df
 
 
+class Replicas:
+    """The CPU workers of one format's extraction (:mod:`probing.workers`; ``workers`` None: one batch at a
+    time on torch's threads) and the models they run on: the caller's model, and where hooks are installed
+    for each batch (interventions, value-norm recording) one copy per further worker, so that concurrent
+    batches never hook the same modules. Made once per extraction, not per shard."""
+
+    def __init__(self, lm: LoadedModel, plan_: Plan, workers: int | None) -> None:
+        self.workers = workers
+        self.models: queue.SimpleQueue = queue.SimpleQueue()
+        self.models.put((lm, plan_.intervention))
+        hooked = plan_.intervention is not None or bool(plan_.request.get("attention_norm"))
+        for _ in range(1, workers or 1):
+            copy_ = dataclasses.replace(lm, model=copy.deepcopy(lm.model)) if hooked else lm
+            self.models.put((copy_, plan_.intervention.on(copy_.model) if plan_.intervention is not None else None))
+
+
 def _run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start: int, stop: int, *,
                device: torch.device, batch_tokens: int, max_batch: int, progress=None,
-               trim=None, workers: int = 1) -> tuple[np.ndarray, pd.DataFrame, dict, list[int]]:
+               trim=None, replicas: "Replicas | None" = None) -> tuple[np.ndarray, pd.DataFrame, dict, list[int]]:
     """States of the shard's stored positions (rows in corpus order), its token table, extra arrays.
-    ``workers``: on the CPU, batches run side by side in this many single-threaded workers.
+    ``replicas`` (:class:`Replicas`): the workers that run batches side by side on the CPU, and the model
+    replica each runs on; None: one batch at a time on torch's threads.
     ``trim`` (a :class:`probing.heap.HeapTrimmer`) is called after every batch: glibc otherwise keeps
     the freed temporaries of each new batch shape, and the resident size grows with the number of batches."""
     layers = plan_.request["layers"]
@@ -125,21 +142,10 @@ def _run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start:
     host_dtype = torch.float32 if storage == np.float32 else torch.float16
     lengths = [len(r) for r in rendered]
 
-    # On the CPU, batches run side by side in single-threaded workers (probing.workers). Where hooks are
-    # installed for each batch (interventions, value-norm recording), every worker runs its own replica
-    # of the model, so that concurrent batches never hook the same modules.
-    hooked = plan_.intervention is not None or bool(plan_.request.get("attention_norm"))
-    n_workers = workers if device.type == "cpu" else None
-    replicas: queue.SimpleQueue = queue.SimpleQueue()
-    replicas.put((lm, plan_.intervention))
-    for _ in range(1, n_workers or 1):
-        copy_ = dataclasses.replace(lm, model=copy.deepcopy(lm.model)) if hooked else lm
-        replicas.put((copy_, plan_.intervention.on(copy_.model) if plan_.intervention is not None else None))
-
     def run_batch(batch: list[int]):
         """One batch through the model: its examples' stored states on the host ``(rows, layers,
         hidden)`` and attention summaries."""
-        rep, bound = replicas.get()
+        rep, bound = pool.get()
         try:
             part = [rendered[i] for i in batch]
             inputs = collate(part, rep, device)
@@ -149,7 +155,7 @@ def _run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start:
             with _batch_hooks(rep, bound, plan_, part, [idx[i] for i in batch], examples, T, device) as norms:
                 o = forward(rep, inputs, attentions=attention)
         finally:
-            replicas.put((rep, bound))
+            pool.put((rep, bound))
         summary = summary_norm = None
         with torch.inference_mode():
             hs = o.hidden_states
@@ -163,8 +169,11 @@ def _run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start:
                 summary_norm = _attention_summary(norm_weighted(o.attentions, norms), part, groups, T, device)
         return batch, host, summary, summary_norm
 
+    if replicas is None:
+        replicas = Replicas(lm, plan_, None)
+    pool = replicas.models
     for batch, host, summary, summary_norm in thread_imap(run_batch, length_batches(lengths, batch_tokens, max_batch),
-                                                          n_workers):
+                                                          replicas.workers):
         dest = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in batch])
         out[dest] = host
         if summary is not None:
@@ -388,12 +397,13 @@ def _extract_locked(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, de
                    unit="ex", dynamic_ncols=True, file=sys.stderr)
     pending: Future | None = None
     trim, batch_trim = HeapTrimmer(), HeapTrimmer(BATCH_TRIM_GROW_MB)
+    replicas = Replicas(lm, p, workers if device.type == "cpu" else None) if todo else None
     with ThreadPoolExecutor(max_workers=1) as writer:
         for s in todo:
             start, stop = p.shards[s]
             states, tokens, extra, kept = _run_shard(lm, p, examples, start, stop, device=device,
                                                      batch_tokens=batch_tokens, max_batch=max_batch,
-                                                     progress=bar, trim=batch_trim, workers=workers)
+                                                     progress=bar, trim=batch_trim, replicas=replicas)
             info = {"examples": [start, stop]}
             if extra:
                 info["attention_examples"] = kept

@@ -82,12 +82,14 @@ def test_extraction_with_two_workers_equals_one(tmp_path, tiny_bert, examples, a
 
 
 def test_interventions_with_two_workers_equal_one(tmp_path, tiny_bert, examples):
-    """Knockout and patch hooks are installed per batch: with two workers each runs its own replica, and
-    the caches equal the one-worker run's byte for byte (a shared model would mix the batches' hooks)."""
+    """Knockout and patch hooks are installed per batch: with two workers each runs its own replica (made
+    once, used for every shard), and the caches equal the one-worker run's byte for byte (a shared model
+    would mix the batches' hooks)."""
     (source,) = extract(examples, ["concat"], model=tiny_bert, out=tmp_path / "src", roles="all", **QUIET)
     iv = Intervention(knockouts=(Knockout("all", "sep", (1, 2)),), patches=(Patch("cls", 1, str(source)),))
     one = _extract(examples, tiny_bert, tmp_path / "one", 1, intervention=iv, attention_norm=True)
-    two = _extract(examples, tiny_bert, tmp_path / "two", 2, intervention=iv, attention_norm=True)
+    two = _extract(examples, tiny_bert, tmp_path / "two", 2, intervention=iv, attention_norm=True, shard_mb=0.02)
+    assert len(two.manifest["shards"]) > 1  # the replicas serve every shard
     _same_cache(one, two)
     np.testing.assert_array_equal(one.attention("norm")[1], two.attention("norm")[1])
     clean = _extract(examples, tiny_bert, tmp_path / "clean", 2)
