@@ -150,6 +150,10 @@ TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in fields(TrainConfig))
 #:   one thread, load 2.5) 0.90-1.02 CPU s fp32 vs 0.52-0.56 bf16 (1.8x). Scaled from the 248 s the
 #:   stage took in the last full study, it should take about 160 s idle (an estimate, not a timed run);
 #:   not reached: 100-120 s (the frozen features, the probes and model copies are unchanged);
+#: * measured in the timed full study of 2026-11-25 (idle, fresh clone): 151 s wall, 294 CPU s, the runs
+#:   one at a time on two torch threads; with ``num_threads=2`` (two single-threaded workers, the same
+#:   results) an earlier full study took 131 s, but each run in flight holds about 650 MB, which took the
+#:   study's peak to 2.7 GB (benchmarks/RESULTS.md, "Single-threaded workers");
 #: * peak RSS of ``/usr/bin/time -v python -m analyses.pooling --corpus bbc:n=1000,k=2,max_words=40
 #:   --targets topic --poolings cls,max --run-folds 1 --no-progress --force``: 1,432,736 kB
 #:   (595 MB of it imports, corpus and model; it does not grow from run to run).
