@@ -17,7 +17,7 @@ from analyses.probe_metrics import (DEFAULT_CS, DTYPES, SelectBy, _check_Cs, _ch
                                     _check_select_by, _check_X, _check_y, _choose_C, _evaluate_fold, _fold_items,
                                     control_labels, make_splits)
 from analyses.probe_results import PROBE_RESAMPLES, ProbeResult, _items_table, _result, probe_rows
-from analyses.probe_solver import _device_inner_scores, _lbfgs, _Problems, _torch, feature_basis
+from analyses.probe_solver import _device_inner_scores, _lbfgs, _Problems, _torch, feature_basis, feature_spectrum
 from analyses.results import make_table
 from probing.workers import cpu_workers, split, thread_map
 
@@ -136,18 +136,18 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
 
     def prepare(keys):
         """The chunk's features as one ``(B, n, d + 1)`` tensor with a trailing ones column (the
-        intercept) and their eigenbases. A fixed global standardisation first: exact for the per-fold
-        standardisation that follows (affine per feature) and keeps float32 from cancelling large
-        means. Statistics in float64, the features themselves stay in the solver's dtype."""
+        intercept), their covariances' eigenvalues (float64) and whether any needs preconditioning.
+        A fixed global standardisation first: exact for the per-fold standardisation that follows
+        (affine per feature) and keeps float32 from cancelling large means. Statistics in float64, the
+        features themselves stay in the solver's dtype."""
         B, d = len(keys), arrays[keys[0]].shape[1]
         X = torch.ones(B, n, d + 1, dtype=tdtype, device=dev)
         for b, k in enumerate(keys):
             a = arrays[k]
             mean, std = a.mean(0, dtype=np.float64), a.std(0, dtype=np.float64)
             X[b, :, :d] = torch.as_tensor(((a - mean) / np.where(std > 0, std, 1.0)).astype(dtype, copy=False))
-        basis = feature_basis(X)  # one factorisation per feature set, shared by every fold, C and target
-        lam = basis[1].double()
-        return X, basis, bool((lam.amax(1) > PRECONDITION_ABOVE * lam.amin(1)).any())
+        lam = feature_spectrum(X)  # the eigenvectors only where preconditioning (solve)
+        return X, lam, bool((lam.amax(1) > PRECONDITION_ABOVE * lam.amin(1)).any())
 
     prepared = run(prepare, batches)
     # Preconditioning pays where a covariance is ill-conditioned (states of trained encoders are highly
@@ -156,7 +156,9 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
     precondition = any(p[2] for p in prepared)
 
     def solve(job):
-        keys, (X, basis, _) = job
+        keys, (X, lam, _) = job
+        # one factorisation per feature set, shared by every fold, C and target
+        basis = feature_basis(X) if precondition else (None, lam.to(tdtype))
         B, d = len(keys), X.shape[2] - 1
         chosen = np.full((B, L, n_splits), float(Cs_arr[0]))
         theta0 = torch.zeros(B, len(stage2), (d + 1) * K, dtype=tdtype, device=dev)
@@ -181,7 +183,8 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
         inv_C = torch.as_tensor(1.0 / chosen.reshape(B, L * n_splits), dtype=tdtype, device=dev)
         problems = _Problems(X, masks, targets, inv_C, kind, basis)
         theta, _ = _lbfgs(problems, theta0, max_iter=max_iter, tol=tol, precondition=precondition)
-        P = problems.item_loss_and_prob(problems.full_logits(theta))[1].double().cpu().numpy()  # (B, n, K, G)
+        prob = problems.item_loss_and_prob(problems.logits(theta.reshape(B * len(stage2), 1, -1)))[1]  # (P, K, n)
+        P = prob.view(B, len(stage2), K, n).double().cpu().numpy().transpose(0, 3, 2, 1)  # (B, n, K, G)
         if binary:
             P = np.concatenate([1 - P, P], axis=2)
         out = {}

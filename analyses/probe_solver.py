@@ -27,6 +27,12 @@ def _torch():
     return torch
 
 
+def _covariance(X1, b):
+    """``X[b]ᵀ X[b] / n`` in float64, the trailing ones column left out."""
+    X = X1[b, :, :-1]
+    return (X.T @ X).double() / X1.shape[1]
+
+
 def feature_basis(X1):
     """Eigendecomposition ``(Q: (B, d, d), lam: (B, d))`` of each feature set's covariance
     ``X[b]ᵀ X[b] / n`` (``X1: (B, n, d + 1)``, globally standardised, trailing ones column left out),
@@ -38,10 +44,16 @@ def feature_basis(X1):
     Q = torch.empty(B, d1 - 1, d1 - 1, dtype=X1.dtype, device=X1.device)
     lam = torch.empty(B, d1 - 1, dtype=X1.dtype, device=X1.device)
     for b in range(B):  # one at a time: a (d, d) float64 workspace, not B of them
-        X = X1[b, :, :-1]
-        values, vectors = torch.linalg.eigh((X.T @ X).double() / n)
+        values, vectors = torch.linalg.eigh(_covariance(X1, b))
         Q[b], lam[b] = vectors, values.clamp_min(0)
     return Q, lam
+
+
+def feature_spectrum(X1):
+    """The eigenvalues alone of :func:`feature_basis`, in float64 ``(B, d)`` (half the time of the
+    full decomposition): enough to decide whether to precondition."""
+    torch = _torch()
+    return torch.stack([torch.linalg.eigvalsh(_covariance(X1, b)).clamp_min(0) for b in range(X1.shape[0])])
 
 
 class _Problems:
@@ -129,16 +141,21 @@ class _Problems:
         return A
 
     def logits(self, theta):
-        """``Z: (n, P, K)`` on every row, for ``theta: (P, 1, (d + 1) * K)``."""
+        """``Z: (P, K, n)`` on every row, for ``theta: (P, 1, (d + 1) * K)`` (differentiable)."""
         A = self._folded(theta)
-        d1, K = A.shape[1], self.K
-        parts = [self.X1[b] @ A[s:e].transpose(0, 1).reshape(d1, (e - s) * K) for b, s, e in self.runs]
-        return (parts[0] if len(parts) == 1 else _torch().cat(parts, 1)).view(self.X1.shape[1], -1, K)
+        d1, K, n = A.shape[1], self.K, self.X1.shape[1]
+        parts = [(A[s:e].transpose(1, 2).reshape(-1, d1) @ self.X1[b].T).view(e - s, K, n) for b, s, e in self.runs]
+        return parts[0] if len(parts) == 1 else _torch().cat(parts, 0)
 
     def full_logits(self, theta):
-        """``Z: (B, n, K, G)`` of all ``B * G`` problems as built (``theta: (B, G, D)``)."""
+        """``Z: (B, n, K, G)`` of all ``B * G`` problems as built (``theta: (B, G, D)``), a view of
+        :meth:`logits`."""
         B, G = self.shape
-        return self.logits(theta.reshape(B * G, 1, -1)).view(-1, B, G, self.K).permute(1, 0, 3, 2)
+        return self.logits(theta.reshape(B * G, 1, -1)).view(B, G, self.K, -1).permute(0, 3, 2, 1)
+
+    def targets_pkn(self):
+        """Each problem's 0/1 targets on every row, ``(P, K, n)`` (the layout of :meth:`logits`)."""
+        return self.targets[:, :, self.col].permute(2, 1, 0)
 
     def _rotate(self, v, to_basis: bool):
         """Weights of ``v: (P, 1, (d + 1) * K)`` times ``Qᵀ`` (into the eigenbasis) or ``Q`` (back), each
@@ -179,17 +196,17 @@ class _Problems:
 
     def item_loss_and_prob(self, Z, targets=None):
         """Per-item loss (cross-entropy; summed binary cross-entropy for "sigmoid") over the class
-        axis 2 of ``Z`` and probabilities (``Z``'s shape), for 0/1 ``targets`` broadcasting against
-        ``Z`` (default: ``masks``' targets ``(n, K, G)``, for :meth:`full_logits`)."""
+        axis 1 of ``Z: (P, K, n)`` (:meth:`logits`), ``(P, n)``, and probabilities (``Z``'s shape), for
+        0/1 ``targets`` broadcasting against ``Z`` (default: :meth:`targets_pkn`)."""
         torch = _torch()
-        targets = self.targets if targets is None else targets
+        targets = self.targets_pkn() if targets is None else targets
         if self.kind == "softmax":
-            m = Z.amax(2, keepdim=True)
+            m = Z.amax(1, keepdim=True)
             E = (Z - m).exp_()
-            S = E.sum(2, keepdim=True)
-            lse = (S.log() + m).squeeze(2)
-            return lse - (Z * targets).sum(2), E.div_(S)
-        loss = torch.nn.functional.softplus(Z).sub_(Z * targets).sum(2)
+            S = E.sum(1, keepdim=True)
+            lse = (S.log() + m).squeeze(1)
+            return lse - (Z * targets).sum(1), E.div_(S)
+        loss = torch.nn.functional.softplus(Z).sub_(Z * targets).sum(1)
         return loss, torch.sigmoid(Z)
 
     def value_grad(self, theta):
@@ -260,7 +277,7 @@ def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: i
     ``gtol`` in sklearn), when its objective stops moving (relative change below 4 machine
     epsilons) or when no step decreases it by more than rounding. ``theta0: (B, G, D)`` is solved
     as ``B * G`` independent rows (the flat layout of :class:`_Problems`); stopped problems leave
-    the batch once they are an eighth of it, and backtracking re-evaluates only the problems still
+    the batch once they are a quarter of it, and backtracking re-evaluates only the problems still
     searching. Returns ``theta`` and the number of iterations per
     problem ``(B, G)``.
 
@@ -321,10 +338,10 @@ def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: i
     for it in range(max_iter):
         if bool(done.all()):
             break
-        # Drop the problems that have stopped once they are an eighth of the batch (each drop copies the
+        # Drop the problems that have stopped once they are a quarter of the batch (each drop copies the
         # optimiser's history, not X).
         row_keep, col_keep = ~done.all(1), ~done.all(0)
-        if int((~row_keep).sum()) * 8 >= len(row_keep) or int((~col_keep).sum()) * 8 >= len(col_keep):
+        if int((~row_keep).sum()) * 4 >= len(row_keep) or int((~col_keep).sum()) * 4 >= len(col_keep):
             out[rows[:, None], cols[None, :]] = theta
             kr, kc = row_keep.nonzero().squeeze(1), col_keep.nonzero().squeeze(1)
             rows, cols, problems = rows[kr], cols[kc], problems.select(kr, kc)
@@ -415,25 +432,25 @@ def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: i
 
 def _device_inner_scores(problems: _Problems, theta, eval_masks, select_by: str, multilabel: bool):
     """Higher-is-better inner-CV score ``(B, G)`` on rows ``eval_masks: (n, G)``, with the
-    definitions of :func:`_inner_score`."""
+    definitions of :func:`_inner_score` (``theta: (B, G, D)``, the problems as built)."""
     torch = _torch()
-    Z = problems.full_logits(theta)  # (B, n, K, G)
-    n_eval = eval_masks.sum(0)
-    T = problems.targets  # (n, K, G)
+    B, G = problems.shape
+    Z = problems.logits(theta.reshape(B * G, 1, -1))  # (P, K, n)
+    T = problems.targets_pkn()
+    E = eval_masks[:, problems.col].T  # (P, n)
+    n_eval = E.sum(1)
     if select_by == "log_loss":
-        loss, _ = problems.item_loss_and_prob(Z)
+        loss, _ = problems.item_loss_and_prob(Z, T)
         if multilabel:
             loss = loss / T.shape[1]  # mean over labels
-        return -(loss * eval_masks).sum(1) / n_eval
+        return (-(loss * E).sum(1) / n_eval).view(B, G)
     if problems.kind == "softmax":
-        correct = (Z.argmax(2) == T.argmax(1)[None]).to(Z.dtype)
-        return (correct * eval_masks).sum(1) / n_eval
-    pred, truth = Z > 0, (T > 0.5)[None]
+        correct = (Z.argmax(1) == T.argmax(1)).to(Z.dtype)
+        return ((correct * E).sum(1) / n_eval).view(B, G)
+    pred, truth = Z > 0, T > 0.5
     if not multilabel:  # binary: one sigmoid column
-        return (((pred == truth)[:, :, 0]).to(Z.dtype) * eval_masks).sum(1) / n_eval
-    m = eval_masks[None, :, None, :]
+        return (((pred == truth)[:, 0]).to(Z.dtype) * E).sum(1).div(n_eval).view(B, G)
+    m = E[:, None, :]
     tp, fp, fn = ((pred & truth) * m).sum((1, 2)), ((pred & ~truth) * m).sum((1, 2)), ((~pred & truth) * m).sum((1, 2))
     den = 2 * tp + fp + fn
-    return torch.where(den > 0, 2 * tp / den.clamp_min(1), torch.zeros_like(den))
-
-
+    return torch.where(den > 0, 2 * tp / den.clamp_min(1), torch.zeros_like(den)).view(B, G)

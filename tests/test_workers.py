@@ -52,7 +52,8 @@ def test_thread_map_passes_a_worker_error_on_and_still_restores_threads():
 
 
 def test_split_and_worker_count():
-    assert split([1, 2, 3, 4, 5], 2) == [[1, 3, 5], [2, 4]]
+    assert split([1, 2, 3, 4, 5], 2) == [[1, 4, 5], [2, 3]]
+    assert split(list(range(9)), 3) == [[0, 5, 6], [1, 4, 7], [2, 3, 8]]
     assert split([1, 2], 5) == [[1], [2]]
     assert cpu_workers(3) == 3
     assert cpu_workers(None) == torch.get_num_threads()
