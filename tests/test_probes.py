@@ -273,6 +273,31 @@ def test_batched_path_agrees_with_sklearn(dtype):
     assert np.median(fast[(2, "cls")].chosen_Cs) > np.median(fast[(0, "cls")].chosen_Cs)  # sensible Cs
 
 
+def test_batched_path_preconditions_anisotropic_features_only(monkeypatch):
+    """A feature set whose covariance is ill-conditioned (correlated states, as in trained encoders)
+    switches preconditioning on for the whole call: the eigenvectors are computed then and only then,
+    and the results match sklearn's and the unpreconditioned solver's."""
+    import analyses.probe_batched as batched
+
+    rng = np.random.default_rng(12)
+    X, y, groups = planted(n=180, d=8, k=3, strength=1.0, seed=12)
+    mixed = X @ (np.eye(8) + 3.0 * rng.normal(size=(8, 8)) * np.logspace(0, -3, 8)[:, None])
+    mixed[:, 1] = mixed[:, 0] + 1e-2 * rng.normal(size=len(X))  # two nearly collinear features
+    feats = {"plain": X, "anisotropic": mixed}
+    calls, real = [], batched.feature_basis
+    monkeypatch.setattr(batched, "feature_basis", lambda X1: calls.append(X1.shape) or real(X1))
+    on = probe_many_results(feats, y, groups, Cs=CS, num_threads=1)
+    assert calls, "an ill-conditioned feature set must switch preconditioning on"
+    calls.clear()
+    monkeypatch.setattr(batched, "PRECONDITION_ABOVE", float("inf"))
+    off = probe_many_results(feats, y, groups, Cs=CS, num_threads=1)
+    assert not calls
+    for key, Xk in feats.items():
+        ref = cross_validate_probe(Xk, y, groups, Cs=CS)
+        assert abs(on[key].mean - ref.mean) <= 0.02 and abs(on[key].mean - off[key].mean) <= 0.01
+        np.testing.assert_array_equal(on[key].chosen_Cs, off[key].chosen_Cs)
+
+
 def test_batched_path_binary_and_multilabel_agree_with_sklearn():
     X, y, groups = planted(n=150, d=6, k=2, strength=0.8, seed=10)
     ref = cross_validate_probe(X, y, groups, Cs=CS)
