@@ -17,7 +17,8 @@ from analyses.probe_metrics import (DEFAULT_CS, DTYPES, SelectBy, _check_Cs, _ch
                                     _check_select_by, _check_X, _check_y, _choose_C, _evaluate_fold, _fold_items,
                                     control_labels, make_splits)
 from analyses.probe_results import PROBE_RESAMPLES, ProbeResult, _items_table, _result, probe_rows
-from analyses.probe_solver import _device_inner_scores, _lbfgs, _Problems, _torch, feature_basis, feature_spectrum
+from analyses.probe_solver import (HISTORY, _device_inner_scores, _lbfgs, _Problems, _torch, feature_basis,
+                                   feature_spectrum)
 from analyses.results import make_table
 from probing.workers import cpu_workers, split, thread_map
 
@@ -46,7 +47,7 @@ def probe_many_results(features: Mapping[Hashable, Any], y: Any, groups: Any = N
     condition number exceeds :data:`PRECONDITION_ABOVE`. Features stay in ``dtype`` (one
     ``(B, n, d + 1)`` tensor per chunk, never copied per problem). ``device``: None ->
     CUDA if available; ``dtype`` in ``DTYPES``. ``max_batch_elements`` bounds the elements of the
-    largest tensors of one batched solve, ``B * G * K * (n + 20 (d + 1))`` (memory).
+    largest tensors of one batched solve, ``B * G * K * (n + 2 HISTORY (d + 1))`` (memory).
     ``num_threads``: on the CPU, the feature sets are dealt to this many workers of one torch thread
     each (:mod:`probing.workers`; None: torch's thread count, by default the machine's cores), which
     is faster than torch's own threads on these small products; torch's setting is restored
@@ -123,8 +124,8 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
         by_dim.setdefault(arrays[k].shape[1], []).append(k)
     batches = []
     for dim, ks in by_dim.items():
-        # logits (n rows) and the optimiser's 2 x 10 history vectors (dim + 1 rows) per feature set
-        per_set = K * max(len(stage1), len(stage2)) * (n + 20 * (dim + 1))
+        # logits (n rows) and the optimiser's 2 x HISTORY history vectors (dim + 1 rows) per feature set
+        per_set = K * max(len(stage1), len(stage2)) * (n + 2 * HISTORY * (dim + 1))
         chunk = max(1, max_batch_elements // per_set)
         # on the CPU at least one batch per worker (each worker solves its batches on one thread)
         parts = max(-(-len(ks) // chunk), workers if dev.type == "cpu" else 1)

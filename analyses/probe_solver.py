@@ -21,6 +21,13 @@ from __future__ import annotations
 BLOCK_ELEMENTS = 2 ** 18
 
 
+#: Curvature pairs each L-BFGS run keeps (scipy's and so scikit-learn's default is 10). Five took as
+#: many evaluations, within 2%, on the planted benchmark (30,528 against 30,590) and on anisotropic,
+#: preconditioned features (12,940 against 12,718), with the same results, and each iteration passes
+#: over half the history: the solver 8% faster on one thread.
+HISTORY = 5
+
+
 def _torch():
     import torch  # deferred: the reference path does not need torch
 
@@ -266,7 +273,7 @@ def _rowdot(u, v):
     return _torch().bmm(u.reshape(N, 1, D), v.reshape(N, 1, D).transpose(1, 2)).view(N)
 
 
-def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: int = 10, max_ls: int = 40,
+def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: int = HISTORY, max_ls: int = 40,
            precondition: bool = True, memory: dict | None = None):
     """Batched L-BFGS, one independent run per problem (own history, step and stopping).
 

@@ -18,7 +18,7 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from analyses.probe_metrics import _evaluate_fold
-from analyses.probe_solver import _lbfgs, _Problems
+from analyses.probe_solver import HISTORY, _lbfgs, _Problems
 from analyses.probes import (DEFAULT_CS, LinearProbe, ProbeResult, control_labels, cross_validate_probe,
                              fold_t_interval, make_splits, mdl_online_codelength, probe_many, probe_many_results,
                              probe_rows, probe_table)
@@ -233,7 +233,7 @@ def test_preconditioned_solver_and_curvature_memory_reach_sklearns_optimum():
             Wb = got.view(d + 1, k).numpy()
             np.testing.assert_allclose(Wb[:d].T, ref.coef_, atol=2e-4 * max(1.0, np.abs(ref.coef_).max()))
         assert int(fresh_iters) < int(plain_iters)
-    assert memory["S"].shape == (10, 1, 1, (d + 1) * k)
+    assert memory["S"].shape == (HISTORY, 1, 1, (d + 1) * k)
 
 
 def test_batched_gradient_matches_autograd():
