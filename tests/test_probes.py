@@ -255,6 +255,37 @@ def test_batched_gradient_matches_autograd():
     torch.testing.assert_close(g, theta.grad)
 
 
+def test_reduced_softmax_gradient_equals_the_full_one_on_the_zero_sum_plane():
+    """With weights and intercepts summing to zero over the classes, the products over K - 1 classes give
+    the full objective and gradient; off that plane they would not (the reduction is not vacuous), and
+    the solver started off the plane still reaches sklearn's optimum (it starts from the projection)."""
+    rng = np.random.default_rng(13)
+    n, d, k, G = 60, 4, 4, 3
+    X1 = torch.tensor(np.concatenate([rng.normal(size=(2, n, d)), np.ones((2, n, 1))], 2))
+    masks = torch.tensor((rng.random((n, G)) < 0.6).astype(float))
+    T = torch.tensor(np.eye(k)[rng.integers(0, k, (n, G))].transpose(0, 2, 1).copy())
+    problems = _Problems(X1, masks, T, torch.full((2, G), 0.7, dtype=torch.float64), "softmax")
+    assert problems.reducible()
+    off = torch.tensor(rng.normal(size=(2 * G, 1, (d + 1) * k)))
+    assert (problems.value_grad(off, reduced=True)[0] - problems.value_grad(off)[0]).abs().max() > 1e-3
+    W = off.view(2 * G, d + 1, k)
+    theta = (W - W.mean(2, keepdim=True)).view(off.shape)  # onto the plane
+    f, g = problems.value_grad(theta)
+    f_red, g_red = problems.value_grad(theta, reduced=True)
+    torch.testing.assert_close(f_red, f)
+    torch.testing.assert_close(g_red, g)
+    assert not _Problems(X1, masks, T[:, :1], torch.ones(2, G, dtype=torch.float64), "sigmoid").reducible()
+    # a start off the plane
+    y = rng.integers(0, k, n)
+    Xg = X1[0, :, :d].numpy()
+    one = _Problems(X1[:1], torch.ones(n, 1, dtype=torch.float64), torch.tensor(np.eye(k)[y][:, :, None]),
+                    torch.tensor([[1.0]], dtype=torch.float64), "softmax")
+    start = torch.tensor(rng.normal(size=(1, 1, (d + 1) * k)))
+    theta, _ = _lbfgs(one, start, max_iter=2000, tol=1e-10)
+    ref = LogisticRegression(C=1.0, tol=1e-12, max_iter=10_000).fit(StandardScaler().fit_transform(Xg), y)
+    np.testing.assert_allclose(theta.view(d + 1, k).numpy()[:d].T, ref.coef_, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_batched_path_agrees_with_sklearn(dtype):
     feats, y, groups = {}, None, None
