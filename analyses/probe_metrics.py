@@ -11,7 +11,7 @@ import math
 from typing import Any, Literal
 
 import numpy as np
-from sklearn.metrics import roc_auc_score
+from scipy.stats import rankdata
 from sklearn.model_selection import GroupKFold, StratifiedGroupKFold
 
 #: Default grid of inverse regularisation strengths (for standardised features).
@@ -143,11 +143,21 @@ def _micro_f1(Y: np.ndarray, pred: np.ndarray) -> float:
 
 
 def _macro_auc(Y: np.ndarray, P: np.ndarray) -> float:
-    """Mean ROC AUC over the labels that have both 0 and 1 among ``Y``'s rows (NaN if none has)."""
+    """Mean ROC AUC over the labels that have both 0 and 1 among ``Y``'s rows (NaN if none has).
+
+    Each label's AUC is the Mann-Whitney statistic, ``(sum of the positives' ranks - n_pos (n_pos + 1)
+    / 2) / (n_pos n_neg)`` with tied scores given their average rank: the area under the ROC curve
+    that ``sklearn.metrics.roc_auc_score`` integrates (ties counting one half), for all labels in one
+    ranking (``roc_auc_score`` builds a curve per label: 1 ms each, most of a bag-of-words probe's time)."""
     ok = (Y.min(axis=0) != Y.max(axis=0))
     if not ok.any():
         return math.nan
-    return float(roc_auc_score(Y[:, ok], P[:, ok], average="macro"))
+    Y, P = Y[:, ok] == 1, np.asarray(P)[:, ok]
+    ranks = rankdata(P, method="average", axis=0)
+    n_pos = Y.sum(axis=0)
+    n_neg = len(Y) - n_pos
+    auc = ((ranks * Y).sum(axis=0) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+    return float(auc.mean())
 
 
 def _evaluate_fold(y_train: np.ndarray, y_test: np.ndarray, P_test: np.ndarray, classes: np.ndarray,

@@ -255,6 +255,28 @@ def test_batched_gradient_matches_autograd():
     torch.testing.assert_close(g, theta.grad)
 
 
+def test_macro_auc_equals_sklearns_with_ties_and_one_class_labels():
+    """The rank (Mann-Whitney) form of the macro AUC gives roc_auc_score's value, ties counting one half;
+    labels with one class among the rows are left out, and none left gives NaN."""
+    from sklearn.metrics import roc_auc_score
+
+    from analyses.probe_metrics import _macro_auc
+
+    rng = np.random.default_rng(14)
+    for _ in range(100):
+        n, k = int(rng.integers(4, 50)), int(rng.integers(1, 7))
+        Y = (rng.random((n, k)) < rng.random(k)).astype(int)
+        Y[:, 0] = 1  # a label with one class
+        P = np.round(rng.random((n, k)), int(rng.integers(1, 3)))  # coarse scores: many ties
+        ok = Y.min(0) != Y.max(0)
+        got = _macro_auc(Y, P)
+        if ok.any():
+            assert got == pytest.approx(roc_auc_score(Y[:, ok], P[:, ok], average="macro"), abs=1e-12)
+        else:
+            assert math.isnan(got)
+    assert _macro_auc(np.array([[0], [1], [1]]), np.array([[0.5], [0.5], [0.5]])) == 0.5
+
+
 def test_reduced_softmax_gradient_equals_the_full_one_on_the_zero_sum_plane():
     """With weights and intercepts summing to zero over the classes, the products over K - 1 classes give
     the full objective and gradient; off that plane they would not (the reduction is not vacuous), and
