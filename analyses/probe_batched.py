@@ -45,7 +45,7 @@ def probe_many_results(features: Mapping[Hashable, Any], y: Any, groups: Any = N
     of its inner folds' solutions at the chosen C). One eigendecomposition per feature set
     (:func:`analyses.probe_solver.feature_basis`) preconditions every solve when some covariance's
     condition number exceeds :data:`PRECONDITION_ABOVE`. Features stay in ``dtype`` (one
-    ``(B, n, d + 1)`` tensor per chunk, never copied per problem). ``device``: None ->
+    ``(B, n, d + 1)`` tensor per chunk and its transpose, never copied per problem). ``device``: None ->
     CUDA if available; ``dtype`` in ``DTYPES``. ``max_batch_elements`` bounds the elements of the
     largest tensors of one batched solve, ``B * G * K * (n + 2 HISTORY (d + 1))`` (memory).
     ``num_threads``: on the CPU, the feature sets are dealt to this many workers of one torch thread
@@ -160,12 +160,14 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
         keys, (X, lam, _) = job
         # one factorisation per feature set, shared by every fold, C and target
         basis = feature_basis(X) if precondition else (None, lam.to(tdtype))
+        XT = X.transpose(1, 2).contiguous()  # shared by both stages' problems
         B, d = len(keys), X.shape[2] - 1
         chosen = np.full((B, L, n_splits), float(Cs_arr[0]))
         theta0 = torch.zeros(B, len(stage2), (d + 1) * K, dtype=tdtype, device=dev)
         if stage1:
             masks, evals, targets = columns(stage1)
-            problems = _Problems(X, masks, targets, torch.ones(B, len(stage1), dtype=tdtype, device=dev), kind, basis)
+            problems = _Problems(X, masks, targets, torch.ones(B, len(stage1), dtype=tdtype, device=dev), kind, basis,
+                                 XT)
             theta = torch.zeros(B, len(stage1), (d + 1) * K, dtype=tdtype, device=dev)
             sc = np.empty((B, len(stage1), len(Cs_arr)))
             path, memory = [], {}
@@ -182,7 +184,7 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
             del problems, at_C, theta, masks, evals, targets, path, memory
         masks, _, targets = columns(stage2)
         inv_C = torch.as_tensor(1.0 / chosen.reshape(B, L * n_splits), dtype=tdtype, device=dev)
-        problems = _Problems(X, masks, targets, inv_C, kind, basis)
+        problems = _Problems(X, masks, targets, inv_C, kind, basis, XT)
         theta, _ = _lbfgs(problems, theta0, max_iter=max_iter, tol=tol, precondition=precondition)
         prob = problems.item_loss_and_prob(problems.logits(theta.reshape(B * len(stage2), 1, -1)))[1]  # (P, K, n)
         P = prob.view(B, len(stage2), K, n).double().cpu().numpy().transpose(0, 3, 2, 1)  # (B, n, K, G)
