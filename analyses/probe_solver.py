@@ -276,7 +276,7 @@ class _Problems:
                 else:
                     acc.addmm_(Z, Xb)
         # f = sum_i w_i lse_i - sum_i w_i sum_k t_ik z_ik + pen ||W||^2 / 2, the dots as batched products
-        dot = _rowdot
+        dot = _dot
         Wb = theta.view(P, d1, K)
         ww = dot(theta.view(P, -1), theta.view(P, -1)) - dot(Wb[:, -1], Wb[:, -1])  # the intercept is not penalised
         f = (dot(lse, self.w) - dot(A.view(P, -1), self.M.view(P, -1)) + 0.5 * self.pen[:, 0] * ww)[:, None]
@@ -290,10 +290,11 @@ class _Problems:
         return f, g.view(P, 1, -1)
 
 
-def _rowdot(u, v):
-    """``(u * v).sum(-1)`` for ``u, v: (N, D)``, as one batched product (twice as fast on the CPU)."""
-    N, D = u.shape
-    return _torch().bmm(u.reshape(N, 1, D), v.reshape(N, 1, D).transpose(1, 2)).view(N)
+def _dot(u, v):
+    """``(u * v).sum(-1)`` for ``u`` and ``v`` of one shape, as one batched product (twice as fast on the
+    CPU)."""
+    D = u.shape[-1]
+    return _torch().bmm(u.reshape(-1, 1, D), v.reshape(-1, 1, D).transpose(1, 2)).view(u.shape[:-1])
 
 
 def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: int = HISTORY, max_ls: int = 40,
@@ -331,9 +332,7 @@ def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: i
     iters = torch.zeros(B, G, dtype=torch.long, device=theta.device)
     rows, cols = torch.arange(B, device=theta.device), torch.arange(G, device=theta.device)
 
-    def dot(u, v):  # sum over the last axis, as one batched product (twice as fast as (u * v).sum(-1) here)
-        D = u.shape[-1]
-        return torch.bmm(u.reshape(-1, 1, D), v.reshape(-1, 1, D).transpose(1, 2)).view(u.shape[:-1])
+    dot = _dot
 
     if precondition:  # iterate in the eigenbasis, where the preconditioner is elementwise
         theta = problems.to_basis(theta)
