@@ -27,16 +27,28 @@ from probing.workers import cpu_workers, split, thread_map
 #: benchmark (condition number ~9), above it (~2e7, anisotropic states) the preconditioner cut them ~7x.
 PRECONDITION_ABOVE = 100.0
 
+#: Default bound on the elements of one batch's largest tensors (``max_batch_elements``): 256 MiB per
+#: worker in float32. Large enough that the benchmark's and the study's feature sets are solved in one
+#: batch per worker (batching fewer sets together costs time: benchmarks/RESULTS.md), small enough that
+#: a corpus of 100k items is solved a few feature sets at a time instead of all at once.
+MAX_BATCH_ELEMENTS = 2 ** 26
+
+#: Rows standardised at a time when a feature set is read (float64 temporaries of this many rows).
+STANDARDISE_ROWS = 256
+
 def probe_many_results(features: Mapping[Hashable, Any], y: Any, groups: Any = None, *, n_splits: int = 5,
                        seed: int = 0, Cs: Sequence[float] = DEFAULT_CS, inner_splits: int = 3,
                        select_by: SelectBy = "log_loss", max_iter: int = 1000, tol: float = 1e-4,
                        control_types: Any = None, device: str | None = None, dtype: str = "float32",
-                       max_batch_elements: int = 2 ** 27, num_threads: int | None = None,
+                       max_batch_elements: int = MAX_BATCH_ELEMENTS, num_threads: int | None = None,
                        confidence: float = 0.95, n_resamples: int = PROBE_RESAMPLES) -> dict[Hashable, ProbeResult]:
     """The protocol of :func:`cross_validate_probe` for many feature sets at once, in torch.
 
     ``features``: name -> ``(n_items, dim)`` array (e.g. ``(layer, role)`` -> states), all with the
-    same items in the same order as ``y`` and ``groups``. Every feature set uses the same outer and
+    same items in the same order as ``y`` and ``groups``. A value may be any object with a ``shape``
+    that ``np.asarray`` reads (e.g. :class:`analyses.stored.StoredArray`, features kept on disk): it is
+    read a batch at a time, in the workers' threads, so that only the feature sets being solved are in
+    memory. Every feature set uses the same outer and
     inner splits, C grid, standardisation, objective and scoring as the reference, so results agree
     with :func:`cross_validate_probe` up to optimiser tolerance. All (feature set x outer fold x
     inner fold x C [x task/control]) problems of a chunk are solved together by :func:`_lbfgs`
@@ -47,7 +59,9 @@ def probe_many_results(features: Mapping[Hashable, Any], y: Any, groups: Any = N
     condition number exceeds :data:`PRECONDITION_ABOVE`. Features stay in ``dtype`` (one
     ``(B, n, d + 1)`` tensor per chunk and its transpose, never copied per problem). ``device``: None ->
     CUDA if available; ``dtype`` in ``DTYPES``. ``max_batch_elements`` bounds the elements of the
-    largest tensors of one batched solve, ``B * G * K * (n + 2 HISTORY (d + 1))`` (memory).
+    largest tensors of one batched solve (memory): its features and their transpose, ``2 B n (d + 1)``,
+    and its problems' logits and optimiser histories, ``B G K (n + 2 HISTORY (d + 1))``; so the peak
+    stays flat in the number of items once the bound binds (fewer feature sets per batch: slower).
     ``num_threads``: on the CPU, the feature sets are dealt to this many workers of one torch thread
     each (:mod:`probing.workers`; None: torch's thread count, by default the machine's cores), which
     is faster than torch's own threads on these small products; torch's setting is restored
@@ -70,12 +84,12 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
     if len(features) == 0:
         raise ValueError("features is empty; pass at least one name -> (n_items, dim) array")
     names = list(features)
-    arrays = {k: _check_X(features[k], name=f"features[{k!r}]") for k in names}
-    n = arrays[names[0]].shape[0]
-    y, multilabel = _check_y(y, arrays[names[0]].shape)
-    for k, a in arrays.items():
-        if a.shape[0] != n:
-            raise ValueError(f"features[{k!r}] and y differ in n_items: features[{k!r}].shape={a.shape}, y.shape={y.shape}")
+    shapes = {k: _feature_shape(features[k], f"features[{k!r}]") for k in names}
+    n = shapes[names[0]][0]
+    y, multilabel = _check_y(y, shapes[names[0]])
+    for k, shape in shapes.items():
+        if shape[0] != n:
+            raise ValueError(f"features[{k!r}] and y differ in n_items: features[{k!r}].shape={shape}, y.shape={y.shape}")
     groups = _check_groups(groups, n)
     n_groups = _check_n_groups(groups, n_splits, "n_splits")
     Cs_arr = _check_Cs(Cs)
@@ -121,11 +135,12 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
     stage2 = [(l, tr, te) for l in range(L) for tr, te in outer]
     by_dim: dict[int, list[Hashable]] = {}
     for k in names:
-        by_dim.setdefault(arrays[k].shape[1], []).append(k)
+        by_dim.setdefault(shapes[k][1], []).append(k)
     batches = []
     for dim, ks in by_dim.items():
-        # logits (n rows) and the optimiser's 2 x HISTORY history vectors (dim + 1 rows) per feature set
-        per_set = K * max(len(stage1), len(stage2)) * (n + 2 * HISTORY * (dim + 1))
+        # per feature set: its features and their transpose; per problem the logits (n rows) and the
+        # optimiser's 2 x HISTORY history vectors (dim + 1 rows)
+        per_set = 2 * n * (dim + 1) + K * max(len(stage1), len(stage2)) * (n + 2 * HISTORY * (dim + 1))
         chunk = max(1, max_batch_elements // per_set)
         # on the CPU at least one batch per worker (each worker solves its batches on one thread)
         parts = max(-(-len(ks) // chunk), workers if dev.type == "cpu" else 1)
@@ -135,20 +150,37 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
     def run(fn, xs):
         return thread_map(fn, xs, on_cpu)
 
-    def prepare(keys):
+    # With at most one batch per worker all batches are in memory at once anyway: their features are
+    # read once and kept from the spectrum pass to the solve. With more batches than workers (a large
+    # corpus, the batch bound binding) they are read again for the solve, so that only the batches being
+    # solved are in memory.
+    keep = len(batches) <= (workers if dev.type == "cpu" else 1)
+
+    def load(keys):
         """The chunk's features as one ``(B, n, d + 1)`` tensor with a trailing ones column (the
-        intercept), their covariances' eigenvalues (float64) and whether any needs preconditioning.
-        A fixed global standardisation first: exact for the per-fold standardisation that follows
-        (affine per feature) and keeps float32 from cancelling large means. Statistics in float64, the
-        features themselves stay in the solver's dtype."""
-        B, d = len(keys), arrays[keys[0]].shape[1]
+        intercept). A fixed global standardisation first: exact for the per-fold standardisation that
+        follows (affine per feature) and keeps float32 from cancelling large means. Statistics in
+        float64, the features themselves stay in the solver's dtype."""
+        B, d = len(keys), shapes[keys[0]][1]
         X = torch.ones(B, n, d + 1, dtype=tdtype, device=dev)
         for b, k in enumerate(keys):
-            a = arrays[k]
-            mean, std = a.mean(0, dtype=np.float64), a.std(0, dtype=np.float64)
-            X[b, :, :d] = torch.as_tensor(((a - mean) / np.where(std > 0, std, 1.0)).astype(dtype, copy=False))
+            a = _check_X(features[k], name=f"features[{k!r}]")
+            if a.shape != shapes[k]:
+                raise ValueError(f"features[{k!r}] was read with shape {a.shape}, not its announced {shapes[k]}")
+            mean, std = column_moments(a)
+            std = np.where(std > 0, std, 1.0)
+            for r in range(0, n, STANDARDISE_ROWS):  # float64 temporaries of a few rows, not of all
+                X[b, r:r + STANDARDISE_ROWS, :d] = torch.as_tensor(
+                    ((a[r:r + STANDARDISE_ROWS] - mean) / std).astype(dtype, copy=False))
+            del a
+        return X
+
+    def prepare(keys):
+        """The chunk's features (kept only if ``keep``), their covariances' eigenvalues (float64) and
+        whether any needs preconditioning. Every feature set is read and checked here, before any solve."""
+        X = load(keys)
         lam = feature_spectrum(X)  # the eigenvectors only where preconditioning (solve)
-        return X, lam, bool((lam.amax(1) > PRECONDITION_ABOVE * lam.amin(1)).any())
+        return X if keep else None, lam, bool((lam.amax(1) > PRECONDITION_ABOVE * lam.amin(1)).any())
 
     prepared = run(prepare, batches)
     # Preconditioning pays where a covariance is ill-conditioned (states of trained encoders are highly
@@ -158,6 +190,8 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
 
     def solve(job):
         keys, (X, lam, _) = job
+        if X is None:
+            X = load(keys)
         # one factorisation per feature set, shared by every fold, C and target
         basis = feature_basis(X) if precondition else (None, lam.to(tdtype))
         XT = X.transpose(1, 2).contiguous()  # shared by both stages' problems
@@ -210,6 +244,32 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
     for out in run(solve, jobs):
         results.update(out)
     return {k: results[k] for k in names}
+
+
+def column_moments(a: np.ndarray, rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(a.mean(0), a.std(0))`` in float64, reading ``rows`` rows at a time (default
+    :data:`STANDARDISE_ROWS`), so that no float64 copy of the whole of ``a`` is made. Bit for bit the
+    same as numpy's: numpy sums over axis 0 of a C-ordered array row after row, and each chunk's sum
+    here starts from the running total (as the first row of the reduction), which keeps that order."""
+    rows = rows or STANDARDISE_ROWS
+    n = a.shape[0]
+
+    def total(fn):
+        acc = np.zeros(a.shape[1:], dtype=np.float64)
+        for r in range(0, n, rows):
+            acc = np.add.reduce(np.concatenate([acc[None], fn(a[r:r + rows])]), axis=0)
+        return acc
+
+    mean = total(lambda part: part.astype(np.float64)) / n
+    return mean, np.sqrt(total(lambda part: np.square(part - mean)) / n)
+
+
+def _feature_shape(X: Any, name: str) -> tuple[int, int]:
+    """``X``'s ``(n_items, dim)``, without reading it where it has a ``shape`` (arrays, stored arrays)."""
+    shape = tuple(int(v) for v in np.shape(X))
+    if len(shape) != 2:
+        raise ValueError(f"{name} must be (n_items, dim); got {name}.shape={shape}")
+    return shape
 
 
 def probe_many(features: Mapping[Hashable, Any], y: Any, groups: Any = None, *, meta: Mapping[str, Any] | None = None,

@@ -36,14 +36,18 @@ _PROB_FLOOR = 1e-15
 # Validation
 
 
+_CHECK_ROWS = 4096
+
+
 def _check_X(X: Any, name: str = "X") -> np.ndarray:
     X = np.asarray(X)
     if X.ndim != 2:
         raise ValueError(f"{name} must be (n_items, dim); got {name}.shape={X.shape}")
     if not np.issubdtype(X.dtype, np.number):
         raise ValueError(f"{name} must be numeric; got {name}.dtype={X.dtype}")
-    finite = np.isfinite(X)
-    if not finite.all():
+    # checked a block of rows at a time: no boolean copy of the whole of X
+    if not all(np.isfinite(X[r:r + _CHECK_ROWS]).all() for r in range(0, X.shape[0], _CHECK_ROWS)):
+        finite = np.isfinite(X)
         i, j = np.argwhere(~finite)[0]
         raise ValueError(f"{name} contains {int((~finite).sum())} NaN/inf values (of {X.size}); "
                          f"first at {name}[{i}, {j}] = {X[i, j]} ({name}.shape={X.shape})")

@@ -54,13 +54,14 @@ import pandas as pd
 
 from analyses.drift import model_label
 from analyses.grouping import table_groups
-from analyses.probe_batched import probe_many_results
+from analyses.probe_batched import MAX_BATCH_ELEMENTS, probe_many_results
 from analyses.probe_compare import ITEM_KEYS, compare_probes  # noqa: F401 (re-exported: probing.study.questions)
 from analyses.probe_metrics import DEFAULT_CS
 from analyses.probe_results import PROBE_RESAMPLES, cross_validate_probe, probe_rows
 from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
                               stored_table)
 from analyses.selection import parse_choice, pooled
+from analyses.stored import PooledStore
 from analyses.vocabulary import content_vocabulary, function_vocabulary, presence
 from probing.layers import cache_layers
 from probing.cache import Cache, check_comparable
@@ -162,13 +163,14 @@ BACKENDS = ("auto", "torch", "sklearn")
 
 def fit_probes(features: dict, y: np.ndarray, groups: np.ndarray, *, meta: dict, n_splits: int, seed: int,
                control_types, backend: str, device: str | None, Cs=None, inner_splits: int = 3,
-               max_iter: int = 1000, num_threads: int | None = None,
+               max_iter: int = 1000, num_threads: int | None = None, batch_mb: float | None = None,
                n_resamples: int = PROBE_RESAMPLES) -> tuple[pd.DataFrame, dict]:
     """All feature sets' probes: batched in torch (``probe_many_results``, the default; on the CPU in
     ``num_threads`` single-threaded workers, default one per core: see :mod:`probing.workers` and
     benchmarks/RESULTS.md), or one
     scikit-learn cross-validation per feature set (the reference path). Returns the tidy table and
-    ``{(layer, choice): ProbeResult}`` (whose ``items`` are the out-of-fold predictions)."""
+    ``{(layer, choice): ProbeResult}`` (whose ``items`` are the out-of-fold predictions). ``batch_mb``:
+    the batched path's memory bound per worker (:func:`batch_elements`)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     extra = {"inner_splits": inner_splits, "max_iter": max_iter, "n_resamples": n_resamples}
@@ -176,7 +178,8 @@ def fit_probes(features: dict, y: np.ndarray, groups: np.ndarray, *, meta: dict,
         extra["Cs"] = tuple(Cs)
     if backend in ("auto", "torch"):
         results = probe_many_results(features, y, groups, n_splits=n_splits, seed=seed, control_types=control_types,
-                                     device=device, num_threads=num_threads, **extra)
+                                     device=device, num_threads=num_threads,
+                                     max_batch_elements=batch_elements(batch_mb), **extra)
     else:
         results = {key: cross_validate_probe(X, y, groups, n_splits=n_splits, seed=seed, control_types=control_types,
                                              **extra) for key, X in features.items()}
@@ -184,6 +187,20 @@ def fit_probes(features: dict, y: np.ndarray, groups: np.ndarray, *, meta: dict,
     for (layer, choice), res in results.items():
         rows.extend(probe_rows(res, **meta, layer=layer, choice=choice, seed=seed))
     return make_table(rows), results
+
+
+def batch_elements(batch_mb: float | None) -> int:
+    """``max_batch_elements`` of :func:`analyses.probe_batched.probe_many_results` for a bound of
+    ``batch_mb`` MiB per worker on one batch's largest tensors, in float32 (None: the default,
+    :data:`analyses.probe_batched.MAX_BATCH_ELEMENTS`). A smaller bound solves fewer feature sets at a
+    time: a lower peak once the corpus is large enough for the bound to bind, and more time. Results
+    agree up to the optimiser's tolerance (float rounding differs with the batch's size, so a C on a
+    near-tie can flip)."""
+    if batch_mb is None:
+        return MAX_BATCH_ELEMENTS
+    if not (np.isfinite(batch_mb) and batch_mb > 0):
+        raise ValueError(f"batch_mb must be a positive number of MiB, got {batch_mb!r}")
+    return max(1, int(batch_mb * 2 ** 20 / 4))
 
 
 def _item_rows(results: dict, meta: dict, kind: str, examples: np.ndarray, tokens: np.ndarray | None) -> pd.DataFrame:
@@ -213,8 +230,8 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                device: str | None = None, backend: str = "auto", Cs: Sequence[float] | None = None,
                inner_splits: int = 3, max_iter: int = 1000, bow_Cs: Sequence[float] | None = None,
                length_baseline: bool = False, items: bool = False, num_threads: int | None = None,
-               n_resamples: int = PROBE_RESAMPLES, out: str | Path | None = None, force: bool = False,
-               progress: bool = True):
+               batch_mb: float | None = None, n_resamples: int = PROBE_RESAMPLES, out: str | Path | None = None,
+               force: bool = False, progress: bool = True):
     """Probes for every layer x token choice x target, on ``cache`` and optionally ``random_cache``.
 
     ``Cs`` is the grid the inner CV chooses C from; ``bow_Cs``, if given, replaces it for the
@@ -229,7 +246,8 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
     docstring; one row per item and probe, so ask for them where a comparison needs them); with
     ``out`` both are stored (``probe-<key>`` and ``probe_items-<key>``). ``layers``: model layers, a
     negative one counting from the last (-1 = the model's last layer; :func:`probing.layers.cache_layers`).
-    ``num_threads``: CPU workers of the batched probes (None: one per core); ``n_resamples``: bootstrap
+    ``num_threads``: CPU workers of the batched probes (None: one per core); ``batch_mb``: their memory
+    bound per worker, MiB (:func:`batch_elements`; None: 256); ``n_resamples``: bootstrap
     resamples of each interval; ``progress``: a tqdm bar over (model x target) on stderr."""
     import torch
 
@@ -264,44 +282,45 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
     bar = tqdm(total=len(pairs) * len(targets), desc=f"probes {cache.format_name}", disable=not progress,
                file=sys.stderr)
     for c, kind in pairs:
-        pooled_cache: dict = {}
-        for target in targets:
-            meta = {"analysis": "probe", "model": model_label(c), "corpus": c.manifest["corpus"]["name"],
-                    "format": c.format_name, "target": target}
-            tokens = None
-            if target == "segment":
-                features, y, ids, types, tokens = _token_features(c, layers, max_tokens, seed)
-                groups, grouping = table_groups(c.examples.loc[ids])
-                fit_kw = dict(control_types=types if control else None, Cs=Cs)
-                multilabel = False
-            else:
-                features, ids = {}, None
-                for choice in choices:
-                    for layer in layers:
-                        if (layer, choice) not in pooled_cache:
-                            pooled_cache[(layer, choice)] = pooled(c, layer, choice)
-                        ex, _ = pooled_cache[(layer, choice)]
-                        ids = ex if ids is None else np.intersect1d(ids, ex)
-                for choice in choices:
-                    for layer in layers:
-                        ex, X = pooled_cache[(layer, choice)]
-                        same = len(ex) == len(ids) and (ex == ids).all()  # the usual case: no copy
-                        features[(layer, choice)] = X if same else X[np.searchsorted(ex, ids)]
-                y, multilabel = example_target(c, target, ids, vocab)
-                groups, grouping = table_groups(c.examples.loc[ids])
-                if length_baseline and kind == "trained":
-                    features[(pd.NA, "length_only")] = length_features(c, ids)
-                fit_kw = dict(control_types=ids if control and not multilabel else None,
-                              Cs=bow_Cs if multilabel and bow_Cs is not None else Cs)
-            meta["grouping"] = grouping
-            df, results = fit_probes(features, y, groups, meta=meta, n_splits=n_splits, seed=seed, backend=backend,
-                                     device=device, inner_splits=inner_splits, max_iter=max_iter,
-                                     num_threads=num_threads, n_resamples=n_resamples, **fit_kw)
-            df["model_kind"] = kind
-            frames.append(df)
-            if items:
-                item_frames.append(_item_rows(results, meta, kind, ids, tokens))
-            bar.update(1)
+        # each (layer, choice) pooled once for all targets, kept on disk and read a batch at a time by
+        # the probes, so that the feature sets not being solved are not in memory (analyses.stored)
+        with PooledStore(lambda key, c=c: pooled(c, *key)) as store:
+            for target in targets:
+                meta = {"analysis": "probe", "model": model_label(c), "corpus": c.manifest["corpus"]["name"],
+                        "format": c.format_name, "target": target}
+                tokens = None
+                if target == "segment":
+                    features, y, ids, types, tokens = _token_features(c, layers, max_tokens, seed)
+                    groups, grouping = table_groups(c.examples.loc[ids])
+                    fit_kw = dict(control_types=types if control else None, Cs=Cs)
+                    multilabel = False
+                else:
+                    features, ids = {}, None
+                    for choice in choices:
+                        for layer in layers:
+                            ex, _ = store((layer, choice))
+                            ids = ex if ids is None else np.intersect1d(ids, ex)
+                    for choice in choices:
+                        for layer in layers:
+                            ex, X = store((layer, choice))
+                            same = len(ex) == len(ids) and (ex == ids).all()  # the usual case: every row
+                            features[(layer, choice)] = X if same else X.take(np.searchsorted(ex, ids))
+                    y, multilabel = example_target(c, target, ids, vocab)
+                    groups, grouping = table_groups(c.examples.loc[ids])
+                    if length_baseline and kind == "trained":
+                        features[(pd.NA, "length_only")] = length_features(c, ids)
+                    fit_kw = dict(control_types=ids if control and not multilabel else None,
+                                  Cs=bow_Cs if multilabel and bow_Cs is not None else Cs)
+                meta["grouping"] = grouping
+                df, results = fit_probes(features, y, groups, meta=meta, n_splits=n_splits, seed=seed, backend=backend,
+                                         device=device, inner_splits=inner_splits, max_iter=max_iter,
+                                         num_threads=num_threads, batch_mb=batch_mb, n_resamples=n_resamples,
+                                         **fit_kw)
+                df["model_kind"] = kind
+                frames.append(df)
+                if items:
+                    item_frames.append(_item_rows(results, meta, kind, ids, tokens))
+                bar.update(1)
     bar.close()
     df = pd.concat(frames, ignore_index=True) if frames else make_table([])
     keep_table(df, path)
@@ -337,6 +356,13 @@ def _positive_floats(value: str) -> list[float]:
     if not out:
         raise argparse.ArgumentTypeError(f"{value!r}: no value given")
     return out
+
+
+def _positive_float(value: str) -> float:
+    numbers = _positive_floats(value)
+    if len(numbers) != 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: one number expected")
+    return numbers[0]
 
 
 def _layer_list(value: str) -> list[int]:
@@ -385,6 +411,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=_int_at_least(1), default=None,
                    help="CPU: the batched probes' feature sets are solved in this many single-threaded workers "
                         "(default: torch's thread count, the machine's cores)")
+    p.add_argument("--batch-mb", type=_positive_float, default=None,
+                   help="memory bound of one batch of feature sets per worker, MiB: the features and the solver's "
+                        "largest tensors (default 256); smaller holds fewer feature sets at once, which lowers the "
+                        "peak on a large corpus and costs time; results agree up to the optimiser's tolerance")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="torch (default): all probes batched, on the GPU when present; sklearn: one CV per probe (reference)")
     p.add_argument("--items", action="store_true",
@@ -401,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         max_tokens=args.max_tokens, device=args.device, backend=args.backend, Cs=flat(args.Cs),
                         inner_splits=args.inner_folds, max_iter=args.max_iter, bow_Cs=flat(args.bow_Cs),
                         length_baseline=args.length_baseline, items=args.items, num_threads=args.threads,
-                        n_resamples=args.resamples, out=args.out, force=args.force, progress=not args.no_progress)
+                        batch_mb=args.batch_mb, n_resamples=args.resamples, out=args.out, force=args.force, progress=not args.no_progress)
         if args.items:
             df = df[0]
     except CLI_ERRORS as err:

@@ -189,7 +189,7 @@ def analysis_worker(args: argparse.Namespace) -> dict:
         analyses.similarity.run_cka_formats(pair, concat, ("cls", "mean"))
     elif args.worker == "probes":
         analyses.probe_runner.run_probes(pair, ("cls", "mean"), ("topic",), Cs=[0.01, 0.1, 1.0], inner_splits=2,
-                                         progress=False)
+                                         batch_mb=args.batch_mb, progress=False)
     else:
         analyses.attention.run_attention(att, n_resamples=args.resamples)
     elapsed = time.perf_counter() - t0
@@ -207,6 +207,7 @@ def run_one(mode: str, n: int, model: str, random_init: bool, args: argparse.Nam
            "--corpus", args.corpus, "--caches", args.caches_root.format(n=n) if args.caches_root else "",
            "--shard-mb", str(args.shard_mb), "--batch-tokens", str(args.batch_tokens),
            "--resamples", str(args.resamples), "--threads", str(args.threads)]
+    cmd += ["--batch-mb", str(args.batch_mb)] if args.batch_mb is not None else []
     cmd += ["--random-init"] if random_init else []
     env = dict(os.environ)
     if args.fixed_mmap_threshold:
@@ -246,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"run with MALLOC_MMAP_THRESHOLD_={MMAP_THRESHOLD}: glibc then returns freed batch "
                         "temporaries to the system at once, so RSS shows what the pipeline holds rather than what "
                         "the allocator keeps after its first few batches")
+    p.add_argument("--batch-mb", type=float, default=None,
+                   help="probes: memory bound of one batch of feature sets per worker, MiB (run_probes's batch_mb; "
+                        "default: the toolkit's, 256)")
     p.add_argument("--tolerance", type=float, default=0.10, help="allowed max/min - 1 (default 0.10)")
     p.add_argument("--corpus", default="generated",
                    help="'generated' (default: n generated two-sentence examples) or a corpus spec with {n}, e.g. "

@@ -230,3 +230,138 @@ def test_attention_summaries_and_from_all_tokens_in_chunks(caches, monkeypatch):
     whole = np.nansum(np.nan_to_num(mass) * counts[:, None, None, :, None], axis=3) / counts.sum(1)[:, None, None, None]
     monkeypatch.setattr(attention, "_EXAMPLES_PER_CHUNK", 5)
     np.testing.assert_array_equal(attention.from_all_tokens(mass, counts), whole)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Probes: pooled features kept on disk and read a batch at a time; standardisation in row chunks
+
+
+def test_stored_array_reads_its_rows_on_use(tmp_path):
+    import doctest
+
+    import analyses.stored as stored
+
+    assert doctest.testmod(stored).failed == 0
+    a = np.arange(20, dtype=np.float32).reshape(5, 4)
+    s = stored.StoredArray.save(a, tmp_path / "a.npy")
+    assert s.shape == (5, 4) and s.dtype == np.float32 and len(s) == 5
+    np.testing.assert_array_equal(np.asarray(s), a)
+    sub = s.take([4, 1, 1])
+    assert sub.shape == (3, 4)
+    np.testing.assert_array_equal(np.asarray(sub), a[[4, 1, 1]])
+    np.testing.assert_array_equal(np.asarray(sub.take([2, 0])), a[[1, 4]])  # rows of the selection
+    np.testing.assert_array_equal(np.asarray(s, dtype=np.float64), a.astype(np.float64))
+    (tmp_path / "a.npy").write_bytes(b"")  # read on use: a file changed afterwards is what is read
+    with pytest.raises((ValueError, EOFError, OSError)):
+        np.asarray(s)
+
+
+def test_pooled_store_computes_each_key_once_and_removes_its_directory():
+    from analyses.stored import PooledStore
+
+    calls = []
+
+    def compute(key):
+        calls.append(key)
+        return np.array([3, 5]), np.full((2, 3), float(key), dtype=np.float32)
+
+    with PooledStore(compute) as store:
+        ex, X = store(1)
+        _, X2 = store(2)
+        again = store(1)
+        directory = X.path.parent
+        assert calls == [1, 2] and again[1] is X and directory.is_dir()
+        np.testing.assert_array_equal(ex, [3, 5])
+        np.testing.assert_array_equal(np.asarray(X2), np.full((2, 3), 2.0))
+    assert not directory.exists()
+
+
+@pytest.mark.parametrize("shape", [(1, 3), (255, 5), (256, 7), (1000, 24), (4097, 3)])
+def test_column_moments_equal_numpys_bit_for_bit(shape):
+    from analyses.probe_batched import column_moments
+
+    rng = np.random.default_rng(shape[0])
+    a = (rng.normal(size=shape) * rng.uniform(0.1, 30, shape[1]) + rng.normal(0, 50, shape[1])).astype(np.float32)
+    for rows in (None, 1, 7, 300):
+        mean, std = column_moments(a, rows)
+        np.testing.assert_array_equal(mean, a.mean(0, dtype=np.float64))
+        np.testing.assert_array_equal(std, a.std(0, dtype=np.float64))
+
+
+class _CountingFeatures:
+    """A lazy feature set: its shape without reading, every read counted."""
+
+    def __init__(self, array, reads):
+        self.array, self.reads, self.shape = array, reads, array.shape
+
+    def __array__(self, dtype=None, copy=None):
+        self.reads.append(id(self))
+        return self.array
+
+
+@pytest.mark.parametrize("batch_elements", [None, 1])
+def test_batched_probes_read_lazy_features_per_batch_with_the_same_results(batch_elements):
+    """Lazy features give the results of arrays in memory, bit for bit. With one batch per worker each
+    set is read once (kept from the spectrum pass to the solve); with more batches than workers (the
+    bound binding) each is read again for its solve instead of being held."""
+    from analyses.probe_batched import probe_many_results
+
+    from .test_probes import CS, planted
+
+    feats = {}
+    for i, s in enumerate([0.3, 1.0, 2.0]):
+        X, y, groups = planted(n=120, d=5, k=3, strength=s, seed=3)
+        feats[i] = X.astype(np.float32)
+    kw = dict(Cs=CS, num_threads=1)
+    if batch_elements is not None:
+        kw["max_batch_elements"] = batch_elements
+    reads: list = []
+    lazy = {k: _CountingFeatures(X, reads) for k, X in feats.items()}
+    got = probe_many_results(lazy, y, groups, **kw)
+    ref = probe_many_results(feats, y, groups, **kw)
+    for k in feats:
+        np.testing.assert_array_equal(got[k].scores, ref[k].scores)
+        np.testing.assert_array_equal(got[k].chosen_Cs, ref[k].chosen_Cs)
+        pd.testing.assert_frame_equal(got[k].items, ref[k].items)
+    per_set = {k: reads.count(id(v)) for k, v in lazy.items()}
+    assert per_set == {k: 1 if batch_elements is None else 2 for k in feats}
+
+
+def test_batched_probes_refuse_a_lazy_feature_set_read_with_another_shape():
+    from analyses.probe_batched import probe_many_results
+
+    from .test_probes import CS, planted
+
+    X, y, groups = planted(n=60, d=4, k=2, seed=1)
+    liar = _CountingFeatures(X, [])
+    liar.shape = (60, 5)
+    with pytest.raises(ValueError, match=r"read with shape \(60, 4\), not its announced \(60, 5\)"):
+        probe_many_results({"x": liar}, y, groups, Cs=CS, num_threads=1)
+    with pytest.raises(ValueError, match=r"must be \(n_items, dim\)"):
+        probe_many_results({"x": X[:, 0]}, y, groups, Cs=CS, num_threads=1)
+    bad = X.copy()
+    bad[7, 2] = np.nan
+    with pytest.raises(ValueError, match=r"1 NaN/inf values .* first at features\['x'\]\[7, 2\]"):
+        probe_many_results({"x": bad}, y, groups, Cs=CS, num_threads=1)
+
+
+def test_run_probes_batch_bound_is_checked_and_leaves_no_pooled_files(caches, tmp_path, monkeypatch, capsys):
+    import tempfile
+
+    from analyses.probe_runner import batch_elements, main, run_probes
+
+    assert batch_elements(1) == 2 ** 18 and batch_elements(None) > batch_elements(16)
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(ValueError, match="batch_mb must be a positive number"):
+            batch_elements(bad)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    pair = caches[0]
+    kw = dict(layers=[1, 2], Cs=[1.0], n_splits=3, control=False, progress=False, num_threads=1)
+    small = run_probes(pair, ("cls", "mean"), ("topic",), batch_mb=0.001, **kw)  # one feature set per batch
+    default = run_probes(pair, ("cls", "mean"), ("topic",), **kw)
+    assert list(small["value"].round(6)) == list(default["value"].round(6))
+    assert list((tmp_path / "tmp").iterdir()) == []  # the pooled features' temporary directory is gone
+    with pytest.raises(SystemExit) as stop:
+        main([str(pair.path), "--batch-mb", "0"])
+    assert stop.value.code == 2 and "error:" in capsys.readouterr().err
