@@ -41,25 +41,30 @@ def _is_sep(name: str) -> bool:
     return re.fullmatch(r"sep\d+(_\d+)?", name) is not None
 
 
+def source_masses(mass: np.ndarray, names: list[str], a: int) -> dict[str, np.ndarray]:
+    """The entries of :func:`target_masses` whose source is group ``a``: target -> ``(n_examples,
+    layers, heads)``, in the same order."""
+    out: dict[str, np.ndarray] = {}
+    seps = [j for j, g in enumerate(names) if _is_sep(g)]
+    sents = [j for j, g in enumerate(names) if g.endswith(" words")]
+    for b, tgt in enumerate(names):
+        out[tgt] = mass[..., a, b]
+    if seps:
+        out[ALL_SEP] = np.nansum(mass[..., a, seps], axis=-1)
+    if a in sents:
+        out[OWN_SENTENCE] = mass[..., a, a]
+        others = [j for j in sents if j != a]
+        if others:
+            out[OTHER_SENTENCES] = mass[..., a, others].sum(-1)
+    return out
+
+
 def target_masses(mass: np.ndarray, names: list[str]) -> dict[tuple[str, str], np.ndarray]:
     """From ``mass (n_examples, layers, heads, G, G)`` to named (source, target) arrays of shape
     (n_examples, layers, heads). ``names``: the G groups in the token-choice grammar
     (:func:`analyses.selection.attention_group_names`: ``cls``, ``sep1``, ``s1 words``, ...).
     Targets: each group, all [SEP]s, own sentence, other sentences."""
-    out: dict[tuple[str, str], np.ndarray] = {}
-    seps = [j for j, g in enumerate(names) if _is_sep(g)]
-    sents = [j for j, g in enumerate(names) if g.endswith(" words")]
-    for a, src in enumerate(names):
-        for b, tgt in enumerate(names):
-            out[(src, tgt)] = mass[..., a, b]
-        if seps:
-            out[(src, ALL_SEP)] = np.nansum(mass[..., a, seps], axis=-1)
-        if a in sents:
-            out[(src, OWN_SENTENCE)] = mass[..., a, a]
-            others = [j for j in sents if j != a]
-            if others:
-                out[(src, OTHER_SENTENCES)] = mass[..., a, others].sum(-1)
-    return out
+    return {(src, tgt): arr for a, src in enumerate(names) for tgt, arr in source_masses(mass, names, a).items()}
 
 
 def group_counts(cache: Cache, examples: np.ndarray, groups: list[str]) -> np.ndarray | None:
@@ -99,6 +104,53 @@ def from_all_tokens(mass: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return out
 
 
+def all_token_masses(mass: np.ndarray, counts: np.ndarray, names: list[str]) -> dict[str, np.ndarray]:
+    """Source "all tokens" (:func:`from_all_tokens`): target -> ``(n_examples, layers, heads)`` for
+    each group and, where there are [SEP]s, all of them."""
+    everyone = from_all_tokens(mass, counts)
+    out = {gb: everyone[..., b] for b, gb in enumerate(names)}
+    seps = [j for j, g in enumerate(names) if _is_sep(g)]
+    if seps:
+        out[ALL_SEP] = everyone[..., seps].sum(-1)
+    return out
+
+
+class _PerExample:
+    """One source's summaries, accumulated over chunks of examples: per target the head average of
+    each example and layer (what the bootstrap resamples: a few numbers per example), and per layer
+    and head the sum and count of the examples whose head average is finite (the per-head means).
+    The sums run over the examples in order, each chunk's starting from the running total, so they
+    are bit for bit those of one sum over all examples (numpy sums over axis 0 row after row)."""
+
+    def __init__(self) -> None:
+        self.head_means: dict[str, list[np.ndarray]] = {}
+        self.sums: dict[str, np.ndarray] = {}
+        self.counts: dict[str, np.ndarray] = {}
+
+    def add(self, arrays: dict[str, np.ndarray], per_head: bool) -> None:
+        for tgt, arr in arrays.items():  # arr: (m, layers, heads)
+            head_mean = arr.mean(axis=2)
+            self.head_means.setdefault(tgt, []).append(head_mean)
+            if not per_head:
+                continue
+            sums = self.sums.setdefault(tgt, np.zeros(arr.shape[1:], dtype=arr.dtype))
+            counts = self.counts.setdefault(tgt, np.zeros(arr.shape[1:], dtype=np.intp))
+            for li in range(arr.shape[1]):
+                part = arr[np.isfinite(head_mean[:, li]), li, :]
+                if len(part):
+                    missing = np.isnan(part)
+                    sums[li] = np.add.reduce(np.concatenate([sums[li][None], np.where(missing, 0, part)]), axis=0)
+                    counts[li] += (~missing).sum(0)
+
+    def head_mean(self, tgt: str) -> np.ndarray:
+        return np.concatenate(self.head_means[tgt])
+
+    def per_head(self, tgt: str, li: int) -> np.ndarray:
+        """``np.nanmean(arr[ok, li, :], axis=0)`` over all examples (ok: finite head average)."""
+        sums = self.sums[tgt][li]
+        return np.true_divide(sums, self.counts[tgt][li], out=np.empty_like(sums), casting="unsafe")
+
+
 WEIGHTINGS = {"raw": "attention_mass", "norm": "attention_norm_mass"}  # weighting -> metric name
 
 
@@ -121,39 +173,39 @@ def run_attention(cache: Cache, *, n_resamples: int = 1000, seed: int = 0, per_h
     path, done = stored_table(out, "attention", config, force)
     if done is not None:
         return done
-    examples, mass, groups = cache.attention(weighting)
+    # read a chunk of examples at a time, once per source group: per (source, target) only the examples'
+    # head averages are held (a few numbers per example), not the (examples, layers, heads, G, G) summaries
+    examples, groups, chunks = cache.attention_chunks(weighting, _EXAMPLES_PER_CHUNK)
     clusters, grouping = cache_groups(cache, examples)
     layers = cache.manifest["attention"]["layers"]
     base = {"analysis": "attention", "model": model_label(cache), "corpus": cache.manifest["corpus"]["name"],
             "format": cache.format_name, "metric": WEIGHTINGS[weighting], "seed": seed}
     names = attention_group_names(cache, groups)
-    named = target_masses(mass, names)
     counts = group_counts(cache, examples, groups)
+    sources = [(src, lambda part, k, a=a: source_masses(part, names, a)) for a, src in enumerate(names)]
     if counts is not None:  # source "all tokens": the query-token-weighted average over the groups
-        everyone = from_all_tokens(mass, counts)
-        seps = [j for j, g in enumerate(names) if _is_sep(g)]
-        for b, gb in enumerate(names):
-            named[(ALL_TOKENS, gb)] = everyone[..., b]
-        if seps:
-            named[(ALL_TOKENS, ALL_SEP)] = everyone[..., seps].sum(-1)
+        sources.append((ALL_TOKENS, lambda part, k: all_token_masses(part, counts[k:k + len(part)], names)))
     rows = []
-    for (src, tgt), arr in tqdm(named.items(), desc=f"attention {cache.format_name}", disable=not progress, delay=1,
-                                file=sys.stderr):
-        head_mean = arr.mean(axis=2)  # (n_examples, layers)
-        for li, layer in enumerate(layers):
-            v = head_mean[:, li]
-            ok = np.isfinite(v)
-            if not ok.any():
-                continue
-            point, lo, hi = bootstrap_ci(v[ok], clusters[ok], "mean", n_resamples=n_resamples, seed=seed)
-            info = {"grouping": grouping, "n_groups": int(np.unique(clusters[ok]).size)}
-            rows.append({**base, "layer": layer, "role": src, "target": tgt, "value": point, "ci_low": lo,
-                         "ci_high": hi, "n": int(ok.sum()), "head": "mean", **info})
-            if per_head:
-                hv = np.nanmean(arr[ok, li, :], axis=0)
-                for h, val in enumerate(hv):
-                    rows.append({**base, "layer": layer, "role": src, "target": tgt, "value": float(val),
-                                 "ci_low": np.nan, "ci_high": np.nan, "n": int(ok.sum()), "head": str(h), **info})
+    for src, masses in tqdm(sources, desc=f"attention {cache.format_name}", disable=not progress, delay=1,
+                            file=sys.stderr):
+        summary = _PerExample()
+        for k, part in chunks():
+            summary.add(masses(part, k), per_head)
+        for tgt in summary.head_means:
+            head_mean = summary.head_mean(tgt)  # (n_examples, layers)
+            for li, layer in enumerate(layers):
+                v = head_mean[:, li]
+                ok = np.isfinite(v)
+                if not ok.any():
+                    continue
+                point, lo, hi = bootstrap_ci(v[ok], clusters[ok], "mean", n_resamples=n_resamples, seed=seed)
+                info = {"grouping": grouping, "n_groups": int(np.unique(clusters[ok]).size)}
+                rows.append({**base, "layer": layer, "role": src, "target": tgt, "value": point, "ci_low": lo,
+                             "ci_high": hi, "n": int(ok.sum()), "head": "mean", **info})
+                if per_head:
+                    for h, val in enumerate(summary.per_head(tgt, li)):
+                        rows.append({**base, "layer": layer, "role": src, "target": tgt, "value": float(val),
+                                     "ci_low": np.nan, "ci_high": np.nan, "n": int(ok.sum()), "head": str(h), **info})
     df = make_table(rows)
     return keep_table(df, path)
 

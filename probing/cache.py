@@ -307,7 +307,37 @@ class Cache:
         where ``mass[e, layer, head, a, b]`` is the attention mass from the tokens of group ``a`` to
         those of group ``b`` (summed over b's tokens, averaged over a's tokens; NaN where example e has
         no token in group a). ``examples`` holds corpus indices; layers are the model's layers 1..L.
-        ``weighting="norm"``: the norm-based weights of ``--attention-norm`` (probing.attention_norm)."""
+        ``weighting="norm"``: the norm-based weights of ``--attention-norm`` (probing.attention_norm).
+        All of it in memory: :meth:`attention_chunks` reads it a few examples at a time."""
+        examples, groups, maps = self._attention_maps(weighting)
+        # filled shard by shard from their memory maps: one copy of the summaries, not the shards plus their concatenation
+        out = np.empty((len(examples),) + maps[0].shape[1:], dtype=np.result_type(*maps))
+        k = 0
+        for m in maps:
+            out[k:k + len(m)] = m
+            k += len(m)
+            _release_pages(m)
+        return examples, out, groups
+
+    def attention_chunks(self, weighting: str = "raw", examples_per_chunk: int = 256):
+        """:meth:`attention` read ``examples_per_chunk`` examples at a time: ``(examples, groups,
+        chunks)`` where ``chunks()`` yields ``(start, mass[start:start + m])`` over all examples in
+        order (call it again for another pass); only one chunk is in memory at a time."""
+        examples, groups, maps = self._attention_maps(weighting)
+        dtype = np.result_type(*maps)
+
+        def chunks():
+            start = 0
+            for m in maps:
+                for k in range(0, len(m), examples_per_chunk):
+                    part = np.array(m[k:k + examples_per_chunk], dtype=dtype)
+                    _release_pages(m)  # the pages just read, so that a shard is never resident as a whole
+                    yield start + k, part
+                start += len(m)
+
+        return examples, groups, chunks
+
+    def _attention_maps(self, weighting: str) -> tuple[np.ndarray, list[str], list[np.ndarray]]:
         if not self.has_attention:
             raise CacheError(f"{self.path} holds no attention summaries; extract with --attention")
         if weighting not in ("raw", "norm"):
@@ -319,14 +349,7 @@ class Cache:
         maps = [np.load(self._check(s, kind), mmap_mode="r", allow_pickle=False) for s in self._shards]
         if not maps:
             raise CacheError(f"{self.path} holds no shards")
-        # filled shard by shard from their memory maps: one copy of the summaries, not the shards plus their concatenation
-        out = np.empty((sum(len(m) for m in maps),) + maps[0].shape[1:], dtype=np.result_type(*maps))
-        k = 0
-        for m in maps:
-            out[k:k + len(m)] = m
-            k += len(m)
-            _release_pages(m)
-        return np.asarray(ex, dtype=np.int64), out, list(self.manifest["attention"]["groups"])
+        return np.asarray(ex, dtype=np.int64), list(self.manifest["attention"]["groups"]), maps
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -232,6 +232,55 @@ def test_attention_summaries_and_from_all_tokens_in_chunks(caches, monkeypatch):
     np.testing.assert_array_equal(attention.from_all_tokens(mass, counts), whole)
 
 
+
+def _attention_whole(cache, n_resamples=200):
+    """run_attention's table computed as it was before streaming: every summary in memory at once."""
+    from analyses.attention import ALL_SEP, ALL_TOKENS, WEIGHTINGS, _is_sep, from_all_tokens, target_masses
+    from analyses.intervals import bootstrap_ci
+    from analyses.selection import attention_group_names
+
+    examples, mass, groups = cache.attention()
+    clusters, _ = cache_groups(cache, examples)
+    names = attention_group_names(cache, groups)
+    named = target_masses(mass, names)
+    everyone = from_all_tokens(mass, group_counts(cache, examples, groups))
+    for b, gb in enumerate(names):
+        named[(ALL_TOKENS, gb)] = everyone[..., b]
+    named[(ALL_TOKENS, ALL_SEP)] = everyone[..., [j for j, g in enumerate(names) if _is_sep(g)]].sum(-1)
+    rows = []
+    for (src, tgt), arr in named.items():
+        head_mean = arr.mean(axis=2)
+        for li in range(head_mean.shape[1]):
+            v = head_mean[:, li]
+            ok = np.isfinite(v)
+            if ok.any():
+                rows.append((src, tgt, "mean") + bootstrap_ci(v[ok], clusters[ok], "mean", n_resamples=n_resamples))
+                with np.errstate(all="ignore"):
+                    rows += [(src, tgt, str(h), float(x), np.nan, np.nan)
+                             for h, x in enumerate(np.nanmean(arr[ok, li, :], axis=0))]
+    return pd.DataFrame(rows, columns=["role", "target", "head", "value", "ci_low", "ci_high"]), WEIGHTINGS
+
+
+@pytest.mark.parametrize("per_chunk", [1, 3, 1000])
+def test_attention_read_in_chunks_equals_the_whole_summaries(caches, monkeypatch, per_chunk):
+    """run_attention reads the summaries a few examples at a time, once per source group, and gives the
+    table of the whole-array computation bit for bit (values, intervals, per-head means, row order)."""
+    import analyses.attention as attention
+
+    att = caches[0]
+    examples, mass, groups = att.attention()
+    ex, g, chunks = att.attention_chunks(examples_per_chunk=per_chunk)
+    assert list(ex) == list(examples) and g == groups
+    for _ in range(2):  # a second pass reads the same
+        parts = list(chunks())
+        assert [k for k, _ in parts] == list(range(0, len(examples), per_chunk))[:len(parts)]
+        np.testing.assert_array_equal(np.concatenate([p for _, p in parts]), mass)
+    ref, _ = _attention_whole(att)
+    monkeypatch.setattr(attention, "_EXAMPLES_PER_CHUNK", per_chunk)
+    got = attention.run_attention(att, n_resamples=200)
+    got = got[got["role"].notna()][["role", "target", "head", "value", "ci_low", "ci_high"]].reset_index(drop=True)
+    pd.testing.assert_frame_equal(got.astype({"head": str}), ref, check_dtype=False, rtol=0, atol=0)
+
 # ---------------------------------------------------------------------------------------------------
 # Probes: pooled features kept on disk and read a batch at a time; standardisation in row chunks
 
