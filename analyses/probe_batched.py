@@ -220,17 +220,19 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
         inv_C = torch.as_tensor(1.0 / chosen.reshape(B, L * n_splits), dtype=tdtype, device=dev)
         problems = _Problems(X, masks, targets, inv_C, kind, basis, XT)
         theta, _ = _lbfgs(problems, theta0, max_iter=max_iter, tol=tol, precondition=precondition)
-        prob = problems.item_loss_and_prob(problems.logits(theta.reshape(B * len(stage2), 1, -1)))[1]  # (P, K, n)
-        P = prob.view(B, len(stage2), K, n).double().cpu().numpy().transpose(0, 3, 2, 1)  # (B, n, K, G)
-        if binary:
-            P = np.concatenate([1 - P, P], axis=2)
         out = {}
-        for b, key in enumerate(keys):
+        G2 = len(stage2)
+        for b, key in enumerate(keys):  # one feature set's probabilities at a time: (G, K, n) -> (n, K, G)
+            own = problems.select(torch.arange(b * G2, (b + 1) * G2, device=dev), None)
+            Pb = own.item_loss_and_prob(own.logits(theta[b].reshape(G2, 1, -1)))[1]
+            Pb = Pb.double().cpu().numpy().transpose(2, 1, 0)
+            if binary:
+                Pb = np.concatenate([1 - Pb, Pb], axis=1)
             per_label, per_items = [], []
             for l, lab in enumerate(label_sets):
-                per_label.append([_evaluate_fold(lab[tr], lab[te], P[b, te, :, l * n_splits + o], classes, multilabel)
+                per_label.append([_evaluate_fold(lab[tr], lab[te], Pb[te, :, l * n_splits + o], classes, multilabel)
                                   for o, (tr, te) in enumerate(outer)])
-                per_items.append([_fold_items(lab[tr], lab[te], P[b, te, :, l * n_splits + o], classes, multilabel)
+                per_items.append([_fold_items(lab[tr], lab[te], Pb[te, :, l * n_splits + o], classes, multilabel)
                                   for o, (tr, te) in enumerate(outer)])
             control = [d_["micro_f1" if multilabel else "accuracy"] for d_ in per_label[1]] if L > 1 else None
             items = _items_table(outer, per_items[0], y, groups, multilabel, per_items[1] if L > 1 else None)

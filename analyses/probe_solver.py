@@ -465,25 +465,39 @@ def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: i
 
 def _device_inner_scores(problems: _Problems, theta, eval_masks, select_by: str, multilabel: bool):
     """Higher-is-better inner-CV score ``(B, G)`` on rows ``eval_masks: (n, G)``, with the
-    definitions of :func:`_inner_score` (``theta: (B, G, D)``, the problems as built)."""
+    definitions of :func:`_inner_score` (``theta: (B, G, D)``, the problems as built). Each feature
+    set's logits are taken a block of rows at a time (at most :data:`BLOCK_ELEMENTS`, as in
+    :meth:`_Problems.value_grad`), so no ``(problem, class, row)`` tensor of all rows is made."""
     torch = _torch()
     B, G = problems.shape
-    Z = problems.logits(theta.reshape(B * G, 1, -1))  # (P, K, n)
-    T = problems.targets_pkn()
+    P, K, n, d1 = B * G, problems.K, problems.X1.shape[1], problems.X1.shape[2]
+    A = problems._folded(theta.reshape(P, 1, -1))  # (P, d + 1, K)
     E = eval_masks[:, problems.col].T  # (P, n)
     n_eval = E.sum(1)
+    counts = torch.zeros(3 if multilabel and select_by != "log_loss" else 1, P, dtype=A.dtype, device=A.device)
+    for b, s, e in problems.runs:
+        m = e - s
+        At = A[s:e].transpose(1, 2).reshape(m * K, d1)
+        rows = min(n, max(64, BLOCK_ELEMENTS // (m * K)))
+        for r0 in range(0, n, rows):
+            Z = (At @ problems.XT[b, :, r0:r0 + rows]).view(m, K, -1)  # (m, K, rows)
+            T = problems.targets[r0:r0 + rows][:, :, problems.col[s:e]].permute(2, 1, 0)
+            Eb = E[s:e, r0:r0 + rows]
+            if select_by == "log_loss":
+                loss, _ = problems.item_loss_and_prob(Z, T)
+                counts[0, s:e] += ((loss / K if multilabel else loss) * Eb).sum(1)  # multi-label: mean over labels
+            elif problems.kind == "softmax":
+                counts[0, s:e] += ((Z.argmax(1) == T.argmax(1)).to(Z.dtype) * Eb).sum(1)
+            elif not multilabel:  # binary: one sigmoid column
+                counts[0, s:e] += ((Z[:, 0] > 0) == (T[:, 0] > 0.5)).to(Z.dtype).mul_(Eb).sum(1)
+            else:
+                pred, truth, mb = Z > 0, T > 0.5, Eb[:, None, :]
+                for i, hit in enumerate((pred & truth, pred & ~truth, ~pred & truth)):  # tp, fp, fn
+                    counts[i, s:e] += (hit * mb).sum((1, 2))
     if select_by == "log_loss":
-        loss, _ = problems.item_loss_and_prob(Z, T)
-        if multilabel:
-            loss = loss / T.shape[1]  # mean over labels
-        return (-(loss * E).sum(1) / n_eval).view(B, G)
-    if problems.kind == "softmax":
-        correct = (Z.argmax(1) == T.argmax(1)).to(Z.dtype)
-        return ((correct * E).sum(1) / n_eval).view(B, G)
-    pred, truth = Z > 0, T > 0.5
-    if not multilabel:  # binary: one sigmoid column
-        return (((pred == truth)[:, 0]).to(Z.dtype) * E).sum(1).div(n_eval).view(B, G)
-    m = E[:, None, :]
-    tp, fp, fn = ((pred & truth) * m).sum((1, 2)), ((pred & ~truth) * m).sum((1, 2)), ((~pred & truth) * m).sum((1, 2))
+        return (-counts[0] / n_eval).view(B, G)
+    if not multilabel or problems.kind == "softmax":
+        return (counts[0] / n_eval).view(B, G)
+    tp, fp, fn = counts
     den = 2 * tp + fp + fn
     return torch.where(den > 0, 2 * tp / den.clamp_min(1), torch.zeros_like(den)).view(B, G)

@@ -255,6 +255,46 @@ def test_batched_gradient_matches_autograd():
     torch.testing.assert_close(g, theta.grad)
 
 
+@pytest.mark.parametrize("kind", ["softmax", "binary", "multilabel"])
+@pytest.mark.parametrize("select_by", ["log_loss", "metric"])
+def test_device_inner_scores_in_row_blocks_equal_the_reference_scores(kind, select_by, monkeypatch):
+    """The inner-CV scores, computed a block of rows at a time, are _inner_score's on each problem's
+    evaluation rows (probabilities from the problems' own logits)."""
+    import analyses.probe_solver as solver
+    from analyses.probe_metrics import _inner_score
+
+    monkeypatch.setattr(solver, "BLOCK_ELEMENTS", 1)  # blocks of 64 rows: five blocks here
+    rng = np.random.default_rng(4)
+    n, d, B, G = 300, 4, 2, 3
+    K = {"softmax": 3, "binary": 1, "multilabel": 4}[kind]
+    X1 = torch.tensor(np.concatenate([rng.normal(size=(B, n, d)), np.ones((B, n, 1))], 2))
+    masks = torch.tensor((rng.random((n, G)) < 0.6).astype(float))
+    evals = 1.0 - masks
+    if kind == "softmax":
+        labels = rng.integers(0, K, (n, G))
+        T = np.eye(K)[labels].transpose(0, 2, 1).copy()
+    else:
+        T = (rng.random((n, K, G)) < 0.4).astype(float)
+    problems = _Problems(X1, masks, torch.tensor(T), torch.ones(B, G, dtype=torch.float64),
+                         "softmax" if kind == "softmax" else "sigmoid")
+    theta = torch.tensor(rng.normal(size=(B, G, (d + 1) * K)))
+    got = solver._device_inner_scores(problems, theta, evals, select_by, kind == "multilabel")
+    Z = problems.full_logits(theta).numpy()  # (B, n, K, G)
+    for b in range(B):
+        for g in range(G):
+            rows = evals[:, g].numpy() > 0
+            z = Z[b, rows, :, g]
+            if kind == "softmax":
+                P = np.exp(z - z.max(1, keepdims=True))
+                ref = _inner_score(labels[rows, g], P / P.sum(1, keepdims=True), np.arange(K), False, select_by)
+            elif kind == "binary":
+                p1 = 1 / (1 + np.exp(-z[:, 0]))
+                ref = _inner_score(T[rows, 0, g], np.stack([1 - p1, p1], 1), np.array([0.0, 1.0]), False, select_by)
+            else:
+                ref = _inner_score(T[rows, :, g], 1 / (1 + np.exp(-z)), np.arange(K), True, select_by)
+            assert float(got[b, g]) == pytest.approx(ref, rel=1e-9, abs=1e-12), (b, g)
+
+
 def test_macro_auc_equals_sklearns_with_ties_and_one_class_labels():
     """The rank (Mann-Whitney) form of the macro AUC gives roc_auc_score's value, ties counting one half;
     labels with one class among the rows are left out, and none left gives NaN."""
