@@ -34,6 +34,7 @@ from probing.cli import ArgumentParser
 
 #: Targets that sum over groups (beside each group's own name): every [SEP], own and other sentences.
 ALL_SEP, OWN_SENTENCE, OTHER_SENTENCES, ALL_TOKENS = "all [SEP]", "own sentence", "other sentences", "all tokens"
+_TOKENS_PER_BLOCK = 16384  # tokens per block of group_counts's per-token scratch
 _EXAMPLES_PER_CHUNK = 128  # examples per chunk of from_all_tokens's float64 products (about 4 MB for MiniLM)
 
 
@@ -75,21 +76,24 @@ def group_counts(cache: Cache, examples: np.ndarray, groups: list[str]) -> np.nd
         return None
     tok = cache.tokens
     # group name s<sentence> for words, <role><occurrence> otherwise, assigned per distinct (role, number) with
-    # masks: no string or tuple per token
+    # masks: no string or tuple per token; a block of tokens at a time, so the per-token scratch is bounded
     index = {g: i for i, g in enumerate(groups)}
-    gid = np.full(len(tok), -1, dtype=np.int64)
-    sentence, occurrence = tok["sentence"].to_numpy(), tok["occurrence"].to_numpy()
-    for role in tok["role"].dropna().unique():
-        is_r = is_role(tok, role)
-        values = sentence if role == "word" else occurrence
-        for v in np.unique(values[is_r]):
-            g = index.get(f"s{v}" if role == "word" else f"{role}{v}", -1)
-            if g >= 0:
-                gid[is_r & (values == v)] = g
-    rows = pd.Index(examples).get_indexer(tok["example"].to_numpy())
-    ok = (gid >= 0) & (rows >= 0)
+    where = pd.Index(examples)
     counts = np.zeros((len(examples), len(groups)))
-    np.add.at(counts, (rows[ok], gid[ok]), 1.0)
+    for start in range(0, len(tok), _TOKENS_PER_BLOCK):
+        part = tok.iloc[start:start + _TOKENS_PER_BLOCK]
+        gid = np.full(len(part), -1, dtype=np.int64)
+        sentence, occurrence = part["sentence"].to_numpy(), part["occurrence"].to_numpy()
+        for role in part["role"].dropna().unique():
+            is_r = is_role(part, role)
+            values = sentence if role == "word" else occurrence
+            for v in np.unique(values[is_r]):
+                g = index.get(f"s{v}" if role == "word" else f"{role}{v}", -1)
+                if g >= 0:
+                    gid[is_r & (values == v)] = g
+        rows = where.get_indexer(part["example"].to_numpy())
+        ok = (gid >= 0) & (rows >= 0)
+        np.add.at(counts, (rows[ok], gid[ok]), 1.0)
     return counts
 
 

@@ -277,6 +277,7 @@ def test_attention_read_in_chunks_equals_the_whole_summaries(caches, monkeypatch
         np.testing.assert_array_equal(np.concatenate([p for _, p in parts]), mass)
     ref, _ = _attention_whole(att)
     monkeypatch.setattr(attention, "_EXAMPLES_PER_CHUNK", per_chunk)
+    monkeypatch.setattr(attention, "_TOKENS_PER_BLOCK", 7)  # group_counts a few tokens at a time
     got = attention.run_attention(att, n_resamples=200)
     got = got[got["role"].notna()][["role", "target", "head", "value", "ci_low", "ci_high"]].reset_index(drop=True)
     pd.testing.assert_frame_equal(got.astype({"head": str}), ref, check_dtype=False, rtol=0, atol=0)
