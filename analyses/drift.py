@@ -26,6 +26,7 @@ from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options,
                               keep_table, make_table, result_path, stored_table)
 from probing.cache import Cache, align, check_comparable, describe_model
 from probing.cli import ArgumentParser
+from probing.heap import hand_back_freed
 from probing.layers import shared_layers
 
 
@@ -103,6 +104,9 @@ def run_drift(a: Cache, b: Cache, *, layers: Sequence[int] | None = None, subwor
     records = []
     for layer in tqdm(layers, desc=f"drift {a.format_name} vs {b.format_name}", disable=not progress,
                       file=sys.stderr):
+        # what the pairing, the labels and the last layer's bootstrap freed, handed back before this layer's
+        # float64 blocks, so that they do not come on top of it
+        hand_back_freed()
         # lazy: the metrics read both formats' rows in blocks, and only the per-token cosines stay in memory
         A = a.layer_rows(layer, rows_a)
         B = b.layer_rows(layer, rows_b)

@@ -67,3 +67,11 @@ def release_arrow_pages() -> None:
         pa.default_memory_pool().release_unused()
     except (ImportError, AttributeError):
         pass
+
+
+def hand_back_freed() -> None:
+    """Hand back what glibc's heap and Arrow's pool keep of freed memory: between the phases of a long
+    computation, so that the next phase's large temporaries do not come on top of the last one's
+    leftovers (the per-token tables' pandas and Arrow scratch, say)."""
+    HeapTrimmer()()
+    release_arrow_pages()

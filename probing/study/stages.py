@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..heap import HeapTrimmer, release_arrow_pages
+from ..heap import hand_back_freed
 
 CLEAR_REFS = Path("/proc/self/clear_refs")
 STATUS = Path("/proc/self/status")
@@ -74,8 +74,7 @@ class Stages:
         # hand the heap pages earlier stages freed back first (glibc and Arrow keep them otherwise, also
         # in the arenas of finished worker threads), so that a stage's peak is its own and not what an
         # earlier stage left behind
-        HeapTrimmer()()
-        release_arrow_pages()
+        hand_back_freed()
         per_stage = reset_peak_rss()
         start, cpu = time.perf_counter(), time.process_time()
         try:
