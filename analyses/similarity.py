@@ -39,6 +39,7 @@ from analyses.selection import (POOL_CHUNK_ROWS, ItemRows, is_role, item_chunks,
                                 pool_chunked, pooled)
 from probing.cache import Cache, align, check_comparable
 from probing.cli import ArgumentParser
+from probing.heap import hand_back_freed
 from probing.layers import cache_layers, shared_layers
 
 #: CKA variants, declared once: name -> function of (X, Y).
@@ -163,9 +164,13 @@ def run_cka_formats(a: Cache, b: Cache, choices: Sequence[str] = ("cls", "mean")
         return done
     rows = []
     cells = [(choice, layer) for choice in choices for layer in layers]
+    paired: dict[str, tuple[ItemRows, ItemRows]] = {}
     for choice, layer in tqdm(cells, desc=f"CKA {a.format_name} vs {b.format_name}", disable=not progress, delay=1,
                               file=sys.stderr):
-        items_a, items_b = _paired_items(a, b, choice)
+        if choice not in paired:  # the same items at every layer
+            paired = {choice: _paired_items(a, b, choice)}
+            hand_back_freed()  # the pairing's per-token scratch, before the chunks are pooled
+        items_a, items_b = paired[choice]
         for m, v, note in _measure_items(a, b, items_a, items_b, layer, metrics):
             rows.append({**_base(a, b), "layer": layer, "choice": choice, "choice_b": choice, "metric": m,
                          "value": v, "n": len(items_a), "note": note})
@@ -183,6 +188,7 @@ def run_cka_matrix(a: Cache, b: Cache | None = None, choice: str = "cls", *,
     if done is not None:
         return done
     items_a, items_b = _paired_items(a, b, choice)
+    hand_back_freed()  # the pairing's per-token scratch, before the chunks are pooled
     # accumulated over chunks of items (every layer of a chunk read at once): memory does not grow with the items
     acc = StreamingCKAMatrix(debiased=debiased)
     max_rows = max(1, POOL_CHUNK_ROWS // max(len(a.layers), len(b.layers)))
