@@ -223,6 +223,21 @@ class _Problems:
         """Whether :meth:`value_grad` may take ``reduced=True``: a softmax over three or more classes."""
         return self.kind == "softmax" and self.K >= 3
 
+    def logit_blocks(self, A, Kc: int | None = None):
+        """The logits of classes ``:Kc`` (default all) for weights ``A: (P, d + 1, K)`` (:meth:`_folded`),
+        one feature set's problems and a block of rows at a time (at most :data:`BLOCK_ELEMENTS` logits):
+        yields ``(b, s, e, r0, Z)``, ``Z: ((e - s) Kc, rows)`` for problems ``s:e`` of feature set ``b``
+        on rows ``r0:r0 + rows``."""
+        K = self.K
+        Kc = K if Kc is None else Kc
+        n, d1 = self.X1.shape[1], self.X1.shape[2]
+        for b, s, e in self.runs:
+            m = e - s
+            At = A[s:e, :, :Kc].transpose(1, 2).reshape(m * Kc, d1)
+            rows = min(n, max(64, BLOCK_ELEMENTS // (m * K)))
+            for r0 in range(0, n, rows):
+                yield b, s, e, r0, At @ self.XT[b, :, r0:r0 + rows]
+
     def value_grad(self, theta, reduced: bool = False):
         """Objective ``(P, 1)`` and its gradient ``(P, 1, (d + 1) * K)``.
 
@@ -246,35 +261,30 @@ class _Problems:
         Kc = K - 1 if red else K  # classes whose logits come from a product
         G = torch.empty(P, Kc, d1, dtype=theta.dtype, device=theta.device)
         lse = torch.empty(P, n, dtype=theta.dtype, device=theta.device)  # per-item log-partition (softplus)
-        for b, s, e in self.runs:
-            m = e - s
-            At = A[s:e, :, :Kc].transpose(1, 2).reshape(m * Kc, d1)
+        for b, s, e, r0, Z in self.logit_blocks(A, Kc):
+            m, rows = e - s, Z.shape[1]
             acc = G[s:e].view(m * Kc, d1)
-            w = self.w[s:e]
-            rows = min(n, max(64, BLOCK_ELEMENTS // (m * K)))
-            for r0 in range(0, n, rows):
-                Xb = self.X1[b, r0:r0 + rows]
-                Z = At @ self.XT[b, :, r0:r0 + rows]  # (m Kc, rows)
-                Z3 = Z.view(m, Kc, -1)
-                wb = w[:, None, r0:r0 + rows]
-                if softmax:  # (faster than torch.logsumexp plus a softmax here)
-                    mx = Z3.amax(1, keepdim=True)
-                    if red:
-                        z_last = Z3.sum(1, keepdim=True).neg_()
-                        mx = torch.maximum(mx, z_last)
-                        S = Z3.sub_(mx).exp_().sum(1, keepdim=True).add_(z_last.sub_(mx).exp_())
-                    else:
-                        S = Z3.sub_(mx).exp_().sum(1, keepdim=True)
-                    Z3.mul_(wb / S)
-                    lse[s:e, r0:r0 + rows] = S.log_().add_(mx).squeeze(1)
+            Xb = self.X1[b, r0:r0 + rows]
+            Z3 = Z.view(m, Kc, -1)
+            wb = self.w[s:e, None, r0:r0 + rows]
+            if softmax:  # (faster than torch.logsumexp plus a softmax here)
+                mx = Z3.amax(1, keepdim=True)
+                if red:
+                    z_last = Z3.sum(1, keepdim=True).neg_()
+                    mx = torch.maximum(mx, z_last)
+                    S = Z3.sub_(mx).exp_().sum(1, keepdim=True).add_(z_last.sub_(mx).exp_())
                 else:
-                    lse[s:e, r0:r0 + rows] = torch.nn.functional.softplus(Z3).sum(1)
-                    Z3.sigmoid_().mul_(wb)
-                # d f / d Z times the block's rows, less the linear part
-                if r0 == 0:
-                    torch.mm(Z, Xb, out=acc)
-                else:
-                    acc.addmm_(Z, Xb)
+                    S = Z3.sub_(mx).exp_().sum(1, keepdim=True)
+                Z3.mul_(wb / S)
+                lse[s:e, r0:r0 + rows] = S.log_().add_(mx).squeeze(1)
+            else:
+                lse[s:e, r0:r0 + rows] = torch.nn.functional.softplus(Z3).sum(1)
+                Z3.sigmoid_().mul_(wb)
+            # d f / d Z times the block's rows, less the linear part
+            if r0 == 0:
+                torch.mm(Z, Xb, out=acc)
+            else:
+                acc.addmm_(Z, Xb)
         # f = sum_i w_i lse_i - sum_i w_i sum_k t_ik z_ik + pen ||W||^2 / 2, the dots as batched products
         dot = _dot
         Wb = theta.view(P, d1, K)
@@ -467,33 +477,31 @@ def _device_inner_scores(problems: _Problems, theta, eval_masks, select_by: str,
     """Higher-is-better inner-CV score ``(B, G)`` on rows ``eval_masks: (n, G)``, with the
     definitions of :func:`_inner_score` (``theta: (B, G, D)``, the problems as built). Each feature
     set's logits are taken a block of rows at a time (at most :data:`BLOCK_ELEMENTS`, as in
-    :meth:`_Problems.value_grad`), so no ``(problem, class, row)`` tensor of all rows is made."""
+    :meth:`_Problems.value_grad`: :meth:`_Problems.logit_blocks`), so no ``(problem, class, row)`` tensor
+    of all rows is made."""
     torch = _torch()
     B, G = problems.shape
-    P, K, n, d1 = B * G, problems.K, problems.X1.shape[1], problems.X1.shape[2]
+    P, K = B * G, problems.K
     A = problems._folded(theta.reshape(P, 1, -1))  # (P, d + 1, K)
     E = eval_masks[:, problems.col].T  # (P, n)
     n_eval = E.sum(1)
     counts = torch.zeros(3 if multilabel and select_by != "log_loss" else 1, P, dtype=A.dtype, device=A.device)
-    for b, s, e in problems.runs:
-        m = e - s
-        At = A[s:e].transpose(1, 2).reshape(m * K, d1)
-        rows = min(n, max(64, BLOCK_ELEMENTS // (m * K)))
-        for r0 in range(0, n, rows):
-            Z = (At @ problems.XT[b, :, r0:r0 + rows]).view(m, K, -1)  # (m, K, rows)
-            T = problems.targets[r0:r0 + rows][:, :, problems.col[s:e]].permute(2, 1, 0)
-            Eb = E[s:e, r0:r0 + rows]
-            if select_by == "log_loss":
-                loss, _ = problems.item_loss_and_prob(Z, T)
-                counts[0, s:e] += ((loss / K if multilabel else loss) * Eb).sum(1)  # multi-label: mean over labels
-            elif problems.kind == "softmax":
-                counts[0, s:e] += ((Z.argmax(1) == T.argmax(1)).to(Z.dtype) * Eb).sum(1)
-            elif not multilabel:  # binary: one sigmoid column
-                counts[0, s:e] += ((Z[:, 0] > 0) == (T[:, 0] > 0.5)).to(Z.dtype).mul_(Eb).sum(1)
-            else:
-                pred, truth, mb = Z > 0, T > 0.5, Eb[:, None, :]
-                for i, hit in enumerate((pred & truth, pred & ~truth, ~pred & truth)):  # tp, fp, fn
-                    counts[i, s:e] += (hit * mb).sum((1, 2))
+    for _, s, e, r0, Z in problems.logit_blocks(A):
+        Z = Z.view(e - s, K, -1)  # (m, K, rows)
+        r1 = r0 + Z.shape[2]
+        T = problems.targets[r0:r1][:, :, problems.col[s:e]].permute(2, 1, 0)
+        Eb = E[s:e, r0:r1]
+        if select_by == "log_loss":
+            loss, _ = problems.item_loss_and_prob(Z, T)
+            counts[0, s:e] += ((loss / K if multilabel else loss) * Eb).sum(1)  # multi-label: mean over labels
+        elif problems.kind == "softmax":
+            counts[0, s:e] += ((Z.argmax(1) == T.argmax(1)).to(Z.dtype) * Eb).sum(1)
+        elif not multilabel:  # binary: one sigmoid column
+            counts[0, s:e] += ((Z[:, 0] > 0) == (T[:, 0] > 0.5)).to(Z.dtype).mul_(Eb).sum(1)
+        else:
+            pred, truth, mb = Z > 0, T > 0.5, Eb[:, None, :]
+            for i, hit in enumerate((pred & truth, pred & ~truth, ~pred & truth)):  # tp, fp, fn
+                counts[i, s:e] += (hit * mb).sum((1, 2))
     if select_by == "log_loss":
         return (-counts[0] / n_eval).view(B, G)
     if not multilabel or problems.kind == "softmax":

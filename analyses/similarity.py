@@ -164,13 +164,12 @@ def run_cka_formats(a: Cache, b: Cache, choices: Sequence[str] = ("cls", "mean")
         return done
     rows = []
     cells = [(choice, layer) for choice in choices for layer in layers]
-    paired: dict[str, tuple[ItemRows, ItemRows]] = {}
+    paired = None
     for choice, layer in tqdm(cells, desc=f"CKA {a.format_name} vs {b.format_name}", disable=not progress, delay=1,
                               file=sys.stderr):
-        if choice not in paired:  # the same items at every layer
-            paired = {choice: _paired_items(a, b, choice)}
+        if paired != choice:  # cells go choice by choice: the same items at every layer
+            paired, (items_a, items_b) = choice, _paired_items(a, b, choice)
             hand_back_freed()  # the pairing's per-token scratch, before the chunks are pooled
-        items_a, items_b = paired[choice]
         for m, v, note in _measure_items(a, b, items_a, items_b, layer, metrics):
             rows.append({**_base(a, b), "layer": layer, "choice": choice, "choice_b": choice, "metric": m,
                          "value": v, "n": len(items_a), "note": note})
