@@ -401,6 +401,19 @@ def test_probe_question_verdicts_follow_their_paired_rows(key, table, extra, wor
     assert "declared family" in spec.comparison_table({table: _probe_rows(0.05, **extra)})[1]
 
 
+def test_q8_asks_whether_cls_is_better_so_mean_pooling_ahead_answers_no():
+    """Q8 is one-sided ("Is [CLS] better than mean pooling?"): mean pooling significantly ahead is a No,
+    not a Yes about some difference; [CLS] ahead is a Yes."""
+    from probing.study.questions import QUESTION_SECTIONS
+
+    cfg = load_config(None)
+    spec = QUESTION_SECTIONS["Q8"]
+    down = spec.verdict({"paired_q8": _probe_rows(-0.05, target="topic")}, cfg).sentence
+    up = spec.verdict({"paired_q8": _probe_rows(0.05, target="topic")}, cfg).sentence
+    assert down.startswith("No") and "mean pooling reads topic better than [CLS]" in down
+    assert up.startswith("Yes") and "[CLS] reads topic better than mean pooling" in up
+
+
 def test_power_sentence_is_generated_from_groups_needed():
     from probing.study.question_text import power_text
 
