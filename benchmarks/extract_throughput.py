@@ -12,9 +12,14 @@ writes the cache to disk (the naive loop writes nothing, so the comparison is ge
     python benchmarks/extract_throughput.py --random-init-size base --device cuda --dtype bfloat16
 
 Tokens/s counts real (unpadded) tokens through the model. The extractor's rate is also given in
-GFLOP/s and set against a large float32 matrix product (``--matmul-size``, default 2048 x 2048 x 2048)
-timed in the same run with the same thread count, before and after the extractor (the ratio uses
-their mean). Model FLOPs per example of n real tokens, from the model's config (L layers, hidden d,
+GFLOP/s and set against a large matrix product timed in the same run, before and after the extractor
+(the ratio uses their mean): on the CPU float32 (``--matmul-size``, default 2048 x 2048 x 2048) with the
+same thread count, on a GPU bfloat16 8192 x 8192 x 8192. The cache's bytes per second are set against
+the disk's, measured in the same run and directory the way the cache writer writes (files of one shard,
+``--shard-mb``, each fsynced): with all tokens of every layer stored the disk, not the model, is the
+limit. ``--naive-examples`` times the naive loop on the first pairs only (on a GPU it copies every
+hidden state of every layer to the host, slow for a large corpus); ``--profile`` prints where the
+extractor's main thread spends its time. ``benchmarks/gpu_check.sh`` runs the GPU cases. Model FLOPs per example of n real tokens, from the model's config (L layers, hidden d,
 intermediate i):
 
     dense: n x 2L(4d² + 2di)   (Q, K, V and output projections, the two feed-forward matrices)
@@ -88,6 +93,42 @@ def matmul_gflops(size: int, seconds: float = 2.0) -> tuple[float, float]:
     return flop / (time.perf_counter() - t0), flop / (time.process_time() - c0)
 
 
+def gpu_matmul_tflops(device, size: int = 8192, reps: int = 10) -> float:
+    """bfloat16 ``size`` x ``size`` x ``size`` matrix products on ``device`` (random data, two warm-ups),
+    TFLOP/s: the reference rate for the extractor's model FLOPs on a GPU."""
+    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    for _ in range(2):
+        torch.mm(a, b)
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        torch.mm(a, b)
+    torch.cuda.synchronize(device)
+    return reps * 2 * size ** 3 / (time.perf_counter() - t0) / 1e12
+
+
+def disk_write_rate(directory: Path, total_bytes: int, file_bytes: int) -> float:
+    """Bytes per second written to ``directory`` as the cache writer writes: files of ``file_bytes``
+    (one shard), each written from a NumPy buffer of random bytes and fsynced before the next, one
+    writer thread. The files are removed afterwards."""
+    rng = np.random.default_rng(0)
+    block = rng.integers(0, 256, size=min(file_bytes, total_bytes), dtype=np.uint8)
+    directory.mkdir(parents=True, exist_ok=True)
+    written, k = 0, 0
+    t0 = time.perf_counter()
+    while written < total_bytes:
+        n = min(len(block), total_bytes - written)
+        with open(directory / f"disk-{k}.bin", "wb") as f:
+            f.write(memoryview(block)[:n])
+            f.flush()
+            os.fsync(f.fileno())
+        written, k = written + n, k + 1
+    rate = written / (time.perf_counter() - t0)
+    shutil.rmtree(directory, ignore_errors=True)
+    return rate
+
+
 def random_model(size: str, tokenizer, device, dtype):
     """A randomly initialised BERT of a standard size (same code path as any loaded model)."""
     from transformers import BertConfig, BertModel
@@ -115,6 +156,10 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float32", help="extractor compute dtype (the naive loop is float32)")
     p.add_argument("--batch-tokens", type=int, default=None, help="extractor token budget per batch")
     p.add_argument("--naive-batch", type=int, default=32)
+    p.add_argument("--naive-examples", type=int, default=None,
+                   help="time the naive loop on the first N pairs only (default: all; its rate is per token)")
+    p.add_argument("--shard-mb", type=float, default=256.0, help="extractor shard size, MiB (default 256)")
+    p.add_argument("--profile", action="store_true", help="also print the extractor's top functions (cProfile)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--matmul-size", type=int, default=2048, help="square float32 matmul for the reference rate")
     args = p.parse_args(argv)
@@ -128,9 +173,12 @@ def main(argv=None) -> int:
     device = pick_device(args.device)
     examples = load_corpus(args.corpus)
     examples = [e for e in examples if e.n_sentences >= 2]
-    lm = load_model(args.model, device=device, dtype="float32")
-    if args.random_init_size:
-        lm = random_model(args.random_init_size, lm.tokenizer, device, "float32")
+    if args.random_init_size:  # only the tokenizer of --model is needed
+        from probing.models import load_tokenizer, resolve_model
+
+        lm = random_model(args.random_init_size, load_tokenizer(resolve_model(args.model)), device, "float32")
+    else:
+        lm = load_model(args.model, device=device, dtype="float32")
     from probing.extract import BATCH_TOKENS
 
     batch_tokens = args.batch_tokens or (65536 if device.type == "cuda" else BATCH_TOKENS["cpu"])
@@ -142,33 +190,47 @@ def main(argv=None) -> int:
 
     cpu_ref = device.type == "cpu"
     mm_before = matmul_gflops(args.matmul_size) if cpu_ref else None
+    gpu_ref = [gpu_matmul_tflops(device)] if device.type == "cuda" else None
+    naive_examples = examples[: args.naive_examples] if args.naive_examples else examples
     naive_loop(lm, examples[: args.naive_batch * 2], args.naive_batch, device)  # warm-up
-    n_naive, t_naive = naive_loop(lm, examples, args.naive_batch, device)
+    n_naive, t_naive = naive_loop(lm, naive_examples, args.naive_batch, device)
     naive_rate = n_naive / t_naive
-    print(f"naive loop   : {n_naive} tokens in {t_naive:7.2f}s = {naive_rate:12,.0f} tokens/s")
+    print(f"naive loop   : {n_naive} tokens in {t_naive:7.2f}s = {naive_rate:12,.0f} tokens/s"
+          + (f" (first {len(naive_examples)} pairs)" if len(naive_examples) < len(examples) else ""))
 
     root = Path(tempfile.mkdtemp(prefix="probing-bench-"))
     try:
         lm.model.to(dtype={"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype])
-        extract(examples[:64], ["pair"], model=lm, out=root / "warm", roles=args.roles, layers=args.layers,
-                dtype=args.dtype, device=str(device), batch_tokens=batch_tokens, progress=False,
-                log=lambda *a: None)
+        kw = dict(roles=args.roles, layers=args.layers, dtype=args.dtype, device=str(device), batch_tokens=batch_tokens,
+                  shard_mb=args.shard_mb, progress=False, log=lambda *a: None)
+        extract(examples[:64], ["pair"], model=lm, out=root / "warm", **kw)
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         sync()
+        if args.profile:
+            import cProfile
+
+            prof = cProfile.Profile()
+            prof.enable()
         t0, c0 = time.perf_counter(), time.process_time()
-        (path,) = extract(examples, ["pair"], model=lm, out=root / "run", roles=args.roles, layers=args.layers,
-                          dtype=args.dtype, device=str(device), batch_tokens=batch_tokens, progress=False,
-                          log=lambda *a: None)
+        (path,) = extract(examples, ["pair"], model=lm, out=root / "run", **kw)
         sync()
         t_ext, c_ext = time.perf_counter() - t0, time.process_time() - c0
+        if args.profile:
+            import pstats
+
+            prof.disable()
+            pstats.Stats(prof).sort_stats("cumulative").print_stats(22)
         from probing.planning import sentence_lengths
 
         lengths = sentence_lengths(lm.tokenizer, list({s for e in examples for s in e.sentences[:2]}))
         per_example = [lengths[e.sentences[0]] + lengths[e.sentences[1]] + 3 for e in examples]
         n_ext = sum(per_example)
-        if n_ext != n_naive:
-            raise SystemExit(f"token counts differ: extractor {n_ext}, naive {n_naive}")
+        if sum(per_example[:len(naive_examples)]) != n_naive:
+            raise SystemExit(f"token counts differ: extractor {sum(per_example[:len(naive_examples)])}, naive {n_naive}")
         size_mb = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+        shutil.rmtree(path, ignore_errors=True)
+        # the disk's own rate, measured in the same directory the same way (shard-sized files, fsync each)
+        disk = disk_write_rate(root / "disk", max(int(size_mb * 2**20), 2**28), int(args.shard_mb * 2**20))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rate = n_ext / t_ext
@@ -176,7 +238,10 @@ def main(argv=None) -> int:
     print(f"extractor    : {n_ext} tokens in {t_ext:7.2f}s = {rate:12,.0f} tokens/s "
           f"(roles {args.roles}, {args.dtype}, batches of {batch_tokens} tokens, {how}, cache {size_mb:.1f} MiB written)")
     print(f"ratio extractor / naive = {rate / naive_rate:.2f}x")
+    print(f"cache written at {size_mb / t_ext:,.0f} MiB/s; the disk in the same run (shard-sized files, fsync each) "
+          f"{disk / 2**20:,.0f} MiB/s: {size_mb * 2**20 / t_ext / disk:.0%} of the disk's rate")
     flops = model_flops(lm.config, per_example)
+    naive_flops = model_flops(lm.config, per_example[:len(naive_examples)])
     dense = dense_flops_per_token(lm.config)
     print(f"model FLOPs: {flops / n_ext / 1e6:.2f} MFLOP per real token (dense {dense / 1e6:.2f}"
           f" + attention), {flops / 1e12:.3f} TFLOP in all; extractor CPU time {c_ext:.1f}s of {t_ext:.1f}s wall")
@@ -187,11 +252,15 @@ def main(argv=None) -> int:
         print(f"matmul {args.matmul_size}^3 float32, {torch.get_num_threads()} threads: "
               f"{mm_before[0]:.1f} GFLOP/s before, {mm_after[0]:.1f} after")
         print(f"extractor {gflops:.1f} GFLOP/s = {gflops / mm:.0%} of the matmul rate (target >= 70%); "
-              f"naive loop {flops / t_naive / 1e9:.1f} GFLOP/s = {flops / t_naive / 1e9 / mm:.0%}")
+              f"naive loop {naive_flops / t_naive / 1e9:.1f} GFLOP/s = {naive_flops / t_naive / 1e9 / mm:.0%}")
         print(f"per CPU-second (less sensitive to other jobs on the machine): extractor {flops / c_ext / 1e9:.1f}, "
               f"matmul {mm_cpu:.1f} GFLOP = {flops / c_ext / 1e9 / mm_cpu:.0%}")
     else:
-        print(f"extractor {gflops:.1f} GFLOP/s")
+        gpu_ref.append(gpu_matmul_tflops(device))
+        ref = sum(gpu_ref) / 2
+        print(f"matmul 8192^3 bfloat16 on the GPU: {gpu_ref[0]:.0f} TFLOP/s before, {gpu_ref[1]:.0f} after")
+        print(f"extractor {gflops / 1e3:.1f} TFLOP/s = {gflops / 1e3 / ref:.0%} of the matmul rate; "
+              f"naive loop {naive_flops / t_naive / 1e12:.1f} TFLOP/s (float32)")
     return 0
 
 

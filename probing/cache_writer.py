@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -62,6 +63,39 @@ def _write_npy(tmp: str, array: np.ndarray) -> None:
         np.lib.format.write_array(f, np.ascontiguousarray(array), allow_pickle=False)
 
 
+def npy_sha256(path: Path, array: np.ndarray) -> str:
+    """:func:`sha256_file` of the ``.npy`` file just written from the C-contiguous ``array``, without reading
+    its data back: the header is read from the file and the data hashed from memory (a ``.npy`` file is its
+    header, then the array's bytes as they are in memory). Falls back to reading the file when the sizes
+    do not add up."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        read_header(f)
+        header_bytes = f.tell()
+        f.seek(0)
+        header = f.read(header_bytes)
+    if not array.flags.c_contiguous or os.path.getsize(path) != header_bytes + array.nbytes:
+        return sha256_file(path)
+    h = hashlib.sha256(header)
+    h.update(memoryview(array.reshape(-1).view(np.uint8)))
+    return h.hexdigest()
+
+
+def _write_hashed_npy(path: Path, array: np.ndarray) -> str:
+    """:func:`atomic_write` of ``array`` as ``.npy``; returns the file's SHA-256 (:func:`npy_sha256`)."""
+    array = np.ascontiguousarray(array)
+    digest: list[str] = []
+
+    def write(tmp: str) -> None:
+        _write_npy(tmp, array)
+        digest.append(npy_sha256(Path(tmp), array))
+
+    atomic_write(path, write)
+    return digest[0]
+
+
 def _write_parquet(tmp: str, df: pd.DataFrame) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -77,13 +111,12 @@ def write_shard(cache_dir: Path, index: int, states: np.ndarray, tokens: pd.Data
         raise CacheError(f"shard {index}: {len(tokens)=} rows but {states.shape=}")
     d = Path(cache_dir) / SHARDS
     name = shard_name(index)
-    atomic_write(d / f"{name}.npy", lambda tmp: _write_npy(tmp, states))
+    states_sha256 = _write_hashed_npy(d / f"{name}.npy", states)
     atomic_write(d / f"{name}.tokens.parquet", lambda tmp: _write_parquet(tmp, tokens))
     extras = {}
     for key, arr in sorted((extra or {}).items()):
         fname = f"{name}.{key}.npy"
-        atomic_write(d / fname, lambda tmp, arr=arr: _write_npy(tmp, arr))
-        extras[key] = {"file": fname, "sha256": sha256_file(d / fname)}
+        extras[key] = {"file": fname, "sha256": _write_hashed_npy(d / fname, arr)}
     record = dict(info)
     record["extra"] = extras
     record.update({
@@ -91,7 +124,7 @@ def write_shard(cache_dir: Path, index: int, states: np.ndarray, tokens: pd.Data
         "n_tokens": int(states.shape[0]),
         "states": f"{name}.npy",
         "tokens": f"{name}.tokens.parquet",
-        "states_sha256": sha256_file(d / f"{name}.npy"),
+        "states_sha256": states_sha256,
         "tokens_sha256": sha256_file(d / f"{name}.tokens.parquet"),
     })
     write_json(d / f"{name}.json", record)

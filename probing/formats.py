@@ -33,6 +33,7 @@ Token keys. Every position of a rendered example gets a key that does not depend
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -331,44 +332,97 @@ class TokenizedSentence:
     word_text: list[str]  # one per word
 
 
+def _encode(tokenizer, sentences: Sequence[str], offsets: bool):
+    """The fast tokenizer on many sentences, no special tokens added, literal special-token text split."""
+    kwargs = dict(add_special_tokens=False, return_offsets_mapping=offsets, return_attention_mask=False,
+                  return_token_type_ids=False)
+    try:
+        return tokenizer(list(sentences), split_special_tokens=True, **kwargs)
+    except TypeError:  # older transformers without split_special_tokens
+        return tokenizer(list(sentences), **kwargs)
+
+
+def _checked_word_ids(enc, i: int, text: str) -> list:
+    """Word ids of sentence ``i`` of ``enc``; a :class:`FormatError` if it has no token or a token outside
+    every word."""
+    word_ids = enc.word_ids(i)
+    if not word_ids:
+        raise FormatError(f"sentence {text!r} gives no tokens")
+    if None in word_ids:
+        raise FormatError(f"sentence {text!r}: the tokenizer returned tokens outside any word")
+    return word_ids
+
+
+def count_tokens(tokenizer, sentences: Sequence[str]) -> list[int]:
+    """Tokens of each sentence as :func:`tokenize_sentences` gives them (same call, same checks), without
+    the offsets and per-token word bookkeeping: what planning needs, at about half the cost."""
+    if not sentences:
+        return []
+    enc = _encode(tokenizer, sentences, offsets=False)
+    return [len(_checked_word_ids(enc, i, text)) for i, text in enumerate(sentences)]
+
+
 def tokenize_sentences(tokenizer, sentences: Sequence[str]) -> list[TokenizedSentence]:
     """Tokenize many sentences at once with the fast tokenizer. Text that looks like a special token
     (a literal "[SEP]" in a sentence) is split as ordinary text, so a sentence cannot inject one."""
     if not sentences:
         return []
-    kwargs = dict(add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False,
-                  return_token_type_ids=False)
-    try:
-        enc = tokenizer(list(sentences), split_special_tokens=True, **kwargs)
-    except TypeError:  # older transformers without split_special_tokens
-        enc = tokenizer(list(sentences), **kwargs)
-    out = []
-    for i, text in enumerate(sentences):
-        ids = np.asarray(enc["input_ids"][i], dtype=np.int64)
-        word_ids = enc.word_ids(i)
-        if len(ids) == 0:
-            raise FormatError(f"sentence {text!r} gives no tokens")
-        if any(w is None for w in word_ids):
-            raise FormatError(f"sentence {text!r}: the tokenizer returned tokens outside any word")
-        # word ids can skip numbers (e.g. a pre-tokenized word that produced no token): renumber densely
-        dense = {w: j for j, w in enumerate(dict.fromkeys(word_ids))}
-        word = np.asarray([dense[w] for w in word_ids], dtype=np.int32)
-        subword = np.zeros(len(ids), dtype=np.int32)
-        for t in range(1, len(ids)):
-            if word[t] == word[t - 1]:
-                subword[t] = subword[t - 1] + 1
-        offsets = enc["offset_mapping"][i]
-        n_words = int(word[-1]) + 1
-        starts = [None] * n_words
-        ends = [0] * n_words
-        for t, w in enumerate(word):
-            s, e = offsets[t]
-            if starts[w] is None:
-                starts[w] = s
-            ends[w] = max(ends[w], e)
-        out.append(TokenizedSentence(ids=ids, word=word, subword=subword,
-                                     word_text=[text[s:e] for s, e in zip(starts, ends)]))
-    return out
+    enc = _encode(tokenizer, sentences, offsets=True)
+    word_ids = [_checked_word_ids(enc, i, text) for i, text in enumerate(sentences)]
+    # the whole batch as flat arrays: one pass of NumPy instead of loops over every token
+    lengths = np.fromiter(map(len, word_ids), dtype=np.int64, count=len(sentences))
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    n = int(bounds[-1])
+    ids = np.fromiter(itertools.chain.from_iterable(enc["input_ids"]), dtype=np.int64, count=n)
+    words = np.fromiter(itertools.chain.from_iterable(word_ids), dtype=np.int64, count=n)
+    offsets = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(enc["offset_mapping"])),
+                          dtype=np.int64, count=2 * n).reshape(n, 2)
+    first_token = np.zeros(n, dtype=bool)
+    first_token[bounds[:-1]] = True
+    if not np.all((words[1:] >= words[:-1]) | first_token[1:]):  # word ids out of order: sentence by sentence
+        return [_tokenized(text, ids[a:b], *_word_layout(words[a:b], offsets[a:b]))
+                for text, a, b in zip(sentences, bounds[:-1].tolist(), bounds[1:].tolist())]
+    new_word = first_token.copy()
+    new_word[1:] |= words[1:] != words[:-1]
+    at = np.arange(n)
+    word_start = np.flatnonzero(new_word)  # first token of each word, over the batch
+    word_of_token = np.cumsum(new_word) - 1
+    word_bounds = word_of_token[bounds[:-1]].tolist() + [len(word_start)]
+    word = (word_of_token - np.repeat(word_of_token[bounds[:-1]], lengths)).astype(np.int32)
+    subword = (at - np.maximum.accumulate(np.where(new_word, at, 0))).astype(np.int32)
+    starts = offsets[word_start, 0].tolist()
+    ends = np.maximum.reduceat(offsets[:, 1], word_start).tolist() if n else []
+    b = bounds.tolist()
+    return [TokenizedSentence(ids=ids[b[i]:b[i + 1]], word=word[b[i]:b[i + 1]], subword=subword[b[i]:b[i + 1]],
+                              word_text=[text[s_:e_] for s_, e_ in zip(starts[word_bounds[i]:word_bounds[i + 1]],
+                                                                        ends[word_bounds[i]:word_bounds[i + 1]])])
+            for i, text in enumerate(sentences)]
+
+
+def _tokenized(text: str, ids: np.ndarray, word: np.ndarray, subword: np.ndarray, starts: np.ndarray,
+               ends: np.ndarray) -> TokenizedSentence:
+    return TokenizedSentence(ids=ids, word=word, subword=subword,
+                             word_text=[text[s:e] for s, e in zip(starts.tolist(), ends.tolist())])
+
+
+def _word_layout(word_ids: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per token: the word index (the tokenizer's word ids renumbered densely in order of first appearance:
+    they can skip numbers, e.g. a pre-tokenized word that produced no token) and the subword index (0 at
+    the first token of a run of one word, counting up along the run); per word: its character span, from
+    the start of its first token to the largest end of its tokens."""
+    n = len(word_ids)
+    at = np.arange(n)
+    uniq, first, inverse = np.unique(word_ids, return_index=True, return_inverse=True)
+    rank = np.empty(len(uniq), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(uniq))
+    word = rank[inverse.reshape(-1)].astype(np.int32)
+    run_start = np.ones(n, dtype=bool)
+    run_start[1:] = word[1:] != word[:-1]
+    subword = (at - np.maximum.accumulate(np.where(run_start, at, 0))).astype(np.int32)
+    starts = offsets[np.sort(first), 0]
+    ends = np.zeros(len(uniq), dtype=np.int64)
+    np.maximum.at(ends, word, offsets[:, 1])
+    return word, subword, starts, ends
 
 
 def special_token_ids(tokenizer, fmt: Format) -> dict[str, int]:

@@ -18,7 +18,8 @@ import numpy as np
 
 from .cache_layout import CACHE_VERSION, CacheError, cache_path
 from .examples import Example
-from .formats import SPECIAL_TOKENS, Format, FormatError, Rendered, render, special_token_ids, tokenize_sentences
+from .formats import (SPECIAL_TOKENS, Format, FormatError, Rendered, count_tokens, render, special_token_ids,
+                      tokenize_sentences)
 from .heap import HeapTrimmer
 from .layers import LayerSpecError, resolve_layers
 from .models import LoadedModel
@@ -150,8 +151,7 @@ def sentence_lengths(tokenizer, sentences: Sequence[str], chunk: int = 4096) -> 
     out: dict[str, int] = {}
     for i in range(0, len(sentences), chunk):
         part = list(sentences[i:i + chunk])
-        for text, ts in zip(part, tokenize_sentences(tokenizer, part)):
-            out[text] = len(ts.ids)
+        out.update(zip(part, count_tokens(tokenizer, part)))
     return out
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from probing.cache import Cache, CacheError, IncomparableCaches, check_comparable
@@ -192,3 +193,23 @@ def test_check_comparable_rules():
     both = _fake("b", corpus="c1", weights="w1")
     with pytest.raises(IncomparableCaches, match="different corpora.*different models"):
         check_comparable(a, both)
+
+
+@pytest.mark.parametrize("array", [
+    np.arange(2 * 3 * 5, dtype=np.float32).reshape(2, 3, 5),
+    np.linspace(-3, 3, 77).astype(np.float16).reshape(7, 11),
+    np.zeros((0, 13, 8), dtype=np.float16),
+    np.arange(10, dtype=">f4"),  # big-endian: the bytes go to the file as they are in memory
+    np.array([True, False, True]),
+    np.arange(6, dtype=np.int64).reshape(3, 2)[:, 0],  # not contiguous: written as a copy
+])
+def test_npy_checksum_from_memory_equals_the_files(tmp_path, array):
+    from probing.cache_layout import sha256_file
+    from probing.cache_writer import _write_hashed_npy, npy_sha256
+
+    path = tmp_path / "a.npy"
+    digest = _write_hashed_npy(path, array)
+    assert digest == sha256_file(path)
+    np.testing.assert_array_equal(np.load(path), array)
+    other = np.ones(array.size + 1, dtype=np.float64)  # not the array in the file: sizes differ, so the file is read
+    assert npy_sha256(path, other) == sha256_file(path)

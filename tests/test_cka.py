@@ -299,7 +299,7 @@ def test_torch_equals_numpy(device, debiased):
     for k in range(0, 80, 13):
         acc_t.update(tX[k:k + 13], tY[k:k + 13])
         acc_n.update(X32[k:k + 13], Y32[k:k + 13])
-    assert acc_t.device == torch.device(device)
+    assert acc_t.device == tX.device  # where its input is (cuda:0 for "cuda")
     assert acc_t.result() == pytest.approx(acc_n.result(), abs=1e-12)
     assert acc_t.result() == pytest.approx(linear_cka(X32, Y32, debiased), abs=1e-10)
     # merging a numpy accumulator into a torch one moves and re-shifts the statistics

@@ -199,3 +199,74 @@ def test_unresolved_native_is_a_clear_error(bert_tokenizer):
     with pytest.raises(FormatError, match="tokenizer's own template"):
         special_token_ids(bert_tokenizer, fmt)
     assert resolve_format(Format.parse("concat"), bert_tokenizer) == Format.parse("concat")
+
+
+def test_count_tokens_equals_the_tokenized_lengths_and_checks_the_same(bert_tokenizer):
+    from probing.formats import count_tokens
+
+    from .conftest import sample_examples
+
+    ex = sample_examples(12)
+    sentences = list(dict.fromkeys(s for e in ex for s in e.sentences)) + ["naïve café [SEP] 1,234.5 x"]
+    assert count_tokens(bert_tokenizer, sentences) == [len(t.ids) for t in tokenize_sentences(bert_tokenizer, sentences)]
+    assert count_tokens(bert_tokenizer, []) == []
+    for bad in ("", "   "):
+        for f in (count_tokens, tokenize_sentences):
+            with pytest.raises(FormatError, match="gives no tokens"):
+                f(bert_tokenizer, ["A sentence.", bad])
+
+
+def _word_layout_by_loops(word_ids, offsets):
+    """The per-token loops tokenize_sentences used before _word_layout (monotonic word ids)."""
+    dense = {w: j for j, w in enumerate(dict.fromkeys(word_ids))}
+    word = np.asarray([dense[w] for w in word_ids], dtype=np.int32)
+    subword = np.zeros(len(word), dtype=np.int32)
+    for t in range(1, len(word)):
+        if word[t] == word[t - 1]:
+            subword[t] = subword[t - 1] + 1
+    n_words = int(word[-1]) + 1
+    starts, ends = [None] * n_words, [0] * n_words
+    for t, w in enumerate(word):
+        s, e = offsets[t]
+        if starts[w] is None:
+            starts[w] = s
+        ends[w] = max(ends[w], e)
+    return word, subword, starts, ends
+
+
+def test_word_layout_equals_the_per_token_loops():
+    from probing.formats import _word_layout
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 30))
+        word_ids = np.cumsum(rng.choice([0, 1, 1, 2], size=n)) + int(rng.integers(0, 3))  # repeats and skips
+        ends = np.cumsum(rng.integers(1, 5, size=n))
+        offsets = np.stack([ends - rng.integers(1, 3, size=n).clip(max=ends), ends], axis=1)
+        got = _word_layout(word_ids, offsets)
+        want = _word_layout_by_loops(word_ids.tolist(), offsets.tolist())
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, np.asarray(w))
+    # word ids out of order (the loops assumed order): dense in order of first appearance, spans per word
+    word, subword, starts, ends = _word_layout(np.array([4, 9, 9, 4]), np.array([[0, 2], [3, 5], [5, 7], [8, 9]]))
+    assert word.tolist() == [0, 1, 1, 0] and subword.tolist() == [0, 0, 1, 0]
+    assert starts.tolist() == [0, 3] and ends.tolist() == [9, 7]
+
+
+def test_tokenize_sentences_in_one_batch_equals_each_sentence_by_the_loops(bert_tokenizer, roberta_tokenizer):
+    """The batch-at-once layout against the per-token loops applied to each sentence's own encoding."""
+    from .conftest import sample_examples
+
+    sentences = list(dict.fromkeys(s for e in sample_examples(30, k=4) for s in e.sentences))
+    sentences += ["naïve café [SEP] 1,234.5 x", "x", "Don't!!! (really)", "unbelievable supercalifragilistic"]
+    for tok in (bert_tokenizer, roberta_tokenizer):
+        got = tokenize_sentences(tok, sentences)
+        assert len(got) == len(sentences)
+        for text, ts in zip(sentences, got):
+            enc = tok([text], add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=True)
+            word, subword, starts, ends = _word_layout_by_loops(enc.word_ids(0), enc["offset_mapping"][0])
+            np.testing.assert_array_equal(ts.ids, enc["input_ids"][0])
+            np.testing.assert_array_equal(ts.word, word)
+            np.testing.assert_array_equal(ts.subword, subword)
+            assert ts.word_text == [text[s:e] for s, e in zip(starts, ends)]
+            assert ts.ids.dtype == np.int64 and ts.word.dtype == ts.subword.dtype == np.int32

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU checks of issue 13 in one go, for a machine with a CUDA GPU and the project's dependencies:
+#   bash benchmarks/gpu_check.sh            # logs under $OUT (default ./gpu-logs), a summary at the end
+# 1. the CUDA tests (tests/test_gpu.py: extraction in float32/bfloat16/float16, attention, interventions,
+#    streaming, probes, fine-tuning and pooling against the CPU; tests/test_cka.py on cuda);
+# 2. extraction throughput of a bert-base-size random-init model in bfloat16, [CLS]+[SEP] and all tokens;
+# 3. the probe and CKA benchmarks on the GPU.
+# Each step has its own time limit (seconds, environment variables below) and the script goes on past a
+# failed step; its exit status is the number of failed steps.
+set -u
+OUT=${OUT:-gpu-logs}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-true}
+N_CLS=${N_CLS:-20000}       # pairs for the [CLS]+[SEP] extraction
+N_ALL=${N_ALL:-5000}        # pairs for the all-tokens extraction (about 0.6 MB of cache per pair)
+failed=0
+step() {  # step NAME LIMIT_S COMMAND...
+  local name=$1 limit=$2; shift 2
+  echo "== $name (limit ${limit}s): $*" | tee "$OUT/$name.log"
+  local t0=$SECONDS
+  timeout "$limit" "$@" >>"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$OUT/$name.log"
+  [ $rc -eq 0 ] || failed=$((failed + 1))
+  tail -n "${TAIL:-14}" "$OUT/$name.log"
+}
+{ nvidia-smi -L; $PY -c "import torch, transformers, sys; print(sys.version.split()[0], torch.__version__, transformers.__version__, torch.cuda.get_device_name())"; } 2>&1 | tee "$OUT/env.log"
+step tests "${T_TESTS:-150}" $PY -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_cka.py
+TAIL=30 step extract-cls-sep "${T_EXT:-150}" $PY benchmarks/extract_throughput.py --random-init-size base --device cuda \
+  --dtype bfloat16 --corpus "generated:n=$N_CLS,k=2" --roles cls,sep --batch-tokens 65536 --naive-examples 4000 --profile
+step extract-all "${T_ALL:-150}" $PY benchmarks/extract_throughput.py --random-init-size base --device cuda \
+  --dtype bfloat16 --corpus "generated:n=$N_ALL,k=2" --roles all --batch-tokens 65536 --naive-examples 2000
+step probes "${T_PROBE:-120}" $PY benchmarks/probe_speed.py --device cuda
+step cka "${T_CKA:-120}" $PY benchmarks/cka_speed.py --device cuda
+echo "== failed steps: $failed"
+exit $failed
