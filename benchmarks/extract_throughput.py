@@ -155,6 +155,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32", help="extractor compute dtype (the naive loop is float32)")
     p.add_argument("--batch-tokens", type=int, default=None, help="extractor token budget per batch")
+    p.add_argument("--max-batch", type=int, default=256,
+                   help="extractor examples per batch at most (default 256, the extractor's; with a large "
+                        "--batch-tokens raise it, or it binds first)")
     p.add_argument("--naive-batch", type=int, default=32)
     p.add_argument("--naive-examples", type=int, default=None,
                    help="time the naive loop on the first N pairs only (default: all; its rate is per token)")
@@ -202,7 +205,7 @@ def main(argv=None) -> int:
     try:
         lm.model.to(dtype={"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype])
         kw = dict(roles=args.roles, layers=args.layers, dtype=args.dtype, device=str(device), batch_tokens=batch_tokens,
-                  shard_mb=args.shard_mb, progress=False, log=lambda *a: None)
+                  max_batch=args.max_batch, shard_mb=args.shard_mb, progress=False, log=lambda *a: None)
         extract(examples[:64], ["pair"], model=lm, out=root / "warm", **kw)
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         sync()
@@ -236,7 +239,8 @@ def main(argv=None) -> int:
     rate = n_ext / t_ext
     how = (f"{torch.get_num_threads()} single-threaded workers" if device.type == "cpu" else str(device))
     print(f"extractor    : {n_ext} tokens in {t_ext:7.2f}s = {rate:12,.0f} tokens/s "
-          f"(roles {args.roles}, {args.dtype}, batches of {batch_tokens} tokens, {how}, cache {size_mb:.1f} MiB written)")
+          f"(roles {args.roles}, {args.dtype}, batches of {batch_tokens} tokens and at most {args.max_batch} examples, "
+          f"{how}, cache {size_mb:.1f} MiB written)")
     print(f"ratio extractor / naive = {rate / naive_rate:.2f}x")
     print(f"cache written at {size_mb / t_ext:,.0f} MiB/s; the disk in the same run (shard-sized files, fsync each) "
           f"{disk / 2**20:,.0f} MiB/s: {size_mb * 2**20 / t_ext / disk:.0%} of the disk's rate")

@@ -14,10 +14,12 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import io
 import json
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -63,37 +65,70 @@ def _write_npy(tmp: str, array: np.ndarray) -> None:
         np.lib.format.write_array(f, np.ascontiguousarray(array), allow_pickle=False)
 
 
-def npy_sha256(path: Path, array: np.ndarray) -> str:
-    """:func:`sha256_file` of the ``.npy`` file just written from the C-contiguous ``array``, without reading
-    its data back: the header is read from the file and the data hashed from memory (a ``.npy`` file is its
-    header, then the array's bytes as they are in memory). Falls back to reading the file when the sizes
-    do not add up."""
+def _npy_file_header(path: Path) -> bytes:
+    """The header bytes of the ``.npy`` file at ``path`` (magic, version, length, dict, padding)."""
     with open(path, "rb") as f:
         version = np.lib.format.read_magic(f)
         read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                        else np.lib.format.read_array_header_2_0)
         read_header(f)
-        header_bytes = f.tell()
+        n = f.tell()
         f.seek(0)
-        header = f.read(header_bytes)
-    if not array.flags.c_contiguous or os.path.getsize(path) != header_bytes + array.nbytes:
-        return sha256_file(path)
+        return f.read(n)
+
+
+def _npy_digest(header: bytes, array: np.ndarray) -> str:
+    """SHA-256 of ``header`` followed by the C-contiguous ``array``'s bytes as they are in memory."""
     h = hashlib.sha256(header)
     h.update(memoryview(array.reshape(-1).view(np.uint8)))
     return h.hexdigest()
 
 
+def npy_sha256(path: Path, array: np.ndarray) -> str:
+    """:func:`sha256_file` of the ``.npy`` file just written from the C-contiguous ``array``, without reading
+    its data back: the header is read from the file and the data hashed from memory (a ``.npy`` file is its
+    header, then the array's bytes as they are in memory). Falls back to reading the file when the sizes
+    do not add up."""
+    header = _npy_file_header(path)
+    if not array.flags.c_contiguous or os.path.getsize(path) != len(header) + array.nbytes:
+        return sha256_file(path)
+    return _npy_digest(header, array)
+
+
+#: Arrays from this size on are hashed on a second thread while the file is written (both release the GIL).
+_HASH_ALONGSIDE_BYTES = 1 << 20
+
+
 def _write_hashed_npy(path: Path, array: np.ndarray) -> str:
-    """:func:`atomic_write` of ``array`` as ``.npy``; returns the file's SHA-256 (:func:`npy_sha256`)."""
+    """:func:`atomic_write` of ``array`` as ``.npy``; returns the file's SHA-256. A large array is hashed from
+    memory on another thread while the file is written and fsynced, with the header the file will have;
+    once written, the header read back from the file and its size must match, else the file itself is
+    hashed (:func:`sha256_file`)."""
     array = np.ascontiguousarray(array)
-    digest: list[str] = []
+    on_disk: list[tuple[bytes, int]] = []
 
     def write(tmp: str) -> None:
         _write_npy(tmp, array)
-        digest.append(npy_sha256(Path(tmp), array))
+        on_disk.append((_npy_file_header(Path(tmp)), os.path.getsize(tmp)))
 
-    atomic_write(path, write)
-    return digest[0]
+    if array.nbytes < _HASH_ALONGSIDE_BYTES:
+        atomic_write(path, write)
+        header, size = on_disk[0]
+        digest = _npy_digest(header, array)
+    else:
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_1_0(buf, np.lib.format.header_data_from_array_1_0(array))
+        header = buf.getvalue()
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(_npy_digest, header, array)
+            atomic_write(path, write)
+            digest = pending.result()
+        size = on_disk[0][1]
+        if on_disk[0][0] != header:
+            return sha256_file(path)
+    if size != len(header) + array.nbytes:
+        return sha256_file(path)
+    return digest
 
 
 def _write_parquet(tmp: str, df: pd.DataFrame) -> None:

@@ -109,7 +109,7 @@ def run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start: 
         with torch.inference_mode():
             hs = o.hidden_states
             gathered = torch.stack([hs[l].reshape(-1, H).index_select(0, flat_t) for l in layers], dim=1)
-            host = gathered.to("cpu", dtype=host_dtype).numpy()
+            host = gathered.to(dtype=host_dtype).cpu().numpy()  # converted where computed: fewer bytes to copy
             if attention:
                 summary = _attention_summary(o.attentions, part, groups, T, device)
             if norms is not None:

@@ -203,13 +203,29 @@ def test_check_comparable_rules():
     np.array([True, False, True]),
     np.arange(6, dtype=np.int64).reshape(3, 2)[:, 0],  # not contiguous: written as a copy
 ])
-def test_npy_checksum_from_memory_equals_the_files(tmp_path, array):
+@pytest.mark.parametrize("alongside", [False, True])
+def test_npy_checksum_from_memory_equals_the_files(tmp_path, monkeypatch, array, alongside):
+    from probing import cache_writer
     from probing.cache_layout import sha256_file
     from probing.cache_writer import _write_hashed_npy, npy_sha256
 
+    if alongside:  # every array hashed on the second thread while it is written
+        monkeypatch.setattr(cache_writer, "_HASH_ALONGSIDE_BYTES", 0)
     path = tmp_path / "a.npy"
     digest = _write_hashed_npy(path, array)
     assert digest == sha256_file(path)
     np.testing.assert_array_equal(np.load(path), array)
     other = np.ones(array.size + 1, dtype=np.float64)  # not the array in the file: sizes differ, so the file is read
     assert npy_sha256(path, other) == sha256_file(path)
+
+
+def test_npy_checksum_falls_back_to_the_file_when_the_expected_header_is_not_the_files(tmp_path, monkeypatch):
+    from probing import cache_writer
+    from probing.cache_layout import sha256_file
+
+    array = np.arange(3 * 2**18, dtype=np.float32).reshape(3, -1)  # 3 MiB: hashed alongside the write
+    real = np.lib.format.write_array_header_1_0
+    monkeypatch.setattr(np.lib.format, "write_array_header_1_0",  # the expected header only, not the file's
+                        lambda fp, d: real(fp, {**d, "shape": (1,)}))
+    path = tmp_path / "a.npy"
+    assert cache_writer._write_hashed_npy(path, array) == sha256_file(path)
