@@ -373,6 +373,8 @@ def tokenize_sentences(tokenizer, sentences: Sequence[str]) -> list[TokenizedSen
     lengths = np.fromiter(map(len, word_ids), dtype=np.int64, count=len(sentences))
     bounds = np.concatenate([[0], np.cumsum(lengths)])
     n = int(bounds[-1])
+    if sum(map(len, enc["input_ids"])) != n or sum(map(len, enc["offset_mapping"])) != n:
+        raise FormatError("the tokenizer returned ids, offsets and word ids of different lengths")
     ids = np.fromiter(itertools.chain.from_iterable(enc["input_ids"]), dtype=np.int64, count=n)
     words = np.fromiter(itertools.chain.from_iterable(word_ids), dtype=np.int64, count=n)
     offsets = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(enc["offset_mapping"])),

@@ -141,3 +141,29 @@ def test_concurrent_fine_tuning_runs_equal_one_at_a_time(tiny):
     other, _ = run_pooling_experiment(ex, "kind", ["cls", "mean"], [2, 3], num_threads=2, **kw)
     losses = lambda df: df[df.metric == "train_loss_epoch"]["value"].to_numpy()
     assert not np.array_equal(losses(one), losses(other))  # other seeds: other draws
+
+
+def test_each_run_hands_its_freed_memory_back_after_it_is_freed(tiny, monkeypatch):
+    import gc
+    import weakref
+
+    import analyses.finetune as F
+
+    copies, seen = [], []
+    real_deepcopy = F.copy.deepcopy
+
+    def tracked(obj, *a, **k):
+        out = real_deepcopy(obj, *a, **k)
+        if isinstance(out, torch.nn.Module):
+            copies.append(weakref.ref(out))
+        return out
+
+    def hand_back():
+        gc.collect()
+        seen.append([c() is None for c in copies])  # the run's model copy is gone when pages are handed back
+
+    monkeypatch.setattr(F.copy, "deepcopy", tracked)
+    monkeypatch.setattr(F, "hand_back_freed", hand_back)
+    finetune(keyword_examples(32), "kind", model=tiny, pooling="mean", **{**PINNED, "epochs": 1})
+    finetune(keyword_examples(32), "kind", model=tiny, pooling="cls", **{**PINNED, "epochs": 1})
+    assert len(seen) == 2 and all(s and all(s) for s in seen)

@@ -270,3 +270,30 @@ def test_tokenize_sentences_in_one_batch_equals_each_sentence_by_the_loops(bert_
             np.testing.assert_array_equal(ts.subword, subword)
             assert ts.word_text == [text[s:e] for s, e in zip(starts, ends)]
             assert ts.ids.dtype == np.int64 and ts.word.dtype == ts.subword.dtype == np.int32
+
+
+class _Encoding(dict):
+    """What tokenize_sentences reads of a transformers BatchEncoding: ids, offsets, word ids per sentence."""
+
+    def __init__(self, rows):
+        super().__init__(input_ids=[r[0] for r in rows], offset_mapping=[r[1] for r in rows])
+        self._words = [r[2] for r in rows]
+
+    def word_ids(self, i):
+        return list(self._words[i])
+
+
+def test_tokenize_sentences_copes_with_word_ids_out_of_order_and_unequal_lengths():
+    rows = {"ab cd": ([5, 6, 7], [(0, 1), (3, 5), (1, 2)], [0, 1, 0]),  # word 0 comes back after word 1
+            "ef": ([8], [(0, 2)], [3])}
+
+    def tokenizer(sentences, **kw):
+        return _Encoding([rows[s] for s in sentences])
+
+    a, b = tokenize_sentences(tokenizer, ["ab cd", "ef"])
+    assert a.ids.tolist() == [5, 6, 7] and a.word.tolist() == [0, 1, 0] and a.subword.tolist() == [0, 0, 0]
+    assert a.word_text == ["ab", "cd"]
+    assert b.ids.tolist() == [8] and b.word.tolist() == [0] and b.word_text == ["ef"]
+    rows["ef"] = ([8, 9], [(0, 2)], [3])  # more ids than word ids: an error, not misaligned arrays
+    with pytest.raises(FormatError, match="different lengths"):
+        tokenize_sentences(tokenizer, ["ab cd", "ef"])
