@@ -348,7 +348,8 @@ def test_question_verdict_is_computed_from_its_table():
     cfg = load_config(None)
     q2 = QUESTION_SECTIONS["Q2"]
     big = q2.verdict({"paired_q2": _drift_rows(0.05)}, cfg)
-    assert big.decision == "yes" and big.sentence.startswith("Only in layers 1–2: sentence 1's words take in more")
+    assert big.decision == "yes" and big.sentence.startswith("Only in layers 1–2 (no measurable difference at layer 0): "
+                                                             "sentence 1's words take in more")
     assert "+0.050" in big.sentence and "provisional" not in big.sentence and "40 documents" in big.sentence
     small = q2.verdict({"paired_q2": _drift_rows(0.01)}, cfg)
     assert small.decision == "yes_small" and "+0.010" in small.sentence
@@ -483,7 +484,8 @@ def test_knockout_sentence_compares_with_the_control():
                            for m, v in (("accuracy_clean", 0.7), ("accuracy_treated", 0.6),
                                         ("accuracy_control", 0.69), ("change_difference", -0.09))])
     s = knockout_text({"q4_knockout_drift": drift, "q4_knockout_probes": probes})
-    assert "Only in layer 2: knocking out attention to [SEP] moves [CLS] more than the control" in s
+    assert ("Only in layer 2 (no measurable difference at layer 1): knocking out attention to [SEP] moves [CLS] more "
+            "than the control") in s
     assert "+0.080" in s and "lowers the accuracy more than the control" in s and "-0.090" in s
     assert "clean 0.700, treated 0.600, control 0.690" in s
     flat = knockout_text({"q4_knockout_drift": drift.assign(value=0.0, ci_low=-0.001, ci_high=0.001),
@@ -642,5 +644,6 @@ def test_clark_verdict_names_the_layers_above_one_half():
                        "ci_low": (v if t == "all [SEP]" else 0.05) - 0.02, "ci_high": (v if t == "all [SEP]" else 0.05) + 0.02}
                       for L, v in enumerate(mass) for t in ("all [SEP]", "cls")])
     v = PAPERS["clark2019"].verdict({"clark2019_attention": a}, load_config(None))
-    assert v.sentence.startswith("Only in layers 2–4 (the opposite at layers 0–1, 5): more than 0.5 of the attention")
+    assert v.sentence.startswith("Only in layers 2–4 (the opposite at layers 0–1, 5; no measurable difference at layer 6): "
+                                  "more than 0.5 of the attention")
     assert "at layer 3: +0.200" in v.sentence

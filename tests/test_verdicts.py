@@ -60,11 +60,13 @@ def test_rules_on_constructed_rows_and_their_sentences():
 def test_layers_subset_gives_only_in_layers():
     rows = pd.DataFrame([{"layer": L, **_row(v, 0.005)} for L, v in enumerate([0.0, 0.001, 0.05, 0.06, 0.04, 0.0])])
     v = summarise(rows, CLAIM)
-    assert v.decision == "yes" and v.sentence.startswith("Only in layers 2–4: B is higher than A")
+    assert v.decision == "yes" and v.sentence.startswith("Only in layers 2–4 (no measurable difference at layers 0–1, 5): "
+                                                          "B is higher than A")
     assert "at layer 3: +0.060" in v.sentence
     mixed = rows.assign(value=[0.0, -0.05, 0.05, 0.06, 0.04, 0.0])
     mixed = mixed.assign(ci_low=mixed["value"] - 0.005, ci_high=mixed["value"] + 0.005)
-    assert summarise(mixed, CLAIM).sentence.startswith("Only in layers 2–4 (the opposite at layer 1): B is higher")
+    assert summarise(mixed, CLAIM).sentence.startswith(
+        "Only in layers 2–4 (the opposite at layer 1; no measurable difference at layers 0, 5): B is higher")
     every = rows.assign(value=0.05, ci_low=0.045, ci_high=0.055)
     assert summarise(every, CLAIM).sentence.startswith("Yes, in every layer:")
     none = rows.assign(value=0.0, ci_low=-0.005, ci_high=0.005)
@@ -144,7 +146,8 @@ def test_one_sided_question_answered_the_other_way_is_no():
     v = summarise(below, up)
     assert v.sentence.startswith("No, in any layer: less than half goes to [SEP]")
     mixed = pd.DataFrame([{"layer": 1, **_row(-0.45, 0.01, p_holm=0.001)}, {"layer": 2, **_row(0.0, 0.01)}])
-    assert summarise(mixed, up).sentence.startswith("No (the opposite at layer 1): less than half")
+    assert summarise(mixed, up).sentence.startswith("No (the opposite at layer 1; no measurable difference at layer 2): "
+                                                    "less than half")
     above = pd.DataFrame([{"layer": l, **_row(0.2, 0.01, p_holm=0.001)} for l in range(1, 4)])
     assert summarise(above, up).sentence.startswith("Yes, in every layer: more than half goes to [SEP]")
     two_sided = Claim(**{**up.__dict__, "direction": 0})
@@ -157,3 +160,18 @@ def test_ci_excluding_zero_without_holm_is_said():
     assert s.startswith("Inconclusive") and "the CI excludes 0, but not after Holm's correction" in s
     row = pd.DataFrame([{"layer": 2, **_row(0.01, 0.02, p_holm=1.0, mde=0.06)}])
     assert "excludes 0" not in summarise(row, CLAIM).sentence
+
+
+def test_only_in_names_the_other_rows_as_absent_or_undecided():
+    """An underpowered row is not an absent effect: the verdict says which rows could not tell."""
+    rows = pd.DataFrame([{"sentence": i, **r} for i, r in enumerate(
+        [_row(0.07, 0.02), _row(0.07, 0.02), _row(0.06, 0.02), _row(0.009, 0.015, mde=0.021),
+         _row(0.047, 0.06, mde=0.084)], start=1)])
+    claim = Claim("B is higher than A", "B is lower than A", "A and B alike", "B − A", ("sentence", "sentences"))
+    v = summarise(rows, claim)
+    assert v.sentence.startswith("Only in sentences 1–3 (no measurable difference at sentence 4; "
+                                 "inconclusive at sentence 5): B is higher than A"), v.sentence
+    both = rows.assign(value=[0.07, 0.07, 0.06, 0.02, 0.03], mde=[0.02, 0.02, 0.02, 0.09, 0.08])
+    both = both.assign(ci_low=both.value - 0.06, ci_high=both.value + 0.06)
+    both.loc[:2, ["ci_low", "ci_high"]] = [[0.05, 0.09], [0.05, 0.09], [0.04, 0.08]]
+    assert summarise(both, claim).sentence.startswith("Only in sentences 1–3 (inconclusive at sentences 4–5): ")

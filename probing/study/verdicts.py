@@ -309,15 +309,24 @@ def summarise(rows: pd.DataFrame | None, claim: Claim) -> Verdict:
         label = None
         same = [i for i in sig if np.sign(rows.loc[i, "value"]) == np.sign(row["value"])]
         opposite = [i for i in sig if i not in same]
+
+        def at(idx: list[int]) -> str:
+            return f"{plural if len(idx) > 1 else col} {ranges(rows.loc[idx, col])}"
+
+        # the rows without a significant difference, named by what they can say: a reader must not take
+        # an underpowered row for an absent effect
+        rest = [f"{LABELS[d].lower()} at {at(idx)}" for d in ("no_difference", "inconclusive")
+                if (idx := [i for i in measured if decisions[i] == d])] if multi else []
         if claim.direction and not lead:  # a one-sided question, answered the other way: no
             label = "No"
             if multi:
                 label += (f", in any {col}" if len(same) == len(measured) else
-                          f" (the opposite at {plural if len(same) > 1 else col} {ranges(rows.loc[same, col])})")
+                          f" ({'; '.join([f'the opposite at {at(same)}'] + rest)})")
         elif multi and len(same) < len(measured):
-            label = f"Only in {plural if len(same) > 1 else col} {ranges(rows.loc[same, col])}"
-            if opposite:
-                label += f" (the opposite at {plural if len(opposite) > 1 else col} {ranges(rows.loc[opposite, col])})"
+            label = f"Only in {at(same)}"
+            parts = ([f"the opposite at {at(opposite)}"] if opposite else []) + rest
+            if parts:
+                label += f" ({'; '.join(parts)})"
             label += ", and small" if decision == "yes_small" else ""
         elif multi:
             label = f"{LABELS[decision]}, in every {col}"
@@ -357,4 +366,4 @@ def describe_rules(threshold: float = PRACTICAL_THRESHOLD) -> str:
             f"0–1 scales) and '{LABELS['yes_small']}' below it. Without a significant difference the verdict is "
             f"'{LABELS['no_difference']}' when the sample could have detected {threshold:g} (minimum detectable "
             f"effect at 80% power), and '{LABELS['inconclusive']}' when it could not. When only some layers differ "
-            f"it says 'Only in layers a–b'.")
+            f"it says 'Only in layers a–b' and what the other layers show.")
