@@ -647,3 +647,48 @@ def test_clark_verdict_names_the_layers_above_one_half():
     assert v.sentence.startswith("Only in layers 2–4 (the opposite at layers 0–1, 5; no measurable difference at layer 6): "
                                   "more than 0.5 of the attention")
     assert "at layer 3: +0.200" in v.sentence
+
+
+def test_per_item_predictions_are_released_once_no_later_table_reads_them(monkeypatch):
+    """Q8's paired table runs before its fine-tuning, and the items go before the fine-tuning starts;
+    a released item table asked for again is computed again, not a KeyError."""
+    from probing.study import question_tables as QT
+    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.sections import Context
+
+    calls, seen = [], {}
+
+    def producer(name, items=False):
+        def make(ctx):
+            calls.append(name)
+            if name == "finetune":
+                seen["items at fine-tuning"] = sorted(k for k in ctx.tables if k.endswith(":items"))
+            if items:
+                ctx.tables[f"{name}:items"] = pd.DataFrame({"x": [1]})
+            return pd.DataFrame({"value": [0.0]})
+        return make
+
+    fake = {n: producer(n, items=n in QT.ITEM_READERS) for n in QT.PRODUCERS}
+    for n in ("paired_q4", "paired_q5", "paired_q6", "paired_q7", "paired_q8"):
+        fake[n] = lambda ctx, n=n: (calls.append(n), [QT._items(ctx, t) for t, readers in QT.ITEM_READERS.items()
+                                                      if n in readers], pd.DataFrame({"value": [0.0]}))[-1]
+    monkeypatch.setattr(QT, "PRODUCERS", fake)
+    released = []
+    real_hand_back = QT.hand_back_freed
+    monkeypatch.setattr(QT, "hand_back_freed", lambda: (released.append(1), real_hand_back()))
+    ctx = Context(cfg={"study": {"questions": list(QUESTIONS)}}, caches=None, corpora={}, lm=None, out=Path("."))
+    sections = [QUESTION_SECTIONS[q] for q in QUESTIONS]
+    for i, s in enumerate(sections):
+        ctx.later = tuple(t for later in sections[i + 1:] for t in later.tables)
+        s.analyse(ctx)
+        left = sorted(k for k in ctx.tables if k.endswith(":items"))
+        if s.key == "Q4":
+            assert left == ["probes_pair:items"]  # Q7 and Q8 still read it
+        if s.key == "Q6":
+            assert left == ["probes_pair:items"]  # Q5's and Q6's went with their paired tables
+    assert seen["items at fine-tuning"] == []
+    assert calls.index("paired_q8") < calls.index("finetune")
+    assert calls.count("probes_pair") == 1 and released
+    # a later reader finds the items gone and gets them computed again
+    QT._items(ctx, "probes_pair")
+    assert calls.count("probes_pair") == 2 and "probes_pair:items" in ctx.tables

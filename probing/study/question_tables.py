@@ -7,9 +7,11 @@ paired rows (:data:`FAMILIES`). The questions themselves are declared in :mod:`p
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterable
 
 import pandas as pd
 
+from ..heap import hand_back_freed
 from .sections import Context, Job, Tables, group_prefixes
 
 
@@ -189,7 +191,34 @@ def _keep_items(ctx: Context, name: str, frames: list) -> None:
 
 def _items(ctx: Context, name: str) -> pd.DataFrame:
     ctx.table(name, PRODUCERS[name])
+    if f"{name}:items" not in ctx.tables:  # released (release_items): computed again, from the result store
+        del ctx.tables[name]
+        ctx.table(name, PRODUCERS[name])
     return ctx.tables[f"{name}:items"]
+
+
+#: The tables that read each probe table's per-item predictions (``<name>:items``, :func:`_items`).
+ITEM_READERS: dict[str, tuple[str, ...]] = {"probes_pair": ("paired_q4", "paired_q7", "paired_q8"),
+                                            "probes_q5": ("paired_q5",), "probes_q6": ("paired_q6",),
+                                            "probes_q7": ("paired_q7",)}
+
+
+def release_items(ctx: Context, pending: Iterable[str]) -> list[str]:
+    """Drop the per-item predictions that no table in ``pending`` (the tables the sections still to run
+    ask for) reads, unless that table is already computed; returns the probe tables whose items went.
+    The study's five item tables hold 85 MiB as pandas frames on the default config, and the last
+    readers run before Q8's fine-tuning, the study's memory peak. Dropping is safe whatever comes
+    later: :func:`_items` computes a released table again (from the result store)."""
+    pending = set(pending)
+    dropped = []
+    for name, readers in ITEM_READERS.items():
+        key = f"{name}:items"
+        if key in ctx.tables and not any(r in pending and r not in ctx.tables for r in readers):
+            del ctx.tables[key]
+            dropped.append(name)
+    if dropped:
+        hand_back_freed()
+    return dropped
 
 
 def _cka_q4(ctx: Context) -> pd.DataFrame:
@@ -391,8 +420,14 @@ PRODUCERS = {"drift_q1": _drift_q1, "cka_q1": _cka_q1, "drift_q2": _drift_q2, "a
 
 
 def _tables(*names: str):
-    """``analyse`` of a question that needs the shared tables ``names``."""
+    """``analyse`` of a question that needs the shared tables ``names``, computed in that order; after each,
+    the per-item predictions that neither the rest of them nor a later section (``ctx.later``) reads
+    are released (:func:`release_items`)."""
     def analyse(ctx: Context) -> Tables:
-        return {n: ctx.table(n, PRODUCERS[n]) for n in names}
+        out = {}
+        for j, n in enumerate(names):
+            out[n] = ctx.table(n, PRODUCERS[n])
+            release_items(ctx, names[j + 1:] + tuple(ctx.later))
+        return out
 
     return analyse

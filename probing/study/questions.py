@@ -114,7 +114,7 @@ NOTES = {
 def _question(key, corpora, jobs, tables, figures, table, answer, rows, about_cls=False) -> StudySection:
     return StudySection(key=key, title=TITLES[key], corpora=corpora, jobs=jobs, analyse=_tables(*tables),
                         figures=figures, table=table, answer=answer, notes=NOTES[key], comparisons=rows,
-                        claim=CLAIMS[key], about_cls=about_cls)
+                        claim=CLAIMS[key], about_cls=about_cls, tables=tuple(tables))
 
 
 #: The seed questions, in report order.
@@ -131,6 +131,6 @@ QUESTION_SECTIONS: dict[str, StudySection] = {s.key: s for s in (
               about_cls=True),
     _question("Q7", ("pairs", "swap"), _pair_jobs("Q7"), ("probes_pair", "probes_q7", "paired_q7"), _fig_q7, _table_q7, answer_q7,
               _q7_rows),
-    _question("Q8", ("pairs",), _pair_jobs("Q8"), ("probes_pair", "finetune", "paired_q8"), _fig_q8, _table_q8, answer_q8,
+    _question("Q8", ("pairs",), _pair_jobs("Q8"), ("probes_pair", "paired_q8", "finetune"), _fig_q8, _table_q8, answer_q8,
               _q8_rows, about_cls=True),
 )}

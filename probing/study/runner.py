@@ -262,7 +262,9 @@ def analyse(cfg: dict, caches: Caches, corpora: dict, lm, log, stages: Stages | 
     stages = stages if stages is not None else Stages()
     ctx = Context(cfg=cfg, caches=caches, corpora=corpora, lm=lm, out=results_dir(cfg), log=log, progress=progress)
     T: dict[str, pd.DataFrame] = {}
-    for s in _selected(cfg):
+    sections = _selected(cfg)
+    for i, s in enumerate(sections):
+        ctx.later = tuple(t for later in sections[i + 1:] for t in later.tables)
         with stages.stage(f"analyses {s.key}"):
             T.update(s.analyse(ctx))
     tables = _tables_dir(cfg)

@@ -57,6 +57,7 @@ class Context:
     log: Callable[[str], None] = print
     tables: Tables = field(default_factory=dict)
     progress: bool = True  # progress bars of the analyses (the study's --no-progress turns them off)
+    later: tuple[str, ...] = ()  # the tables the sections after the running one ask for (the study runner sets it)
 
     @property
     def questions(self) -> list[str]:
@@ -101,6 +102,7 @@ class StudySection:
     verdict_text: Callable[[Tables, dict], str] | None = None
     citation: str = ""
     about_cls: bool = False
+    tables: tuple[str, ...] = ()  # the shared tables ``analyse`` computes, where declared (the questions)
 
     def verdict(self, T: Tables, cfg: dict) -> Verdict | None:
         """The section's opening sentence: from its comparison rows and claim (or ``verdict_text``)."""
