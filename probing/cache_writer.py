@@ -100,11 +100,13 @@ _HASH_ALONGSIDE_BYTES = 1 << 20
 
 
 def _write_hashed_npy(path: Path, array: np.ndarray) -> str:
-    """:func:`atomic_write` of ``array`` as ``.npy``; returns the file's SHA-256. A large array is hashed from
-    memory on another thread while the file is written and fsynced, with the header the file will have;
-    once written, the header read back from the file and its size must match, else the file itself is
-    hashed (:func:`sha256_file`)."""
+    """:func:`atomic_write` of ``array`` as ``.npy``; returns the file's SHA-256, hashed from memory with the
+    header the file will have (a large array on another thread while the file is written and fsynced).
+    The file's own header and size must then match, else the file itself is hashed (:func:`sha256_file`)."""
     array = np.ascontiguousarray(array)
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, np.lib.format.header_data_from_array_1_0(array))
+    header = buf.getvalue()
     on_disk: list[tuple[bytes, int]] = []
 
     def write(tmp: str) -> None:
@@ -113,20 +115,13 @@ def _write_hashed_npy(path: Path, array: np.ndarray) -> str:
 
     if array.nbytes < _HASH_ALONGSIDE_BYTES:
         atomic_write(path, write)
-        header, size = on_disk[0]
         digest = _npy_digest(header, array)
     else:
-        buf = io.BytesIO()
-        np.lib.format.write_array_header_1_0(buf, np.lib.format.header_data_from_array_1_0(array))
-        header = buf.getvalue()
         with ThreadPoolExecutor(max_workers=1) as pool:
             pending = pool.submit(_npy_digest, header, array)
             atomic_write(path, write)
             digest = pending.result()
-        size = on_disk[0][1]
-        if on_disk[0][0] != header:
-            return sha256_file(path)
-    if size != len(header) + array.nbytes:
+    if on_disk[0] != (header, len(header) + array.nbytes):
         return sha256_file(path)
     return digest
 
