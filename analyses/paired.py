@@ -16,6 +16,10 @@ Runners on caches:
   than in A?
 * :func:`run_role_contrast` (Q1): two caches A and B; per example, the drift A→B of one token
   (``cls``) minus the mean drift of the example's word tokens: does [CLS] change more than the words?
+* :func:`run_prefix_drift` (Q3): four caches, formats A and B of a short input (the first k sentences
+  of each document) and of a long one (the first K > k sentences of the same documents); per token key
+  of the shared sentences (and [CLS]) present in all four, ``drift_long − drift_short`` with
+  ``drift = 1 − cos(h_A, h_B)``: does the format effect grow with more sentences?
 * :func:`run_paired_attention` (Q2): two caches A and B extracted with ``--attention``; per example
   and layer, the head-mean attention mass from a source group to a target group (``s1 words`` →
   ``s2 words``) in B minus in A.
@@ -27,6 +31,7 @@ metric, value, ci_low, ci_high, p_value, p_holm, n, n_groups, grouping, and the 
     python -m analyses.paired CACHE_REF CACHE_A CACHE_B --out results        # Q2: B − A drift from R
     python -m analyses.paired --contrast cls CACHE_A CACHE_B --out results   # Q1: [CLS] − words
     python -m analyses.paired --attention CACHE_A CACHE_B --out results      # Q2: attention s1 → s2, B − A
+    python -m analyses.paired --prefix SHORT_A SHORT_B LONG_A LONG_B --out results   # Q3: long − short drift
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options,
                               keep_table, make_table, stored_table)
 from analyses.stats import holm, paired_difference
 from probing.cli import ArgumentParser
-from probing.cache import check_comparable
+from probing.cache import align, check_comparable, check_prefix
 from probing.layers import resolve_layers, shared_layers
 
 Unit = Literal["token", "example"]
@@ -186,6 +191,75 @@ def run_role_contrast(a, b, role: str = "cls", *, versus: str = "words", layers:
     return keep_table(df, path)
 
 
+def prefix_rows(short_a, short_b, long_a, long_b) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of the token keys present in all four caches, among [CLS] and the first subwords of words:
+    ``(rows_short_a, rows_short_b, rows_long_a, rows_long_b)``, in ``short_a``'s order. The [SEP]s are
+    left out: the [SEP] after sentence i ends the short input but not the long one (the same key, another
+    place in the sequence)."""
+    sa, sb = paired_rows(short_a, short_b, "first")
+    tok = short_a.tokens.iloc[sa]
+    keep = group_labels(tok) == "cls"
+    keep |= tok["role"].eq("word").to_numpy(dtype=bool, na_value=False)
+    sa, sb = sa[keep], sb[keep]
+    la, lb = paired_rows(long_a, long_b, "first")
+    s_rows, l_rows = align(short_a, long_a, rows_a=sa, prefix=True)
+    at = pd.Index(la).get_indexer(l_rows)  # where each long_a row sits among the long A/B pairs
+    found = at >= 0
+    in_short = pd.Index(sa).get_indexer(s_rows[found])
+    if not found.any():
+        raise ValueError(f"{short_a.format_name}/{short_b.format_name} (short) and {long_a.format_name}/"
+                         f"{long_b.format_name} (long) share no [CLS] or word keys")
+    return sa[in_short], sb[in_short], la[at[found]], lb[at[found]]
+
+
+def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] | None = None,
+                     n_resamples: int = 1000, seed: int = 0, out: str | Path | None = None, force: bool = False,
+                     progress: bool = True) -> pd.DataFrame:
+    """Does the drift between formats A and B grow when the input holds more sentences (Q3)? Paired on
+    the same tokens.
+
+    short_a, short_b: formats A and B (e.g. ``multi``, ``concat``) of a corpus of the first k sentences
+    of each document; long_a, long_b: the same formats of the first K > k sentences of the same
+    documents (:func:`probing.cache.check_prefix`). For every token key present in all four ([CLS] and
+    the first subwords of the words of sentences 1..k) and each layer, ``d_short = 1 − cos(h_A, h_B)``
+    in the short inputs and ``d_long`` likewise in the long ones; per role group (``cls``, ``s1 words``,
+    ..., ``all``) one row, ``metric="drift_growth"``, from :func:`paired_difference` of ``d_long`` and
+    ``d_short`` (``value`` = mean of ``d_long − d_short``; ``value_a`` = mean ``d_short``, ``value_b`` =
+    mean ``d_long``); the CI resamples documents when the corpus has a ``doc`` label, else examples;
+    ``p_holm`` adjusts ``p_value`` across layers within each role group. ``corpus`` / ``corpus_b`` name
+    the short and the long corpus, ``k`` / ``k_b`` their sentences per example.
+    """
+    check_comparable(short_a, short_b)
+    check_comparable(long_a, long_b)
+    check_prefix(short_a, long_a)
+    layers = shared_layers(layers, short_a, short_b, long_a, long_b)
+    config = {"short_a": cache_identity(short_a), "short_b": cache_identity(short_b), "long_a": cache_identity(long_a),
+              "long_b": cache_identity(long_b), "layers": layers, "n_resamples": n_resamples, "seed": seed}
+    path, done = stored_table(out, "prefix_drift", config, force)
+    if done is not None:
+        return done
+    sa, sb, la, lb = prefix_rows(short_a, short_b, long_a, long_b)
+    tok = short_a.tokens.iloc[sa]
+    roles, examples = group_labels(tok), tok["example"].to_numpy()
+    groups_all, grouping = cache_groups(short_a, examples)
+    k = [sum(c.startswith("sentence_") for c in c_.examples.columns) for c_ in (short_a, long_a)]
+    base = {"analysis": "prefix_drift", "model": model_label(short_a), "corpus": short_a.manifest["corpus"]["name"],
+            "corpus_b": long_a.manifest["corpus"]["name"], "k": k[0], "k_b": k[1], "format": short_a.format_name,
+            "format_b": short_b.format_name, "target": "", "metric": "drift_growth", "seed": seed,
+            "unit": "token"}
+    records = []
+    for layer in tqdm(layers, desc=f"drift {short_a.format_name}→{short_b.format_name}, k={k[1]} − k={k[0]}",
+                      disable=not progress, file=sys.stderr):
+        d_short = 1.0 - rowwise_cosine(short_a.states(layer, sa), short_b.states(layer, sb))
+        d_long = 1.0 - rowwise_cosine(long_a.states(layer, la), long_b.states(layer, lb))
+        for role, m in _cells(roles):
+            r = paired_difference(d_long[m], d_short[m], groups_all[m], n_resamples=n_resamples, seed=seed)
+            r.update(value_a=float(d_short[m].mean()), value_b=float(d_long[m].mean()))
+            records.append({**base, "layer": layer, "role": role, **r, "grouping": grouping})
+    df = add_holm(make_table(records), ["role", "metric"])
+    return keep_table(df, path)
+
+
 def run_paired_attention(a, b, *, pairs: Sequence[tuple[str, str]] | None = (("s1 words", "s2 words"),),
                          layers: Sequence[int] | str | None = None, n_resamples: int = 1000, seed: int = 0,
                          out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
@@ -258,7 +332,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "drift R->A per token key (Q2). With --contrast ROLE and two caches A B: drift A->B of ROLE "
                     "minus the words' drift, per example (Q1).",
     )
-    p.add_argument("caches", nargs="+", help="R A B (paired drift) or A B (with --contrast or --attention)")
+    p.add_argument("caches", nargs="+", help="R A B (paired drift), A B (with --contrast or --attention) or "
+                                            "SHORT_A SHORT_B LONG_A LONG_B (with --prefix)")
+    p.add_argument("--prefix", action="store_true",
+                   help="four caches: formats A and B of the first k sentences of each document, then of the first "
+                        "K > k sentences of the same documents; drift A->B in the long inputs minus in the short "
+                        "ones, per token key of the shared sentences (Q3)")
     p.add_argument("--attention", action="store_true",
                    help="two caches with attention summaries: mass from s1 words to s2 words, B minus A")
     p.add_argument("--contrast", default=None, help="role group compared with the words, e.g. cls (Q1)")
@@ -268,7 +347,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--unit", default="token", choices=UNITS, help="paired item: token key or example mean")
     add_output_options(p, resamples=True)
     args = p.parse_args(argv)
-    want = 2 if args.contrast is not None or args.attention else 3
+    if sum((args.prefix, args.attention, args.contrast is not None)) > 1:
+        return cli_error(ValueError("--prefix, --attention and --contrast are separate analyses: give one"))
+    want = 4 if args.prefix else 2 if args.contrast is not None or args.attention else 3
     if len(args.caches) != want:
         return cli_error(ValueError(f"expected {want} cache directories, got {len(args.caches)}: {args.caches}"))
     try:
@@ -277,6 +358,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   force=args.force)
         if args.attention:
             df = run_paired_attention(*caches, **kw)
+        elif args.prefix:
+            df = run_prefix_drift(*caches, progress=not args.no_progress, **kw)
         elif args.contrast is not None:
             df = run_role_contrast(*caches, role=args.contrast, versus=args.versus, progress=not args.no_progress,
                                    **kw)

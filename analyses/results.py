@@ -31,7 +31,7 @@ RESULT_COLUMNS: tuple[str, ...] = (
 #: Columns that hold whole numbers wherever they appear (counts, indices, seeds, layers). :func:`typed`
 #: writes them as integers, nullable (``Int64``, an empty CSV cell) where some rows have none.
 INTEGER_COLUMNS: frozenset[str] = frozenset({
-    "layer", "layer_b", "patch_layer", "head", "k", "n", "n_examples", "n_groups", "n_clusters", "n_folds",
+    "layer", "layer_b", "patch_layer", "head", "k", "k_b", "n", "n_examples", "n_groups", "n_clusters", "n_folds",
     "n_skipped", "n_train", "n_runs", "groups_needed", "seed", "repeat", "fold", "epoch",
 })
 #: The standard columns holding real numbers.

@@ -21,7 +21,8 @@ import pandas as pd
 from .cache_layout import EXAMPLES, MANIFEST, REQUEST, SHARDS, CacheError, read_manifest, sha256_file
 from .formats import KEY_COLUMNS
 
-__all__ = ["Cache", "CacheError", "IncomparableCaches", "align", "check_comparable", "describe_model", "find_caches"]
+__all__ = ["Cache", "CacheError", "IncomparableCaches", "align", "check_comparable", "check_prefix", "describe_model",
+           "find_caches"]
 
 
 #: Bytes of stored rows read at a time by :meth:`Cache.states` before their pages are dropped again.
@@ -415,13 +416,51 @@ def check_comparable(a: "Cache", b: "Cache", *, same_model: bool = True, random_
         raise IncomparableCaches(f"cannot combine caches {a.path} and {b.path}: " + "; ".join(diffs))
 
 
+def _sentence_columns(examples: pd.DataFrame) -> list[str]:
+    return sorted((c for c in examples.columns if c.startswith("sentence_")), key=lambda c: int(c.split("_")[1]))
+
+
+def check_prefix(short: "Cache", long: "Cache") -> None:
+    """Refuse to pair the tokens of ``short`` and ``long`` unless ``long``'s corpus extends ``short``'s:
+    one model (fingerprint), the same examples in the same order (ids), and in each example the short
+    corpus's sentences, verbatim, as the first sentences of the long one's (e.g. the first 2 and the
+    first 5 sentences of the same documents, Q3). Then a token key of a shared sentence names the same
+    word in both caches. Raises :class:`IncomparableCaches` naming both caches and what differs."""
+    diffs = []
+    A, B = short.manifest["model"], long.manifest["model"]
+    if A["fingerprint"] != B["fingerprint"]:
+        diffs.append(f"different models ({describe_model(A)} vs {describe_model(B)})")
+    ea, eb = short.examples, long.examples
+    sa, sb = _sentence_columns(ea), _sentence_columns(eb)
+    if len(ea) != len(eb) or not np.array_equal(ea["example_id"].astype(str).to_numpy(),
+                                                eb["example_id"].astype(str).to_numpy()):
+        diffs.append(f"different examples ({len(ea)} vs {len(eb)}, or other ids or order)")
+    elif len(sa) > len(sb):
+        diffs.append(f"the first cache's examples have more sentences ({len(sa)}) than the second's ({len(sb)})")
+    else:
+        for c in sa:
+            differ = ea[c].fillna("").astype(str).to_numpy() != eb[c].fillna("").astype(str).to_numpy()
+            if differ.any():
+                i = int(np.flatnonzero(differ)[0])
+                diffs.append(f"{c} differs in {int(differ.sum())} examples (first: example "
+                             f"{ea['example_id'].iloc[i]!r}: {ea[c].iloc[i]!r} vs {eb[c].iloc[i]!r})")
+                break
+    if diffs:
+        raise IncomparableCaches(f"cannot pair caches {short.path} and {long.path} as a prefix and its "
+                                 f"extension: " + "; ".join(diffs))
+
+
 def align(a: Cache, b: Cache, rows_a: np.ndarray | None = None,
-          on: Sequence[str] = KEY_COLUMNS) -> tuple[np.ndarray, np.ndarray]:
+          on: Sequence[str] = KEY_COLUMNS, prefix: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Pair the tokens of two caches by key: returns ``(rows_a, rows_b)``, equal-length arrays of row
     numbers such that ``a.tokens.iloc[rows_a[i]]`` and ``b.tokens.iloc[rows_b[i]]`` have the same key.
     Only keys present in both are kept, in ``a``'s order. The caches must hold the same corpus
-    (:func:`check_comparable` with ``same_model=False``)."""
-    check_comparable(a, b, same_model=False)
+    (:func:`check_comparable` with ``same_model=False``), or with ``prefix`` ``b``'s corpus must extend
+    ``a``'s (:func:`check_prefix`)."""
+    if prefix:
+        check_prefix(a, b)
+    else:
+        check_comparable(a, b, same_model=False)
     rows = np.arange(a.n_tokens, dtype=np.int64) if rows_a is None else np.asarray(rows_a, dtype=np.int64)
     # keys as a MultiIndex (small integer codes per column) looked up in b's: the same pairs, in a's order, as an
     # inner merge, without a copy of both tables' key columns (a few hundred bytes per token at its peak)

@@ -213,3 +213,89 @@ def test_paired_attention_pair_vs_concat(doc_caches):
     assert (same["value"] == 0).all() and (same["p_value"] == 1).all()
     with pytest.raises(ValueError, match="no attention pair"):
         run_paired_attention(pair, concat, pairs=[("s1 words", "sep9")])
+
+
+# --------------------------------------------------------------------------------------------------
+# the format effect as the input grows (Q3): the first 2 and the first 4 sentences of the same documents
+
+
+@pytest.fixture()
+def prefix_caches(tmp_path, tiny_bert):
+    from .conftest import sample_examples
+
+    full = [Example(e.id, e.sentences, {**e.labels, "doc": f"d{i // 2}"}) for i, e in enumerate(sample_examples(24, k=4))]
+    out = {}
+    for k in (2, 4):
+        part = [Example(e.id, e.sentences[:k], e.labels) for e in full]
+        paths = extract(part, ["multi", "concat"], model=tiny_bert, out=tmp_path / f"k{k}", progress=False,
+                        log=lambda *a: None)
+        out[k] = [Cache.open(p) for p in paths]
+    return out
+
+
+def test_prefix_drift_known_answers(prefix_caches):
+    from analyses.paired import run_prefix_drift
+
+    (sm, sc), (lm, lc) = prefix_caches[2], prefix_caches[4]
+    df = run_prefix_drift(sm, sc, lm, lc, n_resamples=200, progress=False)
+    assert set(df["role"]) == {"cls", "s1 words", "s2 words", "all"}  # no [SEP], no word of sentences 3-4
+    assert (df["metric"] == "drift_growth").all() and (df["grouping"] == "document").all()
+    assert (df["n_groups"] == 12).all() and (df["k"] == 2).all() and (df["k_b"] == 4).all()
+    # value_a / value_b are the marginal drifts run_drift reports for the same tokens in each input
+    for cache_a, cache_b, col in ((sm, sc, "value_a"), (lm, lc, "value_b")):
+        d = run_drift(cache_a, cache_b, n_resamples=20, n_pairs=100, progress=False)
+        for role in ("cls", "s1 words", "s2 words"):
+            ref = d[(d["metric"] == "drift_mean") & (d["role"] == role)].set_index("layer")["value"]
+            got = df[df["role"] == role].set_index("layer")[col]
+            np.testing.assert_allclose(got.to_numpy(), ref.reindex(got.index).to_numpy(), atol=1e-6)
+    np.testing.assert_allclose(df["value"], df["value_b"] - df["value_a"], atol=1e-9)
+    # layer 0 holds token, position and segment embeddings only: the same for a shared word at k = 2 and 4
+    assert df.loc[df["layer"] == 0, "value"].abs().max() < 1e-6
+    assert (df["p_holm"] >= df["p_value"] - 1e-12).all()
+
+
+def test_prefix_drift_null_and_planted(prefix_caches):
+    from analyses.paired import run_prefix_drift
+
+    (sm, sc), (lm, lc) = prefix_caches[2], prefix_caches[4]
+    null = run_prefix_drift(sm, sc, sm, sc, n_resamples=200, progress=False)  # the same inputs twice
+    assert (null["value"] == 0).all() and (null["p_value"] == 1).all()
+    # planted: no drift at all in the short inputs (a format against itself), multi -> concat in the long ones
+    planted = run_prefix_drift(sm, sm, lm, lc, n_resamples=200, progress=False)
+    words = planted[(planted["role"] == "all") & (planted["layer"] >= 1)]
+    assert (words["value_a"] == 0).all() and (words["ci_low"] > 0).all() and (words["p_value"] < 0.01).all()
+
+
+def test_prefix_drift_refuses_other_documents(prefix_caches, tmp_path, tiny_bert):
+    from analyses.paired import run_prefix_drift
+    from probing.cache import IncomparableCaches, check_prefix
+
+    from .conftest import sample_examples
+
+    (sm, sc), (lm, lc) = prefix_caches[2], prefix_caches[4]
+    with pytest.raises(IncomparableCaches, match="more sentences"):
+        check_prefix(lm, sm)  # the long one is no prefix of the short one
+    other = [Example(e.id, (e.sentences[0], "Another second sentence.", *e.sentences[2:]), e.labels)
+             for e in sample_examples(24, k=4)]
+    paths = extract(other, ["multi", "concat"], model=tiny_bert, out=tmp_path / "other", progress=False,
+                    log=lambda *a: None)
+    om, oc = (Cache.open(p) for p in paths)
+    with pytest.raises(IncomparableCaches, match="sentence_2 differs in 24 examples"):
+        run_prefix_drift(sm, sc, om, oc, progress=False)
+    renamed = [Example(f"x{e.id}", e.sentences, e.labels) for e in sample_examples(24, k=4)]
+    paths = extract(renamed, ["multi", "concat"], model=tiny_bert, out=tmp_path / "renamed", progress=False,
+                    log=lambda *a: None)
+    with pytest.raises(IncomparableCaches, match="different examples"):
+        run_prefix_drift(sm, sc, *(Cache.open(p) for p in paths), progress=False)
+
+
+def test_prefix_cli(prefix_caches, tmp_path, capsys):
+    (sm, sc), (lm, lc) = prefix_caches[2], prefix_caches[4]
+    paths = [str(c.path) for c in (sm, sc, lm, lc)]
+    assert main(["--prefix", *paths, "--resamples", "50", "--out", str(tmp_path / "r")]) == 0
+    assert "s2 words" in capsys.readouterr().out
+    assert len(list((tmp_path / "r").glob("prefix_drift-*.csv"))) == 1
+    assert main(["--prefix", *paths[:3]]) == 2
+    assert "expected 4 cache directories" in capsys.readouterr().err
+    assert main(["--prefix", "--attention", *paths[:2]]) == 2
+    assert "separate analyses" in capsys.readouterr().err

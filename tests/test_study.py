@@ -72,7 +72,12 @@ def test_quick_study_end_to_end_and_reuse(tmp_path, tiny_model_dir):
         assert m, f"section {q} missing"
         answer = re.search(r"\*\*Answer\.\*\* (.*)", m.group(0)).group(1)
         evidence = re.search(r"\*\*Evidence\.\*\* (.*)", m.group(0)).group(1)
-        assert re.match(r"(Yes|No measurable difference|Inconclusive|Only in)", answer), f"{q}: {answer}"
+        opening = r"(Yes|No measurable difference|Inconclusive|Only in|No)"
+        if q == "Q7":  # three parts: content words, length, word order, each opened by its verdict
+            assert re.match(rf"Content words of sentence 1 — {opening}.* Sentence length — {opening}.* "
+                            rf"Word order — {opening}", answer), answer
+        else:
+            assert re.match(opening, answer), f"{q}: {answer}"
         assert re.search(r"\d\.\d{3}", answer), f"{q} verdict has no measured number: {answer}"
         assert re.search(r"\d\.\d{3}", evidence) and "not measured" not in evidence
     # quick mode is announced in the title and at the top; the unknown model gets a neutral sentence
@@ -82,13 +87,18 @@ def test_quick_study_end_to_end_and_reuse(tmp_path, tiny_model_dir):
     assert "Quick mode: small samples" in text and "generated template sentences" in text
     assert "95% CI" in text and "random-pair baseline" in text and "majority baseline" in text
     assert "## Provenance" in text and "fingerprint" in text
-    # verdicts come from paired rows (only Q3's is still provisional, and says so)
+    # verdicts come from paired rows (none from two marginal intervals)
     for q in QUESTIONS:
         sec = re.search(rf"^## {q}\..*?(?=^## )", text, flags=re.S | re.M).group(0)
         answer = re.search(r"\*\*Answer\.\*\* (.*)", sec).group(1)
-        assert ("provisional" in answer) == (q == "Q3"), f"{q}: {answer}"
+        assert "provisional" not in sec, f"{q}: {answer}"
+    # Q3: the same tokens with k = 2 and with the largest k (3 here), layers 1-L, with their documents counted
+    q3 = re.search(r"^## Q3\..*?(?=^## )", text, flags=re.S | re.M).group(0)
+    assert "paired per token" in q3 and "with k = 2 → with k = 3 sentences" in q3
     tables = tmp_path / "run" / "tables"
-    for name in ("paired_q1", "paired_q2", "paired_q4", "paired_q5", "paired_q6", "paired_q7", "paired_q8",
+    p3 = pd.read_csv(tables / "paired_q3.csv")
+    assert set(p3["role"]) == {"cls", "s1 words", "s2 words", "all"} and (p3["k_b"] == 3).all()
+    for name in ("paired_q1", "paired_q2", "paired_q3", "paired_q4", "paired_q5", "paired_q6", "paired_q7", "paired_q8",
                  "q4_knockout_drift", "q4_knockout_probes", "q1_cls_patching"):
         assert (tables / f"{name}.csv").is_file(), name
     # Q4 gains "does the model use [SEP]?" with the knockout − control numbers of its tables
@@ -692,3 +702,67 @@ def test_per_item_predictions_are_released_once_no_later_table_reads_them(monkey
     # a later reader finds the items gone and gets them computed again
     QT._items(ctx, "probes_pair")
     assert calls.count("probes_pair") == 2 and "probes_pair:items" in ctx.tables
+
+
+def test_q3_verdict_is_paired_per_token_and_skips_layer_0():
+    """Q3 reads run_prefix_drift's rows (role 'all', layers 1-L), not the marginal drift of each k."""
+    from probing.study.questions import QUESTION_SECTIONS
+
+    cfg = load_config(None)
+    q3 = QUESTION_SECTIONS["Q3"]
+    rows = _drift_rows(0.05).assign(role="all", metric="drift_growth", k=2, k_b=5)
+    v = q3.verdict({"paired_q3": rows}, cfg)
+    assert v.decision == "yes" and v.sentence.startswith("Yes, in every layer: [CLS] and the words of sentences 1–2")
+    assert "paired per token" in v.sentence and "40 documents" in v.sentence and "provisional" not in v.sentence
+    table, caption = q3.comparison_table({"paired_q3": rows})
+    assert list(table["layer"]) == [1, 2]  # layer 0 (embeddings of the same word) is not a comparison
+    null = q3.verdict({"paired_q3": _drift_rows(0.0).assign(role="all", metric="drift_growth")}, cfg)
+    assert null.decision == "no_difference"
+    # the marginal table alone does not decide any more
+    assert q3.verdict({"drift_q3": rows.assign(metric="drift_mean")}, cfg).decision == "not_measured"
+
+
+def _q7_tables(content: float, length: float, order: float) -> dict:
+    """Q7's three inputs: paired [CLS] − length-only rows for bow_s1, and the probe tables of length
+    (pair corpus) and word order (swap corpus) with their majority baselines, layers 1-2."""
+    import pandas as pd
+
+    paired = _probe_rows(content, condition_a="choice=cls", condition_b="choice=length_only", target="bow_s1")
+
+    def probe(target: str, above: float) -> pd.DataFrame:
+        rows = []
+        for L in (1, 2):
+            rows += [{"model_kind": "trained", "choice": "cls", "target": target, "layer": L, "metric": "accuracy",
+                      "value": 0.5 + above, "ci_low": 0.5 + above - 0.01, "ci_high": 0.5 + above + 0.01, "n": 600,
+                      "n_groups": 85, "grouping": "document"},
+                     {"model_kind": "trained", "choice": "cls", "target": target, "layer": L,
+                      "metric": "majority_baseline", "value": 0.5, "ci_low": 0.5, "ci_high": 0.5, "n": 600}]
+        return pd.DataFrame(rows)
+
+    return {"paired_q7": paired, "probes_pair": probe("length", length), "probes_q7": probe("swapped", order)}
+
+
+def test_q7_answers_content_length_and_word_order_each_by_the_rules():
+    """Q7 asks whether the input can be recovered: one verdict per part, each from its own rows."""
+    from probing.study.questions import QUESTION_SECTIONS
+
+    cfg = load_config(None)
+    q7 = QUESTION_SECTIONS["Q7"]
+    v = q7.verdict(_q7_tables(content=-0.05, length=0.2, order=0.0), cfg).sentence
+    content, rest = v.split(" Sentence length — ")
+    length, order = rest.split(" Word order — ")
+    assert content.startswith("Content words of sentence 1 — No, in any layer: a probe on sentence length alone")
+    assert length.startswith("Yes, in every layer: sentence length (words per sentence) can be read from [CLS]")
+    assert "+0.200" in length and "85 documents" in length
+    assert order.startswith("No measurable difference at any layer: word order cannot be read from [CLS]")
+    up = q7.verdict(_q7_tables(content=0.05, length=0.0, order=0.2), cfg).sentence
+    assert "Content words of sentence 1 — Yes, in every layer: [CLS] reads sentence 1's content words better" in up
+    assert "Sentence length — No measurable difference" in up and "Word order — Yes, in every layer" in up
+    # the report table holds every part's rows, named, and the caption says what each part compares
+    table, caption = q7.comparison_table(_q7_tables(0.05, 0.2, 0.0))
+    assert list(table["part"].unique()) == ["Content words of sentence 1", "Sentence length", "Word order"]
+    assert len(table) == 6 and "length-only probe" in caption and "majority baseline" in caption
+    assert "declared family" in caption and "Holm over layers" in caption
+    # a part without its table is "Not measured", the others still decided
+    partial = q7.verdict({k: t for k, t in _q7_tables(0.05, 0.2, 0.0).items() if k != "probes_q7"}, cfg)
+    assert partial.sentence.endswith("Word order — Not measured.") and partial.decision == "yes"

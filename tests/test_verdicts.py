@@ -106,6 +106,11 @@ def test_difference_rows_from_marginal_intervals():
     one = difference_rows(a)  # against 0: a one-sample test, not an unpaired comparison
     np.testing.assert_allclose(one["value"], [0.5, 0.6])
     assert not one["provisional"].any() and "provisional" not in summarise(one, CLAIM).sentence
+    # a one-sample row keeps the clusters its CI resampled, and the sentence counts them
+    grouped = a.assign(n_groups=[40, 40], grouping="document")
+    one = difference_rows(grouped, grouped.assign(value=0.1, ci_low=np.nan, ci_high=np.nan))
+    assert list(one["n_groups"]) == [40, 40] and "40 documents" in summarise(one, CLAIM).sentence
+    assert "n_groups" not in difference_rows(grouped, b.assign(n_groups=[40, 40])).columns  # unpaired: whose?
 
 
 def test_intervals_never_collapse():

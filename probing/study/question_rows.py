@@ -1,7 +1,9 @@
 """The comparison rows each seed question's verdict is computed from (:mod:`probing.study.verdicts`),
 read from the tables of :mod:`probing.study.question_tables`. Paired rows wherever the analyses write
-them; Q3's and the one-sample rows of Q5 and Q7 come from :func:`probing.study.verdicts.difference_rows`.
-Comparisons involving [CLS] leave out layer 0 (the embedding layer: [CLS] is one vector for every input).
+them; the one-sample rows of Q5 and Q7 (a score against a constant baseline) come from
+:func:`probing.study.verdicts.difference_rows`. Comparisons involving [CLS] leave out layer 0 (the
+embedding layer: [CLS] is one vector for every input), and so does Q3's (at layer 0 a shared word's
+state is its token, position and segment embedding, the same whatever follows it).
 """
 
 from __future__ import annotations
@@ -35,12 +37,8 @@ def _q2_rows(T):
 
 
 def _q3_rows(T):
-    # PROVISIONAL: k = 2 and the largest k are prefixes of different lengths (different corpora for the
-    # caches), so no shared reference pairs their token keys; two marginal intervals, marked so.
-    d = pick(T.get("drift_q3"), role="all", metric="drift_mean")
-    if d.empty or d["k"].nunique() < 2:
-        return None
-    return difference_rows(_layers(pick(d, k=d["k"].max())), _layers(pick(d, k=d["k"].min())))
+    d = pick(T.get("paired_q3"), role="all", metric="drift_growth")
+    return None if d.empty else _contextual(d)
 
 
 def _q4_rows(T):
@@ -66,12 +64,29 @@ def _q6_rows(T):
     return None if d.empty else _contextual(d)
 
 
-def _q7_rows(T):
-    q = pick(T.get("probes_q7"), model_kind="trained", choice="cls", target="swapped")
-    if q.empty:
+#: The family of a one-sample row set (a score against its constant baseline, every layer 1–L).
+ONE_SAMPLE_FAMILY = "one-sample against the majority baseline over layers 1–L (Holm over layers)"
+
+
+def _above_majority(p: pd.DataFrame) -> pd.DataFrame | None:
+    """One-sample rows: the probe's accuracy − its majority baseline, per layer 1–L."""
+    if p.empty:
         return None
-    base = pick(q, metric="majority_baseline").assign(ci_low=float("nan"), ci_high=float("nan"))
-    return difference_rows(_contextual(pick(q, metric="accuracy")), base)
+    base = pick(p, metric="majority_baseline").assign(ci_low=float("nan"), ci_high=float("nan"))
+    return difference_rows(_contextual(pick(p, metric="accuracy")), base).assign(family=ONE_SAMPLE_FAMILY)
+
+
+def _q7_rows(T):
+    return _above_majority(pick(T.get("probes_q7"), model_kind="trained", choice="cls", target="swapped"))
+
+
+def _q7_content_rows(T):
+    d = pick(T.get("paired_q7"), condition_a="choice=cls", condition_b="choice=length_only", target="bow_s1")
+    return None if d.empty else _contextual(d)
+
+
+def _q7_length_rows(T):
+    return _above_majority(pick(T.get("probes_pair"), model_kind="trained", choice="cls", target="length"))
 
 
 def _q8_rows(T):

@@ -162,6 +162,21 @@ def _drift_q3(ctx: Context) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+def _paired_q3(ctx: Context) -> pd.DataFrame:
+    """Q3's comparison: the multi → concat drift of the same tokens ([CLS] and the words of sentences 1–2)
+    in the inputs of the largest k minus in those of k = 2, paired per token (the prefixes are the first
+    k sentences of the same documents)."""
+    from analyses.paired import run_prefix_drift
+
+    ks = group_prefixes(ctx.corpora)
+    short, long = ks[min(ks)], ks[max(ks)]
+    if short == long:
+        return pd.DataFrame()
+    get = ctx.caches.get
+    return run_prefix_drift(get(short, "multi"), get(short, "concat"), get(long, "multi"), get(long, "concat"),
+                            **_rs(ctx), progress=ctx.progress).assign(family=FAMILIES["Q3"])
+
+
 def _probes_pair(ctx: Context) -> pd.DataFrame:
     """The pair-format probes of every selected question among Q4, Q7, Q8 (one table: Q4's table and
     Q7's evidence read each other's rows)."""
@@ -283,6 +298,7 @@ def _finetune(ctx: Context) -> pd.DataFrame:
 FAMILIES = {
     "Q1": "all layers of [CLS] − words (Holm over layers)",
     "Q2": "all layers, per sentence (Holm over layers)",
+    "Q3": "all layers 1–L, per role group (Holm over layers)",
     "Q4": "sep1 − cls over every layer 1–L × target (is_next, bow_s1, bow_s2) (Holm over all of them)",
     "Q5": "[CLS] − mean over every layer × sentence position (Holm over all of them)",
     "Q6": ("first − last and first − middle over every layer 1–L × target (topic, is_next) "
@@ -411,7 +427,7 @@ def _q4_knockout_probes(ctx: Context) -> pd.DataFrame:
 
 #: Every table a question can ask for, and the function that computes it.
 PRODUCERS = {"drift_q1": _drift_q1, "cka_q1": _cka_q1, "drift_q2": _drift_q2, "attention": _attention,
-             "drift_q3": _drift_q3, "probes_pair": _probes_pair, "cka_q4": _cka_q4, "probes_q5": _probes_q5,
+             "drift_q3": _drift_q3, "paired_q3": _paired_q3, "probes_pair": _probes_pair, "cka_q4": _cka_q4, "probes_q5": _probes_q5,
              "probes_q6": _probes_q6, "probes_q7": _probes_q7, "finetune": _finetune,
              "paired_q1": _paired_q1, "paired_q2": _paired_q2, "paired_q4": _paired_q4, "paired_q5": _paired_q5,
              "paired_q6": _paired_q6, "paired_q7": _paired_q7, "paired_q8": _paired_q8,

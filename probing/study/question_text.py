@@ -119,8 +119,18 @@ def answer_q3(d: pd.DataFrame, T: dict) -> str:
         v = one(d, k=k, layer=L, role="cls", metric="drift_mean")
         w = one(d, k=k, layer=L, role="all", metric="drift_mean")
         parts.append(f"k={k}: [CLS] {fmt(v)}, all tokens {fmt(w)}")
-    return (f"`multi` ([SEP] after each of k sentences) against `concat` at layer {L}, 1 − cos: "
-            + "; ".join(parts) + ".")
+    s = (f"`multi` ([SEP] after each of k sentences) against `concat` at layer {L}, 1 − cos: "
+         + "; ".join(parts) + ".")
+    p = pick(T.get("paired_q3"), metric="drift_growth")
+    if not p.empty:
+        last = _at_last(p)
+        r0 = last.iloc[0]
+        parts = [f"{r['role'] if r['role'] != 'cls' else '[CLS]'} {fmt(float(r['value_a']))} → {fmt(float(r['value_b']))}, "
+                 f"difference {paired_text(r)}" for _, r in last.iterrows() if r["role"] != "all"]
+        s += (f" Paired on the same tokens, multi → concat drift with k = {int(r0['k'])} → with k = {int(r0['k_b'])} "
+              f"sentences at layer {int(r0['layer'])}: " + "; ".join(parts)
+              + f" ({int(r0['n_groups'])} {r0['grouping']}s; Holm over layers).")
+    return s
 
 
 @_reads("probes_pair")

@@ -14,13 +14,13 @@ Comparison rows are paired: probe comparisons on the same out-of-fold items
 ``items=True``: Q4 sep1 − cls, Q5 [CLS] − mean, Q6 first − last / first − middle across caches of the
 same examples, Q7 trained − random-init and [CLS] − a length-only probe, Q8 frozen cls − mean), drift
 comparisons on the same token keys (:func:`analyses.paired.run_role_contrast` for Q1,
-:func:`analyses.paired.run_paired_drift` for Q2), the fine-tuning table's own ``accuracy_diff`` rows for
-Q8, and a score against a constant baseline (Q5, Q7 word order) as a one-sample row. Holm's correction
-runs over the family :data:`probing.study.question_tables.FAMILIES` declares per question (the report's captions name it). Only Q3's
-rows (largest k − k = 2) are still derived from two marginal intervals with
-:func:`probing.study.verdicts.difference_rows` and marked provisional: the k-sentence prefixes are separate
-caches with no shared reference format. Comparisons involving [CLS] leave out layer 0 (the embedding
-layer: [CLS] is one vector for every input there).
+:func:`analyses.paired.run_paired_drift` for Q2, :func:`analyses.paired.run_prefix_drift` for Q3: the
+multi → concat drift of the same tokens of sentences 1–2 with the largest k sentences − with 2), the
+fine-tuning table's own ``accuracy_diff`` rows for Q8, and a score against a constant baseline (Q5, Q7
+word order) as a one-sample row. Holm's correction runs over the family
+:data:`probing.study.question_tables.FAMILIES` declares per question (the report's captions name it).
+Comparisons involving [CLS] leave out layer 0 (the embedding layer: [CLS] is one vector for every input
+there), and so does Q3's (a shared word's embedding does not depend on what follows it).
 
 Causal sections (issue 14): Q4 extracts ``pair`` with attention to every [SEP] knocked out in the
 middle layers and its same-size control (:data:`probing.study.question_tables.INTERVENTIONS`, ``Job.intervention``), tables
@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from .question_figures import (_fig_q1, _fig_q2, _fig_q3, _fig_q4, _fig_q5, _fig_q6, _fig_q7, _fig_q8, _table_q1,
                                _table_q2, _table_q3, _table_q4, _table_q5, _table_q6, _table_q7, _table_q8)
-from .question_rows import _q1_rows, _q2_rows, _q3_rows, _q4_rows, _q5_rows, _q6_rows, _q7_rows, _q8_rows
+from .question_rows import (_q1_rows, _q2_rows, _q3_rows, _q4_rows, _q5_rows, _q6_rows, _q7_content_rows,
+                            _q7_length_rows, _q7_rows, _q8_rows)
 from .question_tables import FAMILIES, _pair_jobs, _q3_jobs, _q5_jobs, _tables
 from .question_text import (QUESTION_TEXT, answer_q1, answer_q2, answer_q3, answer_q4, answer_q5, answer_q6,
                             answer_q7, answer_q8, claim)
@@ -52,9 +53,12 @@ def _q3_notes(cfg: dict) -> str:
     return (f"For k consecutive sentences of one document of the groups corpus ({corpus_text(cfg['corpus']['groups'])} "
             "sentences), `multi` ([SEP] after every sentence, alternating segments) against `concat` (one [CLS] … "
             "[SEP]); the model's pre-training format has two segments at most, so growth with k shows the format "
-            "moving away from what it saw in training. It does not measure task accuracy with k segments. The "
-            "largest-k − k=2 comparison is still PROVISIONAL (two marginal intervals treated as independent): the "
-            "k-sentence prefixes are separate caches with no shared reference format to pair their tokens on.")
+            "moving away from what it saw in training. It does not measure task accuracy with k segments. The verdict "
+            "is paired on the same tokens: [CLS] and the words of sentences 1–2, which the inputs of k = 2 and of the "
+            "largest k share (the prefixes are the first k sentences of the same documents), their multi → concat "
+            "drift with the largest k minus with 2 (analyses.paired.run_prefix_drift; " + FAMILIES["Q3"] + "; layer "
+            "0 left out: a word's embedding does not depend on what follows it). The table's all-tokens column also "
+            "counts the words of sentences 3..k, which only the longer inputs have: it is not the comparison.")
 
 
 def _q8_notes(cfg: dict) -> str:
@@ -103,18 +107,27 @@ NOTES = {
     "Q7": "Bag-of-words, sentence-length and word-order (two adjacent words swapped) probes on [CLS] and on "
           "mean-pooled words, per layer, for the trained and a randomly initialised model of the same "
           "architecture. A random model's high bag-of-words score shows how much comes from the embeddings "
-          "alone. Bag-of-words targets are content words; fw_s1 (function words) is the length-tracking control, "
-          "and a length-only probe (words per sentence, same splits) is the baseline the [CLS] rows are paired "
-          "against. Word order is tested against the majority baseline (one-sample, with its detectable effect); "
-          "trained − random-init is paired on the same items: " + FAMILIES["Q7"] + ".",
+          "alone. The answer has three parts, each decided by the rules above over layers 1–L: content words "
+          "(the bag of content words of sentence 1 from [CLS] against a length-only probe, which knows only how "
+          "many words each sentence has, paired on the same out-of-fold items: reading more content words from a "
+          "longer sentence is not recovering the input), sentence length and word order (each [CLS] probe against "
+          "its majority baseline, one-sample, with its detectable effect). fw_s1 (function words) is the "
+          "length-tracking control; trained − random-init is paired on the same items: " + FAMILIES["Q7"] + ".",
     "Q8": _q8_notes,
 }
+
+
+#: Questions answered in parts (:attr:`probing.study.sections.StudySection.parts`): Q7 asks whether the input
+#: can be recovered, so its answer covers content words, length and word order, each by the same rules.
+PARTS = {"Q7": (("Content words of sentence 1", _q7_content_rows, claim("Q7_content")),
+                ("Sentence length", _q7_length_rows, claim("Q7_length")),
+                ("Word order", _q7_rows, CLAIMS["Q7"]))}
 
 
 def _question(key, corpora, jobs, tables, figures, table, answer, rows, about_cls=False) -> StudySection:
     return StudySection(key=key, title=TITLES[key], corpora=corpora, jobs=jobs, analyse=_tables(*tables),
                         figures=figures, table=table, answer=answer, notes=NOTES[key], comparisons=rows,
-                        claim=CLAIMS[key], about_cls=about_cls, tables=tuple(tables))
+                        claim=CLAIMS[key], about_cls=about_cls, tables=tuple(tables), parts=PARTS.get(key, ()))
 
 
 #: The seed questions, in report order.
@@ -122,7 +135,7 @@ QUESTION_SECTIONS: dict[str, StudySection] = {s.key: s for s in (
     _question("Q1", ("pairs",), _pair_jobs("Q1"), ("drift_q1", "cka_q1", "paired_q1", "q1_cls_patching"), _fig_q1, _table_q1, answer_q1, _q1_rows,
               about_cls=True),
     _question("Q2", ("pairs",), _pair_jobs("Q2"), ("drift_q2", "attention", "paired_q2"), _fig_q2, _table_q2, answer_q2, _q2_rows),
-    _question("Q3", ("groups",), _q3_jobs, ("drift_q3",), _fig_q3, _table_q3, answer_q3, _q3_rows),
+    _question("Q3", ("groups",), _q3_jobs, ("drift_q3", "paired_q3"), _fig_q3, _table_q3, answer_q3, _q3_rows),
     _question("Q4", ("pairs",), _pair_jobs("Q4"), ("attention", "probes_pair", "cka_q4", "paired_q4",
                                                       "q4_knockout_drift", "q4_knockout_probes"), _fig_q4, _table_q4,
               answer_q4, _q4_rows, about_cls=True),

@@ -84,6 +84,9 @@ class StudySection:
     - ``answer(T) -> str``: the evidence, numbers read from the tables.
     - ``comparisons(T) -> rows | None`` and ``claim``: the verdict's input (:mod:`probing.study.verdicts`);
       ``verdict_text(T)`` overrides it for sections whose verdict is not a comparison.
+    - ``parts``: a question answered in several parts, each ``(what, comparisons, claim)``: the verdict is
+      one sentence per part ("what — verdict"), decided by the same rules, and the report table holds
+      every part's rows; ``comparisons``/``claim`` are then not used.
     - ``notes``: how it was measured and what it does not show (text, or a function of the config).
     - ``about_cls``: the section makes claims about [CLS]/[SEP], so the model caveat is repeated there.
     """
@@ -103,9 +106,16 @@ class StudySection:
     citation: str = ""
     about_cls: bool = False
     tables: tuple[str, ...] = ()  # the shared tables ``analyse`` computes, where declared (the questions)
+    parts: tuple[tuple[str, Callable[[Tables], pd.DataFrame | None], Claim], ...] = ()
 
     def verdict(self, T: Tables, cfg: dict) -> Verdict | None:
-        """The section's opening sentence: from its comparison rows and claim (or ``verdict_text``)."""
+        """The section's opening sentence: from its comparison rows and claim (or ``verdict_text``, or one
+        sentence per part)."""
+        if self.parts:
+            verdicts = [(what, summarise(rows(T), claim)) for what, rows, claim in self.parts]
+            decided = [v for _, v in verdicts if v.decision != "not_measured"]
+            return Verdict(decided[0].decision if decided else "not_measured",
+                           " ".join(f"{what} — {v.sentence}" for what, v in verdicts))
         if self.verdict_text is not None:
             text = self.verdict_text(T, cfg)
             return Verdict("yes", text) if text else None
@@ -117,6 +127,22 @@ class StudySection:
         """The comparison rows behind the verdict as the report prints them, with a caption."""
         from .verdicts import verdict_table
 
+        if self.parts:
+            tables, captions, families = [], [], []
+            for what, rows_of, claim in self.parts:
+                rows = rows_of(T)
+                if rows is None or len(rows) == 0:
+                    continue
+                tables.append(verdict_table(rows, claim).assign(part=what))
+                captions.append(f"{what}: {claim.quantity}")
+                if "family" in rows.columns and rows["family"].notna().any():
+                    families.append(f"{what.lower()}: {rows['family'].dropna().iloc[0]}")
+            if not tables:
+                return None
+            table = pd.concat(tables, ignore_index=True)
+            table = table[["part"] + [c for c in table.columns if c != "part"]].fillna("–")
+            caption = "; ".join(captions) + f"; per {self.parts[0][2].facet[0]}, each row decided by the rules above"
+            return table, caption + (f"; multiple comparisons: {'; '.join(families)}" if families else "")
         rows = self.comparisons(T) if self.comparisons is not None and self.claim is not None else None
         if rows is None or len(rows) == 0:
             return None

@@ -133,13 +133,16 @@ def difference_rows(a: pd.DataFrame, b: pd.DataFrame | None = None, on: str = "l
     a normal-approximation p-value, Holm over the rows. For paired items with a positive correlation
     this overstates the SE (a conservative test); the paired cluster-bootstrap rows of the analyses
     replace these where they exist, so such rows are marked ``provisional``. ``b`` may carry no CI (a
-    baseline constant): then SE = SE_a and the row is a one-sample test, not marked provisional.
-    Returns columns ``on``, value, ci_low, ci_high, p_value, p_holm, mde, n, provisional.
+    baseline constant): then SE = SE_a and the row is a one-sample test, not marked provisional; it keeps
+    ``a``'s ``n_groups`` and ``grouping`` (the clusters its CI resampled) where ``a`` has them.
+    Returns columns ``on``, value, ci_low, ci_high, p_value, p_holm, mde, n, provisional (and
+    n_groups, grouping).
     """
     z = stats.norm.ppf(1 - ALPHA / 2)
 
     def prep(t: pd.DataFrame, suffix: str) -> pd.DataFrame:
-        t = t[[on, "value", "ci_low", "ci_high"] + (["n"] if "n" in t.columns else [])].drop_duplicates(on)
+        t = t[[on, "value", "ci_low", "ci_high"] + [c for c in ("n", "n_groups", "grouping") if c in t.columns]]
+        t = t.drop_duplicates(on)
         t = t.assign(se=(pd.to_numeric(t["ci_high"]) - pd.to_numeric(t["ci_low"])) / (2 * z))
         t["se"] = t["se"].fillna(0.0)
         return t.rename(columns={c: f"{c}{suffix}" for c in t.columns if c != on})
@@ -153,10 +156,14 @@ def difference_rows(a: pd.DataFrame, b: pd.DataFrame | None = None, on: str = "l
     se = np.sqrt(m["se_a"].to_numpy(float) ** 2 + m["se_b"].to_numpy(float) ** 2)
     with np.errstate(divide="ignore", invalid="ignore"):
         p = np.where(se > 0, 2 * stats.norm.sf(np.abs(value) / se), np.where(value != 0, 0.0, 1.0))
+    provisional = bool(b is not None and (m["se_b"] > 0).any())
     out = pd.DataFrame({on: m[on].to_numpy(), "value": value, "ci_low": value - z * se, "ci_high": value + z * se,
                         "p_value": p, "mde": (z + stats.norm.ppf(POWER)) * se,
-                        "n": m["n_a"].to_numpy() if "n_a" in m.columns else np.nan,
-                        "provisional": bool(b is not None and (m["se_b"] > 0).any())})
+                        "n": m["n_a"].to_numpy() if "n_a" in m.columns else np.nan, "provisional": provisional})
+    if not provisional:  # one sample: a's CI alone, over a's clusters
+        for c in ("n_groups", "grouping"):
+            if f"{c}_a" in m.columns:
+                out[c] = m[f"{c}_a"].to_numpy()
     return add_holm(out)
 
 
