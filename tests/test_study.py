@@ -421,8 +421,45 @@ def test_q8_asks_whether_cls_is_better_so_mean_pooling_ahead_answers_no():
     spec = QUESTION_SECTIONS["Q8"]
     down = spec.verdict({"paired_q8": _probe_rows(-0.05, target="topic")}, cfg).sentence
     up = spec.verdict({"paired_q8": _probe_rows(0.05, target="topic")}, cfg).sentence
-    assert down.startswith("No") and "mean pooling reads topic better than [CLS]" in down
-    assert up.startswith("Yes") and "[CLS] reads topic better than mean pooling" in up
+    assert down.startswith("Frozen — No") and "mean pooling reads topic better than [CLS]" in down
+    assert up.startswith("Frozen — Yes") and "[CLS] reads topic better than mean pooling" in up
+
+
+def _finetune_rows(diffs: dict, half: float = 0.01) -> "pd.DataFrame":
+    """finetune-table-like accuracy_diff rows: each pooling − mean after fine-tuning, and a fine-tuned −
+    frozen row that the second part of Q8 must not read."""
+    import pandas as pd
+
+    rows = [{"metric": "accuracy_diff", "pooling": p, "pooling_b": "mean", "condition": "fine_tuned",
+             "condition_b": "fine_tuned", "value": v, "ci_low": v - half, "ci_high": v + half,
+             "p_value": 0.001 if abs(v) > half else 0.8, "p_holm": 0.004 if abs(v) > half else 1.0, "n": 600,
+             "n_groups": 75, "grouping": "document"} for p, v in diffs.items()]
+    rows.append({**rows[0], "pooling_b": rows[0]["pooling"], "condition_b": "frozen", "value": 0.3,
+                 "ci_low": 0.29, "ci_high": 0.31})
+    return pd.DataFrame(rows)
+
+
+def test_q8_second_part_asks_whether_any_token_does_after_fine_tuning():
+    """"After fine-tuning, would any token do?" is decided from the fine-tuned pooling − mean rows, per
+    pooling, beside the frozen verdict."""
+    from probing.study.questions import QUESTION_SECTIONS
+
+    cfg = load_config(None)
+    spec = QUESTION_SECTIONS["Q8"]
+    frozen = _probe_rows(-0.05, target="topic")
+    same = spec.verdict({"paired_q8": frozen, "finetune": _finetune_rows({"cls": 0.002, "first_word": -0.004})},
+                        cfg).sentence
+    assert same.startswith("Frozen — No, in any layer") and " After fine-tuning — No measurable difference at any "         "pooling: after fine-tuning, every pooling reads topic as well as mean pooling" in same
+    worse = spec.verdict({"paired_q8": frozen, "finetune": _finetune_rows({"cls": 0.002, "first_word": -0.05})},
+                         cfg).sentence
+    assert ("After fine-tuning — Only in pooling first_word (no measurable difference at pooling cls): after "
+            "fine-tuning, mean pooling reads topic better than this pooling") in worse and "-0.050" in worse
+    wide = spec.verdict({"finetune": _finetune_rows({"cls": 0.0, "max": 0.0}, half=0.05)}, cfg).sentence
+    assert wide.startswith("Frozen — Not measured. After fine-tuning — Inconclusive")
+    table, caption = spec.comparison_table({"paired_q8": frozen, "finetune": _finetune_rows({"cls": 0.0})})
+    assert list(table["part"]) == ["Frozen", "Frozen", "After fine-tuning"] and "pooling − mean" in caption
+    assert list(table.columns[:3]) == ["part", "layer", "pooling"]
+    assert table["pooling"].tolist() == ["–", "–", "cls"] and table["layer"].tolist() == [1.0, 2.0, "–"]
 
 
 def test_power_sentence_is_generated_from_groups_needed():

@@ -92,3 +92,11 @@ def _q7_length_rows(T):
 def _q8_rows(T):
     d = pick(T.get("paired_q8"), target="topic")
     return None if d.empty else _contextual(d)
+
+
+def _q8_finetune_rows(T):
+    """Each fine-tuned pooling − fine-tuned mean pooling on the same test items (the fine-tuning table's
+    accuracy_diff rows; Holm over every accuracy_diff row of that table)."""
+    d = pick(T.get("finetune"), metric="accuracy_diff", condition="fine_tuned", condition_b="fine_tuned",
+             pooling_b="mean")
+    return None if d.empty else d[d["pooling"] != "mean"].reset_index(drop=True)

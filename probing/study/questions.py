@@ -33,7 +33,7 @@ from __future__ import annotations
 from .question_figures import (_fig_q1, _fig_q2, _fig_q3, _fig_q4, _fig_q5, _fig_q6, _fig_q7, _fig_q8, _table_q1,
                                _table_q2, _table_q3, _table_q4, _table_q5, _table_q6, _table_q7, _table_q8)
 from .question_rows import (_q1_rows, _q2_rows, _q3_rows, _q4_rows, _q5_rows, _q6_rows, _q7_content_rows,
-                            _q7_length_rows, _q7_rows, _q8_rows)
+                            _q7_length_rows, _q7_rows, _q8_finetune_rows, _q8_rows)
 from .question_tables import FAMILIES, _pair_jobs, _q3_jobs, _q5_jobs, _tables
 from .question_text import (QUESTION_TEXT, answer_q1, answer_q2, answer_q3, answer_q4, answer_q5, answer_q6,
                             answer_q7, answer_q8, claim)
@@ -68,7 +68,10 @@ def _q8_notes(cfg: dict) -> str:
             f"pooling ({', '.join(ft['poolings'])}) over {len(ft['seeds'])} seed(s) with the `{ft['preset']}` preset "
             "of analyses.finetune_config, on stratified document-grouped cross-validation splits, and on the same splits "
             "fits a frozen probe per pooling: both predict the same test items, so fine-tuned − frozen and "
-            "pooling − mean are paired per item. Multiple comparisons: " + FAMILIES["Q8"] + ".")
+            "pooling − mean are paired per item. The answer has two parts, each decided by the rules above: frozen "
+            "[CLS] − mean pooling per layer 1–L, and after fine-tuning each pooling − mean pooling (would any token "
+            "do? 'No measurable difference' means every pooling is within what this sample can detect of mean "
+            "pooling). Multiple comparisons: " + FAMILIES["Q8"] + ".")
 
 
 NOTES = {
@@ -117,11 +120,14 @@ NOTES = {
 }
 
 
-#: Questions answered in parts (:attr:`probing.study.sections.StudySection.parts`): Q7 asks whether the input
-#: can be recovered, so its answer covers content words, length and word order, each by the same rules.
+#: Questions answered in parts (:attr:`probing.study.sections.StudySection.parts`), each by the same rules: Q7
+#: asks whether the input can be recovered (content words, length, word order); Q8 asks two questions
+#: (frozen [CLS] against mean pooling; after fine-tuning, each pooling against mean pooling).
 PARTS = {"Q7": (("Content words of sentence 1", _q7_content_rows, claim("Q7_content")),
                 ("Sentence length", _q7_length_rows, claim("Q7_length")),
-                ("Word order", _q7_rows, CLAIMS["Q7"]))}
+                ("Word order", _q7_rows, CLAIMS["Q7"])),
+         "Q8": (("Frozen", _q8_rows, CLAIMS["Q8"]),
+                ("After fine-tuning", _q8_finetune_rows, claim("Q8_finetune")))}
 
 
 def _question(key, corpora, jobs, tables, figures, table, answer, rows, about_cls=False) -> StudySection:

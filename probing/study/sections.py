@@ -133,14 +133,16 @@ class StudySection:
                 rows = rows_of(T)
                 if rows is None or len(rows) == 0:
                     continue
-                tables.append(verdict_table(rows, claim).assign(part=what))
+                tables.append(verdict_table(rows, claim).astype(object).assign(part=what))  # object: ints stay ints
                 captions.append(f"{what}: {claim.quantity}")
                 if "family" in rows.columns and rows["family"].notna().any():
                     families.append(f"{what.lower()}: {rows['family'].dropna().iloc[0]}")
             if not tables:
                 return None
             table = pd.concat(tables, ignore_index=True)
-            table = table[["part"] + [c for c in table.columns if c != "part"]].fillna("–")
+            first = ["part"] + list(dict.fromkeys(claim.facet[0] for _, _, claim in self.parts))
+            table = table[[c for c in first if c in table.columns] + [c for c in table.columns if c not in first]]
+            table = table.fillna("–")
             caption = "; ".join(captions) + f"; per {self.parts[0][2].facet[0]}, each row decided by the rules above"
             return table, caption + (f"; multiple comparisons: {'; '.join(families)}" if families else "")
         rows = self.comparisons(T) if self.comparisons is not None and self.claim is not None else None

@@ -80,13 +80,20 @@ REQUIRED = ("value", "ci_low", "ci_high")
 # Numbers on the page
 
 
-def ranges(values: Iterable[int]) -> str:
-    """Integers as runs: ``[2, 3, 4, 6]`` -> ``'2–4, 6'``.
+def ranges(values: Iterable) -> str:
+    """Integers as runs: ``[2, 3, 4, 6]`` -> ``'2–4, 6'``; names (a facet such as the pooling) as a
+    list in their order.
 
     >>> ranges([6, 2, 3, 4])
     '2–4, 6'
+    >>> ranges(["max", "first_word"])
+    'max, first_word'
     """
-    v = sorted(set(int(x) for x in values))
+    values = list(values)
+    try:
+        v = sorted(set(int(x) for x in values))
+    except (TypeError, ValueError):
+        return ", ".join(dict.fromkeys(str(x) for x in values))
     runs: list[list[int]] = []
     for x in v:
         if runs and x == runs[-1][-1] + 1:
