@@ -95,6 +95,7 @@ def test_quick_study_end_to_end_and_reuse(tmp_path, tiny_model_dir):
     # Q3: the same tokens with k = 2 and with the largest k (3 here), layers 1-L, with their documents counted
     q3 = re.search(r"^## Q3\..*?(?=^## )", text, flags=re.S | re.M).group(0)
     assert "paired per token" in q3 and "with k = 2 → with k = 3 sentences" in q3
+    assert "prefix_drift: cluster bootstrap of paired per-token differences over" in text
     tables = tmp_path / "run" / "tables"
     p3 = pd.read_csv(tables / "paired_q3.csv")
     assert set(p3["role"]) == {"cls", "s1 words", "s2 words", "all"} and (p3["k_b"] == 3).all()

@@ -221,6 +221,7 @@ CI_METHODS = {
     "probe_comparison": "cluster bootstrap of paired out-of-fold differences over {unit}, sign-flip p-values",
     "paired_drift": "cluster bootstrap of paired per-item differences over {unit}, sign-flip p-values",
     "role_contrast": "cluster bootstrap of paired per-example differences over {unit}, sign-flip p-values",
+    "prefix_drift": "cluster bootstrap of paired per-token differences over {unit}, sign-flip p-values",
     "finetune_pooling": "cluster bootstrap of the out-of-fold test predictions over {unit}",
     "intervention_drift": "cluster bootstrap over documents (examples when the corpus has none)",
     "intervention_probes": "cluster bootstrap over documents (examples when the corpus has none)",
