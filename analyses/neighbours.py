@@ -8,9 +8,11 @@ take its ``k`` nearest neighbours by cosine among the examples of *other* docume
 label: same-document neighbours would share words and make the task trivial) and score whether
 their majority label equals its own. The chance level is what a random neighbour gives,
 ``sum_c p_c * (n_c - 1) / (n - 1)`` for ``k = 1`` (computed from the label counts; reported as
-``chance_knn_accuracy``).
+``chance_knn_accuracy``). Choices are compared on the same examples: ``versus`` names the reference
+choice, and each other choice gets a ``knn_accuracy_diff`` row (its per-example hit minus the
+reference's, cluster bootstrap over documents, sign-flip p-value, Holm over layers).
 
-    python -m analyses.neighbours CACHE --choices cls,mean,max --targets topic --out results
+    python -m analyses.neighbours CACHE --choices cls,mean,max --targets topic --versus cls --out results
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from tqdm.auto import tqdm
 
 from analyses.drift import model_label
 from analyses.grouping import cache_groups
+from analyses.paired import add_holm
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
                               keep_table, make_table, split_list, stored_table)
 from analyses.selection import parse_choice, pooled
 from analyses.intervals import bootstrap_ci
+from analyses.stats import paired_difference
 from probing.cache import Cache
 from probing.cli import ArgumentParser
 from probing.layers import cache_layers
@@ -88,33 +92,46 @@ def chance_agreement(labels: np.ndarray) -> float:
 
 
 def run_knn(cache: Cache, choices: Sequence[str] = ("cls", "mean"), label: str = "topic", *,
-            group: str | None = "doc", k: int = 1, layers: Sequence[int] | None = None, n_resamples: int = 1000,
-            seed: int = 0, out: str | Path | None = None, force: bool = False, progress: bool = False) -> pd.DataFrame:
+            group: str | None = "doc", k: int = 1, layers: Sequence[int] | None = None, versus: str | None = None,
+            n_resamples: int = 1000, seed: int = 0, out: str | Path | None = None, force: bool = False,
+            progress: bool = False) -> pd.DataFrame:
     """Tidy table (``analysis="knn"``, metric ``knn_accuracy`` with a 95% cluster-bootstrap CI, and
     ``chance_knn_accuracy``) per layer and token choice. ``group``: a label whose equal values
     are never neighbours (``None``: only the example itself is excluded). The CI resamples documents
     when the corpus has a ``doc`` label, else examples (columns ``grouping``, ``n_groups``:
-    :func:`analyses.grouping.cache_groups`)."""
+    :func:`analyses.grouping.cache_groups`).
+
+    ``versus``: one of ``choices``; each other choice is then compared with it on the examples both
+    have (``analysis="knn_comparison"``, ``metric="knn_accuracy_diff"``, ``choice`` − ``choice_b``:
+    :func:`analyses.stats.paired_difference` of the per-example hits, clustered as above; ``p_holm``
+    over the layers of each choice)."""
     for c in choices:
         parse_choice(c)
+    if versus is not None and versus not in choices:
+        raise ValueError(f"versus={versus!r} is not one of the choices {list(choices)}")
     for name in (label, group):  # before any progress bar: a missing label is the first line printed
         if name is not None:
             cache.labels(name)
     layers = cache_layers(cache, layers)
     config = {"cache": cache_identity(cache), "choices": list(choices), "label": label, "group": group, "k": k,
               "layers": layers, "n_resamples": n_resamples, "seed": seed, "clusters": "doc label, else example"}
+    if versus is not None:
+        config["versus"] = versus
     path, done = stored_table(out, "knn", config, force)
     if done is not None:
         return done
     base = {"analysis": "knn", "model": model_label(cache), "corpus": cache.manifest["corpus"]["name"],
             "format": cache.format_name, "target": label, "seed": seed}
     rows = []
+    hits: dict[tuple[str, int], pd.Series] = {}  # per-example hits, for the paired comparisons
     cells = [(choice, layer) for choice in choices for layer in layers]
     for choice, layer in tqdm(cells, desc=f"neighbours {label}", disable=not progress, file=sys.stderr, delay=1):
         ex, X = pooled(cache, layer, choice)
         y = cache.labels(label, ex)
         groups = cache.labels(group, ex) if group is not None else None
         hit = (knn_predict(X, y, groups, k) == y).astype(np.float64)
+        if versus is not None:
+            hits[choice, layer] = pd.Series(hit, index=ex)
         clusters, grouping = cache_groups(cache, ex)
         info = {"grouping": grouping, "n_groups": int(np.unique(clusters).size)}
         point, lo, hi = bootstrap_ci(hit, clusters, "mean", n_resamples=n_resamples, seed=seed)
@@ -122,7 +139,18 @@ def run_knn(cache: Cache, choices: Sequence[str] = ("cls", "mean"), label: str =
                      "ci_low": lo, "ci_high": hi, "n": len(ex), **info})
         rows.append({**base, "layer": layer, "choice": choice, "metric": "chance_knn_accuracy",
                      "value": chance_agreement(y), "ci_low": np.nan, "ci_high": np.nan, "n": len(ex), **info})
+    diffs = []
+    for choice in (c for c in choices if versus is not None and c != versus):
+        for layer in layers:
+            a, b = hits[choice, layer], hits[versus, layer]
+            ex = a.index.intersection(b.index)
+            clusters, grouping = cache_groups(cache, ex.to_numpy())
+            r = paired_difference(a[ex].to_numpy(), b[ex].to_numpy(), clusters, n_resamples=n_resamples, seed=seed)
+            diffs.append({**base, "analysis": "knn_comparison", "layer": layer, "choice": choice, "choice_b": versus,
+                          "metric": "knn_accuracy_diff", **r, "grouping": grouping})
     df = make_table(rows)
+    if diffs:
+        df = pd.concat([df, add_holm(make_table(diffs), ["choice", "choice_b", "metric"])], ignore_index=True)
     return keep_table(df, path)
 
 
@@ -141,13 +169,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--group", default="doc", help="label whose equal values are never neighbours (default doc; "
                                                   "'none' excludes only the example itself)")
     p.add_argument("-k", type=int, default=1, help="neighbours voting (default 1)")
+    p.add_argument("--versus", default=None,
+                   help="a choice the others are compared with on the same examples (paired, e.g. cls)")
     add_output_options(p, resamples=True)
     args = p.parse_args(argv)
     try:
         cache = Cache.open(args.cache)
         tables = [run_knn(cache, split_list(args.choices), target, group=None if args.group == "none" else args.group,
-                          k=args.k, layers=args.layers, n_resamples=args.resamples, seed=args.seed, out=args.out,
-                          force=args.force, progress=not args.no_progress)
+                          k=args.k, layers=args.layers, versus=args.versus, n_resamples=args.resamples,
+                          seed=args.seed, out=args.out, force=args.force, progress=not args.no_progress)
                   for target in split_list(args.targets)]
     except CLI_ERRORS as err:
         return cli_error(err)
@@ -157,6 +187,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with pd.option_context("display.width", 160, "display.precision", 3):
             print(acc.pivot_table(index="layer", columns="choice", values="value", sort=False).to_string())
         print(f"chance: {df.loc[df['metric'] == 'chance_knn_accuracy', 'value'].iloc[0]:.3f}")
+        diff = df[df["metric"] == "knn_accuracy_diff"]
+        if not diff.empty:
+            with pd.option_context("display.width", 160, "display.precision", 4):
+                print(diff[["layer", "choice", "choice_b", "value", "ci_low", "ci_high", "p_holm"]].to_string(index=False))
     return 0
 
 

@@ -64,3 +64,33 @@ def test_run_knn_table_and_reuse(tmp_path, tiny_bert):
     again = run_knn(cache, ("cls", "mean"), "topic", n_resamples=50, out=tmp_path / "r")
     assert stored.stat().st_mtime_ns == stamp
     assert np.allclose(again["value"].to_numpy(float), df["value"].to_numpy(float), equal_nan=True)
+
+
+def test_run_knn_compares_choices_on_the_same_examples(tmp_path, tiny_bert, capsys):
+    """versus: each choice − the reference per example (paired), its sides the marginal accuracies; the
+    reference swapped flips the sign; an unknown reference is refused."""
+    from analyses.neighbours import main
+    from probing.corpus_generated import generated_corpus
+
+    (path,) = extract(generated_corpus(40, k=1), ["single"], model=tiny_bert, out=tmp_path / "c", progress=False,
+                      log=lambda *a: None)
+    cache = Cache.open(path)
+    df = run_knn(cache, ("cls", "mean", "max"), "topic", versus="cls", n_resamples=200)
+    diff = df[df["metric"] == "knn_accuracy_diff"]
+    assert set(diff["choice"]) == {"mean", "max"} and (diff["choice_b"] == "cls").all()
+    assert (diff["analysis"] == "knn_comparison").all() and len(diff) == 2 * len(cache.layers)
+    acc = df[df["metric"] == "knn_accuracy"].set_index(["choice", "layer"])["value"]
+    for _, r in diff.iterrows():
+        assert r["value_a"] == pytest.approx(acc[r["choice"], r["layer"]])
+        assert r["value_b"] == pytest.approx(acc["cls", r["layer"]])
+        assert r["value"] == pytest.approx(r["value_a"] - r["value_b"])
+        assert r["ci_low"] <= r["value"] <= r["ci_high"] and r["p_holm"] >= r["p_value"]
+    same = run_knn(cache, ("cls", "mean"), "topic", versus="mean", n_resamples=50)
+    flipped = same[same["metric"] == "knn_accuracy_diff"].set_index("layer")["value"]
+    mean_minus_cls = diff[diff["choice"] == "mean"].set_index("layer")["value"]
+    np.testing.assert_allclose(flipped.to_numpy(), -mean_minus_cls.reindex(flipped.index).to_numpy(), atol=1e-12)
+    with pytest.raises(ValueError, match="versus='sep1' is not one of the choices"):
+        run_knn(cache, ("cls", "mean"), "topic", versus="sep1")
+    assert main([str(path), "--versus", "cls", "--resamples", "50", "--no-progress"]) == 0
+    assert "choice_b" in capsys.readouterr().out
+

@@ -674,8 +674,16 @@ def test_reimers_says_mean_pooling_wins_by_construction_on_a_mean_pooled_model()
     knn = pd.DataFrame([{"analysis": "knn", "layer": 6, "choice": r, "metric": "knn_accuracy", "value": v,
                          "ci_low": v - 0.02, "ci_high": v + 0.02} for r, v in (("cls", 0.6), ("mean", 0.7))])
     mini = load_config(None, overrides={"model.name": "all-MiniLM-L6-v2"})
+    # the marginal accuracies alone do not decide: the verdict reads the paired rows
+    assert rg.verdict({"reimers2019_knn": knn}, mini) is None
+    paired = [{"analysis": "knn_comparison", "layer": L, "choice": c, "choice_b": "cls", "metric": "knn_accuracy_diff",
+               "value": v, "ci_low": v - 0.03, "ci_high": v + 0.03, "p_value": 0.001, "p_holm": 0.005, "n": 600,
+               "n_groups": 200, "grouping": "document"} for L, c, v in ((5, "mean", 0.0), (6, "mean", 0.1),
+                                                                         (6, "max", -0.2))]
+    knn = pd.concat([knn, pd.DataFrame(paired)], ignore_index=True)
     s = rg.verdict({"reimers2019_knn": knn}, mini).sentence
     assert s.startswith("Yes: the cosine nearest neighbour of a mean-pooled vector") and "by construction" in s
+    assert "+0.100" in s and "paired on the same examples" in s and "200 documents" in s and "provisional" not in s
     bert = load_config(None, overrides={"model.name": "bert-base-uncased"})
     assert "by construction" not in rg.verdict({"reimers2019_knn": knn}, bert).sentence
     assert "by construction" not in rg.note_text(mini)  # said once, in the verdict

@@ -217,6 +217,7 @@ CI_METHODS = {
     "cka": "bootstrap over {unit}",
     "contextuality": "bootstrap over word types (self-similarity, MEV) or {unit} (intra-sentence similarity)",
     "knn": "bootstrap over {unit}",
+    "knn_comparison": "cluster bootstrap of paired per-example differences over {unit}, sign-flip p-values",
     "probe": "cluster bootstrap of the out-of-fold predictions over {unit} (macro AUC: t-interval over folds)",
     "probe_comparison": "cluster bootstrap of paired out-of-fold differences over {unit}, sign-flip p-values",
     "paired_drift": "cluster bootstrap of paired per-item differences over {unit}, sign-flip p-values",

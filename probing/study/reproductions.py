@@ -250,8 +250,8 @@ def _rg_analyse(ctx: Context) -> Tables:
     label = cfg["papers"]["label"]
     ctx.log("reimers2019: [CLS] vs mean vs max pooling, probes and nearest neighbours")
     return {"reimers2019_probes": run_probes(c, REIMERS_CHOICES, (label,), **probe_kw(cfg, ctx.out, ctx.progress)),
-            "reimers2019_knn": run_knn(c, REIMERS_CHOICES, label, k=cfg["papers"]["knn_k"], n_resamples=R,
-                                       seed=seed, out=ctx.out)}
+            "reimers2019_knn": run_knn(c, REIMERS_CHOICES, label, k=cfg["papers"]["knn_k"], versus="cls",
+                                       n_resamples=R, seed=seed, out=ctx.out)}
 
 
 def _rg_figures(T, fig, log):
@@ -294,16 +294,15 @@ REIMERS_CLAIM = Claim(more="the cosine nearest neighbour of a mean-pooled vector
                       less="the cosine nearest neighbour of [CLS] shares the label more often than that of the "
                            "mean-pooled vector",
                       none="[CLS] and mean pooling give equally meaningful cosine neighbours",
-                      quantity="nearest-neighbour accuracy, mean − cls")
+                      quantity="nearest-neighbour accuracy, mean − cls, paired on the same examples")
 
 
 def _rg_rows(T):
     k = T.get("reimers2019_knn")
     if k is None or k.empty:
         return None
-    L = last_layer(k)
-    k = pick(k, metric="knn_accuracy", layer=L)
-    return difference_rows(pick(k, choice="mean"), pick(k, choice="cls"))  # PROVISIONAL: marginal CIs
+    d = pick(k, metric="knn_accuracy_diff", choice="mean", choice_b="cls")
+    return None if d.empty else pick(d, layer=last_layer(d))
 
 
 def _by_construction(cfg) -> str:
