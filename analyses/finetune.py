@@ -360,6 +360,19 @@ def _finetune_task(lm, task: Task, pooling: Pooling, seed: int, config: TrainCon
     return out
 
 
+def _checkpoint(encoder: torch.nn.Module, name: str) -> None:
+    """Activation checkpointing on a run's own copy of the encoder (``TrainConfig.checkpoint_activations``)."""
+    if not getattr(encoder, "supports_gradient_checkpointing", False):
+        raise ValueError(f"model {name!r} ({type(encoder).__name__}) does not support activation checkpointing; "
+                         "set checkpoint_activations=False")
+    if hasattr(encoder.config, "use_cache"):
+        encoder.config.use_cache = False  # the copy's config: no past key/values to keep when training
+    if hasattr(encoder, "activation_checkpointing_enable"):  # transformers >= 5 (the old name is deprecated there)
+        encoder.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def _finetune_run(lm, task: Task, pooling: Pooling, seed: int, config: TrainConfig,
                   device: torch.device, streams: RngStreams | None) -> dict:
     t0 = time.perf_counter()
@@ -371,6 +384,8 @@ def _finetune_run(lm, task: Task, pooling: Pooling, seed: int, config: TrainConf
             encoder = copy.deepcopy(lm.model).to(device=device, dtype=torch.float32)
             if config.freeze_embeddings:
                 encoder.get_input_embeddings().weight.requires_grad_(False)
+            if config.checkpoint_activations:
+                _checkpoint(encoder, lm.name)
             clf = PooledClassifier(encoder, pooling, len(task.classes), int(lm.model.config.hidden_size),
                                    float(getattr(lm.model.config, "initializer_range", 0.02))).to(device)
         order_rng = torch.Generator().manual_seed(seed)
@@ -394,7 +409,10 @@ def _finetune_run(lm, task: Task, pooling: Pooling, seed: int, config: TrainConf
                     loss = torch.nn.functional.cross_entropy(logits, target)
                 hits += int((logits.detach().argmax(dim=-1) == target).sum())
                 opt.zero_grad(set_to_none=True)
-                loss.backward()
+                # checkpointed layers redraw their dropout in the backward pass from the state saved in the
+                # forward pass, through torch's global generator: in turn, like every draw of the run
+                with turn() if config.checkpoint_activations else contextlib.nullcontext():
+                    loss.backward()
                 opt.step()
                 sched.step()
                 step_losses.append(float(loss.detach()))

@@ -167,3 +167,52 @@ def test_each_run_hands_its_freed_memory_back_after_it_is_freed(tiny, monkeypatc
     finetune(keyword_examples(32), "kind", model=tiny, pooling="mean", **{**PINNED, "epochs": 1})
     finetune(keyword_examples(32), "kind", model=tiny, pooling="cls", **{**PINNED, "epochs": 1})
     assert len(seen) == 2 and all(s and all(s) for s in seen)
+
+
+def test_activation_checkpointing_is_the_same_run_with_layers_recomputed(tiny):
+    """checkpoint_activations recomputes each layer in the backward pass (its forward runs twice per
+    training step) and gives the very same run: predictions and every step's loss, dropout on."""
+    assert tiny.model.config.hidden_dropout_prob > 0
+    calls = []
+    # a module inside the layer: the layer's own hooks stay outside the checkpoint, its parts' run again
+    hook = tiny.model.encoder.layer[0].intermediate.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        plain = finetune(keyword_examples(64), "kind", model=tiny, pooling="mean", **PINNED)
+        n_plain = len(calls)
+        calls.clear()
+        ckpt = finetune(keyword_examples(64), "kind", model=tiny, pooling="mean", checkpoint_activations=True,
+                        **PINNED)
+    finally:
+        hook.remove()
+    assert n_plain == 42 + 3  # 42 training steps, 3 evaluation batches of 5 (14 test items)
+    assert len(calls) == 2 * 42 + 3  # each training step's layer again in the backward pass
+    assert ckpt["test_pred"].tolist() == plain["test_pred"].tolist() == BEFORE["mean"][0]
+    assert ckpt["train_loss_steps"] == plain["train_loss_steps"]  # exactly
+    assert not getattr(tiny.model, "is_gradient_checkpointing", False)  # only the run's copy was changed
+    with pytest.raises(ValueError, match="checkpoint_activations"):
+        TrainConfig(checkpoint_activations=1)
+    assert preset_config("default").checkpoint_activations is True
+    assert preset_config("full").checkpoint_activations is False
+
+
+def test_activation_checkpointing_with_concurrent_runs_equals_one_at_a_time(tiny):
+    """Two workers, checkpointed: each backward pass replays its run's dropout from its own stream."""
+    from analyses.pooling import run_pooling_experiment
+
+    kw = dict(model=tiny, progress=False, with_predictions=True, epochs=2, batch_size=8, lr=1e-3, max_length=None,
+              device="cpu", preset="quick", folds=3, run_folds=2, max_train=10_000)
+    ex = keyword_examples(36)
+    alone, p0 = run_pooling_experiment(ex, "kind", ["cls", "mean"], [0, 1], **kw)
+    two, p2 = run_pooling_experiment(ex, "kind", ["cls", "mean"], [0, 1], num_threads=2,
+                                     checkpoint_activations=True, **kw)
+    cols = [c for c in alone.columns if c != "seconds"]
+    pd.testing.assert_frame_equal(p0, p2)
+    pd.testing.assert_frame_equal(alone[cols], two[cols])
+
+
+def test_a_model_without_checkpointing_is_refused(tiny):
+    class Plain(torch.nn.Module):
+        supports_gradient_checkpointing = False
+
+    with pytest.raises(ValueError, match="does not support activation checkpointing; set checkpoint_activations"):
+        FT._checkpoint(Plain(), "plain")
