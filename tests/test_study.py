@@ -76,6 +76,8 @@ def test_quick_study_end_to_end_and_reuse(tmp_path, tiny_model_dir):
         if q == "Q7":  # three parts: content words, length, word order, each opened by its verdict
             assert re.match(rf"Content words of sentence 1 — {opening}.* Sentence length — {opening}.* "
                             rf"Word order — {opening}", answer), answer
+        elif q == "Q8":  # two parts: frozen, after fine-tuning
+            assert re.match(rf"Frozen — {opening}.* After fine-tuning — {opening}", answer), answer
         else:
             assert re.match(opening, answer), f"{q}: {answer}"
         assert re.search(r"\d\.\d{3}", answer), f"{q} verdict has no measured number: {answer}"
