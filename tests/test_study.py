@@ -461,6 +461,7 @@ def test_q8_second_part_asks_whether_any_token_does_after_fine_tuning():
     assert wide.startswith("Frozen — Not measured. After fine-tuning — Inconclusive")
     table, caption = spec.comparison_table({"paired_q8": frozen, "finetune": _finetune_rows({"cls": 0.0})})
     assert list(table["part"]) == ["Frozen", "Frozen", "After fine-tuning"] and "pooling − mean" in caption
+    assert "per layer or pooling, each row decided" in caption
     assert list(table.columns[:3]) == ["part", "layer", "pooling"]
     assert table["pooling"].tolist() == ["–", "–", "cls"] and table["layer"].tolist() == [1.0, 2.0, "–"]
 

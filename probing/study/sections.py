@@ -140,10 +140,11 @@ class StudySection:
             if not tables:
                 return None
             table = pd.concat(tables, ignore_index=True)
-            first = ["part"] + list(dict.fromkeys(claim.facet[0] for _, _, claim in self.parts))
+            facets = list(dict.fromkeys(claim.facet[0] for _, _, claim in self.parts))
+            first = ["part"] + facets
             table = table[[c for c in first if c in table.columns] + [c for c in table.columns if c not in first]]
             table = table.fillna("–")
-            caption = "; ".join(captions) + f"; per {self.parts[0][2].facet[0]}, each row decided by the rules above"
+            caption = "; ".join(captions) + f"; per {' or '.join(facets)}, each row decided by the rules above"
             return table, caption + (f"; multiple comparisons: {'; '.join(families)}" if families else "")
         rows = self.comparisons(T) if self.comparisons is not None and self.claim is not None else None
         if rows is None or len(rows) == 0:
