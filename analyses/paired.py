@@ -205,10 +205,10 @@ def prefix_rows(short_a, short_b, long_a, long_b) -> tuple[np.ndarray, np.ndarra
     s_rows, l_rows = align(short_a, long_a, rows_a=sa, prefix=True)
     at = pd.Index(la).get_indexer(l_rows)  # where each long_a row sits among the long A/B pairs
     found = at >= 0
-    in_short = pd.Index(sa).get_indexer(s_rows[found])
     if not found.any():
         raise ValueError(f"{short_a.format_name}/{short_b.format_name} (short) and {long_a.format_name}/"
                          f"{long_b.format_name} (long) share no [CLS] or word keys")
+    in_short = pd.Index(sa).get_indexer(s_rows[found])
     return sa[in_short], sb[in_short], la[at[found]], lb[at[found]]
 
 
@@ -330,7 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Paired drift comparisons with cluster-bootstrap CIs (documents when the corpus has them), "
                     "sign-flip p-values and Holm adjustment across layers. Three caches R A B: drift R->B minus "
                     "drift R->A per token key (Q2). With --contrast ROLE and two caches A B: drift A->B of ROLE "
-                    "minus the words' drift, per example (Q1).",
+                    "minus the words' drift, per example (Q1). With --prefix and four caches: drift A->B of the same "
+                    "tokens in the long inputs minus in the short ones (Q3).",
     )
     p.add_argument("caches", nargs="+", help="R A B (paired drift), A B (with --contrast or --attention) or "
                                             "SHORT_A SHORT_B LONG_A LONG_B (with --prefix)")
