@@ -124,6 +124,26 @@ def ci_band(ax, x: np.ndarray, lo: Any, hi: Any, color: str, alpha: float = BAND
     return True
 
 
+def interval_note(rows: pd.DataFrame, lead: str = "Bands", default_method: str = "cluster_bootstrap") -> str:
+    """What the intervals drawn from ``rows`` are, read from the rows themselves: their ``ci_method``
+    (``cluster_bootstrap`` or ``t_folds``; ``default_method`` where the table has no such column) and,
+    for a bootstrap, the unit it resampled (``grouping``: documents or examples; examples where the
+    table does not say).
+
+    >>> interval_note(pd.DataFrame({"ci_method": ["cluster_bootstrap"], "grouping": ["document"]}))
+    'Bands: 95% cluster-bootstrap CIs over documents.'
+    """
+    methods = (set(rows["ci_method"].dropna().astype(str)) if "ci_method" in rows.columns else set()) \
+        or {default_method}
+    units = list(dict.fromkeys(rows["grouping"].dropna().astype(str))) if "grouping" in rows.columns else []
+    parts = []
+    if methods - {"t_folds"}:
+        parts.append(f"cluster-bootstrap CIs over {' or '.join(f'{u}s' for u in units) or 'examples'}")
+    if "t_folds" in methods:
+        parts.append("t-intervals over cross-validation folds")
+    return f"{lead}: 95% " + "; ".join(parts) + "."
+
+
 def add_note(fig, lines: Sequence[str], width_chars: int | None = None) -> None:
     """Small italic note at the bottom left of the figure, e.g. which values are NaN.
 

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from figures import style
-from figures.common import (add_note, base_parser, ci_band, comma_list, data_color, layer_ticks, legend_right,
+from figures.common import (add_note, interval_note, base_parser, ci_band, comma_list, data_color, layer_ticks, legend_right,
                             nan_cells, numeric, one_source, order_roles, panel_grid, run_cli, select, share_ylim,
                             suptitle, table_layers, title_for)
 
@@ -172,7 +172,7 @@ def plot_drift(df: pd.DataFrame, out: str | Path, metric: str = "drift_mean", ro
                 ax.set_yscale("symlog", linthresh=1e-3)
                 ax.set_ylim(bottom=0)
     suptitle(fig, title_for(rows, f"Drift of the same tokens between formats ({metric})"))
-    notes.append("Bands: 95% bootstrap CIs over examples (where present)."
+    notes.append(interval_note(rows[rows["metric"] != "anisotropy_baseline"])
                  + (" Symmetric-log y axis: linear below 0.001." if log_scale else ""))
     add_note(fig, notes)
     return style.save(fig, out)
@@ -225,7 +225,7 @@ def plot_drift_by_k(df: pd.DataFrame, out: str | Path, roles: Sequence[str] = ("
         legend_right(axes[mi, -1], title="role group")
     pairs = sorted({f"{a} → {b}" for a, b in zip(d["format"].astype(str), d["format_b"].astype(str))})
     suptitle(fig, title_for(d, f"Drift with k segments ({', '.join(pairs)})"))
-    add_note(fig, ["Bands: 95% bootstrap CIs over examples. Symmetric-log y axis: linear below 0.001."])
+    add_note(fig, [interval_note(d[d["metric"] != "anisotropy_baseline"]) + " Symmetric-log y axis: linear below 0.001."])
     return style.save(fig, out)
 
 

@@ -5,7 +5,8 @@ Rows of :mod:`analyses.probes` (``analysis="probe"``): ``choice`` = token choice
 ``sep1``, ``pos3``, ...), ``target`` = what is predicted (``topic``, ``is_next``, ``bow_s1``, ...),
 ``metric`` (``accuracy`` / ``micro_f1`` primary; ``majority_baseline``, ``control_<metric>``,
 ``selectivity`` = task − control (Hewitt & Liang 2019), ``macro_auc``, ``chance_micro_f1``),
-``value`` with a t-interval over folds in ``ci_low`` / ``ci_high``, and an optional ``model_kind``
+``value`` with its 95% interval in ``ci_low`` / ``ci_high`` (how it was computed: ``ci_method``, and
+``grouping``, which the figures' notes read), and an optional ``model_kind``
 column (``"trained"`` / ``"random_init"``: the same probe on a randomly initialised model).
 
 CLI: ``python -m figures.probes TABLE.csv --out figs/probe_topic [--targets topic --metrics accuracy]``
@@ -24,7 +25,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from figures import style
-from figures.common import (MARKERS, add_note, base_parser, ci_band, data_color, layer_ticks, legend_right,
+from figures.common import (MARKERS, add_note, interval_note, base_parser, ci_band, data_color, layer_ticks, legend_right,
                             nan_cells, numeric, one_source, order_roles, panel_grid, run_cli, select, share_ylim,
                             suptitle, table_layers, title_for, comma_list, one_value)
 
@@ -212,7 +213,7 @@ def plot_probes(df: pd.DataFrame, out: str | Path, target: str = "topic", metric
         share_ylim(axs)
     if base_metric is None and metric != "selectivity" and band_note is None:
         notes.append(f"No majority-baseline rows for {metric}.")
-    notes.append((band_note or "Bands: 95% t-intervals over cross-validation folds.")
+    notes.append((band_note or interval_note(rows[rows["kind"] != RANDOM], default_method="t_folds"))
                  + (" Selectivity: task minus control-task score (Hewitt & Liang 2019)." if show_sel else ""))
     head = heading or f"Linear probes for {target!r}"
     suptitle(fig, title_for(_title_rows(rows), f"{head}: {_label(metric)} per layer"))
@@ -316,7 +317,8 @@ def plot_probe_position(df: pd.DataFrame, out: str | Path, metric: str = "micro_
                  title="token choice" + (" (format)" if len(formats) > 1 else ""))
     ax.set_title(title_for(rows, f"Sentence content in {', '.join(choices)} by position ({_label(metric)})"),
                  fontsize=10)
-    notes = [f"Each point: {_label(metric)} {where_layer}; error bars: 95% t-intervals over folds."]
+    notes = [f"Each point: {_label(metric)} {where_layer}; "
+             + interval_note(rows, lead="error bars", default_method="t_folds")]
     if layer == "best":
         notes.append("Best layer per point (chosen on the same scores, so optimistic; layer='last' avoids "
                      "that), as s<i>→L<layer>: " + "; ".join(best_notes) + ".")

@@ -773,3 +773,25 @@ def test_probe_figure_draws_a_nearest_neighbour_table(tmp_path, figs):
     ax = visible_axes(figs[0])[0]
     np.testing.assert_allclose(line_by_label(ax, "mean").get_ydata(), [0.6 + 0.04 * l for l in LAYERS])
     assert ax.get_ylabel() == "nearest-neighbour label agreement"
+
+
+def test_interval_notes_say_how_the_intervals_were_computed(tmp_path, figs):
+    """The notes under the drift and probe figures read each table's ci_method and grouping columns
+    (they used to say 't-intervals over folds' and 'over examples' whatever the table held)."""
+    from figures.common import interval_note
+    from figures.drift import plot_drift
+    from figures.probes import plot_probe_position, plot_probes
+
+    boot = dict(ci_method="cluster_bootstrap", grouping="document")
+    plot_probes(probe_table().assign(**boot), tmp_path / "p")
+    assert "Bands: 95% cluster-bootstrap CIs over documents." in figs[-1]._supxlabel.get_text()
+    plot_probes(probe_table(), tmp_path / "legacy")  # a table from before the items' bootstrap
+    assert "t-intervals over cross-validation folds" in figs[-1]._supxlabel.get_text()
+    bow = probe_table(targets=tuple(f"bow_s{i}" for i in range(1, 4)), roles=("cls",), random_init=False)
+    plot_probe_position(bow.assign(**boot), tmp_path / "pos", choice="cls", layer="last")
+    assert "error bars: 95% cluster-bootstrap CIs over documents." in figs[-1]._supxlabel.get_text()
+    plot_drift(drift_table().assign(grouping="document"), tmp_path / "d")
+    assert "Bands: 95% cluster-bootstrap CIs over documents." in figs[-1]._supxlabel.get_text()
+    mixed = pd.DataFrame({"ci_method": ["cluster_bootstrap", "t_folds"], "grouping": ["example", "example"]})
+    assert interval_note(mixed) == ("Bands: 95% cluster-bootstrap CIs over examples; t-intervals over "
+                                    "cross-validation folds.")
