@@ -16,7 +16,7 @@ import pandas as pd
 from analyses.probe_metrics import (DEFAULT_CS, DTYPES, SelectBy, _check_Cs, _check_groups, _check_n_groups,
                                     _check_select_by, _check_X, _check_y, _choose_C, _evaluate_fold, _fold_items,
                                     control_labels, make_splits)
-from analyses.probe_results import PROBE_RESAMPLES, ProbeResult, _items_table, _result, probe_rows
+from analyses.probe_results import PROBE_RESAMPLES, ProbeResult, _item_matrices, _items_table, _result, probe_rows
 from analyses.probe_solver import (HISTORY, _device_inner_scores, _lbfgs, _Problems, _torch, feature_basis,
                                    feature_spectrum)
 from analyses.results import make_table
@@ -237,7 +237,8 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
             control = [d_["micro_f1" if multilabel else "accuracy"] for d_ in per_label[1]] if L > 1 else None
             items = _items_table(outer, per_items[0], y, groups, multilabel, per_items[1] if L > 1 else None)
             out[key] = _result(multilabel, per_label[0], list(chosen[b, 0]), n, n_groups, control,
-                               list(chosen[b, 1]) if L > 1 else None, confidence, items, n_resamples, seed)
+                               list(chosen[b, 1]) if L > 1 else None, confidence, items, n_resamples, seed,
+                               _item_matrices(outer, per_items[0], n))
         return out
 
     jobs = list(zip(batches, prepared))

@@ -164,6 +164,52 @@ def _macro_auc(Y: np.ndarray, P: np.ndarray) -> float:
     return float(auc.mean())
 
 
+def fold_macro_auc(Y: np.ndarray, P: np.ndarray, folds: np.ndarray, groups: np.ndarray,
+                   times: np.ndarray) -> np.ndarray:
+    """The mean over outer folds of each fold's macro ROC AUC, with every item counted as often as its
+    group is drawn: ``(R,)``, one value per row of ``times``.
+
+    Y: (n, n_labels) 0/1; P: (n, n_labels) out-of-fold scores; folds: (n,) the outer fold that scored
+    each item; groups: (n,) integer group codes in ``[0, G)`` (documents: a cluster bootstrap draws
+    whole documents); times: (R, G) how often each group is drawn in each resample (all ones: the
+    sample itself). In each fold a label's AUC is the weighted Mann-Whitney statistic over the items
+    that count, ``Σ_pos w_i (W_neg below s_i + ½ W_neg tied with s_i) / (W_pos W_neg)``, over the labels
+    with positive weight on both values there; the fold's value is their mean, and folds without such a
+    label are left out of the mean over folds. With ``times`` all ones this is the mean over folds of
+    :func:`_macro_auc` (the ``macro_auc`` of :func:`_evaluate_fold`).
+
+    Per fold and label the statistic is a quadratic form in the group counts, ``m^T A m``, where
+    ``A[g, h]`` sums the comparisons of group g's positives with group h's negatives: one matrix
+    product per fold for all resamples and labels, however many items a group holds.
+    """
+    Y = np.asarray(Y) == 1
+    P = np.asarray(P, dtype=np.float64)
+    times = np.asarray(times, dtype=np.float64)
+    per_fold = []
+    for f in np.unique(folds):
+        idx = np.flatnonzero(folds == f)
+        local, g = np.unique(np.asarray(groups)[idx], return_inverse=True)
+        G, L = len(local), Y.shape[1]
+        onehot = np.zeros((len(idx), G))
+        onehot[np.arange(len(idx)), g.reshape(-1)] = 1.0
+        s, pos = P[idx].T, Y[idx].T  # (L, m)
+        # C[l, i, j] = [s_j < s_i] + ½ [s_j = s_i], kept for positive i and negative j only
+        C = (s[:, None, :] < s[:, :, None]) + 0.5 * (s[:, None, :] == s[:, :, None])
+        C *= pos[:, :, None] & ~pos[:, None, :]
+        A = np.einsum("ig,lij,jh->glh", onehot, C, onehot, optimize=True).reshape(G, L * G)  # (G, L, G)
+        n_pos, n_neg = pos @ onehot, (~pos) @ onehot  # (L, G)
+        m = times[:, local]  # (R, G)
+        num = ((m @ A).reshape(len(m), L, G) * m[:, None, :]).sum(axis=2)  # (R, L)
+        w_pos, w_neg = m @ n_pos.T, m @ n_neg.T
+        ok = (w_pos > 0) & (w_neg > 0)
+        auc = np.where(ok, num / np.where(ok, w_pos * w_neg, 1.0), 0.0)
+        counted = ok.sum(axis=1)
+        per_fold.append(np.where(counted > 0, auc.sum(axis=1) / np.maximum(counted, 1), np.nan))
+    per_fold = np.stack(per_fold)  # (folds, R)
+    counted = np.isfinite(per_fold).sum(axis=0)
+    return np.where(counted > 0, np.nansum(per_fold, axis=0) / np.maximum(counted, 1), np.nan)
+
+
 def _evaluate_fold(y_train: np.ndarray, y_test: np.ndarray, P_test: np.ndarray, classes: np.ndarray,
                    multilabel: bool) -> dict[str, float]:
     """Scores of one outer fold.
@@ -204,7 +250,9 @@ def _fold_items(y_train: np.ndarray, y_test: np.ndarray, P_test: np.ndarray, cla
     ``num = 2 TP_i``, ``den = 2 TP_i + FP_i + FN_i`` (micro-F1). ``correct``: single-label 0/1;
     multi-label the item's own F1 ``num / den`` (1 when it has no true and no predicted label), the
     per-item score paired comparisons use. ``baseline_num`` / ``baseline_den``: the same for the
-    majority baseline of :func:`_evaluate_fold`. Single-label also ``y_pred`` (the predicted label).
+    majority baseline of :func:`_evaluate_fold`. Single-label also ``y_pred`` (the predicted label);
+    multi-label also ``scores`` and ``truth``, ``(n_test, n_labels)``: the out-of-fold probabilities and
+    the 0/1 labels, from which :func:`fold_macro_auc` resamples the macro AUC.
     """
     if not multilabel:
         pred = classes[np.argmax(P_test, axis=1)]
@@ -222,7 +270,8 @@ def _fold_items(y_train: np.ndarray, y_test: np.ndarray, P_test: np.ndarray, cla
     num, den = contributions(P_test > 0.5)
     b_num, b_den = contributions(np.broadcast_to(y_train.mean(axis=0) > 0.5, y_test.shape))
     correct = np.divide(num, den, out=np.ones_like(num), where=den > 0)
-    return {"num": num, "den": den, "correct": correct, "baseline_num": b_num, "baseline_den": b_den}
+    return {"num": num, "den": den, "correct": correct, "baseline_num": b_num, "baseline_den": b_den,
+            "scores": np.asarray(P_test, dtype=np.float32), "truth": np.asarray(y_test == 1)}
 
 
 def _inner_score(y_test: np.ndarray, P_test: np.ndarray, classes: np.ndarray, multilabel: bool,

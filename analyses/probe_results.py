@@ -18,7 +18,7 @@ from sklearn.base import clone
 
 from analyses.probe_estimator import LinearProbe
 from analyses.probe_metrics import (DEFAULT_CS, SelectBy, _check_groups, _check_n_groups, _check_X, _check_y,
-                                    _evaluate_fold, _fold_items, control_labels, make_splits)
+                                    _evaluate_fold, _fold_items, control_labels, fold_macro_auc, make_splits)
 from analyses.results import make_table
 from analyses.intervals import fold_t_interval
 from analyses.stats import cluster_se, minimum_detectable_effect
@@ -27,10 +27,11 @@ from analyses.stats import cluster_se, minimum_detectable_effect
 # Results
 
 
-#: Metrics whose interval comes from the cluster bootstrap of out-of-fold items (the rest, macro AUC
-#: and the chance micro-F1, are fold-level: mean and t-interval over folds).
+#: Metrics whose interval comes from the cluster bootstrap of out-of-fold items (the rest, the chance
+#: micro-F1 and the baseline's macro AUC, are fold-level: mean and t-interval over folds). The macro AUC
+#: is resampled from the items' scores (:func:`analyses.probe_metrics.fold_macro_auc`).
 ITEM_METRICS: tuple[str, ...] = ("accuracy", "micro_f1", "majority_baseline", "control_accuracy",
-                                 "control_micro_f1", "selectivity")
+                                 "control_micro_f1", "selectivity", "macro_auc")
 #: Default number of bootstrap resamples of a probe's interval.
 PROBE_RESAMPLES = 1000
 
@@ -53,11 +54,17 @@ class ProbeResult:
     item's F1 for multi-label), ``baseline_num`` / ``baseline_den`` (majority baseline) and, with a
     control task, ``control_num`` / ``control_den`` / ``control_correct``.
 
+    Multi-label results also keep ``item_scores`` / ``item_truth``: ``(n, n_labels)``, each item's
+    out-of-fold probabilities and 0/1 labels, in item order.
+
     Intervals (:meth:`interval`): the metrics of :data:`ITEM_METRICS` are pooled over all
     out-of-fold items (``Σ num / Σ den``) with a percentile cluster bootstrap over ``group``
     (documents or examples; ``n_resamples`` resamples, ``seed``); selectivity is the paired
-    difference of the task and control scores on the same resamples. Fold-level metrics (macro AUC,
-    chance micro-F1) keep the mean and t-interval over folds (:func:`fold_t_interval`).
+    difference of the task and control scores on the same resamples. The macro AUC (the mean over
+    folds of each fold's macro AUC, as reported before) is resampled on the same draws, each item
+    counted as often as its group was drawn (:func:`analyses.probe_metrics.fold_macro_auc`). Other
+    fold-level metrics (the chance micro-F1, the baseline's macro AUC of 0.5) keep the mean and
+    t-interval over folds (:func:`fold_t_interval`).
     """
 
     metric: str
@@ -70,6 +77,8 @@ class ProbeResult:
     items: pd.DataFrame | None = field(default=None, compare=False, repr=False)
     n_resamples: int = PROBE_RESAMPLES
     seed: int = 0
+    item_scores: np.ndarray | None = field(default=None, compare=False, repr=False)
+    item_truth: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @functools.cached_property
     def _item_intervals(self) -> dict[str, tuple[float, float, float]]:
@@ -86,6 +95,9 @@ class ProbeResult:
         point = {k: float(sn.sum() / sd.sum()) if sd.sum() > 0 else math.nan for k, (sn, sd) in sums.items()}
         if ctrl in point:
             point["selectivity"] = point[self.metric] - point[ctrl]
+        auc = self.item_scores is not None and "macro_auc" in self.folds
+        if auc:
+            point["macro_auc"] = float(np.mean(self.folds["macro_auc"]))
         if G < 2:
             return {k: (v, math.nan, math.nan) for k, v in point.items()}
         draws = np.random.default_rng(self.seed).integers(0, G, size=(self.n_resamples, G))
@@ -93,6 +105,11 @@ class ProbeResult:
             boot = {k: sn[draws].sum(1) / sd[draws].sum(1) for k, (sn, sd) in sums.items()}
         if ctrl in boot:
             boot["selectivity"] = boot[self.metric] - boot[ctrl]
+        if auc:  # each item counted as often as its group was drawn
+            times = np.zeros((self.n_resamples, G))
+            np.add.at(times, (np.arange(self.n_resamples)[:, None], draws), 1.0)
+            boot["macro_auc"] = fold_macro_auc(self.item_truth, self.item_scores, it["fold"].to_numpy(), codes,
+                                               times)
         a = (1 - self.confidence) / 2
         out = {}
         for k, b in boot.items():
@@ -158,15 +175,34 @@ class ProbeResult:
         return {name: self.interval(name) for name in self.folds}
 
 
+#: Per-item outputs of :func:`_fold_items` that are rows of a matrix (one column per label), kept apart
+#: from the items table (:func:`_item_matrices`).
+MATRIX_ITEMS: tuple[str, ...] = ("scores", "truth")
+
+
+def _item_matrices(outer, fold_items: list[dict[str, np.ndarray]], n: int) -> dict[str, np.ndarray]:
+    """``{"scores": (n, n_labels), "truth": (n, n_labels)}`` in item order from each fold's
+    :func:`_fold_items` (every item is tested once); empty for single-label results."""
+    out: dict[str, np.ndarray] = {}
+    for key in MATRIX_ITEMS:
+        if key in fold_items[0]:
+            first = fold_items[0][key]
+            out[key] = np.empty((n, first.shape[1]), dtype=first.dtype)
+            for (_, te), f in zip(outer, fold_items):
+                out[key][te] = f[key]
+    return out
+
+
 def _items_table(outer, fold_items: list[dict[str, np.ndarray]], y: np.ndarray, groups: np.ndarray,
                  multilabel: bool, control_items: list[dict[str, np.ndarray]] | None) -> pd.DataFrame:
-    """The per-item out-of-fold table of :class:`ProbeResult` from each fold's :func:`_fold_items`."""
+    """The per-item out-of-fold table of :class:`ProbeResult` from each fold's :func:`_fold_items`
+    (the per-label matrices apart: :func:`_item_matrices`)."""
     parts = []
     for o, (_, te) in enumerate(outer):
         d = {"item": te, "group": groups[te], "fold": np.full(len(te), o)}
         if not multilabel:
             d["y_true"] = y[te]
-        d.update(fold_items[o])
+        d.update({k: v for k, v in fold_items[o].items() if k not in MATRIX_ITEMS})
         if control_items is not None:
             c = control_items[o]
             d.update(control_num=c["num"], control_den=c["den"], control_correct=c["correct"])
@@ -176,7 +212,8 @@ def _items_table(outer, fold_items: list[dict[str, np.ndarray]], y: np.ndarray, 
 
 def _result(multilabel: bool, fold_dicts: list[dict[str, float]], chosen: list[float], n: int, n_groups: int,
             control: list[float] | None, control_Cs: list[float] | None, confidence: float,
-            items: pd.DataFrame | None = None, n_resamples: int = PROBE_RESAMPLES, seed: int = 0) -> ProbeResult:
+            items: pd.DataFrame | None = None, n_resamples: int = PROBE_RESAMPLES, seed: int = 0,
+            matrices: Mapping[str, np.ndarray] | None = None) -> ProbeResult:
     metric = "micro_f1" if multilabel else "accuracy"
     folds = {k: np.array([d[k] for d in fold_dicts]) for k in fold_dicts[0]}
     if control is not None:
@@ -184,7 +221,8 @@ def _result(multilabel: bool, fold_dicts: list[dict[str, float]], chosen: list[f
         folds["selectivity"] = folds[metric] - folds[f"control_{metric}"]
     return ProbeResult(metric=metric, folds=folds, chosen_Cs=np.asarray(chosen), n=n, n_groups=n_groups,
                        control_chosen_Cs=None if control_Cs is None else np.asarray(control_Cs),
-                       confidence=confidence, items=items, n_resamples=n_resamples, seed=seed)
+                       confidence=confidence, items=items, n_resamples=n_resamples, seed=seed,
+                       item_scores=(matrices or {}).get("scores"), item_truth=(matrices or {}).get("truth"))
 
 
 def probe_rows(result: ProbeResult, *, analysis: str = "probe", model: str | None = None,
@@ -269,6 +307,6 @@ def cross_validate_probe(X: Any, y: Any, groups: Any = None, n_splits: int = 5, 
         control = [d["micro_f1" if multilabel else "accuracy"] for d in control_dicts]
     items = _items_table(splits, fold_items, y, groups, multilabel, control_items)
     return _result(multilabel, fold_dicts, chosen, X.shape[0], n_groups, control, control_Cs, confidence,
-                   items, n_resamples, seed)
+                   items, n_resamples, seed, _item_matrices(splits, fold_items, X.shape[0]))
 
 

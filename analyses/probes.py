@@ -45,7 +45,8 @@ the last two):
   multi-label targets ``macro_auc``, ``majority_baseline_macro_auc`` and ``chance_micro_f1``, with a
   control task ``control_accuracy`` / ``control_micro_f1`` and ``selectivity``;
 * ``value``, ``ci_low``, ``ci_high`` (95% by default), ``ci_method`` (``cluster_bootstrap``: items
-  pooled, groups resampled; ``t_folds``: Student t over the outer folds);
+  pooled, groups resampled, the macro AUC too, from the items' out-of-fold scores; ``t_folds``: Student
+  t over the outer folds, for the chance micro-F1 and the baseline's macro AUC);
 * ``n`` (items), ``n_groups`` (documents or examples), ``n_folds`` (outer folds), ``seed`` (int: splits,
   control labels and bootstrap);
 * ``mde``: on the primary metric's row, the smallest difference from the majority baseline this

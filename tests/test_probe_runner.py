@@ -40,10 +40,11 @@ def test_probe_table_has_every_cell_and_baselines(caches, tmp_path):
     assert (fw[["chosen_C", "chosen_C_min", "chosen_C_max"]] == 0.1).all().all()
     assert "feature" not in df.columns and df["seed"].dtype.kind == "i" and (df["seed"] == 0).all()
     assert set(df.loc[df["target"] == "topic", "chosen_C"]) <= {0.1, 1.0}  # the median of 3 folds is a grid value
-    # bootstrap intervals of pooled scores stay in range by construction; t-intervals over folds
-    # (macro AUC) are not clipped, and say so in ci_method
+    # bootstrap intervals (now the macro AUC's too) stay in range by construction; t-intervals over folds
+    # (the chance micro-F1) are not clipped, and say so in ci_method
     ok = df["ci_low"].notna() & (df["ci_method"] == "cluster_bootstrap")
-    assert set(df.loc[df["metric"] == "macro_auc", "ci_method"]) == {"t_folds"}
+    assert set(df.loc[df["metric"] == "macro_auc", "ci_method"]) == {"cluster_bootstrap"}
+    assert set(df.loc[df["metric"] == "chance_micro_f1", "ci_method"]) == {"t_folds"}
     assert ((df.loc[ok, "ci_low"] >= -1) & (df.loc[ok, "ci_high"] <= 1)).all()
     acc_ok = ok & df["metric"].isin(["accuracy", "micro_f1"])
     assert ((df.loc[acc_ok, "ci_low"] >= 0) & (df.loc[acc_ok, "ci_high"] <= 1)).all()

@@ -592,4 +592,76 @@ def test_torch_items_agree_with_reference():
     Y = np.stack([y, 1 - y, (X[:, 1] > 0).astype(int)], axis=1)
     ml = cross_validate_probe(X, Y, groups=doc, n_splits=3, Cs=(1.0,))
     assert ml.interval()[0] == pytest.approx(ml.items["num"].sum() / ml.items["den"].sum())
-    assert ml.ci_method("micro_f1") == "cluster_bootstrap" and ml.ci_method("macro_auc") == "t_folds"
+    assert ml.ci_method("micro_f1") == "cluster_bootstrap" and ml.ci_method("macro_auc") == "cluster_bootstrap"
+    assert ml.ci_method("chance_micro_f1") == "t_folds"
+    assert ml.interval("macro_auc")[0] == pytest.approx(np.mean(ml.folds["macro_auc"]), abs=1e-12)
+    fast_ml = probe_many_results({"a": X}, Y, doc, n_splits=3, Cs=(1.0,), dtype="float64")["a"]
+    assert fast_ml.item_truth.tolist() == ml.item_truth.tolist() == (Y == 1).tolist()
+    np.testing.assert_allclose(fast_ml.item_scores, ml.item_scores, atol=5e-3)  # two solvers, one tolerance
+
+
+# --------------------------------------------------------------------------------------------------
+# the macro AUC's interval: a cluster bootstrap of the items' scores, on the other metrics' draws
+
+
+def test_fold_macro_auc_known_answers():
+    """Unit weights give the mean over folds of each fold's macro AUC; integer weights the same as
+    replicating the items (scikit-learn's roc_auc_score), ties counting one half; a label left with
+    one value and a fold left empty drop out of the means."""
+    from sklearn.metrics import roc_auc_score
+
+    from analyses.probe_metrics import _macro_auc, fold_macro_auc
+
+    rng = np.random.default_rng(0)
+    n, L = 90, 6
+    Y = (rng.random((n, L)) < 0.3).astype(int)
+    Y[:, 3] = 0  # never present: no AUC
+    P = np.round(rng.random((n, L)) + 0.5 * Y, 1)  # many ties
+    folds = np.repeat(np.arange(3), 30)
+    each = np.arange(n)  # every item its own group
+    ones = fold_macro_auc(Y, P, folds, each, np.ones((1, n)))[0]
+    assert ones == pytest.approx(np.mean([_macro_auc(Y[folds == f], P[folds == f]) for f in range(3)]), abs=1e-12)
+    for seed in range(5):
+        w = np.random.default_rng(seed).integers(0, 3, size=n)
+        w[folds == 2] = 0 if seed == 4 else w[folds == 2]  # a fold with no item drawn
+        rep = np.repeat(np.arange(n), w)
+        per_fold = []
+        for f in np.unique(folds[rep]):
+            r = rep[folds[rep] == f]
+            per_fold.append(np.mean([roc_auc_score(Y[r, l], P[r, l]) for l in range(L) if len(set(Y[r, l])) == 2]))
+        assert fold_macro_auc(Y, P, folds, each, w[None].astype(float))[0] == pytest.approx(np.mean(per_fold),
+                                                                                          abs=1e-12)
+    # several resamples at once give what each gives alone; groups of items count together
+    docs = np.arange(n) // 3
+    W = np.random.default_rng(9).integers(0, 3, size=(7, n // 3)).astype(float)
+    rows = np.array([fold_macro_auc(Y, P, folds, docs, W[i:i + 1])[0] for i in range(7)])
+    np.testing.assert_allclose(fold_macro_auc(Y, P, folds, docs, W), rows, atol=1e-12)
+    np.testing.assert_allclose(rows, [fold_macro_auc(Y, P, folds, each, W[i:i + 1][:, docs])[0] for i in range(7)],
+                               atol=1e-12)
+
+
+def test_macro_auc_interval_is_the_items_cluster_bootstrap():
+    """The macro AUC's CI: the same document draws as micro-F1's, each item counted as often as its
+    document was drawn; an informative feature's lies above 0.5, a noise feature's covers it."""
+    from analyses.probe_metrics import fold_macro_auc
+
+    rng = np.random.default_rng(3)
+    n_docs, per = 60, 4
+    doc = np.repeat(np.arange(n_docs), per)
+    Y = (rng.random((doc.size, 5)) < 0.3).astype(int)
+    X = rng.normal(size=(doc.size, 6))
+    signal = cross_validate_probe(X + 1.0 * Y @ rng.normal(size=(5, 6)), Y, groups=doc, n_splits=4, Cs=(1.0,),
+                                  n_resamples=300)
+    noise = cross_validate_probe(X, Y, groups=doc, n_splits=4, Cs=(1.0,), n_resamples=300)
+    v, lo, hi = signal.interval("macro_auc")
+    assert 0.5 < lo < v < hi
+    v0, lo0, hi0 = noise.interval("macro_auc")
+    assert lo0 < 0.5 < hi0
+    # the interval is the percentile interval of fold_macro_auc on the draws of the other metrics
+    it = signal.items
+    _, codes = np.unique(it["group"].to_numpy(), return_inverse=True)
+    G = codes.max() + 1
+    draws = np.random.default_rng(signal.seed).integers(0, G, size=(signal.n_resamples, G))
+    times = np.stack([np.bincount(d, minlength=G) for d in draws]).astype(float)
+    boot = fold_macro_auc(signal.item_truth, signal.item_scores, it["fold"].to_numpy(), codes, times)
+    assert (lo, hi) == pytest.approx(tuple(np.quantile(boot, [0.025, 0.975])), abs=1e-12)

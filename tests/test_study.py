@@ -815,3 +815,26 @@ def test_q7_answers_content_length_and_word_order_each_by_the_rules():
     # a part without its table is "Not measured", the others still decided
     partial = q7.verdict({k: t for k, t in _q7_tables(0.05, 0.2, 0.0).items() if k != "probes_q7"}, cfg)
     assert partial.sentence.endswith("Word order — Not measured.") and partial.decision == "yes"
+
+
+def test_q5_verdict_reads_the_macro_auc_not_the_thresholded_f1():
+    """A probe that ranks the examples by a sentence's words (AUC well above 0.5) but is never sure
+    enough to cross 0.5 (micro-F1 0) holds that sentence: Q5 says so, against the frequency
+    baseline's AUC of 0.5, with the documents its interval resampled."""
+    import pandas as pd
+
+    from probing.study.questions import QUESTION_SECTIONS
+
+    rows = []
+    for s, (auc, f1) in enumerate([(0.75, 0.07), (0.70, 0.0), (0.51, 0.0)], start=1):
+        base = {"model_kind": "trained", "choice": "cls", "target": f"bow_s{s}", "layer": 6, "n": 300,
+                "n_groups": 192, "grouping": "document"}
+        rows += [{**base, "metric": "macro_auc", "value": auc, "ci_low": auc - 0.02, "ci_high": auc + 0.02},
+                 {**base, "metric": "majority_baseline_macro_auc", "value": 0.5, "ci_low": 0.5, "ci_high": 0.5},
+                 {**base, "metric": "micro_f1", "value": f1, "ci_low": 0.0, "ci_high": f1 + 0.01},
+                 {**base, "metric": "majority_baseline", "value": 0.0, "ci_low": 0.0, "ci_high": 0.0}]
+    v = QUESTION_SECTIONS["Q5"].verdict({"probes_q5": pd.DataFrame(rows)}, load_config(None))
+    assert v.sentence.startswith("Only in sentences 1–2 (no measurable difference at sentence 3): [CLS] holds "
+                                 "which content words these sentences contain")
+    assert "macro AUC of [CLS] (last layer) − 0.5" in v.sentence and "+0.250" in v.sentence
+    assert "192 documents" in v.sentence

@@ -83,7 +83,7 @@ def _fig_q5(T, fig, log):
 
     if "probes_q5" not in T:
         return []
-    return safe_plot(plot_probe_position, T["probes_q5"], fig / "q5_cls_content_by_position", metric="micro_f1",
+    return safe_plot(plot_probe_position, T["probes_q5"], fig / "q5_cls_content_by_position", metric="macro_auc",
                      choice=["cls", "mean"], layer="last", log=log)
 
 
@@ -167,8 +167,8 @@ _table_q3 = _report_table("drift_q3", {"metric": "drift_mean"}, _at_last_layer, 
                           "1 − cos (mean) between multi and concat at layer {L}, by k")
 _table_q4 = _report_table("probes_pair", {"model_kind": "trained", "metric": ("accuracy", "micro_f1")}, _at_last_layer,
                           "choice", "target", "probe scores at layer {L} (accuracy; micro-F1 for bow_*; trained model)")
-_table_q5 = _report_table("probes_q5", {"metric": "micro_f1"}, _at_last_layer, "choice", "target",
-                          "bag-of-words micro-F1 per sentence position at layer {L}")
+_table_q5 = _report_table("probes_q5", {"metric": "macro_auc"}, _at_last_layer, "choice", "target",
+                          "bag-of-words macro AUC per sentence position at layer {L} (0.5: the frequency baseline)")
 _table_q6 = _report_table("probes_q6", {"metric": "accuracy"}, _by_layer, ["target", "format"],
                           "probe accuracy of the classification token by layer and position")
 _table_q7 = _report_table("probes_q7", {"metric": "accuracy"}, _by_layer, ["model_kind", "choice"],

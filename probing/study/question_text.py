@@ -171,14 +171,18 @@ def _bow_targets(p: pd.DataFrame) -> list[str]:
 def _marginal_q5(p: pd.DataFrame, T: dict) -> str:
     L = last_layer(p)
     targets = _bow_targets(p)
-    parts = []
+    parts, f1 = [], []
     for t in targets:
-        v = one(p, choice="cls", target=t, metric="micro_f1", layer=L)
-        m = one(p, choice="mean", target=t, metric="micro_f1", layer=L)
+        v = one(p, choice="cls", target=t, metric="macro_auc", layer=L)
+        m = one(p, choice="mean", target=t, metric="macro_auc", layer=L)
         parts.append(f"sentence {t[5:]}: [CLS] {fmt(v)}, mean {fmt(m[0] if m else None)}")
+        fv = one(p, choice="cls", target=t, metric="micro_f1", layer=L)
+        f1.append(f"sentence {t[5:]} {fmt(fv[0] if fv else None)}")
     base = one(p, choice="cls", target=targets[0], metric="majority_baseline", layer=L) if targets else None
-    return (f"Bag-of-words micro-F1 of sentence i read from [CLS] at layer {L} of a {len(targets)}-sentence input: "
-            + "; ".join(parts) + f" (baseline {fmt(base[0] if base else None)}).")
+    return (f"Bag-of-words macro AUC of sentence i read from [CLS] at layer {L} of a {len(targets)}-sentence input "
+            f"(0.5: the frequency baseline): " + "; ".join(parts) + ". Micro-F1 at a 0.5 threshold, from [CLS]: "
+            + ", ".join(f1) + f" (baseline {fmt(base[0] if base else None)}): low wherever the probe is rarely "
+            "sure a word is there, however well it ranks the examples.")
 
 
 @_reads("probes_q6")

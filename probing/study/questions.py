@@ -98,10 +98,14 @@ NOTES = {
           "keys per query asks whether the model uses [SEP]; its CIs are per row (no multiple-comparison "
           "correction). Paired sep1 − cls rows: " + FAMILIES["Q4"] + ".",
     "Q5": "Multi-label probes for the bag of words of sentence i, read from [CLS] of a `multi` input of k "
-          "sentences, for each position i; mean pooling as the reference. Micro-F1 over the most frequent "
-          "content words (stop words and the top frequency band removed); the baseline predicts each word's "
-          "training frequency. fw_s1 (function words of sentence 1, which track length) is the named control. "
-          "[CLS] − mean rows are paired on the same out-of-fold items: " + FAMILIES["Q5"] + ".",
+          "sentences, for each position i; mean pooling as the reference. The targets are the most frequent "
+          "content words (stop words and the top frequency band removed); the baseline scores each word by its "
+          "training frequency, a macro AUC of exactly 0.5. The verdict reads the macro AUC (does [CLS] rank the "
+          "examples containing a word above those without it?), with a cluster bootstrap over documents of the "
+          "out-of-fold scores: micro-F1 at a 0.5 threshold counts only words the probe is sure of, so a probe "
+          "that ranks rare words well can score an F1 near 0. fw_s1 (function words of sentence 1, which track "
+          "length) is the named control. [CLS] − mean rows compare per-item F1 on the same out-of-fold items: "
+          + FAMILIES["Q5"] + ".",
     "Q6": "The same probes on the classification token placed first (`pair`), between the sentences "
           "(`cls_mid`) and last (`cls_last`). Absolute position embeddings make the three different inputs; "
           "the pre-trained model only ever saw [CLS] first. Topic is asked of pairs whose sentences share it "

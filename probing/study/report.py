@@ -218,7 +218,7 @@ CI_METHODS = {
     "contextuality": "bootstrap over word types (self-similarity, MEV) or {unit} (intra-sentence similarity)",
     "knn": "bootstrap over {unit}",
     "knn_comparison": "cluster bootstrap of paired per-example differences over {unit}, sign-flip p-values",
-    "probe": "cluster bootstrap of the out-of-fold predictions over {unit} (macro AUC: t-interval over folds)",
+    "probe": "cluster bootstrap of the out-of-fold predictions over {unit} (macro AUC: of the out-of-fold scores)",
     "probe_comparison": "cluster bootstrap of paired out-of-fold differences over {unit}, sign-flip p-values",
     "paired_drift": "cluster bootstrap of paired per-item differences over {unit}, sign-flip p-values",
     "role_contrast": "cluster bootstrap of paired per-example differences over {unit}, sign-flip p-values",
@@ -239,7 +239,7 @@ def describe_intervals(tables: dict[str, pd.DataFrame]) -> str:
 
     >>> t = pd.DataFrame({"analysis": ["probe"], "grouping": ["document"], "ci_low": [0.4], "ci_high": [0.6]})
     >>> describe_intervals({"p": t})
-    'CIs are 95%: probe: cluster bootstrap of the out-of-fold predictions over documents (macro AUC: t-interval over folds).'
+    'CIs are 95%: probe: cluster bootstrap of the out-of-fold predictions over documents (macro AUC: of the out-of-fold scores).'
     """
     methods: dict[str, set[str]] = {}
     with_ci: set[str] = set()
