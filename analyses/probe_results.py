@@ -87,9 +87,8 @@ class ProbeResult:
         parts = {self.metric: ("num", "den"), "majority_baseline": ("baseline_num", "baseline_den")}
         if "control_num" in it.columns:
             parts[ctrl] = ("control_num", "control_den")
-        _, codes = np.unique(it["group"].to_numpy(), return_inverse=True)
-        codes = codes.reshape(-1)
-        G = int(codes.max()) + 1
+        codes, draws = self._draws()
+        G = draws.shape[1]
         sums = {k: (np.bincount(codes, weights=it[a].to_numpy(float), minlength=G),
                     np.bincount(codes, weights=it[b].to_numpy(float), minlength=G)) for k, (a, b) in parts.items()}
         point = {k: float(sn.sum() / sd.sum()) if sd.sum() > 0 else math.nan for k, (sn, sd) in sums.items()}
@@ -100,16 +99,12 @@ class ProbeResult:
             point["macro_auc"] = float(np.mean(self.folds["macro_auc"]))
         if G < 2:
             return {k: (v, math.nan, math.nan) for k, v in point.items()}
-        draws = np.random.default_rng(self.seed).integers(0, G, size=(self.n_resamples, G))
         with np.errstate(invalid="ignore", divide="ignore"):
             boot = {k: sn[draws].sum(1) / sd[draws].sum(1) for k, (sn, sd) in sums.items()}
         if ctrl in boot:
             boot["selectivity"] = boot[self.metric] - boot[ctrl]
-        if auc:  # each item counted as often as its group was drawn
-            times = np.zeros((self.n_resamples, G))
-            np.add.at(times, (np.arange(self.n_resamples)[:, None], draws), 1.0)
-            boot["macro_auc"] = fold_macro_auc(self.item_truth, self.item_scores, it["fold"].to_numpy(), codes,
-                                               times)
+        if auc:
+            boot["macro_auc"] = self._auc_boot
         a = (1 - self.confidence) / 2
         out = {}
         for k, b in boot.items():
@@ -117,6 +112,50 @@ class ProbeResult:
             lo, hi = np.quantile(b, [a, 1 - a]) if b.size else (math.nan, math.nan)
             out[k] = (point[k], float(lo), float(hi))
         return out
+
+    def _draws(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(codes, draws)``: each item's group code and the resamples of groups, ``(n_resamples, G)``,
+        drawn from ``seed``: the same for every result on the same items, groups and seed."""
+        _, codes = np.unique(self.items["group"].to_numpy(), return_inverse=True)
+        codes = codes.reshape(-1)
+        G = int(codes.max()) + 1
+        return codes, np.random.default_rng(self.seed).integers(0, G, size=(self.n_resamples, G))
+
+    @functools.cached_property
+    def _auc_boot(self) -> np.ndarray:
+        """The macro AUC of each resample of :meth:`_draws`, each item counted as often as its group was
+        drawn (:func:`analyses.probe_metrics.fold_macro_auc`): ``(n_resamples,)``."""
+        codes, draws = self._draws()
+        times = np.zeros(draws.shape)
+        np.add.at(times, (np.arange(len(draws))[:, None], draws), 1.0)
+        return fold_macro_auc(self.item_truth, self.item_scores, self.items["fold"].to_numpy(), codes, times)
+
+    def auc_difference(self, other: "ProbeResult") -> dict[str, float]:
+        """This multi-label probe's macro AUC minus ``other``'s, fitted on the same items and folds (e.g.
+        [CLS] against a length-only probe): the difference of the two on each resample of the same
+        documents (:meth:`_draws`), a percentile CI, a two-sided bootstrap p-value
+        ``(1 + #{d* on the far side of 0}) / (1 + R)`` doubled, its standard error and minimum detectable
+        effect; ``value_a`` / ``value_b`` the two macro AUCs, ``n``, ``n_groups``."""
+        for r in (self, other):
+            if r.item_scores is None or r.items is None:
+                raise ValueError("auc_difference needs multi-label results that kept their out-of-fold items")
+        same = (len(self.items) == len(other.items) and self.seed == other.seed
+                and self.n_resamples == other.n_resamples
+                and all(np.array_equal(self.items[c].to_numpy(), other.items[c].to_numpy())
+                        for c in ("item", "group", "fold")))
+        if not same:
+            raise ValueError("auc_difference compares probes on the same items, folds, groups, seed and resamples")
+        a, b = self.interval("macro_auc")[0], other.interval("macro_auc")[0]
+        d = self._auc_boot - other._auc_boot
+        d = d[np.isfinite(d)]
+        alpha = (1 - self.confidence) / 2
+        lo, hi = np.quantile(d, [alpha, 1 - alpha]) if d.size else (math.nan, math.nan)
+        far = min((d <= 0).sum(), (d >= 0).sum())
+        p = min(1.0, 2 * (1 + far) / (1 + d.size)) if d.size else math.nan
+        se = float(d.std(ddof=1)) if d.size > 1 else math.nan
+        return {"value": a - b, "ci_low": float(lo), "ci_high": float(hi), "p_value": p, "se": se,
+                "mde": minimum_detectable_effect(se) if math.isfinite(se) else math.nan, "n": self.n,
+                "n_groups": self.n_groups, "value_a": a, "value_b": b}
 
     def ci_method(self, name: str | None = None) -> str:
         """``"cluster_bootstrap"`` (items pooled, groups resampled) or ``"t_folds"`` (t over folds)."""

@@ -203,6 +203,26 @@ def batch_elements(batch_mb: float | None) -> int:
     return max(1, int(batch_mb * 2 ** 20 / 4))
 
 
+#: The length-only baseline probe's key in a run's results (no layer).
+LENGTH_ONLY = "length_only"
+
+
+def auc_vs_length(results: dict, meta: dict, seed: int) -> pd.DataFrame:
+    """Each multi-label probe's macro AUC minus the length-only probe's, on the same resamples of the same
+    out-of-fold items (:meth:`analyses.probe_results.ProbeResult.auc_difference`): rows with
+    ``metric="macro_auc_diff"``, ``choice_b="length_only"``, CI, bootstrap ``p_value`` and ``p_holm``
+    over the layers of each choice. Is there more of a sentence's content than its length tells?"""
+    from analyses.paired import add_holm
+
+    base = next((r for (layer, choice), r in results.items() if choice == LENGTH_ONLY), None)
+    if base is None:
+        return make_table([])
+    rows = [{"analysis": "probe", **meta, "layer": layer, "choice": choice, "choice_b": LENGTH_ONLY,
+             "metric": "macro_auc_diff", "seed": int(seed), **res.auc_difference(base)}
+            for (layer, choice), res in results.items() if choice != LENGTH_ONLY]
+    return add_holm(make_table(rows), ["choice", "metric"]) if rows else make_table([])
+
+
 def _item_rows(results: dict, meta: dict, kind: str, examples: np.ndarray, tokens: np.ndarray | None) -> pd.DataFrame:
     """The out-of-fold items of ``results`` keyed like the result table (:data:`ITEM_KEYS`); ``examples``
     (and ``tokens`` for token-level targets) map each item position to its example id (token row)."""
@@ -308,7 +328,7 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                     y, multilabel = example_target(c, target, ids, vocab)
                     groups, grouping = table_groups(c.examples.loc[ids])
                     if length_baseline and kind == "trained":
-                        features[(pd.NA, "length_only")] = length_features(c, ids)
+                        features[(pd.NA, LENGTH_ONLY)] = length_features(c, ids)
                     fit_kw = dict(control_types=ids if control and not multilabel else None,
                                   Cs=bow_Cs if multilabel and bow_Cs is not None else Cs)
                 meta["grouping"] = grouping
@@ -316,6 +336,8 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                                          device=device, inner_splits=inner_splits, max_iter=max_iter,
                                          num_threads=num_threads, batch_mb=batch_mb, n_resamples=n_resamples,
                                          **fit_kw)
+                if length_baseline and kind == "trained" and multilabel:
+                    df = pd.concat([df, auc_vs_length(results, meta, seed)], ignore_index=True)
                 df["model_kind"] = kind
                 frames.append(df)
                 if items:

@@ -200,6 +200,16 @@ def test_document_grouping_items_and_length_baseline(doc_caches, tmp_path):
     vs_length = compare_probes(items[items["target"] == "topic"], a={"choice": "cls"}, b={"choice": "length_only"},
                                n_resamples=100)
     assert sorted(vs_length["layer"]) == list(c.layers) and (vs_length["n"] == 60).all()
+    # a multi-label target also gets each probe's macro AUC against the length-only probe's, on the same
+    # resamples, Holm over the layers of each choice; none for single-label targets
+    auc = df[df["metric"] == "macro_auc_diff"]
+    assert set(auc["target"]) == {"bow_s1"} and set(auc["choice_b"]) == {"length_only"}
+    assert len(auc) == 2 * n_layers and set(auc["choice"]) == {"cls", "mean"}
+    aucs = df[(df["metric"] == "macro_auc") & (df["target"] == "bow_s1")].set_index(["choice", "layer"], drop=False)
+    length_auc = df[(df["metric"] == "macro_auc") & (df["choice"] == "length_only")]["value"].iloc[0]
+    for _, r in auc.iterrows():
+        assert r["value"] == pytest.approx(aucs.loc[(r["choice"], r["layer"]), "value"] - length_auc)
+        assert r["ci_low"] <= r["value"] <= r["ci_high"] and r["p_holm"] >= r["p_value"]
     # stored beside the result (only when asked), read back
     assert len(list(tmp_path.glob("probe_items-*.csv"))) == 1
     again, items2 = run_probes(c, ("cls", "mean"), ("topic", "bow_s1"), length_baseline=True, items=True,

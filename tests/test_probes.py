@@ -665,3 +665,30 @@ def test_macro_auc_interval_is_the_items_cluster_bootstrap():
     times = np.stack([np.bincount(d, minlength=G) for d in draws]).astype(float)
     boot = fold_macro_auc(signal.item_truth, signal.item_scores, it["fold"].to_numpy(), codes, times)
     assert (lo, hi) == pytest.approx(tuple(np.quantile(boot, [0.025, 0.975])), abs=1e-12)
+
+
+def test_auc_difference_on_the_same_resamples():
+    """Two multi-label probes on the same items and folds: the difference of their macro AUCs on the same
+    document draws; a probe against itself differs by 0 (p = 1); signal against noise lies above 0;
+    probes on other items are refused."""
+    rng = np.random.default_rng(5)
+    doc = np.repeat(np.arange(60), 4)
+    Y = (rng.random((doc.size, 5)) < 0.3).astype(int)
+    X = rng.normal(size=(doc.size, 6))
+    kw = dict(groups=doc, n_splits=4, Cs=(1.0,), n_resamples=300)
+    signal = cross_validate_probe(X + 1.0 * Y @ rng.normal(size=(5, 6)), Y, **kw)
+    noise = cross_validate_probe(X, Y, **kw)
+    d = signal.auc_difference(noise)
+    assert d["value"] == pytest.approx(signal.interval("macro_auc")[0] - noise.interval("macro_auc")[0])
+    assert (d["value_a"], d["value_b"]) == (signal.interval("macro_auc")[0], noise.interval("macro_auc")[0])
+    boot = signal._auc_boot - noise._auc_boot
+    assert (d["ci_low"], d["ci_high"]) == pytest.approx(tuple(np.quantile(boot, [0.025, 0.975])), abs=1e-12)
+    assert 0 < d["ci_low"] and d["p_value"] < 0.01 and d["n_groups"] == 60
+    same = signal.auc_difference(signal)
+    assert same["value"] == 0 and same["ci_low"] == same["ci_high"] == 0 and same["p_value"] == 1
+    other = cross_validate_probe(X[:-4], Y[:-4], groups=doc[:-4], n_splits=4, Cs=(1.0,), n_resamples=300)
+    with pytest.raises(ValueError, match="same items"):
+        signal.auc_difference(other)
+    single = cross_validate_probe(X, Y[:, 0], groups=doc, n_splits=4, Cs=(1.0,))
+    with pytest.raises(ValueError, match="multi-label"):
+        single.auc_difference(signal)

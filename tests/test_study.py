@@ -772,11 +772,12 @@ def test_q3_verdict_is_paired_per_token_and_skips_layer_0():
 
 
 def _q7_tables(content: float, length: float, order: float) -> dict:
-    """Q7's three inputs: paired [CLS] − length-only rows for bow_s1, and the probe tables of length
-    (pair corpus) and word order (swap corpus) with their majority baselines, layers 1-2."""
+    """Q7's three inputs: [CLS] − length-only macro AUC rows for bow_s1 and the length probe with its
+    majority baseline (the pair-format probe table), and word order (swap corpus), layers 1-2."""
     import pandas as pd
 
-    paired = _probe_rows(content, condition_a="choice=cls", condition_b="choice=length_only", target="bow_s1")
+    auc = _probe_rows(content, model_kind="trained", choice="cls", choice_b="length_only", target="bow_s1",
+                      metric="macro_auc_diff")
 
     def probe(target: str, above: float) -> pd.DataFrame:
         rows = []
@@ -788,7 +789,8 @@ def _q7_tables(content: float, length: float, order: float) -> dict:
                       "metric": "majority_baseline", "value": 0.5, "ci_low": 0.5, "ci_high": 0.5, "n": 600}]
         return pd.DataFrame(rows)
 
-    return {"paired_q7": paired, "probes_pair": probe("length", length), "probes_q7": probe("swapped", order)}
+    return {"probes_pair": pd.concat([probe("length", length), auc], ignore_index=True),
+            "probes_q7": probe("swapped", order)}
 
 
 def test_q7_answers_content_length_and_word_order_each_by_the_rules():

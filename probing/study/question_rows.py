@@ -83,9 +83,18 @@ def _q7_rows(T):
     return _above_majority(pick(T.get("probes_q7"), model_kind="trained", choice="cls", target="swapped"))
 
 
+#: The family of Q7's content-word rows (run_probes' macro_auc_diff rows carry Holm over the layers).
+AUC_VS_LENGTH_FAMILY = "[CLS] − length-only macro AUC over layers 1–L (Holm over layers)"
+
+
 def _q7_content_rows(T):
-    d = pick(T.get("paired_q7"), condition_a="choice=cls", condition_b="choice=length_only", target="bow_s1")
-    return None if d.empty else _contextual(d)
+    # the macro AUC on the same resamples, not the per-item F1 (thresholded at 0.5: see Q5's rows)
+    d = pick(T.get("probes_pair"), model_kind="trained", choice="cls", choice_b="length_only", target="bow_s1",
+             metric="macro_auc_diff")
+    if d.empty:
+        return None
+    d = _contextual(d)
+    return d if "family" in d.columns and d["family"].notna().all() else d.assign(family=AUC_VS_LENGTH_FAMILY)
 
 
 def _q7_length_rows(T):

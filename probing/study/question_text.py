@@ -399,8 +399,13 @@ def answer_q7(T: dict) -> str:
         s += _paired_at_last(pick(d, condition_a="model_kind=trained"),
                              "Trained − random-init (word order, paired items)", column="choice")
         s += _paired_at_last(pick(d, condition_b="choice=length_only"),
-                             "Beyond the length baseline (a probe on words per sentence), [CLS] − length-only",
+                             "Beyond the length baseline (a probe on words per sentence), [CLS] − length-only "
+                             "per-item F1 (accuracy for length)",
                              tail=" (fw_s1: function words, the length-tracking control).")
+    auc = pick(T.get("probes_pair"), model_kind="trained", choice_b="length_only", metric="macro_auc_diff")
+    if not auc.empty:
+        s += _paired_at_last(_contextual(auc), "Macro AUC, [CLS] and mean − length-only, on the same resamples",
+                             column="choice", tail=f" (target {', '.join(dict.fromkeys(auc['target'].astype(str)))}).")
     return s
 
 

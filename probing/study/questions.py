@@ -115,10 +115,11 @@ NOTES = {
           "mean-pooled words, per layer, for the trained and a randomly initialised model of the same "
           "architecture. A random model's high bag-of-words score shows how much comes from the embeddings "
           "alone. The answer has three parts, each decided by the rules above over layers 1–L: content words "
-          "(the bag of content words of sentence 1 from [CLS] against a length-only probe, which knows only how "
-          "many words each sentence has, paired on the same out-of-fold items: reading more content words from a "
-          "longer sentence is not recovering the input), sentence length and word order (each [CLS] probe against "
-          "its majority baseline, one-sample, with its detectable effect). fw_s1 (function words) is the "
+          "(the macro AUC of the bag of content words of sentence 1 from [CLS] against a length-only probe, which "
+          "knows only how many words each sentence has, on the same document resamples of the same out-of-fold "
+          "items: reading more content words from a longer sentence is not recovering the input), sentence length "
+          "and word order (each [CLS] probe against its majority baseline, one-sample, with its detectable "
+          "effect). fw_s1 (function words) is the "
           "length-tracking control; trained − random-init is paired on the same items: " + FAMILIES["Q7"] + ".",
     "Q8": _q8_notes,
 }
