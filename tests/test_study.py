@@ -840,3 +840,23 @@ def test_q5_verdict_reads_the_macro_auc_not_the_thresholded_f1():
                                  "which content words these sentences contain")
     assert "macro AUC of [CLS] (last layer) − 0.5" in v.sentence and "+0.250" in v.sentence
     assert "192 documents" in v.sentence
+
+
+def test_jawahar_reads_the_bag_of_words_by_its_macro_auc():
+    """WC's best layer and baseline come from the macro AUC (0.5: frequency), not the thresholded F1."""
+    import pandas as pd
+
+    from probing.study.reproductions import PAPERS
+
+    rows = []
+    for layer, (auc, f1) in enumerate([(0.6, 0.30), (0.8, 0.10), (0.7, 0.20)]):
+        base = {"model_kind": "trained", "choice": "cls", "target": "bow_s1", "layer": layer, "n": 100}
+        rows += [{**base, "metric": "macro_auc", "value": auc, "ci_low": auc - 0.01, "ci_high": auc + 0.01},
+                 {**base, "metric": "majority_baseline_macro_auc", "value": 0.5, "ci_low": 0.5, "ci_high": 0.5},
+                 {**base, "metric": "micro_f1", "value": f1, "ci_low": f1 - 0.01, "ci_high": f1 + 0.01},
+                 {**base, "metric": "majority_baseline", "value": 0.0, "ci_low": 0.0, "ci_high": 0.0}]
+    jw = PAPERS["jawahar2019"]
+    T = {"jawahar2019_probes": pd.DataFrame(rows)}
+    assert "WC (bag of words) is best read at layer 1 (0.800 (95% CI 0.790 to 0.810); majority 0.500)" in jw.answer(T)
+    table, caption = jw.table(T)
+    assert table["WC (bag of words)"].tolist() == [0.6, 0.8, 0.7] and "macro AUC for the bag of words" in caption

@@ -363,7 +363,13 @@ def _jw_analyse(ctx: Context) -> Tables:
 
 
 def _jw_metric(target: str) -> str:
-    return "micro_f1" if target.startswith("bow_") else "accuracy"
+    # the bag of words by its macro AUC (0.5: the frequency baseline), not micro-F1 at a 0.5 threshold, which
+    # counts only the words a probe is sure of (see Q5)
+    return "macro_auc" if target.startswith("bow_") else "accuracy"
+
+
+def _jw_baseline(target: str) -> str:
+    return "majority_baseline_macro_auc" if target.startswith("bow_") else "majority_baseline"
 
 
 def _jw_figures(T, fig, log):
@@ -386,7 +392,7 @@ def _jw_table(T):
         g = p[(p["target"] == t) & (p["metric"] == _jw_metric(t))]
         cols[name] = g.set_index("layer")["value"]
     t = pd.DataFrame(cols).sort_index()
-    return t.reset_index(names="layer"), "[CLS] probe score per layer (accuracy; micro-F1 for the bag of words)"
+    return t.reset_index(names="layer"), "[CLS] probe score per layer (accuracy; macro AUC for the bag of words)"
 
 
 def _jw_answer(T):
@@ -400,7 +406,7 @@ def _jw_answer(T):
         if g.empty:
             continue
         best = g.loc[g["value"].idxmax()]
-        base = one(tr, target=t, metric="majority_baseline", layer=int(best["layer"]))
+        base = one(tr, target=t, metric=_jw_baseline(t), layer=int(best["layer"]))
         parts.append(f"{name} is best read at layer {int(best['layer'])} "
                      f"({fmt((best['value'], best['ci_low'], best['ci_high']))}; majority {fmt(base[0] if base else None)})")
     s = "From [CLS]: " + "; ".join(parts) + "."
@@ -473,7 +479,8 @@ PAPERS: dict[str, StudySection] = {s.key: s for s in (
         answer=_jw_answer, about_cls=True,
         notes="Protocol: single sentences, [CLS] (and mean pooling) of every layer, for the trained and a randomly "
               "initialised model. Tasks stand in for SentEval's: SentLen = sentence length in 6 equal-count bins, WC "
-              "= a multi-label bag of the most frequent words (SentEval: which one of 1000 mid-frequency words), "
+              "= a multi-label bag of the most frequent words (SentEval: which one of 1000 mid-frequency words), scored "
+              "by its macro AUC (0.5: the words' frequencies alone; micro-F1 at a 0.5 threshold is in the tables), "
               "BShift = two adjacent words swapped in half of the sentences. Probes are linear (the paper used "
               "SentEval's MLP), with grouped cross-validation (the report's introduction says how the CIs were "
               "computed, from the tables)."),
