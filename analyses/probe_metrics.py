@@ -164,6 +164,13 @@ def _macro_auc(Y: np.ndarray, P: np.ndarray) -> float:
     return float(auc.mean())
 
 
+#: Elements of one block of :func:`fold_macro_auc`'s arrays (float64: 16 MiB), so that its memory does not
+#: grow with the corpus; and the largest ``groups² × labels`` of a fold for which it takes the
+#: group-level path (the quadratic form below) rather than the item-level one.
+_AUC_BLOCK = 1 << 21
+_AUC_GROUP_ELEMENTS = 1 << 21
+
+
 def fold_macro_auc(Y: np.ndarray, P: np.ndarray, folds: np.ndarray, groups: np.ndarray,
                    times: np.ndarray) -> np.ndarray:
     """The mean over outer folds of each fold's macro ROC AUC, with every item counted as often as its
@@ -178,9 +185,11 @@ def fold_macro_auc(Y: np.ndarray, P: np.ndarray, folds: np.ndarray, groups: np.n
     label are left out of the mean over folds. With ``times`` all ones this is the mean over folds of
     :func:`_macro_auc` (the ``macro_auc`` of :func:`_evaluate_fold`).
 
-    Per fold and label the statistic is a quadratic form in the group counts, ``m^T A m``, where
-    ``A[g, h]`` sums the comparisons of group g's positives with group h's negatives: one matrix
-    product per fold for all resamples and labels, however many items a group holds.
+    Two exact ways, chosen per fold, both in blocks of at most :data:`_AUC_BLOCK` elements: with few
+    groups the statistic is a quadratic form in the group counts, ``m^T A m``, ``A[g, h]`` summing the
+    comparisons of group g's positives with group h's negatives (:func:`_auc_sums_by_groups`); with many
+    (every item its own group) each resample's item weights are cumulated along each label's scores
+    (:func:`_auc_sums_by_items`).
     """
     Y = np.asarray(Y) == 1
     P = np.asarray(P, dtype=np.float64)
@@ -189,18 +198,10 @@ def fold_macro_auc(Y: np.ndarray, P: np.ndarray, folds: np.ndarray, groups: np.n
     for f in np.unique(folds):
         idx = np.flatnonzero(folds == f)
         local, g = np.unique(np.asarray(groups)[idx], return_inverse=True)
-        G, L = len(local), Y.shape[1]
-        onehot = np.zeros((len(idx), G))
-        onehot[np.arange(len(idx)), g.reshape(-1)] = 1.0
-        s, pos = P[idx].T, Y[idx].T  # (L, m)
-        # C[l, i, j] = [s_j < s_i] + ½ [s_j = s_i], kept for positive i and negative j only
-        C = (s[:, None, :] < s[:, :, None]) + 0.5 * (s[:, None, :] == s[:, :, None])
-        C *= pos[:, :, None] & ~pos[:, None, :]
-        A = np.einsum("ig,lij,jh->glh", onehot, C, onehot, optimize=True).reshape(G, L * G)  # (G, L, G)
-        n_pos, n_neg = pos @ onehot, (~pos) @ onehot  # (L, G)
-        m = times[:, local]  # (R, G)
-        num = ((m @ A).reshape(len(m), L, G) * m[:, None, :]).sum(axis=2)  # (R, L)
-        w_pos, w_neg = m @ n_pos.T, m @ n_neg.T
+        g = g.reshape(-1)
+        m = times[:, local]  # (R, G): the draws of this fold's groups
+        sums = _auc_sums_by_groups if len(local) ** 2 * Y.shape[1] <= _AUC_GROUP_ELEMENTS else _auc_sums_by_items
+        num, w_pos, w_neg = sums(Y[idx], P[idx], g, m)
         ok = (w_pos > 0) & (w_neg > 0)
         auc = np.where(ok, num / np.where(ok, w_pos * w_neg, 1.0), 0.0)
         counted = ok.sum(axis=1)
@@ -208,6 +209,67 @@ def fold_macro_auc(Y: np.ndarray, P: np.ndarray, folds: np.ndarray, groups: np.n
     per_fold = np.stack(per_fold)  # (folds, R)
     counted = np.isfinite(per_fold).sum(axis=0)
     return np.where(counted > 0, np.nansum(per_fold, axis=0) / np.maximum(counted, 1), np.nan)
+
+
+def _auc_sums_by_groups(Y: np.ndarray, P: np.ndarray, g: np.ndarray,
+                        m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(numerator, W_pos, W_neg)``, each ``(R, n_labels)``, of one fold's weighted AUCs from the group
+    counts ``m: (R, G)`` (``g: (n,)`` each item's group): the numerator is ``m^T A_l m`` per label."""
+    n, L = Y.shape
+    G = m.shape[1]
+    A = np.zeros((G, L, G))
+    for l in range(L):
+        pos = Y[:, l]
+        sp, gp = P[pos, l], g[pos]
+        neg_order = np.argsort(g[~pos], kind="stable")  # negatives by group: one reduceat sums each group
+        sn, gn = P[~pos, l][neg_order], g[~pos][neg_order]
+        if sp.size == 0 or sn.size == 0:
+            continue
+        starts = np.flatnonzero(np.r_[True, gn[1:] != gn[:-1]])
+        step = max(1, _AUC_BLOCK // sn.size)
+        for b in range(0, sp.size, step):
+            s = sp[b:b + step, None]
+            cmp = (sn[None, :] < s) + 0.5 * (sn[None, :] == s)  # (block, n_neg)
+            by_group = np.add.reduceat(cmp, starts, axis=1)  # (block, groups with negatives)
+            np.add.at(A[:, l, :], (gp[b:b + step, None], gn[starts][None, :]), by_group)
+    n_pos = np.stack([np.bincount(g[Y[:, l]], minlength=G) for l in range(L)])  # (L, G)
+    n_neg = np.stack([np.bincount(g[~Y[:, l]], minlength=G) for l in range(L)])
+    num = np.empty((len(m), L))
+    step = max(1, _AUC_BLOCK // (L * G))
+    A = A.reshape(G, L * G)
+    for r in range(0, len(m), step):
+        mr = m[r:r + step]
+        num[r:r + step] = ((mr @ A).reshape(len(mr), L, G) * mr[:, None, :]).sum(axis=2)
+    return num, m @ n_pos.T, m @ n_neg.T
+
+
+def _auc_sums_by_items(Y: np.ndarray, P: np.ndarray, g: np.ndarray,
+                       m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """As :func:`_auc_sums_by_groups`, from each resample's item weights ``m[:, g]``, cumulated along each
+    label's sorted scores (ties: the tied negatives' weight counts one half)."""
+    n, L = Y.shape
+    order = np.argsort(P, axis=0, kind="stable")  # (n, L): each label's items by score
+    Ps = np.take_along_axis(P, order, axis=0)
+    Ys = np.take_along_axis(Y, order, axis=0)
+    at = np.arange(n)[:, None]
+    new = np.ones((n, L), dtype=bool)
+    new[1:] = Ps[1:] != Ps[:-1]
+    start = np.maximum.accumulate(np.where(new, at, 0), axis=0)  # first position of each tie group
+    last = np.ones((n, L), dtype=bool)
+    last[:-1] = new[1:]
+    end = np.minimum.accumulate(np.where(last, at, n - 1)[::-1], axis=0)[::-1]  # its last position
+    num, w_pos, w_neg = (np.empty((len(m), L)) for _ in range(3))
+    step = max(1, _AUC_BLOCK // max(1, n * L))
+    for r in range(0, len(m), step):
+        w = m[r:r + step][:, g][:, order]  # (r, n, L): each item's weight, in each label's order
+        cum = np.cumsum(np.where(Ys, 0.0, w), axis=1)
+        below = np.where(start > 0, np.take_along_axis(cum, np.broadcast_to(np.maximum(start - 1, 0), w.shape),
+                                                       axis=1), 0.0)
+        tied = np.take_along_axis(cum, np.broadcast_to(end, w.shape), axis=1) - below
+        pos = np.where(Ys, w, 0.0)
+        num[r:r + step] = (pos * (below + 0.5 * tied)).sum(axis=1)
+        w_pos[r:r + step], w_neg[r:r + step] = pos.sum(axis=1), cum[:, -1]
+    return num, w_pos, w_neg
 
 
 def _evaluate_fold(y_train: np.ndarray, y_test: np.ndarray, P_test: np.ndarray, classes: np.ndarray,

@@ -604,7 +604,17 @@ def test_torch_items_agree_with_reference():
 # the macro AUC's interval: a cluster bootstrap of the items' scores, on the other metrics' draws
 
 
-def test_fold_macro_auc_known_answers():
+@pytest.fixture(params=["groups", "items"])
+def auc_path(request, monkeypatch):
+    """fold_macro_auc by either of its two exact ways, in small blocks (several per array)."""
+    import analyses.probe_metrics as PM
+
+    monkeypatch.setattr(PM, "_AUC_GROUP_ELEMENTS", 1 << 40 if request.param == "groups" else 0)
+    monkeypatch.setattr(PM, "_AUC_BLOCK", 97)
+    return request.param
+
+
+def test_fold_macro_auc_known_answers(auc_path):
     """Unit weights give the mean over folds of each fold's macro AUC; integer weights the same as
     replicating the items (scikit-learn's roc_auc_score), ties counting one half; a label left with
     one value and a fold left empty drop out of the means."""
