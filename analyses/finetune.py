@@ -41,6 +41,7 @@ import hashlib
 import math
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
@@ -360,17 +361,22 @@ def _finetune_task(lm, task: Task, pooling: Pooling, seed: int, config: TrainCon
     return out
 
 
-def _checkpoint(encoder: torch.nn.Module, name: str) -> None:
-    """Activation checkpointing on a run's own copy of the encoder (``TrainConfig.checkpoint_activations``)."""
+def _checkpoint(encoder: torch.nn.Module, name: str, every: int) -> None:
+    """Activation checkpointing of every ``every``-th layer of a run's own copy of the encoder
+    (``TrainConfig.checkpoint_every``)."""
     if not getattr(encoder, "supports_gradient_checkpointing", False):
         raise ValueError(f"model {name!r} ({type(encoder).__name__}) does not support activation checkpointing; "
-                         "set checkpoint_activations=False")
+                         "set checkpoint_every=0")
     if hasattr(encoder.config, "use_cache"):
         encoder.config.use_cache = False  # the copy's config: no past key/values to keep when training
+    kwargs = {"use_reentrant": False}
     if hasattr(encoder, "activation_checkpointing_enable"):  # transformers >= 5 (the old name is deprecated there)
-        encoder.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        encoder.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs, every_n_layers=every)
+    else:  # transformers < 5: every layer (the same run; more time, less memory than every n-th)
+        if every > 1:
+            warnings.warn(f"checkpoint_every={every}: this transformers version checkpoints every layer or none; "
+                          "checkpointing every layer (the same results, more time)", RuntimeWarning, stacklevel=2)
+        encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def _finetune_run(lm, task: Task, pooling: Pooling, seed: int, config: TrainConfig,
@@ -384,8 +390,8 @@ def _finetune_run(lm, task: Task, pooling: Pooling, seed: int, config: TrainConf
             encoder = copy.deepcopy(lm.model).to(device=device, dtype=torch.float32)
             if config.freeze_embeddings:
                 encoder.get_input_embeddings().weight.requires_grad_(False)
-            if config.checkpoint_activations:
-                _checkpoint(encoder, lm.name)
+            if config.checkpoint_every:
+                _checkpoint(encoder, lm.name, config.checkpoint_every)
             clf = PooledClassifier(encoder, pooling, len(task.classes), int(lm.model.config.hidden_size),
                                    float(getattr(lm.model.config, "initializer_range", 0.02))).to(device)
         order_rng = torch.Generator().manual_seed(seed)
@@ -411,7 +417,7 @@ def _finetune_run(lm, task: Task, pooling: Pooling, seed: int, config: TrainConf
                 opt.zero_grad(set_to_none=True)
                 # checkpointed layers redraw their dropout in the backward pass from the state saved in the
                 # forward pass, through torch's global generator: in turn, like every draw of the run
-                with turn() if config.checkpoint_activations else contextlib.nullcontext():
+                with turn() if config.checkpoint_every else contextlib.nullcontext():
                     loss.backward()
                 opt.step()
                 sched.step()

@@ -55,16 +55,18 @@ class TrainConfig:
         (CI half-widths 0.026-0.034); every fine-tuned - frozen and pooling - mean difference keeps its
         sign and moves by at most 0.0033 (half-widths >= 0.015); 99.7% of the 3065 fine-tuned test
         predictions are the same. The frozen side does not use it.
-    checkpoint_activations: keep only each encoder layer's input during the forward pass and recompute
-        the layer in the backward pass (the model's ``gradient_checkpointing_enable``, non-reentrant;
-        dropout replays the draws of the forward pass): the same gradients, so the same run, with less
-        memory and more time. On in "default": ``run_pooling_experiment(load_corpus("bbc:n=1000,k=2,
+    checkpoint_every: activation checkpointing of every n-th encoder layer (0: none): such a layer keeps
+        only its input during the forward pass and is recomputed in the backward pass (non-reentrant;
+        dropout replays the draws of the forward pass), so the same gradients, the same run, with less
+        memory and more time. Above 1 it needs transformers' ``activation_checkpointing_enable``
+        (transformers >= 5; older versions checkpoint every layer, with a warning). 2 in "default": ``run_pooling_experiment(load_corpus("bbc:n=1000,k=2,
         max_words=40"), "topic", ["cls", "mean", "max"], [0], model=load_model(), preset="default",
-        run_folds=1, checkpoint_activations=False|True)``, two runs each, alternated (2-core VM, two
-        torch threads): peak RSS 1,413 / 1,421 MiB without, 1,177 / 1,163 MiB with; 24.3-26.6 s
-        without, 35.8-36.3 s with; the table (but its ``seconds``) and the predictions byte-identical.
-        Each fine-tuning run held about 650 MiB above the process before it without, and the study's
-        peak is Q8's fine-tuning.
+        run_folds=1, checkpoint_every=0|1|2)`` (2-core VM, two torch threads, alternated): peak RSS
+        1,413 / 1,421 MiB with none, 1,177 / 1,163 MiB with every layer, 1,283 / 1,311 MiB with every
+        second; 24.3-26.6 s, 35.8-36.3 s and 28.3-32.1 s; the table (but its ``seconds``) and the
+        predictions byte-identical. Each fine-tuning run held about 650 MiB above the process before it
+        with none, and the study's peak is Q8's fine-tuning; every layer cost the study 40-50 s, every
+        second layer half of that for half the memory.
     """
 
     epochs: int = 1
@@ -88,7 +90,7 @@ class TrainConfig:
     repeats: int = 1
     frozen_Cs: tuple[float, ...] = DEFAULT_CS
     autocast: bool = False
-    checkpoint_activations: bool = False
+    checkpoint_every: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "frozen_Cs", tuple(float(c) for c in self.frozen_Cs))
@@ -109,7 +111,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be None or an integer >= 1, got {name}={v!r}")
         if not _is_int(self.seed, 0):
             raise ValueError(f"seed must be an integer >= 0, got seed={self.seed!r}")
-        for name in ("freeze_embeddings", "autocast", "checkpoint_activations"):
+        if not _is_int(self.checkpoint_every, 0):
+            raise ValueError(f"checkpoint_every must be an integer >= 0 (0: no checkpointing), "
+                             f"got checkpoint_every={self.checkpoint_every!r}")
+        for name in ("freeze_embeddings", "autocast"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {name}={getattr(self, name)!r}")
         if not isinstance(self.split_group, str) or not self.split_group:
@@ -185,7 +190,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "poolings": ("cls", "mean", "max", "sep1", "first_word"), "train_seeds": (0,),
         "train": {"epochs": 3, "lr": 2e-4, "head_lr": 3e-3, "freeze_embeddings": True, "batch_size": 16,
                   "max_train": 128, "max_length": None, "on_overflow": "skip", "folds": 5, "run_folds": 3,
-                  "autocast": True, "checkpoint_activations": True},
+                  "autocast": True, "checkpoint_every": 2},
     },
     "full": {
         "corpus": "bbc:k=2,n=6000", "target": "topic",

@@ -170,29 +170,37 @@ def test_each_run_hands_its_freed_memory_back_after_it_is_freed(tiny, monkeypatc
 
 
 def test_activation_checkpointing_is_the_same_run_with_layers_recomputed(tiny):
-    """checkpoint_activations recomputes each layer in the backward pass (its forward runs twice per
-    training step) and gives the very same run: predictions and every step's loss, dropout on."""
+    """checkpoint_every recomputes each (every second) layer in the backward pass (its forward runs twice
+    per training step) and gives the very same run: predictions and every step's loss, dropout on."""
     assert tiny.model.config.hidden_dropout_prob > 0
     calls = []
     # a module inside the layer: the layer's own hooks stay outside the checkpoint, its parts' run again
-    hook = tiny.model.encoder.layer[0].intermediate.register_forward_hook(lambda *a: calls.append(1))
+    assert tiny.model.config.num_hidden_layers == 2
+    calls = {0: [], 1: []}
+    hooks = [tiny.model.encoder.layer[i].intermediate.register_forward_hook(lambda *a, i=i: calls[i].append(1))
+             for i in (0, 1)]
+    runs = {}
     try:
-        plain = finetune(keyword_examples(64), "kind", model=tiny, pooling="mean", **PINNED)
-        n_plain = len(calls)
-        calls.clear()
-        ckpt = finetune(keyword_examples(64), "kind", model=tiny, pooling="mean", checkpoint_activations=True,
-                        **PINNED)
+        for every in (0, 1, 2):
+            runs[every] = finetune(keyword_examples(64), "kind", model=tiny, pooling="mean", checkpoint_every=every,
+                                   **PINNED)
+            runs[every]["calls"] = [len(calls[0]), len(calls[1])]
+            calls[0].clear(), calls[1].clear()
     finally:
-        hook.remove()
-    assert n_plain == 42 + 3  # 42 training steps, 3 evaluation batches of 5 (14 test items)
-    assert len(calls) == 2 * 42 + 3  # each training step's layer again in the backward pass
-    assert ckpt["test_pred"].tolist() == plain["test_pred"].tolist() == BEFORE["mean"][0]
-    assert ckpt["train_loss_steps"] == plain["train_loss_steps"]  # exactly
+        for h in hooks:
+            h.remove()
+    assert runs[0]["calls"] == [42 + 3, 42 + 3]  # 42 training steps, 3 evaluation batches of 5 (14 test items)
+    assert runs[1]["calls"] == [2 * 42 + 3, 2 * 42 + 3]  # each layer again in each backward pass
+    assert sorted(runs[2]["calls"]) == [42 + 3, 2 * 42 + 3]  # one of the two layers recomputed
+    for every in (1, 2):
+        assert runs[every]["test_pred"].tolist() == runs[0]["test_pred"].tolist() == BEFORE["mean"][0]
+        assert runs[every]["train_loss_steps"] == runs[0]["train_loss_steps"]  # exactly
     assert not getattr(tiny.model, "is_gradient_checkpointing", False)  # only the run's copy was changed
-    with pytest.raises(ValueError, match="checkpoint_activations"):
-        TrainConfig(checkpoint_activations=1)
-    assert preset_config("default").checkpoint_activations is True
-    assert preset_config("full").checkpoint_activations is False
+    for bad in (True, -1, 1.5):
+        with pytest.raises(ValueError, match="checkpoint_every"):
+            TrainConfig(checkpoint_every=bad)
+    assert preset_config("default").checkpoint_every == 2
+    assert preset_config("full").checkpoint_every == 0
 
 
 def test_activation_checkpointing_with_concurrent_runs_equals_one_at_a_time(tiny):
@@ -204,7 +212,7 @@ def test_activation_checkpointing_with_concurrent_runs_equals_one_at_a_time(tiny
     ex = keyword_examples(36)
     alone, p0 = run_pooling_experiment(ex, "kind", ["cls", "mean"], [0, 1], **kw)
     two, p2 = run_pooling_experiment(ex, "kind", ["cls", "mean"], [0, 1], num_threads=2,
-                                     checkpoint_activations=True, **kw)
+                                     checkpoint_every=1, **kw)
     cols = [c for c in alone.columns if c != "seconds"]
     pd.testing.assert_frame_equal(p0, p2)
     pd.testing.assert_frame_equal(alone[cols], two[cols])
@@ -214,5 +222,25 @@ def test_a_model_without_checkpointing_is_refused(tiny):
     class Plain(torch.nn.Module):
         supports_gradient_checkpointing = False
 
-    with pytest.raises(ValueError, match="does not support activation checkpointing; set checkpoint_activations"):
-        FT._checkpoint(Plain(), "plain")
+    with pytest.raises(ValueError, match="does not support activation checkpointing; set checkpoint_every=0"):
+        FT._checkpoint(Plain(), "plain", 1)
+
+
+def test_checkpointing_every_second_layer_falls_back_to_every_layer_on_older_transformers():
+    """A model without transformers 5's activation_checkpointing_enable: every layer, with a warning."""
+    seen = []
+
+    class Old(torch.nn.Module):
+        supports_gradient_checkpointing = True
+
+        def __init__(self):
+            super().__init__()
+            self.config = type("Config", (), {"use_cache": True})()
+
+        def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+            seen.append(gradient_checkpointing_kwargs)
+
+    old = Old()
+    with pytest.warns(RuntimeWarning, match="checkpointing every layer"):
+        FT._checkpoint(old, "old", 2)
+    assert seen == [{"use_reentrant": False}] and old.config.use_cache is False
