@@ -404,8 +404,10 @@ def answer_q7(T: dict) -> str:
                              tail=" (fw_s1: function words, the length-tracking control).")
     auc = pick(T.get("probes_pair"), model_kind="trained", choice_b="length_only", metric="macro_auc_diff")
     if not auc.empty:
-        s += _paired_at_last(_contextual(auc), "Macro AUC, [CLS] and mean − length-only, on the same resamples",
-                             column="choice", tail=f" (target {', '.join(dict.fromkeys(auc['target'].astype(str)))}).")
+        auc = _contextual(auc).sort_values(["target", "choice"], kind="stable")
+        s += _paired_at_last(auc.assign(what=auc["target"].astype(str) + " " + auc["choice"].astype(str)),
+                             "Macro AUC − the length-only probe's, on the same resamples of the same items",
+                             column="what")
     return s
 
 
