@@ -3,7 +3,7 @@
     python -m analyses.probes CACHE --choices cls,mean,sep1 --targets topic,length,bow_s1 \
         [--layers 0,3,-1] [--folds 5] [--inner-folds 2] [--Cs 0.003,0.01,0.1] [--bow-Cs 0.1] [--max-iter 300] \
         [--seed 0] [--resamples 1000] [--threads 1] [--device cpu] [--no-progress] \
-        [--random-cache CACHE_OF_RANDOM_INIT_MODEL] [--length-baseline] [--items] --out results [--force]
+        [--random-cache CACHE_OF_RANDOM_INIT_MODEL] [--length-baseline] [--versus mean] [--items] --out results [--force]
 
 (``python -m analyses.probe_runner`` is the same command.) The flags carry the study's ``[probes]``
 settings one to one: ``folds``, ``inner_splits`` (``--inner-folds``), ``Cs``, ``bow_Cs``,
@@ -35,7 +35,9 @@ extracted with ``--random-init``) the same probes are fit on the randomly initia
 architecture, corpus, format and layers (:func:`probing.cache.check_comparable` with
 ``random_baseline=True``), or the run is refused. With ``length_baseline`` every example-level target is also probed
 from the word counts of the example's sentences alone (``choice = length_only``, no layer, same splits):
-how much of a score length explains. With ``items=True`` the per-item out-of-fold predictions come
+how much of a score length explains; on a multi-label target each probe's macro AUC minus the length-only
+probe's comes as ``macro_auc_diff`` rows (on the same document resamples), and with ``versus`` (a token
+choice) minus that choice's at the same layer. With ``items=True`` the per-item out-of-fold predictions come
 back as a second table (stored beside the result with ``out``): :data:`ITEM_KEYS` + ``example``,
 ``token``, ``group``, ``fold``, ``y_true``, ``y_pred``, ``correct``, ``num``, ``den``, ...; file ``probe_items-<key>``, the result's key);
 :func:`compare_probes` turns two sets of its rows into paired differences.
@@ -207,20 +209,24 @@ def batch_elements(batch_mb: float | None) -> int:
 LENGTH_ONLY = "length_only"
 
 
-def auc_vs_length(results: dict, meta: dict, seed: int) -> pd.DataFrame:
-    """Each multi-label probe's macro AUC minus the length-only probe's, on the same resamples of the same
+def auc_differences(results: dict, meta: dict, seed: int, versus: str | None = None) -> pd.DataFrame:
+    """Each multi-label probe's macro AUC minus a reference probe's, on the same resamples of the same
     out-of-fold items (:meth:`analyses.probe_results.ProbeResult.auc_difference`): rows with
-    ``metric="macro_auc_diff"``, ``choice_b="length_only"``, CI, bootstrap ``p_value`` and ``p_holm``
-    over the layers of each choice. Is there more of a sentence's content than its length tells?"""
+    ``metric="macro_auc_diff"``, ``choice_b`` the reference, CI, bootstrap ``p_value`` and ``p_holm``
+    over the layers of each (choice, reference). References: the length-only probe, where it was fitted
+    (is there more of a sentence's content than its length tells?), and the token choice ``versus`` at
+    the same layer (is [CLS] ahead of mean pooling?)."""
     from analyses.paired import add_holm
 
+    rows = []
     base = next((r for (layer, choice), r in results.items() if choice == LENGTH_ONLY), None)
-    if base is None:
-        return make_table([])
-    rows = [{"analysis": "probe", **meta, "layer": layer, "choice": choice, "choice_b": LENGTH_ONLY,
-             "metric": "macro_auc_diff", "seed": int(seed), **res.auc_difference(base)}
-            for (layer, choice), res in results.items() if choice != LENGTH_ONLY]
-    return add_holm(make_table(rows), ["choice", "metric"]) if rows else make_table([])
+    for (layer, choice), res in results.items():
+        refs = [(LENGTH_ONLY, base)] if base is not None and choice != LENGTH_ONLY else []
+        if versus is not None and choice not in (versus, LENGTH_ONLY) and (layer, versus) in results:
+            refs.append((versus, results[layer, versus]))
+        rows += [{"analysis": "probe", **meta, "layer": layer, "choice": choice, "choice_b": name,
+                  "metric": "macro_auc_diff", "seed": int(seed), **res.auc_difference(ref)} for name, ref in refs]
+    return add_holm(make_table(rows), ["choice", "choice_b", "metric"]) if rows else make_table([])
 
 
 def _item_rows(results: dict, meta: dict, kind: str, examples: np.ndarray, tokens: np.ndarray | None) -> pd.DataFrame:
@@ -249,8 +255,8 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                seed: int = 0, control: bool = True, vocab: int = 50, max_tokens: int = 6000,
                device: str | None = None, backend: str = "auto", Cs: Sequence[float] | None = None,
                inner_splits: int = 3, max_iter: int = 1000, bow_Cs: Sequence[float] | None = None,
-               length_baseline: bool = False, items: bool = False, num_threads: int | None = None,
-               batch_mb: float | None = None, n_resamples: int = PROBE_RESAMPLES, out: str | Path | None = None,
+               length_baseline: bool = False, versus: str | None = None, items: bool = False,
+               num_threads: int | None = None, batch_mb: float | None = None, n_resamples: int = PROBE_RESAMPLES, out: str | Path | None = None,
                force: bool = False, progress: bool = True):
     """Probes for every layer x token choice x target, on ``cache`` and optionally ``random_cache``.
 
@@ -261,7 +267,10 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
     Splits, inner CV and bootstrap group by document when the corpus has a ``doc`` label, else by
     example (:func:`analyses.grouping.table_groups`); every row records ``grouping`` and ``n_groups``.
     ``length_baseline``: also a ``choice = "length_only"`` probe per example-level target (features:
-    words per sentence; layer empty), on the same splits. Returns the result table, or
+    words per sentence; layer empty), on the same splits. ``versus``: one of ``choices``; each other
+    choice's macro AUC on a multi-label target is then compared with its at the same layer, on the same
+    resamples of the same items (``macro_auc_diff`` rows, :func:`auc_differences`; the length-only probe
+    is compared the same way). Returns the result table, or
     ``(table, items)`` with ``items=True`` (per-item out-of-fold predictions, see the module
     docstring; one row per item and probe, so ask for them where a comparison needs them); with
     ``out`` both are stored (``probe-<key>`` and ``probe_items-<key>``). ``layers``: model layers, a
@@ -273,6 +282,8 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
 
     for c in choices:
         parse_choice(c)
+    if versus is not None and versus not in choices:
+        raise ValueError(f"versus={versus!r} is not one of the choices {list(choices)}")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if random_cache is not None:
@@ -287,6 +298,8 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
               "Cs": None if Cs is None else list(Cs), "inner_splits": inner_splits, "max_iter": max_iter,
               "bow_Cs": None if bow_Cs is None else list(bow_Cs), "length_baseline": length_baseline,
               "n_resamples": n_resamples}
+    if versus is not None:  # the key of a run without it stays what it was
+        config["versus"] = versus
     path, done = stored_table(out, "probe", config, force)
     items_path, items_done = stored_table(out if items else None, "probe_items", config, force)
     if done is not None and (not items or items_done is not None):
@@ -336,8 +349,8 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                                          device=device, inner_splits=inner_splits, max_iter=max_iter,
                                          num_threads=num_threads, batch_mb=batch_mb, n_resamples=n_resamples,
                                          **fit_kw)
-                if length_baseline and kind == "trained" and multilabel:
-                    df = pd.concat([df, auc_vs_length(results, meta, seed)], ignore_index=True)
+                if multilabel and ((length_baseline and kind == "trained") or versus is not None):
+                    df = pd.concat([df, auc_differences(results, meta, seed, versus)], ignore_index=True)
                 df["model_kind"] = kind
                 frames.append(df)
                 if items:
@@ -429,6 +442,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-control", action="store_true", help="skip the control task")
     p.add_argument("--length-baseline", action="store_true",
                    help="also probe each example-level target from the sentences' word counts (choice length_only)")
+    p.add_argument("--versus", default=None,
+                   help="one of --choices: each other choice's macro AUC on a bag-of-words target minus this "
+                        "one's, per layer, on the same resamples of the same out-of-fold items (metric macro_auc_diff)")
     p.add_argument("--device", default=None, help="torch device for the batched probes (default: CUDA if available)")
     p.add_argument("--threads", type=_int_at_least(1), default=None,
                    help="CPU: the batched probes' feature sets are solved in this many single-threaded workers "
@@ -452,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         n_splits=args.folds, seed=args.seed, control=not args.no_control, vocab=args.vocab,
                         max_tokens=args.max_tokens, device=args.device, backend=args.backend, Cs=flat(args.Cs),
                         inner_splits=args.inner_folds, max_iter=args.max_iter, bow_Cs=flat(args.bow_Cs),
-                        length_baseline=args.length_baseline, items=args.items, num_threads=args.threads,
+                        length_baseline=args.length_baseline, versus=args.versus, items=args.items, num_threads=args.threads,
                         batch_mb=args.batch_mb, n_resamples=args.resamples, out=args.out, force=args.force, progress=not args.no_progress)
         if args.items:
             df = df[0]

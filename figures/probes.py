@@ -274,6 +274,8 @@ def plot_probe_position(df: pd.DataFrame, out: str | Path, metric: str = "micro_
             if layer == "best":
                 finite = gt[np.isfinite(gt["value"])]
                 pick = finite.loc[finite["value"].idxmax()] if not finite.empty else gt.iloc[-1]
+            elif gt["layer"].isna().all():  # a probe with no layer (the length-only baseline): its one row
+                pick = gt.iloc[0]
             else:
                 pick = gt.loc[gt["layer"].idxmax()] if layer == "last" else gt.iloc[0]
             pts.append((_position(t), pick))

@@ -210,6 +210,21 @@ def test_document_grouping_items_and_length_baseline(doc_caches, tmp_path):
     for _, r in auc.iterrows():
         assert r["value"] == pytest.approx(aucs.loc[(r["choice"], r["layer"]), "value"] - length_auc)
         assert r["ci_low"] <= r["value"] <= r["ci_high"] and r["p_holm"] >= r["p_value"]
+    # versus: each other choice against it at the same layer, on the same resamples. At layer 0 [CLS] is
+    # one vector for every example (macro AUC 0.5) while the mean of the word embeddings sees the words:
+    # a planted deficit that must come out significant; the length-only rows are unchanged by it
+    vs = run_probes(c, ("cls", "mean"), ("bow_s1",), length_baseline=True, versus="mean", **kw)
+    vm = vs[(vs["metric"] == "macro_auc_diff") & (vs["choice_b"] == "mean")].set_index("layer")
+    assert set(vm["choice"]) == {"cls"} and sorted(vm.index) == sorted(c.layers)
+    for layer, r in vm.iterrows():
+        assert r["value"] == pytest.approx(aucs.loc[("cls", layer), "value"] - aucs.loc[("mean", layer), "value"])
+    assert vm.loc[0, "ci_high"] < 0 and vm.loc[0, "p_value"] < 0.05 and vm.loc[0, "p_holm"] >= vm.loc[0, "p_value"]
+    assert aucs.loc[("cls", 0), "value"] == pytest.approx(0.5)
+    pd.testing.assert_frame_equal(
+        vs[vs["choice_b"] == "length_only"].reset_index(drop=True),
+        auc[auc["target"] == "bow_s1"].reset_index(drop=True)[vs.columns], check_dtype=False)
+    with pytest.raises(ValueError, match="versus='sep1' is not one of the choices"):
+        run_probes(c, ("cls", "mean"), ("bow_s1",), versus="sep1", **kw)
     # stored beside the result (only when asked), read back
     assert len(list(tmp_path.glob("probe_items-*.csv"))) == 1
     again, items2 = run_probes(c, ("cls", "mean"), ("topic", "bow_s1"), length_baseline=True, items=True,

@@ -73,7 +73,10 @@ def test_quick_study_end_to_end_and_reuse(tmp_path, tiny_model_dir):
         answer = re.search(r"\*\*Answer\.\*\* (.*)", m.group(0)).group(1)
         evidence = re.search(r"\*\*Evidence\.\*\* (.*)", m.group(0)).group(1)
         opening = r"(Yes|No measurable difference|Inconclusive|Only in|No)"
-        if q == "Q7":  # three parts: content words, length, word order, each opened by its verdict
+        if q == "Q4":  # three parts: coherence, and the content words of each sentence, each against [CLS]
+            assert re.match(rf"Coherence \(is_next\) — {opening}.* Content words of sentence 1 — {opening}.* "
+                            rf"Content words of sentence 2 — {opening}", answer), answer
+        elif q == "Q7":  # three parts: content words, length, word order, each opened by its verdict
             assert re.match(rf"Content words of sentence 1 — {opening}.* Sentence length — {opening}.* "
                             rf"Word order — {opening}", answer), answer
         elif q == "Q8":  # two parts: frozen, after fine-tuning
@@ -111,6 +114,16 @@ def test_quick_study_end_to_end_and_reuse(tmp_path, tiny_model_dir):
     r = ko[(ko["metric"] == "change_difference") & (ko["mode"] == "transfer") & (ko["target"] == "is_next")].iloc[0]
     assert f"{r['value']:+.3f}" in q4
     assert "q4_sep_knockout_drift.png" in q4 and "q1_cls_patching.png" in text
+    # the bags of words are compared by macro AUC on the same resamples (Q4's is_next per item), Q5 against
+    # mean pooling and, for its verdict, against the length-only probe
+    p4 = pd.read_csv(tables / "paired_q4.csv")
+    assert set(p4["metric"]) == {"difference", "macro_auc_diff"} and p4["family"].nunique() == 1
+    assert set(p4[p4["metric"] == "macro_auc_diff"]["target"]) == {"bow_s1", "bow_s2"}
+    p5 = pd.read_csv(tables / "paired_q5.csv")
+    assert set(p5["metric"]) == {"macro_auc_diff"} and set(p5["condition_b"]) == {"choice=mean"}
+    assert (p5["layer"] >= 1).all()
+    pr5 = pd.read_csv(tables / "probes_q5.csv")
+    assert {"mean", "length_only"} <= set(pr5[pr5["metric"] == "macro_auc_diff"]["choice_b"])
     q6 = pd.read_csv(tables / "paired_q6.csv")
     assert q6["same_folds"].all() and set(q6["condition_b"]) == {"format=cls_last", "format=cls_mid"}
     # Q8: frozen and fine-tuned from identical test items, recorded in the table and the report
@@ -744,7 +757,7 @@ def test_per_item_predictions_are_released_once_no_later_table_reads_them(monkey
         if s.key == "Q4":
             assert left == ["probes_pair:items"]  # Q7 and Q8 still read it
         if s.key == "Q6":
-            assert left == ["probes_pair:items"]  # Q5's and Q6's went with their paired tables
+            assert left == ["probes_pair:items"]  # Q6's went with its paired table (Q5 keeps none)
     assert seen["items at fine-tuning"] == []
     assert calls.index("paired_q8") < calls.index("finetune")
     assert calls.count("probes_pair") == 1 and released
@@ -819,27 +832,83 @@ def test_q7_answers_content_length_and_word_order_each_by_the_rules():
     assert partial.sentence.endswith("Word order — Not measured.") and partial.decision == "yes"
 
 
-def test_q5_verdict_reads_the_macro_auc_not_the_thresholded_f1():
-    """A probe that ranks the examples by a sentence's words (AUC well above 0.5) but is never sure
-    enough to cross 0.5 (micro-F1 0) holds that sentence: Q5 says so, against the frequency
-    baseline's AUC of 0.5, with the documents its interval resampled."""
+def _q5_table(cases):
+    """A probes_q5 table: per sentence ``(cls AUC, length-only AUC, cls F1)`` at layer 6, with the
+    macro_auc_diff rows run_probes writes (CI ± 0.02 around the difference, p from it)."""
+    import pandas as pd
+
+    rows = []
+    for s, (auc, length, f1) in enumerate(cases, start=1):
+        base = {"model_kind": "trained", "target": f"bow_s{s}", "n": 300, "n_groups": 192, "grouping": "document"}
+        cls = {**base, "choice": "cls", "layer": 6}
+        d = auc - length
+        rows += [{**cls, "metric": "macro_auc", "value": auc, "ci_low": auc - 0.02, "ci_high": auc + 0.02},
+                 {**cls, "metric": "majority_baseline_macro_auc", "value": 0.5, "ci_low": 0.5, "ci_high": 0.5},
+                 {**cls, "metric": "micro_f1", "value": f1, "ci_low": 0.0, "ci_high": f1 + 0.01},
+                 {**cls, "metric": "majority_baseline", "value": 0.0, "ci_low": 0.0, "ci_high": 0.0},
+                 {**base, "choice": "length_only", "layer": float("nan"), "metric": "macro_auc", "value": length,
+                  "ci_low": length - 0.02, "ci_high": length + 0.02},
+                 {**cls, "choice_b": "length_only", "metric": "macro_auc_diff", "value": d, "ci_low": d - 0.02,
+                  "ci_high": d + 0.02, "p_value": 0.002 if abs(d) > 0.02 else 0.6, "p_holm": 0.002}]
+        # an earlier layer's row, which the verdict (last layer) must not read
+        rows.append({**cls, "layer": 5, "choice_b": "length_only", "metric": "macro_auc_diff", "value": 0.3,
+                     "ci_low": 0.28, "ci_high": 0.32, "p_value": 0.002, "p_holm": 0.002})
+    return pd.DataFrame(rows)
+
+
+def test_q5_verdict_reads_the_macro_auc_against_length_not_the_thresholded_f1():
+    """A probe that ranks the examples by a sentence's words (AUC well above 0.5) but is never sure enough
+    to cross 0.5 (micro-F1 0) holds that sentence, if a probe on the sentences' word counts ranks them
+    worse: Q5 says so, with the documents its interval resampled. A sentence whose AUC above 0.5 is all
+    length (sentence 3: 0.62 against the length-only probe's 0.62) is not held; Holm runs over the
+    positions at the last layer, recomputed from the rows' p-values."""
+    from probing.study.questions import QUESTION_SECTIONS
+
+    T = {"probes_q5": _q5_table([(0.75, 0.55, 0.07), (0.70, 0.56, 0.0), (0.62, 0.62, 0.0)])}
+    v = QUESTION_SECTIONS["Q5"].verdict(T, load_config(None))
+    assert v.sentence.startswith("Only in sentences 1–2 (no measurable difference at sentence 3): [CLS] holds "
+                                 "which content words these sentences contain, beyond what their lengths tell")
+    assert "− that of a probe on the sentences' word counts alone" in v.sentence and "+0.200" in v.sentence
+    assert "192 documents" in v.sentence
+    rows, caption = QUESTION_SECTIONS["Q5"].comparison_table(T)
+    assert len(rows) == 3 and "Holm over positions" in caption
+    # every sentence's AUC above 0.5 explained by length: No measurable difference, though each AUC is > 0.6
+    none = QUESTION_SECTIONS["Q5"].verdict({"probes_q5": _q5_table([(0.66, 0.66, 0.1), (0.61, 0.61, 0.0)])},
+                                          load_config(None))
+    assert none.sentence.startswith("No measurable difference"), none.sentence
+    # the evidence names each sentence's length-only AUC beside [CLS]'s
+    text = QUESTION_SECTIONS["Q5"].answer(T)
+    assert "sentence 3: [CLS] 0.620" in text and "length only 0.620" in text
+
+
+def test_q4_answers_coherence_and_each_sentences_content_words_against_cls():
+    """Q4 in three parts, each per layer 1–L: is_next accuracy (sep1 − cls), and the macro AUC of each
+    sentence's content words (sep1 − cls, the macro_auc_diff rows): a planted [SEP] advantage on sentence 2's
+    words at every layer is found, sentence 1's null one is not, and layer 0 is never read."""
     import pandas as pd
 
     from probing.study.questions import QUESTION_SECTIONS
 
     rows = []
-    for s, (auc, f1) in enumerate([(0.75, 0.07), (0.70, 0.0), (0.51, 0.0)], start=1):
-        base = {"model_kind": "trained", "choice": "cls", "target": f"bow_s{s}", "layer": 6, "n": 300,
-                "n_groups": 192, "grouping": "document"}
-        rows += [{**base, "metric": "macro_auc", "value": auc, "ci_low": auc - 0.02, "ci_high": auc + 0.02},
-                 {**base, "metric": "majority_baseline_macro_auc", "value": 0.5, "ci_low": 0.5, "ci_high": 0.5},
-                 {**base, "metric": "micro_f1", "value": f1, "ci_low": 0.0, "ci_high": f1 + 0.01},
-                 {**base, "metric": "majority_baseline", "value": 0.0, "ci_low": 0.0, "ci_high": 0.0}]
-    v = QUESTION_SECTIONS["Q5"].verdict({"probes_q5": pd.DataFrame(rows)}, load_config(None))
-    assert v.sentence.startswith("Only in sentences 1–2 (no measurable difference at sentence 3): [CLS] holds "
-                                 "which content words these sentences contain")
-    assert "macro AUC of [CLS] (last layer) − 0.5" in v.sentence and "+0.250" in v.sentence
-    assert "192 documents" in v.sentence
+    for layer in range(0, 4):
+        base = {"layer": layer, "n": 300, "n_groups": 124, "grouping": "document", "p_value": 0.002,
+                "p_holm": 0.01, "condition_a": "choice=sep1", "condition_b": "choice=cls"}
+        rows += [{**base, "target": "is_next", "metric": "difference", "value": 0.0, "ci_low": -0.01,
+                  "ci_high": 0.01, "p_value": 0.9, "p_holm": 1.0},
+                 {**base, "target": "bow_s1", "metric": "macro_auc_diff", "value": 0.001, "ci_low": -0.01,
+                  "ci_high": 0.012, "p_value": 0.8, "p_holm": 1.0},
+                 {**base, "target": "bow_s2", "metric": "macro_auc_diff", "value": 0.08 if layer else -0.5,
+                  "ci_low": 0.05, "ci_high": 0.11}]
+    v = QUESTION_SECTIONS["Q4"].verdict({"paired_q4": pd.DataFrame(rows)}, load_config(None)).sentence
+    coherence, rest = v.split(" Content words of sentence 1 — ")
+    s1, s2 = rest.split(" Content words of sentence 2 — ")
+    assert coherence.startswith("Coherence (is_next) — No measurable difference")
+    assert s1.startswith("No measurable difference at any layer: the middle [SEP] and [CLS] hold the sentence's "
+                         "content words alike")
+    assert s2.startswith("Yes, in every layer: the middle [SEP] holds which content words the sentence contains "
+                         "better than [CLS]") and "+0.080" in s2 and "-0.5" not in s2
+    table, caption = QUESTION_SECTIONS["Q4"].comparison_table({"paired_q4": pd.DataFrame(rows)})
+    assert len(table) == 9 and "macro AUC, sep1 − cls" in caption
 
 
 def test_jawahar_reads_the_bag_of_words_by_its_macro_auc():

@@ -66,8 +66,9 @@ def _fig_q4(T, fig, log):
     if "probes_pair" in T:
         p = T["probes_pair"]
         out += safe_plot(plot_probes, p, fig / "q4_probes_is_next", target="is_next", choices=_Q4_ROLES, log=log)
-        out += safe_plot(plot_probes, p, fig / "q4_probes_bow_s2", target="bow_s2", metric="micro_f1",
-                         choices=_Q4_ROLES, log=log)
+        for target in ("bow_s1", "bow_s2"):  # the macro AUC: what the verdict's content-word parts compare
+            out += safe_plot(plot_probes, p, fig / f"q4_probes_{target}", target=target, metric="macro_auc",
+                             choices=_Q4_ROLES, log=log)
     if "cka_q4" in T:
         out += safe_plot(plot_cka_layers, T["cka_q4"], fig / "q4_cka_sep", log=log)
     if "q4_knockout_drift" in T:
@@ -84,7 +85,7 @@ def _fig_q5(T, fig, log):
     if "probes_q5" not in T:
         return []
     return safe_plot(plot_probe_position, T["probes_q5"], fig / "q5_cls_content_by_position", metric="macro_auc",
-                     choice=["cls", "mean"], layer="last", log=log)
+                     choice=["cls", "mean", "length_only"], layer="last", log=log)
 
 
 def _fig_q6(T, fig, log):
@@ -165,10 +166,19 @@ _table_q2 = _report_table("drift_q2", {"metric": "drift_mean"}, _by_layer, ["for
                           "1 − cos (mean) of the words of the single sentence (role 'all')", sep="→")
 _table_q3 = _report_table("drift_q3", {"metric": "drift_mean"}, _at_last_layer, "k", "role",
                           "1 − cos (mean) between multi and concat at layer {L}, by k")
-_table_q4 = _report_table("probes_pair", {"model_kind": "trained", "metric": ("accuracy", "micro_f1")}, _at_last_layer,
-                          "choice", "target", "probe scores at layer {L} (accuracy; micro-F1 for bow_*; trained model)")
-_table_q5 = _report_table("probes_q5", {"metric": "macro_auc"}, _at_last_layer, "choice", "target",
-                          "bag-of-words macro AUC per sentence position at layer {L} (0.5: the frequency baseline)")
+_table_q4 = _report_table("probes_pair", {"model_kind": "trained", "metric": ("accuracy", "macro_auc")}, _at_last_layer,
+                          "choice", "target", "probe scores at layer {L} (accuracy; macro AUC for the bags of words bow_* "
+                          "and fw_s1, 0.5 their frequency baseline; trained model)")
+def _table_q5(T):
+    """Macro AUC per sentence position: [CLS] and mean at the last layer, and the length-only probe."""
+    if "probes_q5" not in T:
+        return None
+    d = pick(T["probes_q5"], metric="macro_auc")
+    L = last_layer(d)
+    d = d[(d["layer"] == L) | (d["choice"] == "length_only")]
+    t = d.pivot_table(index="choice", columns="target", values="value", sort=False)
+    return t.reset_index(), (f"bag-of-words macro AUC per sentence position at layer {L} (0.5: the frequency "
+                             "baseline; length_only: a probe on the sentences' word counts alone, no layer)")
 _table_q6 = _report_table("probes_q6", {"metric": "accuracy"}, _by_layer, ["target", "format"],
                           "probe accuracy of the classification token by layer and position")
 _table_q7 = _report_table("probes_q7", {"metric": "accuracy"}, _by_layer, ["model_kind", "choice"],

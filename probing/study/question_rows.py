@@ -1,6 +1,6 @@
 """The comparison rows each seed question's verdict is computed from (:mod:`probing.study.verdicts`),
 read from the tables of :mod:`probing.study.question_tables`. Paired rows wherever the analyses write
-them; the one-sample rows of Q5 and Q7 (a score against a constant baseline) come from
+them; the one-sample rows of Q7 (a score against a constant baseline) come from
 :func:`probing.study.verdicts.difference_rows`. Comparisons involving [CLS] leave out layer 0 (the
 embedding layer: [CLS] is one vector for every input), and so does Q3's (at layer 0 a shared word's
 state is its token, position and segment embedding, the same whatever follows it).
@@ -46,20 +46,35 @@ def _q4_rows(T):
     return None if d.empty else _contextual(d)
 
 
+#: The family of Q5's verdict rows: one per sentence position, at the last layer.
+Q5_FAMILY = "[CLS] − length-only macro AUC over the sentence positions at the last layer (Holm over positions)"
+
+
+def _q4_content_rows(sentence: int):
+    """Q4's content-word part for sentence ``sentence``: the middle [SEP] − [CLS] macro AUC of its bag of
+    content words, per layer 1–L, on the same document resamples (``paired_q4``'s macro_auc_diff rows)."""
+    def rows(T):
+        d = pick(T.get("paired_q4"), target=f"bow_s{sentence}", metric="macro_auc_diff")
+        return None if d.empty else _contextual(d)
+
+    return rows
+
+
 def _q5_rows(T):
-    p = pick(T.get("probes_q5"), choice="cls")
+    """Q5's verdict: per sentence i, the macro AUC of sentence i's content words read from [CLS] at the last
+    layer minus that of a probe on the sentences' word counts alone, on the same document resamples (the
+    probe table's ``macro_auc_diff`` rows). The macro AUC, not micro-F1: F1 at a 0.5 threshold is 0 for a
+    probe whose scores rank the items right but stay below 0.5 for rare words (sentence 4 of the default
+    study: F1 0.009, AUC 0.69). Against length, not only against the frequency baseline's 0.5: a longer
+    sentence holds more of any word, so a probe that reads only lengths already ranks above 0.5."""
+    from .verdicts import add_holm
+
+    p = pick(T.get("probes_q5"), choice="cls", choice_b="length_only", metric="macro_auc_diff")
     if p.empty:
         return None
     p = p[p["target"].astype(str).str.startswith("bow_s")]  # fw_s1 is the control, not the question
-    L = last_layer(p)
-    p = p[p["layer"] == L]
-    # the macro AUC, not micro-F1: F1 at a 0.5 threshold is 0 for a probe whose scores rank the items right
-    # but stay below 0.5 for rare words (Q5's sentence 4: F1 0.009, AUC 0.69); the frequency baseline's AUC
-    # is 0.5 exactly (one constant score per word)
-    score = p[p["metric"] == "macro_auc"].assign(sentence=lambda t: t["target"].str[5:].astype(int))
-    base = p[p["metric"] == "majority_baseline_macro_auc"].assign(
-        sentence=lambda t: t["target"].str[5:].astype(int), ci_low=float("nan"), ci_high=float("nan"))
-    return difference_rows(score.sort_values("sentence"), base, on="sentence")
+    p = p[p["layer"] == last_layer(p)].assign(sentence=lambda t: t["target"].str[5:].astype(int))
+    return add_holm(p.sort_values("sentence").drop(columns=["p_holm"], errors="ignore")).assign(family=Q5_FAMILY)
 
 
 def _q6_rows(T):

@@ -7,7 +7,7 @@ paired rows (:data:`FAMILIES`). The questions themselves are declared in :mod:`p
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import pandas as pd
 
@@ -29,6 +29,10 @@ RANDOM_INIT_PROBES = ("Q7",)
 #: Control targets of the pair format, trained model only (a random-init control would add cost, not
 #: information): Q7's function-word presence of sentence 1, beside its content-word bag of words.
 PAIR_CONTROLS = {"Q7": (("cls", "mean"), ("fw_s1",))}
+#: The token choice each question's pair-format bag-of-words probes are compared with, by macro AUC on
+#: the same resamples (``run_probes(versus=...)``): Q4 asks whether [SEP] holds a sentence's words better
+#: than [CLS].
+PAIR_VERSUS = {"Q4": "cls"}
 #: Interventions the study extracts (``Job.intervention``), by name -> what they do. Q4: attention to
 #: every [SEP] knocked out in the middle layers, and its control of the same size on random words.
 INTERVENTIONS = {
@@ -186,13 +190,15 @@ def _probes_pair(ctx: Context) -> pd.DataFrame:
     wanted = [q for q in PAIR_PROBES if q in ctx.questions]
     runs = [run_probes(_pairs(ctx, "pair"), *PAIR_PROBES[q],
                        random_cache=_pairs(ctx, "pair", True) if q in RANDOM_INIT_PROBES else None,
-                       length_baseline=q == "Q7", items=True, **probe_kw(ctx.cfg, ctx.out, ctx.progress))
+                       length_baseline=q == "Q7", versus=PAIR_VERSUS.get(q), items=True,
+                       **probe_kw(ctx.cfg, ctx.out, ctx.progress))
             for q in wanted]
     runs += [run_probes(_pairs(ctx, "pair"), *PAIR_CONTROLS[q], length_baseline=True, items=True,
                         **probe_kw(ctx.cfg, ctx.out, ctx.progress)) for q in wanted if q in PAIR_CONTROLS]
-    keys = ["model_kind", "layer", "choice", "target", "metric"]
+    keys = ["model_kind", "layer", "choice", "choice_b", "target", "metric"]
     _keep_items(ctx, "probes_pair", [it for _, it in runs])
-    return pd.concat([t for t, _ in runs], ignore_index=True).drop_duplicates(keys)
+    table = pd.concat([t for t, _ in runs], ignore_index=True)
+    return table.drop_duplicates([k for k in keys if k in table.columns])
 
 
 def _keep_items(ctx: Context, name: str, frames: list) -> None:
@@ -214,7 +220,7 @@ def _items(ctx: Context, name: str) -> pd.DataFrame:
 
 #: The tables that read each probe table's per-item predictions (``<name>:items``, :func:`_items`).
 ITEM_READERS: dict[str, tuple[str, ...]] = {"probes_pair": ("paired_q4", "paired_q7", "paired_q8"),
-                                            "probes_q5": ("paired_q5",), "probes_q6": ("paired_q6",),
+                                            "probes_q6": ("paired_q6",),
                                             "probes_q7": ("paired_q7",)}
 
 
@@ -249,10 +255,10 @@ def _probes_q5(ctx: Context) -> pd.DataFrame:
     ctx.log("analyses: [CLS] content of sentence i")
     K = max(group_prefixes(ctx.corpora))
     multi = ctx.caches.get(f"groups_k{K}", "multi")
-    table, items = run_probes(multi, ("cls", "mean"), [f"bow_s{i}" for i in range(1, K + 1)] + ["fw_s1"], items=True,
-                              **probe_kw(ctx.cfg, ctx.out, ctx.progress))
-    _keep_items(ctx, "probes_q5", [items])
-    return table
+    # the length-only probe (every sentence's word count) is the verdict's reference; versus="mean" gives
+    # [CLS] − mean on the same resamples (the macro AUC, so no per-item predictions are kept)
+    return run_probes(multi, ("cls", "mean"), [f"bow_s{i}" for i in range(1, K + 1)] + ["fw_s1"],
+                      length_baseline=True, versus="mean", **probe_kw(ctx.cfg, ctx.out, ctx.progress))
 
 
 def _probes_q6(ctx: Context) -> pd.DataFrame:
@@ -299,8 +305,9 @@ FAMILIES = {
     "Q1": "all layers of [CLS] − words (Holm over layers)",
     "Q2": "all layers, per sentence (Holm over layers)",
     "Q3": "all layers 1–L, per role group (Holm over layers)",
-    "Q4": "sep1 − cls over every layer 1–L × target (is_next, bow_s1, bow_s2) (Holm over all of them)",
-    "Q5": "[CLS] − mean over every layer × sentence position (Holm over all of them)",
+    "Q4": ("sep1 − cls over every layer 1–L × target (is_next: accuracy; bow_s1, bow_s2: macro AUC) "
+           "(Holm over all of them)"),
+    "Q5": "[CLS] − mean macro AUC over every layer 1–L × sentence position (Holm over all of them)",
     "Q6": ("first − last and first − middle over every layer 1–L × target (topic, is_next) "
            "(Holm over all of them)"),
     "Q7": "per comparison over layers 1–L (Holm over layers)",
@@ -352,14 +359,40 @@ def _paired_q2(ctx: Context) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True).assign(family=FAMILIES["Q2"])
 
 
+def _auc_comparisons(probes: pd.DataFrame, a: str, b: str, targets: Sequence[str] | None = None) -> pd.DataFrame:
+    """The probe table's ``macro_auc_diff`` rows of token choice ``a`` − ``b`` (trained model, layers 1–L)
+    as comparison rows (``condition_a = "choice=a"``, ``metric = "macro_auc_diff"``): the multi-label
+    targets' paired comparison, on the same document resamples of the same out-of-fold items (micro-F1
+    per item, thresholded at 0.5, reads 0 for a probe that ranks rare words well)."""
+    d = probes[(probes["metric"] == "macro_auc_diff") & (probes["choice"] == a) & (probes["choice_b"] == b)
+               & (probes["model_kind"] == "trained")]
+    if targets is not None:
+        d = d[d["target"].isin(list(targets))]
+    d = d[pd.to_numeric(d["layer"], errors="coerce") >= 1]
+    d = d.assign(analysis="probe_comparison", condition_a=f"choice={a}", condition_b=f"choice={b}")
+    return d[[c for c in _COMPARISON_COLUMNS if c in d.columns]]
+
+
+#: The columns of a comparison row taken from a probe table (docs/TABLES.md, ``probe_comparison``).
+_COMPARISON_COLUMNS = ("analysis", "model", "corpus", "format", "model_kind", "layer", "target", "metric",
+                       "condition_a", "condition_b", "value", "ci_low", "ci_high", "p_value", "p_holm", "se", "mde",
+                       "value_a", "value_b", "n", "n_groups", "grouping", "seed", "family")
+
+
 def _paired_q4(ctx: Context) -> pd.DataFrame:
+    """sep1 − cls: is_next by per-item accuracy on the same items, the bags of words by macro AUC on the same
+    resamples; one Holm family."""
     items = _from_layer1(_items(ctx, "probes_pair"))
-    return _compare(items, {"choice": "sep1"}, {"choice": "cls"}, FAMILIES["Q4"], ctx, model_kind="trained",
-                    target=list(PAIR_PROBES["Q4"][1]))
+    single = [t for t in PAIR_PROBES["Q4"][1] if not t.startswith("bow_s")]
+    frames = [_compare(items, {"choice": "sep1"}, {"choice": "cls"}, FAMILIES["Q4"], ctx, model_kind="trained",
+                       target=single)] if single else []
+    frames.append(_auc_comparisons(ctx.table("probes_pair", _probes_pair), "sep1", "cls",
+                                   [t for t in PAIR_PROBES["Q4"][1] if t.startswith("bow_s")]))
+    return _rejoin_holm(frames, FAMILIES["Q4"])
 
 
 def _paired_q5(ctx: Context) -> pd.DataFrame:
-    return _compare(_items(ctx, "probes_q5"), {"choice": "cls"}, {"choice": "mean"}, FAMILIES["Q5"], ctx)
+    return _rejoin_holm([_auc_comparisons(ctx.table("probes_q5", _probes_q5), "cls", "mean")], FAMILIES["Q5"])
 
 
 def _paired_q6(ctx: Context) -> pd.DataFrame:
@@ -375,9 +408,11 @@ def _paired_q7(ctx: Context) -> pd.DataFrame:
         frames.append(_compare(q7, {"model_kind": "trained"}, {"model_kind": "random_init"}, FAMILIES["Q7"], ctx))
     pair = _items(ctx, "probes_pair") if "Q7" in ctx.questions else None
     if pair is not None and (pair["choice"] == "length_only").any():
+        # single-label targets only (length): the bags of words are compared by macro AUC in probes_pair's
+        # macro_auc_diff rows (a per-item F1 at a 0.5 threshold misreads a probe that ranks rare words well)
+        single = [t for t in PAIR_PROBES["Q7"][1] + PAIR_CONTROLS["Q7"][1] if not t.startswith(("bow_s", "fw_s"))]
         frames.append(_compare(_from_layer1(pair), {"choice": "cls"}, {"choice": "length_only"}, FAMILIES["Q7"], ctx,
-                               model_kind="trained", target=list(PAIR_PROBES["Q7"][1]) + list(PAIR_CONTROLS["Q7"][1]),
-                               choice=["cls", "length_only"]))
+                               model_kind="trained", target=single, choice=["cls", "length_only"]))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 

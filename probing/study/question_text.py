@@ -138,15 +138,20 @@ def _marginal_q4(p: pd.DataFrame, T: dict) -> str:
     tr = pick(p, model_kind="trained")
     L = last_layer(tr)
     parts = []
-    for target, metric in (("topic", "accuracy"), ("is_next", "accuracy"), ("bow_s1", "micro_f1"),
-                           ("bow_s2", "micro_f1")):
+    for target, metric in (("topic", "accuracy"), ("is_next", "accuracy"), ("bow_s1", "macro_auc"),
+                           ("bow_s2", "macro_auc")):
         row = []
-        for choice in ("sep1", "cls", "mean_s1"):
+        for choice in ("sep1", "cls", "mean_s1", "mean_s2"):
             v = one(tr, choice=choice, target=target, metric=metric, layer=L)
-            row.append(f"{choice} {fmt(v[0] if v else None)}")
-        base = one(tr, choice="sep1", target=target, metric="majority_baseline", layer=L)
-        parts.append(f"{target} ({metric}): " + ", ".join(row) + f" (majority baseline {fmt(base[0] if base else None)})")
-    s = f"Probes at layer {L} on the middle [SEP] (sep1) vs [CLS] vs mean of sentence 1's words — " + "; ".join(parts) + "."
+            if v or choice in ("sep1", "cls"):
+                row.append(f"{choice} {fmt(v[0] if v else None)}")
+        base_metric, base_name = (("majority_baseline_macro_auc", "frequency baseline") if metric == "macro_auc"
+                                  else ("majority_baseline", "majority baseline"))
+        base = one(tr, choice="sep1", target=target, metric=base_metric, layer=L)
+        parts.append(f"{target} ({metric.replace('_', ' ')}): " + ", ".join(row)
+                     + f" ({base_name} {fmt(base[0] if base else None)})")
+    s = (f"Probes at layer {L} on the middle [SEP] (sep1) vs [CLS] vs the mean of sentence 1's (mean_s1) and "
+         f"sentence 2's words (mean_s2) — " + "; ".join(parts) + ".")
     c = T.get("cka_q4")
     if c is not None:
         Lc = last_layer(c)
@@ -175,12 +180,15 @@ def _marginal_q5(p: pd.DataFrame, T: dict) -> str:
     for t in targets:
         v = one(p, choice="cls", target=t, metric="macro_auc", layer=L)
         m = one(p, choice="mean", target=t, metric="macro_auc", layer=L)
-        parts.append(f"sentence {t[5:]}: [CLS] {fmt(v)}, mean {fmt(m[0] if m else None)}")
+        lo = pick(p, choice="length_only", target=t, metric="macro_auc")
+        parts.append(f"sentence {t[5:]}: [CLS] {fmt(v)}, mean {fmt(m[0] if m else None)}"
+                     + (f", length only {fmt(float(lo['value'].iloc[0]))}" if not lo.empty else ""))
         fv = one(p, choice="cls", target=t, metric="micro_f1", layer=L)
         f1.append(f"sentence {t[5:]} {fmt(fv[0] if fv else None)}")
     base = one(p, choice="cls", target=targets[0], metric="majority_baseline", layer=L) if targets else None
     return (f"Bag-of-words macro AUC of sentence i read from [CLS] at layer {L} of a {len(targets)}-sentence input "
-            f"(0.5: the frequency baseline): " + "; ".join(parts) + ". Micro-F1 at a 0.5 threshold, from [CLS]: "
+            f"(0.5: the frequency baseline; length only: a probe on the sentences' word counts alone, which "
+            f"ranks above 0.5 because a longer sentence holds more of any word): " + "; ".join(parts) + ". Micro-F1 at a 0.5 threshold, from [CLS]: "
             + ", ".join(f1) + f" (baseline {fmt(base[0] if base else None)}): low wherever the probe is rarely "
             "sure a word is there, however well it ranks the examples.")
 
@@ -201,14 +209,17 @@ def _marginal_q7(T: dict) -> str:
     parts = []
     if p is not None:
         L = last_layer(p)
-        for target, metric in (("bow_s1", "micro_f1"), ("fw_s1", "micro_f1"), ("length", "accuracy")):
+        for target, metric in (("bow_s1", "macro_auc"), ("fw_s1", "macro_auc"), ("length", "accuracy")):
             vals = []
             for kind in ("trained", "random_init"):
                 for choice in ("cls", "mean"):
                     v = one(p, model_kind=kind, choice=choice, target=target, metric=metric, layer=L)
                     if v is not None:
                         vals.append(f"{choice} ({kind.replace('_', ' ')}) {fmt(v[0])}")
-            parts.append(f"{target} {metric}: " + ", ".join(vals))
+            lo = pick(p, choice="length_only", target=target, metric=metric)
+            if not lo.empty:
+                vals.append(f"length only {fmt(float(lo['value'].iloc[0]))}")
+            parts.append(f"{target} {metric.replace('_', ' ')}: " + ", ".join(vals))
     q = T.get("probes_q7")
     if q is not None:
         L = last_layer(q)
@@ -320,7 +331,8 @@ def answer_q4(T: dict) -> str:
     s = _marginal_q4(T)
     d = T.get("paired_q4")
     if d is not None and not d.empty:
-        s += (_paired_at_last(d, "Paired on the same out-of-fold items, sep1 − cls")
+        s += (_paired_at_last(d, "Paired on the same out-of-fold items, sep1 − cls (accuracy for is_next, macro AUC "
+                             "for the bags of words)")
               + power_text(pick(d, target="is_next"), "the is_next comparison"))
     return s + knockout_text(T)
 
@@ -357,7 +369,7 @@ def knockout_text(T: dict) -> str:
 
 def answer_q5(T: dict) -> str:
     s = _marginal_q5(T)
-    s += _paired_at_last(T.get("paired_q5"), "Paired on the same items, [CLS] − mean")
+    s += _paired_at_last(T.get("paired_q5"), "[CLS] − mean macro AUC on the same document resamples")
     p = T.get("probes_q5")
     fw = one(p, choice="cls", target="fw_s1", metric="micro_f1", layer=last_layer(p)) if p is not None else None
     if fw is not None:
@@ -400,14 +412,13 @@ def answer_q7(T: dict) -> str:
                              "Trained − random-init (word order, paired items)", column="choice")
         s += _paired_at_last(pick(d, condition_b="choice=length_only"),
                              "Beyond the length baseline (a probe on words per sentence), [CLS] − length-only "
-                             "per-item F1 (accuracy for length)",
-                             tail=" (fw_s1: function words, the length-tracking control).")
+                             "accuracy per item")
     auc = pick(T.get("probes_pair"), model_kind="trained", choice_b="length_only", metric="macro_auc_diff")
     if not auc.empty:
         auc = _contextual(auc).sort_values(["target", "choice"], kind="stable")
         s += _paired_at_last(auc.assign(what=auc["target"].astype(str) + " " + auc["choice"].astype(str)),
                              "Macro AUC − the length-only probe's, on the same resamples of the same items",
-                             column="what")
+                             column="what", tail=" (fw_s1: function words, the length-tracking control).")
     return s
 
 

@@ -11,13 +11,16 @@ evidence sentence, the comparison rows its verdict is computed from and the clai
 
 Comparison rows are paired: probe comparisons on the same out-of-fold items
 (:func:`analyses.probe_runner.compare_probes` on the item tables the probe runs keep with
-``items=True``: Q4 sep1 − cls, Q5 [CLS] − mean, Q6 first − last / first − middle across caches of the
-same examples, Q7 trained − random-init and [CLS] − a length-only probe, Q8 frozen cls − mean), drift
+``items=True``: Q4 sep1 − cls for is_next, Q6 first − last / first − middle across caches of the same
+examples, Q7 trained − random-init and [CLS] − a length-only probe, Q8 frozen cls − mean); the
+bag-of-words targets by the macro AUC on the same document resamples of the same out-of-fold items (the
+probe tables' ``macro_auc_diff`` rows: Q4 sep1 − cls, Q5 [CLS] − mean and [CLS] − length-only, the
+verdict, Q7 [CLS] − length-only); drift
 comparisons on the same token keys (:func:`analyses.paired.run_role_contrast` for Q1,
 :func:`analyses.paired.run_paired_drift` for Q2, :func:`analyses.paired.run_prefix_drift` for Q3: the
 multi → concat drift of the same tokens of sentences 1–2 with the largest k sentences − with 2), the
-fine-tuning table's own ``accuracy_diff`` rows for Q8, and a score against a constant baseline (Q5, Q7
-word order) as a one-sample row. Holm's correction runs over the family
+fine-tuning table's own ``accuracy_diff`` rows for Q8, and a score against a constant baseline (Q7
+length and word order) as a one-sample row. Holm's correction runs over the family
 :data:`probing.study.question_tables.FAMILIES` declares per question (the report's captions name it).
 Comparisons involving [CLS] leave out layer 0 (the embedding layer: [CLS] is one vector for every input
 there), and so does Q3's (a shared word's embedding does not depend on what follows it).
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 from .question_figures import (_fig_q1, _fig_q2, _fig_q3, _fig_q4, _fig_q5, _fig_q6, _fig_q7, _fig_q8, _table_q1,
                                _table_q2, _table_q3, _table_q4, _table_q5, _table_q6, _table_q7, _table_q8)
-from .question_rows import (_q1_rows, _q2_rows, _q3_rows, _q4_rows, _q5_rows, _q6_rows, _q7_content_rows,
+from .question_rows import (_q1_rows, _q2_rows, _q3_rows, _q4_content_rows, _q4_rows, _q5_rows, _q6_rows, _q7_content_rows,
                             _q7_length_rows, _q7_rows, _q8_finetune_rows, _q8_rows)
 from .question_tables import FAMILIES, _pair_jobs, _q3_jobs, _q5_jobs, _tables
 from .question_text import (QUESTION_TEXT, answer_q1, answer_q2, answer_q3, answer_q4, answer_q5, answer_q6,
@@ -96,16 +99,20 @@ NOTES = {
           "the model: the knockout (attention from every token to every [SEP] masked before the softmax in the "
           "middle layers, analyses.interventions.sep_knockouts) against a control knockout of as many random word "
           "keys per query asks whether the model uses [SEP]; its CIs are per row (no multiple-comparison "
-          "correction). Paired sep1 − cls rows: " + FAMILIES["Q4"] + ".",
+          "correction). The answer has three parts, each [SEP] against [CLS] per layer 1–L: coherence (is_next "
+          "accuracy, paired per item) and the content words of the sentence before and of the one after the middle "
+          "[SEP] (the macro AUC, on the same document resamples of the same out-of-fold scores; micro-F1 at a 0.5 "
+          "threshold reads near 0 for a probe that ranks rare words well): " + FAMILIES["Q4"] + ".",
     "Q5": "Multi-label probes for the bag of words of sentence i, read from [CLS] of a `multi` input of k "
           "sentences, for each position i; mean pooling as the reference. The targets are the most frequent "
-          "content words (stop words and the top frequency band removed); the baseline scores each word by its "
-          "training frequency, a macro AUC of exactly 0.5. The verdict reads the macro AUC (does [CLS] rank the "
-          "examples containing a word above those without it?), with a cluster bootstrap over documents of the "
-          "out-of-fold scores: micro-F1 at a 0.5 threshold counts only words the probe is sure of, so a probe "
-          "that ranks rare words well can score an F1 near 0. fw_s1 (function words of sentence 1, which track "
-          "length) is the named control. [CLS] − mean rows compare per-item F1 on the same out-of-fold items: "
-          + FAMILIES["Q5"] + ".",
+          "content words (stop words and the top frequency band removed); the frequency baseline scores each word "
+          "by its training frequency, a macro AUC of exactly 0.5. The verdict reads the macro AUC (does [CLS] rank "
+          "the examples containing a word above those without it?) minus that of a probe on the k sentences' word "
+          "counts alone (a longer sentence holds more of any word, so length alone ranks above 0.5), on the same "
+          "document resamples of the same out-of-fold scores: micro-F1 at a 0.5 threshold counts only words the "
+          "probe is sure of, so a probe that ranks rare words well can score an F1 near 0. fw_s1 (function words "
+          "of sentence 1, which track length) is the named control. [CLS] − mean rows compare the macro AUC the "
+          "same way: " + FAMILIES["Q5"] + ".",
     "Q6": "The same probes on the classification token placed first (`pair`), between the sentences "
           "(`cls_mid`) and last (`cls_last`). Absolute position embeddings make the three different inputs; "
           "the pre-trained model only ever saw [CLS] first. Topic is asked of pairs whose sentences share it "
@@ -125,10 +132,15 @@ NOTES = {
 }
 
 
-#: Questions answered in parts (:attr:`probing.study.sections.StudySection.parts`), each by the same rules: Q7
+#: Questions answered in parts (:attr:`probing.study.sections.StudySection.parts`), each by the same rules: Q4
+#: asks what [SEP] holds (coherence, and the content words of the sentence before and after it, each against
+#: [CLS]); Q7
 #: asks whether the input can be recovered (content words, length, word order); Q8 asks two questions
 #: (frozen [CLS] against mean pooling; after fine-tuning, each pooling against mean pooling).
-PARTS = {"Q7": (("Content words of sentence 1", _q7_content_rows, claim("Q7_content")),
+PARTS = {"Q4": (("Coherence (is_next)", _q4_rows, CLAIMS["Q4"]),
+                ("Content words of sentence 1", _q4_content_rows(1), claim("Q4_content")),
+                ("Content words of sentence 2", _q4_content_rows(2), claim("Q4_content"))),
+         "Q7": (("Content words of sentence 1", _q7_content_rows, claim("Q7_content")),
                 ("Sentence length", _q7_length_rows, claim("Q7_length")),
                 ("Word order", _q7_rows, CLAIMS["Q7"])),
          "Q8": (("Frozen", _q8_rows, CLAIMS["Q8"]),
