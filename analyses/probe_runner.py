@@ -212,7 +212,7 @@ LENGTH_ONLY = "length_only"
 def auc_differences(results: dict, meta: dict, seed: int, versus: str | None = None) -> pd.DataFrame:
     """Each multi-label probe's macro AUC minus a reference probe's, on the same resamples of the same
     out-of-fold items (:meth:`analyses.probe_results.ProbeResult.auc_difference`): rows with
-    ``metric="macro_auc_diff"``, ``choice_b`` the reference, CI, bootstrap ``p_value`` and ``p_holm``
+    ``metric="macro_auc_diff"``, ``choice_b`` the reference, CI, ``p_value`` (bootstrap-SE Wald) and ``p_holm``
     over the layers of each (choice, reference). References: the length-only probe, where it was fitted
     (is there more of a sentence's content than its length tells?), and the token choice ``versus`` at
     the same layer (is [CLS] ahead of mean pooling?)."""

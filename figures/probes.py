@@ -47,6 +47,12 @@ def _label(metric: str) -> str:
     return PROBE_LABELS.get(metric, metric.replace("_", " "))
 
 
+def _baseline_label(metric: str) -> str:
+    """The legend label of the majority baseline: for the macro AUC it scores each word by its training
+    frequency (one constant score per word: exactly 0.5)."""
+    return "frequency baseline (0.5)" if metric == "macro_auc" else "majority baseline"
+
+
 def _baseline_metric(d: pd.DataFrame, metric: str) -> str | None:
     """The majority-baseline metric on ``metric``'s scale present in ``d`` (None if none)."""
     names = [f"majority_baseline_{metric}", f"majority_{metric}"]
@@ -126,7 +132,7 @@ def _draw_baselines(ax, d: pd.DataFrame, m: str, metric: str, base_metric: str |
         kw = dict(color=BASELINE_COLOR, linestyle="--", linewidth=1.0)
         ax.axhline(0.0, **kw)
         return [("no selectivity (= 0)", kw)]
-    for name, label, ls in ((base_metric, "majority baseline", "--"),
+    for name, label, ls in ((base_metric, _baseline_label(metric), "--"),
                             (f"chance_{metric}", chance_label, "-.")):
         if name is None:
             continue
@@ -297,7 +303,7 @@ def plot_probe_position(df: pd.DataFrame, out: str | Path, metric: str = "micro_
         if layer == "best":
             best_notes.append(f"{label}: " + ", ".join(f"s{p}→L{int(r['layer'])}" for p, r in pts
                                                        if np.isfinite(r["layer"])))
-    for name, blabel, ls, marker in ((base_metric, "majority baseline", "--", "x"),
+    for name, blabel, ls, marker in ((base_metric, _baseline_label(metric), "--", "x"),
                                      (f"chance_{metric}", CHANCE_LABEL, "-.", "+")):
         pts_b = base_pts.get(name, {})
         if pts_b:
@@ -313,7 +319,7 @@ def plot_probe_position(df: pd.DataFrame, out: str | Path, metric: str = "micro_
         str(layer), f"at layer {layer}")
     ax.set_ylabel(f"{_label(metric)} {where_layer if layer != 'best' else 'at best layer'}")
     h, lab = ax.get_legend_handles_labels()
-    baseline_labels = ("majority baseline", CHANCE_LABEL)
+    baseline_labels = (_baseline_label(metric), CHANCE_LABEL)
     order = sorted(range(len(lab)), key=lambda i: lab[i] in baseline_labels)
     legend_right(ax, [h[i] for i in order], [lab[i] for i in order],
                  title="token choice" + (" (format)" if len(formats) > 1 else ""))
@@ -324,6 +330,8 @@ def plot_probe_position(df: pd.DataFrame, out: str | Path, metric: str = "micro_
     if layer == "best":
         notes.append("Best layer per point (chosen on the same scores, so optimistic; layer='last' avoids "
                      "that), as s<i>→L<layer>: " + "; ".join(best_notes) + ".")
+    if (rows["choice"] == "length_only").any():
+        notes.append("length_only: a probe on the word counts of the input's sentences alone (no layer).")
     if rows["value"].isna().any():
         notes.append("NaN values are left out: " + nan_cells(rows, ["choice", "target"]) + ".")
     add_note(fig, notes)

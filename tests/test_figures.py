@@ -516,6 +516,17 @@ def test_probe_position_best_and_last_layer(tmp_path, figs):
     plot_probe_position(df, tmp_path / "l2", choice="cls", layer=2)
     l2 = f1[f1.layer == 2].set_index("target").loc[[f"bow_s{i}" for i in range(1, 6)], "value"].to_numpy()
     np.testing.assert_allclose(figs[2].axes[0].containers[0].lines[0].get_ydata(), l2)
+    # the length-only probe (no layer) is drawn from its one row beside the last layer's; the macro AUC's
+    # baseline is the frequency baseline (0.5)
+    auc = df[df.metric == "macro_auc"]
+    length = auc[(auc.choice == "cls") & (auc.layer == 6)].assign(choice="length_only", layer=np.nan, value=0.55)
+    base = auc[auc.choice == "cls"].assign(metric="majority_baseline_macro_auc", value=0.5)
+    plot_probe_position(pd.concat([df, length, base]), tmp_path / "auc", choice=["cls", "length_only"],
+                        metric="macro_auc", layer="last")
+    ax = figs[3].axes[0]
+    np.testing.assert_allclose(ax.containers[1].lines[0].get_ydata(), 0.55)
+    assert np.allclose(line_by_label(ax, "frequency baseline (0.5)").get_ydata(), 0.5)
+    assert "length_only: a probe on the word counts" in figs[3]._supxlabel.get_text()
     with pytest.raises(ValueError, match="layer must be"):
         plot_probe_position(df, tmp_path / "x", layer="first")
     with pytest.raises(ValueError, match=r"no targets named bow_s<i>.*'topic'"):
