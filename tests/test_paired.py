@@ -61,6 +61,27 @@ def test_item_level_test_is_anticonservative_where_documents_are_not():
     assert np.mean(np.array(p_doc) < 0.05) < 0.15
 
 
+def test_sign_flip_p_has_no_floor_at_two_over_n_resamples():
+    """A fixed count of n sign vectors cannot give p below 2 / (n + 1), and Holm over more than
+    α (n + 1) / 2 rows then never passes (a 12-layer model's Q4 family: 36 rows at n = 1,000). Where
+    fewer than 10 of the first n draws reach the observed sum, drawing goes on (Besag & Clifford 1991):
+    a strong effect gets a p that Holm over 36 rows passes, and a p near 0.004 is estimated from its
+    tenth reaching draw, close to the exact value."""
+    from analyses import stats
+
+    rng = np.random.default_rng(0)
+    g = np.repeat(np.arange(40), 5)
+    strong = sign_flip_p_value(rng.normal(1.0, 1.0, g.size), g, n_resamples=1000)
+    assert strong == pytest.approx(1 / (stats.SEQUENTIAL_FACTOR * 1000 + 1)) and strong * 36 < 0.05
+    # 16 groups: the exact p over all 65,536 sign vectors against the sequential estimate from 1,000 draws
+    sums = np.array([1.0] * 11 + [-0.5, 0.25, -1.0, 0.3, -0.4]) + np.linspace(0, 0.01, 16)
+    exact = sign_flip_p_value(sums, np.arange(16), n_resamples=2 ** 16)
+    assert 0.003 < exact < 0.005  # 3 to 5 reaching draws expected in the first 1,000: fewer than 10
+    estimates = [sign_flip_p_value(sums, np.arange(16), n_resamples=1000, seed=s) for s in range(20)]
+    assert np.median(estimates) == pytest.approx(exact, rel=0.25)
+    assert min(estimates) < 2 / 1001  # below what a fixed count of 1,000 draws could say
+
+
 def test_exact_sign_flip_with_few_groups():
     # two groups with sums +1 and +1: of the 4 sign vectors, 2 reach |T| = 2
     assert sign_flip_p_value([0.5, 0.5, 1.0], ["x", "x", "y"]) == pytest.approx(0.5)

@@ -11,7 +11,7 @@ intervals.
 
 Decision rules (:func:`decide`), with the practical-significance threshold
 :data:`PRACTICAL_THRESHOLD` = 0.03 (three points on the 0-1 scales every compared quantity here
-lives on: accuracy, micro-F1, 1 − cos, attention share) and α = :data:`ALPHA` = 0.05:
+lives on: accuracy, micro-F1, macro AUC, 1 − cos, attention share) and α = :data:`ALPHA` = 0.05:
 
 ============================================  ===========================================================
 the row                                       verdict
@@ -56,7 +56,7 @@ from scipy import stats
 
 from analyses.stats import format_interval, holm, minimum_detectable_effect  # noqa: F401 (format_interval: re-exported)
 
-#: Smallest difference that matters in practice, on 0-1 scales (accuracy, F1, 1 − cos, attention share).
+#: Smallest difference that matters in practice, on 0-1 scales (accuracy, F1, macro AUC, 1 − cos, attention share).
 PRACTICAL_THRESHOLD = 0.03
 #: Significance level of every test (two-sided), and 1 − the CI level.
 ALPHA = 0.05
