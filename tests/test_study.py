@@ -374,8 +374,8 @@ def test_question_verdict_is_computed_from_its_table():
     cfg = load_config(None)
     q2 = QUESTION_SECTIONS["Q2"]
     big = q2.verdict({"paired_q2": _drift_rows(0.05)}, cfg)
-    assert big.decision == "yes" and big.sentence.startswith("Only in layers 1–2 (no measurable difference at layer 0): "
-                                                             "sentence 1's words take in more")
+    # layer 0 (sentence 1's words embedded alike in every format: 0 by construction) is not read
+    assert big.decision == "yes" and big.sentence.startswith("Yes, in every layer: sentence 1's words take in more")
     assert "+0.050" in big.sentence and "provisional" not in big.sentence and "40 documents" in big.sentence
     small = q2.verdict({"paired_q2": _drift_rows(0.01)}, cfg)
     assert small.decision == "yes_small" and "+0.010" in small.sentence

@@ -2,8 +2,8 @@
 read from the tables of :mod:`probing.study.question_tables`. Paired rows wherever the analyses write
 them; the one-sample rows of Q7 (a score against a constant baseline) come from
 :func:`probing.study.verdicts.difference_rows`. Comparisons involving [CLS] leave out layer 0 (the
-embedding layer: [CLS] is one vector for every input), and so does Q3's (at layer 0 a shared word's
-state is its token, position and segment embedding, the same whatever follows it).
+embedding layer: [CLS] is one vector for every input), and so do Q2's and Q3's (at layer 0 a shared
+word's state is its token, position and segment embedding, the same whatever follows it).
 """
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ def _q1_rows(T):
 
 
 def _q2_rows(T):
+    # layer 0 left out: sentence 1's words have the same embedding (token, position, segment A) alone, in
+    # `pair` and in `concat`, so their drift there is 0 by construction (a trivial null, not a finding)
     d = pick(T.get("paired_q2"), reference="single", role="s1 words", metric="drift_diff")
-    return None if d.empty else _layers(d)
+    return None if d.empty else _contextual(d)
 
 
 def _q3_rows(T):

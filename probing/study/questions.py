@@ -87,7 +87,8 @@ NOTES = {
           "paired per example (analyses.paired.run_role_contrast; " + FAMILIES["Q1"] + ").",
     "Q2": "Context effect: sentence i's words alone (`single`/`single2`) against the same words inside "
           "`pair` and `concat`; a larger drift means the sentence took in more of its neighbour. concat − pair "
-          "is paired on the same words (analyses.paired.run_paired_drift; " + FAMILIES["Q2"] + "). Attention "
+          "is paired on the same words (analyses.paired.run_paired_drift; " + FAMILIES["Q2"] + "); the verdict "
+          "leaves out layer 0, where sentence 1's words are embedded alike in every format. Attention "
           "mass from sentence 1's words to sentence 2's words is a second, mechanistic view (Clark et al. "
           "2019); attention weights are not explanations and mass to special tokens is often a no-op.",
     "Q3": _q3_notes,
