@@ -47,6 +47,10 @@ def _label(metric: str) -> str:
     return PROBE_LABELS.get(metric, metric.replace("_", " "))
 
 
+#: The legend label of the length-only probe's level.
+LENGTH_ONLY_LABEL = "length only (word counts, no layer)"
+
+
 def _baseline_label(metric: str) -> str:
     """The legend label of the majority baseline: for the macro AUC it scores each word by its training
     frequency (one constant score per word: exactly 0.5)."""
@@ -142,6 +146,13 @@ def _draw_baselines(ax, d: pd.DataFrame, m: str, metric: str, base_metric: str |
             kw = dict(color=BASELINE_COLOR, linestyle=ls, linewidth=1.2)
             ax.plot(b.index.to_numpy(), b.to_numpy(), **kw)
             out.append((label, kw))
+    # the length-only probe (the word counts of the input's sentences; no layer): one level for every layer
+    lo = d[(d["choice"].astype(str) == "length_only") & (d["metric"].astype(str) == metric) & (d["format"] == fmt)
+           & (d["kind"] != RANDOM)]
+    if not lo.empty:
+        kw = dict(color=BASELINE_COLOR, linestyle=(0, (6, 2, 1, 2)), linewidth=1.4)
+        ax.axhline(float(lo["value"].iloc[0]), **kw)
+        out.append((LENGTH_ONLY_LABEL, kw))
     return out
 
 

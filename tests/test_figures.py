@@ -472,6 +472,22 @@ def test_probes_without_control_or_random_and_with_many_choices(tmp_path, figs):
     assert axes[2].get_title() == "format pair · [SEP] / positions"
 
 
+def test_probes_draw_the_length_only_probe_as_one_level(tmp_path, figs):
+    """A length-only probe (no layer) on the figure's target and metric is one horizontal level across the
+    layers, named in the legend, and not drawn on the selectivity panel."""
+    from figures.probes import LENGTH_ONLY_LABEL, plot_probes
+
+    df = probe_table(roles=("cls", "mean"), random_init=False)
+    row = df[(df.metric == "accuracy") & (df.choice == "cls") & (df.layer == 0)].assign(
+        choice="length_only", layer=np.nan, value=0.61)
+    plot_probes(pd.concat([df, row]), tmp_path / "length", choices=["cls", "mean"])
+    acc, sel = visible_axes(figs[0])
+    level = [ln for ln in acc.get_lines() if np.allclose(ln.get_ydata(), 0.61)]
+    assert len(level) == 1 and LENGTH_ONLY_LABEL in [t.get_text() for t in acc.get_legend().get_texts()]
+    assert not [ln for ln in sel.get_lines() if np.allclose(ln.get_ydata(), 0.61)]
+    assert {ln.get_label() for ln in acc.get_lines() if ln.get_linestyle() == "-"} == {"cls", "mean"}
+
+
 def test_probes_errors_and_nan(tmp_path, figs):
     from figures.probes import plot_probes
 

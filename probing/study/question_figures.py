@@ -106,7 +106,8 @@ def _fig_q7(T, fig, log):
     out = []
     if "probes_pair" in T:
         p = T["probes_pair"]
-        out += safe_plot(plot_probes, p, fig / "q7_probes_bow_s1", target="bow_s1", metric="micro_f1",
+        # the macro AUC, beside the length-only probe's level: what the verdict's content-word part compares
+        out += safe_plot(plot_probes, p, fig / "q7_probes_bow_s1", target="bow_s1", metric="macro_auc",
                          choices=["cls", "mean"], log=log)
         out += safe_plot(plot_probes, p, fig / "q7_probes_length", target="length", choices=["cls", "mean"], log=log)
     if "probes_q7" in T:
