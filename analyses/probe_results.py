@@ -21,7 +21,7 @@ from analyses.probe_metrics import (DEFAULT_CS, SelectBy, _check_groups, _check_
                                     _evaluate_fold, _fold_items, control_labels, fold_macro_auc, make_splits)
 from analyses.results import make_table
 from analyses.intervals import fold_t_interval
-from analyses.stats import cluster_se, minimum_detectable_effect
+from analyses.stats import cluster_se, minimum_detectable_effect, wald_p_value
 
 # --------------------------------------------------------------------------------------------------
 # Results
@@ -34,22 +34,6 @@ ITEM_METRICS: tuple[str, ...] = ("accuracy", "micro_f1", "majority_baseline", "c
                                  "control_micro_f1", "selectivity", "macro_auc")
 #: Default number of bootstrap resamples of a probe's interval.
 PROBE_RESAMPLES = 1000
-
-
-def _wald_p(value: float, se: float) -> float:
-    """Two-sided p of ``value = 0`` from its standard error, ``2 Φ(−|value| / se)``; ``se = 0``: 1 for a
-    zero difference, 0 otherwise.
-
-    >>> round(_wald_p(0.0196, 0.01), 3)
-    0.05
-    """
-    from scipy.stats import norm
-
-    if not (math.isfinite(value) and math.isfinite(se)):
-        return math.nan
-    if se == 0:
-        return 1.0 if value == 0 else 0.0
-    return float(2 * norm.sf(abs(value) / se))
 
 
 @dataclass(frozen=True)
@@ -170,7 +154,7 @@ class ProbeResult:
         # two-sided p from the bootstrap standard error (normal approximation), not from counting draws
         # beyond 0: a count bottoms out at 2 / (R + 1), and Holm over more than alpha (R + 1) / 2 rows (25 at
         # R = 1,000: Q5's 6 targets x 6 layers) could then never pass, however large the difference
-        p = _wald_p(a - b, se)
+        p = wald_p_value(a - b, se)
         return {"value": a - b, "ci_low": float(lo), "ci_high": float(hi), "p_value": p, "se": se,
                 "mde": minimum_detectable_effect(se) if math.isfinite(se) else math.nan, "n": self.n,
                 "n_groups": self.n_groups, "value_a": a, "value_b": b}

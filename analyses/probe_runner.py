@@ -105,6 +105,19 @@ def _topic(cache: Cache, target: str, examples: np.ndarray) -> np.ndarray:
     return y
 
 
+#: The multi-label targets: a bag of words (``bow_s<i>``) or of function words (``fw_s<i>``) of sentence i.
+MULTILABEL_TARGET = re.compile(r"(bow|fw)_s(\d+)")
+
+
+def is_multilabel(target: str) -> bool:
+    """Whether ``target`` is a multi-label (bag-of-words) target, scored by micro-F1 and macro AUC.
+
+    >>> is_multilabel("bow_s2"), is_multilabel("fw_s1"), is_multilabel("is_next")
+    (True, True, False)
+    """
+    return MULTILABEL_TARGET.fullmatch(str(target)) is not None
+
+
 def example_target(cache: Cache, target: str, examples: np.ndarray, vocab: int = 50) -> tuple[np.ndarray, bool]:
     """Target values for corpus indices ``examples``: ``(y, multilabel)``; see :data:`TARGETS`."""
     table = cache.examples.loc[examples]
@@ -116,7 +129,7 @@ def example_target(cache: Cache, target: str, examples: np.ndarray, vocab: int =
         n = np.asarray([len(s.split()) for s in table["sentence_1"]])
         edges = np.unique(np.quantile(n, np.arange(1, bins) / bins))
         return np.searchsorted(edges, n, side="right"), False
-    m = re.fullmatch(r"(bow|fw)_s(\d+)", target)
+    m = MULTILABEL_TARGET.fullmatch(target)
     if m:
         col = _sentence_column(table, target, m.group(2))
         pick = content_vocabulary if m.group(1) == "bow" else function_vocabulary

@@ -87,6 +87,20 @@ def accuracy_mde(n_groups: int, items_per_group: float = 1.0, chance: float = 0.
     return minimum_detectable_effect(math.sqrt(chance * (1.0 - chance) / n * deff), alpha, power)
 
 
+def wald_p_value(value, se):
+    """Two-sided p of ``value = 0`` from its standard error, ``2 Φ(−|value| / se)`` (elementwise); where
+    ``se = 0``, 1 for a zero value and 0 otherwise; NaN where either is NaN. A float for scalar input.
+
+    >>> round(wald_p_value(0.0196, 0.01), 3), wald_p_value(0.0, 0.0), wald_p_value(0.1, 0.0)
+    (0.05, 1.0, 0.0)
+    """
+    v, s = np.asarray(value, dtype=np.float64), np.asarray(se, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(s > 0, 2.0 * _sps.norm.sf(np.abs(v) / s), np.where(v != 0, 0.0, 1.0))
+    p = np.where(np.isnan(v) | np.isnan(s), np.nan, p)
+    return float(p) if p.ndim == 0 else p
+
+
 #: The sequential sign-flip test stops drawing once this many sign vectors reach the observed |sum|
 #: (Besag & Clifford 1991, "Sequential Monte Carlo p-values", Biometrika 78(2)).
 SEQUENTIAL_EXCEEDANCES = 10
@@ -129,19 +143,27 @@ def sign_flip_p_value(differences, groups, n_resamples: int = 2000, seed: int = 
         return float(np.mean(np.abs(total - 2.0 * (flips @ sums)) >= bar))
     rng = np.random.default_rng(seed)
     batch = max(1, min(n_resamples, _SIGN_BATCH_ELEMENTS // n_groups))
-    drawn = reached = 0
-    limit = SEQUENTIAL_FACTOR * n_resamples
-    while drawn < limit:
-        size = min(batch, (n_resamples if drawn < n_resamples else limit) - drawn)
+
+    def reaching(size: int) -> np.ndarray:
+        """Which of ``size`` new random sign vectors give a flipped sum reaching the observed one."""
         flips = rng.integers(0, 2, size=(size, n_groups), dtype=np.int8)
-        hits = np.abs(total - 2.0 * (flips @ sums)) >= bar
-        if drawn >= n_resamples and reached + int(hits.sum()) >= SEQUENTIAL_EXCEEDANCES:
-            at = int(np.flatnonzero(hits)[SEQUENTIAL_EXCEEDANCES - reached - 1])  # the h-th reaching draw
+        return np.abs(total - 2.0 * (flips @ sums)) >= bar
+
+    drawn = reached = 0
+    while drawn < n_resamples:  # the fixed count
+        size = min(batch, n_resamples - drawn)
+        reached += int(reaching(size).sum())
+        drawn += size
+    if reached >= SEQUENTIAL_EXCEEDANCES:
+        return (1 + reached) / (1 + drawn)
+    limit = SEQUENTIAL_FACTOR * n_resamples
+    while drawn < limit:  # sequential: until the SEQUENTIAL_EXCEEDANCES-th reaching draw
+        hits = reaching(min(batch, limit - drawn))
+        if reached + int(hits.sum()) >= SEQUENTIAL_EXCEEDANCES:
+            at = int(np.flatnonzero(hits)[SEQUENTIAL_EXCEEDANCES - reached - 1])
             return SEQUENTIAL_EXCEEDANCES / (drawn + at + 1)
         reached += int(hits.sum())
-        drawn += size
-        if drawn == n_resamples and reached >= SEQUENTIAL_EXCEEDANCES:
-            return (1 + reached) / (1 + drawn)
+        drawn += hits.size
     return (1 + reached) / (1 + drawn)
 
 

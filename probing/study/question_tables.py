@@ -359,6 +359,12 @@ def _paired_q2(ctx: Context) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True).assign(family=FAMILIES["Q2"])
 
 
+#: The columns of a comparison row taken from a probe table (docs/TABLES.md, ``probe_comparison``).
+_COMPARISON_COLUMNS = ("analysis", "model", "corpus", "format", "model_kind", "layer", "target", "metric",
+                       "condition_a", "condition_b", "value", "ci_low", "ci_high", "p_value", "p_holm", "se", "mde",
+                       "value_a", "value_b", "n", "n_groups", "grouping", "seed", "family")
+
+
 def _auc_comparisons(probes: pd.DataFrame, a: str, b: str, targets: Sequence[str] | None = None) -> pd.DataFrame:
     """The probe table's ``macro_auc_diff`` rows of token choice ``a`` − ``b`` (trained model, layers 1–L)
     as comparison rows (``condition_a = "choice=a"``, ``metric = "macro_auc_diff"``): the multi-label
@@ -373,21 +379,17 @@ def _auc_comparisons(probes: pd.DataFrame, a: str, b: str, targets: Sequence[str
     return d[[c for c in _COMPARISON_COLUMNS if c in d.columns]]
 
 
-#: The columns of a comparison row taken from a probe table (docs/TABLES.md, ``probe_comparison``).
-_COMPARISON_COLUMNS = ("analysis", "model", "corpus", "format", "model_kind", "layer", "target", "metric",
-                       "condition_a", "condition_b", "value", "ci_low", "ci_high", "p_value", "p_holm", "se", "mde",
-                       "value_a", "value_b", "n", "n_groups", "grouping", "seed", "family")
-
-
 def _paired_q4(ctx: Context) -> pd.DataFrame:
     """sep1 − cls: is_next by per-item accuracy on the same items, the bags of words by macro AUC on the same
     resamples; one Holm family."""
     items = _from_layer1(_items(ctx, "probes_pair"))
-    single = [t for t in PAIR_PROBES["Q4"][1] if not t.startswith("bow_s")]
+    from analyses.probe_runner import is_multilabel
+
+    single = [t for t in PAIR_PROBES["Q4"][1] if not is_multilabel(t)]
     frames = [_compare(items, {"choice": "sep1"}, {"choice": "cls"}, FAMILIES["Q4"], ctx, model_kind="trained",
                        target=single)] if single else []
     frames.append(_auc_comparisons(ctx.table("probes_pair", _probes_pair), "sep1", "cls",
-                                   [t for t in PAIR_PROBES["Q4"][1] if t.startswith("bow_s")]))
+                                   [t for t in PAIR_PROBES["Q4"][1] if is_multilabel(t)]))
     return _rejoin_holm(frames, FAMILIES["Q4"])
 
 
@@ -410,7 +412,9 @@ def _paired_q7(ctx: Context) -> pd.DataFrame:
     if pair is not None and (pair["choice"] == "length_only").any():
         # single-label targets only (length): the bags of words are compared by macro AUC in probes_pair's
         # macro_auc_diff rows (a per-item F1 at a 0.5 threshold misreads a probe that ranks rare words well)
-        single = [t for t in PAIR_PROBES["Q7"][1] + PAIR_CONTROLS["Q7"][1] if not t.startswith(("bow_s", "fw_s"))]
+        from analyses.probe_runner import is_multilabel
+
+        single = [t for t in PAIR_PROBES["Q7"][1] + PAIR_CONTROLS["Q7"][1] if not is_multilabel(t)]
         frames.append(_compare(_from_layer1(pair), {"choice": "cls"}, {"choice": "length_only"}, FAMILIES["Q7"], ctx,
                                model_kind="trained", target=single, choice=["cls", "length_only"]))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

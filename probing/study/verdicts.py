@@ -54,7 +54,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analyses.stats import format_interval, holm, minimum_detectable_effect  # noqa: F401 (format_interval: re-exported)
+from analyses.stats import format_interval, holm, minimum_detectable_effect, wald_p_value  # noqa: F401 (format_interval: re-exported)
 
 #: Smallest difference that matters in practice, on 0-1 scales (accuracy, F1, macro AUC, 1 − cos, attention share).
 PRACTICAL_THRESHOLD = 0.03
@@ -161,8 +161,7 @@ def difference_rows(a: pd.DataFrame, b: pd.DataFrame | None = None, on: str = "l
         m["value_b"], m["se_b"] = 0.0, 0.0
     value = m["value_a"].to_numpy(float) - m["value_b"].to_numpy(float)
     se = np.sqrt(m["se_a"].to_numpy(float) ** 2 + m["se_b"].to_numpy(float) ** 2)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        p = np.where(se > 0, 2 * stats.norm.sf(np.abs(value) / se), np.where(value != 0, 0.0, 1.0))
+    p = wald_p_value(value, se)
     provisional = bool(b is not None and (m["se_b"] > 0).any())
     out = pd.DataFrame({on: m[on].to_numpy(), "value": value, "ci_low": value - z * se, "ci_high": value + z * se,
                         "p_value": p, "mde": (z + stats.norm.ppf(POWER)) * se,
