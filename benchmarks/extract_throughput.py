@@ -136,7 +136,9 @@ def random_model(size: str, tokenizer, device, dtype):
     from probing.models import prepare_model
 
     sizes = {"base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
-             "mini": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)}
+             "mini": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
+             # the host path: a model so small that the time left is tokenizing, rendering, batching and writing
+             "tiny": dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)}
     torch.manual_seed(0)
     model = BertModel(BertConfig(vocab_size=len(tokenizer), **sizes[size]))
     return prepare_model(model, tokenizer, name=f"random-bert-{size}", random_init=True, seed=0,
@@ -146,8 +148,9 @@ def random_model(size: str, tokenizer, device, dtype):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="model id or path (default: all-MiniLM-L6-v2)")
-    p.add_argument("--random-init-size", choices=["base", "mini"], default=None,
-                   help="use a randomly initialised BERT of this size (tokenizer of --model)")
+    p.add_argument("--random-init-size", choices=["base", "mini", "tiny"], default=None,
+                   help="use a randomly initialised BERT of this size (tokenizer of --model); 'tiny' (1 layer, "
+                        "hidden 32) measures the host path: what a GPU extraction cannot go faster than")
     p.add_argument("--corpus", default="bbc:n=1000,k=2,max_words=60",
                    help="corpus spec of sentence pairs (default: 1,000 BBC News pairs)")
     p.add_argument("--roles", default="cls,sep", help="roles the extractor stores (default cls,sep)")

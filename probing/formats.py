@@ -33,6 +33,8 @@ Token keys. Every position of a rendered example gets a key that does not depend
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import re
 from dataclasses import dataclass
@@ -332,20 +334,74 @@ class TokenizedSentence:
     word_text: list[str]  # one per word
 
 
-def _encode(tokenizer, sentences: Sequence[str], offsets: bool):
-    """The fast tokenizer on many sentences, no special tokens added, literal special-token text split."""
+def _backend(tokenizer):
+    """The Rust tokenizer behind ``tokenizer`` where calling it directly gives what the transformers call
+    gives, else None. That holds when the class encodes through the library's own batch method (a
+    subclass that overrides it may change the text first: such tokenizers take the transformers call)."""
+    try:
+        import tokenizers
+    except ImportError:  # pragma: no cover - transformers' fast tokenizers need it
+        return None
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if not isinstance(backend, tokenizers.Tokenizer):
+        return None
+    library = ("transformers.tokenization_utils_tokenizers", "transformers.tokenization_utils_fast")
+    for name in ("_encode_plus", "_batch_encode_plus"):
+        method = getattr(type(tokenizer), name, None)
+        if method is not None and getattr(method, "__module__", None) not in library + ("transformers.tokenization_utils_base",):
+            return None
+    return backend
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector off for the block (and back on after, if it was on). Making a
+    list or tuple per token triggers a collection every 700 of them, each scanning the young objects,
+    and a full collection of the whole heap every so often: two thirds of the conversion's time (0.27 s
+    against 0.09 s for 37,541 sentences on the 2-core machine)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _encode(tokenizer, sentences: Sequence[str], offsets: bool) -> tuple[list, list, list | None]:
+    """The fast tokenizer on many sentences, no special tokens added, literal special-token text split:
+    per sentence its ids, word ids and (with ``offsets``) character offsets, as lists.
+
+    The Rust tokenizer is called directly where :func:`_backend` allows: transformers' call converts
+    every encoding to a dict of lists first, which costs more than the tokenizing on a machine with
+    many cores. The transformers call on the first sentence sets the Rust tokenizer the way that call
+    does (special-token text split, no truncation, no padding); the direct call is used only when that
+    is then its state, so both give the same tokens (``tests/test_formats.py`` compares them)."""
     kwargs = dict(add_special_tokens=False, return_offsets_mapping=offsets, return_attention_mask=False,
                   return_token_type_ids=False)
+    backend = _backend(tokenizer)
+    if backend is not None:
+        try:
+            tokenizer(list(sentences[:1]), split_special_tokens=True, **kwargs)
+        except TypeError:  # older transformers without split_special_tokens: its own call below
+            backend = None
+    if (backend is not None and getattr(backend, "encode_special_tokens", False) is True
+            and backend.truncation is None and backend.padding is None):
+        encodings = backend.encode_batch(list(sentences), add_special_tokens=False)
+        with _collector_paused():  # millions of small lists and tuples, none of them in a cycle
+            return ([e.ids for e in encodings], [e.word_ids for e in encodings],
+                    [e.offsets for e in encodings] if offsets else None)
     try:
-        return tokenizer(list(sentences), split_special_tokens=True, **kwargs)
+        enc = tokenizer(list(sentences), split_special_tokens=True, **kwargs)
     except TypeError:  # older transformers without split_special_tokens
-        return tokenizer(list(sentences), **kwargs)
+        enc = tokenizer(list(sentences), **kwargs)
+    return (enc["input_ids"], [enc.word_ids(i) for i in range(len(sentences))],
+            enc["offset_mapping"] if offsets else None)
 
 
-def _checked_word_ids(enc, i: int, text: str) -> list:
-    """Word ids of sentence ``i`` of ``enc``; a :class:`FormatError` if it has no token or a token outside
+def _checked_word_ids(word_ids: list, text: str) -> list:
+    """``word_ids`` of sentence ``text``; a :class:`FormatError` if it has no token or a token outside
     every word."""
-    word_ids = enc.word_ids(i)
     if not word_ids:
         raise FormatError(f"sentence {text!r} gives no tokens")
     if None in word_ids:
@@ -358,53 +414,89 @@ def count_tokens(tokenizer, sentences: Sequence[str]) -> list[int]:
     the offsets and per-token word bookkeeping: what planning needs, at about half the cost."""
     if not sentences:
         return []
-    enc = _encode(tokenizer, sentences, offsets=False)
-    return [len(_checked_word_ids(enc, i, text)) for i, text in enumerate(sentences)]
+    _, word_ids, _ = _encode(tokenizer, sentences, offsets=False)
+    return [len(_checked_word_ids(w, text)) for w, text in zip(word_ids, sentences)]
+
+
+@dataclass
+class TokenizedFlat:
+    """Many sentences tokenized on their own, as flat arrays: sentence ``i``'s tokens are
+    ``bounds[i]:bounds[i + 1]`` of ``ids``, ``word`` and ``subword`` (as in :class:`TokenizedSentence`),
+    and its words are ``word_bounds[i]:word_bounds[i + 1]`` of ``word_start``/``word_end`` (character
+    spans in ``sentences[i]``). Word texts are cut from the sentences only when asked for (:meth:`words`):
+    an extraction that stores no word needs none."""
+
+    ids: np.ndarray  # (n_tokens,) int64
+    word: np.ndarray  # (n_tokens,) int32
+    subword: np.ndarray  # (n_tokens,) int32
+    bounds: np.ndarray  # (n_sentences + 1,) int64
+    sentences: Sequence[str]
+    word_start: np.ndarray  # (n_words,) int64
+    word_end: np.ndarray  # (n_words,) int64
+    word_bounds: np.ndarray  # (n_sentences + 1,) int64
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def words(self, g: np.ndarray | Sequence[int]) -> list[str]:
+        """The texts of words ``g`` (indices over all sentences' words)."""
+        g = np.asarray(g, dtype=np.int64)
+        sentence = np.searchsorted(self.word_bounds, g, side="right") - 1
+        texts = self.sentences
+        return [texts[s][a:b] for s, a, b in zip(sentence.tolist(), self.word_start[g].tolist(), self.word_end[g].tolist())]
+
+    def sentence(self, i: int) -> "TokenizedSentence":
+        a, b = int(self.bounds[i]), int(self.bounds[i + 1])
+        return TokenizedSentence(ids=self.ids[a:b], word=self.word[a:b], subword=self.subword[a:b],
+                                 word_text=self.words(np.arange(self.word_bounds[i], self.word_bounds[i + 1])))
 
 
 def tokenize_sentences(tokenizer, sentences: Sequence[str]) -> list[TokenizedSentence]:
     """Tokenize many sentences at once with the fast tokenizer. Text that looks like a special token
     (a literal "[SEP]" in a sentence) is split as ordinary text, so a sentence cannot inject one."""
+    flat = tokenize_flat(tokenizer, sentences)
+    return [flat.sentence(i) for i in range(len(flat))]
+
+
+def tokenize_flat(tokenizer, sentences: Sequence[str]) -> TokenizedFlat:
+    """:func:`tokenize_sentences` as flat arrays (:class:`TokenizedFlat`), what :func:`render_many` reads."""
+    sentences = list(sentences)
     if not sentences:
-        return []
-    enc = _encode(tokenizer, sentences, offsets=True)
-    word_ids = [_checked_word_ids(enc, i, text) for i, text in enumerate(sentences)]
+        empty = np.zeros(0, np.int64)
+        return TokenizedFlat(empty, np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(1, np.int64), [],
+                             empty, empty, np.zeros(1, np.int64))
+    input_ids, all_word_ids, offset_lists = _encode(tokenizer, sentences, offsets=True)
+    word_ids = [_checked_word_ids(w, text) for w, text in zip(all_word_ids, sentences)]
     # the whole batch as flat arrays: one pass of NumPy instead of loops over every token
     lengths = np.fromiter(map(len, word_ids), dtype=np.int64, count=len(sentences))
     bounds = np.concatenate([[0], np.cumsum(lengths)])
     n = int(bounds[-1])
-    if sum(map(len, enc["input_ids"])) != n or sum(map(len, enc["offset_mapping"])) != n:
+    if sum(map(len, input_ids)) != n or sum(map(len, offset_lists)) != n:
         raise FormatError("the tokenizer returned ids, offsets and word ids of different lengths")
-    ids = np.fromiter(itertools.chain.from_iterable(enc["input_ids"]), dtype=np.int64, count=n)
+    ids = np.fromiter(itertools.chain.from_iterable(input_ids), dtype=np.int64, count=n)
     words = np.fromiter(itertools.chain.from_iterable(word_ids), dtype=np.int64, count=n)
-    offsets = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(enc["offset_mapping"])),
+    offsets = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(offset_lists)),
                           dtype=np.int64, count=2 * n).reshape(n, 2)
+    del input_ids, all_word_ids, word_ids, offset_lists
     first_token = np.zeros(n, dtype=bool)
     first_token[bounds[:-1]] = True
     if not np.all((words[1:] >= words[:-1]) | first_token[1:]):  # word ids out of order: sentence by sentence
-        return [_tokenized(text, ids[a:b], *_word_layout(words[a:b], offsets[a:b]))
-                for text, a, b in zip(sentences, bounds[:-1].tolist(), bounds[1:].tolist())]
+        parts = [_word_layout(words[a:b], offsets[a:b]) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+        word_counts = [len(p[2]) for p in parts]
+        return TokenizedFlat(ids, np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                             bounds, sentences, np.concatenate([p[2] for p in parts]).astype(np.int64),
+                             np.concatenate([p[3] for p in parts]).astype(np.int64),
+                             np.concatenate([[0], np.cumsum(word_counts)]).astype(np.int64))
     new_word = first_token.copy()
     new_word[1:] |= words[1:] != words[:-1]
     at = np.arange(n)
     word_start = np.flatnonzero(new_word)  # first token of each word, over the batch
     word_of_token = np.cumsum(new_word) - 1
-    word_bounds = word_of_token[bounds[:-1]].tolist() + [len(word_start)]
+    word_bounds = np.concatenate([word_of_token[bounds[:-1]], [len(word_start)]]).astype(np.int64)
     word = (word_of_token - np.repeat(word_of_token[bounds[:-1]], lengths)).astype(np.int32)
     subword = (at - np.maximum.accumulate(np.where(new_word, at, 0))).astype(np.int32)
-    starts = offsets[word_start, 0].tolist()
-    ends = np.maximum.reduceat(offsets[:, 1], word_start).tolist() if n else []
-    b = bounds.tolist()
-    return [TokenizedSentence(ids=ids[b[i]:b[i + 1]], word=word[b[i]:b[i + 1]], subword=subword[b[i]:b[i + 1]],
-                              word_text=[text[s_:e_] for s_, e_ in zip(starts[word_bounds[i]:word_bounds[i + 1]],
-                                                                        ends[word_bounds[i]:word_bounds[i + 1]])])
-            for i, text in enumerate(sentences)]
-
-
-def _tokenized(text: str, ids: np.ndarray, word: np.ndarray, subword: np.ndarray, starts: np.ndarray,
-               ends: np.ndarray) -> TokenizedSentence:
-    return TokenizedSentence(ids=ids, word=word, subword=subword,
-                             word_text=[text[s:e] for s, e in zip(starts.tolist(), ends.tolist())])
+    return TokenizedFlat(ids, word, subword, bounds, sentences, offsets[word_start, 0].copy(),
+                         np.maximum.reduceat(offsets[:, 1], word_start), word_bounds)
 
 
 def _word_layout(word_ids: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -511,3 +603,176 @@ def render(fmt: Format, example: Example, sentences: Sequence[TokenizedSentence]
         sentence=np.concatenate(sent), index=np.concatenate(index), subword=np.concatenate(sub),
         occurrence=np.concatenate(occ), word_text=text,
     )
+
+
+#: Role names by code: words, then every special token of the template language (``probing.planning.ROLES``).
+ROLE_NAMES: tuple[str, ...] = ("word",) + tuple(name.lower() for name in SPECIAL_TOKENS)
+
+
+@dataclass
+class _Piece:
+    """One item of a format expanded for k sentences, with what every token it lays down shares."""
+
+    sentence: int  # 1-based sentence for a sentence item, 0 for a special token
+    token_id: int
+    segment: int
+    role: int  # index into ROLE_NAMES
+    key_sentence: int  # the ``sentence`` column: own sentence, or the last one before a special token
+    gap: int  # the ``index`` column of a special token
+    occurrence: int  # the ``occurrence`` column of a special token
+
+
+def _pieces(fmt: Format, k: int, specials: dict[str, int]) -> list[_Piece]:
+    """``fmt.expand(k)`` with each special token's key columns, counted as :func:`render` counts them."""
+    out, last, gap, count = [], 0, {}, {}
+    for kind, value, segment in fmt.expand(k):
+        if kind == "special":
+            r = str(value).lower()
+            out.append(_Piece(0, specials[value], segment, ROLE_NAMES.index(r), last, gap.get(r, 0), count.get(r, 0)))
+            gap[r] = gap.get(r, 0) + 1
+            count[r] = count.get(r, 0) + 1
+        else:
+            out.append(_Piece(int(value), -1, segment, 0, int(value), 0, 0))
+            last, gap = int(value), {}
+    return out
+
+
+def ranges(bounds: np.ndarray, parts: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.concatenate([np.arange(bounds[p], bounds[p + 1]) for p in parts])`` without a Python loop, and
+    the length of each part."""
+    p = np.asarray(parts, dtype=np.int64)
+    n = bounds[p + 1] - bounds[p]
+    return np.repeat(bounds[p] - np.cumsum(n) + n, n) + np.arange(int(n.sum())), n
+
+
+@dataclass
+class Layout:
+    """Many examples rendered at once (:func:`render_many`): example ``i``'s positions are
+    ``bounds[i]:bounds[i + 1]`` of every per-token array (the columns of :class:`Rendered`, with ``role``
+    as codes into :data:`ROLE_NAMES` and each word token's word as an index into ``tokenized``'s words,
+    -1 for a special token: role names and word texts are made only when asked for)."""
+
+    bounds: np.ndarray  # (n + 1,) int64
+    input_ids: np.ndarray  # int64
+    token_type_ids: np.ndarray  # int64
+    role: np.ndarray  # int64 codes into ROLE_NAMES
+    sentence: np.ndarray  # int32, and so on as in Rendered
+    index: np.ndarray
+    subword: np.ndarray
+    occurrence: np.ndarray
+    word_of: np.ndarray  # int64: the word (over all of tokenized's words) of a word token, -1 for a special token
+    tokenized: TokenizedFlat
+
+    def role_names(self, positions: np.ndarray) -> list[str]:
+        return np.asarray(ROLE_NAMES, dtype=object)[self.role[positions]].tolist()
+
+    def word_texts(self, positions: np.ndarray) -> list[str]:
+        """The word text at each flat position, "" at special tokens."""
+        g = self.word_of[positions]
+        out = [""] * len(g)
+        is_word = np.flatnonzero(g >= 0)
+        for i, text in zip(is_word.tolist(), self.tokenized.words(g[is_word])):
+            out[i] = text
+        return out
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.bounds)
+
+    def padded(self, examples: Sequence[int], pad_id: int, T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(input_ids, token_type_ids, attention_mask)`` of ``examples``, each ``(B, T)`` int64, padded with
+        ``pad_id``: what :func:`probing.forward.pad_arrays` gives for their :class:`Rendered`, in one gather."""
+        ex = np.asarray(examples, dtype=np.int64)
+        src, n = ranges(self.bounds, ex)
+        rows = np.repeat(np.arange(len(ex)), n)
+        cols = np.arange(len(src)) - np.repeat(np.cumsum(n) - n, n)
+        ids = np.full((len(ex), T), pad_id, dtype=np.int64)
+        types = np.zeros((len(ex), T), dtype=np.int64)
+        mask = np.zeros((len(ex), T), dtype=np.int64)
+        ids[rows, cols], types[rows, cols], mask[rows, cols] = self.input_ids[src], self.token_type_ids[src], 1
+        return ids, types, mask
+
+    def rendered(self, examples: Sequence[int] | None = None) -> list[Rendered]:
+        """One :class:`Rendered` per example (all, or ``examples``), its arrays views into these."""
+        b = self.bounds.tolist()
+        out = []
+        for i in (range(len(self)) if examples is None else examples):
+            at = slice(b[i], b[i + 1])
+            span = np.arange(b[i], b[i + 1])
+            out.append(Rendered(input_ids=self.input_ids[at], token_type_ids=self.token_type_ids[at],
+                                role=self.role_names(span), sentence=self.sentence[at], index=self.index[at],
+                                subword=self.subword[at], occurrence=self.occurrence[at],
+                                word_text=self.word_texts(span)))
+        return out
+
+    def positions_of(self, roles: Iterable[str]) -> np.ndarray:
+        """The flat positions whose role is in ``roles``, ascending (so example by example)."""
+        return np.flatnonzero(np.isin(self.role, [ROLE_NAMES.index(r) for r in roles]))
+
+    def split(self, at: np.ndarray) -> list[np.ndarray]:
+        """Flat positions ``at`` (ascending) as positions within each example, one array per example."""
+        cut = np.searchsorted(at, self.bounds)
+        return [at[a:b] - s for a, b, s in zip(cut[:-1].tolist(), cut[1:].tolist(), self.bounds[:-1].tolist())]
+
+
+def render_many(fmt: Format, examples: Sequence[Example], sentence_ids: Sequence[Sequence[int]],
+                tokenized: TokenizedFlat, specials: dict[str, int]) -> Layout:
+    """``[render(fmt, e, [tokenized.sentence(i) for i in ids], specials) for e, ids in zip(examples,
+    sentence_ids)]`` as one :class:`Layout` (``.rendered()`` gives that list), laid out for all examples
+    at once with array operations: ``sentence_ids[j]`` are the rows of ``tokenized`` holding example
+    ``j``'s sentences. The same tokens and keys as :func:`render` (``tests/test_formats.py`` compares
+    them over every built-in format and mixed sentence counts)."""
+    n = len(examples)
+    counts = np.fromiter((e.n_sentences for e in examples), dtype=np.int64, count=n)
+    sizes = np.diff(tokenized.bounds)
+    per_k = {}
+    lengths = np.zeros(n, dtype=np.int64)
+    for k in np.unique(counts).tolist():
+        rows = np.flatnonzero(counts == k)
+        pieces = _pieces(fmt, k, specials)
+        sent = np.asarray([[ids[i] for i in range(k)] for ids in (sentence_ids[r] for r in rows.tolist())],
+                          dtype=np.int64).reshape(len(rows), k)
+        which = np.asarray([p.sentence for p in pieces], dtype=np.int64)  # (J,) 0 for specials
+        src = np.where(which > 0, sent[:, np.maximum(which - 1, 0)], -1)  # (R, J) tokenized row, -1 special
+        piece_len = np.where(src >= 0, sizes[np.maximum(src, 0)], 1)
+        lengths[rows] = piece_len.sum(1)
+        per_k[k] = (rows, pieces, src, piece_len)
+    bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    total = int(bounds[-1])
+    ids = np.empty(total, dtype=np.int64)
+    types = np.empty(total, dtype=np.int64)
+    role = np.empty(total, dtype=np.int64)
+    sentence = np.empty(total, dtype=np.int32)
+    index = np.empty(total, dtype=np.int32)
+    subword = np.empty(total, dtype=np.int32)
+    occurrence = np.empty(total, dtype=np.int32)
+    word_of = np.full(total, -1, dtype=np.int64)  # global word of each word token
+    for rows, pieces, src, piece_len in per_k.values():
+        J = len(pieces)
+        col = {f: np.asarray([getattr(p, f) for p in pieces], dtype=np.int64)
+               for f in ("token_id", "segment", "role", "key_sentence", "gap", "occurrence")}
+        is_word = src >= 0
+        # words laid down before each piece of an example: its word tokens' occurrence starts there
+        word_base = np.cumsum(np.where(is_word, piece_len, 0), axis=1) - np.where(is_word, piece_len, 0)
+        start = bounds[rows][:, None] + np.cumsum(piece_len, axis=1) - piece_len  # (R, J) first token
+        flat_len = piece_len.ravel()
+        m = int(flat_len.sum())
+        piece = np.repeat(np.arange(flat_len.size), flat_len)
+        offset = np.arange(m) - np.repeat(np.cumsum(flat_len) - flat_len, flat_len)
+        at = start.ravel()[piece] + offset
+        j = piece % J
+        word = is_word.ravel()[piece]
+        s = src.ravel()[piece]
+        tok = np.where(word, tokenized.bounds[np.maximum(s, 0)] + offset, 0)
+        ids[at] = np.where(word, tokenized.ids[tok], col["token_id"][j])
+        types[at] = col["segment"][j]
+        role[at] = col["role"][j]
+        sentence[at] = col["key_sentence"][j]
+        index[at] = np.where(word, tokenized.word[tok], col["gap"][j])
+        subword[at] = np.where(word, tokenized.subword[tok], 0)
+        occurrence[at] = np.where(word, word_base.ravel()[piece] + offset, col["occurrence"][j])
+        word_of[at] = np.where(word, tokenized.word_bounds[np.maximum(s, 0)] + tokenized.word[tok], -1)
+    return Layout(bounds, ids, types, role, sentence, index, subword, occurrence, word_of, tokenized)

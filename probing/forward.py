@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .formats import Rendered
+from .formats import Layout, Rendered
 from .models import LoadedModel, as_torch_dtype, load_model
 
 def accepts_token_types(model: torch.nn.Module) -> bool:
@@ -84,13 +84,20 @@ def last_hidden(model: torch.nn.Module, inputs: Inputs) -> torch.Tensor:
     return model(**inputs.tensors, return_dict=True).last_hidden_state
 
 
-def collate(rendered: Sequence[Rendered], lm: LoadedModel, device: torch.device) -> Inputs:
-    """Pad ``rendered`` examples to the longest (on a GPU to a multiple of 8, for the tensor cores)
-    with the tokenizer's pad id (0 only where it has none); the mask marks the real tokens."""
+def collate(rendered: Sequence[Rendered] | tuple[Layout, Sequence[int]], lm: LoadedModel,
+            device: torch.device) -> Inputs:
+    """Pad ``rendered`` examples (or ``(layout, examples)``: those examples of a :class:`Layout`, in one
+    gather) to the longest (on a GPU to a multiple of 8, for the tensor cores) with the tokenizer's pad id
+    (0 only where it has none); the mask marks the real tokens."""
     pad_multiple = 8 if device.type == "cuda" else 1
-    T = max(len(r) for r in rendered)
+    if isinstance(rendered, tuple):
+        layout, examples = rendered
+        T = int(layout.lengths[list(examples)].max())
+    else:
+        T = max(len(r) for r in rendered)
     T = -(-T // pad_multiple) * pad_multiple
-    ids, types, mask = pad_arrays(rendered, pad_token_id(lm), T)
+    ids, types, mask = (layout.padded(examples, pad_token_id(lm), T) if isinstance(rendered, tuple)
+                        else pad_arrays(rendered, pad_token_id(lm), T))
     tensors = {"input_ids": ids, "attention_mask": mask}
     if accepts_token_types(lm.model):
         tensors["token_type_ids"] = types

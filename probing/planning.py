@@ -18,14 +18,14 @@ import numpy as np
 
 from .cache_layout import CACHE_VERSION, CacheError, cache_path
 from .examples import Example
-from .formats import (SPECIAL_TOKENS, Format, FormatError, Rendered, count_tokens, render, special_token_ids,
-                      tokenize_sentences)
+from .formats import (ROLE_NAMES, SPECIAL_TOKENS, Format, FormatError, Layout, Rendered, count_tokens, render_many,
+                      special_token_ids, tokenize_flat)
 from .heap import HeapTrimmer
 from .layers import LayerSpecError, resolve_layers
 from .models import LoadedModel
 
 #: Roles a cache can store: words plus every special token the template language knows.
-ROLES: tuple[str, ...] = ("word",) + tuple(name.lower() for name in SPECIAL_TOKENS)
+ROLES: tuple[str, ...] = ROLE_NAMES
 DEFAULT_ROLES: tuple[str, ...] = ("cls", "sep", "word")
 STORAGE_DTYPES: dict[str, np.dtype] = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16)}
 ON_OVERFLOW = ("error", "skip")
@@ -273,20 +273,32 @@ def assign_shards(plan_: Plan, world_size: int) -> list[list[int]]:
     return [sorted(o) for o in owners]
 
 
+def layout_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start: int,
+                 stop: int) -> tuple[list[int], Layout]:
+    """The kept examples of one shard rendered: (corpus indices, their :class:`Layout`). The shard's
+    sentences are tokenized in one call and laid out with array operations (:func:`render_many`);
+    every example's length is checked against the plan."""
+    idx = plan_.kept(start, stop)
+    unique: dict[str, int] = {}
+    for e in idx:
+        for s in examples[e].sentences:
+            unique.setdefault(s, len(unique))
+    tokenized = tokenize_flat(lm.tokenizer, list(unique))
+    kept = [examples[e] for e in idx]
+    layout = render_many(plan_.fmt, kept, [[unique[s] for s in ex.sentences] for ex in kept], tokenized,
+                         plan_.specials)
+    bad = np.flatnonzero(layout.lengths != plan_.lengths[idx]) if idx else []
+    if len(bad):
+        i = int(bad[0])
+        raise CacheError(f"example {kept[i].id!r} rendered to {int(layout.lengths[i])} tokens, "
+                         f"planned {plan_.lengths[idx[i]]}")
+    if plan_.zero_types:
+        layout.token_type_ids[:] = 0
+    return idx, layout
+
+
 def render_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start: int,
                  stop: int) -> tuple[list[int], list[Rendered], list[np.ndarray]]:
-    """Render the kept examples of one shard: (corpus indices, renders, stored positions)."""
-    idx = plan_.kept(start, stop)
-    unique = list(dict.fromkeys(s for e in idx for s in examples[e].sentences))
-    tokenized = dict(zip(unique, tokenize_sentences(lm.tokenizer, unique)))
-    role_set = set(plan_.request["roles"])
-    rendered, stored = [], []
-    for e in idx:
-        r = render(plan_.fmt, examples[e], [tokenized[s] for s in examples[e].sentences], plan_.specials)
-        if len(r) != plan_.lengths[e]:
-            raise CacheError(f"example {examples[e].id!r} rendered to {len(r)} tokens, planned {plan_.lengths[e]}")
-        if plan_.zero_types:
-            r.token_type_ids = np.zeros_like(r.token_type_ids)
-        rendered.append(r)
-        stored.append(np.flatnonzero([role in role_set for role in r.role]).astype(np.int64))
-    return idx, rendered, stored
+    """Render the kept examples of one shard: (corpus indices, renders, stored positions of each)."""
+    idx, layout = layout_shard(lm, plan_, examples, start, stop)
+    return idx, layout.rendered(), layout.split(layout.positions_of(plan_.request["roles"]))

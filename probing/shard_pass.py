@@ -18,37 +18,30 @@ import pandas as pd
 import torch
 
 from .examples import Example
-from .formats import Rendered
+from .formats import Layout, Rendered, ranges
 from .forward import collate, forward, length_batches
 from .models import LoadedModel
-from .planning import STORAGE_DTYPES, Plan, group_ids, render_shard
+from .planning import STORAGE_DTYPES, Plan, group_ids, layout_shard
 from .workers import thread_imap
 
 
-def token_table(examples: Sequence[Example], idx: Sequence[int], rendered: Sequence[Rendered],
-                stored: Sequence[np.ndarray], tokenizer) -> pd.DataFrame:
-    """One row per stored position, in corpus order then position order."""
-    cols: dict[str, list] = {k: [] for k in ("example", "example_id", "role", "sentence", "index", "subword",
-                                             "occurrence", "position", "segment", "token_id", "word_text")}
-    for e, r, pos in zip(idx, rendered, stored):
-        n = len(pos)
-        if n == 0:
-            continue
-        cols["example"].append(np.full(n, e, dtype=np.int64))
-        cols["example_id"].extend([examples[e].id] * n)
-        cols["role"].extend(r.role[p] for p in pos)
-        cols["sentence"].append(r.sentence[pos])
-        cols["index"].append(r.index[pos])
-        cols["subword"].append(r.subword[pos])
-        cols["occurrence"].append(r.occurrence[pos])
-        cols["position"].append(pos.astype(np.int32))
-        cols["segment"].append(r.token_type_ids[pos].astype(np.int8))
-        cols["token_id"].append(r.input_ids[pos])
-        cols["word_text"].extend(r.word_text[p] for p in pos)
-    arrays = {"example": np.int64, "sentence": np.int32, "index": np.int32, "subword": np.int32,
-              "occurrence": np.int32, "position": np.int32, "segment": np.int8, "token_id": np.int64}
-    df = pd.DataFrame({k: (np.concatenate(v) if v else np.zeros(0, arrays[k])) if k in arrays else v
-                       for k, v in cols.items()})
+def token_table(examples: Sequence[Example], idx: Sequence[int], layout: Layout, at: np.ndarray,
+                tokenizer) -> pd.DataFrame:
+    """One row per stored position (``at``: flat positions of ``layout``, ascending), in corpus order then
+    position order."""
+    local = np.searchsorted(layout.bounds, at, side="right") - 1  # example of each row, within the layout
+    ids = np.asarray([examples[e].id for e in idx] + [""], dtype=object)
+    df = pd.DataFrame({
+        "example": np.asarray(idx, dtype=np.int64)[local] if len(at) else np.zeros(0, np.int64),
+        "example_id": ids[local].tolist(),
+        "role": layout.role_names(at),
+        "sentence": layout.sentence[at], "index": layout.index[at], "subword": layout.subword[at],
+        "occurrence": layout.occurrence[at],
+        "position": (at - layout.bounds[local]).astype(np.int32),
+        "segment": layout.token_type_ids[at].astype(np.int8),
+        "token_id": layout.input_ids[at],
+        "word_text": layout.word_texts(at),
+    })
     df["token"] = tokenizer.convert_ids_to_tokens(df["token_id"].tolist())
     return df
 
@@ -79,28 +72,30 @@ def run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start: 
     the freed temporaries of each new batch shape, and the resident size grows with the number of batches."""
     layers = plan_.request["layers"]
     storage = STORAGE_DTYPES[plan_.request["storage_dtype"]]
-    idx, rendered, stored = render_shard(lm, plan_, examples, start, stop)
-    offsets = np.concatenate([[0], np.cumsum([len(s) for s in stored])]).astype(np.int64)
-    out = np.empty((int(offsets[-1]), len(layers), lm.hidden_size), dtype=storage)
+    idx, layout = layout_shard(lm, plan_, examples, start, stop)
+    at = layout.positions_of(plan_.request["roles"])  # the stored positions: row r of ``out`` is at[r]
+    rows_of = np.searchsorted(at, layout.bounds)  # example i's rows: rows_of[i]:rows_of[i + 1]
+    out = np.empty((len(at), len(layers), lm.hidden_size), dtype=storage)
     attention = plan_.request["attention"]
     groups = plan_.groups
     att = (np.full((len(idx), lm.n_layers, lm.config.num_attention_heads, len(groups), len(groups)),
                    np.nan, dtype=np.float32) if attention else None)
     att_norm = att.copy() if plan_.request.get("attention_norm") else None
+    per_example = attention or plan_.intervention is not None  # hooks and summaries read Rendered examples
     H = lm.hidden_size
     host_dtype = torch.float32 if storage == np.float32 else torch.float16
-    lengths = [len(r) for r in rendered]
 
     def run_batch(batch: list[int]):
-        """One batch through the model: its examples' stored states on the host ``(rows, layers,
+        """One batch through the model: its rows of ``out``, their states on the host ``(rows, layers,
         hidden)`` and attention summaries."""
         rep, bound = pool.get()
         try:
-            part = [rendered[i] for i in batch]
-            inputs = collate(part, rep, device)
+            inputs = collate((layout, batch), rep, device)
             T = inputs.T
-            flat = np.concatenate([b * T + stored[i] for b, i in enumerate(batch)])
+            rows, n = ranges(rows_of, batch)
+            flat = at[rows] - np.repeat(layout.bounds[batch] - np.arange(len(batch)) * T, n)
             flat_t = torch.from_numpy(flat).to(device, non_blocking=True)
+            part = layout.rendered(batch) if per_example else None
             with _batch_hooks(rep, bound, plan_, part, [idx[i] for i in batch], examples, T, device) as norms:
                 o = forward(rep, inputs, attentions=attention)
         finally:
@@ -116,15 +111,14 @@ def run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start: 
                 from .attention_norm import norm_weighted
 
                 summary_norm = _attention_summary(norm_weighted(o.attentions, norms), part, groups, T, device)
-        return batch, host, summary, summary_norm
+        return batch, rows, host, summary, summary_norm
 
     if replicas is None:
         replicas = Replicas(lm, plan_, None)
     pool = replicas.models
-    for batch, host, summary, summary_norm in thread_imap(run_batch, length_batches(lengths, batch_tokens, max_batch),
-                                                          replicas.workers):
-        dest = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in batch])
-        out[dest] = host
+    for batch, rows, host, summary, summary_norm in thread_imap(
+            run_batch, length_batches(layout.lengths.tolist(), batch_tokens, max_batch), replicas.workers):
+        out[rows] = host
         if summary is not None:
             att[batch] = summary
         if summary_norm is not None:
@@ -134,7 +128,7 @@ def run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start: 
             trim()
         if progress is not None:
             progress.update(len(batch))
-    tokens = token_table(examples, idx, rendered, stored, lm.tokenizer)
+    tokens = token_table(examples, idx, layout, at, lm.tokenizer)
     extra = {"attention": att} if attention else {}
     if att_norm is not None:
         extra["attention_norm"] = att_norm

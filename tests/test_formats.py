@@ -297,3 +297,90 @@ def test_tokenize_sentences_copes_with_word_ids_out_of_order_and_unequal_lengths
     rows["ef"] = ([8, 9], [(0, 2)], [3])  # more ids than word ids: an error, not misaligned arrays
     with pytest.raises(FormatError, match="different lengths"):
         tokenize_sentences(tokenizer, ["ab cd", "ef"])
+
+
+# ---------------------------------------------------------------------------------------------------
+# The host path: the Rust tokenizer called directly, and whole shards laid out with array operations
+
+
+def _mixed_sentence_counts():
+    from tests.conftest import sample_examples
+
+    out = [Example(f"k{k}-{e.id}", e.sentences[:k]) for k in (1, 2, 3) for e in sample_examples(9, k=3)]
+    out.append(Example("odd", ("naïve café — 3.5%", "[SEP] [CLS] literal", "x")))
+    return out[::2] + out[1::2]  # sentence counts interleaved
+
+
+@pytest.mark.parametrize("tok_name", ["bert_tokenizer", "roberta_tokenizer"])
+def test_the_direct_rust_call_gives_what_the_transformers_call_gives(request, tmp_path, tok_name):
+    from transformers import AutoTokenizer
+
+    from probing import formats as F
+
+    tok = request.getfixturevalue(tok_name)
+    if F._backend(tok) is None:  # the fixture's wrapper object (tokenizer_object=...): load it as users do
+        assert tok_name == "roberta_tokenizer"
+        tok.save_pretrained(tmp_path)
+        tok = AutoTokenizer.from_pretrained(tmp_path)
+    assert F._backend(tok) is not None  # the direct call is what runs for these tokenizers
+    sents = list(dict.fromkeys(s for e in _mixed_sentence_counts() for s in e.sentences))
+    ids, word_ids, offsets = F._encode(tok, sents, offsets=True)
+    backend = tok.backend_tokenizer  # the state under which the direct call runs (else it is not taken)
+    assert backend.encode_special_tokens is True and backend.truncation is None and backend.padding is None
+    ref = tok(sents, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True)
+    assert ids == ref["input_ids"]
+    assert word_ids == [ref.word_ids(i) for i in range(len(sents))]
+    assert [list(map(tuple, o)) for o in offsets] == [list(map(tuple, o)) for o in ref["offset_mapping"]]
+    sep = tok.convert_tokens_to_ids(tok.sep_token)
+    assert all(sep not in row for row in ids)  # literal special-token text is split, never the token itself
+
+
+def test_a_tokenizer_class_with_its_own_encoding_takes_the_transformers_call(bert_tokenizer):
+    from probing import formats as F
+
+    class Shouting(type(bert_tokenizer)):
+        def _encode_plus(self, text, *args, **kwargs):  # changes the text before the Rust tokenizer sees it
+            return super()._encode_plus([t.upper() for t in text], *args, **kwargs)
+
+    tok = Shouting.from_pretrained(bert_tokenizer.name_or_path)
+    assert F._backend(tok) is None
+    ids, _, _ = F._encode(tok, ["hello there"], offsets=False)
+    assert ids == tok(["HELLO THERE"], add_special_tokens=False)["input_ids"]  # the class's own call ran
+
+
+@pytest.mark.parametrize("tok_name", ["bert_tokenizer", "roberta_tokenizer"])
+def test_render_many_lays_out_what_render_does(request, tok_name):
+    from probing.formats import render_many, tokenize_flat
+
+    tok = request.getfixturevalue(tok_name)
+    data = _mixed_sentence_counts()
+    unique = list(dict.fromkeys(s for e in data for s in e.sentences))
+    row = {s: i for i, s in enumerate(unique)}
+    flat, each = tokenize_flat(tok, unique), tokenize_sentences(tok, unique)
+    checked = 0
+    for name in BUILTIN_FORMATS:
+        fmt = resolve_format(name, tok)
+        specials = special_token_ids(tok, fmt)
+        kept = [e for e in data if e.n_sentences >= fmt.min_sentences()]
+        layout = render_many(fmt, kept, [[row[s] for s in e.sentences] for e in kept], flat, specials)
+        assert len({e.n_sentences for e in kept}) >= 2 and len(layout) == len(kept)
+        for e, got in zip(kept, layout.rendered()):
+            want = render(fmt, e, [each[row[s]] for s in e.sentences], specials)
+            for field in ("input_ids", "token_type_ids", "sentence", "index", "subword", "occurrence"):
+                a, b = getattr(want, field), getattr(got, field)
+                assert a.dtype == b.dtype and a.tolist() == b.tolist(), (name, e.id, field)
+            assert got.role == want.role and got.word_text == want.word_text, (name, e.id)
+            checked += 1
+        # stored positions and padding straight from the layout
+        stored = layout.split(layout.positions_of(["cls", "word"]))
+        for r, pos in zip(layout.rendered(), stored):
+            assert pos.tolist() == [t for t, role in enumerate(r.role) if role in ("cls", "word")]
+        batch = [len(kept) - 1, 0, 2]
+        from probing.forward import pad_arrays
+
+        T = int(layout.lengths[batch].max()) + 3
+        for a, b in zip(layout.padded(batch, 7, T), pad_arrays(layout.rendered(batch), 7, T)):
+            np.testing.assert_array_equal(a, b)
+    assert checked > 100
+    assert flat.words(np.arange(int(flat.word_bounds[-1]))) == [w for ts in each for w in ts.word_text]
+    assert "naïve" in flat.words(np.arange(int(flat.word_bounds[-1])))
