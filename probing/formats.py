@@ -718,23 +718,26 @@ class Layout:
         return [at[a:b] - s for a, b, s in zip(cut[:-1].tolist(), cut[1:].tolist(), self.bounds[:-1].tolist())]
 
 
-def render_many(fmt: Format, examples: Sequence[Example], sentence_ids: Sequence[Sequence[int]],
+def render_many(fmt: Format, examples: Sequence[Example], sentence_rows: Sequence[int] | np.ndarray,
                 tokenized: TokenizedFlat, specials: dict[str, int]) -> Layout:
-    """``[render(fmt, e, [tokenized.sentence(i) for i in ids], specials) for e, ids in zip(examples,
-    sentence_ids)]`` as one :class:`Layout` (``.rendered()`` gives that list), laid out for all examples
-    at once with array operations: ``sentence_ids[j]`` are the rows of ``tokenized`` holding example
-    ``j``'s sentences. The same tokens and keys as :func:`render` (``tests/test_formats.py`` compares
-    them over every built-in format and mixed sentence counts)."""
+    """What :func:`render` gives for each of ``examples``, as one :class:`Layout` (``.rendered()`` gives
+    the list), laid out for all examples at once with array operations. ``sentence_rows``: the rows of
+    ``tokenized`` holding the examples' sentences, example after example (each example's sentences in
+    order). The same tokens and keys as :func:`render` (``tests/test_formats.py`` compares them over every
+    built-in format and mixed sentence counts)."""
     n = len(examples)
-    counts = np.fromiter((e.n_sentences for e in examples), dtype=np.int64, count=n)
+    counts = np.fromiter((len(e.sentences) for e in examples), dtype=np.int64, count=n)
+    sentence_rows = np.asarray(sentence_rows, dtype=np.int64)
+    if len(sentence_rows) != int(counts.sum()):
+        raise ValueError(f"{len(sentence_rows)} sentence rows for {int(counts.sum())} sentences")
+    first = np.cumsum(counts) - counts  # each example's first entry in sentence_rows
     sizes = np.diff(tokenized.bounds)
     per_k = {}
     lengths = np.zeros(n, dtype=np.int64)
     for k in np.unique(counts).tolist():
         rows = np.flatnonzero(counts == k)
         pieces = _pieces(fmt, k, specials)
-        sent = np.asarray([[ids[i] for i in range(k)] for ids in (sentence_ids[r] for r in rows.tolist())],
-                          dtype=np.int64).reshape(len(rows), k)
+        sent = sentence_rows[first[rows][:, None] + np.arange(k)]  # (R, k)
         which = np.asarray([p.sentence for p in pieces], dtype=np.int64)  # (J,) 0 for specials
         src = np.where(which > 0, sent[:, np.maximum(which - 1, 0)], -1)  # (R, J) tokenized row, -1 special
         piece_len = np.where(src >= 0, sizes[np.maximum(src, 0)], 1)

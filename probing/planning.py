@@ -279,14 +279,11 @@ def layout_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], star
     sentences are tokenized in one call and laid out with array operations (:func:`render_many`);
     every example's length is checked against the plan."""
     idx = plan_.kept(start, stop)
-    unique: dict[str, int] = {}
-    for e in idx:
-        for s in examples[e].sentences:
-            unique.setdefault(s, len(unique))
-    tokenized = tokenize_flat(lm.tokenizer, list(unique))
     kept = [examples[e] for e in idx]
-    layout = render_many(plan_.fmt, kept, [[unique[s] for s in ex.sentences] for ex in kept], tokenized,
-                         plan_.specials)
+    unique: dict[str, int] = {}
+    rows = np.fromiter((unique.setdefault(s, len(unique)) for ex in kept for s in ex.sentences), dtype=np.int64)
+    tokenized = tokenize_flat(lm.tokenizer, list(unique))
+    layout = render_many(plan_.fmt, kept, rows, tokenized, plan_.specials)
     bad = np.flatnonzero(layout.lengths != plan_.lengths[idx]) if idx else []
     if len(bad):
         i = int(bad[0])

@@ -362,7 +362,7 @@ def test_render_many_lays_out_what_render_does(request, tok_name):
         fmt = resolve_format(name, tok)
         specials = special_token_ids(tok, fmt)
         kept = [e for e in data if e.n_sentences >= fmt.min_sentences()]
-        layout = render_many(fmt, kept, [[row[s] for s in e.sentences] for e in kept], flat, specials)
+        layout = render_many(fmt, kept, [row[s] for e in kept for s in e.sentences], flat, specials)
         assert len({e.n_sentences for e in kept}) >= 2 and len(layout) == len(kept)
         for e, got in zip(kept, layout.rendered()):
             want = render(fmt, e, [each[row[s]] for s in e.sentences], specials)
