@@ -345,10 +345,11 @@ def _backend(tokenizer):
     backend = getattr(tokenizer, "_tokenizer", None)
     if not isinstance(backend, tokenizers.Tokenizer):
         return None
-    library = ("transformers.tokenization_utils_tokenizers", "transformers.tokenization_utils_fast")
-    for name in ("_encode_plus", "_batch_encode_plus"):
+    library = ("transformers.tokenization_utils_tokenizers", "transformers.tokenization_utils_fast",
+               "transformers.tokenization_utils_base")
+    for name in ("__call__", "_call_one", "_encode_plus", "_batch_encode_plus"):
         method = getattr(type(tokenizer), name, None)
-        if method is not None and getattr(method, "__module__", None) not in library + ("transformers.tokenization_utils_base",):
+        if method is not None and getattr(method, "__module__", None) not in library:
             return None
     return backend
 

@@ -335,17 +335,21 @@ def test_the_direct_rust_call_gives_what_the_transformers_call_gives(request, tm
     assert all(sep not in row for row in ids)  # literal special-token text is split, never the token itself
 
 
-def test_a_tokenizer_class_with_its_own_encoding_takes_the_transformers_call(bert_tokenizer):
+@pytest.mark.parametrize("method", ["_encode_plus", "__call__"])
+def test_a_tokenizer_class_with_its_own_encoding_takes_the_transformers_call(bert_tokenizer, method):
     from probing import formats as F
 
-    class Shouting(type(bert_tokenizer)):
-        def _encode_plus(self, text, *args, **kwargs):  # changes the text before the Rust tokenizer sees it
-            return super()._encode_plus([t.upper() for t in text], *args, **kwargs)
+    base = type(bert_tokenizer)
 
-    tok = Shouting.from_pretrained(bert_tokenizer.name_or_path)
-    assert F._backend(tok) is None
+    def prefixing(self, text, *args, **kwargs):  # changes the text before the Rust tokenizer sees it
+        return getattr(super(Prefixing, self), method)(["zebra " + t for t in text], *args, **kwargs)
+
+    Prefixing = type("Prefixing", (base,), {method: prefixing})
+    tok = Prefixing.from_pretrained(bert_tokenizer.name_or_path)
+    assert F._backend(tok) is None and F._backend(bert_tokenizer) is not None
     ids, _, _ = F._encode(tok, ["hello there"], offsets=False)
-    assert ids == tok(["HELLO THERE"], add_special_tokens=False)["input_ids"]  # the class's own call ran
+    assert ids == bert_tokenizer(["zebra hello there"], add_special_tokens=False)["input_ids"]  # the class's own call ran
+    assert ids != bert_tokenizer(["hello there"], add_special_tokens=False)["input_ids"]
 
 
 @pytest.mark.parametrize("tok_name", ["bert_tokenizer", "roberta_tokenizer"])
