@@ -526,6 +526,9 @@ def test_q8_reads_the_same_split_fine_tuning_layout():
     assert list(t["pooling"]) == ["cls", "mean"] and t["same test items"].all()
     assert t.loc[0, "fine-tuned − frozen"].startswith("+0.100 (95% CI +0.060 to +0.140)")
     assert not q8_same_items(_finetune_table(n_frozen=40))["same test items"].any()
+    small = _finetune_table()
+    small.loc[small["metric"] == "accuracy_diff", "p_holm"] = 0.00065
+    assert set(q8_same_items(small)["p (Holm)"]) == {"< 0.001"}  # as every other table prints it, not 0.001
     ev = QUESTION_SECTIONS["Q8"].answer({"finetune": _finetune_table()})
     assert "cls fine-tuned 0.800" in ev and "frozen 0.700" in ev
     assert "Best constant 0.300" in ev  # the pooled one, not the first split's (0.500)

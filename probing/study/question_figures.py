@@ -190,7 +190,7 @@ def q8_same_items(f: pd.DataFrame) -> pd.DataFrame:
     """Per pooling of the fine-tuning table: fine-tuned and frozen accuracy over the out-of-fold test
     items (CIs over documents), the items each is scored on, whether they are the same items (equal
     counts, and the paired fine-tuned − frozen row matched that many), and the paired difference."""
-    from .verdicts import format_interval
+    from .verdicts import format_interval, format_p_cell
 
     rows = []
     for pooling in dict.fromkeys(pick(f, metric="test_accuracy_mean")["pooling"]):
@@ -208,7 +208,7 @@ def q8_same_items(f: pd.DataFrame) -> pd.DataFrame:
                                      if fr is not None else "not run"),
             "fine-tuned − frozen": (format_interval(float(d["value"]), float(d["ci_low"]), float(d["ci_high"]),
                                                     signed=True) if d is not None else "not run"),
-            "p (Holm)": float(d["p_holm"]) if d is not None else float("nan"),
+            "p (Holm)": format_p_cell(float(d["p_holm"])) if d is not None else "–",
             "test items": n_ft,
             "same test items": bool(fr is not None and d is not None and n_ft == n_fr == int(d["n"])),
             "runs": int(ft["n_runs"]) if "n_runs" in ft and pd.notna(ft["n_runs"]) else None,

@@ -429,8 +429,9 @@ def answer_q8(T: dict) -> str:
     d = T.get("paired_q8")
     if d is not None and not d.empty:
         r = _at_last(d).iloc[0]
-        s += (f"Frozen probes for topic, cls − mean at layer {int(r['layer'])}, paired on the same out-of-fold items: "
-              f"{paired_text(r)}." + power_text(d, "this comparison") + " ")
+        s += (f"Frozen probes for topic, cls − mean at layer {int(r['layer'])}, paired on the same out-of-fold items"
+              f"{_items_text(r, 'cross-validated over ', ' examples')}: {paired_text(r)}."
+              + power_text(d, "this comparison") + " ")
     f = T.get("finetune")
     if f is not None:
         t = q8_same_items(f)
@@ -439,14 +440,28 @@ def answer_q8(T: dict) -> str:
                   + "; ".join(f"{r['pooling']} fine-tuned {r['fine-tuned']}, frozen {r['frozen (same splits)']}, "
                               f"difference {r['fine-tuned − frozen']}" for _, r in t.iterrows()) + ".")
         d = pick(f, metric="accuracy_diff")
-        for _, r in d[d["pooling"] != d["pooling_b"]].iterrows():
-            s += f" {diff_label(r)}: {paired_text(r)}."
+        others = d[d["pooling"] != d["pooling_b"]]
+        if not others.empty:
+            note = "the frozen rows here are probes fitted on those splits, not the cross-validated probes above"
+            s += (f" Each pooling − mean on the fine-tuning splits' test items{_items_text(others.iloc[0], '', ' items', note)}: "
+                  + "; ".join(f"{diff_label(r)}: {paired_text(r)}" for _, r in others.iterrows()) + ".")
         pooled = f[f["fold"].isna()] if "fold" in f.columns else f
         best, chance = (one(pooled, metric=m, condition=BASELINE) for m in ("best_constant", "chance"))
         if best is not None:
             s += f" Best constant {fmt(best[0])}" + (f", chance {fmt(chance[0])}" if chance else "") + "."
         s += finetune_warnings(f)
     return s.strip() or "not measured"
+
+
+def _items_text(row, before: str, unit: str, note: str = "") -> str:
+    """`` (cross-validated over 1000 examples, 124 documents; note)``: the items and groups a row is
+    measured on, from its ``n``, ``n_groups`` and ``grouping`` where it has them, then ``note``."""
+    n, g = row.get("n"), row.get("n_groups")
+    parts = [f"{before}{int(n)}{unit}"] if n is not None and pd.notna(n) else []
+    if g is not None and pd.notna(g):
+        parts.append(f"{int(g)} {row.get('grouping') or 'group'}s")
+    inside = "; ".join(x for x in (", ".join(parts), note) if x)
+    return f" ({inside})" if inside else ""
 
 
 def finetune_warnings(f: pd.DataFrame) -> str:

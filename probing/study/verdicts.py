@@ -249,6 +249,18 @@ def format_p(p: float) -> str:
     return "p < 0.001" if p < 0.001 else f"p = {p:.2g}"
 
 
+def format_p_cell(p: float) -> str:
+    """A p-value in a report table: ``< 0.001``, two significant digits, or ``–`` when there is none
+    (three decimals would print 0.00065 as 0.001).
+
+    >>> format_p_cell(0.00065), format_p_cell(0.0523), format_p_cell(float("nan"))
+    ('< 0.001', '0.052', '–')
+    """
+    if p is None or not math.isfinite(p):
+        return "–"
+    return "< 0.001" if p < 0.001 else f"{p:.2g}"
+
+
 def _small(x: float) -> str:
     """A detectable effect on the page: three decimals, or two significant digits below 0.01 (so a
     drift difference's 0.0003 does not print as 0.000)."""
@@ -361,8 +373,7 @@ def verdict_table(rows: pd.DataFrame, claim: Claim) -> pd.DataFrame:
     out = pd.DataFrame({claim.facet[0]: rows[claim.facet[0]]} if claim.facet[0] in rows.columns else {})
     out["difference (95% CI)"] = [format_interval(_num(r, "value"), _num(r, "ci_low"), _num(r, "ci_high"), signed=True)
                                   for _, r in rows.iterrows()]
-    out["p (Holm)"] = [("< 0.001" if p < 0.001 else f"{p:.2g}") if math.isfinite(p) else "–"
-                       for p in (_num(r, "p_holm") for _, r in rows.iterrows())]
+    out["p (Holm)"] = [format_p_cell(_num(r, "p_holm")) for _, r in rows.iterrows()]
     out["mde"] = [_small(m) if math.isfinite(m) else "–" for m in (row_mde(r) for _, r in rows.iterrows())]
     for c in ("n_groups", "grouping"):
         if c in rows.columns:
