@@ -124,6 +124,12 @@ def test_quick_study_end_to_end_and_reuse(tmp_path, tiny_model_dir):
     assert (p5["layer"] >= 1).all()
     pr5 = pd.read_csv(tables / "probes_q5.csv")
     assert {"mean", "length_only"} <= set(pr5[pr5["metric"] == "macro_auc_diff"]["choice_b"])
+    # Q7: trained − random-init only; the length target is never compared with the length-only probe,
+    # which reads the word counts that target is made of (its ceiling), and the evidence says so
+    p7 = pd.read_csv(tables / "paired_q7.csv")
+    assert set(p7["condition_b"]) == {"model_kind=random_init"}
+    q7 = re.search(r"^## Q7\..*?(?=^## )", text, flags=re.S | re.M).group(0)
+    assert "a ceiling, not a baseline" in q7 and "Beyond the length baseline" not in q7
     q6 = pd.read_csv(tables / "paired_q6.csv")
     assert q6["same_folds"].all() and set(q6["condition_b"]) == {"format=cls_last", "format=cls_mid"}
     # Q8: frozen and fine-tuned from identical test items, recorded in the table and the report

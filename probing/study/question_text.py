@@ -218,7 +218,9 @@ def _marginal_q7(T: dict) -> str:
                         vals.append(f"{choice} ({kind.replace('_', ' ')}) {fmt(v[0])}")
             lo = pick(p, choice="length_only", target=target, metric=metric)
             if not lo.empty:
-                vals.append(f"length only {fmt(float(lo['value'].iloc[0]))}")
+                vals.append(f"length only {fmt(float(lo['value'].iloc[0]))}"
+                            + (" (it reads the word counts this target is made of: a ceiling, not a baseline)"
+                               if target == "length" else ""))
             parts.append(f"{target} {metric.replace('_', ' ')}: " + ", ".join(vals))
     q = T.get("probes_q7")
     if q is not None:
@@ -410,9 +412,6 @@ def answer_q7(T: dict) -> str:
     if d is not None and not d.empty:
         s += _paired_at_last(pick(d, condition_a="model_kind=trained"),
                              "Trained − random-init (word order, paired items)", column="choice")
-        s += _paired_at_last(pick(d, condition_b="choice=length_only"),
-                             "Beyond the length baseline (a probe on words per sentence), [CLS] − length-only "
-                             "accuracy per item")
     auc = pick(T.get("probes_pair"), model_kind="trained", choice_b="length_only", metric="macro_auc_diff")
     if not auc.empty:
         auc = _contextual(auc).sort_values(["target", "choice"], kind="stable")
