@@ -888,6 +888,11 @@ def test_q5_verdict_reads_the_macro_auc_against_length_not_the_thresholded_f1():
     # the evidence names each sentence's length-only AUC beside [CLS]'s
     text = QUESTION_SECTIONS["Q5"].answer(T)
     assert "sentence 3: [CLS] 0.620" in text and "length only 0.620" in text
+    # the function-word control is read by macro AUC against the length-only probe, like the bags of words
+    fw = _q5_table([(0.58, 0.57, 0.3)]).assign(target="fw_s1")
+    control = QUESTION_SECTIONS["Q5"].answer({"probes_q5": pd.concat([T["probes_q5"], fw], ignore_index=True)})
+    assert "(fw_s1, which tracks length" in control and "macro AUC 0.580, the length-only probe 0.570" in control
+    assert "[CLS] − length-only +0.010" in control and "micro-F1 0.300" not in control
 
 
 def test_q4_answers_coherence_and_each_sentences_content_words_against_cls():

@@ -373,10 +373,17 @@ def answer_q5(T: dict) -> str:
     s = _marginal_q5(T)
     s += _paired_at_last(T.get("paired_q5"), "[CLS] − mean macro AUC on the same document resamples")
     p = T.get("probes_q5")
-    fw = one(p, choice="cls", target="fw_s1", metric="micro_f1", layer=last_layer(p)) if p is not None else None
-    if fw is not None:
-        s += (f" Control: function-word presence of sentence 1 (fw_s1, which tracks length) from [CLS], micro-F1 "
-              f"{fmt(fw)}; the bow targets are content words.")
+    if p is not None:
+        L = last_layer(p)
+        fw = one(p, choice="cls", target="fw_s1", metric="macro_auc", layer=L)
+        lo = pick(p, choice="length_only", target="fw_s1", metric="macro_auc")
+        d = pick(p, choice="cls", choice_b="length_only", target="fw_s1", metric="macro_auc_diff", layer=L)
+        if fw is not None:
+            s += (f" Control: function-word presence of sentence 1 (fw_s1, which tracks length, so the length-only "
+                  f"probe is its reference) from [CLS], macro AUC "
+                  f"{fmt(fw[0])}" + (f", the length-only probe {fmt(float(lo['value'].iloc[0]))}" if not lo.empty else "")
+                  + (f", [CLS] − length-only {paired_text(d.iloc[0])}" if not d.empty else "")
+                  + "; the bow targets are content words.")
     return s
 
 
