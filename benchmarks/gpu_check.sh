@@ -3,7 +3,9 @@
 #   bash benchmarks/gpu_check.sh            # logs under $OUT (default ./gpu-logs), a summary at the end
 # 1. the CUDA tests (tests/test_gpu.py: extraction in float32/bfloat16/float16, attention, interventions,
 #    streaming, probes, fine-tuning and pooling against the CPU; tests/test_cka.py on cuda);
-# 2. extraction throughput of a bert-base-size random-init model in bfloat16, [CLS]+[SEP] and all tokens;
+# 2. extraction throughput of a bert-base-size random-init model in bfloat16, [CLS]+[SEP] and all tokens,
+#    and of a one-layer model on the GPU: the host path's own rate (tokenizing, laying out, batching), the
+#    most any model's extraction can reach on this machine;
 # 3. the probe and CKA benchmarks on the GPU.
 # Each step has its own time limit (seconds, environment variables below) and the script goes on past a
 # failed step; its exit status is the number of failed steps.
@@ -28,6 +30,8 @@ step() {  # step NAME LIMIT_S COMMAND...
 { nvidia-smi -L; $PY -c "import torch, transformers, sys; print(sys.version.split()[0], torch.__version__, transformers.__version__, torch.cuda.get_device_name())"; } 2>&1 | tee "$OUT/env.log"
 step tests "${T_TESTS:-150}" $PY -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_cka.py
 TAIL=30 step extract-cls-sep "${T_EXT:-150}" $PY benchmarks/extract_throughput.py --random-init-size base --device cuda \
+  --dtype bfloat16 --corpus "generated:n=$N_CLS,k=2" --roles cls,sep --batch-tokens 65536 --max-batch 4096 --naive-examples 2000
+TAIL=30 step extract-host-path "${T_HOST:-90}" $PY benchmarks/extract_throughput.py --random-init-size tiny --device cuda \
   --dtype bfloat16 --corpus "generated:n=$N_CLS,k=2" --roles cls,sep --batch-tokens 65536 --max-batch 4096 --naive-examples 2000
 step extract-all "${T_ALL:-150}" $PY benchmarks/extract_throughput.py --random-init-size base --device cuda \
   --dtype bfloat16 --corpus "generated:n=$N_ALL,k=2" --roles all --batch-tokens 65536 --max-batch 4096 --naive-examples 2000
