@@ -30,10 +30,9 @@ def token_table(examples: Sequence[Example], idx: Sequence[int], layout: Layout,
     """One row per stored position (``at``: flat positions of ``layout``, ascending), in corpus order then
     position order."""
     local = np.searchsorted(layout.bounds, at, side="right") - 1  # example of each row, within the layout
-    ids = np.asarray([examples[e].id for e in idx] + [""], dtype=object)
     df = pd.DataFrame({
-        "example": np.asarray(idx, dtype=np.int64)[local] if len(at) else np.zeros(0, np.int64),
-        "example_id": ids[local].tolist(),
+        "example": np.asarray(idx, dtype=np.int64)[local],
+        "example_id": np.asarray([examples[e].id for e in idx], dtype=object)[local].tolist(),
         "role": layout.role_names(at),
         "sentence": layout.sentence[at], "index": layout.index[at], "subword": layout.subword[at],
         "occurrence": layout.occurrence[at],
