@@ -451,3 +451,32 @@ def test_states_read_in_chunks_equal_one_read(tmp_path, tiny_bert, examples, mon
     np.testing.assert_array_equal(cache.states(1, rows), whole[0])
     np.testing.assert_array_equal(cache.states(None, rows), whole[1])
     assert len(cache.manifest["shards"]) > 1 and whole[1].shape == (len(rows), len(cache.layers), 32)
+
+
+@pytest.mark.parametrize("fmt,roles", [("pair", "all"), ("bertsum", "cls,word"), ("cls_last", "sep")])
+def test_token_table_is_what_rendering_each_example_gives(tmp_path, tiny_bert, fmt, roles):
+    """The token table, built from a whole shard's layout, holds for every stored position what the
+    per-example reference (:func:`probing.formats.render`) gives: key columns, token ids, segments,
+    positions and word texts ("" at special tokens), in corpus order then position order."""
+    from probing.formats import render, resolve_format, special_token_ids, tokenize_sentences
+
+    data = sample_examples(9, k=3)
+    (path,) = extract(data, [fmt], model=tiny_bert, out=tmp_path, roles=roles, shard_mb=0.002, progress=False,
+                      log=lambda *a: None)
+    cache = Cache.open(path)
+    assert len(cache.manifest["shards"]) > 1  # several shards, each laid out on its own
+    f = resolve_format(fmt, tiny_bert.tokenizer)
+    specials = special_token_ids(tiny_bert.tokenizer, f)
+    keep = set(roles.split(",")) if roles != "all" else None
+    rows = []
+    for i, ex in enumerate(data):
+        r = render(f, ex, tokenize_sentences(tiny_bert.tokenizer, list(ex.sentences)), specials)
+        for t, role in enumerate(r.role):
+            if keep is None or role in keep:
+                rows.append((i, ex.id, role, int(r.sentence[t]), int(r.index[t]), int(r.subword[t]),
+                             int(r.occurrence[t]), t, int(r.token_type_ids[t]), int(r.input_ids[t]), r.word_text[t]))
+    cols = ["example", "example_id", "role", "sentence", "index", "subword", "occurrence", "position", "segment",
+            "token_id", "word_text"]
+    got = cache.tokens[cols]
+    assert [tuple(x) for x in got.itertuples(index=False)] == rows
+    assert (got["word_text"][got["role"] != "word"] == "").all() and (got["word_text"][got["role"] == "word"] != "").all()
