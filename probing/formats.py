@@ -608,6 +608,7 @@ def render(fmt: Format, example: Example, sentences: Sequence[TokenizedSentence]
 
 #: Role names by code: words, then every special token of the template language (``probing.planning.ROLES``).
 ROLE_NAMES: tuple[str, ...] = ("word",) + tuple(name.lower() for name in SPECIAL_TOKENS)
+_ROLE_OBJECTS = np.asarray(ROLE_NAMES, dtype=object)  # role codes -> names in one take
 
 
 @dataclass
@@ -665,7 +666,7 @@ class Layout:
     tokenized: TokenizedFlat
 
     def role_names(self, positions: np.ndarray) -> list[str]:
-        return np.asarray(ROLE_NAMES, dtype=object)[self.role[positions]].tolist()
+        return _ROLE_OBJECTS[self.role[positions]].tolist()
 
     def word_texts(self, positions: np.ndarray) -> list[str]:
         """The word text at each flat position, "" at special tokens."""

@@ -246,7 +246,8 @@ def format_p(p: float) -> str:
     >>> format_p(3e-15), format_p(0.0123)
     ('p < 0.001', 'p = 0.012')
     """
-    return "p < 0.001" if p < 0.001 else f"p = {p:.2g}"
+    cell = format_p_cell(p)
+    return f"p {cell}" if cell.startswith("<") else f"p = {cell}"
 
 
 def format_p_cell(p: float) -> str:
