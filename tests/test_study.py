@@ -719,7 +719,7 @@ def test_clark_verdict_names_the_layers_above_one_half():
 
     from probing.study.reproductions import PAPERS
 
-    mass = [0.2, 0.3, 0.62, 0.7, 0.66, 0.35, 0.49]
+    mass = [0.2, 0.3, 0.62, 0.7, 0.66, 0.35, 0.495]
     a = pd.DataFrame([{"analysis": "attention", "layer": L, "head": "mean", "role": "all tokens", "target": t,
                        "metric": "attention_mass", "value": v if t == "all [SEP]" else 0.05,
                        "ci_low": (v if t == "all [SEP]" else 0.05) - 0.02, "ci_high": (v if t == "all [SEP]" else 0.05) + 0.02}

@@ -51,8 +51,11 @@ def test_rules_on_constructed_rows_and_their_sentences():
     weak = _row(0.02, 0.05, mde=0.07)
     v = summarise(pd.DataFrame([weak]), CLAIM)
     assert v.decision == "inconclusive" and v.sentence.startswith("Inconclusive: this sample could only detect >= 0.070")
-    # the CI excludes 0 but Holm says no: not significant
-    assert decide(_row(0.05, 0.04, p_holm=0.2, mde=0.01)) == "no_difference"
+    # the CI excludes 0 but Holm says no: not significant; it reaches 0.09, so a relevant difference is open
+    assert decide(_row(0.05, 0.04, p_holm=0.2, mde=0.01)) == "inconclusive"
+    v = summarise(pd.DataFrame([_row(0.01, 0.009, p_holm=0.2, mde=0.01)]), CLAIM)
+    assert v.decision == "no_difference" and "the CI excludes 0, but not after Holm's correction" in v.sentence
+    assert "its CI stays within ±0.03" in v.sentence
     # a row without mde gets one from its CI
     assert decide(_row(0.0, 0.05)) == "inconclusive" and decide(_row(0.0, 0.005)) == "no_difference"
 
@@ -180,3 +183,44 @@ def test_only_in_names_the_other_rows_as_absent_or_undecided():
     both = both.assign(ci_low=both.value - 0.06, ci_high=both.value + 0.06)
     both.loc[:2, ["ci_low", "ci_high"]] = [[0.05, 0.09], [0.05, 0.09], [0.04, 0.08]]
     assert summarise(both, claim).sentence.startswith("Only in sentences 1–3 (inconclusive at sentences 4–5): ")
+
+
+def test_no_difference_needs_the_ci_inside_the_threshold_not_only_power():
+    """Enough power is not enough: a row whose CI reaches past the practical threshold leaves a relevant
+    difference open (equivalence by the CI). Report rows of this kind: +0.029 (+0.007 to +0.046), Holm p
+    0.06, mde 0.028, which the power rule alone called 'No measurable difference'."""
+    open_ = _row(0.0265, 0.0195, p_holm=0.06, mde=0.028)
+    assert decide(open_) == "inconclusive"
+    v = summarise(pd.DataFrame([open_]), CLAIM)
+    assert v.sentence.startswith("Inconclusive: the 95% CI reaches +0.046, beyond the practical threshold of 0.03, "
+                                 "though this sample could detect >= 0.028"), v.sentence
+    # the same power, a CI inside ±0.03: a relevant difference is ruled out
+    assert decide(_row(0.0, 0.0195, p_holm=1.0, mde=0.028)) == "no_difference"
+    # the bound counts either way, and it is strict: a CI ending at -0.03 does not rule out -0.03
+    assert decide(_row(-0.015, 0.015, p_holm=1.0, mde=0.02)) == "inconclusive"
+    assert decide(_row(-0.0149, 0.015, p_holm=1.0, mde=0.02)) == "no_difference"
+    # planted: a true difference at the threshold (0.03), 60 items, in a Holm family of 18 that often leaves
+    # it unsignificant. Claiming "no difference" here is an error: the CI rule makes it at most about 2.5%
+    # of the time (one side of the equivalence test); the power rule alone made it in about 30%.
+    from scipy import stats
+
+    rng = np.random.default_rng(3)
+    new = old = 0
+    for _ in range(400):
+        d = rng.normal(0.03, 0.08, size=60)
+        m, se = d.mean(), d.std(ddof=1) / np.sqrt(60)
+        row = {"value": m, "ci_low": m - 1.96 * se, "ci_high": m + 1.96 * se,
+               "p_holm": min(1.0, 18 * 2 * stats.norm.sf(abs(m) / se)), "mde": 2.8 * se}
+        new += decide(row) == "no_difference"
+        old += decide(row) in ("no_difference", "inconclusive") and row["mde"] <= PRACTICAL_THRESHOLD
+    assert new / 400 <= 0.04 and old / 400 >= 0.2, (new, old)
+
+
+def test_summary_without_significant_rows_quotes_an_inconclusive_row():
+    rows = pd.DataFrame([{"layer": 1, **_row(0.0, 0.02, p_holm=1.0, mde=0.029)},  # powered, inside ±0.03
+                         {"layer": 2, **_row(0.02, 0.015, p_holm=0.3, mde=0.021)}])  # powered, reaches 0.035
+    v = summarise(rows, CLAIM)
+    assert v.decision == "inconclusive" and "at layer 2" in v.sentence and "reaches +0.035" in v.sentence
+    ok = rows.assign(value=[0.0, 0.005])
+    ok = ok.assign(ci_low=ok["value"] - 0.015, ci_high=ok["value"] + 0.015)
+    assert summarise(ok, CLAIM).sentence.startswith("No measurable difference at any layer:")

@@ -18,11 +18,19 @@ the row                                       verdict
 ============================================  ===========================================================
 significant and ``|value| >= threshold``      ``yes``: "Yes: …"
 significant and ``|value| < threshold``       ``yes_small``: "Yes, but small: …"
-not significant and ``mde <= threshold``      ``no_difference``: "No measurable difference (…; this
-                                              sample could detect >= mde)"
+not significant, ``mde <= threshold`` and    ``no_difference``: "No measurable difference (…; this
+the CI inside ``(-threshold, threshold)``     sample could detect >= mde, and its CI stays within ±threshold)"
 not significant and ``mde > threshold``       ``inconclusive``: "Inconclusive: this sample could only
                                               detect >= mde"
+not significant, the CI reaching ±threshold   ``inconclusive``: "Inconclusive: the 95% CI reaches …, beyond
+                                              the practical threshold"
 ============================================  ===========================================================
+
+"No measurable difference" is a claim that any difference is below the threshold, so it needs both the
+power (the sample could have detected the threshold) and the interval (a difference of the threshold or
+more is outside the 95% CI: an equivalence test by two one-sided tests at 2.5% each, Lakens 2017,
+Soc. Psychol. Personal. Sci. 8(4)). A row with adequate power whose CI still reaches past the threshold
+(say +0.007 to +0.046 with Holm p = 0.06) leaves a practically relevant difference open: inconclusive.
 
 *Significant* means the 95% CI excludes 0 **and**, when the row has ``p_holm`` (else ``p_value``),
 that p-value is below α: the multiple-comparison policy is Holm's step-down correction over the rows
@@ -34,7 +42,8 @@ Across a facet (layers, sentence positions, k): :func:`summarise` decides each r
 all rows are significant in the direction of the strongest one the verdict is "Only in layers a–b: …",
 quoting the strongest row (and naming the layers significant in the opposite direction, if any);
 when all are, the strongest row decides between "Yes" and "Yes, but small"; when none are, it is
-"No measurable difference" if every row's mde is at most the threshold, else "Inconclusive".
+"No measurable difference" if every row is, else "Inconclusive", quoting the least powerful
+inconclusive row.
 A one-sided question (``Claim.direction = +1``: "is it above?") whose significant rows all go the
 other way is answered "No" ("No, in any layer: …" when every layer does). A row whose CI excludes 0
 but whose Holm-adjusted p does not pass says so in its sentence. Comparison rows derived from
@@ -198,6 +207,13 @@ def row_mde(row) -> float:
     return mde_from_ci(lo, hi) if math.isfinite(lo) and math.isfinite(hi) else float("nan")
 
 
+def within_threshold(row, threshold: float = PRACTICAL_THRESHOLD) -> bool:
+    """The row's 95% CI lies strictly inside ``(-threshold, threshold)``: a difference of the threshold
+    or more, either way, is ruled out (equivalence by two one-sided tests at 2.5% each)."""
+    lo, hi = _num(row, "ci_low"), _num(row, "ci_high")
+    return math.isfinite(lo) and math.isfinite(hi) and -threshold < lo and hi < threshold
+
+
 def decide(row, threshold: float = PRACTICAL_THRESHOLD) -> Decision:
     """The decision for one comparison row (the rules of the module docstring)."""
     if not math.isfinite(_num(row, "value")):
@@ -205,7 +221,8 @@ def decide(row, threshold: float = PRACTICAL_THRESHOLD) -> Decision:
     if significant(row):
         return "yes" if abs(_num(row, "value")) >= threshold else "yes_small"
     mde = row_mde(row)
-    return "no_difference" if math.isfinite(mde) and mde <= threshold else "inconclusive"
+    powered = math.isfinite(mde) and mde <= threshold
+    return "no_difference" if powered and within_threshold(row, threshold) else "inconclusive"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -302,10 +319,15 @@ def sentence(row, claim: Claim, decision: Decision | None = None, where: str = "
     lo, hi = _num(row, "ci_low"), _num(row, "ci_high")
     if lo > 0 or hi < 0:  # the CI is per comparison; the decision also asks the Holm-adjusted p
         ev += "; the CI excludes 0, but not after Holm's correction across the family"
+    t = claim.threshold
     if decision == "no_difference":
-        return f"{label}: {claim.none} ({ev}; this sample could detect >= {_small(mde)})."
+        return f"{label}: {claim.none} ({ev}; this sample could detect >= {_small(mde)}, and its CI stays within ±{t:g})."
+    if math.isfinite(mde) and mde <= t:  # powered, but the interval leaves a relevant difference open
+        bound = hi if abs(hi) >= abs(lo) else lo
+        return (f"{label}: the 95% CI reaches {bound:+.3f}, beyond the practical threshold of {t:g}, though this "
+                f"sample could detect >= {_small(mde)} ({ev}).")
     return (f"{label}: this sample could only detect >= {_small(mde)}, above the practical threshold of "
-            f"{claim.threshold:g} ({ev}).")
+            f"{t:g} ({ev}).")
 
 
 def summarise(rows: pd.DataFrame | None, claim: Claim) -> Verdict:
@@ -357,9 +379,11 @@ def summarise(rows: pd.DataFrame | None, claim: Claim) -> Verdict:
         elif multi:
             label = f"{LABELS[decision]}, in every {col}"
         return Verdict(decision, sentence(row, claim, decision, where(best), label), row.to_dict())
-    # no significant row: the verdict is as weak as its least powerful row
-    mdes = np.array([row_mde(rows.loc[i]) for i in measured])
-    worst = measured[int(np.nanargmax(mdes))] if np.isfinite(mdes).any() else measured[0]
+    # no significant row: the verdict is as weak as its weakest row (an inconclusive one where there is
+    # one, the least powerful of those)
+    weak = [i for i in measured if decisions[i] == "inconclusive"] or measured
+    mdes = np.array([row_mde(rows.loc[i]) for i in weak])
+    worst = weak[int(np.nanargmax(mdes))] if np.isfinite(mdes).any() else weak[0]
     row = rows.loc[worst]
     decision = decide(row, claim.threshold)
     label = f"{LABELS[decision]} at any {col}" if multi and decision == "no_difference" else None
@@ -390,5 +414,6 @@ def describe_rules(threshold: float = PRACTICAL_THRESHOLD) -> str:
             f"{ALPHA:g}; it is '{LABELS['yes']}' when |difference| >= {threshold:g} (the practical threshold, on "
             f"0–1 scales) and '{LABELS['yes_small']}' below it. Without a significant difference the verdict is "
             f"'{LABELS['no_difference']}' when the sample could have detected {threshold:g} (minimum detectable "
-            f"effect at 80% power), and '{LABELS['inconclusive']}' when it could not. When only some layers differ "
-            f"it says 'Only in layers a–b' and what the other layers show.")
+            f"effect at 80% power) and the 95% CI lies within ±{threshold:g} (a difference of {threshold:g} is ruled "
+            f"out), and '{LABELS['inconclusive']}' when either fails. When only some layers differ it says 'Only in "
+            f"layers a–b' and what the other layers show.")
