@@ -12,8 +12,8 @@ Runners on caches:
 
 * :func:`run_paired_drift` (Q2): three caches of one corpus, a reference format R (``single``) and two
   formats A and B (``pair``, ``concat``); per token key present in all three, ``drift_R→B − drift_R→A``
-  with ``drift = 1 − cos``, per layer and role group: does sentence 1 take in more of sentence 2 in B
-  than in A?
+  with ``drift = 1 − cos``, per layer and role group (and, with ``edges``, each sentence's inner and
+  edge words apart): do sentence 1's words move further from their states alone in B than in A?
 * :func:`run_role_contrast` (Q1): two caches A and B; per example, the drift A→B of one token
   (``cls``) minus the mean drift of the example's word tokens: does [CLS] change more than the words?
 * :func:`run_prefix_drift` (Q3): four caches, formats A and B of a short input (the first k sentences
@@ -94,8 +94,28 @@ def three_way_rows(ref, a, b, words_only: bool = True) -> tuple[np.ndarray, np.n
     return common, ra[ia], rb[ib]
 
 
+def edge_cells(tokens: pd.DataFrame, roles: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """Each sentence's words split by where they sit: ``s<i> edge words`` (its first and last word, whose
+    neighbour on one side is a special token or another sentence, and changes when a separator is
+    dropped) and ``s<i> inner words`` (the rest: both neighbours are words of the same sentence in every
+    format). ``tokens`` are the rows ``roles`` labels; "last" is the last word stored for that example
+    and sentence."""
+    words = tokens["role"].to_numpy() == "word"
+    index = tokens["index"].to_numpy()
+    last = np.full(len(tokens), -1)
+    last[words] = tokens[words].groupby(["example", "sentence"], sort=False)["index"].transform("max").to_numpy()
+    edge = (index == 0) | (index == last)
+    cells = []
+    for role in dict.fromkeys(roles.tolist()):
+        if role.endswith(" words"):
+            m = roles == role
+            name = role[: -len(" words")]
+            cells += [(f"{name} inner words", m & ~edge), (f"{name} edge words", m & edge)]
+    return [(r, m) for r, m in cells if m.any()]
+
+
 def run_paired_drift(ref, a, b, *, layers: Sequence[int] | None = None, words_only: bool = True,
-                     unit: Unit = "token", n_resamples: int = 1000, seed: int = 0,
+                     unit: Unit = "token", edges: bool = False, n_resamples: int = 1000, seed: int = 0,
                      out: str | Path | None = None, force: bool = False, progress: bool = True) -> pd.DataFrame:
     """Paired drift from a reference format: ``drift_R→B − drift_R→A`` on the same token keys.
 
@@ -107,6 +127,10 @@ def run_paired_drift(ref, a, b, *, layers: Sequence[int] | None = None, words_on
     = mean ``d_A``, ``value_b`` = mean ``d_B``). ``unit="example"`` first averages each example's
     tokens. CIs resample documents when the corpus has a ``doc`` label, else examples (``grouping``,
     ``n_groups``); ``p_holm`` adjusts ``p_value`` across layers within each role group.
+
+    ``edges=True`` adds, for each sentence, rows for its inner and its edge words (:func:`edge_cells`):
+    dropping a separator changes an edge word's own neighbour, so a drift difference there need not be
+    the other sentence's content reaching it.
     """
     if unit not in UNITS:
         raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
@@ -115,12 +139,15 @@ def run_paired_drift(ref, a, b, *, layers: Sequence[int] | None = None, words_on
     layers = shared_layers(layers, ref, a, b)
     config = {"ref": cache_identity(ref), "a": cache_identity(a), "b": cache_identity(b), "layers": layers,
               "words_only": words_only, "unit": unit, "n_resamples": n_resamples, "seed": seed}
+    if edges:  # only then, so that tables stored before this option keep their key
+        config["edges"] = True
     path, done = stored_table(out, "paired_drift", config, force)
     if done is not None:
         return done
     r_rows, a_rows, b_rows = three_way_rows(ref, a, b, words_only)
     tok = ref.tokens.iloc[r_rows]
     roles, examples = group_labels(tok), tok["example"].to_numpy()
+    cells = _cells(roles) + (edge_cells(tok, roles) if edges else [])
     base = {"analysis": "paired_drift", "model": model_label(ref), "corpus": ref.manifest["corpus"]["name"],
             "format": a.format_name, "format_b": b.format_name, "reference": ref.format_name,
             "metric": "drift_diff", "target": "", "seed": seed, "unit": unit}
@@ -130,7 +157,7 @@ def run_paired_drift(ref, a, b, *, layers: Sequence[int] | None = None, words_on
         R = ref.states(layer, r_rows)
         d_a = 1.0 - rowwise_cosine(R, a.states(layer, a_rows))
         d_b = 1.0 - rowwise_cosine(R, b.states(layer, b_rows))
-        for role, m in _cells(roles):
+        for role, m in cells:
             ex, va, vb = examples[m], d_a[m], d_b[m]
             if unit == "example":
                 ex, va = _per_example(va, examples[m])
@@ -346,6 +373,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_layers_option(p)
     p.add_argument("--all-tokens", action="store_true", help="paired drift: special tokens too, not only words")
     p.add_argument("--unit", default="token", choices=UNITS, help="paired item: token key or example mean")
+    p.add_argument("--edges", action="store_true",
+                   help="paired drift: also rows for each sentence's inner words and its edge words (first and "
+                        "last, whose own neighbour changes when a separator is dropped)")
     add_output_options(p, resamples=True)
     args = p.parse_args(argv)
     if sum((args.prefix, args.attention, args.contrast is not None)) > 1:
@@ -365,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             df = run_role_contrast(*caches, role=args.contrast, versus=args.versus, progress=not args.no_progress,
                                    **kw)
         else:
-            df = run_paired_drift(*caches, words_only=not args.all_tokens, unit=args.unit,
+            df = run_paired_drift(*caches, words_only=not args.all_tokens, unit=args.unit, edges=args.edges,
                                   progress=not args.no_progress, **kw)
     except CLI_ERRORS as err:
         return cli_error(err)

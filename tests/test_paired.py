@@ -175,6 +175,63 @@ def test_paired_drift_known_answers(doc_caches):
     assert (same["value"] == 0).all() and (same["p_value"] == 1).all()
 
 
+class _EdgeShifted:
+    """A cache whose word states at sentence edges (first and last word) are rotated by a fixed amount at
+    every layer, and otherwise the cache it wraps: a planted effect on the edge words only."""
+
+    def __init__(self, cache):
+        self._cache = cache
+        tok = cache.tokens
+        words = tok["role"].to_numpy() == "word"
+        last = tok[words].groupby(["example", "sentence"])["index"].transform("max")
+        self._edge = np.zeros(len(tok), dtype=bool)
+        self._edge[np.flatnonzero(words)] = (tok.loc[words, "index"] == 0).to_numpy() | (
+            tok.loc[words, "index"].to_numpy() == last.to_numpy())
+
+    def __getattr__(self, name):
+        return getattr(self._cache, name)
+
+    def states(self, layer=None, rows=None, dtype=np.float32):
+        h = self._cache.states(layer, rows, dtype)
+        rows = np.arange(self._cache.n_tokens) if rows is None else np.asarray(rows)
+        e = self._edge[rows]
+        h[e] = h[e] + 0.5 * np.linalg.norm(h[e], axis=-1, keepdims=True) * np.roll(h[e], 1, axis=-1) / \
+            np.linalg.norm(h[e], axis=-1, keepdims=True)
+        return h
+
+
+def test_paired_drift_edges_find_a_planted_edge_effect_and_no_inner_one(doc_caches):
+    """B = A with only sentence 1's first and last words moved: the edge rows find it, the inner rows
+    are exactly 0, and the rows of all words lie between them (their token-weighted mean)."""
+    single, pair, _ = doc_caches
+    df = run_paired_drift(single, pair, _EdgeShifted(pair), edges=True, n_resamples=100, progress=False)
+    assert set(df["role"]) == {"s1 words", "s1 inner words", "s1 edge words"}
+    by = {r: g.set_index("layer") for r, g in df.groupby("role")}
+    assert (by["s1 inner words"]["value"] == 0).all() and (by["s1 inner words"]["p_value"] == 1).all()
+    assert (by["s1 edge words"]["value"] > 0.01).all() and (by["s1 edge words"]["ci_low"] > 0).all()
+    weighted = (by["s1 inner words"]["value"] * by["s1 inner words"]["n"] + by["s1 edge words"]["value"]
+                * by["s1 edge words"]["n"]) / (by["s1 inner words"]["n"] + by["s1 edge words"]["n"])
+    np.testing.assert_allclose(by["s1 words"]["value"], weighted, atol=1e-6)
+    assert (by["s1 words"]["n"] == by["s1 inner words"]["n"] + by["s1 edge words"]["n"]).all()
+    # without edges, the table is what it was (and so is its stored key)
+    plain = run_paired_drift(single, pair, _EdgeShifted(pair), n_resamples=100, progress=False)
+    assert set(plain["role"]) == {"s1 words"}
+
+
+def test_edge_cells_on_a_constructed_token_table():
+    from analyses.paired import edge_cells
+
+    tok = pd.DataFrame({"example": [0, 0, 0, 0, 0, 0, 1, 1, 1], "sentence": [0, 1, 1, 1, 1, 1, 1, 1, 2],
+                        "role": ["cls", "word", "word", "word", "word", "sep", "word", "word", "word"],
+                        "index": [0, 0, 1, 2, 3, 0, 0, 1, 0]})
+    roles = np.array(["cls", "s1 words", "s1 words", "s1 words", "s1 words", "sep1", "s1 words", "s1 words",
+                      "s2 words"])
+    cells = dict(edge_cells(tok, roles))
+    assert cells["s1 inner words"].tolist() == [False, False, True, True, False, False, False, False, False]
+    assert cells["s1 edge words"].tolist() == [False, True, False, False, True, False, True, True, False]
+    assert cells["s2 edge words"].tolist() == [False] * 8 + [True] and "s2 inner words" not in cells
+
+
 def test_paired_drift_per_example_and_all_tokens(doc_caches):
     single, pair, concat = doc_caches
     df = run_paired_drift(single, pair, concat, unit="example", words_only=False, n_resamples=50, progress=False)

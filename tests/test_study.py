@@ -357,8 +357,8 @@ def test_paper_config_runs_quick_on_a_tiny_model(key, tmp_path, tiny_model_dir):
 # Sections declared as data, verdicts from their tables, text generated from the config
 
 
-def _drift_rows(concat_minus_pair: float, half: float = 0.002) -> "pd.DataFrame":
-    """A paired_q2-like table (analyses.paired.run_paired_drift): s1 words, concat − pair, layers 0-2,
+def _drift_rows(concat_minus_pair: float, half: float = 0.002, role: str = "s1 words") -> "pd.DataFrame":
+    """A paired_q2-like table (analyses.paired.run_paired_drift): one role, concat − pair, layers 0-2,
     with the p-value of a z-test from the half-width (Holm left to the verdict machinery)."""
     import pandas as pd
     from scipy import stats
@@ -368,10 +368,33 @@ def _drift_rows(concat_minus_pair: float, half: float = 0.002) -> "pd.DataFrame"
         v = concat_minus_pair * (layer > 0)
         se = half / 1.96
         rows.append({"analysis": "paired_drift", "reference": "single", "format": "pair", "format_b": "concat",
-                     "layer": layer, "role": "s1 words", "metric": "drift_diff", "value": v, "ci_low": v - half,
+                     "layer": layer, "role": role, "metric": "drift_diff", "value": v, "ci_low": v - half,
                      "ci_high": v + half, "p_value": 2 * stats.norm.sf(abs(v) / se), "n": 100, "n_groups": 40,
                      "grouping": "document"})
     return pd.DataFrame(rows)
+
+
+def test_q2_verdict_reads_the_inner_words_and_the_evidence_names_the_edge_words():
+    """An effect planted on the edge words only (the last word of sentence 1 is next to the middle [SEP])
+    moves all of sentence 1's words, but the verdict reads the inner words: no difference there."""
+    import pandas as pd
+
+    from probing.study.question_text import answer_q2
+    from probing.study.questions import QUESTION_SECTIONS
+
+    cfg = load_config(None)
+    T = {"paired_q2": pd.concat([_drift_rows(0.01, role="s1 words"), _drift_rows(0.0, role="s1 inner words"),
+                                 _drift_rows(0.12, half=0.01, role="s1 edge words")], ignore_index=True)}
+    v = QUESTION_SECTIONS["Q2"].verdict(T, cfg)
+    assert v.decision == "no_difference" and "sentence 1's inner words move as far" in v.sentence, v.sentence
+    text = answer_q2(T)
+    assert "its edge words (the first and the last" in text and "+0.120 (95% CI +0.110 to +0.130" in text
+    assert "against +0.000" in text or "against 0.000" in text or "against -0.000" in text, text
+    # planted on the inner words too: the verdict finds it
+    T["paired_q2"] = pd.concat([T["paired_q2"][T["paired_q2"]["role"] != "s1 inner words"],
+                                _drift_rows(0.05, role="s1 inner words")], ignore_index=True)
+    assert QUESTION_SECTIONS["Q2"].verdict(T, cfg).sentence.startswith(
+        "Yes, in every layer: sentence 1's inner words move further from their states alone in `concat`")
 
 
 def test_question_verdict_is_computed_from_its_table():
@@ -381,7 +404,7 @@ def test_question_verdict_is_computed_from_its_table():
     q2 = QUESTION_SECTIONS["Q2"]
     big = q2.verdict({"paired_q2": _drift_rows(0.05)}, cfg)
     # layer 0 (sentence 1's words embedded alike in every format: 0 by construction) is not read
-    assert big.decision == "yes" and big.sentence.startswith("Yes, in every layer: sentence 1's words take in more")
+    assert big.decision == "yes" and big.sentence.startswith("Yes, in every layer: sentence 1's inner words move further")
     assert "+0.050" in big.sentence and "provisional" not in big.sentence and "40 documents" in big.sentence
     small = q2.verdict({"paired_q2": _drift_rows(0.01)}, cfg)
     assert small.decision == "yes_small" and "+0.010" in small.sentence

@@ -34,7 +34,12 @@ def _q1_rows(T):
 def _q2_rows(T):
     # layer 0 left out: sentence 1's words have the same embedding (token, position, segment A) alone, in
     # `pair` and in `concat`, so their drift there is 0 by construction (a trivial null, not a finding)
-    d = pick(T.get("paired_q2"), reference="single", role="s1 words", metric="drift_diff")
+    # the inner words: an edge word's own neighbour changes when the middle [SEP] goes (the last word of
+    # sentence 1 is next to it), which is not sentence 2 reaching sentence 1; tables from before the split
+    # have only "s1 words"
+    t = pick(T.get("paired_q2"), reference="single", metric="drift_diff")
+    d = pick(t, role="s1 inner words")
+    d = pick(t, role="s1 words") if d.empty else d
     return None if d.empty else _contextual(d)
 
 

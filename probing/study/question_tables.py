@@ -303,7 +303,7 @@ def _finetune(ctx: Context) -> pd.DataFrame:
 #: The multiple-comparison family of each question's paired rows, as the report states it.
 FAMILIES = {
     "Q1": "all layers of [CLS] − words (Holm over layers)",
-    "Q2": "all layers, per sentence (Holm over layers)",
+    "Q2": "all layers, per sentence and word group (all, inner, edge words) (Holm over layers)",
     "Q3": "all layers 1–L, per role group (Holm over layers)",
     "Q4": ("sep1 − cls over every layer 1–L × target (is_next: accuracy; bow_s1, bow_s2: macro AUC) "
            "(Holm over all of them)"),
@@ -353,9 +353,12 @@ def _paired_q2(ctx: Context) -> pd.DataFrame:
     from analyses.paired import run_paired_drift
 
     pair, concat = _pairs(ctx, "pair"), _pairs(ctx, "concat")
-    frames = [run_paired_drift(_pairs(ctx, "single"), pair, concat, **_rs(ctx), progress=ctx.progress)]
+    # edges: a sentence's first and last words apart from its inner words (dropping the middle [SEP]
+    # changes the last word's own right neighbour; the verdict reads the inner words)
+    frames = [run_paired_drift(_pairs(ctx, "single"), pair, concat, edges=True, **_rs(ctx), progress=ctx.progress)]
     if _pairs(ctx, "single2") is not None:
-        frames.append(run_paired_drift(_pairs(ctx, "single2"), pair, concat, **_rs(ctx), progress=ctx.progress))
+        frames.append(run_paired_drift(_pairs(ctx, "single2"), pair, concat, edges=True, **_rs(ctx),
+                                       progress=ctx.progress))
     return pd.concat(frames, ignore_index=True).assign(family=FAMILIES["Q2"])
 
 

@@ -326,6 +326,26 @@ def answer_q2(T: dict) -> str:
     if parts:
         s += (" Paired on the same words, drift into `concat` − into `pair` at the last layer: " + "; ".join(parts)
               + ".")
+    return s + _edges_q2(d)
+
+
+def _edges_q2(d: pd.DataFrame) -> str:
+    """Sentence 1's edge words against its inner words: where the concat − pair difference sits."""
+    edge, inner = pick(d, reference="single", role="s1 edge words"), pick(d, reference="single", role="s1 inner words")
+    if edge.empty or inner.empty:
+        return ""
+    peak = edge.loc[pd.to_numeric(edge["value"]).abs().idxmax()]
+    L = int(peak["layer"])
+    at = pick(inner, layer=L)
+    last_e, last_i = _at_last(edge).iloc[0], _at_last(inner).iloc[0]
+    s = (f" Where in sentence 1: its edge words (the first and the last; the last one's right neighbour is the "
+         f"middle [SEP] in `pair` and sentence 2's first word in `concat`) differ most at layer {L}, "
+         f"{paired_text(peak)}")
+    if not at.empty:
+        s += f", against {paired_text(at.iloc[0])} for its inner words"
+    s += (f"; at layer {int(last_e['layer'])}, edge words {paired_text(last_e)}, inner words "
+          f"{paired_text(last_i)}. The verdict reads the inner words, whose neighbours are words of sentence 1 in "
+          f"every format.")
     return s
 
 
