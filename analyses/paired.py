@@ -94,12 +94,13 @@ def three_way_rows(ref, a, b, words_only: bool = True) -> tuple[np.ndarray, np.n
     return common, ra[ia], rb[ib]
 
 
-def edge_cells(tokens: pd.DataFrame, roles: np.ndarray) -> list[tuple[str, np.ndarray]]:
+def edge_cells(tokens: pd.DataFrame, roles: np.ndarray, overall: str | None = None) -> list[tuple[str, np.ndarray]]:
     """Each sentence's words split by where they sit: ``s<i> edge words`` (its first and last word, whose
     neighbour on one side is a special token or another sentence, and changes when a separator is
     dropped) and ``s<i> inner words`` (the rest: both neighbours are words of the same sentence in every
     format). ``tokens`` are the rows ``roles`` labels; "last" is the last word stored for that example
-    and sentence."""
+    and sentence. ``overall`` names one more cell: every row but the edge words (e.g. [CLS] and the inner
+    words)."""
     words = tokens["role"].to_numpy() == "word"
     index = tokens["index"].to_numpy()
     last = np.full(len(tokens), -1)
@@ -111,6 +112,8 @@ def edge_cells(tokens: pd.DataFrame, roles: np.ndarray) -> list[tuple[str, np.nd
             m = roles == role
             name = role[: -len(" words")]
             cells += [(f"{name} inner words", m & ~edge), (f"{name} edge words", m & edge)]
+    if overall is not None:
+        cells.append((overall, ~(words & edge)))
     return [(r, m) for r, m in cells if m.any()]
 
 
@@ -239,7 +242,7 @@ def prefix_rows(short_a, short_b, long_a, long_b) -> tuple[np.ndarray, np.ndarra
     return sa[in_short], sb[in_short], la[at[found]], lb[at[found]]
 
 
-def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] | None = None,
+def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] | None = None, edges: bool = False,
                      n_resamples: int = 1000, seed: int = 0, out: str | Path | None = None, force: bool = False,
                      progress: bool = True) -> pd.DataFrame:
     """Does the drift between formats A and B grow when the input holds more sentences (Q3)? Paired on
@@ -255,6 +258,11 @@ def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] 
     mean ``d_long``); the CI resamples documents when the corpus has a ``doc`` label, else examples;
     ``p_holm`` adjusts ``p_value`` across layers within each role group. ``corpus`` / ``corpus_b`` name
     the short and the long corpus, ``k`` / ``k_b`` their sentences per example.
+
+    ``edges=True`` adds rows for each sentence's inner and edge words (:func:`edge_cells`) and for
+    ``cls and inner words``: the last word of sentence k is next to the closing [SEP] in both formats of
+    the short input, but in the long one it is next to a [SEP] in one format and to sentence k + 1 in
+    the other, a change of its own neighbour rather than of the format's reach.
     """
     check_comparable(short_a, short_b)
     check_comparable(long_a, long_b)
@@ -262,6 +270,8 @@ def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] 
     layers = shared_layers(layers, short_a, short_b, long_a, long_b)
     config = {"short_a": cache_identity(short_a), "short_b": cache_identity(short_b), "long_a": cache_identity(long_a),
               "long_b": cache_identity(long_b), "layers": layers, "n_resamples": n_resamples, "seed": seed}
+    if edges:  # only then, so that tables stored before this option keep their key
+        config["edges"] = True
     path, done = stored_table(out, "prefix_drift", config, force)
     if done is not None:
         return done
@@ -269,6 +279,7 @@ def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] 
     tok = short_a.tokens.iloc[sa]
     roles, examples = group_labels(tok), tok["example"].to_numpy()
     groups_all, grouping = cache_groups(short_a, examples)
+    cells = _cells(roles) + (edge_cells(tok, roles, overall="cls and inner words") if edges else [])
     k = [sum(c.startswith("sentence_") for c in c_.examples.columns) for c_ in (short_a, long_a)]
     base = {"analysis": "prefix_drift", "model": model_label(short_a), "corpus": short_a.manifest["corpus"]["name"],
             "corpus_b": long_a.manifest["corpus"]["name"], "k": k[0], "k_b": k[1], "format": short_a.format_name,
@@ -279,7 +290,7 @@ def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] 
                       disable=not progress, file=sys.stderr):
         d_short = 1.0 - rowwise_cosine(short_a.states(layer, sa), short_b.states(layer, sb))
         d_long = 1.0 - rowwise_cosine(long_a.states(layer, la), long_b.states(layer, lb))
-        for role, m in _cells(roles):
+        for role, m in cells:
             r = paired_difference(d_long[m], d_short[m], groups_all[m], n_resamples=n_resamples, seed=seed)
             r.update(value_a=float(d_short[m].mean()), value_b=float(d_long[m].mean()))
             records.append({**base, "layer": layer, "role": role, **r, "grouping": grouping})
@@ -374,8 +385,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--all-tokens", action="store_true", help="paired drift: special tokens too, not only words")
     p.add_argument("--unit", default="token", choices=UNITS, help="paired item: token key or example mean")
     p.add_argument("--edges", action="store_true",
-                   help="paired drift: also rows for each sentence's inner words and its edge words (first and "
-                        "last, whose own neighbour changes when a separator is dropped)")
+                   help="paired drift and --prefix: also rows for each sentence's inner words and its edge words "
+                        "(first and last, whose own neighbour changes when a separator is dropped)")
     add_output_options(p, resamples=True)
     args = p.parse_args(argv)
     if sum((args.prefix, args.attention, args.contrast is not None)) > 1:
@@ -390,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.attention:
             df = run_paired_attention(*caches, **kw)
         elif args.prefix:
-            df = run_prefix_drift(*caches, progress=not args.no_progress, **kw)
+            df = run_prefix_drift(*caches, edges=args.edges, progress=not args.no_progress, **kw)
         elif args.contrast is not None:
             df = run_role_contrast(*caches, role=args.contrast, versus=args.versus, progress=not args.no_progress,
                                    **kw)

@@ -344,6 +344,23 @@ def test_prefix_drift_null_and_planted(prefix_caches):
     assert (words["value_a"] == 0).all() and (words["ci_low"] > 0).all() and (words["p_value"] < 0.01).all()
 
 
+def test_prefix_drift_edges_leave_a_planted_edge_effect_out_of_cls_and_inner_words(prefix_caches):
+    """Short inputs against themselves (no drift), the long ones against themselves with only the edge
+    words moved: every edge cell finds it; [CLS] and the inner words show exactly none."""
+    from analyses.paired import run_prefix_drift
+
+    (sm, _), (lm, _) = prefix_caches[2], prefix_caches[4]
+    df = run_prefix_drift(sm, sm, lm, _EdgeShifted(lm), edges=True, n_resamples=200, progress=False)
+    assert {"cls and inner words", "s1 inner words", "s1 edge words", "s2 inner words", "s2 edge words"} <= set(df["role"])
+    by = {r: g for r, g in df.groupby("role")}
+    for role in ("cls and inner words", "s1 inner words", "s2 inner words", "cls"):
+        assert (by[role]["value"] == 0).all() and (by[role]["p_value"] == 1).all(), role
+    for role in ("s1 edge words", "s2 edge words", "all"):
+        assert (by[role]["ci_low"] > 0).all(), role
+    assert set(run_prefix_drift(sm, sm, lm, _EdgeShifted(lm), n_resamples=50, progress=False)["role"]) == {
+        "cls", "s1 words", "s2 words", "all"}
+
+
 def test_prefix_drift_refuses_other_documents(prefix_caches, tmp_path, tiny_bert):
     from analyses.paired import run_prefix_drift
     from probing.cache import IncomparableCaches, check_prefix

@@ -103,7 +103,9 @@ def test_quick_study_end_to_end_and_reuse(tmp_path, tiny_model_dir):
     assert "prefix_drift: cluster bootstrap of paired per-token differences over" in text
     tables = tmp_path / "run" / "tables"
     p3 = pd.read_csv(tables / "paired_q3.csv")
-    assert set(p3["role"]) == {"cls", "s1 words", "s2 words", "all"} and (p3["k_b"] == 3).all()
+    assert set(p3["role"]) == {"cls", "s1 words", "s2 words", "all", "cls and inner words", "s1 inner words",
+                               "s1 edge words", "s2 inner words", "s2 edge words"} and (p3["k_b"] == 3).all()
+    assert "s1 inner words" in set(pd.read_csv(tables / "paired_q2.csv")["role"])
     for name in ("paired_q1", "paired_q2", "paired_q3", "paired_q4", "paired_q5", "paired_q6", "paired_q7", "paired_q8",
                  "q4_knockout_drift", "q4_knockout_probes", "q1_cls_patching"):
         assert (tables / f"{name}.csv").is_file(), name
@@ -806,7 +808,7 @@ def test_q3_verdict_is_paired_per_token_and_skips_layer_0():
     q3 = QUESTION_SECTIONS["Q3"]
     rows = _drift_rows(0.05).assign(role="all", metric="drift_growth", k=2, k_b=5)
     v = q3.verdict({"paired_q3": rows}, cfg)
-    assert v.decision == "yes" and v.sentence.startswith("Yes, in every layer: [CLS] and the words of sentences 1–2")
+    assert v.decision == "yes" and v.sentence.startswith("Yes, in every layer: [CLS] and the inner words of sentences 1–2")
     assert "paired per token" in v.sentence and "40 documents" in v.sentence and "provisional" not in v.sentence
     table, caption = q3.comparison_table({"paired_q3": rows})
     assert list(table["layer"]) == [1, 2]  # layer 0 (embeddings of the same word) is not a comparison
@@ -814,6 +816,12 @@ def test_q3_verdict_is_paired_per_token_and_skips_layer_0():
     assert null.decision == "no_difference"
     # the marginal table alone does not decide any more
     assert q3.verdict({"drift_q3": rows.assign(metric="drift_mean")}, cfg).decision == "not_measured"
+    # with the edge split, the verdict reads [CLS] and the inner words: a growth planted on the edge words
+    # alone (which moves "all") is not a finding
+    split = pd.concat([rows, _drift_rows(0.0).assign(role="cls and inner words", metric="drift_growth", k=2, k_b=5),
+                       _drift_rows(0.2).assign(role="s2 edge words", metric="drift_growth", k=2, k_b=5)],
+                      ignore_index=True)
+    assert q3.verdict({"paired_q3": split}, cfg).decision == "no_difference"
 
 
 def _q7_tables(content: float, length: float, order: float) -> dict:

@@ -44,7 +44,11 @@ def _q2_rows(T):
 
 
 def _q3_rows(T):
-    d = pick(T.get("paired_q3"), role="all", metric="drift_growth")
+    # [CLS] and the inner words: sentence 2's last word changes neighbour in the long `concat` only;
+    # tables from before the split have only "all"
+    t = pick(T.get("paired_q3"), metric="drift_growth")
+    d = pick(t, role="cls and inner words")
+    d = pick(t, role="all") if d.empty else d
     return None if d.empty else _contextual(d)
 
 

@@ -177,8 +177,10 @@ def _paired_q3(ctx: Context) -> pd.DataFrame:
     if short == long:
         return pd.DataFrame()
     get = ctx.caches.get
+    # edges: sentence 2's last word is next to a [SEP] in `multi` but to sentence 3 in the long `concat`
+    # (its own neighbour changes only in the long input); the verdict reads [CLS] and the inner words
     return run_prefix_drift(get(short, "multi"), get(short, "concat"), get(long, "multi"), get(long, "concat"),
-                            **_rs(ctx), progress=ctx.progress).assign(family=FAMILIES["Q3"])
+                            edges=True, **_rs(ctx), progress=ctx.progress).assign(family=FAMILIES["Q3"])
 
 
 def _probes_pair(ctx: Context) -> pd.DataFrame:

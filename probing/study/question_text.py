@@ -125,11 +125,15 @@ def answer_q3(d: pd.DataFrame, T: dict) -> str:
     if not p.empty:
         last = _at_last(p)
         r0 = last.iloc[0]
+        shown = ("cls", "s1 words", "s2 words", "s1 inner words", "s2 inner words", "s2 edge words")
         parts = [f"{r['role'] if r['role'] != 'cls' else '[CLS]'} {fmt(float(r['value_a']))} → {fmt(float(r['value_b']))}, "
-                 f"difference {paired_text(r)}" for _, r in last.iterrows() if r["role"] != "all"]
+                 f"difference {paired_text(r)}" for _, r in last.iterrows() if r["role"] in shown]
         s += (f" Paired on the same tokens, multi → concat drift with k = {int(r0['k'])} → with k = {int(r0['k_b'])} "
               f"sentences at layer {int(r0['layer'])}: " + "; ".join(parts)
               + f" ({int(r0['n_groups'])} {r0['grouping']}s; Holm over layers).")
+        if (last["role"] == "s2 edge words").any():
+            s += (" Sentence 2's edge words include its last, next to the closing [SEP] in both formats at k = "
+                  f"{int(r0['k'])} but next to sentence 3 in the longer `concat`: the verdict leaves the edge words out.")
     return s
 
 

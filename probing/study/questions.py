@@ -57,10 +57,14 @@ def _q3_notes(cfg: dict) -> str:
             "sentences), `multi` ([SEP] after every sentence, alternating segments) against `concat` (one [CLS] … "
             "[SEP]); the model's pre-training format has two segments at most, so growth with k shows the format "
             "moving away from what it saw in training. It does not measure task accuracy with k segments. The verdict "
-            "is paired on the same tokens: [CLS] and the words of sentences 1–2, which the inputs of k = 2 and of the "
+            "is paired on the same tokens: [CLS] and the inner words of sentences 1–2 (neither a sentence's first nor "
+            "its last word), which the inputs of k = 2 and of the "
             "largest k share (the prefixes are the first k sentences of the same documents), their multi → concat "
             "drift with the largest k minus with 2 (analyses.paired.run_prefix_drift; " + FAMILIES["Q3"] + "; layer "
-            "0 left out: a word's embedding does not depend on what follows it). The table's all-tokens column also "
+            "0 left out: a word's embedding does not depend on what follows it). The edge words are left out of the "
+            "verdict because sentence 2's last word is next to the closing [SEP] in both formats at k = 2, but in the "
+            "longer inputs next to a [SEP] in `multi` and to sentence 3 in `concat`: its own neighbour changes, "
+            "which is not the format reaching further. The table's all-tokens column also "
             "counts the words of sentences 3..k, which only the longer inputs have: it is not the comparison.")
 
 
