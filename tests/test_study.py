@@ -433,6 +433,21 @@ def _probe_rows(diff: float, layers=(1.0, 2.0), **extra) -> "pd.DataFrame":
     return pd.DataFrame(rows)
 
 
+def test_q1_verdict_names_the_words_its_rows_compare_with():
+    """paired_q1 compares [CLS] with every word of the example (run_role_contrast's versus="words"), so
+    the sentence must not say "the words of sentence 1" (it did: -0.0070 at layer 6 is [CLS] − all
+    words; [CLS] − sentence 1's words would be about -0.005)."""
+    from probing.study.question_tables import _paired_q1
+    import inspect
+
+    from probing.study.questions import QUESTION_SECTIONS
+
+    v = QUESTION_SECTIONS["Q1"].verdict(
+        {"paired_q1": _probe_rows(-0.05, metric="drift_diff_roles", role="cls", role_b="words")}, load_config(None))
+    assert "the words of both sentences" in v.sentence and "sentence 1" not in v.sentence
+    assert 'versus=' not in inspect.getsource(_paired_q1)  # the study keeps run_role_contrast's default: every word
+
+
 @pytest.mark.parametrize("key,table,extra,words", [
     ("Q1", "paired_q1", {"metric": "drift_diff_roles", "role": "cls", "role_b": "words"}, "[CLS] changes"),
     ("Q4", "paired_q4", {"target": "is_next", "choice": None}, "middle [SEP]"),
