@@ -376,6 +376,24 @@ def _drift_rows(concat_minus_pair: float, half: float = 0.002, role: str = "s1 w
     return pd.DataFrame(rows)
 
 
+def test_q2_attention_evidence_is_paired_and_names_the_layers_that_differ():
+    """Planted: sentence 1's words attend less to sentence 2 in `concat` at layers 2-3 (CIs below 0), alike
+    elsewhere; the text names those layers and the largest row, and says when no layer differs."""
+    import pandas as pd
+
+    from probing.study.question_text import _attention_q2
+
+    rows = pd.DataFrame([{"analysis": "paired_attention", "metric": "attention_diff", "role": "s1 words",
+                          "target": "s2 words", "layer": L, "value": v, "ci_low": v - 0.004, "ci_high": v + 0.004,
+                          "p_holm": 0.001 if abs(v) > 0.004 else 1.0}
+                         for L, v in enumerate([0.0, 0.001, -0.02, -0.01, 0.0, 0.002, 0.0])])
+    text = _attention_q2(rows)
+    assert "`concat` − `pair` paired per example: less in `concat` at layers 2–3" in text, text
+    assert "more in `concat`" not in text and "largest at layer 2: -0.020" in text
+    assert "no layer differs" in _attention_q2(rows.assign(value=0.0, ci_low=-0.004, ci_high=0.004, p_holm=1.0))
+    assert _attention_q2(rows.iloc[0:0]) == ""
+
+
 def test_q2_verdict_reads_the_inner_words_and_the_evidence_names_the_edge_words():
     """An effect planted on the edge words only (the last word of sentence 1 is next to the middle [SEP])
     moves all of sentence 1's words, but the verdict reads the inner words: no difference there."""

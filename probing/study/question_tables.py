@@ -361,6 +361,12 @@ def _paired_q2(ctx: Context) -> pd.DataFrame:
     if _pairs(ctx, "single2") is not None:
         frames.append(run_paired_drift(_pairs(ctx, "single2"), pair, concat, edges=True, **_rs(ctx),
                                        progress=ctx.progress))
+    if pair.manifest.get("attention") and concat.manifest.get("attention"):
+        # the mechanistic view, paired per example: attention mass from sentence 1's words to sentence
+        # 2's words in `concat` − in `pair` (evidence, not the verdict)
+        from analyses.paired import run_paired_attention
+
+        frames.append(run_paired_attention(pair, concat, **_rs(ctx)))
     return pd.concat(frames, ignore_index=True).assign(family=FAMILIES["Q2"])
 
 

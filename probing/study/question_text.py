@@ -330,7 +330,27 @@ def answer_q2(T: dict) -> str:
     if parts:
         s += (" Paired on the same words, drift into `concat` − into `pair` at the last layer: " + "; ".join(parts)
               + ".")
-    return s + _edges_q2(d)
+    return s + _edges_q2(d) + _attention_q2(pick(T.get("paired_q2"), metric="attention_diff"))
+
+
+def _attention_q2(a: pd.DataFrame) -> str:
+    """The paired attention rows of Q2 in words: where sentence 1's words attend more or less to sentence 2
+    in `concat` than in `pair`, by the same significance rule as the verdicts."""
+    from .verdicts import ranges, significant
+
+    a = pick(a, role="s1 words", target="s2 words")
+    if a.empty:
+        return ""
+    a = a.reset_index(drop=True)
+    sig = [significant(r) for _, r in a.iterrows()]
+    up = a.loc[[i for i, ok in enumerate(sig) if ok and a.loc[i, "value"] > 0], "layer"]
+    down = a.loc[[i for i, ok in enumerate(sig) if ok and a.loc[i, "value"] < 0], "layer"]
+    big = a.loc[pd.to_numeric(a["value"]).abs().idxmax()]
+    parts = ([f"more in `concat` at layer{'s' if len(up) > 1 else ''} {ranges(up)}"] if len(up) else []) + \
+            ([f"less in `concat` at layer{'s' if len(down) > 1 else ''} {ranges(down)}"] if len(down) else [])
+    return (" Attention mass from sentence 1's words to sentence 2's words (head mean), `concat` − `pair` paired "
+            "per example: " + ("; ".join(parts) if parts else "no layer differs") +
+            f" (largest at layer {int(big['layer'])}: {paired_text(big)}; Holm over layers).")
 
 
 def _edges_q2(d: pd.DataFrame) -> str:
