@@ -408,6 +408,11 @@ def test_q2_verdict_reads_the_inner_words_and_the_evidence_names_the_edge_words(
     v = QUESTION_SECTIONS["Q2"].verdict(T, cfg)
     assert v.decision == "no_difference" and "sentence 1's inner words move as far" in v.sentence, v.sentence
     text = answer_q2(T)
+    assert "s1's words +0.010" in text and "s2's words" not in text  # no sentence-2 rows here
+    T2 = {"paired_q2": pd.concat([T["paired_q2"], _drift_rows(0.01).assign(reference="single2", role="s2 words")],
+                                 ignore_index=True)}
+    assert "s2's words +0.010 (95% CI +0.008 to +0.012) (not a context effect alone: sentence 2 sits " \
+           "one position earlier in `concat`" in answer_q2(T2), answer_q2(T2)
     assert "its edge words (the first and the last" in text and "+0.120 (95% CI +0.110 to +0.130" in text
     assert "against +0.000" in text or "against 0.000" in text or "against -0.000" in text, text
     # planted on the inner words too: the verdict finds it

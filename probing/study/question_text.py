@@ -326,7 +326,9 @@ def answer_q2(T: dict) -> str:
         r = pick(d, reference=ref, role=role)
         if not r.empty:
             r = _at_last(r).iloc[0]
-            parts.append(f"{role.split()[0]}'s words {paired_text(r)}")
+            caveat = (" (not a context effect alone: sentence 2 sits one position earlier in `concat`, without the "
+                      "middle [SEP], and takes segment A there, B in `pair`)") if ref == "single2" else ""
+            parts.append(f"{role.split()[0]}'s words {paired_text(r)}{caveat}")
     if parts:
         s += (" Paired on the same words, drift into `concat` − into `pair` at the last layer: " + "; ".join(parts)
               + ".")
