@@ -552,10 +552,14 @@ def test_power_sentence_is_generated_from_groups_needed():
     from probing.study.question_text import power_text
 
     rows = _probe_rows(0.0)
-    assert "can detect a difference of 0.03 (needs at most 30)" in power_text(rows, "it")
+    assert "can detect a difference of 0.03 at every layer (needs at most 30)" in power_text(rows, "it")
     short = power_text(rows.assign(groups_needed=[120, 300]), "it")
     assert "cannot reliably detect a difference of 0.03" in short and "about 300 documents" in short
     assert "80 documents" in short
+    # the sentence names the layer it is about (the layer quoted before it may have the power)
+    assert "at every layer: at layer 2 that would take about 300 documents" in short, short
+    one = power_text(rows.iloc[[1]].assign(groups_needed=300), "it")
+    assert ": that would take about 300 documents" in one and "every layer" not in one
 
 
 def _finetune_table(n_frozen: int = 50):

@@ -26,6 +26,16 @@ def _contextual(df: pd.DataFrame) -> pd.DataFrame:
     return _layers(df[pd.to_numeric(df["layer"], errors="coerce") >= 1])
 
 
+def _first_role(rows: pd.DataFrame, *roles: str) -> pd.DataFrame:
+    """The rows of the first of ``roles`` present in ``rows`` (tables stored before a role was added have
+    only the later ones)."""
+    for role in roles:
+        d = pick(rows, role=role)
+        if not d.empty:
+            return d
+    return rows.iloc[0:0]
+
+
 def _q1_rows(T):
     d = pick(T.get("paired_q1"), metric="drift_diff_roles")
     return None if d.empty else _contextual(d)
@@ -37,18 +47,14 @@ def _q2_rows(T):
     # the inner words: an edge word's own neighbour changes when the middle [SEP] goes (the last word of
     # sentence 1 is next to it), which is not sentence 2 reaching sentence 1; tables from before the split
     # have only "s1 words"
-    t = pick(T.get("paired_q2"), reference="single", metric="drift_diff")
-    d = pick(t, role="s1 inner words")
-    d = pick(t, role="s1 words") if d.empty else d
+    d = _first_role(pick(T.get("paired_q2"), reference="single", metric="drift_diff"), "s1 inner words", "s1 words")
     return None if d.empty else _contextual(d)
 
 
 def _q3_rows(T):
     # [CLS] and the inner words: sentence 2's last word changes neighbour in the long `concat` only;
     # tables from before the split have only "all"
-    t = pick(T.get("paired_q3"), metric="drift_growth")
-    d = pick(t, role="cls and inner words")
-    d = pick(t, role="all") if d.empty else d
+    d = _first_role(pick(T.get("paired_q3"), metric="drift_growth"), "cls and inner words", "all")
     return None if d.empty else _contextual(d)
 
 

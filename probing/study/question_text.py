@@ -265,10 +265,16 @@ def power_text(rows: pd.DataFrame, what: str) -> str:
     worst = int(need.max())
     unit = f"{rows['grouping'].iloc[0]}s" if "grouping" in rows.columns else "groups"
     n = int(have.min())
+    # several layers: the sentence is about the least powerful one, and must say so (the layer quoted just
+    # before it may well have the power)
+    layers = pd.to_numeric(rows["layer"], errors="coerce") if "layer" in rows.columns else pd.Series(dtype=float)
+    several = layers.notna().sum() > 1
     if worst <= n:
-        return (f" Power: with {n} {unit}, {what} can detect a difference of {DETECTABLE_EFFECT:g} "
+        every = " at every layer" if several else ""
+        return (f" Power: with {n} {unit}, {what} can detect a difference of {DETECTABLE_EFFECT:g}{every} "
                 f"(needs at most {worst}).")
-    return (f" Power: with {n} {unit}, {what} cannot reliably detect a difference of {DETECTABLE_EFFECT:g}: that "
+    at = f" at every layer: at layer {int(layers[need.idxmax()])} that" if several else ": that"
+    return (f" Power: with {n} {unit}, {what} cannot reliably detect a difference of {DETECTABLE_EFFECT:g}{at} "
             f"would take about {worst} {unit} (a larger corpus).")
 
 
