@@ -27,6 +27,7 @@ middle [SEP]), with the interventions they need from :func:`sep_knockouts`, :fun
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -39,15 +40,17 @@ from analyses.drift import model_label
 from analyses.drift_metrics import rowwise_cosine
 from analyses.results import cache_identity, keep_table, make_table, stored_table
 from analyses.intervals import bootstrap_ci, ratio_bootstrap_ci
+from analyses.probe_metrics import DEFAULT_CS
+from analyses.stats import paired_difference
 from probing.cli import ArgumentParser
 from probing.cache import Cache, align, check_comparable
 from probing.layers import cache_layer, shared_layers
 from probing.interventions import Intervention, Knockout, Patch, check_group, describe, table_mask
 
 PROBE_MODES = ("transfer", "retrain")
-#: Labels asked only of coherent pairs (``is_next == 1``) when the corpus has ``is_next``: a pair whose
-#: second sentence comes from another article has no single topic.
-COHERENT_ONLY = ("topic",)
+#: Labels asked only of examples whose sentences share one topic (every ``topic_s<i>`` equal to ``topic``),
+#: as :mod:`analyses.probe_runner` asks them: with same-topic ``is_next`` negatives that is every example.
+SINGLE_TOPIC = ("topic",)
 
 
 def middle_layers(n_layers: int) -> tuple[int, ...]:
@@ -118,25 +121,66 @@ def _probe(C: float):
 
 
 def probe_correctness(X_clean: np.ndarray, X_treated: Mapping[str, np.ndarray], y: np.ndarray, groups: np.ndarray,
-                      *, mode: str = "transfer", n_splits: int = 5, C: float = 1.0) -> dict[str, np.ndarray]:
+                      *, mode: str = "transfer", n_splits: int = 5, Cs: Sequence[float] = (1.0,),
+                      inner_splits: int = 2, chosen: list | None = None) -> dict[str, np.ndarray]:
     """Out-of-fold correctness per item, on the same folds for every condition.
 
     X_clean: (n, dim) clean states; X_treated: name -> (n, dim) states of the same items under an
     intervention; y: (n,) labels; groups: (n,) folds never split a group. Returns ``{"clean": (n,)
     bool, name: (n,) bool, ...}``: the clean probe's held-out predictions, and for each treated set
     the predictions of a probe fitted on the clean training folds (``mode="transfer"``) or on the
-    treated training folds (``"retrain"``)."""
+    treated training folds (``"retrain"``). With more than one value in ``Cs`` the clean probe of each
+    fold chooses its L2 strength by an inner cross-validation of ``inner_splits`` folds grouped like the
+    outer ones (on the training folds only, as :mod:`analyses.probes` does), and a retrained probe takes
+    the same C, so that only the states differ; ``chosen``, when given, collects the C of each fold."""
     if mode not in PROBE_MODES:
         raise ValueError(f"mode must be one of {PROBE_MODES}, got {mode!r}")
+    from threadpoolctl import threadpool_limits
+
     y = np.asarray(y)
+    groups = np.asarray(groups)
     out = {"clean": np.zeros(len(y), dtype=bool), **{k: np.zeros(len(y), dtype=bool) for k in X_treated}}
-    for train, test in _folds(y, np.asarray(groups), n_splits):
-        clean = _probe(C).fit(X_clean[train], y[train])
+    with threadpool_limits(limits=1, user_api="blas"):  # small fits: BLAS threads cost ~10x here (2 cores)
+        _fit_folds(X_clean, X_treated, y, groups, out, mode, n_splits, Cs, inner_splits, chosen)
+    return out
+
+
+def _fit_folds(X_clean, X_treated, y, groups, out, mode, n_splits, Cs, inner_splits, chosen) -> None:
+    for train, test in _folds(y, groups, n_splits):
+        clean, C = _fit_probe(X_clean[train], y[train], groups[train], Cs, inner_splits)
+        if chosen is not None:
+            chosen.append(C)
         out["clean"][test] = clean.predict(X_clean[test]) == y[test]
         for name, X in X_treated.items():
-            model = clean if mode == "transfer" else _probe(C).fit(X[train], y[train])
+            model = clean if mode == "transfer" else _fit_probe(X[train], y[train], groups[train], (C,), inner_splits)[0]
             out[name][test] = model.predict(X[test]) == y[test]
+
+
+def majority_correctness(y: np.ndarray, groups: np.ndarray, n_splits: int = 5) -> np.ndarray:
+    """Out-of-fold correctness per item of always predicting the training folds' most frequent label, on
+    :func:`probe_correctness`'s folds: the ``majority_baseline`` of :mod:`analyses.probes`."""
+    y = np.asarray(y)
+    out = np.zeros(len(y), dtype=bool)
+    for train, test in _folds(y, np.asarray(groups), n_splits):
+        labels, counts = np.unique(y[train], return_counts=True)
+        out[test] = y[test] == labels[np.argmax(counts)]
     return out
+
+
+def _fit_probe(X: np.ndarray, y: np.ndarray, groups: np.ndarray, Cs: Sequence[float], inner_splits: int):
+    """``(fitted probe, its C)``: one C as it is, several chosen by grouped inner cross-validation
+    (accuracy; ties to the smaller C, the stronger penalty)."""
+    Cs = sorted(float(c) for c in Cs)
+    if not Cs:
+        raise ValueError("Cs must hold at least one C")
+    if len(Cs) == 1:
+        return _probe(Cs[0]).fit(X, y), Cs[0]
+    from sklearn.model_selection import GridSearchCV
+
+    inner = _folds(y, groups, inner_splits)
+    search = GridSearchCV(_probe(Cs[0]), {"logisticregression__C": Cs}, cv=inner, scoring="accuracy")
+    search.fit(X, y)
+    return search.best_estimator_, float(search.best_params_["logisticregression__C"])
 
 
 def _states_by_example(cache: Cache, layer: int, choice: str, examples: np.ndarray) -> np.ndarray:
@@ -150,12 +194,14 @@ def _states_by_example(cache: Cache, layer: int, choice: str, examples: np.ndarr
 
 
 def _items(cache: Cache, target: str) -> tuple[np.ndarray, np.ndarray]:
-    """Examples asked ``target`` (coherent pairs only for :data:`COHERENT_ONLY` labels) and the labels."""
+    """Examples asked ``target`` (for :data:`SINGLE_TOPIC` labels those whose sentences share one topic)
+    and the labels."""
     table = cache.examples
     ex = table["example"].to_numpy()
     keep = np.ones(len(ex), dtype=bool)
-    if target in COHERENT_ONLY and "label_is_next" in table.columns:
-        keep &= table["label_is_next"].to_numpy() == 1
+    if target in SINGLE_TOPIC:
+        for col in [c for c in table.columns if re.fullmatch(r"label_topic_s\d+", c)]:
+            keep &= (table[col] == table[f"label_{target}"]).to_numpy()
     ex = ex[keep]
     return ex, cache.labels(target, ex)
 
@@ -185,8 +231,10 @@ def knockout_drift(clean: Cache, treated: Cache, control: Cache | None = None, *
                    force: bool = False, progress: bool = False) -> pd.DataFrame:
     """Drift from the clean run per layer and group (metric ``drift_treated``), the control's
     (``drift_control``) and their paired difference per example (``drift_difference`` = treated −
-    control), each a mean over examples with a cluster-bootstrap CI over documents. Columns: the
-    standard ones (role = group) plus ``intervention``, ``control``, ``n_clusters``."""
+    control), each a mean over examples with a cluster-bootstrap CI over documents; the difference also
+    has :func:`analyses.stats.paired_difference`'s sign-flip ``p_value``, ``se`` and ``mde``, and
+    ``p_holm`` over the layers of each group. Columns: the standard ones (role = group) plus
+    ``intervention``, ``control``, ``n_clusters``."""
     for c in (treated,) + ((control,) if control is not None else ()):
         check_comparable(clean, c)
     layers = shared_layers(layers, clean, treated, *([control] if control is not None else []))
@@ -212,58 +260,86 @@ def knockout_drift(clean: Cache, treated: Cache, control: Cache | None = None, *
             s_c = pd.Series(d_c, index=ex_c).reindex(ex).to_numpy()
             ok = np.isfinite(s_c)
             rows.append(_ci_row(base, s_c[ok], cl[ok], n_resamples, seed, layer=layer, role=g, metric="drift_control"))
-            rows.append(_ci_row(base, d_t[ok] - s_c[ok], cl[ok], n_resamples, seed, layer=layer, role=g,
-                                metric="drift_difference"))
-    return keep_table(make_table(rows), path)
+            r = paired_difference(d_t[ok], s_c[ok], cl[ok], n_resamples=n_resamples, seed=seed)
+            rows.append({**base, "layer": layer, "role": g, "metric": "drift_difference",
+                         **{k: r[k] for k in ("value", "ci_low", "ci_high", "p_value", "se", "mde", "n")},
+                         "n_clusters": r["n_groups"]})
+    return keep_table(_holm_over_layers(make_table(rows), ["role", "metric"]), path)
+
+
+def _holm_over_layers(df: pd.DataFrame, family: Sequence[str]) -> pd.DataFrame:
+    """``df`` with ``p_holm`` on its tested rows (those with a ``p_value``): Holm over the layers of each
+    ``family`` (:func:`analyses.paired.add_holm`); the other rows keep NA."""
+    from analyses.paired import add_holm
+
+    if df.empty or "p_value" not in df.columns:
+        return df
+    tested = df["p_value"].notna()
+    if not tested.any():
+        return df
+    return pd.concat([df[~tested], add_holm(df[tested], list(family))]).sort_index()
 
 
 def knockout_probes(clean: Cache, treated: Cache, control: Cache | None = None, *,
-                    targets: Sequence[str] = ("topic", "is_next"), choice: str = "cls", layer: int = -1,
-                    mode: str = "transfer", n_splits: int = 5, C: float = 1.0, n_resamples: int = 1000,
+                    targets: Sequence[str] = ("topic", "is_next"), choice: str = "cls",
+                    layers: int | str | Sequence[int] | None = -1, mode: str = "transfer", n_splits: int = 5,
+                    Cs: Sequence[float] = DEFAULT_CS, inner_splits: int = 3, n_resamples: int = 1000,
                     seed: int = 0, out: str | Path | None = None, force: bool = False,
                     progress: bool = False) -> pd.DataFrame:
-    """Probe accuracy of ``choice`` at ``layer`` for each target, clean and intervened, on the same
-    items and folds. Metrics: ``accuracy_clean``, ``accuracy_treated``, ``accuracy_control``,
-    ``change_treated`` (treated − clean, per item), ``change_control`` and ``change_difference``
-    (treated − control, per item), each with a cluster-bootstrap CI over documents. Extra columns:
-    ``choice`` (the token choice probed), ``mode``, ``intervention``, ``control``, ``n_clusters``. A target
-    the corpus lacks is skipped and listed in the ``skipped`` attribute of the returned frame
-    (``df.attrs["skipped"]``)."""
+    """Probe accuracy of ``choice`` at each of ``layers`` (as ``--layers`` takes them; None: every layer the
+    caches share) for each target, clean and intervened, on the same items and folds (:func:`probe_correctness`; ``Cs`` and ``inner_splits`` as there).
+
+    Metrics per layer and target: ``accuracy_clean``, ``accuracy_treated``, ``accuracy_control`` (means
+    with a cluster-bootstrap CI over documents), ``majority_baseline`` (:func:`majority_correctness`, the
+    same way), and the paired per-item changes ``change_treated`` (treated − clean),
+    ``change_control`` and ``change_difference`` (treated − control), each with
+    :func:`analyses.stats.paired_difference`'s CI, sign-flip ``p_value``, ``se`` and ``mde``, and
+    ``p_holm`` over the layers (per target and metric). Extra columns: ``choice``, ``mode``,
+    ``intervention``, ``control``, ``n_clusters``, ``chosen_C_min`` / ``chosen_C_max`` (over the clean
+    fits' folds). A target the corpus lacks is skipped and listed in ``df.attrs["skipped"]``."""
     for c in (treated,) + ((control,) if control is not None else ()):
         check_comparable(clean, c)
-    layer = cache_layer(clean, layer)
+    layers = shared_layers(layers, clean, treated, *([control] if control is not None else []))
     config = {"clean": cache_identity(clean), "treated": cache_identity(treated),
               "control": control and cache_identity(control),
-              "targets": list(targets), "choice": choice, "layer": layer, "mode": mode, "n_splits": n_splits,
-              "C": C, "n_resamples": n_resamples, "seed": seed}
+              "targets": list(targets), "choice": choice, "layers": layers, "mode": mode, "n_splits": n_splits,
+              "Cs": sorted(float(c) for c in Cs), "inner_splits": inner_splits, "n_resamples": n_resamples,
+              "seed": seed}
     path, done = stored_table(out, "intervention_probes", config, force)
     if done is not None:
         return done
-    base = {**_base(clean, "intervention_probes", seed), "format_b": treated.format_name, "layer": layer,
-            "choice": choice, "mode": mode, "intervention": _describe(treated),
+    base = {**_base(clean, "intervention_probes", seed), "format_b": treated.format_name, "choice": choice,
+            "mode": mode, "intervention": _describe(treated),
             "control": _describe(control) if control is not None else ""}
     rows, skipped = [], []
-    for target in tqdm(targets, desc="knockout probes", disable=not progress, file=sys.stderr, delay=1):
-        if f"label_{target}" not in clean.examples.columns:
-            skipped.append(target)
-            continue
+    present = [t for t in targets if f"label_{t}" in clean.examples.columns]
+    skipped = [t for t in targets if t not in present]
+    todo = [(t, layer) for t in present for layer in layers]
+    for target, layer in tqdm(todo, desc="knockout probes", disable=not progress, file=sys.stderr, delay=1):
         ex, y = _items(clean, target)
+        cl = clusters(clean, ex)
         X = _states_by_example(clean, layer, choice, ex)
         treated_X = {"treated": _states_by_example(treated, layer, choice, ex)}
         if control is not None:
             treated_X["control"] = _states_by_example(control, layer, choice, ex)
-        ok = probe_correctness(X, treated_X, y, clusters(clean, ex), mode=mode, n_splits=n_splits, C=C)
-        cl = clusters(clean, ex)
+        chosen: list[float] = []
+        ok = probe_correctness(X, treated_X, y, cl, mode=mode, n_splits=n_splits, Cs=Cs, inner_splits=inner_splits,
+                               chosen=chosen)
+        at = dict(target=target, layer=layer, chosen_C_min=min(chosen), chosen_C_max=max(chosen))
         acc = {k: v.astype(np.float64) for k, v in ok.items()}
         for name, v in acc.items():
-            rows.append(_ci_row(base, v, cl, n_resamples, seed, target=target, metric=f"accuracy_{name}"))
-        for name in [k for k in acc if k != "clean"]:
-            rows.append(_ci_row(base, acc[name] - acc["clean"], cl, n_resamples, seed, target=target,
-                                metric=f"change_{name}"))
+            rows.append(_ci_row(base, v, cl, n_resamples, seed, metric=f"accuracy_{name}", **at))
+        rows.append(_ci_row(base, majority_correctness(y, cl, n_splits).astype(np.float64), cl, n_resamples, seed,
+                            metric="majority_baseline", **at))
+        pairs = [(f"change_{k}", acc[k], acc["clean"]) for k in acc if k != "clean"]
         if control is not None:
-            rows.append(_ci_row(base, acc["treated"] - acc["control"], cl, n_resamples, seed, target=target,
-                                metric="change_difference"))
-    df = keep_table(make_table(rows), path)
+            pairs.append(("change_difference", acc["treated"], acc["control"]))
+        for metric, a, b in pairs:
+            r = paired_difference(a, b, cl, n_resamples=n_resamples, seed=seed)
+            rows.append({**base, **at, "metric": metric, **{k: r[k] for k in
+                         ("value", "ci_low", "ci_high", "p_value", "se", "mde", "n")},
+                         "n_clusters": r["n_groups"]})
+    df = keep_table(_holm_over_layers(make_table(rows), ["target", "metric"]), path)
     df.attrs["skipped"] = skipped
     return df
 
@@ -325,17 +401,30 @@ def drift_reproduced(source: Cache, target: Cache, treated: Sequence[Cache], *, 
 
 
 def q4_sep_knockout(clean: Cache, knockout: Cache, control: Cache, *, targets: Sequence[str] = ("topic", "is_next"),
-                    choice: str = "cls", probe_layer: int = -1, n_resamples: int = 1000, seed: int = 0,
+                    choice: str = "cls", probe_layers: int | str | Sequence[int] | None = None,
+                    Cs: Sequence[float] = DEFAULT_CS, inner_splits: int = 3, n_resamples: int = 1000, seed: int = 0,
                     out: str | Path | None = None, force: bool = False) -> dict[str, pd.DataFrame]:
     """Q4, "does the model use [SEP]?": ``knockout`` and ``control`` are ``clean``'s format extracted
     with :func:`sep_knockouts`. Returns ``{"q4_knockout_drift": ..., "q4_knockout_probes": ...}``
     (:func:`knockout_drift` for cls, sep and word; :func:`knockout_probes` in transfer and retrain
-    modes)."""
+    modes, at ``probe_layers``: None means every stored layer from the first knocked-out one to the
+    last, where a knockout can show; ``Cs`` and ``inner_splits`` as :func:`probe_correctness` takes them)."""
+    if probe_layers is None:
+        probe_layers = after_knockout(knockout)
     drift = knockout_drift(clean, knockout, control, n_resamples=n_resamples, seed=seed, out=out, force=force)
-    probes = pd.concat([knockout_probes(clean, knockout, control, targets=targets, choice=choice, layer=probe_layer,
-                                        mode=m, n_resamples=n_resamples, seed=seed, out=out, force=force)
+    probes = pd.concat([knockout_probes(clean, knockout, control, targets=targets, choice=choice, layers=probe_layers,
+                                        mode=m, Cs=Cs, inner_splits=inner_splits, n_resamples=n_resamples, seed=seed,
+                                        out=out, force=force)
                         for m in PROBE_MODES], ignore_index=True)
     return {"q4_knockout_drift": drift, "q4_knockout_probes": probes}
+
+
+def after_knockout(cache: Cache) -> list[int]:
+    """The layers of ``cache`` from its first knocked-out layer to the last stored one (every stored
+    layer for a cache without knockouts): a knockout at layer l first changes layer l's output."""
+    knockouts = (cache.manifest.get("intervention") or {}).get("knockout", [])
+    first = min((min(k["layers"]) for k in knockouts if k.get("layers")), default=0)
+    return [l for l in cache.layers if l >= first]
 
 
 def q1_patching(pair: Cache, concat: Cache, patched: Mapping[int, Cache], sep_routes: Sequence[Cache] = (), *,
@@ -357,6 +446,7 @@ def q1_patching(pair: Cache, concat: Cache, patched: Mapping[int, Cache], sep_ro
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from analyses.probe_runner import _int_at_least, _positive_floats
     from analyses.results import CLI_ERRORS, add_layers_option, add_output_options, cli_error, one_value, split_list
 
     p = ArgumentParser(prog="python -m analyses.interventions",
@@ -370,8 +460,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_layers_option(k, "every layer stored in all caches")
     k.add_argument("--targets", default="topic,is_next", help="probe targets (default topic,is_next)")
     k.add_argument("--choices", default="cls", help="the one token choice probed (default cls)")
-    k.add_argument("--probe-layer", default="-1", help="the one layer probed; -1 is the last (default -1)")
+    k.add_argument("--probe-layers", "--probe-layer", dest="probe_layers", default="-1",
+                   help="layers probed, as --layers takes them (e.g. 3-6); -1 is the last (default -1)")
     k.add_argument("--folds", type=int, default=5, help="outer cross-validation folds of the probe (default 5)")
+    k.add_argument("--inner-folds", type=_int_at_least(2), default=3,
+                   help="inner cross-validation folds choosing C (default 3)")
+    k.add_argument("--Cs", type=_positive_floats, nargs="+", default=None,
+                   help="the probe's C grid, e.g. 0.003,0.01,0.1 (one value: a fixed C, no inner CV; default "
+                        + ",".join(f"{c:g}" for c in DEFAULT_CS) + ", as python -m analyses.probes)")
     k.add_argument("--mode", choices=PROBE_MODES, default="transfer",
                    help="transfer: probe fitted on clean states; retrain: fitted on the intervened states")
     add_output_options(k, resamples=True)
@@ -393,11 +489,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    progress=not args.no_progress)
             probes = knockout_probes(*caches, control, targets=split_list(args.targets),
                                      choice=one_value(args.choices, "--choices"),
-                                     layer=cache_layer(caches[0], args.probe_layer, "--probe-layer"), mode=args.mode,
-                                     n_splits=args.folds, n_resamples=args.resamples, seed=args.seed, out=args.out,
+                                     layers=shared_layers(args.probe_layers, *caches, option="--probe-layers"),
+                                     mode=args.mode, n_splits=args.folds,
+                                     Cs=DEFAULT_CS if args.Cs is None else [c for cs in args.Cs for c in cs],
+                                     inner_splits=args.inner_folds, n_resamples=args.resamples, seed=args.seed, out=args.out,
                                      force=args.force, progress=not args.no_progress)
             shown = [drift.pivot_table(index=["role", "layer"], columns="metric", values="value"),
-                     probes.pivot_table(index="target", columns="metric", values="value")]
+                     probes.pivot_table(index=["target", "layer"], columns="metric", values="value")]
         else:
             df = drift_reproduced(Cache.open(args.source), Cache.open(args.target),
                                   [Cache.open(c) for c in args.treated], group=args.group, layer=args.layers,

@@ -3,7 +3,7 @@
 - :func:`plot_knockout_drift` (``analysis="intervention_drift"``): drift from the clean run per layer,
   one panel per role group, the knockout against its control with 95% CI bands.
 - :func:`plot_knockout_probes` (``analysis="intervention_probes"``): change in probe accuracy per
-  target, knockout and control side by side with 95% CIs, one panel per mode.
+  probed layer, knockout and control side by side with 95% CIs, one panel per target and mode.
 - :func:`plot_patching` (``analysis="intervention_patching"``): the share of the drift a patch
   reproduces, per patch layer, and that of other interventions as bands, with 95% CIs.
 
@@ -66,25 +66,27 @@ def plot_knockout_drift(df: pd.DataFrame, out: str | Path, roles: Sequence[str] 
 
 
 def plot_knockout_probes(df: pd.DataFrame, out: str | Path) -> list[Path]:
-    """Change in out-of-fold probe accuracy (intervened − clean, per item) for each target: knockout
-    and control bars with 95% CIs, one panel per mode (transfer, retrain)."""
+    """Change in out-of-fold probe accuracy (intervened − clean, per item) per probed layer: knockout and
+    control with 95% CIs, one panel per target (columns) and mode (rows: transfer, retrain)."""
     d = _only(df, "intervention_probes")
     modes = list(dict.fromkeys(d["mode"].astype(str)))
-    fig, axes = style.new_figure(ncols=len(modes))
-    for ax, mode in zip(axes[0], modes):
-        m = d[d["mode"].astype(str) == mode]
-        targets = list(dict.fromkeys(m["target"].astype(str)))
-        x = np.arange(len(targets))
-        for i, name in enumerate(("treated", "control")):
-            r = m[m["metric"] == f"change_{name}"].set_index("target").reindex(targets)
-            if r["value"].isna().all():
-                continue
-            ax.bar(x + (i - 0.5) * 0.38, r["value"].astype(float), width=0.36, yerr=_err(r.reset_index()),
-                   color=style.color(i), label=_LABELS[name], capsize=3)
-        ax.axhline(0, color="black", lw=0.8)
-        ax.set_xticks(x, targets)
-        ax.set_ylabel("accuracy change (intervened − clean)")
-        ax.set_title(f"{m['choice'].iloc[0]} at layer {int(m['layer'].iloc[0])}, probe {mode}")
+    targets = list(dict.fromkeys(d["target"].astype(str)))
+    fig, axes = style.new_figure(ncols=len(targets), nrows=len(modes), sharey=True)
+    for row, mode in zip(axes, modes):
+        for ax, target in zip(row, targets):
+            m = d[(d["mode"].astype(str) == mode) & (d["target"].astype(str) == target)]
+            layers = sorted(int(l) for l in m["layer"].dropna().unique())
+            for i, name in enumerate(("treated", "control")):
+                r = m[m["metric"] == f"change_{name}"].assign(layer=lambda t: t["layer"].astype(int))
+                r = r.set_index("layer").reindex(layers).reset_index()
+                if r["value"].isna().all():
+                    continue
+                ax.errorbar(np.array(layers) + (i - 0.5) * 0.12, r["value"].astype(float), yerr=_err(r), marker="o",
+                            ms=4, capsize=3, color=style.color(i), label=_LABELS[name])
+            ax.axhline(0, color="black", lw=0.8)
+            style.layer_axis(ax, layers)
+            ax.set_title(f"{target}: {m['choice'].iloc[0]}, probe {mode}" if not m.empty else target)
+        row[0].set_ylabel("accuracy change (intervened − clean)")
     axes[0][0].legend()
     fig.suptitle(_title(d, f"Probe accuracy under {d['intervention'].iloc[0]}"), fontsize=10)
     return style.save(fig, out)

@@ -101,14 +101,103 @@ def test_probe_correctness_matches_cross_val_predict_on_the_same_folds():
 
 
 def test_knockout_probes_change_is_zero_for_an_empty_knockout(runs):
-    df = knockout_probes(runs["clean"], runs["nothing"], runs["control"], targets=("topic", "absent"), layer=-1,
-                         n_resamples=50)
+    df = knockout_probes(runs["clean"], runs["nothing"], runs["control"], targets=("topic", "absent"), layers=-1,
+                         Cs=(1.0,), n_resamples=50)
     d = df.set_index("metric")
-    assert d.loc["change_treated", "value"] == 0.0
+    assert d.loc["change_treated", "value"] == 0.0 and d.loc["change_treated", "p_value"] == 1.0
     assert d.loc["accuracy_treated", "value"] == d.loc["accuracy_clean", "value"]
     assert d.loc["change_difference", "value"] == pytest.approx(-d.loc["change_control", "value"])
+    assert 0 < d.loc["majority_baseline", "value"] < 1 and d.loc["majority_baseline", "ci_low"] <= \
+        d.loc["majority_baseline", "value"]
+    assert np.isnan(d.loc["accuracy_clean", "p_value"])  # accuracies are levels, not tested differences
     assert df.attrs["skipped"] == ["absent"]
     assert (df["mode"] == "transfer").all() and (df["layer"] == 2).all()
+
+
+def test_knockout_probes_per_layer_holm_over_layers_and_chosen_C(runs):
+    df = knockout_probes(runs["clean"], runs["ko"], runs["control"], targets=("topic",), layers="1-2",
+                         Cs=(0.01, 1.0), inner_splits=2, n_resamples=50)
+    assert sorted(df["layer"].unique()) == [1, 2]
+    for metric in ("change_treated", "change_control", "change_difference"):
+        rows = df[df["metric"] == metric].sort_values("layer")
+        assert len(rows) == 2
+        from analyses.stats import holm
+
+        np.testing.assert_allclose(rows["p_holm"], holm(rows["p_value"].to_numpy(float)))
+        assert (rows["mde"] >= 0).all() and rows["se"].notna().all() and rows["n_clusters"].eq(12).all()
+    assert set(df["chosen_C_min"]) <= {0.01, 1.0} and set(df["chosen_C_max"]) <= {0.01, 1.0}
+    d2 = df[df["layer"] == 2].set_index("metric")
+    assert d2.loc["change_difference", "value"] == pytest.approx(
+        d2.loc["accuracy_treated", "value"] - d2.loc["accuracy_control", "value"])
+
+
+def test_probe_correctness_finds_a_planted_loss_and_not_a_null_one():
+    rng = np.random.default_rng(1)
+    y = np.repeat([0, 1], 60)
+    signal = rng.normal(size=(120, 8))
+    signal[:, 0] += 2.0 * y
+    erased = signal.copy()
+    erased[:, 0] = rng.normal(size=120)  # the knockout removes the label's direction
+    resampled = signal + rng.normal(scale=0.01, size=signal.shape)  # a control that changes nothing of it
+    groups = np.arange(120) // 2
+    chosen = []
+    ok = probe_correctness(signal, {"treated": erased, "control": resampled}, y, groups, Cs=(0.01, 0.1, 1.0),
+                           inner_splits=2, chosen=chosen)
+    assert len(chosen) == 5 and set(chosen) <= {0.01, 0.1, 1.0}
+    from analyses.stats import paired_difference
+
+    lost = paired_difference(ok["treated"].astype(float), ok["control"].astype(float), groups, n_resamples=500)
+    assert lost["value"] < -0.2 and lost["ci_high"] < 0 and lost["p_value"] < 0.01
+    same = paired_difference(ok["control"].astype(float), ok["clean"].astype(float), groups, n_resamples=500)
+    assert abs(same["value"]) <= 0.02 and same["ci_low"] <= 0 <= same["ci_high"]
+
+
+def test_majority_baseline_is_the_training_folds_majority_out_of_fold():
+    from analyses.interventions import majority_correctness
+
+    y = np.array([0] * 70 + [1] * 30)
+    got = majority_correctness(y, np.arange(100), 5)
+    np.testing.assert_array_equal(got, y == 0)  # every stratified training fold is 70% class 0
+    tie = majority_correctness(np.array([0, 1] * 10), np.arange(20), 2)
+    assert tie.mean() == 0.5
+
+
+def test_fixed_C_is_one_fit_and_a_grid_refits_on_the_best():
+    from analyses.interventions import _fit_probe
+
+    rng = np.random.default_rng(2)
+    y = np.repeat([0, 1, 2], 30)
+    X = rng.normal(size=(90, 6)) + y[:, None]
+    groups = np.arange(90) // 3
+    model, C = _fit_probe(X, y, groups, (0.5,), 2)
+    assert C == 0.5 and model[-1].C == 0.5
+    model, C = _fit_probe(X, y, groups, (10.0, 1e-4), 2)
+    assert C == 10.0 and model[-1].C == 10.0  # 1e-4 squeezes every weight to ~0: chance accuracy inside
+    with pytest.raises(ValueError, match="at least one C"):
+        _fit_probe(X, y, groups, (), 2)
+
+
+def test_topic_items_are_those_whose_sentences_share_it():
+    from analyses.interventions import _items
+
+    class _Stub:
+        examples = pd.DataFrame({"example": [0, 1, 2, 3], "label_topic": [0, 1, 1, 2],
+                                 "label_topic_s2": [0, 2, 1, 2], "label_is_next": [1, 0, 0, 1]})
+
+        def labels(self, name, ex):
+            return self.examples.set_index("example").loc[ex, f"label_{name}"].to_numpy()
+
+    ex, y = _items(_Stub(), "topic")
+    assert list(ex) == [0, 2, 3] and list(y) == [0, 1, 2]  # a same-topic negative (2) stays, a mixed one (1) goes
+    ex, y = _items(_Stub(), "is_next")
+    assert list(ex) == [0, 1, 2, 3]
+
+
+def test_after_knockout_starts_at_the_first_knocked_out_layer(runs):
+    from analyses.interventions import after_knockout
+
+    assert after_knockout(runs["ko"]) == [1, 2]  # sep_knockouts(2): layers 1-2
+    assert after_knockout(runs["clean"]) == [0, 1, 2]
 
 
 def test_fraction_closed_known_answers():

@@ -627,11 +627,35 @@ def test_knockout_sentence_compares_with_the_control():
     assert ("Only in layer 2 (no measurable difference at layer 1): knocking out attention to [SEP] moves [CLS] more "
             "than the control") in s
     assert "+0.080" in s and "lowers the accuracy more than the control" in s and "-0.090" in s
-    assert "clean 0.700, treated 0.600, control 0.690" in s
+    assert "is_next ([CLS], layer 2; clean 0.700, treated 0.600, control 0.690)" in s
     flat = knockout_text({"q4_knockout_drift": drift.assign(value=0.0, ci_low=-0.001, ci_high=0.001),
                           "q4_knockout_probes": probes})
     assert "moves [CLS] no more than the control knockout" in flat
     assert knockout_text({}) == ""
+
+
+def test_knockout_probe_verdict_leaves_out_layers_where_the_clean_probe_is_at_its_baseline():
+    import pandas as pd
+
+    from probing.study.question_text import knockout_text
+
+    def rows(layer, clean, lo, diff):
+        base = {"analysis": "intervention_probes", "mode": "transfer", "target": "is_next", "layer": layer}
+        return [{**base, "metric": "accuracy_clean", "value": clean, "ci_low": lo, "ci_high": clean + 0.03},
+                {**base, "metric": "majority_baseline", "value": 0.5, "ci_low": float("nan"), "ci_high": float("nan")},
+                {**base, "metric": "change_difference", "value": diff, "ci_low": diff - 0.005, "ci_high": diff + 0.005,
+                 "p_value": 0.001 if abs(diff) > 0.01 else 0.8, "mde": 0.01}]
+
+    # layer 3 reads is_next and loses 0.05 of it; layer 6 is at chance, where a large "gain" is meaningless
+    probes = pd.DataFrame(rows(3, 0.63, 0.60, -0.05) + rows(6, 0.52, 0.49, 0.002))
+    s = knockout_text({"q4_knockout_probes": probes})
+    assert "is_next ([CLS], layers 3, 6; clean accuracy 0.520 to 0.630, majority baseline 0.500)" in s, s
+    assert "lowers the accuracy more than the control" in s and "-0.050" in s
+    assert "Left out of the verdict: layer 6, where the clean probe's CI reaches its majority baseline (0.520 at layer 6)" in s
+    assert "at layer 6" not in s.split("Left out")[0]  # the verdict itself is over layer 3 only
+    at_chance = pd.DataFrame(rows(6, 0.52, 0.49, 0.002))
+    assert ("no verdict: the clean probe's CI reaches its majority baseline at every probed layer, so a knockout has "
+            "nothing to lower (knockout − control at layer 6: +0.002") in knockout_text({"q4_knockout_probes": at_chance})
 
 
 def test_every_section_is_declared_once_with_its_parts():

@@ -456,7 +456,8 @@ def _knockout(ctx: Context) -> None:
         ctx.log("analyses: knockout of attention to [SEP] (and its control)")
         ctx.tables.update(q4_sep_knockout(_pairs(ctx, "pair"), ctx.caches.get("pairs", "pair@sep_ko"),
                                           ctx.caches.get("pairs", "pair@sep_ko_control"), targets=("topic", "is_next"),
-                                          choice="cls", probe_layer=-1, **_rs(ctx)))
+                                          choice="cls", Cs=ctx.cfg["probes"]["Cs"],
+                                          inner_splits=ctx.cfg["probes"]["inner_splits"], **_rs(ctx)))
 
 
 def _q4_knockout_drift(ctx: Context) -> pd.DataFrame:

@@ -412,12 +412,47 @@ def knockout_text(T: dict) -> str:
         d = d[pd.to_numeric(d["layer"]) >= pd.to_numeric(d["layer"]).min()]
         s += " " + summarise(d, KNOCKOUT_DRIFT_CLAIM).sentence
     p = pick(probes, metric="change_difference", mode="transfer")
-    for _, r in p.iterrows():
-        v = summarise(pd.DataFrame([r]), KNOCKOUT_PROBE_CLAIM)
-        acc = {m: one(probes, metric=m, mode="transfer", target=r["target"])
-               for m in ("accuracy_clean", "accuracy_treated", "accuracy_control")}
-        accs = ", ".join(f"{m.split('_')[1]} {fmt(v_[0])}" for m, v_ in acc.items() if v_ is not None)
-        s += f" {r['target']} ([CLS], last layer; {accs}): {v.sentence}"
+    if p is not None and not p.empty:
+        for target in dict.fromkeys(p["target"].astype(str)):
+            s += " " + _knockout_probe_text(probes, p[p["target"].astype(str) == target], target)
+    return s
+
+
+def _knockout_probe_text(probes: pd.DataFrame, diff: pd.DataFrame, target: str) -> str:
+    """One target's knockout − control verdict over the probed layers, leaving out the layers where the
+    clean probe does not beat its majority baseline (a knockout has nothing to lower there)."""
+    from .verdicts import ranges, summarise
+
+    def at(metric: str, layer) -> pd.Series | None:
+        r = pick(probes, metric=metric, mode="transfer", target=target, layer=layer)
+        return None if r.empty else r.iloc[0]
+
+    layers = sorted(int(l) for l in diff["layer"])
+    clean = {l: at("accuracy_clean", l) for l in layers}
+    base = {l: at("majority_baseline", l) for l in layers}
+    empty = [l for l in layers if clean[l] is not None and base[l] is not None
+             and float(clean[l]["ci_low"]) <= float(base[l]["value"])]
+    kept = diff[~diff["layer"].astype(int).isin(empty)]
+    majority = next((float(b["value"]) for b in base.values() if b is not None), None)
+    if len(layers) == 1:
+        accs = ", ".join(f"{m.split('_')[1]} {fmt(float(r['value']))}" for m in
+                         ("accuracy_clean", "accuracy_treated", "accuracy_control") if (r := at(m, layers[0])) is not None)
+        head = f"{target} ([CLS], layer {layers[0]}; {accs}"
+    else:
+        vals = [float(clean[l]["value"]) for l in layers if clean[l] is not None]
+        head = (f"{target} ([CLS], layers {ranges(layers)}; clean accuracy {fmt(min(vals))} to {fmt(max(vals))}"
+                if vals else f"{target} ([CLS], layers {ranges(layers)}")
+    head += (f", majority baseline {fmt(majority)})" if majority is not None else ")")
+    if kept.empty:
+        first = diff.sort_values("layer").iloc[0]
+        return (f"{head}: no verdict: the clean probe's CI reaches its majority baseline at every probed layer, so a "
+                f"knockout has nothing to lower (knockout − control at layer {int(first['layer'])}: "
+                f"{paired_text(first)}).")
+    s = f"{head}: {summarise(kept, KNOCKOUT_PROBE_CLAIM).sentence}"
+    if empty:
+        worst = ", ".join(f"{fmt(float(clean[l]['value']))} at layer {l}" for l in empty)
+        s += (f" Left out of the verdict: {'layers' if len(empty) > 1 else 'layer'} {ranges(empty)}, where the clean "
+              f"probe's CI reaches its majority baseline ({worst}), so there is nothing to lower.")
     return s
 
 
