@@ -31,6 +31,9 @@ power (the sample could have detected the threshold) and the interval (a differe
 more is outside the 95% CI: an equivalence test by two one-sided tests at 2.5% each, Lakens 2017,
 Soc. Psychol. Personal. Sci. 8(4)). A row with adequate power whose CI still reaches past the threshold
 (say +0.007 to +0.046 with Holm p = 0.06) leaves a practically relevant difference open: inconclusive.
+"No measurable difference at any layer" asks every layer's interval to pass, each at its own 95%: an
+intersection-union test, which keeps its level without a correction over the layers (Berger 1982,
+Technometrics 24(4)), whereas "a difference at some layer" is a union of tests and needs Holm's.
 
 *Significant* means the 95% CI excludes 0 **and**, when the row has ``p_holm`` (else ``p_value``),
 that p-value is below α: the multiple-comparison policy is Holm's step-down correction over the rows
