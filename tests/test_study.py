@@ -628,6 +628,11 @@ def test_knockout_sentence_compares_with_the_control():
             "than the control") in s
     assert "+0.080" in s and "lowers the accuracy more than the control" in s and "-0.090" in s
     assert "is_next ([CLS], layer 2; clean 0.700, treated 0.600, control 0.690)" in s
+    words = drift.assign(role="word", value=[0.0, -0.05], ci_low=[-0.001, -0.06], ci_high=[0.001, -0.04])
+    w = knockout_text({"q4_knockout_drift": pd.concat([drift, words]), "q4_knockout_probes": probes})
+    assert ("Words: Only in layer 2 (no measurable difference at layer 1): the control knockout moves the words more "
+            "than knocking out attention to [SEP] does") in w and "-0.050" in w
+    assert "Words:" not in s  # no word rows, no sentence
     flat = knockout_text({"q4_knockout_drift": drift.assign(value=0.0, ci_low=-0.001, ci_high=0.001),
                           "q4_knockout_probes": probes})
     assert "moves [CLS] no more than the control knockout" in flat

@@ -394,6 +394,7 @@ def answer_q4(T: dict) -> str:
 #: The knockout claims: the treated effect beyond the control's, on [CLS] and on the task probes.
 KNOCKOUT_DRIFT_CLAIM = claim("Q4_knockout_drift")
 KNOCKOUT_PROBE_CLAIM = claim("Q4_knockout_probes")
+KNOCKOUT_WORDS_CLAIM = claim("Q4_knockout_drift_words")
 
 
 def knockout_text(T: dict) -> str:
@@ -411,6 +412,10 @@ def knockout_text(T: dict) -> str:
         d = _contextual(d)
         d = d[pd.to_numeric(d["layer"]) >= pd.to_numeric(d["layer"]).min()]
         s += " " + summarise(d, KNOCKOUT_DRIFT_CLAIM).sentence
+    w = pick(drift, role="word", metric="drift_difference")
+    if not w.empty:  # the words: is attention to [SEP] worth more to them than as many random word keys?
+        w = _contextual(w)
+        s += " Words: " + summarise(w, KNOCKOUT_WORDS_CLAIM).sentence
     p = pick(probes, metric="change_difference", mode="transfer")
     if p is not None and not p.empty:
         for target in dict.fromkeys(p["target"].astype(str)):
