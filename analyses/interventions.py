@@ -484,12 +484,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.kind == "knockout":
             caches = [Cache.open(c) for c in (args.clean, args.treated)]
             control = Cache.open(args.control) if args.control else None
+            # every option checked before the first table is written: nothing half-written on bad input
+            probe_layers = shared_layers(args.probe_layers, *caches, *([control] if control else []),
+                                         option="--probe-layers")
             drift = knockout_drift(*caches, control, groups=split_list(args.groups), layers=args.layers,
                                    n_resamples=args.resamples, seed=args.seed, out=args.out, force=args.force,
                                    progress=not args.no_progress)
             probes = knockout_probes(*caches, control, targets=split_list(args.targets),
                                      choice=one_value(args.choices, "--choices"),
-                                     layers=shared_layers(args.probe_layers, *caches, option="--probe-layers"),
+                                     layers=probe_layers,
                                      mode=args.mode, n_splits=args.folds,
                                      Cs=DEFAULT_CS if args.Cs is None else [c for cs in args.Cs for c in cs],
                                      inner_splits=args.inner_folds, n_resamples=args.resamples, seed=args.seed, out=args.out,
