@@ -152,7 +152,7 @@ def _fit_folds(X_clean, X_treated, y, groups, out, mode, n_splits, Cs, inner_spl
             chosen.append(C)
         out["clean"][test] = clean.predict(X_clean[test]) == y[test]
         for name, X in X_treated.items():
-            model = clean if mode == "transfer" else _fit_probe(X[train], y[train], groups[train], (C,), inner_splits)[0]
+            model = clean if mode == "transfer" else _probe(C).fit(X[train], y[train])
             out[name][test] = model.predict(X[test]) == y[test]
 
 
@@ -225,6 +225,15 @@ def _ci_row(base: dict, values: np.ndarray, groups: np.ndarray, n_resamples: int
             "n_clusters": int(len(np.unique(groups)))}
 
 
+def _paired_row(base: dict, a: np.ndarray, b: np.ndarray, groups: np.ndarray, n_resamples: int, seed: int,
+                **kw) -> dict:
+    """A row of ``a − b`` paired per item (:func:`analyses.stats.paired_difference`): its mean, CI, sign-flip
+    ``p_value``, ``se`` and ``mde``."""
+    r = paired_difference(a, b, groups, n_resamples=n_resamples, seed=seed)
+    return {**base, **kw, **{k: r[k] for k in ("value", "ci_low", "ci_high", "p_value", "se", "mde", "n")},
+            "n_clusters": r["n_groups"]}
+
+
 def knockout_drift(clean: Cache, treated: Cache, control: Cache | None = None, *,
                    groups: Sequence[str] = ("cls", "sep", "word"), layers: Sequence[int] | None = None,
                    n_resamples: int = 1000, seed: int = 0, out: str | Path | None = None,
@@ -260,10 +269,8 @@ def knockout_drift(clean: Cache, treated: Cache, control: Cache | None = None, *
             s_c = pd.Series(d_c, index=ex_c).reindex(ex).to_numpy()
             ok = np.isfinite(s_c)
             rows.append(_ci_row(base, s_c[ok], cl[ok], n_resamples, seed, layer=layer, role=g, metric="drift_control"))
-            r = paired_difference(d_t[ok], s_c[ok], cl[ok], n_resamples=n_resamples, seed=seed)
-            rows.append({**base, "layer": layer, "role": g, "metric": "drift_difference",
-                         **{k: r[k] for k in ("value", "ci_low", "ci_high", "p_value", "se", "mde", "n")},
-                         "n_clusters": r["n_groups"]})
+            rows.append(_paired_row(base, d_t[ok], s_c[ok], cl[ok], n_resamples, seed, layer=layer, role=g,
+                                    metric="drift_difference"))
     return keep_table(_holm_over_layers(make_table(rows), ["role", "metric"]), path)
 
 
@@ -287,7 +294,8 @@ def knockout_probes(clean: Cache, treated: Cache, control: Cache | None = None, 
                     seed: int = 0, out: str | Path | None = None, force: bool = False,
                     progress: bool = False) -> pd.DataFrame:
     """Probe accuracy of ``choice`` at each of ``layers`` (as ``--layers`` takes them; None: every layer the
-    caches share) for each target, clean and intervened, on the same items and folds (:func:`probe_correctness`; ``Cs`` and ``inner_splits`` as there).
+    caches share) for each target, clean and intervened, on the same items and folds
+    (:func:`probe_correctness`; ``Cs`` and ``inner_splits`` as there).
 
     Metrics per layer and target: ``accuracy_clean``, ``accuracy_treated``, ``accuracy_control`` (means
     with a cluster-bootstrap CI over documents), ``majority_baseline`` (:func:`majority_correctness`, the
@@ -334,11 +342,7 @@ def knockout_probes(clean: Cache, treated: Cache, control: Cache | None = None, 
         pairs = [(f"change_{k}", acc[k], acc["clean"]) for k in acc if k != "clean"]
         if control is not None:
             pairs.append(("change_difference", acc["treated"], acc["control"]))
-        for metric, a, b in pairs:
-            r = paired_difference(a, b, cl, n_resamples=n_resamples, seed=seed)
-            rows.append({**base, **at, "metric": metric, **{k: r[k] for k in
-                         ("value", "ci_low", "ci_high", "p_value", "se", "mde", "n")},
-                         "n_clusters": r["n_groups"]})
+        rows += [_paired_row(base, a, b, cl, n_resamples, seed, metric=metric, **at) for metric, a, b in pairs]
     df = keep_table(_holm_over_layers(make_table(rows), ["target", "metric"]), path)
     df.attrs["skipped"] = skipped
     return df
@@ -492,11 +496,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    progress=not args.no_progress)
             probes = knockout_probes(*caches, control, targets=split_list(args.targets),
                                      choice=one_value(args.choices, "--choices"),
-                                     layers=probe_layers,
-                                     mode=args.mode, n_splits=args.folds,
+                                     layers=probe_layers, mode=args.mode, n_splits=args.folds,
                                      Cs=DEFAULT_CS if args.Cs is None else [c for cs in args.Cs for c in cs],
-                                     inner_splits=args.inner_folds, n_resamples=args.resamples, seed=args.seed, out=args.out,
-                                     force=args.force, progress=not args.no_progress)
+                                     inner_splits=args.inner_folds, n_resamples=args.resamples, seed=args.seed,
+                                     out=args.out, force=args.force, progress=not args.no_progress)
             shown = [drift.pivot_table(index=["role", "layer"], columns="metric", values="value"),
                      probes.pivot_table(index=["target", "layer"], columns="metric", values="value")]
         else:

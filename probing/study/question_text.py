@@ -407,15 +407,11 @@ def knockout_text(T: dict) -> str:
         return ""
     s = " Does the model use [SEP]? Attention to every [SEP] knocked out in the middle layers, against a control " \
         "knockout of as many random word keys:"
-    d = pick(drift, role="cls", metric="drift_difference")
-    if not d.empty:
-        d = _contextual(d)
-        d = d[pd.to_numeric(d["layer"]) >= pd.to_numeric(d["layer"]).min()]
-        s += " " + summarise(d, KNOCKOUT_DRIFT_CLAIM).sentence
-    w = pick(drift, role="word", metric="drift_difference")
-    if not w.empty:  # the words: is attention to [SEP] worth more to them than as many random word keys?
-        w = _contextual(w)
-        s += " Words: " + summarise(w, KNOCKOUT_WORDS_CLAIM).sentence
+    # [CLS], then the words: is attention to [SEP] worth more to them than as many random word keys?
+    for role, claim_, lead in (("cls", KNOCKOUT_DRIFT_CLAIM, " "), ("word", KNOCKOUT_WORDS_CLAIM, " Words: ")):
+        d = pick(drift, role=role, metric="drift_difference")
+        if not d.empty:
+            s += lead + summarise(_contextual(d), claim_).sentence
     p = pick(probes, metric="change_difference", mode="transfer")
     if p is not None and not p.empty:
         for target in dict.fromkeys(p["target"].astype(str)):
@@ -440,8 +436,9 @@ def _knockout_probe_text(probes: pd.DataFrame, diff: pd.DataFrame, target: str) 
     kept = diff[~diff["layer"].astype(int).isin(empty)]
     majority = next((float(b["value"]) for b in base.values() if b is not None), None)
     if len(layers) == 1:
-        accs = ", ".join(f"{m.split('_')[1]} {fmt(float(r['value']))}" for m in
-                         ("accuracy_clean", "accuracy_treated", "accuracy_control") if (r := at(m, layers[0])) is not None)
+        accs = ", ".join(f"{m.split('_')[1]} {fmt(float(r['value']))}"
+                         for m in ("accuracy_clean", "accuracy_treated", "accuracy_control")
+                         if (r := at(m, layers[0])) is not None)
         head = f"{target} ([CLS], layer {layers[0]}; {accs}"
     else:
         vals = [float(clean[l]["value"]) for l in layers if clean[l] is not None]
