@@ -224,3 +224,24 @@ def test_summary_without_significant_rows_quotes_an_inconclusive_row():
     ok = rows.assign(value=[0.0, 0.005])
     ok = ok.assign(ci_low=ok["value"] - 0.015, ci_high=ok["value"] + 0.015)
     assert summarise(ok, CLAIM).sentence.startswith("No measurable difference at any layer:")
+
+
+def test_summary_without_significant_rows_names_the_layers_that_rule_the_threshold_out():
+    # layers 1-2 underpowered (mde 0.05), layers 3-4 powered and inside ±0.03: the verdict stays
+    # inconclusive but must not hide that the later layers settle the question
+    rows = pd.DataFrame([{"layer": 1, **_row(0.01, 0.035, p_holm=1.0, mde=0.05)},
+                         {"layer": 2, **_row(0.02, 0.04, p_holm=1.0, mde=0.057)},
+                         {"layer": 3, **_row(0.0, 0.01, p_holm=1.0, mde=0.014)},
+                         {"layer": 4, **_row(0.002, 0.01, p_holm=1.0, mde=0.014)}])
+    v = summarise(rows, CLAIM)
+    assert v.decision == "inconclusive"
+    assert v.sentence.startswith("Inconclusive at layers 1–2 (no measurable difference at layers 3–4): "
+                                 "this sample could only detect >= 0.057"), v.sentence
+    # a non-integer facet (poolings) reads as a list
+    pool = Claim(more="m", less="l", none="n", quantity="q", facet=("pooling", "poolings"))
+    by_pooling = rows.assign(pooling=["max", "first_word", "cls", "sep1"]).drop(columns="layer")
+    assert summarise(by_pooling, pool).sentence.startswith(
+        "Inconclusive at poolings max, first_word (no measurable difference at poolings cls, sep1): ")
+    # every row inconclusive: no list of settled layers
+    weak = rows.assign(mde=0.05)
+    assert summarise(weak, CLAIM).sentence.startswith("Inconclusive: this sample could only detect >= 0.050")

@@ -46,7 +46,8 @@ all rows are significant in the direction of the strongest one the verdict is "O
 quoting the strongest row (and naming the layers significant in the opposite direction, if any);
 when all are, the strongest row decides between "Yes" and "Yes, but small"; when none are, it is
 "No measurable difference" if every row is, else "Inconclusive", quoting the least powerful
-inconclusive row.
+inconclusive row and, when other rows do rule the threshold out, naming them: "Inconclusive at
+layers 1–4 (no measurable difference at layers 5–6): …".
 A one-sided question (``Claim.direction = +1``: "is it above?") whose significant rows all go the
 other way is answered "No" ("No, in any layer: …" when every layer does). A row whose CI excludes 0
 but whose Holm-adjusted p does not pass says so in its sentence. Comparison rows derived from
@@ -352,6 +353,9 @@ def summarise(rows: pd.DataFrame | None, claim: Claim) -> Verdict:
     def where(i: int) -> str:
         return f" at {col} {rows.loc[i, col]}" if col in rows.columns else ""
 
+    def at(idx: list[int]) -> str:
+        return f"{plural if len(idx) > 1 else col} {ranges(rows.loc[idx, col])}"
+
     if sig:
         lead = [i for i in sig if np.sign(rows.loc[i, "value"]) == claim.direction] if claim.direction else []
         best = max(lead or sig, key=lambda i: abs(float(rows.loc[i, "value"])))
@@ -360,9 +364,6 @@ def summarise(rows: pd.DataFrame | None, claim: Claim) -> Verdict:
         label = None
         same = [i for i in sig if np.sign(rows.loc[i, "value"]) == np.sign(row["value"])]
         opposite = [i for i in sig if i not in same]
-
-        def at(idx: list[int]) -> str:
-            return f"{plural if len(idx) > 1 else col} {ranges(rows.loc[idx, col])}"
 
         # the rows without a significant difference, named by what they can say: a reader must not take
         # an underpowered row for an absent effect
@@ -390,6 +391,10 @@ def summarise(rows: pd.DataFrame | None, claim: Claim) -> Verdict:
     row = rows.loc[worst]
     decision = decide(row, claim.threshold)
     label = f"{LABELS[decision]} at any {col}" if multi and decision == "no_difference" else None
+    settled = [i for i in measured if decisions[i] == "no_difference"]
+    if multi and decision == "inconclusive" and settled:  # mixed: say where the sample does rule 0.03 out
+        label = (f"{LABELS['inconclusive']} at {at(weak)} "
+                 f"({LABELS['no_difference'].lower()} at {at(settled)})")
     return Verdict(decision, sentence(row, claim, decision, where(worst), label), row.to_dict())
 
 
@@ -419,4 +424,5 @@ def describe_rules(threshold: float = PRACTICAL_THRESHOLD) -> str:
             f"'{LABELS['no_difference']}' when the sample could have detected {threshold:g} (minimum detectable "
             f"effect at 80% power) and the 95% CI lies within ±{threshold:g} (a difference of {threshold:g} is ruled "
             f"out), and '{LABELS['inconclusive']}' when either fails. When only some layers differ it says 'Only in "
-            f"layers a–b' and what the other layers show.")
+            f"layers a–b' and what the other layers show; when none differs but only some rule the threshold out, "
+            f"'{LABELS['inconclusive']} at layers a–b ({LABELS['no_difference'].lower()} at layers c–d)'.")
