@@ -450,8 +450,9 @@ def q1_patching(pair: Cache, concat: Cache, patched: Mapping[int, Cache], sep_ro
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from analyses.probe_runner import _int_at_least, _positive_floats
-    from analyses.results import CLI_ERRORS, add_layers_option, add_output_options, cli_error, one_value, split_list
+    from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cli_error, int_at_least, one_value,
+                                  positive_floats, split_list)
+    from analyses.selection import item_rows
 
     p = ArgumentParser(prog="python -m analyses.interventions",
                        description="Effects of an intervention against the clean run (and a control).")
@@ -466,10 +467,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     k.add_argument("--choices", default="cls", help="the one token choice probed (default cls)")
     k.add_argument("--probe-layers", "--probe-layer", dest="probe_layers", default="-1",
                    help="layers probed, as --layers takes them (e.g. 3-6); -1 is the last (default -1)")
-    k.add_argument("--folds", type=int, default=5, help="outer cross-validation folds of the probe (default 5)")
-    k.add_argument("--inner-folds", type=_int_at_least(2), default=3,
+    k.add_argument("--folds", type=int_at_least(2), default=5, help="outer cross-validation folds of the probe (default 5)")
+    k.add_argument("--inner-folds", type=int_at_least(2), default=3,
                    help="inner cross-validation folds choosing C (default 3)")
-    k.add_argument("--Cs", type=_positive_floats, nargs="+", default=None,
+    k.add_argument("--Cs", type=positive_floats, nargs="+", default=None,
                    help="the probe's C grid, e.g. 0.003,0.01,0.1 (one value: a fixed C, no inner CV; default "
                         + ",".join(f"{c:g}" for c in DEFAULT_CS) + ", as python -m analyses.probes)")
     k.add_argument("--mode", choices=PROBE_MODES, default="transfer",
@@ -491,11 +492,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             # every option checked before the first table is written: nothing half-written on bad input
             probe_layers = shared_layers(args.probe_layers, *caches, *([control] if control else []),
                                          option="--probe-layers")
+            choice = one_value(args.choices, "--choices")
+            for c in caches + ([control] if control else []):
+                item_rows(c, choice)  # an unknown choice, or one a cache lacks: a ValueError naming it
             drift = knockout_drift(*caches, control, groups=split_list(args.groups), layers=args.layers,
                                    n_resamples=args.resamples, seed=args.seed, out=args.out, force=args.force,
                                    progress=not args.no_progress)
             probes = knockout_probes(*caches, control, targets=split_list(args.targets),
-                                     choice=one_value(args.choices, "--choices"),
+                                     choice=choice,
                                      layers=probe_layers, mode=args.mode, n_splits=args.folds,
                                      Cs=DEFAULT_CS if args.Cs is None else [c for cs in args.Cs for c in cs],
                                      inner_splits=args.inner_folds, n_resamples=args.resamples, seed=args.seed,

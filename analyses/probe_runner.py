@@ -60,8 +60,8 @@ from analyses.probe_batched import MAX_BATCH_ELEMENTS, probe_many_results
 from analyses.probe_compare import ITEM_KEYS, compare_probes  # noqa: F401 (re-exported: probing.study.questions)
 from analyses.probe_metrics import DEFAULT_CS
 from analyses.probe_results import PROBE_RESAMPLES, cross_validate_probe, probe_rows
-from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
-                              stored_table)
+from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, int_at_least, keep_table,
+                              make_table, positive_float, positive_floats, stored_table)
 from analyses.selection import parse_choice, pooled
 from analyses.stored import PooledStore
 from analyses.vocabulary import content_vocabulary, function_vocabulary, presence
@@ -377,42 +377,6 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
     return (df, pd.concat(item_frames, ignore_index=True)) if items else df
 
 
-def _int_at_least(minimum: int):
-    def parse(value: str) -> int:
-        try:
-            number = int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-        if number < minimum:
-            raise argparse.ArgumentTypeError(f"{value!r}: must be at least {minimum}")
-        return number
-
-    return parse
-
-
-def _positive_floats(value: str) -> list[float]:
-    """``"0.003,0.01"`` -> ``[0.003, 0.01]`` (with ``nargs="+"`` space-separated values work too)."""
-    out = []
-    for part in (v for v in value.split(",") if v.strip()):
-        try:
-            number = float(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{part!r} is not a number") from None
-        if not (np.isfinite(number) and number > 0):
-            raise argparse.ArgumentTypeError(f"{part!r}: must be a positive finite number")
-        out.append(number)
-    if not out:
-        raise argparse.ArgumentTypeError(f"{value!r}: no value given")
-    return out
-
-
-def _positive_float(value: str) -> float:
-    numbers = _positive_floats(value)
-    if len(numbers) != 1:
-        raise argparse.ArgumentTypeError(f"{value!r}: one number expected")
-    return numbers[0]
-
-
 def _layer_list(value: str) -> list[int]:
     try:
         return [int(v) for v in value.split(",") if v.strip()]
@@ -440,17 +404,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--layers", type=_layer_list, default=None,
                    help="comma list of model layers, negative counting from the last (-1 = last; default: all stored)")
     p.add_argument("--random-cache", default=None, help="cache of the same format from --random-init")
-    p.add_argument("--folds", type=_int_at_least(2), default=5, help="outer cross-validation folds (default 5)")
-    p.add_argument("--inner-folds", type=_int_at_least(2), default=3,
+    p.add_argument("--folds", type=int_at_least(2), default=5, help="outer cross-validation folds (default 5)")
+    p.add_argument("--inner-folds", type=int_at_least(2), default=3,
                    help="inner cross-validation folds choosing C (default 3)")
-    p.add_argument("--Cs", type=_positive_floats, nargs="+", default=None,
+    p.add_argument("--Cs", type=positive_floats, nargs="+", default=None,
                    help="the C grid, e.g. 0.003,0.01,0.1 (one value: a fixed C, no inner CV; default "
                         + ",".join(f"{c:g}" for c in DEFAULT_CS) + ")")
-    p.add_argument("--bow-Cs", type=_positive_floats, nargs="+", default=None,
+    p.add_argument("--bow-Cs", type=positive_floats, nargs="+", default=None,
                    help="the C grid of bag-of-words targets (default: --Cs)")
-    p.add_argument("--max-iter", type=_int_at_least(1), default=1000, help="L-BFGS iterations per fit (default 1000)")
-    p.add_argument("--vocab", type=_int_at_least(1), default=50, help="words in bag-of-words targets (default 50)")
-    p.add_argument("--max-tokens", type=_int_at_least(1), default=6000,
+    p.add_argument("--max-iter", type=int_at_least(1), default=1000, help="L-BFGS iterations per fit (default 1000)")
+    p.add_argument("--vocab", type=int_at_least(1), default=50, help="words in bag-of-words targets (default 50)")
+    p.add_argument("--max-tokens", type=int_at_least(1), default=6000,
                    help="token-level targets: at most this many tokens (default 6000)")
     p.add_argument("--no-control", action="store_true", help="skip the control task")
     p.add_argument("--length-baseline", action="store_true",
@@ -459,10 +423,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="one of --choices: each other choice's macro AUC on a bag-of-words target minus this "
                         "one's, per layer, on the same resamples of the same out-of-fold items (metric macro_auc_diff)")
     p.add_argument("--device", default=None, help="torch device for the batched probes (default: CUDA if available)")
-    p.add_argument("--threads", type=_int_at_least(1), default=None,
+    p.add_argument("--threads", type=int_at_least(1), default=None,
                    help="CPU: the batched probes' feature sets are solved in this many single-threaded workers "
                         "(default: torch's thread count, the machine's cores)")
-    p.add_argument("--batch-mb", type=_positive_float, default=None,
+    p.add_argument("--batch-mb", type=positive_float, default=None,
                    help="memory bound of one batch of feature sets per worker, MiB: the features and the solver's "
                         "largest tensors (default 256); smaller holds fewer feature sets at once, which lowers the "
                         "peak on a large corpus and costs time; results agree up to the optimiser's tolerance")

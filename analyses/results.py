@@ -11,9 +11,11 @@ caches with the same code return it.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -174,14 +176,57 @@ def add_output_options(parser, *, resamples: bool = False, seed: bool = True, pr
     from probing.cli import output_dir_arg
 
     if resamples:
-        parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
+        parser.add_argument("--resamples", type=int_at_least(1), default=1000, help="bootstrap resamples (default 1000)")
     if seed:
-        parser.add_argument("--seed", type=int, default=0, help="seed of splits and resampling (default 0)")
+        parser.add_argument("--seed", type=int_at_least(0), default=0, help="seed of splits and resampling (default 0)")
     parser.add_argument("--out", default="results", type=output_dir_arg,
                         help="directory for the result table (default results/)")
     parser.add_argument("--force", action="store_true", help="recompute even if the result exists")
     if progress:
         parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def int_at_least(minimum: int):
+    """An argparse ``type``: an integer >= ``minimum``, else a usage error naming the value.
+
+    >>> int_at_least(2)("3")
+    3
+    """
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"{value!r}: must be at least {minimum}")
+        return number
+
+    return parse
+
+
+def positive_floats(value: str) -> list[float]:
+    """An argparse ``type``: ``"0.003,0.01"`` -> ``[0.003, 0.01]``, each a positive finite number (with
+    ``nargs="+"`` space-separated values work too)."""
+    out = []
+    for part in (v for v in value.split(",") if v.strip()):
+        try:
+            number = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not a number") from None
+        if not (math.isfinite(number) and number > 0):
+            raise argparse.ArgumentTypeError(f"{part!r}: must be a positive finite number")
+        out.append(number)
+    if not out:
+        raise argparse.ArgumentTypeError(f"{value!r}: no value given")
+    return out
+
+
+def positive_float(value: str) -> float:
+    """An argparse ``type``: one positive finite number."""
+    numbers = positive_floats(value)
+    if len(numbers) != 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: one number expected")
+    return numbers[0]
 
 
 def add_layers_option(parser, default: str = "every layer stored") -> None:

@@ -146,6 +146,18 @@ CASES = [
      "knockout {cache} {cache} --probe-layers 9 --out {out}", "--probe-layers '9'"),
     ("interventions-bad-C", "analyses.interventions", "knockout {cache} {cache} --Cs 0 --out {out}",
      "'0': must be a positive finite number"),
+    ("interventions-unknown-choice", "analyses.interventions", "knockout {cache} {cache} --choices nosuchchoice "
+     "--out {out}", "unknown token choice 'nosuchchoice'"),  # checked before the drift table is written
+    ("interventions-choice-not-stored", "analyses.interventions", "knockout {cache} {cache} --choices sep5 --out {out}",
+     "no token matches choice 'sep5'"),
+    ("interventions-one-fold", "analyses.interventions", "knockout {cache} {cache} --folds 1 --out {out}",
+     "--folds: '1': must be at least 2"),
+    # --resamples and --seed mean the same, and are checked the same, in every analysis command
+    ("drift-no-resamples", "analyses.drift", "{cache} {cache} --resamples 0 --out {out}",
+     "--resamples: '0': must be at least 1"),
+    ("probes-no-resamples", "analyses.probes", "{cache} --resamples 0 --out {out}",
+     "--resamples: '0': must be at least 1"),  # it used to run and write a table of NaN intervals
+    ("attention-negative-seed", "analyses.attention", "{cache} --seed -1 --out {out}", "--seed: '-1': must be at least 0"),
     ("interventions-patching-one-layer", "analyses.interventions",
      "patching {cache} {cache} {cache} --layers 1,2 --out {out}", "--layers '1,2' names 2 layers [1, 2]"),
     ("extract-old-seed-option", EX, GEN + " --model {model} --random-init --seed 3", "unrecognized arguments: --seed"),
