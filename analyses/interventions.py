@@ -133,27 +133,42 @@ def probe_correctness(X_clean: np.ndarray, X_treated: Mapping[str, np.ndarray], 
     fold chooses its L2 strength by an inner cross-validation of ``inner_splits`` folds grouped like the
     outer ones (on the training folds only, as :mod:`analyses.probes` does), and a retrained probe takes
     the same C, so that only the states differ; ``chosen``, when given, collects the C of each fold."""
-    if mode not in PROBE_MODES:
-        raise ValueError(f"mode must be one of {PROBE_MODES}, got {mode!r}")
+    return probe_correctness_modes(X_clean, X_treated, y, groups, modes=(mode,), n_splits=n_splits, Cs=Cs,
+                                   inner_splits=inner_splits, chosen=chosen)[mode]
+
+
+def probe_correctness_modes(X_clean: np.ndarray, X_treated: Mapping[str, np.ndarray], y: np.ndarray,
+                            groups: np.ndarray, *, modes: Sequence[str] = PROBE_MODES, n_splits: int = 5,
+                            Cs: Sequence[float] = (1.0,), inner_splits: int = 2,
+                            chosen: list | None = None) -> dict[str, dict[str, np.ndarray]]:
+    """:func:`probe_correctness` for several ``modes`` at once, ``{mode: {...}}``: each fold's clean probe
+    (with its inner cross-validation, the costly part) is fitted once and serves every mode, so each
+    mode's result equals its own :func:`probe_correctness` call."""
+    bad = [m for m in modes if m not in PROBE_MODES]
+    if bad or not modes:
+        raise ValueError(f"mode must be one of {PROBE_MODES}, got {bad[0] if bad else modes!r}")
     from threadpoolctl import threadpool_limits
 
     y = np.asarray(y)
     groups = np.asarray(groups)
-    out = {"clean": np.zeros(len(y), dtype=bool), **{k: np.zeros(len(y), dtype=bool) for k in X_treated}}
+    outs = {m: {"clean": np.zeros(len(y), dtype=bool), **{k: np.zeros(len(y), dtype=bool) for k in X_treated}}
+            for m in modes}
     with threadpool_limits(limits=1, user_api="blas"):  # small fits: BLAS threads cost ~10x here (2 cores)
-        _fit_folds(X_clean, X_treated, y, groups, out, mode, n_splits, Cs, inner_splits, chosen)
-    return out
+        _fit_folds(X_clean, X_treated, y, groups, outs, n_splits, Cs, inner_splits, chosen)
+    return outs
 
 
-def _fit_folds(X_clean, X_treated, y, groups, out, mode, n_splits, Cs, inner_splits, chosen) -> None:
+def _fit_folds(X_clean, X_treated, y, groups, outs, n_splits, Cs, inner_splits, chosen) -> None:
     for train, test in _folds(y, groups, n_splits):
         clean, C = _fit_probe(X_clean[train], y[train], groups[train], Cs, inner_splits)
         if chosen is not None:
             chosen.append(C)
-        out["clean"][test] = clean.predict(X_clean[test]) == y[test]
-        for name, X in X_treated.items():
-            model = clean if mode == "transfer" else _probe(C).fit(X[train], y[train])
-            out[name][test] = model.predict(X[test]) == y[test]
+        right = clean.predict(X_clean[test]) == y[test]
+        for mode, out in outs.items():
+            out["clean"][test] = right
+            for name, X in X_treated.items():
+                model = clean if mode == "transfer" else _probe(C).fit(X[train], y[train])
+                out[name][test] = model.predict(X[test]) == y[test]
 
 
 def majority_correctness(y: np.ndarray, groups: np.ndarray, n_splits: int = 5) -> np.ndarray:
@@ -289,37 +304,40 @@ def _holm_over_layers(df: pd.DataFrame, family: Sequence[str]) -> pd.DataFrame:
 
 def knockout_probes(clean: Cache, treated: Cache, control: Cache | None = None, *,
                     targets: Sequence[str] = ("topic", "is_next"), choice: str = "cls",
-                    layers: int | str | Sequence[int] | None = -1, mode: str = "transfer", n_splits: int = 5,
-                    Cs: Sequence[float] = DEFAULT_CS, inner_splits: int = 3, n_resamples: int = 1000,
-                    seed: int = 0, out: str | Path | None = None, force: bool = False,
+                    layers: int | str | Sequence[int] | None = -1, mode: str | Sequence[str] = "transfer",
+                    n_splits: int = 5, Cs: Sequence[float] = DEFAULT_CS, inner_splits: int = 3,
+                    n_resamples: int = 1000, seed: int = 0, out: str | Path | None = None, force: bool = False,
                     progress: bool = False) -> pd.DataFrame:
     """Probe accuracy of ``choice`` at each of ``layers`` (as ``--layers`` takes them; None: every layer the
     caches share) for each target, clean and intervened, on the same items and folds
-    (:func:`probe_correctness`; ``Cs`` and ``inner_splits`` as there).
+    (:func:`probe_correctness`; ``Cs`` and ``inner_splits`` as there). ``mode``: one of
+    :data:`PROBE_MODES`, or several, whose rows then follow one another mode by mode, each as its own
+    call would give them (the clean probes are fitted once for all: :func:`probe_correctness_modes`).
 
     Metrics per layer and target: ``accuracy_clean``, ``accuracy_treated``, ``accuracy_control`` (means
     with a cluster-bootstrap CI over documents), ``majority_baseline`` (:func:`majority_correctness`, the
     same way), and the paired per-item changes ``change_treated`` (treated − clean),
     ``change_control`` and ``change_difference`` (treated − control), each with
     :func:`analyses.stats.paired_difference`'s CI, sign-flip ``p_value``, ``se`` and ``mde``, and
-    ``p_holm`` over the layers (per target and metric). Extra columns: ``choice``, ``mode``,
+    ``p_holm`` over the layers (per mode, target and metric). Extra columns: ``choice``, ``mode``,
     ``intervention``, ``control``, ``n_clusters``, ``chosen_C_min`` / ``chosen_C_max`` (over the clean
     fits' folds). A target the corpus lacks is skipped and listed in ``df.attrs["skipped"]``."""
+    modes = [mode] if isinstance(mode, str) else list(mode)
     for c in (treated,) + ((control,) if control is not None else ()):
         check_comparable(clean, c)
     layers = shared_layers(layers, clean, treated, *([control] if control is not None else []))
     config = {"clean": cache_identity(clean), "treated": cache_identity(treated),
               "control": control and cache_identity(control),
-              "targets": list(targets), "choice": choice, "layers": layers, "mode": mode, "n_splits": n_splits,
-              "Cs": sorted(float(c) for c in Cs), "inner_splits": inner_splits, "n_resamples": n_resamples,
-              "seed": seed}
+              "targets": list(targets), "choice": choice, "layers": layers, "mode": mode if isinstance(mode, str) else modes,
+              "n_splits": n_splits, "Cs": sorted(float(c) for c in Cs), "inner_splits": inner_splits,
+              "n_resamples": n_resamples, "seed": seed}
     path, done = stored_table(out, "intervention_probes", config, force)
     if done is not None:
         return done
-    base = {**_base(clean, "intervention_probes", seed), "format_b": treated.format_name, "choice": choice,
-            "mode": mode, "intervention": _describe(treated),
-            "control": _describe(control) if control is not None else ""}
-    rows, skipped = [], []
+    base = {m: {**_base(clean, "intervention_probes", seed), "format_b": treated.format_name, "choice": choice,
+                "mode": m, "intervention": _describe(treated),
+                "control": _describe(control) if control is not None else ""} for m in modes}
+    rows: dict[str, list] = {m: [] for m in modes}
     present = [t for t in targets if f"label_{t}" in clean.examples.columns]
     skipped = [t for t in targets if t not in present]
     todo = [(t, layer) for t in present for layer in layers]
@@ -331,19 +349,22 @@ def knockout_probes(clean: Cache, treated: Cache, control: Cache | None = None, 
         if control is not None:
             treated_X["control"] = _states_by_example(control, layer, choice, ex)
         chosen: list[float] = []
-        ok = probe_correctness(X, treated_X, y, cl, mode=mode, n_splits=n_splits, Cs=Cs, inner_splits=inner_splits,
-                               chosen=chosen)
+        by_mode = probe_correctness_modes(X, treated_X, y, cl, modes=modes, n_splits=n_splits, Cs=Cs,
+                                          inner_splits=inner_splits, chosen=chosen)
+        majority = majority_correctness(y, cl, n_splits).astype(np.float64)
         at = dict(target=target, layer=layer, chosen_C_min=min(chosen), chosen_C_max=max(chosen))
-        acc = {k: v.astype(np.float64) for k, v in ok.items()}
-        for name, v in acc.items():
-            rows.append(_ci_row(base, v, cl, n_resamples, seed, metric=f"accuracy_{name}", **at))
-        rows.append(_ci_row(base, majority_correctness(y, cl, n_splits).astype(np.float64), cl, n_resamples, seed,
-                            metric="majority_baseline", **at))
-        pairs = [(f"change_{k}", acc[k], acc["clean"]) for k in acc if k != "clean"]
-        if control is not None:
-            pairs.append(("change_difference", acc["treated"], acc["control"]))
-        rows += [_paired_row(base, a, b, cl, n_resamples, seed, metric=metric, **at) for metric, a, b in pairs]
-    df = keep_table(_holm_over_layers(make_table(rows), ["target", "metric"]), path)
+        for m, ok in by_mode.items():
+            b = base[m]
+            acc = {k: v.astype(np.float64) for k, v in ok.items()}
+            for name, v in acc.items():
+                rows[m].append(_ci_row(b, v, cl, n_resamples, seed, metric=f"accuracy_{name}", **at))
+            rows[m].append(_ci_row(b, majority, cl, n_resamples, seed, metric="majority_baseline", **at))
+            pairs = [(f"change_{k}", acc[k], acc["clean"]) for k in acc if k != "clean"]
+            if control is not None:
+                pairs.append(("change_difference", acc["treated"], acc["control"]))
+            rows[m] += [_paired_row(b, a, b_, cl, n_resamples, seed, metric=metric, **at) for metric, a, b_ in pairs]
+    df = keep_table(_holm_over_layers(make_table([r for m in modes for r in rows[m]]), ["mode", "target", "metric"]),
+                    path)
     df.attrs["skipped"] = skipped
     return df
 
@@ -416,10 +437,9 @@ def q4_sep_knockout(clean: Cache, knockout: Cache, control: Cache, *, targets: S
     if probe_layers is None:
         probe_layers = after_knockout(knockout)
     drift = knockout_drift(clean, knockout, control, n_resamples=n_resamples, seed=seed, out=out, force=force)
-    probes = pd.concat([knockout_probes(clean, knockout, control, targets=targets, choice=choice, layers=probe_layers,
-                                        mode=m, Cs=Cs, inner_splits=inner_splits, n_resamples=n_resamples, seed=seed,
-                                        out=out, force=force)
-                        for m in PROBE_MODES], ignore_index=True)
+    probes = knockout_probes(clean, knockout, control, targets=targets, choice=choice, layers=probe_layers,
+                             mode=PROBE_MODES, Cs=Cs, inner_splits=inner_splits, n_resamples=n_resamples, seed=seed,
+                             out=out, force=force)
     return {"q4_knockout_drift": drift, "q4_knockout_probes": probes}
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from analyses.interventions import (cls_patches, fraction_closed, knockout_drift, knockout_probes, middle_layers,
                                     middle_sep_knockouts,
-                                    per_example_drift, probe_correctness, q1_patching,
+                                    per_example_drift, PROBE_MODES, probe_correctness, probe_correctness_modes,
+                                    q1_patching,
                                     q4_sep_knockout, sep_knockouts)
 from probing.cache import Cache
 from probing.examples import Example
@@ -129,6 +130,29 @@ def test_knockout_probes_per_layer_holm_over_layers_and_chosen_C(runs):
     d2 = df[df["layer"] == 2].set_index("metric")
     assert d2.loc["change_difference", "value"] == pytest.approx(
         d2.loc["accuracy_treated", "value"] - d2.loc["accuracy_control", "value"])
+
+
+def test_both_modes_at_once_equal_each_mode_alone(runs):
+    """One clean fit per fold serves both modes: the rows are those of two single-mode calls, Holm per mode."""
+    kw = dict(targets=("topic",), layers="1-2", Cs=(0.01, 1.0), inner_splits=2, n_resamples=50)
+    both = knockout_probes(runs["clean"], runs["ko"], runs["control"], mode=PROBE_MODES, **kw)
+    alone = pd.concat([knockout_probes(runs["clean"], runs["ko"], runs["control"], mode=m, **kw) for m in PROBE_MODES],
+                      ignore_index=True)
+    pd.testing.assert_frame_equal(both.reset_index(drop=True), alone)
+    rng = np.random.default_rng(1)
+    y = np.repeat([0, 1], 30)
+    X = rng.normal(size=(60, 4)) + y[:, None]
+    treated = {"t": X + rng.normal(scale=2.0, size=X.shape)}
+    groups = np.arange(60) // 2
+    chosen: list = []
+    modes = probe_correctness_modes(X, treated, y, groups, Cs=(0.01, 1.0), chosen=chosen)
+    assert len(chosen) == 5  # one clean fit (and C) per fold, not one per mode
+    for m in PROBE_MODES:
+        one = probe_correctness(X, treated, y, groups, mode=m, Cs=(0.01, 1.0))
+        for k in one:
+            np.testing.assert_array_equal(modes[m][k], one[k])
+    with pytest.raises(ValueError, match="mode must be one of"):
+        probe_correctness_modes(X, treated, y, groups, modes=("transfer", "sideways"))
 
 
 def test_probe_correctness_finds_a_planted_loss_and_not_a_null_one():
