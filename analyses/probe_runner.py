@@ -1,7 +1,7 @@
 """Probe runner: read caches, build targets, fit every (layer x token choice) probe, write tidy tables.
 
     python -m analyses.probes CACHE --choices cls,mean,sep1 --targets topic,length,bow_s1 \
-        [--layers 0,3,-1] [--folds 5] [--inner-folds 2] [--Cs 0.003,0.01,0.1] [--bow-Cs 0.1] [--max-iter 300] \
+        [--layers 0,3,-1 | 2-4 | all] [--folds 5] [--inner-folds 2] [--Cs 0.003,0.01,0.1] [--bow-Cs 0.1] [--max-iter 300] \
         [--seed 0] [--resamples 1000] [--threads 1] [--device cpu] [--no-progress] \
         [--random-cache CACHE_OF_RANDOM_INIT_MODEL] [--length-baseline] [--versus mean] [--items] --out results [--force]
 
@@ -60,8 +60,8 @@ from analyses.probe_batched import MAX_BATCH_ELEMENTS, probe_many_results
 from analyses.probe_compare import ITEM_KEYS, compare_probes  # noqa: F401 (re-exported: probing.study.questions)
 from analyses.probe_metrics import DEFAULT_CS
 from analyses.probe_results import PROBE_RESAMPLES, cross_validate_probe, probe_rows
-from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, int_at_least, keep_table,
-                              make_table, positive_float, positive_floats, stored_table)
+from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
+                              int_at_least, keep_table, make_table, positive_float, positive_floats, stored_table)
 from analyses.selection import parse_choice, pooled
 from analyses.stored import PooledStore
 from analyses.vocabulary import content_vocabulary, function_vocabulary, presence
@@ -377,13 +377,6 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
     return (df, pd.concat(item_frames, ignore_index=True)) if items else df
 
 
-def _layer_list(value: str) -> list[int]:
-    try:
-        return [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: give comma-separated integers such as 0,3,-1") from None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = ArgumentParser(
         prog="python -m analyses.probes",
@@ -401,8 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("cache", help="cache directory")
     p.add_argument("--choices", default="cls,mean", help="comma list of token choices (default cls,mean)")
     p.add_argument("--targets", default="topic", help="comma list of targets (default topic)")
-    p.add_argument("--layers", type=_layer_list, default=None,
-                   help="comma list of model layers, negative counting from the last (-1 = last; default: all stored)")
+    add_layers_option(p, "every layer stored")
     p.add_argument("--random-cache", default=None, help="cache of the same format from --random-init")
     p.add_argument("--folds", type=int_at_least(2), default=5, help="outer cross-validation folds (default 5)")
     p.add_argument("--inner-folds", type=int_at_least(2), default=3,

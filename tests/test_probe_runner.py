@@ -292,6 +292,11 @@ def test_cli_refuses_undefined_topic_and_stores_items(doc_caches, tmp_path, caps
                  "--items", "--no-control", "--out", str(out)]) == 0
     items = pd.read_csv(next(out.glob("probe_items-*.csv")))
     assert len(items) == 60 and set(items["grouping"]) == {"document"} and set(items["y_true"]) == {0, 1}
+    # --layers takes the one spec every command takes (ranges, 'all'), not only a comma list
+    ranged = tmp_path / "ranged"
+    assert main([str(same.path), "--targets", "is_next", "--choices", "cls", "--layers", "0-1", "--folds", "3",
+                 "--no-control", "--out", str(ranged), "--no-progress"]) == 0
+    assert set(pd.read_csv(next(ranged.glob("probe-*.csv")))["layer"]) == {0, 1}
 
 
 def test_compare_trained_with_random_init_on_the_same_items(caches):
@@ -326,7 +331,9 @@ def test_cli_takes_every_study_setting(caches, tmp_path, capsys):
     for bad, message in [(["--folds", "1"], "argument --folds: '1': must be at least 2"),
                          (["--Cs", "0.1,-1"], "argument --Cs: '-1': must be a positive finite number"),
                          (["--inner-folds", "x"], "argument --inner-folds: 'x' is not an integer"),
-                         (["--layers", "99"], "layer 99 is out of range")]:
+                         (["--layers", "99"], "layer 99 is out of range"),
+                         (["--layers", "1-x"], "'1-x' is not an integer or a range"),
+                         (["--resamples", "0"], "argument --resamples: '0': must be at least 1")]:
         fresh = tmp_path / "bad"
         try:  # argparse exits; an error found while running returns the status
             status = main([str(a.path), "--out", str(fresh), "--no-progress"] + bad)
