@@ -61,7 +61,8 @@ from analyses.probe_compare import ITEM_KEYS, compare_probes  # noqa: F401 (re-e
 from analyses.probe_metrics import DEFAULT_CS
 from analyses.probe_results import PROBE_RESAMPLES, cross_validate_probe, probe_rows
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
-                              int_at_least, keep_table, make_table, positive_float, positive_floats, stored_table)
+                              int_at_least, keep_table, make_table, positive_float, positive_floats, split_list,
+                              stored_table)
 from analyses.selection import parse_choice, pooled
 from analyses.stored import PooledStore
 from analyses.vocabulary import content_vocabulary, function_vocabulary, presence
@@ -433,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cache = Cache.open(args.cache)
         rnd = Cache.open(args.random_cache) if args.random_cache else None
         layers = cache_layers(cache, args.layers)
-        df = run_probes(cache, args.choices.split(","), args.targets.split(","), layers=layers, random_cache=rnd,
+        df = run_probes(cache, split_list(args.choices), split_list(args.targets), layers=layers, random_cache=rnd,
                         n_splits=args.folds, seed=args.seed, control=not args.no_control, vocab=args.vocab,
                         max_tokens=args.max_tokens, device=args.device, backend=args.backend, Cs=flat(args.Cs),
                         inner_splits=args.inner_folds, max_iter=args.max_iter, bow_Cs=flat(args.bow_Cs),

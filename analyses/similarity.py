@@ -284,7 +284,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 debiased=metrics[0] == "linear_cka_debiased", out=args.out, force=args.force)
             show = df.pivot_table(index="layer", columns="layer_b", values="value", sort=False, dropna=False)
         else:
-            pairs = [tuple(x.split(":")) for x in args.pairs.split(",")]
+            pairs = [tuple(c.strip() for c in x.split(":")) for x in split_list(args.pairs)]
+            bad = [":".join(x) for x in pairs if len(x) != 2 or not all(x)]
+            if bad or not pairs:
+                raise ValueError(f"--pairs {args.pairs!r}: give comma-separated CHOICE:CHOICE pairs such as "
+                                 f"sep1:cls,sep1:mean_s1" + (f" (not {bad[0]!r})" if bad else ""))
             df = run_cka_roles(a, pairs, layers=args.layers, metrics=metrics, out=args.out, force=args.force,
                                progress=progress)
             show = df.pivot_table(index="layer", columns=["choice", "choice_b", "metric"], values="value", sort=False)

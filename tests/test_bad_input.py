@@ -122,6 +122,8 @@ CASES = [
     ("cka-not-a-cache", "analyses.similarity", "formats {not_a_cache} {cache} --out {out}", "not-a-cache"),
     ("cka-unknown-mode", "analyses.similarity", "sideways {cache} --out {out}", "'sideways'"),
     ("cka-unknown-metric", "analyses.similarity", "roles {cache} --metrics cosine --out {out}", "['cosine']"),
+    ("cka-roles-pair-without-colon", "analyses.similarity", "roles {cache} --pairs sep1 --out {out}",
+     "--pairs 'sep1': give comma-separated CHOICE:CHOICE pairs"),
     ("probes-unknown-choice", "analyses.probes", "{cache} --choices cls,nosuchchoice --out {out}", "nosuchchoice"),
     ("probes-unknown-target", "analyses.probes", "{cache} --targets nosuchtarget --out {out}", "nosuchtarget"),
     ("attention-without-attention", "analyses.attention", "{cache} --out {out}", "holds no attention"),
