@@ -27,7 +27,6 @@ middle [SEP]), with the interventions they need from :func:`sep_knockouts`, :fun
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -209,15 +208,13 @@ def _states_by_example(cache: Cache, layer: int, choice: str, examples: np.ndarr
 
 
 def _items(cache: Cache, target: str) -> tuple[np.ndarray, np.ndarray]:
-    """Examples asked ``target`` (for :data:`SINGLE_TOPIC` labels those whose sentences share one topic)
-    and the labels."""
-    table = cache.examples
-    ex = table["example"].to_numpy()
-    keep = np.ones(len(ex), dtype=bool)
+    """Examples asked ``target`` (for :data:`SINGLE_TOPIC` labels those whose sentences share one topic,
+    :func:`analyses.probe_runner.topic_mismatch`) and the labels."""
+    from analyses.probe_runner import topic_mismatch
+
+    ex = cache.examples["example"].to_numpy()
     if target in SINGLE_TOPIC:
-        for col in [c for c in table.columns if re.fullmatch(r"label_topic_s\d+", c)]:
-            keep &= (table[col] == table[f"label_{target}"]).to_numpy()
-    ex = ex[keep]
+        ex = ex[~topic_mismatch(cache, ex)]
     return ex, cache.labels(target, ex)
 
 

@@ -72,7 +72,7 @@ from probing.cli import ArgumentParser
 
 TARGETS: dict[str, str] = {
     "<label>": "an example label stored with the corpus (is_next, swapped, topic_s2, ...)",
-    "topic": "the example's topic; refused where sentence 2 has another topic (ask topic_s1 / topic_s2)",
+    "topic": "the example's topic; refused where a sentence has another topic (ask topic_s1 / topic_s2)",
     "topic_s<i>": "topic of sentence i (topic_s1 = topic; topic_s2 needs the corpus's topic_s2 label)",
     "length": "words in sentence 1, 3 equal-count bins",
     "length<k>": "words in sentence 1, k equal-count bins (length6: SentEval's SentLen has 6 classes)",
@@ -89,21 +89,29 @@ def _sentence_column(table: pd.DataFrame, target: str, i: str) -> str:
     return col
 
 
+def topic_mismatch(cache: Cache, examples: np.ndarray) -> np.ndarray:
+    """``(n,)`` bool: the examples among ``examples`` some sentence of which (label ``topic_s<i>``) has a
+    topic other than the example's ``topic``, for which ``topic`` is undefined. The one rule both the
+    probes (which refuse such examples) and :mod:`analyses.interventions` (which leaves them out) apply."""
+    y = cache.labels("topic", examples)
+    bad = np.zeros(len(y), dtype=bool)
+    for col in sorted(c for c in cache.examples.columns if re.fullmatch(r"label_topic_s\d+", c)):
+        bad |= cache.labels(col[len("label_"):], examples) != y
+    return bad
+
+
 def _topic(cache: Cache, target: str, examples: np.ndarray) -> np.ndarray:
     """``topic`` where every example's sentences share one topic; ``topic_s1`` / ``topic_s<i>``."""
     if target == "topic_s1":
         return cache.labels("topic", examples)
     if target != "topic":
         return cache.labels(target, examples)
-    y = cache.labels("topic", examples)
-    if "label_topic_s2" in cache.examples.columns:
-        other = cache.labels("topic_s2", examples)
-        mixed = int(np.sum(other != y))
-        if mixed:
-            raise ValueError(f"target 'topic' is undefined for {mixed} of {len(y)} examples whose sentence 2 has "
-                             "another topic (label topic_s2); ask topic_s1 or topic_s2, or extract a corpus with "
-                             "same-topic negatives")
-    return y
+    mixed = int(topic_mismatch(cache, examples).sum())
+    if mixed:
+        raise ValueError(f"target 'topic' is undefined for {mixed} of {len(examples)} examples whose sentences do not "
+                         "all share one topic (labels topic_s<i>); ask topic_s1 or topic_s2, or extract a corpus "
+                         "with same-topic negatives")
+    return cache.labels("topic", examples)
 
 
 #: The multi-label targets: a bag of words (``bow_s<i>``) or of function words (``fw_s<i>``) of sentence i.

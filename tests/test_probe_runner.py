@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -344,3 +346,24 @@ def test_cli_takes_every_study_setting(caches, tmp_path, capsys):
         assert "error: " in err and message in err, err
         assert not fresh.exists()
 
+
+
+def test_topic_is_refused_where_any_sentence_has_another_topic_and_left_out_by_the_knockout_items():
+    """One rule for 'topic': every label_topic_s<i> must equal it (sentence 3 counts as well as 2)."""
+    from types import SimpleNamespace
+
+    from analyses.interventions import _items
+    from analyses.probe_runner import _topic, topic_mismatch
+    from probing.cache import Cache
+
+    table = pd.DataFrame({"example": [0, 1, 2, 3], "label_topic": ["a", "a", "b", "b"],
+                          "label_topic_s1": ["a", "a", "b", "b"], "label_topic_s2": ["a", "a", "b", "b"],
+                          "label_topic_s3": ["a", "b", "b", "b"]})  # example 1: sentence 3 elsewhere
+    cache = SimpleNamespace(examples=table, path=Path("x"))
+    cache.labels = lambda name, ex=None: Cache.labels(cache, name, ex)
+    np.testing.assert_array_equal(topic_mismatch(cache, np.arange(4)), [False, True, False, False])
+    with pytest.raises(ValueError, match="undefined for 1 of 4 examples"):
+        _topic(cache, "topic", np.arange(4))
+    assert list(_topic(cache, "topic_s3", np.arange(4))) == ["a", "b", "b", "b"]
+    ex, y = _items(cache, "topic")
+    assert list(ex) == [0, 2, 3] and list(y) == ["a", "b", "b"]
