@@ -490,8 +490,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     k.add_argument("--Cs", type=positive_floats, nargs="+", default=None,
                    help="the probe's C grid, e.g. 0.003,0.01,0.1 (one value: a fixed C, no inner CV; default "
                         + ",".join(f"{c:g}" for c in DEFAULT_CS) + ", as python -m analyses.probes)")
-    k.add_argument("--mode", choices=PROBE_MODES, default="transfer",
-                   help="transfer: probe fitted on clean states; retrain: fitted on the intervened states")
+    k.add_argument("--mode", default="transfer",
+                   help="transfer: probe fitted on clean states; retrain: fitted on the intervened states; "
+                        "transfer,retrain: both, sharing each fold's clean probe (default transfer)")
     add_output_options(k, resamples=True)
     q = sub.add_parser("patching", help="share of SOURCE vs TARGET drift reproduced by each intervened TARGET")
     q.add_argument("source", help="the format the states came from (e.g. concat)")
@@ -510,6 +511,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             probe_layers = shared_layers(args.probe_layers, *caches, *([control] if control else []),
                                          option="--probe-layers")
             choice = one_value(args.choices, "--choices")
+            modes = split_list(args.mode)
+            if not modes or any(m not in PROBE_MODES for m in modes):
+                raise ValueError(f"--mode {args.mode!r}: give one or both of {', '.join(PROBE_MODES)}")
             for c in caches + ([control] if control else []):
                 item_rows(c, choice)  # an unknown choice, or one a cache lacks: a ValueError naming it
             drift = knockout_drift(*caches, control, groups=split_list(args.groups), layers=args.layers,
@@ -517,12 +521,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    progress=not args.no_progress)
             probes = knockout_probes(*caches, control, targets=split_list(args.targets),
                                      choice=choice,
-                                     layers=probe_layers, mode=args.mode, n_splits=args.folds,
+                                     layers=probe_layers, mode=modes[0] if len(modes) == 1 else modes,
+                                     n_splits=args.folds,
                                      Cs=DEFAULT_CS if args.Cs is None else [c for cs in args.Cs for c in cs],
                                      inner_splits=args.inner_folds, n_resamples=args.resamples, seed=args.seed,
                                      out=args.out, force=args.force, progress=not args.no_progress)
             shown = [drift.pivot_table(index=["role", "layer"], columns="metric", values="value"),
-                     probes.pivot_table(index=["target", "layer"], columns="metric", values="value")]
+                     probes.pivot_table(index=["mode", "target", "layer"] if len(modes) > 1 else ["target", "layer"],
+                                        columns="metric", values="value", sort=False)]
         else:
             df = drift_reproduced(Cache.open(args.source), Cache.open(args.target),
                                   [Cache.open(c) for c in args.treated], group=args.group, layer=args.layers,

@@ -291,6 +291,18 @@ def test_command_line(runs, tmp_path, capsys):
     stored = pd.concat(pd.read_csv(f) for f in (tmp_path / "results").glob("intervention_probes-*.csv"))
     assert sorted(stored["layer"].unique()) == [1, 2] and set(stored["chosen_C_max"].dropna()) <= {0.1, 1.0}
     capsys.readouterr()
+    both = str(tmp_path / "both")
+    assert main(["knockout", str(runs["clean"].path), str(runs["ko"].path), str(runs["control"].path),
+                 "--groups", "cls", "--targets", "topic", "--probe-layers", "2", "--mode", "transfer,retrain",
+                 "--resamples", "50", "--out", both]) == 0
+    printed = capsys.readouterr().out
+    assert "transfer" in printed and "retrain" in printed
+    stored = pd.read_csv(next((tmp_path / "both").glob("intervention_probes-*.csv")))
+    assert list(dict.fromkeys(stored["mode"])) == ["transfer", "retrain"]
+    assert main(["knockout", str(runs["clean"].path), str(runs["ko"].path), "--mode", "sideways",
+                 "--out", str(tmp_path / "bad")]) == 2
+    assert "--mode 'sideways': give one or both of transfer, retrain" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
     assert main(["patching", str(runs["control"].path), str(runs["clean"].path), str(runs["ko"].path),
                  "--resamples", "50", "--out", out]) == 0
     assert "knockout all->sep@1-2" in capsys.readouterr().out
