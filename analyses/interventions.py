@@ -467,8 +467,8 @@ def q1_patching(pair: Cache, concat: Cache, patched: Mapping[int, Cache], sep_ro
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cli_error, int_at_least, one_value,
-                                  positive_floats, split_list)
+    from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, add_probe_options, cli_error,
+                                  one_value, split_list)
     from analyses.selection import item_rows
 
     p = ArgumentParser(prog="python -m analyses.interventions",
@@ -484,12 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     k.add_argument("--choices", default="cls", help="the one token choice probed (default cls)")
     k.add_argument("--probe-layers", "--probe-layer", dest="probe_layers", default="-1",
                    help="layers probed, as --layers takes them (e.g. 3-6); -1 is the last (default -1)")
-    k.add_argument("--folds", type=int_at_least(2), default=5, help="outer cross-validation folds of the probe (default 5)")
-    k.add_argument("--inner-folds", type=int_at_least(2), default=3,
-                   help="inner cross-validation folds choosing C (default 3)")
-    k.add_argument("--Cs", type=positive_floats, nargs="+", default=None,
-                   help="the probe's C grid, e.g. 0.003,0.01,0.1 (one value: a fixed C, no inner CV; default "
-                        + ",".join(f"{c:g}" for c in DEFAULT_CS) + ", as python -m analyses.probes)")
+    add_probe_options(k, default_Cs=DEFAULT_CS, what=" of the probe")
     k.add_argument("--mode", default="transfer",
                    help="transfer: probe fitted on clean states; retrain: fitted on the intervened states; "
                         "transfer,retrain: both, sharing each fold's clean probe (default transfer)")

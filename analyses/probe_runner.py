@@ -60,9 +60,9 @@ from analyses.probe_batched import MAX_BATCH_ELEMENTS, probe_many_results
 from analyses.probe_compare import ITEM_KEYS, compare_probes  # noqa: F401 (re-exported: probing.study.questions)
 from analyses.probe_metrics import DEFAULT_CS
 from analyses.probe_results import PROBE_RESAMPLES, cross_validate_probe, probe_rows
-from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
-                              int_at_least, keep_table, make_table, positive_float, positive_floats, split_list,
-                              stored_table)
+from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, add_probe_options, cache_identity,
+                              cli_error, int_at_least, keep_table, make_table, positive_float, positive_floats,
+                              split_list, stored_table)
 from analyses.selection import parse_choice, pooled
 from analyses.stored import PooledStore
 from analyses.vocabulary import content_vocabulary, function_vocabulary, presence
@@ -405,12 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--targets", default="topic", help="comma list of targets (default topic)")
     add_layers_option(p, "every layer stored")
     p.add_argument("--random-cache", default=None, help="cache of the same format from --random-init")
-    p.add_argument("--folds", type=int_at_least(2), default=5, help="outer cross-validation folds (default 5)")
-    p.add_argument("--inner-folds", type=int_at_least(2), default=3,
-                   help="inner cross-validation folds choosing C (default 3)")
-    p.add_argument("--Cs", type=positive_floats, nargs="+", default=None,
-                   help="the C grid, e.g. 0.003,0.01,0.1 (one value: a fixed C, no inner CV; default "
-                        + ",".join(f"{c:g}" for c in DEFAULT_CS) + ")")
+    add_probe_options(p, default_Cs=DEFAULT_CS)
     p.add_argument("--bow-Cs", type=positive_floats, nargs="+", default=None,
                    help="the C grid of bag-of-words targets (default: --Cs)")
     p.add_argument("--max-iter", type=int_at_least(1), default=1000, help="L-BFGS iterations per fit (default 1000)")

@@ -229,6 +229,18 @@ def positive_float(value: str) -> float:
     return numbers[0]
 
 
+def add_probe_options(parser, *, default_Cs: Iterable[float], inner_folds: int = 3, what: str = "") -> None:
+    """``--folds``, ``--inner-folds`` and ``--Cs``: a cross-validated probe's options, the same in every
+    command that fits one (``what`` names the probe in the help: "of the probe")."""
+    grid = ",".join(f"{c:g}" for c in default_Cs)
+    parser.add_argument("--folds", type=int_at_least(2), default=5,
+                        help=f"outer cross-validation folds{what} (default 5)")
+    parser.add_argument("--inner-folds", type=int_at_least(2), default=inner_folds,
+                        help=f"inner cross-validation folds choosing C (default {inner_folds})")
+    parser.add_argument("--Cs", type=positive_floats, nargs="+", default=None,
+                        help=f"the C grid, e.g. 0.003,0.01,0.1 (one value: a fixed C, no inner CV; default {grid})")
+
+
 def add_layers_option(parser, default: str = "every layer stored") -> None:
     """``--layers``: one spec everywhere (:mod:`probing.layers`: ``all``, ``0,3,-1``, ``2-4``; -1 = last)."""
     parser.add_argument("--layers", default=None,
