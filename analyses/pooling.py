@@ -49,7 +49,7 @@ from analyses.pooling_choices import POOLINGS, Pooling, get_pooling, pool, pooli
 from analyses.pooling_table import (RUN_METRICS, baseline_rows, best_constant, diff_label, diff_rows, finish_table,
                                     pooled_baselines, summary, summary_rows)
 from analyses.results import read_table, result_path, write_table
-from probing.cli import ArgumentParser, output_dir_arg
+from probing.cli import ArgumentParser, int_at_least, output_dir_arg
 from probing.examples import Example, corpus_fingerprint
 from probing.formats import Format, Rendered, resolve_format
 from probing.forward import accepts_token_types, running
@@ -413,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"Hugging Face id or local path (default: {DEFAULT_MODEL}, shipped offline)")
     p.add_argument("--random-init", action="store_true",
                    help="fine-tune the same architecture from seeded random weights (baseline; see --init-seed)")
-    p.add_argument("--init-seed", type=int, default=0, help="seed of the --random-init weights (default 0)")
+    p.add_argument("--init-seed", type=int_at_least(0), default=0, help="seed of the --random-init weights (default 0)")
     p.add_argument("--epochs", type=int, default=None, help="passes over the training set (default: the preset's)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate of AdamW (default: the preset's)")
     p.add_argument("--head-lr", type=float, default=None,

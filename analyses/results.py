@@ -11,11 +11,9 @@ caches with the same code return it.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -23,6 +21,7 @@ from typing import Any, Iterable, Mapping
 import pandas as pd
 
 from probing.cache_writer import atomic_write
+from probing.cli import int_at_least, positive_float, positive_floats  # noqa: F401 (re-exported: the CLIs' shared types)
 
 #: The standard columns, in order. ``format_b`` is the second format of a comparison (empty otherwise).
 RESULT_COLUMNS: tuple[str, ...] = (
@@ -184,49 +183,6 @@ def add_output_options(parser, *, resamples: bool = False, seed: bool = True, pr
     parser.add_argument("--force", action="store_true", help="recompute even if the result exists")
     if progress:
         parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-
-
-def int_at_least(minimum: int):
-    """An argparse ``type``: an integer >= ``minimum``, else a usage error naming the value.
-
-    >>> int_at_least(2)("3")
-    3
-    """
-    def parse(value: str) -> int:
-        try:
-            number = int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-        if number < minimum:
-            raise argparse.ArgumentTypeError(f"{value!r}: must be at least {minimum}")
-        return number
-
-    return parse
-
-
-def positive_floats(value: str) -> list[float]:
-    """An argparse ``type``: ``"0.003,0.01"`` -> ``[0.003, 0.01]``, each a positive finite number (with
-    ``nargs="+"`` space-separated values work too)."""
-    out = []
-    for part in (v for v in value.split(",") if v.strip()):
-        try:
-            number = float(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{part!r} is not a number") from None
-        if not (math.isfinite(number) and number > 0):
-            raise argparse.ArgumentTypeError(f"{part!r}: must be a positive finite number")
-        out.append(number)
-    if not out:
-        raise argparse.ArgumentTypeError(f"{value!r}: no value given")
-    return out
-
-
-def positive_float(value: str) -> float:
-    """An argparse ``type``: one positive finite number."""
-    numbers = positive_floats(value)
-    if len(numbers) != 1:
-        raise argparse.ArgumentTypeError(f"{value!r}: one number expected")
-    return numbers[0]
 
 
 def add_probe_options(parser, *, default_Cs: Iterable[float], inner_folds: int = 3, what: str = "") -> None:

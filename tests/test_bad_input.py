@@ -162,6 +162,8 @@ CASES = [
     ("attention-negative-seed", "analyses.attention", "{cache} --seed -1 --out {out}", "--seed: '-1': must be at least 0"),
     ("interventions-patching-one-layer", "analyses.interventions",
      "patching {cache} {cache} {cache} --layers 1,2 --out {out}", "--layers '1,2' names 2 layers [1, 2]"),
+    ("extract-negative-init-seed", EX, GEN + " --model {model} --random-init --init-seed -1",
+     "--init-seed: '-1': must be at least 0"),
     ("extract-old-seed-option", EX, GEN + " --model {model} --random-init --seed 3", "unrecognized arguments: --seed"),
     ("figures-missing-table", "figures.drift", "{root}/no-table.csv --out {out}", "no-table.csv"),
     ("figures-unknown-kind", "figures.__main__", "sideways {root}/table.csv --out {out}", "'sideways'"),
