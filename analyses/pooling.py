@@ -49,7 +49,7 @@ from analyses.pooling_choices import POOLINGS, Pooling, get_pooling, pool, pooli
 from analyses.pooling_table import (RUN_METRICS, baseline_rows, best_constant, diff_label, diff_rows, finish_table,
                                     pooled_baselines, summary, summary_rows)
 from analyses.results import read_table, result_path, write_table
-from probing.cli import ArgumentParser, int_at_least, output_dir_arg
+from probing.cli import ArgumentParser, int_at_least, output_dir_arg, positive_floats
 from probing.examples import Example, corpus_fingerprint
 from probing.formats import Format, Rendered, resolve_format
 from probing.forward import accepts_token_types, running
@@ -440,11 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-folds", type=int, default=None,
                    help="how many of the k folds are run (default: the preset's; unset means all)")
     p.add_argument("--repeats", type=int, default=None, help="repeated k-fold partitions (default: the preset's)")
-    p.add_argument("--Cs", default=None,
-                   help="comma list of the frozen probe's C grid (default: analyses.probes' "
+    p.add_argument("--Cs", type=positive_floats, nargs="+", default=None,
+                   help="the frozen probe's C grid, e.g. 0.01,0.1,1 (default: analyses.probes' "
                         f"{','.join(f'{c:g}' for c in defaults.frozen_Cs)})")
     p.add_argument("--device", default="auto", help="'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ...")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=int_at_least(1), default=None,
                    help="CPU: fine-tuning runs go side by side to this many single-threaded workers, each "
                         "with the result it would have alone; every run in flight holds its own model copy and "
                         "optimiser (default: one run at a time on torch's threads)")
@@ -467,12 +467,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(targets) != 1 or not targets[0]:
         parser.error(f"--targets takes exactly one label for the fine-tuning head, got {args.targets!r}")
     label = targets[0]
-    if args.threads is not None and args.threads < 1:
-        parser.error(f"--threads must be >= 1, got {args.threads}")
-    try:
-        Cs = None if args.Cs is None else tuple(_parse_list(args.Cs, "--Cs", float))
-    except ValueError as err:
-        parser.error(str(err))
+    Cs = None if args.Cs is None else tuple(c for cs in args.Cs for c in cs)
     train = {"epochs": args.epochs, "lr": args.lr, "head_lr": args.head_lr,
              "freeze_embeddings": args.freeze_embeddings, "batch_size": args.batch_size, "max_train": args.max_train,
              "max_length": args.max_length, "weight_decay": args.weight_decay,

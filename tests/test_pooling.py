@@ -476,10 +476,13 @@ def test_cli_runs_end_to_end(tmp_path, bert_tokenizer, capsys):
     bert_tokenizer.save_pretrained(model_dir)
     argv = ["--corpus", "generated:n=30,k=2", "--targets", "topic", "--poolings", "cls,mean", "--train-seeds", "0,1",
             "--preset", "quick", "--model", str(model_dir), "--out", str(tmp_path / "res"), "--device", "cpu",
-            "--no-progress", "--lr", "1e-3"]
+            "--no-progress", "--lr", "1e-3", "--Cs", "0.1,1"]
     assert P.main(argv) == 0
     out = capsys.readouterr().out
     assert "cls" in out and "fine_tuned" in out and "frozen" in out and "written" in out
+    table = pd.read_csv(next((tmp_path / "res").glob("finetune_pooling-*[0-9a-f].csv")))
+    chosen = set(table.loc[table["condition"] == "frozen", "C"].dropna())
+    assert chosen and chosen <= {0.1, 1.0}  # the frozen probe searched the --Cs grid
     assert P.main(argv) == 0
     assert "reused" in capsys.readouterr().out
     assert P.main(argv[:4] + ["--poolings", "avg"] + argv[6:]) == 2
