@@ -88,6 +88,11 @@ def _weighted_median_sorted(v_sorted: np.ndarray, w: np.ndarray) -> np.ndarray:
     return 0.5 * (v_sorted[lo] + v_sorted[hi])
 
 
+#: Elements of a median's block table (groups x blocks, float64: 2 MB); the block length grows past 64
+#: sorted positions only where the scan window times the number of groups would exceed it.
+_BLOCK_TABLE_ELEMENTS = 250_000
+
+
 class _MedianFromCounts:
     """Median of the pooled values of a resample, from its group multiplicities.
 
@@ -97,6 +102,12 @@ class _MedianFromCounts:
     the weighted count below the window is one matrix-vector product. Rows whose middle ranks fall
     outside the window (rare: the window spans 8 standard deviations of the median's rank under
     resampling, ``sqrt(Σ_g (below_g − C_g/2)²)``) are redone over all values, so the result is exact.
+
+    The window is cut into blocks of ``block`` sorted positions, and a table holds how many values of
+    each group lie before each block: one matrix product gives every resample's weighted count at every
+    block start, which finds the block holding each middle rank, and only that block's ``block``
+    positions are summed one by one. A running sum over the whole window per resample (before: 31k
+    positions for a drift column of 69k tokens in 124 documents) took 15x as long.
     """
 
     def __init__(self, v: np.ndarray, codes: np.ndarray, counts: np.ndarray):
@@ -112,25 +123,37 @@ class _MedianFromCounts:
         self.below_p0 = np.bincount(self.g_sorted[:self.p0], minlength=n_groups).astype(np.float64)
         self.g_win = self.g_sorted[self.p0:p1]
         self.width = p1 - self.p0
+        self.block = max(64, -(-n_groups * self.width // _BLOCK_TABLE_ELEMENTS))
+        n_blocks = -(-self.width // self.block)
+        # the window padded to whole blocks with a group of its own (code n_groups), counted 0 times
+        self.g_pad = np.concatenate([self.g_win, np.full(n_blocks * self.block - self.width, n_groups,
+                                                         dtype=self.g_win.dtype)])
+        table = np.zeros((n_groups + 1, n_blocks + 1))
+        np.add.at(table, (self.g_pad, np.repeat(np.arange(1, n_blocks + 1), self.block)), 1.0)
+        self.before_block = np.cumsum(table[:n_groups], axis=1)  # (G, blocks + 1): values of g before block k
+
+    def _position(self, mult: np.ndarray, at_block: np.ndarray, rank: np.ndarray) -> np.ndarray:
+        """Window position of the value of ``rank`` in each row, its block found from ``at_block``
+        (the weighted count before each block start)."""
+        k = (at_block <= rank[:, None]).sum(axis=1) - 1
+        rows = np.arange(rank.size)
+        within = mult[rows[:, None], self.g_pad[k[:, None] * self.block + np.arange(self.block)]]
+        cum = np.cumsum(within, axis=1) + at_block[rows, k][:, None]
+        return k * self.block + (cum <= rank[:, None]).sum(axis=1)
 
     def __call__(self, mult: np.ndarray, multf: np.ndarray, total: np.ndarray) -> np.ndarray:
         rows = mult.shape[0]
         before = (multf @ self.below_p0).astype(np.int64)
-        cw = np.cumsum(mult[:, self.g_win], axis=1)
-        cw += before[:, None]
+        at_block = (multf @ self.before_block).astype(np.int64) + before[:, None]  # exact: integer counts
         lo_rank, hi_rank = (total - 1) // 2, total // 2
-        inside = (before <= lo_rank) & (cw[:, -1] > hi_rank)
-        # Rows of cw ascend; offset row b by b * stride so one searchsorted over the flattened array
-        # finds, per row, the first position whose cumulative count exceeds the rank.
-        stride = int(total.max()) + 1
-        offset = np.arange(rows, dtype=np.int64) * stride
-        cw += offset[:, None]
-        flat = cw.ravel()
-        base = np.arange(rows, dtype=np.int64) * self.width - self.p0
-        lo = np.searchsorted(flat, lo_rank + offset, side="right") - base
-        hi = np.searchsorted(flat, hi_rank + offset, side="right") - base
+        inside = (before <= lo_rank) & (at_block[:, -1] > hi_rank)
         out = np.empty(rows)
-        out[inside] = 0.5 * (self.v_sorted[lo[inside]] + self.v_sorted[hi[inside]])
+        if inside.any():
+            m = np.concatenate([mult[inside], np.zeros((int(inside.sum()), 1), dtype=mult.dtype)], axis=1)
+            at = at_block[inside]
+            lo = self._position(m, at, lo_rank[inside])
+            hi = self._position(m, at, hi_rank[inside])
+            out[inside] = 0.5 * (self.v_sorted[self.p0 + lo] + self.v_sorted[self.p0 + hi])
         if not inside.all():
             out[~inside] = _weighted_median_sorted(self.v_sorted, mult[~inside][:, self.g_sorted])
         return out

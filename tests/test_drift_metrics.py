@@ -569,3 +569,25 @@ def test_subword_pool_errors():
         subword_pool(S, np.array([5, 6]), np.array([0, 1, 0]))
     with pytest.raises(ValueError, match="integer"):
         subword_pool(S, np.array([5.0, 5.0, 6.0]), np.array([0, 1, 0]))
+
+
+@pytest.mark.parametrize("block_table, window", [(250_000, None), (40, None), (250_000, 1)])
+def test_median_from_counts_is_the_median_of_the_expanded_resample(block_table, window, monkeypatch):
+    """The blocked search over the median's window is exact: default blocks, blocks stretched by a small
+    table bound, and a window so narrow that most resamples take the full-scan path."""
+    monkeypatch.setattr(iv, "_BLOCK_TABLE_ELEMENTS", block_table)
+    if window is not None:
+        monkeypatch.setattr(iv, "_median_window_half", lambda sd, mx: window)
+    rng = np.random.default_rng(7)
+    for trial in range(60):
+        n_groups = int(rng.integers(2, 40))
+        codes = np.repeat(np.arange(n_groups), rng.integers(1, 25, size=n_groups))
+        v = rng.normal(size=codes.size) + rng.normal(size=n_groups)[codes]
+        if trial % 2:
+            v = np.round(v, 1)  # ties
+        counts = np.bincount(codes).astype(np.float64)
+        median = iv._MedianFromCounts(v, codes, counts)
+        mult = np.stack([np.bincount(rng.integers(0, n_groups, n_groups), minlength=n_groups) for _ in range(30)])
+        total = (mult @ counts).astype(np.int64)
+        got = median(mult, mult.astype(np.float64), total)
+        np.testing.assert_array_equal(got, [np.median(np.repeat(v, m[codes])) for m in mult])
