@@ -480,3 +480,32 @@ def test_token_table_is_what_rendering_each_example_gives(tmp_path, tiny_bert, f
     got = cache.tokens[cols]
     assert [tuple(x) for x in got.itertuples(index=False)] == rows
     assert (got["word_text"][got["role"] != "word"] == "").all() and (got["word_text"][got["role"] == "word"] != "").all()
+
+
+def test_shard_hashes_are_remembered_only_for_unchanged_files(tmp_path, tiny_bert, examples, monkeypatch):
+    """A second Cache of the same directory does not hash its shards again; a file changed since
+    (same size, one byte flipped) is hashed again and found damaged."""
+    import os
+
+    import probing.cache as cache_mod
+
+    (p,) = extract(examples, ["pair"], model=tiny_bert, out=tmp_path, progress=False, log=lambda *a: None)
+    old = 1_000_000_000  # 2001: long settled
+    for f in (p / "shards").iterdir():
+        os.utime(f, (old, old))
+    calls = []
+    real = cache_mod.sha256_file
+    monkeypatch.setattr(cache_mod, "sha256_file", lambda path, *a: calls.append(path) or real(path, *a))
+    first = Cache.open(p).states(1)
+    hashed = len(calls)
+    assert hashed >= 1
+    np.testing.assert_array_equal(Cache.open(p).states(1), first)
+    assert len(calls) == hashed  # remembered
+    Cache.open(p).verify_all()
+    assert len(calls) > hashed  # verify_all hashes every file again
+    shard = sorted((p / "shards").glob("*.npy"))[0]
+    data = bytearray(shard.read_bytes())
+    data[-7] ^= 0x01
+    shard.write_bytes(bytes(data))  # same size, a new mtime
+    with pytest.raises(CacheError, match=f"{shard.name} is damaged"):
+        Cache.open(p).states(1)
