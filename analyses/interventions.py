@@ -320,12 +320,13 @@ def knockout_probes(clean: Cache, treated: Cache, control: Cache | None = None, 
     ``intervention``, ``control``, ``n_clusters``, ``chosen_C_min`` / ``chosen_C_max`` (over the clean
     fits' folds). A target the corpus lacks is skipped and listed in ``df.attrs["skipped"]``."""
     modes = [mode] if isinstance(mode, str) else list(mode)
+    mode = modes[0] if len(modes) == 1 else modes  # one mode keys its table as a plain string
     for c in (treated,) + ((control,) if control is not None else ()):
         check_comparable(clean, c)
     layers = shared_layers(layers, clean, treated, *([control] if control is not None else []))
     config = {"clean": cache_identity(clean), "treated": cache_identity(treated),
               "control": control and cache_identity(control),
-              "targets": list(targets), "choice": choice, "layers": layers, "mode": mode if isinstance(mode, str) else modes,
+              "targets": list(targets), "choice": choice, "layers": layers, "mode": mode,
               "n_splits": n_splits, "Cs": sorted(float(c) for c in Cs), "inner_splits": inner_splits,
               "n_resamples": n_resamples, "seed": seed}
     path, done = stored_table(out, "intervention_probes", config, force)
@@ -516,8 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    progress=not args.no_progress)
             probes = knockout_probes(*caches, control, targets=split_list(args.targets),
                                      choice=choice,
-                                     layers=probe_layers, mode=modes[0] if len(modes) == 1 else modes,
-                                     n_splits=args.folds,
+                                     layers=probe_layers, mode=modes, n_splits=args.folds,
                                      Cs=DEFAULT_CS if args.Cs is None else [c for cs in args.Cs for c in cs],
                                      inner_splits=args.inner_folds, n_resamples=args.resamples, seed=args.seed,
                                      out=args.out, force=args.force, progress=not args.no_progress)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -21,6 +22,10 @@ import pandas as pd
 from .cache_layout import EXAMPLES, MANIFEST, REQUEST, SHARDS, CacheError, read_manifest, sha256_file
 from .formats import KEY_COLUMNS
 
+__all__ = ["Cache", "CacheError", "IncomparableCaches", "align", "check_comparable", "check_prefix", "describe_model",
+           "find_caches"]
+
+
 #: SHA-256 of the files this process has already hashed, by (path, size, mtime_ns, inode). Every analysis
 #: of a study opens its own :class:`Cache`, and each used to hash the shards it read again (9 s of a
 #: 75 s run of Q1-Q2). A file is remembered only once its modification time lies a second before the
@@ -31,8 +36,6 @@ _SETTLED_NS = 1_000_000_000
 
 def _file_sha256(path: Path) -> str:
     """:func:`sha256_file`, remembered for an unchanged file (:data:`_HASHED`)."""
-    import time
-
     started = time.time_ns()
     st = os.stat(path)
     key = (os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino)
@@ -42,9 +45,6 @@ def _file_sha256(path: Path) -> str:
         if st.st_mtime_ns < started - _SETTLED_NS:
             _HASHED[key] = digest
     return digest
-
-__all__ = ["Cache", "CacheError", "IncomparableCaches", "align", "check_comparable", "check_prefix", "describe_model",
-           "find_caches"]
 
 
 #: Bytes of stored rows read at a time by :meth:`Cache.states` before their pages are dropped again.
