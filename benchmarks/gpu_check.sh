@@ -9,6 +9,9 @@
 # 3. the probe and CKA benchmarks on the GPU.
 # Each step has its own time limit (seconds, environment variables below) and the script goes on past a
 # failed step; its exit status is the number of failed steps.
+# A rehearsal on any machine (tests/test_benchmarks.py runs one on the CPU, so that a GPU session's few
+# minutes are not lost to a broken command): DEVICE=cpu, STEPS (a comma list of the step names below),
+# small N_CLS and N_ALL, and EXTRACT_ARGS, PROBE_ARGS, CKA_ARGS appended to those commands.
 set -u
 OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
@@ -16,9 +19,15 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-true}
 N_CLS=${N_CLS:-20000}       # pairs for the [CLS]+[SEP] extraction
 N_ALL=${N_ALL:-5000}        # pairs for the all-tokens extraction (about 0.6 MB of cache per pair)
+DEVICE=${DEVICE:-cuda}
+STEPS=${STEPS:-tests,extract-cls-sep,extract-host-path,extract-all,probes,cka}
+read -r -a EXTRACT_EXTRA <<< "${EXTRACT_ARGS:-}"
+read -r -a PROBE_EXTRA <<< "${PROBE_ARGS:-}"
+read -r -a CKA_EXTRA <<< "${CKA_ARGS:-}"
 failed=0
 step() {  # step NAME LIMIT_S COMMAND...
   local name=$1 limit=$2; shift 2
+  case ",$STEPS," in *",$name,"*) ;; *) echo "== $name: skipped (not in STEPS)"; return ;; esac
   echo "== $name (limit ${limit}s): $*" | tee "$OUT/$name.log"
   local t0=$SECONDS
   timeout "$limit" "$@" >>"$OUT/$name.log" 2>&1
@@ -27,15 +36,18 @@ step() {  # step NAME LIMIT_S COMMAND...
   [ $rc -eq 0 ] || failed=$((failed + 1))
   tail -n "${TAIL:-14}" "$OUT/$name.log"
 }
-{ nvidia-smi -L; $PY -c "import torch, transformers, sys; print(sys.version.split()[0], torch.__version__, transformers.__version__, torch.cuda.get_device_name())"; } 2>&1 | tee "$OUT/env.log"
+{ nvidia-smi -L; $PY -c "import torch, transformers, sys; print(sys.version.split()[0], torch.__version__, transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')"; } 2>&1 | tee "$OUT/env.log"
 step tests "${T_TESTS:-150}" $PY -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_cka.py
-TAIL=30 step extract-cls-sep "${T_EXT:-150}" $PY benchmarks/extract_throughput.py --random-init-size base --device cuda \
-  --dtype bfloat16 --corpus "generated:n=$N_CLS,k=2" --roles cls,sep --batch-tokens 65536 --max-batch 4096 --naive-examples 2000
-TAIL=30 step extract-host-path "${T_HOST:-90}" $PY benchmarks/extract_throughput.py --random-init-size tiny --device cuda \
-  --dtype bfloat16 --corpus "generated:n=$N_CLS,k=2" --roles cls,sep --batch-tokens 65536 --max-batch 4096 --naive-examples 2000
-step extract-all "${T_ALL:-150}" $PY benchmarks/extract_throughput.py --random-init-size base --device cuda \
-  --dtype bfloat16 --corpus "generated:n=$N_ALL,k=2" --roles all --batch-tokens 65536 --max-batch 4096 --naive-examples 2000
-step probes "${T_PROBE:-120}" $PY benchmarks/probe_speed.py --device cuda
-step cka "${T_CKA:-120}" $PY benchmarks/cka_speed.py --device cuda
+TAIL=30 step extract-cls-sep "${T_EXT:-150}" $PY benchmarks/extract_throughput.py --random-init-size base --device "$DEVICE" \
+  --dtype bfloat16 --corpus "generated:n=$N_CLS,k=2" --roles cls,sep --batch-tokens 65536 --max-batch 4096 --naive-examples 2000 \
+  "${EXTRACT_EXTRA[@]}"
+TAIL=30 step extract-host-path "${T_HOST:-90}" $PY benchmarks/extract_throughput.py --random-init-size tiny --device "$DEVICE" \
+  --dtype bfloat16 --corpus "generated:n=$N_CLS,k=2" --roles cls,sep --batch-tokens 65536 --max-batch 4096 --naive-examples 2000 \
+  "${EXTRACT_EXTRA[@]}"
+step extract-all "${T_ALL:-150}" $PY benchmarks/extract_throughput.py --random-init-size base --device "$DEVICE" \
+  --dtype bfloat16 --corpus "generated:n=$N_ALL,k=2" --roles all --batch-tokens 65536 --max-batch 4096 --naive-examples 2000 \
+  "${EXTRACT_EXTRA[@]}"
+step probes "${T_PROBE:-120}" $PY benchmarks/probe_speed.py --device "$DEVICE" "${PROBE_EXTRA[@]}"
+step cka "${T_CKA:-120}" $PY benchmarks/cka_speed.py --device "$DEVICE" "${CKA_EXTRA[@]}"
 echo "== failed steps: $failed"
 exit $failed

@@ -1,0 +1,64 @@
+"""The benchmark scripts still run: a GPU machine is lent for a few minutes at a time, and a command broken
+by a refactor would spend them. ``benchmarks/gpu_check.sh`` is rehearsed here on the CPU with small sizes
+(every step but the CUDA tests, which tests/test_gpu.py holds and which skip without a GPU), and
+``benchmarks/memory.py`` runs both of its kinds of subprocess (an extraction, an analysis on caches).
+What the numbers are is for the benchmarks themselves (benchmarks/RESULTS.md); here each step must exit 0
+and print the lines its results are read from."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+
+def _env(**extra) -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), **extra)
+    return env
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
+                    reason="needs bash and coreutils' timeout")
+def test_gpu_check_rehearses_on_the_cpu(tmp_path):
+    logs = tmp_path / "logs"
+    env = _env(DEVICE="cpu", STEPS="extract-cls-sep,extract-host-path,extract-all,probes,cka", N_CLS="40", N_ALL="20",
+               OUT=str(logs), PYTHON=sys.executable, EXTRACT_ARGS="--matmul-size 256",
+               PROBE_ARGS="--n-items 300 --dim 32 --layers 2 --Cs 0.1,1 --folds 2 --inner-folds 2",
+               CKA_ARGS="--n 400 --d 16 --layers 2 --stream-n 2000 --stream-batch 500")
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "== failed steps: 0" in run.stdout
+    assert "== tests: skipped (not in STEPS)" in run.stdout
+    for name in ("extract-cls-sep", "extract-host-path", "extract-all"):
+        log = (logs / f"{name}.log").read_text()
+        assert "--device cpu" in log and "--matmul-size 256" in log, name  # the rehearsal's options reached it
+        assert re.search(r"extractor\s+: \d+ tokens in .* tokens/s", log), name
+        assert re.search(r"ratio extractor / naive = [\d.]+x", log), name
+        assert re.search(r"extractor [\d.]+ GFLOP/s = \d+% of the matmul rate", log), name
+    assert "roles all" in (logs / "extract-all.log").read_text()
+    probes = (logs / "probes.log").read_text()
+    assert re.search(r"speed-up: [\d.]+x", probes)
+    assert re.search(r"same C chosen in [\d.]+% of folds", probes)
+    cka = (logs / "cka.log").read_text()
+    assert re.search(r"max \|Gram - toolkit\| = [\d.e+-]+", cka)
+    assert re.search(r"CKA\[0, 0\] = [\d.]+", cka)
+
+
+def test_memory_benchmark_runs_an_extraction_and_an_analysis():
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "memory.py"), "--sizes", "100,200",
+                          "--modes", "extract,drift", "--resamples", "20"], cwd=ROOT, env=_env(),
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert re.search(r"^extract\s+100\s", run.stdout, re.M) and re.search(r"^extract\s+200\s", run.stdout, re.M)
+    assert re.search(r"extract\s+peak RSS\s+max/min = [\d.]+\s+(PASS|FAIL)", run.stdout)
+    assert re.search(r"drift\s+analysis peak above baseline: n=100: [\d.]+ MB.*max/min = [\d.]+", run.stdout)
