@@ -39,13 +39,13 @@ step() {  # step NAME LIMIT_S COMMAND...
 { nvidia-smi -L; $PY -c "import torch, transformers, sys; print(sys.version.split()[0], torch.__version__, transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')"; } 2>&1 | tee "$OUT/env.log"
 step tests "${T_TESTS:-150}" $PY -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_cka.py
 TAIL=30 step extract-cls-sep "${T_EXT:-150}" $PY benchmarks/extract_throughput.py --random-init-size base --device "$DEVICE" \
-  --dtype bfloat16 --corpus "generated:n=$N_CLS,k=2" --roles cls,sep --batch-tokens 65536 --max-batch 4096 --naive-examples 2000 \
+  --dtype bfloat16 --corpus "generated:n=$N_CLS,k=2" --roles cls,sep --batch-tokens 65536 --max-batch 4096 --naive-examples 2000 --repeats 1 \
   "${EXTRACT_EXTRA[@]}"
 TAIL=30 step extract-host-path "${T_HOST:-90}" $PY benchmarks/extract_throughput.py --random-init-size tiny --device "$DEVICE" \
-  --dtype bfloat16 --corpus "generated:n=$N_CLS,k=2" --roles cls,sep --batch-tokens 65536 --max-batch 4096 --naive-examples 2000 \
+  --dtype bfloat16 --corpus "generated:n=$N_CLS,k=2" --roles cls,sep --batch-tokens 65536 --max-batch 4096 --naive-examples 2000 --repeats 1 \
   "${EXTRACT_EXTRA[@]}"
 step extract-all "${T_ALL:-150}" $PY benchmarks/extract_throughput.py --random-init-size base --device "$DEVICE" \
-  --dtype bfloat16 --corpus "generated:n=$N_ALL,k=2" --roles all --batch-tokens 65536 --max-batch 4096 --naive-examples 2000 \
+  --dtype bfloat16 --corpus "generated:n=$N_ALL,k=2" --roles all --batch-tokens 65536 --max-batch 4096 --naive-examples 2000 --repeats 1 \
   "${EXTRACT_EXTRA[@]}"
 step probes "${T_PROBE:-120}" $PY benchmarks/probe_speed.py --device "$DEVICE" "${PROBE_EXTRA[@]}"
 step cka "${T_CKA:-120}" $PY benchmarks/cka_speed.py --device "$DEVICE" "${CKA_EXTRA[@]}"

@@ -31,7 +31,7 @@ def _env(**extra) -> dict:
 def test_gpu_check_rehearses_on_the_cpu(tmp_path):
     logs = tmp_path / "logs"
     env = _env(DEVICE="cpu", STEPS="extract-cls-sep,extract-host-path,extract-all,probes,cka", N_CLS="40", N_ALL="20",
-               OUT=str(logs), PYTHON=sys.executable, EXTRACT_ARGS="--matmul-size 256",
+               OUT=str(logs), PYTHON=sys.executable, EXTRACT_ARGS="--matmul-size 256 --repeats 2",
                PROBE_ARGS="--n-items 300 --dim 32 --layers 2 --Cs 0.1,1 --folds 2 --inner-folds 2",
                CKA_ARGS="--n 400 --d 16 --layers 2 --stream-n 2000 --stream-batch 500")
     run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], cwd=ROOT, env=env,
@@ -44,7 +44,10 @@ def test_gpu_check_rehearses_on_the_cpu(tmp_path):
         assert "--device cpu" in log and "--matmul-size 256" in log, name  # the rehearsal's options reached it
         assert re.search(r"extractor\s+: \d+ tokens in .* tokens/s", log), name
         assert re.search(r"ratio extractor / naive = [\d.]+x", log), name
-        assert re.search(r"extractor [\d.]+ GFLOP/s = \d+% of the matmul rate", log), name
+        # CPU: two runs, each against the matmul timings around it (three timings), the median printed
+        assert re.search(r"the median of 2 runs: [\d.]+s, [\d.]+s\)", log), name
+        assert re.search(r"before and after each extractor run: [\d.]+, [\d.]+, [\d.]+ GFLOP/s", log), name
+        assert re.search(r"extractor [\d.]+ GFLOP/s = \d+% of the matmul rate .*: \d+%, \d+%\)", log), name
     assert "roles all" in (logs / "extract-all.log").read_text()
     probes = (logs / "probes.log").read_text()
     assert re.search(r"speed-up: [\d.]+x", probes)
