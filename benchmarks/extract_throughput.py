@@ -169,6 +169,8 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true", help="also print the extractor's top functions (cProfile)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--matmul-size", type=int, default=2048, help="square float32 matmul for the reference rate")
+    p.add_argument("--matmul-seconds", type=float, default=2.0,
+                   help="how long each CPU matmul timing runs (default 2 s)")
     p.add_argument("--repeats", type=int, default=3,
                    help="extractor runs, each timed between two matmul timings on the CPU; the rate and ratio "
                         "printed are the medians over the runs (default 3: the matmul rate of this 2-core VM "
@@ -176,6 +178,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
+    if not args.matmul_seconds > 0:
+        p.error("--matmul-seconds must be positive")
 
     from probing.corpora import load_corpus
     from probing.extract import extract
@@ -202,7 +206,7 @@ def main(argv=None) -> int:
           f"{len(examples)} pairs")
 
     cpu_ref = device.type == "cpu"
-    mm_before = matmul_gflops(args.matmul_size) if cpu_ref else None
+    mm_before = matmul_gflops(args.matmul_size, args.matmul_seconds) if cpu_ref else None
     gpu_ref = [gpu_matmul_tflops(device)] if device.type == "cuda" else None
     naive_examples = examples[: args.naive_examples] if args.naive_examples else examples
     naive_loop(lm, examples[: args.naive_batch * 2], args.naive_batch, device)  # warm-up
@@ -239,7 +243,7 @@ def main(argv=None) -> int:
                 size_mb = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
             shutil.rmtree(path, ignore_errors=True)
             if cpu_ref:
-                mm_runs.append(matmul_gflops(args.matmul_size))
+                mm_runs.append(matmul_gflops(args.matmul_size, args.matmul_seconds))
         t_ext, c_ext = sorted(runs)[len(runs) // 2]
         from probing.planning import sentence_lengths
 

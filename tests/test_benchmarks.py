@@ -31,7 +31,7 @@ def _env(**extra) -> dict:
 def test_gpu_check_rehearses_on_the_cpu(tmp_path):
     logs = tmp_path / "logs"
     env = _env(DEVICE="cpu", STEPS="extract-cls-sep,extract-host-path,extract-all,probes,cka", N_CLS="40", N_ALL="20",
-               OUT=str(logs), PYTHON=sys.executable, EXTRACT_ARGS="--matmul-size 256 --repeats 2",
+               OUT=str(logs), PYTHON=sys.executable, EXTRACT_ARGS="--matmul-size 256 --matmul-seconds 0.2 --repeats 2",
                PROBE_ARGS="--n-items 300 --dim 32 --layers 2 --Cs 0.1,1 --folds 2 --inner-folds 2",
                CKA_ARGS="--n 400 --d 16 --layers 2 --stream-n 2000 --stream-batch 500")
     run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], cwd=ROOT, env=env,
@@ -41,7 +41,7 @@ def test_gpu_check_rehearses_on_the_cpu(tmp_path):
     assert "== tests: skipped (not in STEPS)" in run.stdout
     for name in ("extract-cls-sep", "extract-host-path", "extract-all"):
         log = (logs / f"{name}.log").read_text()
-        assert "--device cpu" in log and "--matmul-size 256" in log, name  # the rehearsal's options reached it
+        assert "--device cpu" in log and "--matmul-seconds 0.2" in log, name  # the rehearsal's options reached it
         assert re.search(r"extractor\s+: \d+ tokens in .* tokens/s", log), name
         assert re.search(r"ratio extractor / naive = [\d.]+x", log), name
         # CPU: two runs, each against the matmul timings around it (three timings), the median printed
