@@ -61,14 +61,13 @@ from analyses.probe_compare import ITEM_KEYS, compare_probes  # noqa: F401 (re-e
 from analyses.probe_metrics import DEFAULT_CS
 from analyses.probe_results import PROBE_RESAMPLES, cross_validate_probe, probe_rows
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, add_probe_options, cache_identity,
-                              cli_error, int_at_least, keep_table, make_table, positive_float, positive_floats,
-                              split_list, stored_table)
+                              cli_error, keep_table, make_table, split_list, stored_table)
 from analyses.selection import parse_choice, pooled
 from analyses.stored import PooledStore
 from analyses.vocabulary import content_vocabulary, function_vocabulary, presence
 from probing.layers import cache_layers
 from probing.cache import Cache, check_comparable
-from probing.cli import ArgumentParser
+from probing.cli import ArgumentParser, int_at_least, positive_float, positive_floats
 
 TARGETS: dict[str, str] = {
     "<label>": "an example label stored with the corpus (is_next, swapped, topic_s2, ...)",

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping
 import pandas as pd
 
 from probing.cache_writer import atomic_write
-from probing.cli import int_at_least, positive_float, positive_floats  # noqa: F401 (re-exported: the CLIs' shared types)
+from probing.cli import int_at_least, positive_floats
 
 #: The standard columns, in order. ``format_b`` is the second format of a comparison (empty otherwise).
 RESULT_COLUMNS: tuple[str, ...] = (
