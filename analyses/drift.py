@@ -168,8 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with pd.option_context("display.width", 160, "display.precision", 4):
         print(f"1 - cos (mean) between {a.format_name} and {b.format_name}:")
         print(summary_table(df).to_string())
-        base = df[df["metric"] == "anisotropy_baseline"].set_index("layer")["value"]
-        print("anisotropy baseline (mean cos of random pairs):", ", ".join(f"L{k}: {v:.3f}" for k, v in base.items()))
+        base = df[(df["metric"] == "anisotropy_baseline") & (df["role"] == "all")].set_index("layer")["value"]
+        print("anisotropy baseline (mean cos of random pairs of all tokens):", ", ".join(f"L{k}: {v:.3f}" for k, v in base.items()))
     print(f"table: {result_path(args.out, 'drift', {})!s}".rsplit('-', 1)[0] + "-*.csv")
     return 0
 

@@ -3,7 +3,8 @@
 Pure functions of arrays. ``A`` and ``B`` are paired states of the same token keys at one layer,
 ``(n_tokens, dim)``, row ``i`` of each being the same token under format A and format B. Raw cosines
 of BERT-like states are high for any two tokens (anisotropy, Ethayarajh 2019), so each drift comes
-with the layer's random-pair baseline and a drift normalised by it; per-dimension standardisation
+with the layer's random-pair baseline and a drift normalised by the baseline of its own role group
+(how far that group's tokens lie apart in different inputs); per-dimension standardisation
 (Timkey & van Schijndel 2021) is offered against rogue dimensions. All arithmetic is in float64 and
 processed in row blocks, so memory stays flat for memory-mapped inputs and for lazy row sources
 (:meth:`probing.cache.Cache.layer_rows`, which :func:`analyses.drift.run_drift` passes).
@@ -370,10 +371,20 @@ def drift_summary(
     - ``drift_mean`` / ``drift_median``: of ``1 − cos_i``;
     - ``relative_l2_mean`` / ``relative_l2_median``: of ``||a_i − b_i|| / ||a_i||``;
     - ``normalised_drift`` / ``normalised_drift_median``: :func:`normalised_drift` of the mean / median
-      cosine, its CI mapped from the cosine's CI with the baseline held fixed (the baseline's own
-      uncertainty is not propagated); NaN with a warning if the baseline is >= 1.
+      cosine against the group's own random-pair baseline (below), its CI mapped from the cosine's CI
+      with the baseline held fixed (the baseline's own uncertainty is not propagated). A group is
+      measured against how far apart its own tokens lie in different examples, not against all tokens:
+      in a sentence encoder's middle layers [CLS] is nearly the same vector for every input (random
+      pairs of [CLS] at 1 − cos ≈ 1e-5 in all-MiniLM-L6-v2), so its raw drift is tiny even where the
+      format moves it as far as another input would. The overall cell and every cell when
+      ``baseline_X`` is given use the overall baseline. NaN where the spread ``1 − baseline`` is under
+      :data:`MIN_SPREAD` (the embedding layer's [CLS]), with a warning when the overall baseline is >= 1;
 
-    and one ``anisotropy_baseline`` row (role ``"all"`` whatever ``overall_label``, ``n`` = number of
+    - ``anisotropy_baseline`` (groups only, unless ``baseline_X`` is given): :func:`group_baseline`, the
+      mean cosine of ``n_pairs`` random pairs of the group's rows (both formats) from different examples,
+      with its CI, ``n`` = number of pairs;
+
+    and one ``anisotropy_baseline`` row for role ``"all"`` (whatever ``overall_label``, ``n`` = number of
     pairs, ``n_examples`` = examples in the baseline set) with its CI (:func:`anisotropy_baseline_ci`).
     Keys: ``role, target, metric, value, ci_low, ci_high, n`` (tokens), ``n_examples``, ``n_groups``
     (clusters in the cell), ``seed``, matching :data:`analyses.results.RESULT_COLUMNS` plus
@@ -417,23 +428,17 @@ def drift_summary(
                          f"cosine; first rows {idx[:10].tolist()}")
     drift = 1.0 - cos
 
+    kw = dict(n_resamples=n_resamples, confidence=confidence, seed=seed, method=method)
     pair_cos, pair_first = _pair_cosines(base_parts, base_ex, n_pairs, seed, mean, std)
-    b_point, b_low, b_high = bootstrap_ci(pair_cos, pair_first, "mean", n_resamples=n_resamples,
-                                          confidence=confidence, seed=seed, method=method)
-    if b_point >= 1.0:
-        warnings.warn(f"anisotropy baseline is {b_point!r} (>= 1): normalised drift is undefined (NaN)",
+    b_all = bootstrap_ci(pair_cos, pair_first, "mean", **kw)
+    if b_all[0] >= 1.0:
+        warnings.warn(f"anisotropy baseline is {b_all[0]!r} (>= 1): normalised drift is undefined (NaN)",
                       RuntimeWarning, stacklevel=2)
-
-    def norm(c: float) -> float:
-        if b_point >= 1.0 or np.isnan(c):
-            return float("nan")
-        return normalised_drift(c, b_point)
 
     cells: list[tuple[str, np.ndarray]] = [(g, grp == g) for g in dict.fromkeys(grp.tolist())]
     if overall_label is not None:
         cells.append((overall_label, np.ones(n, dtype=bool)))
 
-    kw = dict(n_resamples=n_resamples, confidence=confidence, seed=seed, method=method)
     rows: list[dict] = []
     for role, mask in cells:
         c_ids = clu[mask]
@@ -443,12 +448,65 @@ def drift_summary(
         for name in ("cosine", "drift", "relative_l2"):
             for stat in ("mean", "median"):
                 rows.append(_row(role, f"{name}_{stat}", *ci[name, stat], n_tok, n_ex, n_cl, seed))
+        # each group against its own spread: a group whose states barely vary between inputs ([CLS] in a
+        # sentence encoder's middle layers) is not measured against the spread of every token
+        own = baseline_X is None and role != overall_label
+        b = (group_baseline([A, B], np.concatenate([ex, ex]), np.concatenate([mask, mask]), n_pairs,
+                            mean=mean, std=std, **kw) if own else b_all)
         for stat, metric in (("mean", "normalised_drift"), ("median", "normalised_drift_median")):
             c, c_low, c_high = ci["cosine", stat]
-            rows.append(_row(role, metric, norm(c), norm(c_high), norm(c_low), n_tok, n_ex, n_cl, seed))
+            rows.append(_row(role, metric, _normalised(c, b[0]), _normalised(c_high, b[0]),
+                             _normalised(c_low, b[0]), n_tok, n_ex, n_cl, seed))
+        if own:
+            rows.append(_row(role, "anisotropy_baseline", *b, n_pairs, n_ex, n_ex, seed))
     n_base_ex = np.unique(base_ex).size
-    rows.append(_row("all", "anisotropy_baseline", b_point, b_low, b_high, n_pairs, n_base_ex, n_base_ex, seed))
+    rows.append(_row("all", "anisotropy_baseline", *b_all, n_pairs, n_base_ex, n_base_ex, seed))
     return rows
+
+
+#: The least spread ``1 − baseline`` a normalised drift is divided by: states identical between inputs
+#: up to float rounding (the embedding layer's [CLS]) have ``1 − cos`` of about 1e-15, and a ratio of two
+#: such numbers means nothing.
+MIN_SPREAD = 1e-12
+
+
+def _normalised(c: float, baseline: float) -> float:
+    """:func:`normalised_drift`, NaN where the cosine is NaN or the spread ``1 − baseline`` is under
+    :data:`MIN_SPREAD`."""
+    if np.isnan(c) or np.isnan(baseline) or 1.0 - baseline < MIN_SPREAD:
+        return float("nan")
+    return normalised_drift(c, baseline)
+
+
+def group_pair_cosines(parts, example_ids, mask, n_pairs: int = 10000, seed: int = 0, mean=None,
+                       std=None) -> tuple[np.ndarray, np.ndarray] | None:
+    """Cosines of ``n_pairs`` random pairs of the rows ``mask`` selects from the row-wise union of
+    ``parts`` (two formats' states of the same tokens), from different examples (:func:`random_pair_indices`),
+    and the example of each pair's first row; None when those rows span fewer than two examples."""
+    rows = np.flatnonzero(mask)
+    ids = np.asarray(example_ids)[rows]
+    if np.unique(ids).size < 2:
+        return None
+    i, j = random_pair_indices(ids, n_pairs=n_pairs, seed=seed)
+    xi, xj = _take_rows(parts, rows[i]), _take_rows(parts, rows[j])
+    if mean is not None:
+        xi, xj = (xi - mean) / std, (xj - mean) / std
+    cos = rowwise_cosine(xi, xj)
+    if np.isnan(cos).any():
+        raise ValueError("zero-norm or non-finite rows met in a group's random pairs")
+    return cos, ids[i]
+
+
+def group_baseline(parts, example_ids, mask, n_pairs: int = 10000, *, seed: int = 0, mean=None, std=None,
+                   **ci_kw) -> tuple[float, float, float]:
+    """The random-pair baseline of one group of rows, :func:`group_pair_cosines`' mean, with its bootstrap
+    CI over the first row's example (``ci_kw``: those of :func:`analyses.intervals.bootstrap_ci`);
+    ``(nan, nan, nan)`` when the group spans fewer than two examples. What :func:`drift_summary`
+    normalises each role group's drift by."""
+    got = group_pair_cosines(parts, example_ids, mask, n_pairs, seed, mean, std)
+    if got is None:
+        return float("nan"), float("nan"), float("nan")
+    return bootstrap_ci(*got, "mean", seed=seed, **ci_kw)
 
 
 def subword_pool(states, word_ids, subword_index, mode: PoolMode = "first") -> tuple[np.ndarray, np.ndarray]:

@@ -45,7 +45,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from analyses.drift import group_labels, model_label, paired_rows
-from analyses.drift_metrics import rowwise_cosine
+from analyses.drift_metrics import MIN_SPREAD, group_pair_cosines, rowwise_cosine
 from analyses.grouping import cache_groups
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
                               keep_table, make_table, stored_table)
@@ -174,21 +174,31 @@ def run_paired_drift(ref, a, b, *, layers: Sequence[int] | None = None, words_on
 
 
 def run_role_contrast(a, b, role: str = "cls", *, versus: str = "words", layers: Sequence[int] | None = None,
-                      n_resamples: int = 1000, seed: int = 0, out: str | Path | None = None,
+                      n_resamples: int = 1000, n_pairs: int = 10000, seed: int = 0, out: str | Path | None = None,
                       force: bool = False, progress: bool = True) -> pd.DataFrame:
     """Does one token change more than the words between formats A and B (Q1), within each example?
 
     Per example: ``drift(role) − mean drift(words)`` with ``drift = 1 − cos(h_A, h_B)`` of the same
     key, first subwords; ``role`` is a role group of :func:`analyses.drift.group_labels` (``cls``,
     ``sep2``, ...), ``versus`` is ``"words"`` (every word) or a group (``"s1 words"``). Only examples
-    having both are used. One row per layer, ``metric="drift_diff_roles"``, ``role`` = ``role`` minus
-    ``role_b`` = ``versus``, ``value_a`` the role's mean drift and ``value_b`` the words'; CI, p-value and ``p_holm`` (across
-    layers) as in :func:`run_paired_drift`.
+    having both are used. Per layer two rows, CI, p-value and ``p_holm`` (across the layers of each
+    metric) as in :func:`run_paired_drift`, ``role`` = ``role`` minus ``role_b`` = ``versus``:
+
+    - ``metric="drift_diff_roles"``: of the raw drifts; ``value_a`` the role's mean drift and ``value_b``
+      the words';
+    - ``metric="normalised_drift_diff_roles"``: of the drifts each divided by its own group's spread,
+      ``1 −`` the mean cosine of ``n_pairs`` random pairs of that group's tokens from different examples
+      (both formats; :func:`analyses.drift_metrics.group_baseline`), so 1 = as far as that group's tokens
+      in two random inputs. The raw difference compares a token with the words on the words' scale: where
+      [CLS] is nearly the same vector for every input (a sentence encoder's middle layers: random pairs
+      of [CLS] at 1 − cos ≈ 1e-5) its raw drift is tiny whatever the format does to it. The spreads are
+      estimated once per layer and held fixed in the bootstrap; no row at a layer where either spread is
+      under :data:`analyses.drift_metrics.MIN_SPREAD` (the embedding layer's [CLS]).
     """
     check_comparable(a, b)
     layers = shared_layers(layers, a, b)
     config = {"a": cache_identity(a), "b": cache_identity(b), "role": role, "versus": versus, "layers": layers,
-              "n_resamples": n_resamples, "seed": seed}
+              "n_resamples": n_resamples, "n_pairs": n_pairs, "seed": seed}
     path, done = stored_table(out, "role_contrast", config, force)
     if done is not None:
         return done
@@ -207,16 +217,26 @@ def run_role_contrast(a, b, role: str = "cls", *, versus: str = "words", layers:
     base = {"analysis": "role_contrast", "model": model_label(a), "corpus": a.manifest["corpus"]["name"],
             "format": a.format_name, "format_b": b.format_name, "reference": "", "target": "",
             "metric": "drift_diff_roles", "role": role, "role_b": versus, "seed": seed, "unit": "example"}
+    groups, grouping = cache_groups(a, both)
+    keep_role, keep_versus = np.isin(examples, both) & in_role, np.isin(examples, both) & in_versus
     for layer in tqdm(layers, desc=f"{role} vs {versus} {a.format_name}→{b.format_name}", disable=not progress,
                       file=sys.stderr):
-        d = 1.0 - rowwise_cosine(a.states(layer, rows_a), b.states(layer, rows_b))
+        A, B = a.states(layer, rows_a), b.states(layer, rows_b)
+        d = 1.0 - rowwise_cosine(A, B)
         ex_r, v_r = _per_example(d[in_role], examples[in_role])
         ex_w, v_w = _per_example(d[in_versus], examples[in_versus])
         v_r = pd.Series(v_r, index=ex_r).reindex(both).to_numpy()
         v_w = pd.Series(v_w, index=ex_w).reindex(both).to_numpy()
-        groups, grouping = cache_groups(a, both)
         r = paired_difference(v_r, v_w, groups, n_resamples=n_resamples, seed=seed)
         records.append({**base, "layer": layer, **r, "grouping": grouping})
+        ex2 = np.concatenate([examples, examples])
+        pairs = [group_pair_cosines([A, B], ex2, np.concatenate([keep, keep]), n_pairs, seed)
+                 for keep in (keep_role, keep_versus)]
+        spread = [np.nan if p is None else 1.0 - float(p[0].mean()) for p in pairs]
+        if all(sp >= MIN_SPREAD for sp in spread):  # NaN (one example) compares False
+            r = paired_difference(v_r / spread[0], v_w / spread[1], groups, n_resamples=n_resamples, seed=seed)
+            records.append({**base, "metric": "normalised_drift_diff_roles", "layer": layer, **r,
+                            "spread_a": spread[0], "spread_b": spread[1], "grouping": grouping})
     df = add_holm(make_table(records), ["role", "role_b", "metric"])
     return keep_table(df, path)
 

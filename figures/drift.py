@@ -5,9 +5,10 @@ baseline.
 format pair, x = layer and y = the chosen drift metric (default ``drift_mean`` = mean of 1 − cos)
 with one line per role group and its bootstrap CI band. The random-pair (anisotropy) baseline is
 drawn on the same scale as a dashed black line: ``1 − anisotropy_baseline`` for drift metrics,
-``anisotropy_baseline`` itself for cosine metrics, and the level 1 for normalised drift
-(``(1 − cos) / (1 − baseline)``, where 1 means "as far apart as random tokens"). A second row of
-panels shows ``normalised_drift`` when the table has it.
+``anisotropy_baseline`` itself for cosine metrics (the baseline of all tokens, role ``all``), and the
+level 1 for normalised drift (``(1 − cos) / (1 − baseline)``, each role group against the random-pair
+baseline of its own tokens, where 1 means "as far apart as that group's tokens in two random inputs").
+A second row of panels shows ``normalised_drift`` when the table has it.
 
 CLI: ``python -m figures.drift TABLE.csv --out figs/drift [--metrics drift_mean] [--choices cls,sep1]``.
 """
@@ -37,8 +38,8 @@ DRIFT_LABELS: dict[str, str] = {
     "cosine_median": "cosine, median",
     "relative_l2_mean": "relative L2, mean ‖a − b‖ / ‖a‖",
     "relative_l2_median": "relative L2, median ‖a − b‖ / ‖a‖",
-    "normalised_drift": "normalised drift, (1 − cos) / (1 − baseline)",
-    "normalised_drift_median": "normalised drift (median), (1 − cos) / (1 − baseline)",
+    "normalised_drift": "normalised drift, (1 − cos) / (1 − own baseline)",
+    "normalised_drift_median": "normalised drift (median), (1 − cos) / (1 − own baseline)",
 }
 BASELINE = "anisotropy_baseline"
 
@@ -113,7 +114,9 @@ def plot_drift(df: pd.DataFrame, out: str | Path, metric: str = "drift_mean", ro
         role_list = order_roles(rows["role"].dropna())
     if overlay:
         d, rows, role_list = _overlay(d, rows, role_list)
-    base = d[d["metric"].astype(str) == BASELINE]
+    # the dashed line: the baseline of all tokens (tables also hold each role group's own, which its
+    # normalised drift is divided by)
+    base = d[(d["metric"].astype(str) == BASELINE) & (d["role"].astype(str) == "all")]
     norm_metric = "normalised_drift"
     norm_rows = d[d["metric"].astype(str) == norm_metric]
     if normalised is True and norm_rows.empty:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import doctest
 import time
 
+import warnings
+
 import numpy as np
 import pytest
 from scipy import stats as sps
@@ -448,13 +450,61 @@ def test_drift_summary_recovers_planted_group_cosines():
     assert by["all", "drift_median"]["n"] == ex.size
     base = by["all", "anisotropy_baseline"]
     assert abs(base["value"]) < 0.05 and base["n"] == 10000
-    nd = by["cls", "normalised_drift"]
-    assert nd["value"] == pytest.approx(normalised_drift(by["cls", "cosine_mean"]["value"], base["value"]))
-    assert nd["ci_low"] < nd["value"] < nd["ci_high"]
+    for role in ("cls", "s1 words"):  # each group against its own random-pair baseline
+        own = by[role, "anisotropy_baseline"]
+        assert abs(own["value"]) < 0.05 and own["n"] == 10000 and own["ci_low"] < own["value"] < own["ci_high"]
+        nd = by[role, "normalised_drift"]
+        assert nd["value"] == pytest.approx(normalised_drift(by[role, "cosine_mean"]["value"], own["value"]))
+        assert nd["ci_low"] < nd["value"] < nd["ci_high"]
+    assert by["all", "normalised_drift"]["value"] == pytest.approx(
+        normalised_drift(by["all", "cosine_mean"]["value"], base["value"]))
     # tidy: opens as a standard table
     df = make_table(rows)
     assert list(df.columns[:len(RESULT_COLUMNS)]) == list(RESULT_COLUMNS)
-    assert len(df) == 3 * (len(DRIFT_METRICS) - 1) + 1
+    assert len(df) == 3 * (len(DRIFT_METRICS) - 1) + 2 + 1  # two groups' baselines and the overall one
+
+
+def test_drift_summary_normalises_each_group_by_its_own_spread():
+    """A [CLS]-like group is one large vector for every input plus a small per-input part (as in a sentence
+    encoder's middle layers); format B replaces that part with a fresh draw, so [CLS] moves as far as it
+    would in another input, while the words (isotropic) move a little. Raw drift ranks [CLS] far below the
+    words; normalised by each group's own random-pair baseline, [CLS] is at 1 (as far as another input)
+    and the words near their planted share. Against the baseline of all tokens [CLS] would be about 1e-4."""
+    rng = np.random.default_rng(11)
+    n_ex, per, dim = 200, 8, 64
+    ex = np.repeat(np.arange(n_ex), per)
+    groups = np.where(np.arange(ex.size) % per == 0, "cls", "s1 words")
+    is_cls = groups == "cls"
+    A = rng.normal(size=(ex.size, dim))
+    B = A + 0.3 * rng.normal(size=A.shape)  # words: 1 − cos about 0.04, random pairs about 1
+    common = 100.0 * rng.normal(size=dim)
+    A[is_cls] = common + rng.normal(size=(n_ex, dim))
+    B[is_cls] = common + rng.normal(size=(n_ex, dim))  # a fresh draw: as far as another input
+    by = {(r["role"], r["metric"]): r for r in drift_summary(A, B, ex, groups, n_resamples=200, seed=0)}
+    raw_cls, raw_words = by["cls", "drift_mean"]["value"], by["s1 words", "drift_mean"]["value"]
+    assert raw_cls < 0.01 * raw_words  # raw drift: [CLS] looks unmoved
+    nd = by["cls", "normalised_drift"]
+    assert nd["ci_low"] < 1.0 < nd["ci_high"] and 0.9 < nd["value"] < 1.1
+    words = by["s1 words", "normalised_drift"]
+    assert 0.02 < words["value"] < 0.08
+    assert raw_cls / (1 - by["all", "anisotropy_baseline"]["value"]) < 1e-3  # what the all-token baseline gives
+
+
+def test_drift_summary_group_without_spread_has_no_normalised_drift():
+    """A group that is the same vector in every input (the embedding layer's [CLS]) has no spread to
+    normalise by: its normalised drift is NaN, its raw drift still 0, and no warning is raised."""
+    rng = np.random.default_rng(2)
+    ex = np.repeat(np.arange(30), 4)
+    groups = np.where(np.arange(ex.size) % 4 == 0, "cls", "w")
+    A = rng.normal(size=(ex.size, 16))
+    A[groups == "cls"] = np.arange(16.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        by = {(r["role"], r["metric"]): r for r in drift_summary(A, A.copy(), ex, groups, n_resamples=50)}
+    assert by["cls", "anisotropy_baseline"]["value"] == pytest.approx(1.0, abs=1e-12)
+    assert by["cls", "drift_mean"]["value"] == 0.0
+    assert np.isnan(by["cls", "normalised_drift"]["value"]) and np.isnan(by["cls", "normalised_drift"]["ci_low"])
+    assert by["w", "normalised_drift"]["value"] == 0.0
 
 
 def test_drift_summary_default_baseline_is_union_of_formats():

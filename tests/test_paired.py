@@ -242,13 +242,26 @@ def test_paired_drift_per_example_and_all_tokens(doc_caches):
 
 def test_role_contrast_cls_minus_words(doc_caches, tmp_path):
     _, pair, concat = doc_caches
-    df = run_role_contrast(pair, concat, "cls", n_resamples=50, out=tmp_path / "r", progress=False)
+    both = run_role_contrast(pair, concat, "cls", n_resamples=50, n_pairs=100, out=tmp_path / "r", progress=False)
     d = run_drift(pair, concat, n_resamples=20, n_pairs=100, progress=False)
     cls = d[(d["metric"] == "drift_mean") & (d["role"] == "cls")].set_index("layer")["value"]
+    df = both[both["metric"] == "drift_diff_roles"]
     got = df.set_index("layer")
+    assert got.index.tolist() == sorted(set(d["layer"]))
     np.testing.assert_allclose(got["value_a"], cls.reindex(got.index), atol=1e-6)  # one [CLS] per example
     np.testing.assert_allclose(got["value"], got["value_a"] - got["value_b"], atol=1e-9)
     assert (df["role"] == "cls").all() and (df["role_b"] == "words").all() and (df["grouping"] == "document").all()
+    # normalised: each group's drift over its own spread, 1 − the mean cosine of its random pairs (the same
+    # pairs as the drift table's [CLS] baseline: same rows, seed and count); none at the embedding layer,
+    # where [CLS] is one vector for every input
+    norm = both[both["metric"] == "normalised_drift_diff_roles"].set_index("layer")
+    assert 0 not in norm.index and norm.index.tolist() == [l for l in got.index if l > 0]
+    cls_base = d[(d["metric"] == "anisotropy_baseline") & (d["role"] == "cls")].set_index("layer")["value"]
+    np.testing.assert_allclose(norm["spread_a"], 1 - cls_base.reindex(norm.index), rtol=1e-12)
+    np.testing.assert_allclose(norm["value_a"], got["value_a"].reindex(norm.index) / norm["spread_a"], rtol=1e-6)
+    np.testing.assert_allclose(norm["value_b"], got["value_b"].reindex(norm.index) / norm["spread_b"], rtol=1e-6)
+    np.testing.assert_allclose(norm["value"], norm["value_a"] - norm["value_b"], atol=1e-9)
+    assert (norm["p_holm"] >= norm["p_value"]).all()
     assert len(list((tmp_path / "r").glob("role_contrast-*.csv"))) == 1
     with pytest.raises(ValueError, match="'nope'"):
         run_role_contrast(pair, concat, "nope", progress=False)

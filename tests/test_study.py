@@ -466,13 +466,13 @@ def test_q1_verdict_names_the_words_its_rows_compare_with():
     from probing.study.questions import QUESTION_SECTIONS
 
     v = QUESTION_SECTIONS["Q1"].verdict(
-        {"paired_q1": _probe_rows(-0.05, metric="drift_diff_roles", role="cls", role_b="words")}, load_config(None))
+        {"paired_q1": _probe_rows(-0.05, metric="normalised_drift_diff_roles", role="cls", role_b="words")}, load_config(None))
     assert "the words of both sentences" in v.sentence and "sentence 1" not in v.sentence
     assert 'versus=' not in inspect.getsource(_paired_q1)  # the study keeps run_role_contrast's default: every word
 
 
 @pytest.mark.parametrize("key,table,extra,words", [
-    ("Q1", "paired_q1", {"metric": "drift_diff_roles", "role": "cls", "role_b": "words"}, "[CLS] changes"),
+    ("Q1", "paired_q1", {"metric": "normalised_drift_diff_roles", "role": "cls", "role_b": "words"}, "[CLS] changes"),
     ("Q4", "paired_q4", {"target": "is_next", "choice": None}, "middle [SEP]"),
     ("Q6", "paired_q6", {"target": "topic", "condition_a": "format=pair", "condition_b": "format=cls_last"},
      "placed first"),

@@ -161,8 +161,9 @@ def _report_table(source: str, where: dict, layout, *args, **kwargs):
     return table
 
 
-_table_q1 = _report_table("drift_q1", {"metric": "drift_mean"}, _at_last_layer, ["format", "format_b"], "role",
-                          "1 − cos (mean) at layer {L}, per role group")
+_table_q1 = _report_table("drift_q1", {"format": "pair", "format_b": "concat", "metric": "normalised_drift"}, _by_layer,
+                          ["role"], "normalised drift pair → concat, per layer and role group: 1 − cos over the 1 − cos "
+                          "of two tokens of the same role group in different inputs (1 = as far as another input)")
 _table_q2 = _report_table("drift_q2", {"metric": "drift_mean"}, _by_layer, ["format", "format_b"],
                           "1 − cos (mean) of the words of the single sentence (role 'all')", sep="→")
 _table_q3 = _report_table("drift_q3", {"metric": "drift_mean"}, _at_last_layer, "k", "role",

@@ -37,7 +37,10 @@ def _first_role(rows: pd.DataFrame, *roles: str) -> pd.DataFrame:
 
 
 def _q1_rows(T):
-    d = pick(T.get("paired_q1"), metric="drift_diff_roles")
+    # each role's drift against its own spread: in a sentence encoder's middle layers [CLS] is nearly one
+    # vector for every input, so its raw drift is small whatever the format does to it (the raw
+    # drift_diff_roles rows are reported beside, not decided on)
+    d = pick(T.get("paired_q1"), metric="normalised_drift_diff_roles")
     return None if d.empty else _contextual(d)
 
 

@@ -57,22 +57,40 @@ def _drift_sentence(d: pd.DataFrame, a: str, b: str) -> str:
         if v is not None:
             parts.append(f"{label} by 1 − cos = {fmt(v)}")
     base = one(dd, layer=L, role="all", metric="anisotropy_baseline")
+    own = one(dd, layer=L, role="cls", metric="anisotropy_baseline")
     nd = one(dd, layer=L, role="cls", metric="normalised_drift")
     s = f"at layer {L} ({a} → {b}) " + "; ".join(parts)
     if base is not None:
-        s += f"; the random-pair baseline at that layer is 1 − cos = {1 - base[0]:.3f}"
-    if nd is not None:
-        s += f", so [CLS]'s normalised drift is {fmt(nd[0])}"
+        s += f"; two random tokens of different inputs lie 1 − cos = {1 - base[0]:.3f} apart at that layer"
+    if own is not None and nd is not None:
+        s += (f", two [CLS] of different inputs {1 - own[0]:.3g}, so [CLS]'s drift is {fmt(nd[0])} of its own "
+              "spread (its normalised drift)")
     return s
+
+
+def _cls_spread_sentence(d: pd.DataFrame) -> str:
+    """Where [CLS] barely varies between inputs (1 − cos of two [CLS] of different inputs per layer), and
+    its normalised drift pair → concat at each layer: why Q1's verdict normalises each role by its own
+    spread ("" when the table has no per-role baselines)."""
+    base = pick(d, format="pair", format_b="concat", role="cls", metric="anisotropy_baseline")
+    nd = pick(d, format="pair", format_b="concat", role="cls", metric="normalised_drift")
+    base = base[pd.to_numeric(base["layer"]) >= 1].sort_values("layer")
+    if base.empty or nd.empty:
+        return ""
+    spread = ", ".join(f"{int(r['layer'])}: {1 - float(r['value']):.2g}" for _, r in base.iterrows())
+    by_layer = nd.set_index(pd.to_numeric(nd["layer"]))["value"]
+    norm = ", ".join(f"{int(l)}: {float(by_layer[l]):.3g}" for l in base["layer"] if l in by_layer.index
+                     and pd.notna(by_layer[l]))
+    return (f"How far apart two [CLS] of different inputs lie (1 − cos), per layer — {spread}; all tokens lie "
+            f"far further apart. So [CLS]'s raw drift is small wherever [CLS] hardly depends on the input, and "
+            f"the verdict weighs each role's drift against its own spread: [CLS]'s normalised drift per layer — "
+            f"{norm}. ")
 
 
 @_reads("drift_q1")
 def _marginal_q1(d: pd.DataFrame, T: dict) -> str:
     s = "Removing the middle [SEP] changes, " + _drift_sentence(d, "pair", "concat") + ". "
-    cls = pick(d, format="pair", format_b="concat", role="cls", metric="drift_mean")
-    if not cls.empty:
-        worst = cls.loc[cls["value"].idxmax()]
-        s += f"[CLS] moves most at layer {int(worst['layer'])} (1 − cos = {fmt(float(worst['value']))}). "
+    s += _cls_spread_sentence(d)
     sep_only = one(d, format="pair", format_b="concat_segments", role="cls", metric="drift_mean",
                    layer=last_layer(d))
     seg_only = one(d, format="concat_segments", format_b="concat", role="cls", metric="drift_mean",
@@ -295,11 +313,13 @@ def _paired_at_last(d: pd.DataFrame | None, intro: str, column: str = "target", 
 
 def answer_q1(T: dict) -> str:
     s = _marginal_q1(T)
-    d = pick(T.get("paired_q1"), metric="drift_diff_roles")
-    if not d.empty:
-        r = _at_last(d).iloc[0]
-        s += (f" Paired per example, [CLS]'s drift minus the mean drift of the words at layer {int(r['layer'])}: "
-              f"{paired_text(r)} ({int(r['n_groups'])} {r['grouping']}s; Holm over layers).")
+    for metric, what in (("normalised_drift_diff_roles", "normalised drift (each against its own spread)"),
+                         ("drift_diff_roles", "raw drift (1 − cos)")):
+        d = pick(T.get("paired_q1"), metric=metric)
+        if not d.empty:
+            r = _at_last(d).iloc[0]
+            s += (f" Paired per example, [CLS]'s {what} minus the words' at layer {int(r['layer'])}: "
+                  f"{paired_text(r)} ({int(r['n_groups'])} {r['grouping']}s; Holm over layers).")
     return s + patching_text(T)
 
 

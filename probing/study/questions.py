@@ -85,7 +85,11 @@ NOTES = {
     "Q1": "Drift is 1 − cos between the same token key (same example, sentence, word, subword) in two formats, "
           "averaged per role group, with a cluster bootstrap over documents (examples when the corpus has none). Raw cosines are high for any two "
           "tokens in these models, so each drift is shown beside the random-pair baseline of its layer and "
-          "normalised by it (0 = unchanged, 1 = as far as two random tokens). `pair` → `concat_segments` "
+          "normalised by the baseline of its own role group: 1 − cos of two tokens of that group in different "
+          "inputs (two [CLS], two words; 0 = unchanged, 1 = as far as another input would move it). A role whose "
+          "state hardly depends on the input has a small raw drift whatever the format does to it, so [CLS] − "
+          "words is decided on the normalised drifts; the spreads are estimated from 10,000 random pairs per layer "
+          "and held fixed in the bootstrap. `pair` → `concat_segments` "
           "removes only the [SEP] token; `concat_segments` → `concat` removes only the segment embedding. It "
           "does not say whether the change matters for a downstream task (see Q4/Q8 for probes). [CLS] − words is "
           "paired per example (analyses.paired.run_role_contrast; " + FAMILIES["Q1"] + ").",
