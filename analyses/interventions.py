@@ -36,7 +36,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from analyses.drift import model_label
-from analyses.drift_metrics import rowwise_cosine
+from analyses.drift_metrics import MIN_SPREAD, group_pair_cosines, rowwise_cosine
 from analyses.results import cache_identity, keep_table, make_table, stored_table
 from analyses.intervals import bootstrap_ci, ratio_bootstrap_ci
 from analyses.probe_metrics import DEFAULT_CS
@@ -222,6 +222,16 @@ def _items(cache: Cache, target: str) -> tuple[np.ndarray, np.ndarray]:
 # Tables
 
 
+def group_spread(cache: Cache, layer: int, group: str, n_pairs: int = 10000, seed: int = 0) -> float:
+    """How far apart the tokens of ``group`` lie in different examples of ``cache`` at ``layer``: 1 − the
+    mean cosine of ``n_pairs`` random pairs (:func:`analyses.drift_metrics.group_pair_cosines`); NaN when
+    the group spans fewer than two examples."""
+    rows = np.flatnonzero(table_mask(cache.tokens, group))
+    got = group_pair_cosines([cache.layer_rows(layer, rows)], cache.tokens["example"].to_numpy()[rows],
+                             np.ones(rows.size, dtype=bool), n_pairs, seed)
+    return float("nan") if got is None else 1.0 - float(got[0].mean())
+
+
 def _base(clean: Cache, analysis: str, seed: int) -> dict:
     return {"analysis": analysis, "model": model_label(clean), "corpus": clean.manifest["corpus"]["name"],
             "format": clean.format_name, "seed": seed}
@@ -248,20 +258,26 @@ def _paired_row(base: dict, a: np.ndarray, b: np.ndarray, groups: np.ndarray, n_
 
 def knockout_drift(clean: Cache, treated: Cache, control: Cache | None = None, *,
                    groups: Sequence[str] = ("cls", "sep", "word"), layers: Sequence[int] | None = None,
-                   n_resamples: int = 1000, seed: int = 0, out: str | Path | None = None,
+                   n_resamples: int = 1000, n_pairs: int = 10000, seed: int = 0, out: str | Path | None = None,
                    force: bool = False, progress: bool = False) -> pd.DataFrame:
     """Drift from the clean run per layer and group (metric ``drift_treated``), the control's
     (``drift_control``) and their paired difference per example (``drift_difference`` = treated −
     control), each a mean over examples with a cluster-bootstrap CI over documents; the difference also
     has :func:`analyses.stats.paired_difference`'s sign-flip ``p_value``, ``se`` and ``mde``, and
-    ``p_holm`` over the layers of each group. Columns: the standard ones (role = group) plus
-    ``intervention``, ``control``, ``n_clusters``."""
+    ``p_holm`` over the layers of each group. With a control, also ``normalised_drift_difference``: the
+    same difference with both drifts divided by the group's spread in the clean run (``spread``: 1 − the
+    mean cosine of ``n_pairs`` random pairs of the group's tokens from different examples,
+    :func:`analyses.drift_metrics.group_pair_cosines`, held fixed in the bootstrap), so 1 = as far as
+    another input; no such row where the spread is under :data:`analyses.drift_metrics.MIN_SPREAD`. A
+    group that hardly varies between inputs ([CLS] in a sentence encoder's middle layers) has a tiny raw
+    drift whatever the knockout does to it. Columns: the standard ones (role = group) plus
+    ``intervention``, ``control``, ``n_clusters``, ``spread``."""
     for c in (treated,) + ((control,) if control is not None else ()):
         check_comparable(clean, c)
     layers = shared_layers(layers, clean, treated, *([control] if control is not None else []))
     config = {"clean": cache_identity(clean), "treated": cache_identity(treated),
               "control": control and cache_identity(control),
-              "groups": list(groups), "layers": layers, "n_resamples": n_resamples, "seed": seed}
+              "groups": list(groups), "layers": layers, "n_resamples": n_resamples, "n_pairs": n_pairs, "seed": seed}
     path, done = stored_table(out, "intervention_drift", config, force)
     if done is not None:
         return done
@@ -283,6 +299,10 @@ def knockout_drift(clean: Cache, treated: Cache, control: Cache | None = None, *
             rows.append(_ci_row(base, s_c[ok], cl[ok], n_resamples, seed, layer=layer, role=g, metric="drift_control"))
             rows.append(_paired_row(base, d_t[ok], s_c[ok], cl[ok], n_resamples, seed, layer=layer, role=g,
                                     metric="drift_difference"))
+            spread = group_spread(clean, layer, g, n_pairs, seed)
+            if spread >= MIN_SPREAD:
+                rows.append(_paired_row(base, d_t[ok] / spread, s_c[ok] / spread, cl[ok], n_resamples, seed,
+                                        layer=layer, role=g, metric="normalised_drift_difference", spread=spread))
     return keep_table(_holm_over_layers(make_table(rows), ["role", "metric"]), path)
 
 

@@ -53,10 +53,10 @@ def _baseline_curve(metric: str, base: pd.DataFrame) -> tuple[str, Any] | None:
     b = base.groupby("layer", sort=True)[["value", "ci_low", "ci_high"]].mean()
     x = b.index.to_numpy(dtype=float)
     if metric.startswith("drift"):
-        return "random-pair baseline (1 − mean cos)", (x, 1 - b["value"].to_numpy(), 1 - b["ci_high"].to_numpy(),
+        return "random-pair baseline, all tokens (1 − mean cos)", (x, 1 - b["value"].to_numpy(), 1 - b["ci_high"].to_numpy(),
                                                        1 - b["ci_low"].to_numpy())
     if metric.startswith("cosine"):
-        return "random-pair baseline (mean cos)", (x, b["value"].to_numpy(), b["ci_low"].to_numpy(),
+        return "random-pair baseline, all tokens (mean cos)", (x, b["value"].to_numpy(), b["ci_low"].to_numpy(),
                                                    b["ci_high"].to_numpy())
     return None
 
@@ -213,12 +213,13 @@ def plot_drift_by_k(df: pd.DataFrame, out: str | Path, roles: Sequence[str] = ("
                 x = gr["k"].to_numpy(dtype=float)
                 ax.plot(x, gr["value"].to_numpy(), color=colors[r], marker="o", markersize=3, linewidth=1.5, label=r)
                 ci_band(ax, x, gr["ci_low"], gr["ci_high"], colors[r])
-            base = d[(d["metric"].astype(str) == BASELINE) & (d["layer"] == layer)].sort_values("k")
+            base = d[(d["metric"].astype(str) == BASELINE) & (d["role"].astype(str) == "all")
+                     & (d["layer"] == layer)].sort_values("k")
             if m == "normalised_drift":
                 ax.axhline(1.0, color="black", linestyle="--", linewidth=1.2, label="random-pair level (= 1)")
             elif not base.empty:
                 ax.plot(base["k"].to_numpy(dtype=float), 1 - base["value"].to_numpy(), color="black", linestyle="--",
-                        linewidth=1.2, label="random-pair baseline (1 − mean cos)")
+                        linewidth=1.2, label="random-pair baseline, all tokens (1 − mean cos)")
             ax.set_yscale("symlog", linthresh=1e-3)
             ax.set_ylim(bottom=0)
             ax.set_xticks(sorted(d["k"].dropna().unique()))

@@ -237,13 +237,16 @@ def test_drift_lines_and_baseline(tmp_path, figs):
     from figures.drift import plot_drift
 
     df = drift_table()
-    render_once(figs, plot_drift, tmp_path / "drift", df)
+    # each role group's own baseline rows (what its normalised drift is divided by) do not move the dashed
+    # line, which is the baseline of all tokens
+    own = df[df.metric == "anisotropy_baseline"].assign(role="cls", value=0.999)
+    render_once(figs, plot_drift, tmp_path / "drift", pd.concat([df, own], ignore_index=True))
     fig = figs[0]
     main_ax, norm_ax = visible_axes(fig)[:2]
     cls = df[(df.metric == "drift_mean") & (df.role == "cls")].sort_values("layer")
     np.testing.assert_allclose(line_by_label(main_ax, "cls").get_ydata(), cls["value"])
     base = df[df.metric == "anisotropy_baseline"].sort_values("layer")
-    baseline = line_by_label(main_ax, "random-pair baseline (1 − mean cos)")
+    baseline = line_by_label(main_ax, "random-pair baseline, all tokens (1 − mean cos)")
     np.testing.assert_allclose(baseline.get_ydata(), 1 - base["value"].to_numpy())
     assert baseline.get_linestyle() == "--" and baseline.get_color() in ("black", "#000000", "k")
     assert line_by_label(norm_ax, "random-pair level (= 1)").get_ydata()[0] == 1.0
@@ -263,7 +266,7 @@ def test_drift_cosine_metric_keeps_baseline_on_cosine_scale(tmp_path, figs):
     plot_drift(df, tmp_path / "cos", metric="cosine_mean", normalised=False)
     (ax,) = visible_axes(figs[0])
     base = df[df.metric == "anisotropy_baseline"].sort_values("layer")["value"].to_numpy()
-    np.testing.assert_allclose(line_by_label(ax, "random-pair baseline (mean cos)").get_ydata(), base)
+    np.testing.assert_allclose(line_by_label(ax, "random-pair baseline, all tokens (mean cos)").get_ydata(), base)
     assert ax.get_ylabel().startswith("cosine")
 
 
@@ -300,7 +303,7 @@ def test_drift_overlay_puts_every_format_pair_in_one_panel(tmp_path, figs):
     np.testing.assert_allclose(line_by_label(main_ax, "s2 words: single → concat").get_ydata(), want)
     # the baseline drawn is the mean of the pairs' baselines
     base = df[df.metric == "anisotropy_baseline"].groupby("layer")["value"].mean()
-    np.testing.assert_allclose(line_by_label(main_ax, "random-pair baseline (1 − mean cos)").get_ydata(), 1 - base)
+    np.testing.assert_allclose(line_by_label(main_ax, "random-pair baseline, all tokens (1 − mean cos)").get_ydata(), 1 - base)
 
 
 def test_drift_by_k(tmp_path, figs):
@@ -313,8 +316,12 @@ def test_drift_by_k(tmp_path, figs):
         d["corpus"] = f"{CORPUS} (first {k} sentences)"
         frames.append(d)
     df = pd.concat(frames, ignore_index=True)
-    render_once(figs, plot_drift_by_k, tmp_path / "byk", df, layers=[3])
+    own = df[df.metric == "anisotropy_baseline"].assign(role="cls", value=0.999)  # a group's own: not drawn
+    render_once(figs, plot_drift_by_k, tmp_path / "byk", pd.concat([df, own], ignore_index=True), layers=[3])
     raw, norm = visible_axes(figs[0])
+    base = df[(df.metric == "anisotropy_baseline") & (df.layer == 3)].sort_values("k")["value"]
+    np.testing.assert_allclose(line_by_label(raw, "random-pair baseline, all tokens (1 − mean cos)").get_ydata(),
+                               1 - base.to_numpy())
     want = df[(df.metric == "drift_mean") & (df.role == "cls") & (df.layer == 3)].sort_values("k")
     line = line_by_label(raw, "cls")
     np.testing.assert_allclose(line.get_xdata(), [2, 3, 4])
@@ -716,7 +723,7 @@ def test_clis_run_on_csv(tmp_path, capsys, figs):
     printed = capsys.readouterr().out.split()
     assert printed == [str(tmp_path / "figs" / f"{n}.{ext}") for *_, n in runs for ext in ("png", "pdf")]
     drift_ax = visible_axes(figs[0])[0]
-    assert [ln.get_label() for ln in drift_ax.get_lines()] == ["cls", "s1 words", "random-pair baseline (mean cos)"]
+    assert [ln.get_label() for ln in drift_ax.get_lines()] == ["cls", "s1 words", "random-pair baseline, all tokens (mean cos)"]
     assert figs[1].axes[0].get_ylabel() == "layer in pair (cls)  (0 = embeddings)"
     assert figs[3].axes[0].get_title().endswith("from s2 words")
     legend = [t.get_text() for t in figs[4].axes[0].get_legend().get_texts()]

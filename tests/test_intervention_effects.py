@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyses.interventions import (cls_patches, fraction_closed, knockout_drift, knockout_probes, middle_layers,
+from analyses.interventions import (cls_patches, fraction_closed, group_spread, knockout_drift, knockout_probes, middle_layers,
                                     middle_sep_knockouts,
                                     per_example_drift, PROBE_MODES, probe_correctness, probe_correctness_modes,
                                     q1_patching,
@@ -71,10 +71,22 @@ def test_per_example_drift_is_a_mean_of_one_minus_cosine(runs):
 
 def test_knockout_drift_pairs_the_control_item_by_item(runs):
     df = knockout_drift(runs["clean"], runs["ko"], runs["control"], groups=("cls",), layers=[0, 2], n_resamples=50)
-    assert set(df["metric"]) == {"drift_treated", "drift_control", "drift_difference"}
+    assert set(df["metric"]) == {"drift_treated", "drift_control", "drift_difference", "normalised_drift_difference"}
     at2 = df[df["layer"] == 2].set_index("metric")
     assert at2.loc["drift_difference", "value"] == pytest.approx(
         at2.loc["drift_treated", "value"] - at2.loc["drift_control", "value"], abs=1e-9)
+    # normalised: the same difference over [CLS]'s spread between the clean run's examples; none at layer 0,
+    # where [CLS] is one vector for every input
+    spread = at2.loc["normalised_drift_difference", "spread"]
+    assert spread == pytest.approx(group_spread(runs["clean"], 2, "cls"), rel=1e-12) and 0 < spread < 2
+    assert at2.loc["normalised_drift_difference", "value"] == pytest.approx(
+        at2.loc["drift_difference", "value"] / spread, rel=1e-9)
+    assert not ((df["layer"] == 0) & (df["metric"] == "normalised_drift_difference")).any()
+    rows = runs["clean"].rows(role="cls")
+    X = runs["clean"].states(2, rows).astype(np.float64)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    off = ~np.eye(len(X), dtype=bool)  # every pair of different examples, against the 10,000 drawn
+    assert spread == pytest.approx(1 - (X @ X.T)[off].mean(), abs=0.02)
     assert at2.loc["drift_treated", "value"] > 1e-4
     assert at2.loc["drift_treated", "n_clusters"] == 12  # the doc label, not the example
     assert df[df["layer"] == 0]["value"].abs().max() < 1e-6  # embeddings come before any knockout

@@ -617,8 +617,12 @@ def test_knockout_sentence_compares_with_the_control():
 
     from probing.study.question_text import knockout_text
 
-    drift = pd.DataFrame([{"analysis": "intervention_drift", "layer": L, "role": "cls", "metric": "drift_difference",
-                           "value": v, "ci_low": v - 0.01, "ci_high": v + 0.01} for L, v in ((1, 0.0), (2, 0.08))])
+    # the verdict reads each role's drift over its own spread; the raw difference (here 1000× smaller, as for
+    # [CLS] in a sentence encoder's middle layers) would call any effect small
+    drift = pd.DataFrame([{"analysis": "intervention_drift", "layer": L, "role": "cls", "metric": m,
+                           "value": v * k, "ci_low": (v - 0.01) * k, "ci_high": (v + 0.01) * k}
+                          for L, v in ((1, 0.0), (2, 0.08))
+                          for m, k in (("normalised_drift_difference", 1.0), ("drift_difference", 1e-3))])
     probes = pd.DataFrame([{"analysis": "intervention_probes", "mode": "transfer", "target": "is_next", "layer": 2,
                             "metric": m, "value": v, "ci_low": v - 0.02, "ci_high": v + 0.02}
                            for m, v in (("accuracy_clean", 0.7), ("accuracy_treated", 0.6),
@@ -628,7 +632,8 @@ def test_knockout_sentence_compares_with_the_control():
             "than the control") in s
     assert "+0.080" in s and "lowers the accuracy more than the control" in s and "-0.090" in s
     assert "is_next ([CLS], layer 2; clean 0.700, treated 0.600, control 0.690)" in s
-    words = drift.assign(role="word", value=[0.0, -0.05], ci_low=[-0.001, -0.06], ci_high=[0.001, -0.04])
+    words = drift[drift["metric"] == "normalised_drift_difference"].assign(
+        role="word", value=[0.0, -0.05], ci_low=[-0.001, -0.06], ci_high=[0.001, -0.04])
     w = knockout_text({"q4_knockout_drift": pd.concat([drift, words]), "q4_knockout_probes": probes})
     assert ("Words: Only in layer 2 (no measurable difference at layer 1): the control knockout moves the words more "
             "than knocking out attention to [SEP] does") in w and "-0.050" in w

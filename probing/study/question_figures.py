@@ -143,7 +143,7 @@ def _at_last_layer(d: pd.DataFrame, index, columns: str, caption: str):
 def _by_layer(d: pd.DataFrame, columns: list[str], caption: str, sep: str = " / "):
     """``d``'s values, one row per layer, one column per combination of ``columns``."""
     t = d.pivot_table(index="layer", columns=columns, values="value", aggfunc="first", sort=False)
-    t.columns = [sep.join(map(str, c)) for c in t.columns]
+    t.columns = [sep.join(map(str, c)) if isinstance(c, tuple) else str(c) for c in t.columns]
     return t.reset_index(), caption
 
 

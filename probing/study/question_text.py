@@ -428,8 +428,10 @@ def knockout_text(T: dict) -> str:
     s = " Does the model use [SEP]? Attention to every [SEP] knocked out in the middle layers, against a control " \
         "knockout of as many random word keys:"
     # [CLS], then the words: is attention to [SEP] worth more to them than as many random word keys?
+    # each group's drift over its own spread between inputs: [CLS] hardly varies between inputs in a sentence
+    # encoder's middle layers, so a raw 1 − cos against the 0–1 threshold would call any effect on it small
     for role, claim_, lead in (("cls", KNOCKOUT_DRIFT_CLAIM, " "), ("word", KNOCKOUT_WORDS_CLAIM, " Words: ")):
-        d = pick(drift, role=role, metric="drift_difference")
+        d = pick(drift, role=role, metric="normalised_drift_difference")
         if not d.empty:
             s += lead + summarise(_contextual(d), claim_).sentence
     p = pick(probes, metric="change_difference", mode="transfer")
