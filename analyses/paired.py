@@ -263,8 +263,8 @@ def prefix_rows(short_a, short_b, long_a, long_b) -> tuple[np.ndarray, np.ndarra
 
 
 def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] | None = None, edges: bool = False,
-                     n_resamples: int = 1000, seed: int = 0, out: str | Path | None = None, force: bool = False,
-                     progress: bool = True) -> pd.DataFrame:
+                     n_resamples: int = 1000, n_pairs: int = 10000, seed: int = 0, out: str | Path | None = None,
+                     force: bool = False, progress: bool = True) -> pd.DataFrame:
     """Does the drift between formats A and B grow when the input holds more sentences (Q3)? Paired on
     the same tokens.
 
@@ -283,13 +283,23 @@ def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] 
     ``cls and inner words``: the last word of sentence k is next to the closing [SEP] in both formats of
     the short input, but in the long one it is next to a [SEP] in one format and to sentence k + 1 in
     the other, a change of its own neighbour rather than of the format's reach.
+
+    Each cell of one role (not ``all`` or ``cls and inner words``) also has a ``normalised_drift_growth``
+    row: the same difference with both drifts divided by the cell's spread in the short inputs (``spread_a``:
+    1 − the mean cosine of ``n_pairs`` random pairs of its tokens from different examples, both formats,
+    :func:`analyses.drift_metrics.group_pair_cosines`), so 1 = as far as another input. One constant divides
+    both sides, so the CI scales and the p-value is the raw row's; what changes is the size read against
+    a threshold: [CLS], nearly one vector for every input in a sentence encoder's middle layers, has a tiny
+    raw drift whatever happens to it. No such row where the spread is under
+    :data:`analyses.drift_metrics.MIN_SPREAD`.
     """
     check_comparable(short_a, short_b)
     check_comparable(long_a, long_b)
     check_prefix(short_a, long_a)
     layers = shared_layers(layers, short_a, short_b, long_a, long_b)
     config = {"short_a": cache_identity(short_a), "short_b": cache_identity(short_b), "long_a": cache_identity(long_a),
-              "long_b": cache_identity(long_b), "layers": layers, "n_resamples": n_resamples, "seed": seed}
+              "long_b": cache_identity(long_b), "layers": layers, "n_resamples": n_resamples, "n_pairs": n_pairs,
+              "seed": seed}
     if edges:  # only then, so that tables stored before this option keep their key
         config["edges"] = True
     path, done = stored_table(out, "prefix_drift", config, force)
@@ -308,12 +318,24 @@ def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] 
     records = []
     for layer in tqdm(layers, desc=f"drift {short_a.format_name}→{short_b.format_name}, k={k[1]} − k={k[0]}",
                       disable=not progress, file=sys.stderr):
-        d_short = 1.0 - rowwise_cosine(short_a.states(layer, sa), short_b.states(layer, sb))
+        A, B = short_a.states(layer, sa), short_b.states(layer, sb)
+        d_short = 1.0 - rowwise_cosine(A, B)
         d_long = 1.0 - rowwise_cosine(long_a.states(layer, la), long_b.states(layer, lb))
         for role, m in cells:
             r = paired_difference(d_long[m], d_short[m], groups_all[m], n_resamples=n_resamples, seed=seed)
             r.update(value_a=float(d_short[m].mean()), value_b=float(d_long[m].mean()))
             records.append({**base, "layer": layer, "role": role, **r, "grouping": grouping})
+            if role in ("all", "cls and inner words"):  # several roles: no one spread to divide by
+                continue
+            got = group_pair_cosines([A, B], np.concatenate([examples, examples]), np.concatenate([m, m]), n_pairs,
+                                     seed)
+            spread = np.nan if got is None else 1.0 - float(got[0].mean())
+            if spread >= MIN_SPREAD:
+                r = paired_difference(d_long[m] / spread, d_short[m] / spread, groups_all[m], n_resamples=n_resamples,
+                                      seed=seed)
+                r.update(value_a=float(d_short[m].mean()) / spread, value_b=float(d_long[m].mean()) / spread)
+                records.append({**base, "metric": "normalised_drift_growth", "layer": layer, "role": role, **r,
+                                "spread_a": spread, "grouping": grouping})
     df = add_holm(make_table(records), ["role", "metric"])
     return keep_table(df, path)
 

@@ -328,9 +328,23 @@ def test_prefix_drift_known_answers(prefix_caches):
     from analyses.paired import run_prefix_drift
 
     (sm, sc), (lm, lc) = prefix_caches[2], prefix_caches[4]
-    df = run_prefix_drift(sm, sc, lm, lc, n_resamples=200, progress=False)
+    both = run_prefix_drift(sm, sc, lm, lc, n_resamples=200, n_pairs=100, progress=False)
+    df = both[both["metric"] == "drift_growth"]
     assert set(df["role"]) == {"cls", "s1 words", "s2 words", "all"}  # no [SEP], no word of sentences 3-4
-    assert (df["metric"] == "drift_growth").all() and (df["grouping"] == "document").all()
+    assert set(both["metric"]) == {"drift_growth", "normalised_drift_growth"} and (df["grouping"] == "document").all()
+    # normalised: both drifts over the role's spread in the short inputs (the drift table's own baseline of
+    # that role: the same rows, seed and pairs), so the p-value is the raw row's; none for the pooled "all",
+    # nor at layer 0 for [CLS] (one vector for every input)
+    norm = both[both["metric"] == "normalised_drift_growth"]
+    assert set(norm["role"]) == {"cls", "s1 words", "s2 words"} and 0 not in set(norm.loc[norm["role"] == "cls", "layer"])
+    d_short = run_drift(sm, sc, n_resamples=20, n_pairs=100, progress=False)
+    for role in ("cls", "s1 words"):
+        n_ = norm[norm["role"] == role].set_index("layer")
+        raw = df[df["role"] == role].set_index("layer").reindex(n_.index)
+        base = d_short[(d_short["metric"] == "anisotropy_baseline") & (d_short["role"] == role)].set_index("layer")
+        np.testing.assert_allclose(n_["spread_a"], 1 - base["value"].reindex(n_.index), rtol=1e-9)
+        np.testing.assert_allclose(n_["value"], raw["value"] / n_["spread_a"], rtol=1e-6, atol=1e-12)
+        np.testing.assert_allclose(n_["p_value"], raw["p_value"])
     assert (df["n_groups"] == 12).all() and (df["k"] == 2).all() and (df["k_b"] == 4).all()
     # value_a / value_b are the marginal drifts run_drift reports for the same tokens in each input
     for cache_a, cache_b, col in ((sm, sc, "value_a"), (lm, lc, "value_b")):

@@ -900,6 +900,25 @@ def test_q3_verdict_is_paired_per_token_and_skips_layer_0():
     assert q3.verdict({"paired_q3": split}, cfg).decision == "no_difference"
 
 
+def test_q3_evidence_reads_cls_growth_against_its_own_spread():
+    """The verdict pools [CLS] with the inner words token by token (one [CLS] in about 30 tokens), so the
+    evidence states [CLS]'s own growth over its spread between inputs: the largest layer, then the last."""
+    from probing.study.question_text import _cls_growth_q3
+
+    def rows(role, metric, values, n):
+        d = _drift_rows(0.0).assign(role=role, metric=metric, k=2, k_b=5, n=n)
+        d["value"] = values
+        return d.assign(ci_low=d["value"] - 0.01, ci_high=d["value"] + 0.01, value_a=0.1, value_b=0.1 + d["value"])
+
+    p = pd.concat([rows("cls", "normalised_drift_growth", [0.9, 0.12, 0.04], 300),  # layer 0 never counts
+                   rows("cls", "drift_growth", [0.0, 1e-6, 4e-4], 300),
+                   rows("cls and inner words", "drift_growth", [0.0, 0.006, 0.005], 9000)], ignore_index=True)
+    s = _cls_growth_q3(p)
+    assert "largest growth at layer 1" in s and "+0.120" in s and "at layer 2" in s and "+0.040" in s, s
+    assert "one token in about 30" in s
+    assert _cls_growth_q3(p[p["metric"] != "normalised_drift_growth"]) == ""  # tables from before: no sentence
+
+
 def _q7_tables(content: float, length: float, order: float) -> dict:
     """Q7's three inputs: [CLS] − length-only macro AUC rows for bow_s1 and the length probe with its
     majority baseline (the pair-format probe table), and word order (swap corpus), layers 1-2."""

@@ -152,7 +152,35 @@ def answer_q3(d: pd.DataFrame, T: dict) -> str:
         if (last["role"] == "s2 edge words").any():
             s += (" Sentence 2's edge words include its last, next to the closing [SEP] in both formats at k = "
                   f"{int(r0['k'])} but next to sentence 3 in the longer `concat`: the verdict leaves the edge words out.")
-    return s
+    return s + _cls_growth_q3(T.get("paired_q3"))
+
+
+def _cls_growth_q3(p: pd.DataFrame | None) -> str:
+    """[CLS]'s own drift growth against its spread between inputs (``normalised_drift_growth``): the verdict
+    pools [CLS] with the inner words token by token, where one [CLS] per example barely weighs, and its
+    raw drift is tiny wherever [CLS] hardly depends on the input."""
+    c = pick(p, role="cls", metric="normalised_drift_growth")
+    c = c[pd.to_numeric(c["layer"], errors="coerce") >= 1] if not c.empty else c
+    if c.empty:
+        return ""
+    top = c.loc[pd.to_numeric(c["value"]).idxmax()]
+    at = lambda r: (f"{fmt(float(r['value_a']))} → {fmt(float(r['value_b']))} of its spread, difference "  # noqa: E731
+                    f"{paired_text(r)}")
+    last = _at_last(c).iloc[0]
+    s = (f" [CLS] alone, against its own spread between inputs (how far apart two [CLS] of different inputs lie; "
+         f"the pooled verdict weighs it as one token in about {_tokens_per_cls(p)}): largest growth at layer "
+         f"{int(top['layer'])}, {at(top)}")
+    if int(last["layer"]) != int(top["layer"]):
+        s += f"; at layer {int(last['layer'])}, {at(last)}"
+    return s + "."
+
+
+def _tokens_per_cls(p: pd.DataFrame) -> str:
+    """Tokens of the pooled [CLS]-and-inner-words cell per [CLS] (its ``n`` over [CLS]'s), as a whole number."""
+    pooled, cls = pick(p, role="cls and inner words", metric="drift_growth"), pick(p, role="cls", metric="drift_growth")
+    if pooled.empty or cls.empty:
+        return "several"
+    return f"{float(pooled['n'].iloc[0]) / float(cls['n'].iloc[0]):.0f}"
 
 
 @_reads("probes_pair")

@@ -64,7 +64,9 @@ def _q3_notes(cfg: dict) -> str:
             "0 left out: a word's embedding does not depend on what follows it). The edge words are left out of the "
             "verdict because sentence 2's last word is next to the closing [SEP] in both formats at k = 2, but in the "
             "longer inputs next to a [SEP] in `multi` and to sentence 3 in `concat`: its own neighbour changes, "
-            "which is not the format reaching further. The table's all-tokens column also "
+            "which is not the format reaching further. The verdict pools tokens, so its one [CLS] per example barely "
+            "weighs; [CLS]'s own growth is reported apart, over its spread between inputs (how far apart two [CLS] "
+            "of different inputs lie, in the k = 2 inputs), as in Q1. The table's all-tokens column also "
             "counts the words of sentences 3..k, which only the longer inputs have: it is not the comparison.")
 
 
