@@ -452,7 +452,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   progress=not args.no_progress, **kw)
     except CLI_ERRORS as err:
         return cli_error(err)
-    cols = ["layer", "role", "target", "value", "ci_low", "ci_high", "p_value", "p_holm", "n", "n_groups", "grouping"]
+    cols = ["layer", "role", "target", "metric", "value", "ci_low", "ci_high", "p_value", "p_holm", "n", "n_groups",
+            "grouping"]
     with pd.option_context("display.width", 160, "display.precision", 4):
         print(df[cols].to_string(index=False))
     return 0

@@ -272,6 +272,8 @@ def test_paired_cli(doc_caches, tmp_path, capsys):
     assert main([single, pair, concat, "--resamples", "50", "--out", str(tmp_path / "r")]) == 0
     assert "document" in capsys.readouterr().out
     assert main(["--contrast", "cls", pair, concat, "--resamples", "50", "--out", str(tmp_path / "r")]) == 0
+    printed = capsys.readouterr().out  # both contrasts, each row named by its metric
+    assert "normalised_drift_diff_roles" in printed and " drift_diff_roles" in printed
     assert main([single, pair]) == 2
     assert "expected 3 cache directories" in capsys.readouterr().err
 
