@@ -153,7 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="z-score each dimension before the cosine (Timkey & van Schijndel 2021)")
     p.add_argument("--context", action="store_true",
                    help="words only: the context effect, e.g. 'single' vs 'pair' caches")
-    p.add_argument("--pairs", type=int, default=10000, help="random pairs for the anisotropy baseline")
+    p.add_argument("--pairs", type=int, default=10000,
+                   help="random pairs for each anisotropy baseline: of all tokens, and of each role group, which "
+                        "that group's normalised drift is divided by (default 10000)")
     add_output_options(p, resamples=True)
     args = p.parse_args(argv)
     try:
