@@ -202,17 +202,20 @@ def _take_rows(parts: Sequence[np.ndarray], idx: np.ndarray) -> np.ndarray:
     return out
 
 
-def _pair_cosines(parts, ids, n_pairs, seed, mean=None, std=None):
-    i, j = random_pair_indices(ids, n_pairs=n_pairs, seed=seed)
+def _pair_cosines(parts, ids, n_pairs, seed, mean=None, std=None, rows=None):
+    """Cosines of random pairs from different examples of ``ids`` (the example of each row of ``parts``,
+    or with ``rows`` of those rows of ``parts`` only), and the example of each pair's first row."""
+    di, dj = random_pair_indices(ids, n_pairs=n_pairs, seed=seed)
+    i, j = (di, dj) if rows is None else (rows[di], rows[dj])
     xi, xj = _take_rows(parts, i), _take_rows(parts, j)
     if mean is not None:
         xi, xj = (xi - mean) / std, (xj - mean) / std
     cos = rowwise_cosine(xi, xj)
     bad = np.isnan(cos)
     if bad.any():
-        rows = np.unique(np.concatenate([i[bad], j[bad]]))
-        raise ValueError(f"zero-norm or non-finite rows of X met in random pairs: rows {rows[:10].tolist()}")
-    return cos, ids[i]
+        where = np.unique(np.concatenate([i[bad], j[bad]]))
+        raise ValueError(f"zero-norm or non-finite rows of X met in random pairs: rows {where[:10].tolist()}")
+    return cos, ids[di]
 
 
 def random_pair_cosines(X, example_ids, n_pairs: int = 10000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -487,14 +490,15 @@ def group_pair_cosines(parts, example_ids, mask, n_pairs: int = 10000, seed: int
     ids = np.asarray(example_ids)[rows]
     if np.unique(ids).size < 2:
         return None
-    i, j = random_pair_indices(ids, n_pairs=n_pairs, seed=seed)
-    xi, xj = _take_rows(parts, rows[i]), _take_rows(parts, rows[j])
-    if mean is not None:
-        xi, xj = (xi - mean) / std, (xj - mean) / std
-    cos = rowwise_cosine(xi, xj)
-    if np.isnan(cos).any():
-        raise ValueError("zero-norm or non-finite rows met in a group's random pairs")
-    return cos, ids[i]
+    return _pair_cosines(parts, ids, n_pairs, seed, mean, std, rows=rows)
+
+
+def pair_spread(parts, example_ids, mask, n_pairs: int = 10000, seed: int = 0) -> float:
+    """How far apart the rows ``mask`` selects lie in different examples: 1 − the mean of
+    :func:`group_pair_cosines`; NaN when they span fewer than two examples. What the paired runners
+    divide a group's drift by (:mod:`analyses.paired`, :mod:`analyses.interventions`)."""
+    got = group_pair_cosines(parts, example_ids, mask, n_pairs, seed)
+    return float("nan") if got is None else 1.0 - float(got[0].mean())
 
 
 def group_baseline(parts, example_ids, mask, n_pairs: int = 10000, *, seed: int = 0, mean=None, std=None,

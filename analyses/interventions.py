@@ -36,7 +36,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from analyses.drift import model_label
-from analyses.drift_metrics import MIN_SPREAD, group_pair_cosines, rowwise_cosine
+from analyses.drift_metrics import MIN_SPREAD, pair_spread, rowwise_cosine
 from analyses.results import cache_identity, keep_table, make_table, stored_table
 from analyses.intervals import bootstrap_ci, ratio_bootstrap_ci
 from analyses.probe_metrics import DEFAULT_CS
@@ -224,12 +224,11 @@ def _items(cache: Cache, target: str) -> tuple[np.ndarray, np.ndarray]:
 
 def group_spread(cache: Cache, layer: int, group: str, n_pairs: int = 10000, seed: int = 0) -> float:
     """How far apart the tokens of ``group`` lie in different examples of ``cache`` at ``layer``: 1 − the
-    mean cosine of ``n_pairs`` random pairs (:func:`analyses.drift_metrics.group_pair_cosines`); NaN when
-    the group spans fewer than two examples."""
+    mean cosine of ``n_pairs`` random pairs (:func:`analyses.drift_metrics.pair_spread`); NaN when the
+    group spans fewer than two examples."""
     rows = np.flatnonzero(table_mask(cache.tokens, group))
-    got = group_pair_cosines([cache.layer_rows(layer, rows)], cache.tokens["example"].to_numpy()[rows],
-                             np.ones(rows.size, dtype=bool), n_pairs, seed)
-    return float("nan") if got is None else 1.0 - float(got[0].mean())
+    return pair_spread([cache.layer_rows(layer, rows)], cache.tokens["example"].to_numpy()[rows],
+                       np.ones(rows.size, dtype=bool), n_pairs, seed)
 
 
 def _base(clean: Cache, analysis: str, seed: int) -> dict:
@@ -267,7 +266,7 @@ def knockout_drift(clean: Cache, treated: Cache, control: Cache | None = None, *
     ``p_holm`` over the layers of each group. With a control, also ``normalised_drift_difference``: the
     same difference with both drifts divided by the group's spread in the clean run (``spread``: 1 − the
     mean cosine of ``n_pairs`` random pairs of the group's tokens from different examples,
-    :func:`analyses.drift_metrics.group_pair_cosines`, held fixed in the bootstrap), so 1 = as far as
+    :func:`analyses.drift_metrics.pair_spread`, held fixed in the bootstrap), so 1 = as far as
     another input; no such row where the spread is under :data:`analyses.drift_metrics.MIN_SPREAD`. A
     group that hardly varies between inputs ([CLS] in a sentence encoder's middle layers) has a tiny raw
     drift whatever the knockout does to it. Columns: the standard ones (role = group) plus

@@ -45,7 +45,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from analyses.drift import group_labels, model_label, paired_rows
-from analyses.drift_metrics import MIN_SPREAD, group_pair_cosines, rowwise_cosine
+from analyses.drift_metrics import MIN_SPREAD, pair_spread, rowwise_cosine
 from analyses.grouping import cache_groups
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
                               keep_table, make_table, stored_table)
@@ -188,7 +188,7 @@ def run_role_contrast(a, b, role: str = "cls", *, versus: str = "words", layers:
       the words';
     - ``metric="normalised_drift_diff_roles"``: of the drifts each divided by its own group's spread,
       ``1 −`` the mean cosine of ``n_pairs`` random pairs of that group's tokens from different examples
-      (both formats; :func:`analyses.drift_metrics.group_baseline`), so 1 = as far as that group's tokens
+      (both formats; :func:`analyses.drift_metrics.pair_spread`), so 1 = as far as that group's tokens
       in two random inputs. The raw difference compares a token with the words on the words' scale: where
       [CLS] is nearly the same vector for every input (a sentence encoder's middle layers: random pairs
       of [CLS] at 1 − cos ≈ 1e-5) its raw drift is tiny whatever the format does to it. The spreads are
@@ -218,7 +218,9 @@ def run_role_contrast(a, b, role: str = "cls", *, versus: str = "words", layers:
             "format": a.format_name, "format_b": b.format_name, "reference": "", "target": "",
             "metric": "drift_diff_roles", "role": role, "role_b": versus, "seed": seed, "unit": "example"}
     groups, grouping = cache_groups(a, both)
-    keep_role, keep_versus = np.isin(examples, both) & in_role, np.isin(examples, both) & in_versus
+    # the rows of each group among both formats' states (A's rows, then B's), for their spreads
+    ex2 = np.concatenate([examples, examples])
+    keep_role2, keep_versus2 = (np.tile(np.isin(examples, both) & m, 2) for m in (in_role, in_versus))
     for layer in tqdm(layers, desc=f"{role} vs {versus} {a.format_name}→{b.format_name}", disable=not progress,
                       file=sys.stderr):
         A, B = a.states(layer, rows_a), b.states(layer, rows_b)
@@ -229,10 +231,7 @@ def run_role_contrast(a, b, role: str = "cls", *, versus: str = "words", layers:
         v_w = pd.Series(v_w, index=ex_w).reindex(both).to_numpy()
         r = paired_difference(v_r, v_w, groups, n_resamples=n_resamples, seed=seed)
         records.append({**base, "layer": layer, **r, "grouping": grouping})
-        ex2 = np.concatenate([examples, examples])
-        pairs = [group_pair_cosines([A, B], ex2, np.concatenate([keep, keep]), n_pairs, seed)
-                 for keep in (keep_role, keep_versus)]
-        spread = [np.nan if p is None else 1.0 - float(p[0].mean()) for p in pairs]
+        spread = [pair_spread([A, B], ex2, keep, n_pairs, seed) for keep in (keep_role2, keep_versus2)]
         if all(sp >= MIN_SPREAD for sp in spread):  # NaN (one example) compares False
             r = paired_difference(v_r / spread[0], v_w / spread[1], groups, n_resamples=n_resamples, seed=seed)
             records.append({**base, "metric": "normalised_drift_diff_roles", "layer": layer, **r,
@@ -287,7 +286,7 @@ def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] 
     Each cell of one role (not ``all`` or ``cls and inner words``) also has a ``normalised_drift_growth``
     row: the same difference with both drifts divided by the cell's spread in the short inputs (``spread_a``:
     1 − the mean cosine of ``n_pairs`` random pairs of its tokens from different examples, both formats,
-    :func:`analyses.drift_metrics.group_pair_cosines`), so 1 = as far as another input. One constant divides
+    :func:`analyses.drift_metrics.pair_spread`), so 1 = as far as another input. One constant divides
     both sides, so the CI scales and the p-value is the raw row's; what changes is the size read against
     a threshold: [CLS], nearly one vector for every input in a sentence encoder's middle layers, has a tiny
     raw drift whatever happens to it. No such row where the spread is under
@@ -309,7 +308,9 @@ def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] 
     tok = short_a.tokens.iloc[sa]
     roles, examples = group_labels(tok), tok["example"].to_numpy()
     groups_all, grouping = cache_groups(short_a, examples)
-    cells = _cells(roles) + (edge_cells(tok, roles, overall="cls and inner words") if edges else [])
+    pooled = ("all", "cls and inner words")  # the cells that pool several roles: _cells' and edge_cells' overall
+    cells = _cells(roles, overall=pooled[0]) + (edge_cells(tok, roles, overall=pooled[1]) if edges else [])
+    ex2 = np.concatenate([examples, examples])  # the example of each row of both formats' states, for spreads
     k = [sum(c.startswith("sentence_") for c in c_.examples.columns) for c_ in (short_a, long_a)]
     base = {"analysis": "prefix_drift", "model": model_label(short_a), "corpus": short_a.manifest["corpus"]["name"],
             "corpus_b": long_a.manifest["corpus"]["name"], "k": k[0], "k_b": k[1], "format": short_a.format_name,
@@ -325,11 +326,9 @@ def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] 
             r = paired_difference(d_long[m], d_short[m], groups_all[m], n_resamples=n_resamples, seed=seed)
             r.update(value_a=float(d_short[m].mean()), value_b=float(d_long[m].mean()))
             records.append({**base, "layer": layer, "role": role, **r, "grouping": grouping})
-            if role in ("all", "cls and inner words"):  # several roles: no one spread to divide by
+            if role in pooled:  # several roles: no one spread to divide by
                 continue
-            got = group_pair_cosines([A, B], np.concatenate([examples, examples]), np.concatenate([m, m]), n_pairs,
-                                     seed)
-            spread = np.nan if got is None else 1.0 - float(got[0].mean())
+            spread = pair_spread([A, B], ex2, np.tile(m, 2), n_pairs, seed)
             if spread >= MIN_SPREAD:
                 r = paired_difference(d_long[m] / spread, d_short[m] / spread, groups_all[m], n_resamples=n_resamples,
                                       seed=seed)
