@@ -94,13 +94,14 @@ def three_way_rows(ref, a, b, words_only: bool = True) -> tuple[np.ndarray, np.n
     return common, ra[ia], rb[ib]
 
 
-def edge_cells(tokens: pd.DataFrame, roles: np.ndarray, overall: str | None = None) -> list[tuple[str, np.ndarray]]:
+def edge_cells(tokens: pd.DataFrame, roles: np.ndarray, overall: str | None = None,
+               inner: str | None = None) -> list[tuple[str, np.ndarray]]:
     """Each sentence's words split by where they sit: ``s<i> edge words`` (its first and last word, whose
     neighbour on one side is a special token or another sentence, and changes when a separator is
     dropped) and ``s<i> inner words`` (the rest: both neighbours are words of the same sentence in every
     format). ``tokens`` are the rows ``roles`` labels; "last" is the last word stored for that example
     and sentence. ``overall`` names one more cell: every row but the edge words (e.g. [CLS] and the inner
-    words)."""
+    words); ``inner`` names another: the inner words of every sentence together, words only."""
     words = tokens["role"].to_numpy() == "word"
     index = tokens["index"].to_numpy()
     last = np.full(len(tokens), -1)
@@ -112,6 +113,8 @@ def edge_cells(tokens: pd.DataFrame, roles: np.ndarray, overall: str | None = No
             m = roles == role
             name = role[: -len(" words")]
             cells += [(f"{name} inner words", m & ~edge), (f"{name} edge words", m & edge)]
+    if inner is not None:
+        cells.append((inner, words & ~edge))
     if overall is not None:
         cells.append((overall, ~(words & edge)))
     return [(r, m) for r, m in cells if m.any()]
@@ -278,12 +281,14 @@ def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] 
     ``p_holm`` adjusts ``p_value`` across layers within each role group. ``corpus`` / ``corpus_b`` name
     the short and the long corpus, ``k`` / ``k_b`` their sentences per example.
 
-    ``edges=True`` adds rows for each sentence's inner and edge words (:func:`edge_cells`) and for
-    ``cls and inner words``: the last word of sentence k is next to the closing [SEP] in both formats of
-    the short input, but in the long one it is next to a [SEP] in one format and to sentence k + 1 in
-    the other, a change of its own neighbour rather than of the format's reach.
+    ``edges=True`` adds rows for each sentence's inner and edge words (:func:`edge_cells`), for ``inner
+    words`` (the inner words of every sentence, Q3's words) and for ``cls and inner words``: the last word
+    of sentence k is next to the closing [SEP] in both formats of the short input, but in the long one it
+    is next to a [SEP] in one format and to sentence k + 1 in the other, a change of its own neighbour
+    rather than of the format's reach.
 
-    Each cell of one role (not ``all`` or ``cls and inner words``) also has a ``normalised_drift_growth``
+    Each cell of one kind of token (not ``all`` or ``cls and inner words``, which mix [CLS] with words)
+    also has a ``normalised_drift_growth``
     row: the same difference with both drifts divided by the cell's spread in the short inputs (``spread_a``:
     1 − the mean cosine of ``n_pairs`` random pairs of its tokens from different examples, both formats,
     :func:`analyses.drift_metrics.pair_spread`), so 1 = as far as another input. One constant divides
@@ -309,7 +314,8 @@ def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] 
     roles, examples = group_labels(tok), tok["example"].to_numpy()
     groups_all, grouping = cache_groups(short_a, examples)
     pooled = ("all", "cls and inner words")  # the cells that pool several roles: _cells' and edge_cells' overall
-    cells = _cells(roles, overall=pooled[0]) + (edge_cells(tok, roles, overall=pooled[1]) if edges else [])
+    cells = _cells(roles, overall=pooled[0]) + (edge_cells(tok, roles, overall=pooled[1], inner="inner words")
+                                                if edges else [])
     ex2 = np.concatenate([examples, examples])  # the example of each row of both formats' states, for spreads
     k = [sum(c.startswith("sentence_") for c in c_.examples.columns) for c_ in (short_a, long_a)]
     base = {"analysis": "prefix_drift", "model": model_label(short_a), "corpus": short_a.manifest["corpus"]["name"],
@@ -326,7 +332,7 @@ def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] 
             r = paired_difference(d_long[m], d_short[m], groups_all[m], n_resamples=n_resamples, seed=seed)
             r.update(value_a=float(d_short[m].mean()), value_b=float(d_long[m].mean()))
             records.append({**base, "layer": layer, "role": role, **r, "grouping": grouping})
-            if role in pooled:  # several roles: no one spread to divide by
+            if role in pooled:  # [CLS] with words: no one spread to divide by
                 continue
             spread = pair_spread([A, B], ex2, np.tile(m, 2), n_pairs, seed)
             if spread >= MIN_SPREAD:
@@ -427,7 +433,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--unit", default="token", choices=UNITS, help="paired item: token key or example mean")
     p.add_argument("--edges", action="store_true",
                    help="paired drift and --prefix: also rows for each sentence's inner words and its edge words "
-                        "(first and last, whose own neighbour changes when a separator is dropped)")
+                        "(first and last, whose own neighbour changes when a separator is dropped); --prefix also "
+                        "for every sentence's inner words together and for [CLS] with them")
     add_output_options(p, resamples=True)
     args = p.parse_args(argv)
     if sum((args.prefix, args.attention, args.contrast is not None)) > 1:

@@ -379,13 +379,22 @@ def test_prefix_drift_edges_leave_a_planted_edge_effect_out_of_cls_and_inner_wor
     from analyses.paired import run_prefix_drift
 
     (sm, _), (lm, _) = prefix_caches[2], prefix_caches[4]
-    df = run_prefix_drift(sm, sm, lm, _EdgeShifted(lm), edges=True, n_resamples=200, progress=False)
-    assert {"cls and inner words", "s1 inner words", "s1 edge words", "s2 inner words", "s2 edge words"} <= set(df["role"])
+    both = run_prefix_drift(sm, sm, lm, _EdgeShifted(lm), edges=True, n_resamples=200, n_pairs=100, progress=False)
+    df = both[both["metric"] == "drift_growth"]
+    assert {"cls and inner words", "inner words", "s1 inner words", "s1 edge words", "s2 inner words",
+            "s2 edge words"} <= set(df["role"])
     by = {r: g for r, g in df.groupby("role")}
-    for role in ("cls and inner words", "s1 inner words", "s2 inner words", "cls"):
+    for role in ("cls and inner words", "inner words", "s1 inner words", "s2 inner words", "cls"):
         assert (by[role]["value"] == 0).all() and (by[role]["p_value"] == 1).all(), role
     for role in ("s1 edge words", "s2 edge words", "all"):
         assert (by[role]["ci_low"] > 0).all(), role
+    # "inner words" is the inner words of both sentences together: as many tokens as the two cells, and its
+    # spread is that of those words (a normalised row, unlike the cells that mix [CLS] with words)
+    assert (by["inner words"]["n"].to_numpy() == by["s1 inner words"]["n"].to_numpy()
+            + by["s2 inner words"]["n"].to_numpy()).all()
+    norm = both[both["metric"] == "normalised_drift_growth"]
+    assert "inner words" in set(norm["role"]) and not {"all", "cls and inner words"} & set(norm["role"])
+    assert (norm.loc[norm["role"] == "inner words", "spread_a"] > 0.01).all()
     assert set(run_prefix_drift(sm, sm, lm, _EdgeShifted(lm), n_resamples=50, progress=False)["role"]) == {
         "cls", "s1 words", "s2 words", "all"}
 

@@ -76,6 +76,8 @@ def test_quick_study_end_to_end_and_reuse(tmp_path, tiny_model_dir):
         if q == "Q4":  # three parts: coherence, and the content words of each sentence, each against [CLS]
             assert re.match(rf"Coherence \(is_next\) — {opening}.* Content words of sentence 1 — {opening}.* "
                             rf"Content words of sentence 2 — {opening}", answer), answer
+        elif q == "Q3":  # two parts: [CLS] and the inner words of sentences 1-2, each over its own spread
+            assert re.match(rf"\[CLS\] — {opening}.* Inner words of sentences 1–2 — {opening}", answer), answer
         elif q == "Q7":  # three parts: content words, length, word order, each opened by its verdict
             assert re.match(rf"Content words of sentence 1 — {opening}.* Sentence length — {opening}.* "
                             rf"Word order — {opening}", answer), answer
@@ -99,12 +101,12 @@ def test_quick_study_end_to_end_and_reuse(tmp_path, tiny_model_dir):
         assert "provisional" not in sec, f"{q}: {answer}"
     # Q3: the same tokens with k = 2 and with the largest k (3 here), layers 1-L, with their documents counted
     q3 = re.search(r"^## Q3\..*?(?=^## )", text, flags=re.S | re.M).group(0)
-    assert "paired per token" in q3 and "with k = 2 → with k = 3 sentences" in q3
+    assert "paired per word" in q3 and "paired per example" in q3 and "with k = 2 → with k = 3 sentences" in q3
     assert "prefix_drift: cluster bootstrap of paired per-token differences over" in text
     tables = tmp_path / "run" / "tables"
     p3 = pd.read_csv(tables / "paired_q3.csv")
-    assert set(p3["role"]) == {"cls", "s1 words", "s2 words", "all", "cls and inner words", "s1 inner words",
-                               "s1 edge words", "s2 inner words", "s2 edge words"} and (p3["k_b"] == 3).all()
+    assert set(p3["role"]) == {"cls", "s1 words", "s2 words", "all", "cls and inner words", "inner words",
+                               "s1 inner words", "s1 edge words", "s2 inner words", "s2 edge words"} and (p3["k_b"] == 3).all()
     assert "s1 inner words" in set(pd.read_csv(tables / "paired_q2.csv")["role"])
     for name in ("paired_q1", "paired_q2", "paired_q3", "paired_q4", "paired_q5", "paired_q6", "paired_q7", "paired_q8",
                  "q4_knockout_drift", "q4_knockout_probes", "q1_cls_patching"):
@@ -876,47 +878,58 @@ def test_per_item_predictions_are_released_once_no_later_table_reads_them(monkey
     assert calls.count("probes_pair") == 2 and "probes_pair:items" in ctx.tables
 
 
-def test_q3_verdict_is_paired_per_token_and_skips_layer_0():
-    """Q3 reads run_prefix_drift's rows (role 'all', layers 1-L), not the marginal drift of each k."""
+def _q3_rows(role: str, growth: float, spread: float, metric: str = "normalised_drift_growth") -> "pd.DataFrame":
+    """paired_q3-like rows (analyses.paired.run_prefix_drift) of one cell, layers 0-2, k = 2 → 5."""
+    return _drift_rows(growth, role=role).assign(metric=metric, k=2, k_b=5, spread_a=spread, value_a=0.1,
+                                                 value_b=lambda d: 0.1 + d["value"])
+
+
+def test_q3_verdict_has_a_part_for_cls_and_one_for_the_inner_words_each_over_its_spread():
+    """Q3 reads run_prefix_drift's normalised rows in two parts, [CLS] and the inner words of sentences 1-2,
+    layers 1-L: [CLS]'s growth is decided on its own scale, not pooled with ~40 words per [CLS]."""
+    import pandas as pd
+
     from probing.study.questions import QUESTION_SECTIONS
 
     cfg = load_config(None)
     q3 = QUESTION_SECTIONS["Q3"]
-    rows = _drift_rows(0.05).assign(role="all", metric="drift_growth", k=2, k_b=5)
-    v = q3.verdict({"paired_q3": rows}, cfg)
-    assert v.decision == "yes" and v.sentence.startswith("Yes, in every layer: [CLS] and the inner words of sentences 1–2")
-    assert "paired per token" in v.sentence and "40 documents" in v.sentence and "provisional" not in v.sentence
-    table, caption = q3.comparison_table({"paired_q3": rows})
-    assert list(table["layer"]) == [1, 2]  # layer 0 (embeddings of the same word) is not a comparison
-    null = q3.verdict({"paired_q3": _drift_rows(0.0).assign(role="all", metric="drift_growth")}, cfg)
-    assert null.decision == "no_difference"
-    # the marginal table alone does not decide any more
-    assert q3.verdict({"drift_q3": rows.assign(metric="drift_mean")}, cfg).decision == "not_measured"
-    # with the edge split, the verdict reads [CLS] and the inner words: a growth planted on the edge words
-    # alone (which moves "all") is not a finding
-    split = pd.concat([rows, _drift_rows(0.0).assign(role="cls and inner words", metric="drift_growth", k=2, k_b=5),
-                       _drift_rows(0.2).assign(role="s2 edge words", metric="drift_growth", k=2, k_b=5)],
-                      ignore_index=True)
-    assert q3.verdict({"paired_q3": split}, cfg).decision == "no_difference"
+    # planted: [CLS] grows by 0.3 of its spread, the inner words by nothing
+    T = {"paired_q3": pd.concat([_q3_rows("cls", 0.3, 1e-5), _q3_rows("inner words", 0.0, 0.9),
+                                 _q3_rows("cls and inner words", 0.0, float("nan"), "drift_growth"),
+                                 _q3_rows("s2 edge words", 0.2, 0.7)], ignore_index=True)}
+    v = q3.verdict(T, cfg)
+    cls_part, words_part = v.sentence.split(" Inner words of sentences 1–2 — ")
+    assert cls_part.startswith("[CLS] — Yes, in every layer: [CLS] moves further from `concat` with more segments, "
+                               "against its own spread between inputs"), cls_part
+    assert "paired per example" in cls_part and "40 documents" in cls_part and "provisional" not in v.sentence
+    assert words_part.startswith("No measurable difference"), words_part  # the edge words' growth is not read
+    table, caption = q3.comparison_table(T)
+    assert list(table["layer"]) == [1, 2, 1, 2] and list(table["part"]) == ["[CLS]"] * 2 + ["Inner words of sentences 1–2"] * 2
+    # the other way round: words grow, [CLS] does not
+    T = {"paired_q3": pd.concat([_q3_rows("cls", 0.0, 1e-5), _q3_rows("inner words", 0.05, 0.9)], ignore_index=True)}
+    v = q3.verdict(T, cfg)
+    assert v.sentence.startswith("[CLS] — No measurable difference") and "Inner words of sentences 1–2 — Yes" in v.sentence
+    # the raw or pooled rows alone decide nothing, nor the marginal table
+    raw = {"paired_q3": pd.concat([_q3_rows("cls", 0.3, 1e-5, "drift_growth"),
+                                   _q3_rows("cls and inner words", 0.3, 1e-5, "drift_growth")], ignore_index=True)}
+    assert q3.verdict(raw, cfg).decision == "not_measured"
+    assert q3.verdict({"drift_q3": _q3_rows("cls", 0.3, 1e-5, "drift_mean")}, cfg).decision == "not_measured"
 
 
-def test_q3_evidence_reads_cls_growth_against_its_own_spread():
-    """The verdict pools [CLS] with the inner words token by token (one [CLS] in about 30 tokens), so the
-    evidence states [CLS]'s own growth over its spread between inputs: the largest layer, then the last."""
-    from probing.study.question_text import _cls_growth_q3
+def test_q3_evidence_states_the_spreads_each_part_is_read_against():
+    """The evidence gives each part's spread per layer (two [CLS] of different inputs lie far closer than two
+    words) and the normalised drifts at the last layer."""
+    import pandas as pd
 
-    def rows(role, metric, values, n):
-        d = _drift_rows(0.0).assign(role=role, metric=metric, k=2, k_b=5, n=n)
-        d["value"] = values
-        return d.assign(ci_low=d["value"] - 0.01, ci_high=d["value"] + 0.01, value_a=0.1, value_b=0.1 + d["value"])
+    from probing.study.question_text import _spreads_q3
 
-    p = pd.concat([rows("cls", "normalised_drift_growth", [0.9, 0.12, 0.04], 300),  # layer 0 never counts
-                   rows("cls", "drift_growth", [0.0, 1e-6, 4e-4], 300),
-                   rows("cls and inner words", "drift_growth", [0.0, 0.006, 0.005], 9000)], ignore_index=True)
-    s = _cls_growth_q3(p)
-    assert "largest growth at layer 1" in s and "+0.120" in s and "at layer 2" in s and "+0.040" in s, s
-    assert "one token in about 30" in s
-    assert _cls_growth_q3(p[p["metric"] != "normalised_drift_growth"]) == ""  # tables from before: no sentence
+    p = pd.concat([_q3_rows("cls", 0.3, 1.2e-5), _q3_rows("inner words", 0.01, 0.87),
+                   _q3_rows("cls", 1e-6, 1.2e-5, "drift_growth")], ignore_index=True)
+    s = _spreads_q3(p)
+    assert "two [CLS] — 1: 1.2e-05, 2: 1.2e-05" in s and "two inner words — 1: 0.87, 2: 0.87" in s, s
+    assert "0: " not in s  # layer 0 is no comparison
+    assert "at layer 2: [CLS] 0.100 → 0.400, inner words 0.100 → 0.110" in s, s
+    assert _spreads_q3(p[p["metric"] != "normalised_drift_growth"]) == ""  # tables without normalised rows
 
 
 def _q7_tables(content: float, length: float, order: float) -> dict:

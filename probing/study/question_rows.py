@@ -55,9 +55,17 @@ def _q2_rows(T):
 
 
 def _q3_rows(T):
-    # [CLS] and the inner words: sentence 2's last word changes neighbour in the long `concat` only;
-    # tables from before the split have only "all"
-    d = _first_role(pick(T.get("paired_q3"), metric="drift_growth"), "cls and inner words", "all")
+    # [CLS] against its own spread between inputs, as in Q1: nearly one vector for every input in a sentence
+    # encoder's middle layers, so its raw drift is tiny whatever more segments do to it; pooled with the
+    # words token by token it would weigh as one token in about 40
+    d = pick(T.get("paired_q3"), role="cls", metric="normalised_drift_growth")
+    return None if d.empty else _contextual(d)
+
+
+def _q3_word_rows(T):
+    # the inner words of sentences 1-2 together, against their spread: sentence 2's last word changes
+    # neighbour in the long `concat` only, so the edge words are left out
+    d = pick(T.get("paired_q3"), role="inner words", metric="normalised_drift_growth")
     return None if d.empty else _contextual(d)
 
 

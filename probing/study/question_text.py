@@ -143,7 +143,7 @@ def answer_q3(d: pd.DataFrame, T: dict) -> str:
     if not p.empty:
         last = _at_last(p)
         r0 = last.iloc[0]
-        shown = ("cls", "s1 words", "s2 words", "s1 inner words", "s2 inner words", "s2 edge words")
+        shown = ("cls", "s1 words", "s2 words", "inner words", "s1 inner words", "s2 inner words", "s2 edge words")
         parts = [f"{r['role'] if r['role'] != 'cls' else '[CLS]'} {fmt(float(r['value_a']))} → {fmt(float(r['value_b']))}, "
                  f"difference {paired_text(r)}" for _, r in last.iterrows() if r["role"] in shown]
         s += (f" Paired on the same tokens, multi → concat drift with k = {int(r0['k'])} → with k = {int(r0['k_b'])} "
@@ -152,35 +152,33 @@ def answer_q3(d: pd.DataFrame, T: dict) -> str:
         if (last["role"] == "s2 edge words").any():
             s += (" Sentence 2's edge words include its last, next to the closing [SEP] in both formats at k = "
                   f"{int(r0['k'])} but next to sentence 3 in the longer `concat`: the verdict leaves the edge words out.")
-    return s + _cls_growth_q3(T.get("paired_q3"))
+    return s + _spreads_q3(T.get("paired_q3"))
 
 
-def _cls_growth_q3(p: pd.DataFrame | None) -> str:
-    """[CLS]'s own drift growth against its spread between inputs (``normalised_drift_growth``): the verdict
-    pools [CLS] with the inner words token by token, where one [CLS] per example barely weighs, and its
-    raw drift is tiny wherever [CLS] hardly depends on the input."""
-    c = pick(p, role="cls", metric="normalised_drift_growth")
-    c = c[pd.to_numeric(c["layer"], errors="coerce") >= 1] if not c.empty else c
-    if c.empty:
+def _spreads_q3(p: pd.DataFrame | None) -> str:
+    """The spreads the verdict's two parts are normalised by (``spread_a`` of the ``normalised_drift_growth``
+    rows of [CLS] and of the inner words), per layer 1–L, and the growth of each at the last layer: two [CLS]
+    of different inputs lie far closer than two words in a sentence encoder's middle layers."""
+    n = pick(p, metric="normalised_drift_growth")
+    if n.empty or "spread_a" not in n.columns:
         return ""
-    top = c.loc[pd.to_numeric(c["value"]).idxmax()]
-    at = lambda r: (f"{fmt(float(r['value_a']))} → {fmt(float(r['value_b']))} of its spread, difference "  # noqa: E731
-                    f"{paired_text(r)}")
-    last = _at_last(c).iloc[0]
-    s = (f" [CLS] alone, against its own spread between inputs (how far apart two [CLS] of different inputs lie; "
-         f"the pooled verdict weighs it as one token in about {_tokens_per_cls(p)}): largest growth at layer "
-         f"{int(top['layer'])}, {at(top)}")
-    if int(last["layer"]) != int(top["layer"]):
-        s += f"; at layer {int(last['layer'])}, {at(last)}"
+    n = _contextual(n)
+    out = []
+    for role, what in (("cls", "two [CLS]"), ("inner words", "two inner words")):
+        r = pick(n, role=role)
+        if not r.empty:
+            out.append(f"{what} — " + ", ".join(f"{int(x['layer'])}: {float(x['spread_a']):.2g}" for _, x in r.iterrows()))
+    if not out:
+        return ""
+    k = int(n["k"].iloc[0]) if "k" in n.columns else 2
+    s = (f" How far apart tokens of different inputs lie at k = {k} (1 − cos), per layer: " + "; ".join(out)
+         + ". Each part of the verdict divides its drifts by its own spread, so 1 = as far as another input")
+    last = _at_last(n)
+    grow = [f"{'[CLS]' if r['role'] == 'cls' else r['role']} {fmt(float(r['value_a']))} → {fmt(float(r['value_b']))}"
+            for _, r in last.iterrows() if r["role"] in ("cls", "inner words")]
+    if grow:
+        s += f"; at layer {int(last['layer'].iloc[0])}: " + ", ".join(grow)
     return s + "."
-
-
-def _tokens_per_cls(p: pd.DataFrame) -> str:
-    """Tokens of the pooled [CLS]-and-inner-words cell per [CLS] (its ``n`` over [CLS]'s), as a whole number."""
-    pooled, cls = pick(p, role="cls and inner words", metric="drift_growth"), pick(p, role="cls", metric="drift_growth")
-    if pooled.empty or cls.empty:
-        return "several"
-    return f"{float(pooled['n'].iloc[0]) / float(cls['n'].iloc[0]):.0f}"
 
 
 @_reads("probes_pair")

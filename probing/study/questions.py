@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from .question_figures import (_fig_q1, _fig_q2, _fig_q3, _fig_q4, _fig_q5, _fig_q6, _fig_q7, _fig_q8, _table_q1,
                                _table_q2, _table_q3, _table_q4, _table_q5, _table_q6, _table_q7, _table_q8)
-from .question_rows import (_q1_rows, _q2_rows, _q3_rows, _q4_content_rows, _q4_rows, _q5_rows, _q6_rows, _q7_content_rows,
+from .question_rows import (_q1_rows, _q2_rows, _q3_rows, _q3_word_rows, _q4_content_rows, _q4_rows, _q5_rows, _q6_rows, _q7_content_rows,
                             _q7_length_rows, _q7_rows, _q8_finetune_rows, _q8_rows)
 from .question_tables import FAMILIES, _pair_jobs, _q3_jobs, _q5_jobs, _tables
 from .question_text import (QUESTION_TEXT, answer_q1, answer_q2, answer_q3, answer_q4, answer_q5, answer_q6,
@@ -56,18 +56,21 @@ def _q3_notes(cfg: dict) -> str:
     return (f"For k consecutive sentences of one document of the groups corpus ({corpus_text(cfg['corpus']['groups'])} "
             "sentences), `multi` ([SEP] after every sentence, alternating segments) against `concat` (one [CLS] … "
             "[SEP]); the model's pre-training format has two segments at most, so growth with k shows the format "
-            "moving away from what it saw in training. It does not measure task accuracy with k segments. The verdict "
-            "is paired on the same tokens: [CLS] and the inner words of sentences 1–2 (neither a sentence's first nor "
-            "its last word), which the inputs of k = 2 and of the "
-            "largest k share (the prefixes are the first k sentences of the same documents), their multi → concat "
-            "drift with the largest k minus with 2 (analyses.paired.run_prefix_drift; " + FAMILIES["Q3"] + "; layer "
-            "0 left out: a word's embedding does not depend on what follows it). The edge words are left out of the "
-            "verdict because sentence 2's last word is next to the closing [SEP] in both formats at k = 2, but in the "
-            "longer inputs next to a [SEP] in `multi` and to sentence 3 in `concat`: its own neighbour changes, "
-            "which is not the format reaching further. The verdict pools tokens, so its one [CLS] per example barely "
-            "weighs; [CLS]'s own growth is reported apart, over its spread between inputs (how far apart two [CLS] "
-            "of different inputs lie, in the k = 2 inputs), as in Q1. The table's all-tokens column also "
-            "counts the words of sentences 3..k, which only the longer inputs have: it is not the comparison.")
+            "moving away from what it saw in training. It does not measure task accuracy with k segments. The answer "
+            "has two parts, [CLS] and the inner words of sentences 1–2 (neither a sentence's first nor its last word), "
+            "each paired on the same tokens, which the inputs of k = 2 and of the largest k share (the prefixes are "
+            "the first k sentences of the same documents): their multi → concat drift with the largest k minus with "
+            "2, both over the part's own spread between inputs (1 − cos of two [CLS], or two inner words, of "
+            "different inputs at k = 2; one constant per layer divides both drifts, so the p-values are the raw "
+            "drifts'), as in Q1: [CLS] is nearly one vector for every input in a sentence encoder's middle layers, so "
+            "its raw drift is tiny whatever happens to it, and pooled with the words token by token it would weigh "
+            "as one token in about 40 (analyses.paired.run_prefix_drift; " + FAMILIES["Q3"] + "; layer 0 left out: "
+            "a word's embedding does not depend on what follows it, and [CLS]'s is one vector). The edge words are "
+            "left out because sentence 2's last word is next to the closing [SEP] in both formats at k = 2, but in "
+            "the longer inputs next to a [SEP] in `multi` and to sentence 3 in `concat`: its own neighbour changes, "
+            "which is not the format reaching further. The spreads are estimated from 10,000 random pairs per layer "
+            "and held fixed in the bootstrap. The table's all-tokens column also counts the words of sentences "
+            "3..k, which only the longer inputs have: it is not the comparison.")
 
 
 def _q8_notes(cfg: dict) -> str:
@@ -155,12 +158,15 @@ NOTES = {
 }
 
 
-#: Questions answered in parts (:attr:`probing.study.sections.StudySection.parts`), each by the same rules: Q4
+#: Questions answered in parts (:attr:`probing.study.sections.StudySection.parts`), each by the same rules: Q3
+#: asks how far more segments move [CLS] and the inner words, each against its own spread between inputs; Q4
 #: asks what [SEP] holds (coherence, and the content words of the sentence before and after it, each against
 #: [CLS]); Q7
 #: asks whether the input can be recovered (content words, length, word order); Q8 asks two questions
 #: (frozen [CLS] against mean pooling; after fine-tuning, each pooling against mean pooling).
-PARTS = {"Q4": (("Coherence (is_next)", _q4_rows, CLAIMS["Q4"]),
+PARTS = {"Q3": (("[CLS]", _q3_rows, CLAIMS["Q3"]),
+                ("Inner words of sentences 1–2", _q3_word_rows, claim("Q3_words"))),
+         "Q4": (("Coherence (is_next)", _q4_rows, CLAIMS["Q4"]),
                 ("Content words of sentence 1", _q4_content_rows(1), claim("Q4_content")),
                 ("Content words of sentence 2", _q4_content_rows(2), claim("Q4_content"))),
          "Q7": (("Content words of sentence 1", _q7_content_rows, claim("Q7_content")),
