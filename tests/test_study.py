@@ -1082,3 +1082,32 @@ def test_jawahar_reads_the_bag_of_words_by_its_macro_auc():
     assert "WC (bag of words) is best read at layer 1 (0.800 (95% CI 0.790 to 0.810); majority 0.500)" in jw.answer(T)
     table, caption = jw.table(T)
     assert table["WC (bag of words)"].tolist() == [0.6, 0.8, 0.7] and "macro AUC for the bag of words" in caption
+
+
+def test_q4_evidence_says_where_each_token_reads_coherence_best():
+    """A last-layer sep1 − cls difference in is_next can be [CLS] falling to its majority baseline after holding
+    coherence in the middle layers: the evidence names each token's best layer and says so only when the
+    numbers show it (planted probe tables, layers 0-3, majority baseline 0.5)."""
+    import pandas as pd
+
+    from probing.study.question_text import _coherence_by_layer
+
+    def probes(cls, sep1, half=0.03):
+        rows = [{"model_kind": "trained", "target": "is_next", "metric": "majority_baseline", "choice": "cls",
+                 "layer": float(layer), "value": 0.5, "ci_low": 0.5, "ci_high": 0.5} for layer in range(4)]
+        for choice, acc in (("cls", cls), ("sep1", sep1)):
+            rows += [{"model_kind": "trained", "target": "is_next", "metric": "accuracy", "choice": choice,
+                      "layer": float(layer), "value": v, "ci_low": v - half, "ci_high": v + half}
+                     for layer, v in enumerate(acc)]
+        return pd.DataFrame(rows)
+
+    collapse = _coherence_by_layer(probes(cls=[0.5, 0.6, 0.65, 0.51], sep1=[0.5, 0.58, 0.62, 0.58]))
+    assert "[CLS] reads is_next best at layer 2, 0.650" in collapse and "sep1 reads is_next best at layer 2" in collapse
+    assert "at layer 3 [CLS]'s interval reaches its majority baseline" in collapse
+    assert "[CLS] losing what it held at layer 2" in collapse, collapse
+    held = _coherence_by_layer(probes(cls=[0.5, 0.6, 0.65, 0.64], sep1=[0.5, 0.58, 0.62, 0.66]))
+    assert "majority baseline" not in held and "losing" not in held and "best at layer 3, 0.660" in held
+    # [CLS] at chance at the last layer, but the middle [SEP] there beyond anything [CLS] held: no "losing"
+    beyond = _coherence_by_layer(probes(cls=[0.5, 0.6, 0.62, 0.51], sep1=[0.5, 0.58, 0.6, 0.7]))
+    assert "reaches its majority baseline" in beyond and "losing" not in beyond
+    assert _coherence_by_layer(None) == "" and _coherence_by_layer(probes([0.5] * 4, [0.5] * 4).iloc[0:0]) == ""

@@ -434,7 +434,39 @@ def answer_q4(T: dict) -> str:
         s += (_paired_at_last(d, "Paired on the same out-of-fold items, sep1 − cls (accuracy for is_next, macro AUC "
                              "for the bags of words)")
               + power_text(pick(d, target="is_next"), "the is_next comparison"))
-    return s + knockout_text(T)
+    return s + _coherence_by_layer(T.get("probes_pair")) + knockout_text(T)
+
+
+def _coherence_by_layer(p: pd.DataFrame | None) -> str:
+    """Where each of [CLS] and the middle [SEP] reads is_next best (layers 1–L), and whether [CLS]'s last-layer
+    interval reaches its majority baseline: a last-layer sep1 − cls difference can be [CLS] losing what it
+    held in the middle layers rather than [SEP] holding more than [CLS] ever did."""
+    tr = pick(p, model_kind="trained", target="is_next", metric="accuracy")
+    if tr.empty:
+        return ""
+    tr = _contextual(tr)
+    best = {}
+    for choice in ("cls", "sep1"):
+        r = pick(tr, choice=choice)
+        if not r.empty:
+            best[choice] = r.loc[pd.to_numeric(r["value"]).idxmax()]
+    if len(best) < 2:
+        return ""
+    name = {"cls": "[CLS]", "sep1": "sep1"}
+    s = " Coherence by layer: " + ", ".join(
+        f"{name[c]} reads is_next best at layer {int(r['layer'])}, "
+        f"{fmt((float(r['value']), float(r['ci_low']), float(r['ci_high'])))}" for c, r in best.items())
+    L = int(tr["layer"].max())
+    cls_last = one(tr, choice="cls", layer=L)
+    sep_last = one(tr, choice="sep1", layer=L)
+    base = one(pick(p, model_kind="trained", target="is_next", metric="majority_baseline"), choice="cls", layer=L)
+    if cls_last and base and cls_last[1] <= base[0]:
+        s += (f"; at layer {L} [CLS]'s interval reaches its majority baseline ({fmt(cls_last)} against "
+              f"{fmt(base[0])})")
+        if sep_last and sep_last[0] <= float(best["cls"]["value"]) and int(best["cls"]["layer"]) != L:
+            s += (f", so the last layer's sep1 − cls difference is [CLS] losing what it held at layer "
+                  f"{int(best['cls']['layer'])}, not the middle [SEP] holding more than [CLS] did there")
+    return s + "."
 
 
 #: The knockout claims: the treated effect beyond the control's, on [CLS] and on the task probes.
