@@ -4,6 +4,9 @@ packaged MiniLM tokenizer, and a RoBERTa-style byte-level BPE tokenizer trained 
 from __future__ import annotations
 
 import os
+import shutil
+import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -91,3 +94,81 @@ def sample_examples(n: int = 12, k: int = 3) -> list[Example]:
 @pytest.fixture()
 def examples():
     return sample_examples()
+
+
+def quick_study_config(tmp_path: Path, model_dir: Path) -> Path:
+    """A --quick study config of the tiny model in ``model_dir`` on generated corpora, written under
+    ``tmp_path`` (its output in ``tmp_path / "run"``, its caches in ``tmp_path / "caches"``)."""
+    cfg = tmp_path / "study.toml"
+    cfg.write_text(f"""
+[study]
+name = "tiny"
+out = "{tmp_path / 'run'}"
+caches = "{tmp_path / 'caches'}"
+bootstrap_resamples = 50
+
+[model]
+name = "{model_dir}"
+
+[corpus]
+pairs = "generated:n=60,k=2"
+groups = "generated:n=40,k=3,pairing=consecutive"
+swap = "generated:n=60,k=2,seed=1,swap=1"
+
+[probes]
+folds = 3
+inner_splits = 2
+Cs = [0.1, 1.0]
+max_iter = 100
+vocab = 10
+max_tokens = 400
+
+[finetune]
+preset = "quick"
+poolings = ["cls", "mean"]
+seeds = [0, 1]
+
+[quick]
+"study.bootstrap_resamples" = 30
+""")
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def quick_study(tmp_path_factory, bert_tokenizer):
+    """One --quick study of a tiny random model, shared by tests/test_study.py and tests/test_tables.py (it
+    takes minutes): the first run, copied to ``first_run`` with its log (``logs``); a second run, which
+    reuses every stored result, after a hash-named file an older version left in tables/ was planted
+    (``logs_again``, ``stale_left``); then Q2 alone with ``force_analyses``. ``first``, ``second`` and
+    ``forced`` are the result store's file times after each run; ``named`` / ``named_again`` the bytes of
+    the named tables after the first two; ``html`` the first run's HTML report."""
+    from probing.study import run_study
+    from probing.study.runner import RESULTS_DIR
+
+    tmp = tmp_path_factory.mktemp("quick-study")
+    model_dir = tmp / "tiny-model"
+    make_tiny_bert(bert_tokenizer, max_position_embeddings=128).save_pretrained(model_dir)
+    bert_tokenizer.save_pretrained(model_dir)
+    cfg = quick_study_config(tmp, model_dir)
+    logs: list[str] = []
+    report = run_study(cfg, quick=True, log=logs.append)
+    out = tmp / "run"
+    assert report.parent == out and report.name == "report.md"
+    first_run = shutil.copytree(out, tmp / "first-run")
+    store = out / RESULTS_DIR
+    first = {p.name: p.stat().st_mtime_ns for p in store.iterdir()}
+    named = {p.name: p.read_bytes() for p in (out / "tables").iterdir()}
+    html = (out / "report.html").read_text(encoding="utf-8")
+    time.sleep(0.05)  # mtimes of files rewritten below must differ
+    stale = out / "tables" / "drift-0123456789abcdef.csv"  # a hash-named copy an older version left in tables/
+    stale.write_text("analysis\ndrift\n")
+    logs_again: list[str] = []
+    run_study(cfg, quick=True, log=logs_again.append)
+    stale_left = stale.exists()
+    second = {p.name: p.stat().st_mtime_ns for p in store.iterdir()}
+    named_again = {p.name: p.read_bytes() for p in (out / "tables").iterdir()}
+    run_study(cfg, quick=True, force_analyses=True, overrides={"study.questions": ["Q2"]}, log=lambda *a: None)
+    forced = {p.name: p.stat().st_mtime_ns for p in store.iterdir()}
+    return {"out": out, "first_run": Path(first_run), "logs": logs, "logs_again": logs_again, "first": first,
+            "second": second, "forced": forced, "named": named, "named_again": named_again, "html": html,
+            "stale_left": stale_left}

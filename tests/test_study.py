@@ -25,48 +25,12 @@ def tiny_model_dir(tmp_path_factory, bert_tokenizer):
     return d
 
 
-def _config(tmp_path: Path, model_dir: Path) -> Path:
-    cfg = tmp_path / "study.toml"
-    cfg.write_text(f"""
-[study]
-name = "tiny"
-out = "{tmp_path / 'run'}"
-caches = "{tmp_path / 'caches'}"
-bootstrap_resamples = 50
-
-[model]
-name = "{model_dir}"
-
-[corpus]
-pairs = "generated:n=60,k=2"
-groups = "generated:n=40,k=3,pairing=consecutive"
-swap = "generated:n=60,k=2,seed=1,swap=1"
-
-[probes]
-folds = 3
-inner_splits = 2
-Cs = [0.1, 1.0]
-max_iter = 100
-vocab = 10
-max_tokens = 400
-
-[finetune]
-preset = "quick"
-poolings = ["cls", "mean"]
-seeds = [0, 1]
-
-[quick]
-"study.bootstrap_resamples" = 30
-""")
-    return cfg
-
-
 @pytest.mark.slow
-def test_quick_study_end_to_end_and_reuse(tmp_path, tiny_model_dir):
-    cfg = _config(tmp_path, tiny_model_dir)
-    logs: list[str] = []
-    report = run_study(cfg, quick=True, log=logs.append)
-    text = report.read_text()
+def test_quick_study_end_to_end_and_reuse(quick_study):
+    """The first run of the session's --quick study (``quick_study``, shared with tests/test_tables.py), then
+    its second run, which reuses every cache."""
+    run, logs = quick_study["first_run"], quick_study["logs"]
+    text = (run / "report.md").read_text()
     for q in QUESTIONS:
         m = re.search(rf"^## {q}\..*?(?=^## )", text, flags=re.S | re.M)
         assert m, f"section {q} missing"
@@ -103,7 +67,7 @@ def test_quick_study_end_to_end_and_reuse(tmp_path, tiny_model_dir):
     q3 = re.search(r"^## Q3\..*?(?=^## )", text, flags=re.S | re.M).group(0)
     assert "paired per word" in q3 and "paired per example" in q3 and "with k = 2 → with k = 3 sentences" in q3
     assert "prefix_drift: cluster bootstrap of paired per-token differences over" in text
-    tables = tmp_path / "run" / "tables"
+    tables = run / "tables"
     p3 = pd.read_csv(tables / "paired_q3.csv")
     assert set(p3["role"]) == {"cls", "s1 words", "s2 words", "all", "cls and inner words", "inner words",
                                "s1 inner words", "s1 edge words", "s2 inner words", "s2 edge words"} and (p3["k_b"] == 3).all()
@@ -147,7 +111,7 @@ def test_quick_study_end_to_end_and_reuse(tmp_path, tiny_model_dir):
     q8 = re.search(r"^## Q8\..*?(?=^## )", text, flags=re.S | re.M).group(0)
     assert "| same test items |" in q8 and "| True |" in q8
     assert "in fine-tuning (Q8)" in text and "Holm" in q8
-    figures = sorted((tmp_path / "run" / "figures").glob("*.png"))
+    figures = sorted((run / "figures").glob("*.png"))
     linked = re.findall(r"!\[[^]]*\]\(([^)]+)\)", text)
     assert len(figures) >= 8 and len(linked) == len(figures)
     import matplotlib.image as mpimg
@@ -155,14 +119,16 @@ def test_quick_study_end_to_end_and_reuse(tmp_path, tiny_model_dir):
     for png in figures:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         img = mpimg.imread(png)
-        assert img.ndim == 3 and img.shape[0] > 100 and len(np.unique(img.reshape(-1, img.shape[-1]), axis=0)) > 10
+        # distinct colours: each 8-bit RGBA pixel packed into one integer (np.unique over rows took ~2 s a figure)
+        rgba = np.ascontiguousarray(np.round(img * 255).astype(np.uint8).reshape(-1, img.shape[-1]))
+        assert img.ndim == 3 and img.shape[0] > 100 and img.shape[-1] in (3, 4)
+        assert len(np.unique(np.pad(rgba, ((0, 0), (0, 4 - rgba.shape[1]))).view(np.uint32))) > 10
         assert png.with_suffix(".pdf").read_bytes()[:4] == b"%PDF"
-    html = (tmp_path / "run" / "report.html").read_text()
+    html = (run / "report.html").read_text()
     assert html.count("data:image/png;base64,") == len(figures)
-    check_stage_table(tmp_path / "run", text, html, logs)
+    check_stage_table(run, text, html, logs)
     # a second run extracts nothing: every cache is reused
-    logs2: list[str] = []
-    run_study(cfg, quick=True, log=logs2.append)
+    logs2 = quick_study["logs_again"]
     extraction = [l for l in logs2 if "] cache: " in l or "tokens through the model" in l]
     assert extraction == [], extraction
     assert sum("cached:" in l for l in logs2) >= 10

@@ -6,19 +6,13 @@ reused), and the HTML report reads well (no index column, no literal backticks, 
 from __future__ import annotations
 
 import re
-import time
 from html import escape as html_escape
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from probing.study import run_study
 from probing.study.report import _html_table, _inline, figure_info
-from probing.study.runner import RESULTS_DIR
-
-from .conftest import make_tiny_bert
-from .test_study import _config
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "TABLES.md"
@@ -50,31 +44,10 @@ def parse_tables_doc(text: str) -> tuple[dict[str, dict[str, str]], dict[str, st
 
 
 @pytest.fixture(scope="session")
-def study(tmp_path_factory, bert_tokenizer):
-    """One --quick study of a tiny random model run twice (the second reuses every stored result), then
-    Q2 alone with ``force_analyses``: the output directory and what each run did."""
-    tmp = tmp_path_factory.mktemp("tables-study")
-    model_dir = tmp / "tiny-model"
-    make_tiny_bert(bert_tokenizer, max_position_embeddings=128).save_pretrained(model_dir)
-    bert_tokenizer.save_pretrained(model_dir)
-    cfg = _config(tmp, model_dir)
-    run_study(cfg, quick=True, log=lambda *a: None)
-    out = tmp / "run"
-    store = out / RESULTS_DIR
-    first = {p.name: p.stat().st_mtime_ns for p in store.iterdir()}
-    named = {p.name: p.read_bytes() for p in (out / "tables").iterdir()}
-    html = (out / "report.html").read_text(encoding="utf-8")
-    time.sleep(0.05)  # mtimes of files rewritten below must differ
-    stale = out / "tables" / "drift-0123456789abcdef.csv"  # a hash-named copy an older version left in tables/
-    stale.write_text("analysis\ndrift\n")
-    run_study(cfg, quick=True, log=lambda *a: None)
-    stale_left = stale.exists()
-    second = {p.name: p.stat().st_mtime_ns for p in store.iterdir()}
-    named_again = {p.name: p.read_bytes() for p in (out / "tables").iterdir()}
-    run_study(cfg, quick=True, force_analyses=True, overrides={"study.questions": ["Q2"]}, log=lambda *a: None)
-    forced = {p.name: p.stat().st_mtime_ns for p in store.iterdir()}
-    return {"out": out, "first": first, "second": second, "forced": forced, "named": named,
-            "named_again": named_again, "html": html, "stale_left": stale_left}
+def study(quick_study):
+    """The session's --quick study of a tiny random model (tests/conftest.py ``quick_study``): run twice (the
+    second reuses every stored result), then Q2 alone with ``force_analyses``."""
+    return quick_study
 
 
 @pytest.fixture(scope="session")
