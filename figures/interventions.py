@@ -1,7 +1,8 @@
 """Effects of interventions (tables of :mod:`analyses.interventions`); reads tables only.
 
 - :func:`plot_knockout_drift` (``analysis="intervention_drift"``): drift from the clean run per layer,
-  one panel per role group, the knockout against its control with 95% CI bands.
+  one panel per role group, the knockout against its control with 95% CI bands; below, knockout − control
+  over each group's spread between inputs (the quantity Q4's verdicts read), where the table has it.
 - :func:`plot_knockout_probes` (``analysis="intervention_probes"``): change in probe accuracy per
   probed layer, knockout and control side by side with 95% CIs, one panel per target and mode.
 - :func:`plot_patching` (``analysis="intervention_patching"``): the share of the drift a patch
@@ -44,10 +45,14 @@ def _err(d: pd.DataFrame) -> np.ndarray:
 
 def plot_knockout_drift(df: pd.DataFrame, out: str | Path, roles: Sequence[str] | None = None) -> list[Path]:
     """1 − cos between the clean and the intervened run per layer: ``drift_treated`` and
-    ``drift_control`` per role group (default: every group in the table), 95% CI bands."""
+    ``drift_control`` per role group (default: every group in the table), 95% CI bands. Where the table has
+    ``normalised_drift_difference`` rows, a second row of panels shows them: knockout − control over the
+    group's spread between inputs, the quantity Q4's verdicts read. [CLS] hardly varies between inputs in a
+    sentence encoder's middle layers, so its raw drift looks flat there whatever the knockout does."""
     d = _only(df, "intervention_drift")
     roles = list(roles) if roles is not None else list(dict.fromkeys(d["role"].astype(str)))
-    fig, axes = style.new_figure(ncols=len(roles))
+    norm = d[d["metric"] == "normalised_drift_difference"]
+    fig, axes = style.new_figure(ncols=len(roles), nrows=2 if not norm.empty else 1)
     for ax, role in zip(axes[0], roles):
         r = d[d["role"].astype(str) == role]
         for i, name in enumerate(("treated", "control")):
@@ -61,6 +66,19 @@ def plot_knockout_drift(df: pd.DataFrame, out: str | Path, roles: Sequence[str] 
         ax.set_title(role)
         ax.set_ylabel("1 − cos (clean vs intervened)")
     axes[0][0].legend()
+    if not norm.empty:
+        for ax, role in zip(axes[1], roles):
+            m = norm[norm["role"].astype(str) == role].sort_values("layer")
+            m = m[pd.to_numeric(m["value"], errors="coerce").notna()]  # NaN: a group with no spread there
+            if not m.empty:
+                ax.errorbar(m["layer"].astype(int), m["value"].astype(float), yerr=_err(m), marker="o", ms=4,
+                            capsize=3, color=style.color(2), label="knockout − control, over the spread")
+                style.layer_axis(ax, m["layer"].astype(int))
+            ax.axhline(0, color="black", lw=0.8)
+            ax.set_title(f"{role}: over its spread between inputs")
+            ax.set_ylabel("(knockout − control) / (1 − cos\nof two inputs)")
+            ax.set_xlabel("layer (0 = embeddings)")
+        axes[1][0].legend()
     fig.suptitle(_title(d, f"Drift under {d['intervention'].iloc[0]}"), fontsize=10)
     return style.save(fig, out)
 

@@ -829,3 +829,39 @@ def test_interval_notes_say_how_the_intervals_were_computed(tmp_path, figs):
     mixed = pd.DataFrame({"ci_method": ["cluster_bootstrap", "t_folds"], "grouping": ["example", "example"]})
     assert interval_note(mixed) == ("Bands: 95% cluster-bootstrap CIs over examples; t-intervals over "
                                     "cross-validation folds.")
+
+
+def _knockout_table(normalised: bool) -> "pd.DataFrame":
+    """An intervention_drift table: roles cls and word, layers 0-2; [CLS]'s raw drifts tiny (1e-6), its
+    knockout − control over its spread large (0.04 and 0.02), NaN at layer 0 where it has no spread."""
+    import pandas as pd
+
+    rows = []
+    for role, raw, norm in (("cls", 1e-6, [float("nan"), 0.04, 0.02]), ("word", 0.01, [0.0, -0.001, -0.002])):
+        for layer in range(3):
+            base = {"analysis": "intervention_drift", "model": "m", "corpus": "c", "intervention": "knockout all->sep@1",
+                    "role": role, "layer": layer}
+            rows += [{**base, "metric": "drift_treated", "value": raw * layer, "ci_low": 0.0, "ci_high": 2 * raw * layer},
+                     {**base, "metric": "drift_control", "value": raw * layer / 2, "ci_low": 0.0, "ci_high": raw * layer}]
+            if normalised:
+                v = norm[layer]
+                rows.append({**base, "metric": "normalised_drift_difference", "value": v, "ci_low": v - 0.001,
+                             "ci_high": v + 0.001})
+    return pd.DataFrame(rows)
+
+
+def test_knockout_drift_figure_shows_each_group_over_its_spread(figs, tmp_path):
+    """The knockout drift figure's second row is knockout − control over each group's spread, the quantity Q4
+    decides on: there [CLS]'s effect shows (0.04, 0.02) where its raw drift is a flat line near 0; NaN
+    (no spread) is left out. A table without those rows draws the raw drifts alone."""
+    from figures.interventions import plot_knockout_drift
+
+    plot_knockout_drift(_knockout_table(True), tmp_path / "ko")
+    axes = figs[-1].axes
+    assert len(axes) == 4  # 2 roles x (raw, normalised)
+    cls_norm = next(a for a in axes if a.get_title() == "cls: over its spread between inputs")
+    ys = [line.get_ydata() for line in cls_norm.get_lines() if len(line.get_xdata()) == 2]
+    assert any(np.allclose(y, [0.04, 0.02]) for y in ys), ys
+    plot_knockout_drift(_knockout_table(False), tmp_path / "raw")
+    assert len(figs[-1].axes) == 2
+    render_once(figs, plot_knockout_drift, tmp_path / "rendered", _knockout_table(True))
