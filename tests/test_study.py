@@ -847,7 +847,7 @@ def test_per_item_predictions_are_released_once_no_later_table_reads_them(monkey
 def _q3_rows(role: str, growth: float, spread: float, metric: str = "normalised_drift_growth") -> "pd.DataFrame":
     """paired_q3-like rows (analyses.paired.run_prefix_drift) of one cell, layers 0-2, k = 2 → 5."""
     return _drift_rows(growth, role=role).assign(metric=metric, k=2, k_b=5, spread_a=spread, value_a=0.1,
-                                                 value_b=lambda d: 0.1 + d["value"])
+                                                 value_b=lambda d: 0.1 + d["value"], family="Holm over layers")
 
 
 def test_q3_verdict_has_a_part_for_cls_and_one_for_the_inner_words_each_over_its_spread():
@@ -871,6 +871,8 @@ def test_q3_verdict_has_a_part_for_cls_and_one_for_the_inner_words_each_over_its
     assert words_part.startswith("No measurable difference"), words_part  # the edge words' growth is not read
     table, caption = q3.comparison_table(T)
     assert list(table["layer"]) == [1, 2, 1, 2] and list(table["part"]) == ["[CLS]"] * 2 + ["Inner words of sentences 1–2"] * 2
+    # each part's multiple-comparison family named after it, "[CLS]" as it is written
+    assert "[CLS]: Holm over layers; inner words of sentences 1–2: Holm over layers" in caption, caption
     # the other way round: words grow, [CLS] does not
     T = {"paired_q3": pd.concat([_q3_rows("cls", 0.0, 1e-5), _q3_rows("inner words", 0.05, 0.9)], ignore_index=True)}
     v = q3.verdict(T, cfg)

@@ -136,7 +136,8 @@ class StudySection:
                 tables.append(verdict_table(rows, claim).astype(object).assign(part=what))  # object: ints stay ints
                 captions.append(f"{what}: {claim.quantity}")
                 if "family" in rows.columns and rows["family"].notna().any():
-                    families.append(f"{what.lower()}: {rows['family'].dropna().iloc[0]}")
+                    lead = what if what.startswith("[") else what[:1].lower() + what[1:]  # "[CLS]" stays as it is
+                    families.append(f"{lead}: {rows['family'].dropna().iloc[0]}")
             if not tables:
                 return None
             table = pd.concat(tables, ignore_index=True)
