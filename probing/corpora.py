@@ -31,6 +31,7 @@ separated by ``;``. See :func:`describe_corpora` (also the CLI help) for the key
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -181,6 +182,11 @@ def load_corpus(spec: str) -> list[Example]:
             examples = swap_adjacent_words(examples, seed=kwargs.get("seed", 0), **swap)
     except ValueError as e:
         raise ValueError(f"corpus {spec!r}: {e}") from e
+    n_key = _REGISTRY[name].keys.get("n")
+    asked = kwargs.get(n_key.param) if n_key is not None else None
+    if asked is not None and len(examples) < asked:  # a subset size larger than the whole corpus
+        warnings.warn(f"corpus {spec!r}: n={asked} asked for, but the whole corpus has {len(examples)} examples; "
+                      f"using all {len(examples)}", RuntimeWarning, stacklevel=2)
     return examples
 
 

@@ -582,3 +582,18 @@ def test_generated_nsp_corpus_too_small_names_the_spec():
     assert len(load_corpus("generated:n=3,pairing=consecutive")) == 3
     # same-topic negatives (the default) are written from the topic's own templates: one document is enough
     assert [e.labels["topic_s2"] for e in load_corpus("generated:n=3")] == ["food"] * 3
+
+
+def test_load_corpus_warns_when_the_corpus_has_fewer_examples_than_n(monkeypatch):
+    """A subset size larger than the whole corpus (``bbc:n=48000`` gives 17,657 pairs at max_words=40) comes
+    back with every example and a RuntimeWarning that says how many; exactly n warns nothing."""
+    import warnings
+
+    monkeypatch.setitem(CORPORA, "generated", lambda **kw: generated_corpus(**{**kw, "n_examples": 5}))
+    with pytest.warns(RuntimeWarning, match=r"'generated:n=10': n=10 asked for, but the whole corpus has 5 examples"):
+        assert len(load_corpus("generated:n=10")) == 5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(load_corpus("generated:n=5")) == 5
+        monkeypatch.setitem(CORPORA, "generated", generated_corpus)
+        assert len(load_corpus("generated:n=7,k=3")) == 7
