@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{m:<9} analysis peak above baseline: " + ", ".join(
             f"n={r['n']:,}: {r['pipeline_mb']:.1f} MB (its caches: {r['tokens']:,} tokens, token and example tables "
             f"{r['tables_mb']:.1f} MB read first; states {r['states_mb']:.1f} MB)" for r in rs)
-              + f"; max/min = {ratio:.3f} for {rs[-1]['n'] / rs[0]['n']:.0f}x the items  "
+              + f"; max/min = {ratio:.3f} for {rs[-1]['n'] / rs[0]['n']:.3g}x the items  "
               f"{'PASS' if ratio <= 1 + args.tolerance else 'FAIL'} (within {args.tolerance:.0%})")
     for m in (m for m in modes if m in MODES):
         peaks = [r["peak_mb"] for r in results[m]]
