@@ -40,7 +40,7 @@ from analyses.drift_metrics import MIN_SPREAD, pair_spread, rowwise_cosine
 from analyses.results import cache_identity, keep_table, make_table, stored_table
 from analyses.intervals import bootstrap_ci, ratio_bootstrap_ci
 from analyses.probe_metrics import DEFAULT_CS
-from analyses.stats import paired_difference
+from analyses.stats import paired_difference, scale_difference
 from probing.cli import ArgumentParser
 from probing.cache import Cache, align, check_comparable
 from probing.layers import cache_layer, shared_layers
@@ -250,7 +250,11 @@ def _paired_row(base: dict, a: np.ndarray, b: np.ndarray, groups: np.ndarray, n_
                 **kw) -> dict:
     """A row of ``a − b`` paired per item (:func:`analyses.stats.paired_difference`): its mean, CI, sign-flip
     ``p_value``, ``se`` and ``mde``."""
-    r = paired_difference(a, b, groups, n_resamples=n_resamples, seed=seed)
+    return _difference_row(base, paired_difference(a, b, groups, n_resamples=n_resamples, seed=seed), **kw)
+
+
+def _difference_row(base: dict, r: dict, **kw) -> dict:
+    """The row of one :func:`analyses.stats.paired_difference` result."""
     return {**base, **kw, **{k: r[k] for k in ("value", "ci_low", "ci_high", "p_value", "se", "mde", "n")},
             "n_clusters": r["n_groups"]}
 
@@ -296,12 +300,12 @@ def knockout_drift(clean: Cache, treated: Cache, control: Cache | None = None, *
             s_c = pd.Series(d_c, index=ex_c).reindex(ex).to_numpy()
             ok = np.isfinite(s_c)
             rows.append(_ci_row(base, s_c[ok], cl[ok], n_resamples, seed, layer=layer, role=g, metric="drift_control"))
-            rows.append(_paired_row(base, d_t[ok], s_c[ok], cl[ok], n_resamples, seed, layer=layer, role=g,
-                                    metric="drift_difference"))
+            r = paired_difference(d_t[ok], s_c[ok], cl[ok], n_resamples=n_resamples, seed=seed)
+            rows.append(_difference_row(base, r, layer=layer, role=g, metric="drift_difference"))
             spread = group_spread(clean, layer, g, n_pairs, seed)
-            if spread >= MIN_SPREAD:
-                rows.append(_paired_row(base, d_t[ok] / spread, s_c[ok] / spread, cl[ok], n_resamples, seed,
-                                        layer=layer, role=g, metric="normalised_drift_difference", spread=spread))
+            if spread >= MIN_SPREAD:  # one constant divides both sides: the raw row, rescaled
+                rows.append(_difference_row(base, scale_difference(r, spread), layer=layer, role=g,
+                                            metric="normalised_drift_difference", spread=spread))
     return keep_table(_holm_over_layers(make_table(rows), ["role", "metric"]), path)
 
 

@@ -49,7 +49,7 @@ from analyses.drift_metrics import MIN_SPREAD, pair_spread, rowwise_cosine
 from analyses.grouping import cache_groups
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
                               keep_table, make_table, stored_table)
-from analyses.stats import holm, paired_difference
+from analyses.stats import holm, paired_difference, scale_difference
 from probing.cli import ArgumentParser
 from probing.cache import align, check_comparable, check_prefix
 from probing.layers import resolve_layers, shared_layers
@@ -335,12 +335,9 @@ def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] 
             if role in pooled:  # [CLS] with words: no one spread to divide by
                 continue
             spread = pair_spread([A, B], ex2, np.tile(m, 2), n_pairs, seed)
-            if spread >= MIN_SPREAD:
-                r = paired_difference(d_long[m] / spread, d_short[m] / spread, groups_all[m], n_resamples=n_resamples,
-                                      seed=seed)
-                r.update(value_a=float(d_short[m].mean()) / spread, value_b=float(d_long[m].mean()) / spread)
-                records.append({**base, "metric": "normalised_drift_growth", "layer": layer, "role": role, **r,
-                                "spread_a": spread, "grouping": grouping})
+            if spread >= MIN_SPREAD:  # one constant divides both sides: the raw row, rescaled
+                records.append({**base, "metric": "normalised_drift_growth", "layer": layer, "role": role,
+                                **scale_difference(r, spread), "spread_a": spread, "grouping": grouping})
     df = add_holm(make_table(records), ["role", "metric"])
     return keep_table(df, path)
 

@@ -199,6 +199,23 @@ def paired_difference(a, b, groups, n_resamples: int = 2000, seed: int = 0, conf
             "n": int(d.size), "n_groups": n_groups, "value_a": float(va.mean()), "value_b": float(vb.mean())}
 
 
+#: The keys of :func:`paired_difference`'s result that carry the values' unit (the rest: a p-value and counts).
+SCALED_KEYS = ("value", "ci_low", "ci_high", "se", "mde", "value_a", "value_b")
+
+
+def scale_difference(result: dict, by: float) -> dict:
+    """:func:`paired_difference`'s ``result`` for ``a / by`` and ``b / by`` (one positive constant, e.g. a
+    group's spread between inputs), without resampling again: the mean, the percentile CI's bounds, the
+    cluster SE and the MDE scale with the values; the sign-flip ``p_value`` and the counts do not.
+
+    >>> scale_difference({"value": 0.2, "ci_low": 0.1, "ci_high": 0.3, "p_value": 0.01, "n": 4}, 2.0)["ci_high"]
+    0.15
+    """
+    if not by > 0:
+        raise ValueError(f"scale must be positive, got {by!r}")
+    return {k: (v / by if k in SCALED_KEYS else v) for k, v in result.items()}
+
+
 def holm(p_values) -> np.ndarray:
     """Holm's step-down adjustment of a family of p-values (Holm 1979), through
     :func:`statsmodels.stats.multitest.multipletests`; NaN entries stay NaN and do not count in the

@@ -126,3 +126,24 @@ def test_format_interval_examples():
     assert format_interval(0.0004, 0.0001, 0.0009) == "0.0004 (95% CI 0.0001 to 0.0009)"  # never prints 0.000
     assert format_interval(0.031, 0.028, 0.034, distinct_from=[0.03]) == "0.031 (95% CI 0.028 to 0.034)"
     assert format_interval(0.0301, 0.02, 0.04, distinct_from=[0.03]) == "0.0301 (95% CI 0.0200 to 0.0400)"
+
+
+def test_scale_difference_equals_resampling_the_scaled_values():
+    """Dividing both conditions by one constant (a group's spread) scales the mean, the CI, the SE and the MDE
+    and leaves the sign-flip p-value and counts alone: scale_difference gives what paired_difference of the
+    scaled values gives, without resampling again."""
+    from analyses.stats import paired_difference, scale_difference
+
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(0.02, 0.01, 300) * 1e-5, rng.normal(0.015, 0.01, 300) * 1e-5  # [CLS]-sized drifts
+    groups = np.repeat(np.arange(60), 5)
+    spread = 1.2e-5
+    raw = paired_difference(a, b, groups, n_resamples=500, seed=1)
+    again = paired_difference(a / spread, b / spread, groups, n_resamples=500, seed=1)
+    got = scale_difference(raw, spread)
+    assert set(got) == set(raw) and got["p_value"] == raw["p_value"] == again["p_value"]
+    for k in ("value", "ci_low", "ci_high", "se", "mde", "value_a", "value_b"):
+        assert got[k] == pytest.approx(again[k], rel=1e-9), k
+    assert (got["n"], got["n_groups"]) == (raw["n"], raw["n_groups"])
+    with pytest.raises(ValueError, match="positive"):
+        scale_difference(raw, 0.0)
