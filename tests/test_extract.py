@@ -509,3 +509,15 @@ def test_shard_hashes_are_remembered_only_for_unchanged_files(tmp_path, tiny_ber
     shard.write_bytes(bytes(data))  # same size, a new mtime
     with pytest.raises(CacheError, match=f"{shard.name} is damaged"):
         Cache.open(p).states(1)
+
+
+def test_host_staging_on_the_cpu_returns_the_tensors_values():
+    """Off a GPU the staging step is the tensor's own memory (no page-locked buffer is made); the CUDA
+    path, with the buffer reused and grown, is tests/test_gpu.py's."""
+    from probing.shard_pass import HostStaging
+
+    staging = HostStaging()
+    t = torch.arange(24, dtype=torch.float16).reshape(2, 3, 4)
+    np.testing.assert_array_equal(staging.take(t), t.numpy())
+    assert staging.buffer is None
+

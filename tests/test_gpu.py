@@ -55,6 +55,38 @@ def test_float32_states_on_the_gpu_equal_the_cpus(tmp_path, request, which, exam
         assert err.max() <= FP32_TOLERANCE, (layer, err.max())
 
 
+def test_many_small_batches_through_the_pinned_staging_buffer_equal_the_cpu(tmp_path, small_bert, examples):
+    """Small batches: every batch's states pass through the one page-locked buffer, which grows when a
+    later batch has more rows; float32 and float16 caches equal the CPU's within their tolerances."""
+    kw = {"batch_tokens": 64, "max_batch": 3}
+    cpu = _extract(small_bert, examples, tmp_path / "ref", "cpu", **kw)
+    for dtype, tol in (("float32", FP32_TOLERANCE), ("float16", BF16_TOLERANCE["max"])):
+        gpu = _extract(small_bert, examples, tmp_path / dtype, "cuda", dtype, **kw)
+        _same_rows(cpu, gpu)
+        for layer in cpu.layers:
+            assert relative_errors(cpu.states(layer), gpu.states(layer)).max() <= tol, (dtype, layer)
+
+
+def test_the_staging_buffer_is_pinned_reused_and_grown():
+    from probing.shard_pass import HostStaging
+
+    staging = HostStaging()
+    a = torch.randn(5, 3, 8, device="cuda", dtype=torch.float16)
+    got = staging.take(a)
+    np.testing.assert_array_equal(got, a.cpu().numpy())
+    assert staging.buffer.is_pinned()
+    ptr = staging.buffer.data_ptr()
+    b = torch.randn(2, 3, 8, device="cuda", dtype=torch.float16)
+    np.testing.assert_array_equal(staging.take(b), b.cpu().numpy())
+    assert staging.buffer.data_ptr() == ptr  # a smaller batch reuses the buffer
+    c = torch.randn(9, 3, 8, device="cuda", dtype=torch.float16)
+    np.testing.assert_array_equal(staging.take(c), c.cpu().numpy())
+    assert staging.buffer.numel() >= c.numel() and staging.buffer.is_pinned()
+    d = torch.randn(4, 3, 8, device="cuda", dtype=torch.float32)  # another dtype: its own buffer
+    np.testing.assert_array_equal(staging.take(d), d.cpu().numpy())
+    assert staging.buffer.dtype == torch.float32
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_on_the_gpu_is_within_the_stated_tolerance(tmp_path, small_bert, examples, dtype):
     cpu, gpu = _extract(small_bert, examples, tmp_path, "cpu"), _extract(small_bert, examples, tmp_path, "cuda", dtype)
