@@ -37,9 +37,10 @@ def test_quick_study_end_to_end_and_reuse(quick_study):
         answer = re.search(r"\*\*Answer\.\*\* (.*)", m.group(0)).group(1)
         evidence = re.search(r"\*\*Evidence\.\*\* (.*)", m.group(0)).group(1)
         opening = r"(Yes|No measurable difference|Inconclusive|Only in|No)"
-        if q == "Q4":  # three parts: coherence, and the content words of each sentence, each against [CLS]
-            assert re.match(rf"Coherence \(is_next\) — {opening}.* Content words of sentence 1 — {opening}.* "
-                            rf"Content words of sentence 2 — {opening}", answer), answer
+        if q == "Q4":  # six parts: coherence and each sentence's content words, against [SEP]'s baselines, then [CLS]
+            parts = [f"\\[SEP\\] against {against}: {what} — {opening}" for against in ("its baselines", "\\[CLS\\]")
+                     for what in ("coherence \\(is_next\\)", "content words of sentence 1", "content words of sentence 2")]
+            assert re.match(".* ".join(parts), answer), answer
         elif q == "Q3":  # two parts: [CLS] and the inner words of sentences 1-2, each over its own spread
             assert re.match(rf"\[CLS\] — {opening}.* Inner words of sentences 1–2 — {opening}", answer), answer
         elif q == "Q7":  # three parts: content words, length, word order, each opened by its verdict
@@ -1021,15 +1022,95 @@ def test_q4_answers_coherence_and_each_sentences_content_words_against_cls():
                  {**base, "target": "bow_s2", "metric": "macro_auc_diff", "value": 0.08 if layer else -0.5,
                   "ci_low": 0.05, "ci_high": 0.11}]
     v = QUESTION_SECTIONS["Q4"].verdict({"paired_q4": pd.DataFrame(rows)}, load_config(None)).sentence
-    coherence, rest = v.split(" Content words of sentence 1 — ")
-    s1, s2 = rest.split(" Content words of sentence 2 — ")
-    assert coherence.startswith("Coherence (is_next) — No measurable difference")
+    # without the probe table, the parts against [SEP]'s own baselines are not measured
+    assert v.startswith("[SEP] against its baselines: coherence (is_next) — Not measured.")
+    coherence, rest = v.split(" [SEP] against [CLS]: content words of sentence 1 — ")
+    s1, s2 = rest.split(" [SEP] against [CLS]: content words of sentence 2 — ")
+    coherence = coherence.split(" [SEP] against [CLS]: ")[1]
+    assert coherence.startswith("coherence (is_next) — No measurable difference")
     assert s1.startswith("No measurable difference at any layer: the middle [SEP] and [CLS] hold the sentence's "
                          "content words alike")
     assert s2.startswith("Yes, in every layer: the middle [SEP] holds which content words the sentence contains "
                          "better than [CLS]") and "+0.080" in s2 and "-0.5" not in s2
     table, caption = QUESTION_SECTIONS["Q4"].comparison_table({"paired_q4": pd.DataFrame(rows)})
     assert len(table) == 9 and "macro AUC, sep1 − cls" in caption
+
+
+def _q4_baseline_table(next_above: float, content: dict, length_next: float = 0.5) -> "pd.DataFrame":
+    """probes_pair rows for Q4's first parts, layers 0-2: sep1's is_next accuracy ``0.5 + next_above`` with its
+    majority baseline 0.5, sep1 − length-only macro AUC per sentence (``content``: sentence -> difference), and
+    the length-only probe's is_next accuracy (no layer)."""
+    import pandas as pd
+
+    rows = []
+    for layer in range(0, 3):
+        base = {"model_kind": "trained", "choice": "sep1", "layer": layer, "n": 1000, "n_groups": 124,
+                "grouping": "document"}
+        acc = 0.5 + (next_above if layer else 0.3)  # layer 0 is never read
+        rows += [{**base, "target": "is_next", "metric": "accuracy", "value": acc, "ci_low": acc - 0.02,
+                  "ci_high": acc + 0.02},
+                 {**base, "target": "is_next", "metric": "majority_baseline", "value": 0.5, "ci_low": 0.5,
+                  "ci_high": 0.5}]
+        for sentence, d in content.items():
+            rows.append({**base, "target": f"bow_s{sentence}", "choice_b": "length_only", "metric": "macro_auc_diff",
+                         "value": d, "ci_low": d - 0.01, "ci_high": d + 0.01,
+                         "p_value": 0.001 if abs(d) > 0.01 else 0.7, "p_holm": 0.004 if abs(d) > 0.01 else 1.0})
+    rows.append({"model_kind": "trained", "choice": "length_only", "layer": float("nan"), "target": "is_next",
+                 "metric": "accuracy", "value": length_next, "ci_low": length_next - 0.02,
+                 "ci_high": length_next + 0.02, "n": 1000})
+    return pd.DataFrame(rows)
+
+
+def test_q4_first_says_what_sep_holds_against_its_own_baselines():
+    """Q4 asks what [SEP] holds: its first parts read the middle [SEP] against its own baselines (is_next
+    against the majority baseline, each sentence's content words against the length-only probe), before the
+    comparisons with [CLS]. A planted is_next signal and a planted sentence-2 advantage over length are found;
+    null ones are not; layer 0 is never read."""
+    from probing.study.questions import QUESTION_SECTIONS
+
+    q4, cfg = QUESTION_SECTIONS["Q4"], load_config(None)
+    T = {"probes_pair": _q4_baseline_table(0.1, {1: 0.0, 2: 0.05})}
+    v = q4.verdict(T, cfg)
+    nxt, rest = v.sentence.split(" [SEP] against its baselines: content words of sentence 1 — ")
+    s1, rest = rest.split(" [SEP] against its baselines: content words of sentence 2 — ")
+    s2 = rest.split(" [SEP] against [CLS]: ")[0]
+    assert nxt.startswith("[SEP] against its baselines: coherence (is_next) — Yes, in every layer: the middle [SEP] "
+                          "tells coherent from shuffled pairs (is_next) above the majority baseline")
+    assert "+0.100" in nxt and "+0.300" not in nxt
+    assert s1.startswith("No measurable difference at any layer: the middle [SEP] reads the sentence's content "
+                         "words no better than a probe on sentence length alone")
+    assert s2.startswith("Yes, in every layer: the middle [SEP] reads the sentence's content words better than a "
+                         "probe on sentence length alone") and "+0.050" in s2
+    assert v.decision == "yes"  # the section's decision is its first part's
+    null = q4.verdict({"probes_pair": _q4_baseline_table(0.0, {1: 0.0, 2: 0.0})}, cfg).sentence
+    assert null.startswith("[SEP] against its baselines: coherence (is_next) — No measurable difference at any "
+                           "layer: the middle [SEP] does not tell coherent from shuffled pairs")
+    table, caption = q4.comparison_table(T)
+    assert list(table["part"].unique())[:3] == ["[SEP] against its baselines: coherence (is_next)",
+                                                "[SEP] against its baselines: content words of sentence 1",
+                                                "[SEP] against its baselines: content words of sentence 2"]
+    assert len(table) == 6 and "sep1 − length-only probe" in caption and "Holm over all of them" in caption
+    # the evidence sets the length-only probe's is_next accuracy beside the majority baseline
+    assert "word counts alone reads is_next at 0.500 (95% CI 0.480 to 0.520), against the majority baseline " \
+           "0.500: lengths alone do not tell" in q4.answer(T)
+    above = q4.answer({"probes_pair": _q4_baseline_table(0.1, {1: 0.0}, length_next=0.56)})
+    assert "lengths alone tell coherent from shuffled pairs a little" in above
+
+
+def test_only_the_owning_question_keeps_its_length_only_comparisons():
+    """Q4's and Q7's pair-format runs both fit the length-only probe; each keeps only its own token choices −
+    length-only rows, so a row in the joined table has one Holm family."""
+    import pandas as pd
+
+    from probing.study.question_tables import _only_own_length_rows
+
+    t = pd.DataFrame({"choice": ["sep1", "cls", "cls", "length_only"],
+                      "choice_b": ["length_only", "length_only", "sep1", None], "value": [1, 2, 3, 4]})
+    items = pd.DataFrame({"x": [1]})
+    q4, it = _only_own_length_rows("Q4", (t, items))
+    assert q4["value"].tolist() == [1, 3, 4] and it is items
+    assert _only_own_length_rows("Q7", (t, items))[0]["value"].tolist() == [2, 3, 4]
+    assert _only_own_length_rows("Q8", (t, items))[0].equals(t)
 
 
 def test_jawahar_reads_the_bag_of_words_by_its_macro_auc():

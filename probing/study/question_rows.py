@@ -74,6 +74,28 @@ def _q4_rows(T):
     return None if d.empty else _contextual(d)
 
 
+def _q4_sep_next_rows(T):
+    """What the middle [SEP] holds on its own: its is_next accuracy against the majority baseline, per layer
+    1–L (one-sample, as Q7 reads [CLS]'s length and word order)."""
+    return _above_majority(pick(T.get("probes_pair"), model_kind="trained", choice="sep1", target="is_next"))
+
+
+#: The family of Q4's [SEP] − length-only rows (run_probes' macro_auc_diff rows: Holm over the layers and both
+#: sentences' bags of words of each (choice, reference)).
+SEP_AUC_VS_LENGTH_FAMILY = "sep1 − length-only macro AUC over layers × sentences 1–2 (Holm over all of them)"
+
+
+def _q4_sep_content_rows(sentence: int):
+    """What the middle [SEP] holds of sentence ``sentence``'s content words beyond what the sentences' lengths
+    tell: the macro AUC of sep1 − that of the length-only probe, on the same resamples, per layer 1–L."""
+    def rows(T):
+        d = pick(T.get("probes_pair"), model_kind="trained", choice="sep1", choice_b="length_only",
+                 target=f"bow_s{sentence}", metric="macro_auc_diff")
+        return None if d.empty else _contextual(d).assign(family=SEP_AUC_VS_LENGTH_FAMILY)
+
+    return rows
+
+
 #: The family of Q5's verdict rows: one per sentence position, at the last layer.
 Q5_FAMILY = "[CLS] − length-only macro AUC over the sentence positions at the last layer (Holm over positions)"
 

@@ -193,6 +193,9 @@ def _marginal_q4(p: pd.DataFrame, T: dict) -> str:
             v = one(tr, choice=choice, target=target, metric=metric, layer=L)
             if v or choice in ("sep1", "cls"):
                 row.append(f"{choice} {fmt(v[0] if v else None)}")
+        length = one(tr, choice="length_only", target=target, metric=metric)  # no layer: word counts only
+        if length:
+            row.append(f"length only {fmt(length[0])}")
         base_metric, base_name = (("majority_baseline_macro_auc", "frequency baseline") if metric == "macro_auc"
                                   else ("majority_baseline", "majority baseline"))
         base = one(tr, choice="sep1", target=target, metric=base_metric, layer=L)
@@ -434,7 +437,22 @@ def answer_q4(T: dict) -> str:
         s += (_paired_at_last(d, "Paired on the same out-of-fold items, sep1 − cls (accuracy for is_next, macro AUC "
                              "for the bags of words)")
               + power_text(pick(d, target="is_next"), "the is_next comparison"))
-    return s + _coherence_by_layer(T.get("probes_pair")) + knockout_text(T)
+    return s + _coherence_by_layer(T.get("probes_pair")) + _coherence_from_length(T.get("probes_pair")) + knockout_text(T)
+
+
+def _coherence_from_length(p: pd.DataFrame | None) -> str:
+    """The length-only probe's is_next accuracy beside the majority baseline, which the first part's verdict
+    reads: adjacent sentences' lengths could tell coherent from shuffled pairs a little by themselves."""
+    length = one(pick(p, model_kind="trained"), choice="length_only", target="is_next", metric="accuracy")
+    base = one(pick(p, model_kind="trained", target="is_next", metric="majority_baseline"), choice="sep1")
+    if not length or not base:
+        return ""
+    s = (f" A probe on the two sentences' word counts alone reads is_next at {fmt(length)}, against the majority "
+         f"baseline {fmt(base[0])}")
+    if length[1] > base[0]:
+        return s + (": lengths alone tell coherent from shuffled pairs a little, so the part of [SEP]'s margin "
+                    "over the majority baseline that they account for is not coherence.")
+    return s + ": lengths alone do not tell coherent from shuffled pairs here."
 
 
 def _coherence_by_layer(p: pd.DataFrame | None) -> str:

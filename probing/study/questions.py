@@ -35,8 +35,10 @@ from __future__ import annotations
 
 from .question_figures import (_fig_q1, _fig_q2, _fig_q3, _fig_q4, _fig_q5, _fig_q6, _fig_q7, _fig_q8, _table_q1,
                                _table_q2, _table_q3, _table_q4, _table_q5, _table_q6, _table_q7, _table_q8)
-from .question_rows import (_q1_rows, _q2_rows, _q3_rows, _q3_word_rows, _q4_content_rows, _q4_rows, _q5_rows, _q6_rows, _q7_content_rows,
+from .question_rows import (_q1_rows, _q2_rows, _q3_rows, _q3_word_rows, _q4_content_rows, _q4_rows,
+                            _q4_sep_content_rows, _q4_sep_next_rows, _q5_rows, _q6_rows, _q7_content_rows,
                             _q7_length_rows, _q7_rows, _q8_finetune_rows, _q8_rows)
+from .question_rows import SEP_AUC_VS_LENGTH_FAMILY
 from .question_tables import FAMILIES, _pair_jobs, _q3_jobs, _q5_jobs, _tables
 from .question_text import (QUESTION_TEXT, answer_q1, answer_q2, answer_q3, answer_q4, answer_q5, answer_q6,
                             answer_q7, answer_q8, claim)
@@ -125,10 +127,15 @@ NOTES = {
           "cross-validation as for every probe here), with a sign-flip p-value, Holm over the layers. The probes "
           "are read at every layer from the first knocked-out one to the last; a layer where the clean probe's CI "
           "reaches its majority baseline is left out of the verdict, since there is nothing for a knockout to "
-          "lower there. The answer has three parts, each [SEP] against [CLS] per layer 1–L: coherence (is_next "
-          "accuracy, paired per item) and the content words of the sentence before and of the one after the middle "
-          "[SEP] (the macro AUC, on the same document resamples of the same out-of-fold scores; micro-F1 at a 0.5 "
-          "threshold reads near 0 for a probe that ranks rare words well): " + FAMILIES["Q4"] + ".",
+          "lower there. The answer has six parts, each decided by the rules above per layer 1–L. First, what the "
+          "middle [SEP] holds against its own baselines: coherence (its is_next accuracy against the majority "
+          "baseline, one-sample, Holm over layers; the evidence gives a probe on the two sentences' word counts "
+          "alone beside it) and the content words of the sentence before and of the one after it (the macro AUC "
+          "against a length-only probe, which knows only how many words each sentence has, on the same document "
+          "resamples of the same out-of-fold scores: " + SEP_AUC_VS_LENGTH_FAMILY + "). Then the same three "
+          "against [CLS]: coherence (is_next accuracy, paired per item) and each sentence's content words (the "
+          "macro AUC on the same resamples; micro-F1 at a 0.5 threshold reads near 0 for a probe that ranks rare "
+          "words well): " + FAMILIES["Q4"] + ".",
     "Q5": "Multi-label probes for the bag of words of sentence i, read from [CLS] of a `multi` input of k "
           "sentences, for each position i; mean pooling as the reference. The targets are the most frequent "
           "content words (stop words and the top frequency band removed); the frequency baseline scores each word "
@@ -166,9 +173,14 @@ NOTES = {
 #: (frozen [CLS] against mean pooling; after fine-tuning, each pooling against mean pooling).
 PARTS = {"Q3": (("[CLS]", _q3_rows, CLAIMS["Q3"]),
                 ("Inner words of sentences 1–2", _q3_word_rows, claim("Q3_words"))),
-         "Q4": (("Coherence (is_next)", _q4_rows, CLAIMS["Q4"]),
-                ("Content words of sentence 1", _q4_content_rows(1), claim("Q4_content")),
-                ("Content words of sentence 2", _q4_content_rows(2), claim("Q4_content"))),
+         "Q4": (("[SEP] against its baselines: coherence (is_next)", _q4_sep_next_rows, claim("Q4_sep_next")),
+                ("[SEP] against its baselines: content words of sentence 1", _q4_sep_content_rows(1),
+                 claim("Q4_sep_content")),
+                ("[SEP] against its baselines: content words of sentence 2", _q4_sep_content_rows(2),
+                 claim("Q4_sep_content")),
+                ("[SEP] against [CLS]: coherence (is_next)", _q4_rows, CLAIMS["Q4"]),
+                ("[SEP] against [CLS]: content words of sentence 1", _q4_content_rows(1), claim("Q4_content")),
+                ("[SEP] against [CLS]: content words of sentence 2", _q4_content_rows(2), claim("Q4_content"))),
          "Q7": (("Content words of sentence 1", _q7_content_rows, claim("Q7_content")),
                 ("Sentence length", _q7_length_rows, claim("Q7_length")),
                 ("Word order", _q7_rows, CLAIMS["Q7"])),
