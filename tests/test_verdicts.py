@@ -76,6 +76,26 @@ def test_layers_subset_gives_only_in_layers():
     assert summarise(none, CLAIM).sentence.startswith("No measurable difference at any layer:")
 
 
+def test_layers_below_the_practical_threshold_are_named():
+    """The strongest layer sets the wording; a layer where the same difference is significant but under the
+    practical threshold (0.03) is named, in "every layer" and in "Only in" alike; the opposite direction's
+    small layers are not (they are "the opposite")."""
+    def rows(vals):
+        return pd.DataFrame([{"layer": L + 1, **_row(v, 0.001)} for L, v in enumerate(vals)])
+
+    v = summarise(rows([0.45, 0.2, 0.3, 0.1, 0.004]), CLAIM)
+    assert v.decision == "yes"
+    assert v.sentence.startswith("Yes, in every layer (below the practical threshold at layer 5): B is higher")
+    assert summarise(rows([0.45, 0.2, 0.01, 0.1, 0.004]), CLAIM).sentence.startswith(
+        "Yes, in every layer (below the practical threshold at layers 3, 5):")
+    assert summarise(rows([0.0, 0.2, 0.3, 0.004, -0.002]), CLAIM).sentence.startswith(
+        "Only in layers 2–4 (below the practical threshold at layer 4; the opposite at layer 5; no measurable "
+        "difference at layer 1):")
+    # every significant layer small: "and small", as before, with no list
+    s = summarise(rows([0.004, 0.005, 0.006, 0.004, 0.004]), CLAIM).sentence
+    assert s.startswith("Yes, but small, in every layer:") and "below the practical threshold at" not in s.split(":")[0]
+
+
 def test_sentence_is_computed_from_the_table():
     rows = pd.DataFrame([_row(0.05, 0.01)])
     a = summarise(rows, CLAIM).sentence

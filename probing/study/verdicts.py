@@ -369,6 +369,10 @@ def summarise(rows: pd.DataFrame | None, claim: Claim) -> Verdict:
         # an underpowered row for an absent effect
         rest = [f"{LABELS[d].lower()} at {at(idx)}" for d in ("no_difference", "inconclusive")
                 if (idx := [i for i in measured if decisions[i] == d])] if multi else []
+        # the strongest row sets the wording; the rows of its direction that are significant but under the
+        # practical threshold are named, so that "in every layer" does not stand for layers it barely reaches
+        small = [i for i in same if decisions[i] == "yes_small"] if multi and decision == "yes" else []
+        below = [f"below the practical threshold at {at(small)}"] if small else []
         if claim.direction and not lead:  # a one-sided question, answered the other way: no
             label = "No"
             if multi:
@@ -376,12 +380,12 @@ def summarise(rows: pd.DataFrame | None, claim: Claim) -> Verdict:
                           f" ({'; '.join([f'the opposite at {at(same)}'] + rest)})")
         elif multi and len(same) < len(measured):
             label = f"Only in {at(same)}"
-            parts = ([f"the opposite at {at(opposite)}"] if opposite else []) + rest
+            parts = below + ([f"the opposite at {at(opposite)}"] if opposite else []) + rest
             if parts:
                 label += f" ({'; '.join(parts)})"
             label += ", and small" if decision == "yes_small" else ""
         elif multi:
-            label = f"{LABELS[decision]}, in every {col}"
+            label = f"{LABELS[decision]}, in every {col}" + (f" ({below[0]})" if below else "")
         return Verdict(decision, sentence(row, claim, decision, where(best), label), row.to_dict())
     # no significant row: the verdict is as weak as its weakest row (an inconclusive one where there is
     # one, the least powerful of those)
@@ -425,4 +429,6 @@ def describe_rules(threshold: float = PRACTICAL_THRESHOLD) -> str:
             f"effect at 80% power) and the 95% CI lies within ±{threshold:g} (a difference of {threshold:g} is ruled "
             f"out), and '{LABELS['inconclusive']}' when either fails. When only some layers differ it says 'Only in "
             f"layers a–b' and what the other layers show; when none differs but only some rule the threshold out, "
-            f"'{LABELS['inconclusive']} at layers a–b ({LABELS['no_difference'].lower()} at layers c–d)'.")
+            f"'{LABELS['inconclusive']} at layers a–b ({LABELS['no_difference'].lower()} at layers c–d)'. The "
+            f"largest difference sets the wording; layers where the same difference is significant but below the "
+            f"threshold are named ('Yes, in every layer (below the practical threshold at layer c)').")
