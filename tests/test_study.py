@@ -52,6 +52,13 @@ def test_quick_study_end_to_end_and_reuse(quick_study):
             assert re.match(opening, answer), f"{q}: {answer}"
         assert re.search(r"\d\.\d{3}", answer), f"{q} verdict has no measured number: {answer}"
         assert re.search(r"\d\.\d{3}", evidence) and "not measured" not in evidence
+    # every question's verdict, without its numbers, listed before the first section (and in the HTML)
+    glance = text[text.index("## Answers at a glance"):text.index("## Q1.")]
+    for q in QUESTIONS:
+        line = next(ln for ln in glance.splitlines() if ln.startswith(f"- **{q}."))
+        assert re.search(rf"\*\* .*{opening}", line) and "95% CI" not in line, line
+    html_text = (run / "report.html").read_text()
+    assert "<h2>Answers at a glance</h2>" in html_text and html_text.count("<li><b>Q") == len(QUESTIONS)
     # quick mode is announced in the title and at the top; the unknown model gets a neutral sentence
     assert text.startswith("# ") and "(quick mode)" in text.splitlines()[0]
     assert text.splitlines()[2].startswith("QUICK MODE")
@@ -901,6 +908,32 @@ def test_q3_evidence_states_the_spreads_each_part_is_read_against():
     assert _spreads_q3(p[p["metric"] != "normalised_drift_growth"]) == ""  # tables without normalised rows
 
 
+def test_q3_evidence_sets_cls_growth_against_each_ks_own_spread():
+    """The verdict divides both k's drifts by the k = 2 spread; the evidence gives [CLS]'s spread at the largest
+    k (drift_q3's random-pair baseline) and the growth with each k's drift over its own spread: equal to the
+    verdict's where the spreads are equal, and of the opposite sign where the larger k's spread is large
+    enough (planted: 0.1 → 0.4 of the k = 2 spread, the k = 5 spread 5 times as large: 0.08 − 0.1 < 0)."""
+    import pandas as pd
+
+    from probing.study.question_text import _cls_spread_at_largest_k
+
+    p = pd.DataFrame([{"metric": "normalised_drift_growth", "role": "cls", "layer": L, "k": 2, "k_b": 5,
+                       "value": 0.3, "value_a": 0.1, "value_b": 0.4, "spread_a": 0.01, "ci_low": 0.29,
+                       "ci_high": 0.31} for L in (0, 1, 2)])
+
+    def drift(spreads):
+        return pd.DataFrame([{"metric": "anisotropy_baseline", "role": "cls", "k": 5, "layer": L, "value": 1 - sp,
+                              "ci_low": 1 - sp, "ci_high": 1 - sp} for L, sp in spreads.items()])
+
+    same = _cls_spread_at_largest_k(drift({0: 0.5, 1: 0.01, 2: 0.01}), p)
+    assert "spread at k = 5 is 1.00–1.00 times its spread at k = 2 (layers 1–2)" in same, same
+    assert "1: +0.3, 2: +0.3 (point values, no CI): the same sign as the verdict's row in every layer" in same
+    wide = _cls_spread_at_largest_k(drift({1: 0.01, 2: 0.05}), p)
+    assert "1.00–5.00 times" in wide and "2: -0.02" in wide and "the opposite sign to the verdict's row at layer 2" in wide
+    assert _cls_spread_at_largest_k(drift({1: 0.01}), p) == ""  # a layer without its baseline: nothing said
+    assert _cls_spread_at_largest_k(drift({1: 0.01, 2: 0.01}), None) == ""
+
+
 def _q7_tables(content: float, length: float, order: float) -> dict:
     """Q7's three inputs: [CLS] − length-only macro AUC rows for bow_s1 and the length probe with its
     majority baseline (the pair-format probe table), and word order (swap corpus), layers 1-2."""
@@ -949,6 +982,20 @@ def test_q7_answers_content_length_and_word_order_each_by_the_rules():
     # a part without its table is "Not measured", the others still decided
     partial = q7.verdict({k: t for k, t in _q7_tables(0.05, 0.2, 0.0).items() if k != "probes_q7"}, cfg)
     assert partial.sentence.endswith("Word order — Not measured.") and partial.decision == "yes"
+
+
+def test_q7_evidence_lists_only_its_own_choices_against_length():
+    """probes_pair also holds Q4's sep1/sep2 − length-only rows; Q7 (about [CLS]) lists only [CLS] and mean."""
+    import pandas as pd
+
+    from probing.study.questions import QUESTION_SECTIONS
+
+    T = _q7_tables(content=0.05, length=0.2, order=0.0)
+    cls = T["probes_pair"][T["probes_pair"]["choice_b"].eq("length_only")]
+    T["probes_pair"] = pd.concat([T["probes_pair"], cls.assign(choice="sep1", value=0.31)], ignore_index=True)
+    text = QUESTION_SECTIONS["Q7"].answer(T)
+    assert "Macro AUC − the length-only probe's" in text and "bow_s1 cls +0.050" in text
+    assert "sep1" not in text and "+0.310" not in text
 
 
 def _q5_table(cases):

@@ -265,3 +265,18 @@ def test_summary_without_significant_rows_names_the_layers_that_rule_the_thresho
     # every row inconclusive: no list of settled layers
     weak = rows.assign(mde=0.05)
     assert summarise(weak, CLAIM).sentence.startswith("Inconclusive: this sample could only detect >= 0.050")
+
+
+def test_each_verdict_has_a_headline_without_its_numbers():
+    """The short form the report's answers at a glance list: label and finding, no numbers; an undecided
+    verdict names what was compared; not measured says so."""
+    rows = pd.DataFrame([{"layer": L, **_row(v, 0.005)} for L, v in enumerate([0.0, 0.05, 0.06])])
+    v = summarise(rows, CLAIM)
+    assert v.short == "Only in layers 1–2 (no measurable difference at layer 0): B is higher than A"
+    assert not any(ch.isdigit() for ch in v.short.split(":", 1)[1])
+    none = summarise(rows.assign(value=0.0, ci_low=-0.005, ci_high=0.005), CLAIM)
+    assert none.short == "No measurable difference at any layer: A and B score alike"
+    wide = summarise(pd.DataFrame([_row(0.0, 0.2)]), CLAIM)
+    assert wide.decision == "inconclusive" and wide.short == "Inconclusive, on B − A"
+    assert summarise(None, CLAIM).short == "Not measured"
+

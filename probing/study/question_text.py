@@ -7,10 +7,12 @@ import functools
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .question_figures import q8_same_items
 from .question_rows import _contextual, _q7_rows
+from .question_tables import LENGTH_BASELINE
 from .report import fmt, last_layer, one, pick
 from .verdicts import PRACTICAL_THRESHOLD, Claim
 
@@ -152,7 +154,39 @@ def answer_q3(d: pd.DataFrame, T: dict) -> str:
         if (last["role"] == "s2 edge words").any():
             s += (" Sentence 2's edge words include its last, next to the closing [SEP] in both formats at k = "
                   f"{int(r0['k'])} but next to sentence 3 in the longer `concat`: the verdict leaves the edge words out.")
-    return s + _spreads_q3(T.get("paired_q3"))
+    return s + _spreads_q3(T.get("paired_q3")) + _cls_spread_at_largest_k(d, T.get("paired_q3"))
+
+
+def _cls_spread_at_largest_k(d: pd.DataFrame, p: pd.DataFrame | None) -> str:
+    """How the [CLS] part depends on its spread: the verdict divides the drift at both k by the spread at the
+    smaller k (``spread_a``), so its growth is raw drift growth in one unit. [CLS]'s own spread at the largest
+    k comes from ``drift_q3``'s random-pair baseline (1 − cos of two [CLS] of different inputs, per k); each
+    side divided by its own spread gives ``value_b · spread_a / spread_long − value_a`` (a point value)."""
+    n = pick(p, metric="normalised_drift_growth", role="cls")
+    if n.empty or not {"spread_a", "value_a", "value_b", "k_b"} <= set(n.columns):
+        return ""
+    n = _contextual(n)
+    k_long = int(n["k_b"].iloc[0])
+    base = pick(d, role="cls", metric="anisotropy_baseline", k=k_long)
+    ratios, own, flipped = [], [], []
+    for _, r in n.iterrows():
+        b = one(base, layer=int(r["layer"]))
+        if b is None or not 1.0 - b[0] > 0:
+            return ""
+        spread_long = 1.0 - b[0]
+        ratios.append(spread_long / float(r["spread_a"]))
+        v = float(r["value_b"]) * float(r["spread_a"]) / spread_long - float(r["value_a"])
+        own.append((int(r["layer"]), v))
+        if np.sign(v) != np.sign(float(r["value"])):
+            flipped.append(int(r["layer"]))
+    layers = f"{own[0][0]}–{own[-1][0]}" if len(own) > 1 else f"{own[0][0]}"
+    same = ("the same sign as the verdict's row in every layer" if not flipped else
+            f"the opposite sign to the verdict's row at layer{'s' if len(flipped) > 1 else ''} "
+            + ", ".join(map(str, flipped)))
+    return (f" [CLS]'s spread at k = {k_long} is {min(ratios):.2f}–{max(ratios):.2f} times its spread at k = "
+            f"{int(n['k'].iloc[0])} (layers {layers}). With each k's drift divided by that k's own spread instead, "
+            f"[CLS]'s growth per layer is " + ", ".join(f"{layer}: {v:+.3g}" for layer, v in own)
+            + f" (point values, no CI): {same}; its size depends on which spread is the unit.")
 
 
 def _spreads_q3(p: pd.DataFrame | None) -> str:
@@ -607,6 +641,7 @@ def answer_q7(T: dict) -> str:
         s += _paired_at_last(pick(d, condition_a="model_kind=trained"),
                              "Trained − random-init (word order, paired items)", column="choice")
     auc = pick(T.get("probes_pair"), model_kind="trained", choice_b="length_only", metric="macro_auc_diff")
+    auc = auc[auc["choice"].isin(LENGTH_BASELINE["Q7"])] if not auc.empty else auc  # Q4 reads the [SEP] rows
     if not auc.empty:
         auc = _contextual(auc).sort_values(["target", "choice"], kind="stable")
         s += _paired_at_last(auc.assign(what=auc["target"].astype(str) + " " + auc["choice"].astype(str)),

@@ -114,8 +114,9 @@ NOTES = {
           "2019); attention weights are not explanations and mass to special tokens is often a no-op.",
     "Q3": _q3_notes,
     "Q4": "Probes read what is linearly decodable from the [SEP] state (topic, is_next, the bag of words of "
-          "the sentence before/after it), against the majority baseline, a control task and a randomly "
-          "initialised model; CKA compares [SEP] with [CLS] and with pooled words of each sentence; attention "
+          "the sentence before/after it), against the majority baseline, a control task and a probe on the "
+          "sentences' word counts alone (the randomly initialised model is probed for [CLS] and mean pooling "
+          "only, in Q7, not for [SEP]); CKA compares [SEP] with [CLS] and with pooled words of each sentence; attention "
           "gives the mass flowing to and from [SEP]. is_next negatives share sentence 1's topic, so is_next is "
           "not topic mismatch; the bag-of-words targets are content words. Decodable is not the same as used by "
           "the model: the knockout (attention from every token to every [SEP] masked before the softmax in the "

@@ -77,6 +77,12 @@ class Section:
     limits: str = ""
     comparison: pd.DataFrame | None = None
     comparison_caption: str = ""
+    glance: str = ""  # the verdict without its numbers, for the answers at a glance
+
+
+#: The heading of the list of every section's verdict without its numbers, after the introduction.
+GLANCE = "Answers at a glance"
+GLANCE_NOTE = "each section below gives the numbers, the evidence and what the answer does not show"
 
 
 def _md_table(df: pd.DataFrame) -> str:
@@ -95,6 +101,10 @@ def _md_table(df: pd.DataFrame) -> str:
 
 def render_markdown(title: str, intro: str, sections: list[Section], provenance: dict, out: Path) -> str:
     parts = [f"# {title}", "", intro, ""]
+    glance = [s for s in sections if s.glance]
+    if glance:
+        parts += [f"## {GLANCE}", "", f"*{GLANCE_NOTE[:1].upper()}{GLANCE_NOTE[1:]}.*", ""]
+        parts += [f"- **{s.title}** {s.glance}." for s in glance] + [""]
     for s in sections:
         parts += [f"## {s.title}", ""]
         if s.verdict:
@@ -175,6 +185,10 @@ def _figure_html(path: Path, fallback: str) -> str:
 def render_html(title: str, intro: str, sections: list[Section], provenance: dict) -> str:
     e = _inline
     body = [f"<h1>{e(title)}</h1>"] + [f"<p>{e(p)}</p>" for p in intro.split("\n\n")]
+    glance = [s for s in sections if s.glance]
+    if glance:
+        body += [f"<h2>{e(GLANCE)}</h2>", f"<p><i>{e(GLANCE_NOTE[:1].upper() + GLANCE_NOTE[1:])}.</i></p>", "<ul>"]
+        body += [f"<li><b>{e(s.title)}</b> {e(s.glance)}.</li>" for s in glance] + ["</ul>"]
     for s in sections:
         body.append(f"<h2>{e(s.title)}</h2>")
         if s.verdict:

@@ -331,7 +331,8 @@ def build_report(cfg: dict, T: dict, F: dict, caches: Caches, corpora: dict, lm)
                                  spec.note_text(cfg), verdict=verdict.sentence if verdict is not None else "",
                                  limits=run_limits(cfg, corpora, spec, lm.name),
                                  comparison=comparison[0] if comparison else None,
-                                 comparison_caption=comparison[1] if comparison else ""))
+                                 comparison_caption=comparison[1] if comparison else "",
+                                 glance=verdict.short if verdict is not None else ""))
     import torch
     import transformers
 

@@ -115,7 +115,8 @@ class StudySection:
             verdicts = [(what, summarise(rows(T), claim)) for what, rows, claim in self.parts]
             decided = [v for _, v in verdicts if v.decision != "not_measured"]
             return Verdict(decided[0].decision if decided else "not_measured",
-                           " ".join(f"{what} — {v.sentence}" for what, v in verdicts))
+                           " ".join(f"{what} — {v.sentence}" for what, v in verdicts),
+                           short="; ".join(f"{what} — {v.short}" for what, v in verdicts))
         if self.verdict_text is not None:
             text = self.verdict_text(T, cfg)
             return Verdict("yes", text) if text else None

@@ -256,9 +256,13 @@ class Claim:
 
 @dataclass(frozen=True)
 class Verdict:
+    """A decision, its sentence with the numbers behind it, the row that sets the wording, and ``short``: the
+    sentence without its numbers, for the report's answers at a glance ("" where there is none)."""
+
     decision: Decision
     sentence: str
     row: dict | None = None
+    short: str = ""
 
 
 def format_p(p: float) -> str:
@@ -334,20 +338,33 @@ def sentence(row, claim: Claim, decision: Decision | None = None, where: str = "
             f"{t:g} ({ev}).")
 
 
+def headline(claim: Claim, decision: Decision, label: str | None = None, value: float = float("nan")) -> str:
+    """:func:`sentence` without its evidence: the label and the finding, or, where nothing is decided, what
+    was compared (an inconclusive row's own sentence names only the sample's power)."""
+    label = label or LABELS[decision]
+    if decision == "not_measured":
+        return label
+    if decision in ("yes", "yes_small"):
+        return f"{label}: {claim.more if value > 0 else claim.less}"
+    if decision == "no_difference":
+        return f"{label}: {claim.none}"
+    return f"{label}, on {claim.quantity}"
+
+
 def summarise(rows: pd.DataFrame | None, claim: Claim) -> Verdict:
     """One verdict over the rows of one comparison, one row per facet value (e.g. per layer).
 
     Rows without ``p_holm`` get it from :func:`add_holm`. See the module docstring for the rules.
     """
     if rows is None or len(rows) == 0 or not set(REQUIRED) <= set(rows.columns):
-        return Verdict("not_measured", f"{LABELS['not_measured']}.")
+        return Verdict("not_measured", f"{LABELS['not_measured']}.", short=LABELS["not_measured"])
     rows = add_holm(rows.reset_index(drop=True))
     col, plural = claim.facet
     decisions = [decide(r, claim.threshold) for _, r in rows.iterrows()]
     sig = [i for i, d in enumerate(decisions) if d in ("yes", "yes_small")]
     measured = [i for i, d in enumerate(decisions) if d != "not_measured"]
     if not measured:
-        return Verdict("not_measured", f"{LABELS['not_measured']}.")
+        return Verdict("not_measured", f"{LABELS['not_measured']}.", short=LABELS["not_measured"])
     multi = len(measured) > 1 and col in rows.columns
 
     def where(i: int) -> str:
@@ -386,7 +403,8 @@ def summarise(rows: pd.DataFrame | None, claim: Claim) -> Verdict:
             label += ", and small" if decision == "yes_small" else ""
         elif multi:
             label = f"{LABELS[decision]}, in every {col}" + (f" ({below[0]})" if below else "")
-        return Verdict(decision, sentence(row, claim, decision, where(best), label), row.to_dict())
+        return Verdict(decision, sentence(row, claim, decision, where(best), label), row.to_dict(),
+                       headline(claim, decision, label, _num(row, "value")))
     # no significant row: the verdict is as weak as its weakest row (an inconclusive one where there is
     # one, the least powerful of those)
     weak = [i for i in measured if decisions[i] == "inconclusive"] or measured
@@ -399,7 +417,8 @@ def summarise(rows: pd.DataFrame | None, claim: Claim) -> Verdict:
     if multi and decision == "inconclusive" and settled:  # mixed: say where the sample does rule 0.03 out
         label = (f"{LABELS['inconclusive']} at {at(weak)} "
                  f"({LABELS['no_difference'].lower()} at {at(settled)})")
-    return Verdict(decision, sentence(row, claim, decision, where(worst), label), row.to_dict())
+    return Verdict(decision, sentence(row, claim, decision, where(worst), label), row.to_dict(),
+                   headline(claim, decision, label, _num(row, "value")))
 
 
 def verdict_table(rows: pd.DataFrame, claim: Claim) -> pd.DataFrame:
