@@ -99,9 +99,16 @@ def _md_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def glance_sections(sections: list[Section]) -> list[Section]:
+    """The sections the answers at a glance list: those with a short verdict, where there are at least two
+    (a report of one section would repeat its answer)."""
+    glance = [s for s in sections if s.glance]
+    return glance if len(glance) > 1 else []
+
+
 def render_markdown(title: str, intro: str, sections: list[Section], provenance: dict, out: Path) -> str:
     parts = [f"# {title}", "", intro, ""]
-    glance = [s for s in sections if s.glance]
+    glance = glance_sections(sections)
     if glance:
         parts += [f"## {GLANCE}", "", f"*{GLANCE_NOTE[:1].upper()}{GLANCE_NOTE[1:]}.*", ""]
         parts += [f"- **{s.title}** {s.glance}." for s in glance] + [""]
@@ -185,7 +192,7 @@ def _figure_html(path: Path, fallback: str) -> str:
 def render_html(title: str, intro: str, sections: list[Section], provenance: dict) -> str:
     e = _inline
     body = [f"<h1>{e(title)}</h1>"] + [f"<p>{e(p)}</p>" for p in intro.split("\n\n")]
-    glance = [s for s in sections if s.glance]
+    glance = glance_sections(sections)
     if glance:
         body += [f"<h2>{e(GLANCE)}</h2>", f"<p><i>{e(GLANCE_NOTE[:1].upper() + GLANCE_NOTE[1:])}.</i></p>", "<ul>"]
         body += [f"<li><b>{e(s.title)}</b> {e(s.glance)}.</li>" for s in glance] + ["</ul>"]
