@@ -12,9 +12,19 @@
 # A rehearsal on any machine (tests/test_benchmarks.py runs one on the CPU, so that a GPU session's few
 # minutes are not lost to a broken command): DEVICE=cpu, STEPS (a comma list of the step names below),
 # small N_CLS and N_ALL, and EXTRACT_ARGS, PROBE_ARGS, CKA_ARGS appended to those commands.
+# BASELINE_TREE: a folder holding the code to compare with (its probing/, analyses/ and benchmarks/, e.g.
+#   git archive <rev> probing analyses benchmarks | tar -x -C .dev/before, carried to the GPU machine):
+#   each extraction step then also runs there, right after the current code's run on the same machine,
+#   logged as <step>.baseline.log (a GPU machine's host speed varies between machines, so a change is
+#   only measured against code run in the same call).
 set -u
 OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+BASELINE_TREE=${BASELINE_TREE:-}
+if [ -n "$BASELINE_TREE" ] && [ ! -f "$BASELINE_TREE/benchmarks/extract_throughput.py" ]; then
+  echo "error: BASELINE_TREE=$BASELINE_TREE has no benchmarks/extract_throughput.py" >&2; exit 2
+fi
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-true}
 N_CLS=${N_CLS:-20000}       # pairs for the [CLS]+[SEP] extraction
@@ -25,9 +35,9 @@ read -r -a EXTRACT_EXTRA <<< "${EXTRACT_ARGS:-}"
 read -r -a PROBE_EXTRA <<< "${PROBE_ARGS:-}"
 read -r -a CKA_EXTRA <<< "${CKA_ARGS:-}"
 failed=0
-step() {  # step NAME LIMIT_S COMMAND...
+step() {  # step NAME LIMIT_S COMMAND...  (NAME.baseline: the same step on BASELINE_TREE's code)
   local name=$1 limit=$2; shift 2
-  case ",$STEPS," in *",$name,"*) ;; *) echo "== $name: skipped (not in STEPS)"; return ;; esac
+  case ",$STEPS," in *",${name%.baseline},"*) ;; *) echo "== $name: skipped (not in STEPS)"; return ;; esac
   echo "== $name (limit ${limit}s): $*" | tee "$OUT/$name.log"
   local t0=$SECONDS
   timeout "$limit" "$@" >>"$OUT/$name.log" 2>&1
@@ -38,15 +48,20 @@ step() {  # step NAME LIMIT_S COMMAND...
 }
 { nvidia-smi -L; $PY -c "import torch, transformers, sys; print(sys.version.split()[0], torch.__version__, transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')"; } 2>&1 | tee "$OUT/env.log"
 step tests "${T_TESTS:-150}" $PY -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_cka.py
-TAIL=30 step extract-cls-sep "${T_EXT:-150}" $PY benchmarks/extract_throughput.py --random-init-size base --device "$DEVICE" \
-  --dtype bfloat16 --corpus "generated:n=$N_CLS,k=2" --roles cls,sep --batch-tokens 65536 --max-batch 4096 --naive-examples 2000 --repeats 1 \
-  "${EXTRACT_EXTRA[@]}"
-TAIL=30 step extract-host-path "${T_HOST:-90}" $PY benchmarks/extract_throughput.py --random-init-size tiny --device "$DEVICE" \
-  --dtype bfloat16 --corpus "generated:n=$N_CLS,k=2" --roles cls,sep --batch-tokens 65536 --max-batch 4096 --naive-examples 2000 --repeats 1 \
-  "${EXTRACT_EXTRA[@]}"
-step extract-all "${T_ALL:-150}" $PY benchmarks/extract_throughput.py --random-init-size base --device "$DEVICE" \
-  --dtype bfloat16 --corpus "generated:n=$N_ALL,k=2" --roles all --batch-tokens 65536 --max-batch 4096 --naive-examples 2000 --repeats 1 \
-  "${EXTRACT_EXTRA[@]}"
+extract() {  # extract NAME LIMIT ARGS...: the current code, then (with BASELINE_TREE) the baseline's
+  local name=$1 limit=$2; shift 2
+  step "$name" "$limit" $PY benchmarks/extract_throughput.py "$@" "${EXTRACT_EXTRA[@]}"
+  if [ -n "$BASELINE_TREE" ]; then
+    pushd "$BASELINE_TREE" >/dev/null && step "$name.baseline" "$limit" $PY benchmarks/extract_throughput.py "$@" "${EXTRACT_EXTRA[@]}"
+    popd >/dev/null
+  fi
+}
+TAIL=30 extract extract-cls-sep "${T_EXT:-150}" --random-init-size base --device "$DEVICE" \
+  --dtype bfloat16 --corpus "generated:n=$N_CLS,k=2" --roles cls,sep --batch-tokens 65536 --max-batch 4096 --naive-examples 2000 --repeats 1
+TAIL=30 extract extract-host-path "${T_HOST:-90}" --random-init-size tiny --device "$DEVICE" \
+  --dtype bfloat16 --corpus "generated:n=$N_CLS,k=2" --roles cls,sep --batch-tokens 65536 --max-batch 4096 --naive-examples 2000 --repeats 1
+extract extract-all "${T_ALL:-150}" --random-init-size base --device "$DEVICE" \
+  --dtype bfloat16 --corpus "generated:n=$N_ALL,k=2" --roles all --batch-tokens 65536 --max-batch 4096 --naive-examples 2000 --repeats 1
 step probes "${T_PROBE:-120}" $PY benchmarks/probe_speed.py --device "$DEVICE" "${PROBE_EXTRA[@]}"
 step cka "${T_CKA:-120}" $PY benchmarks/cka_speed.py --device "$DEVICE" "${CKA_EXTRA[@]}"
 echo "== failed steps: $failed"

@@ -57,6 +57,33 @@ def test_gpu_check_rehearses_on_the_cpu(tmp_path):
     assert re.search(r"CKA\[0, 0\] = [\d.]+", cka)
 
 
+def test_gpu_check_runs_each_extraction_on_a_baseline_tree_too(tmp_path):
+    """BASELINE_TREE: each extraction step also runs on that folder's code, right after the current code's,
+    logged as <step>.baseline.log (rehearsed on the CPU with the one-layer model); a folder without the
+    benchmark is an error before anything runs."""
+    base = tmp_path / "before"
+    for d in ("probing", "analyses", "benchmarks"):
+        shutil.copytree(ROOT / d, base / d, ignore=shutil.ignore_patterns("__pycache__"))
+    script = base / "benchmarks" / "extract_throughput.py"
+    script.write_text(script.read_text().replace("def main(", "print('baseline tree code')\n\n\ndef main(", 1))
+    logs = tmp_path / "logs"
+    env = _env(DEVICE="cpu", STEPS="extract-host-path", N_CLS="40", OUT=str(logs), PYTHON=sys.executable,
+               BASELINE_TREE=str(base), EXTRACT_ARGS="--matmul-size 256 --matmul-seconds 0.2 --repeats 1")
+    env["PYTHONPATH"] = ""  # each tree's benchmark puts its own root first on the path
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and "== failed steps: 0" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
+    now, before = (logs / "extract-host-path.log").read_text(), (logs / "extract-host-path.baseline.log").read_text()
+    for log in (now, before):
+        assert re.search(r"extractor\s+: \d+ tokens in .* tokens/s", log)
+    assert "baseline tree code" in before and "baseline tree code" not in now
+    assert "== extract-cls-sep.baseline: skipped" in run.stdout  # STEPS filters the baseline runs too
+    bad_logs = tmp_path / "bad"
+    bad = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], cwd=ROOT, capture_output=True, text=True,
+                         env=dict(env, BASELINE_TREE=str(tmp_path / "nothing"), OUT=str(bad_logs)))
+    assert bad.returncode == 2 and "error: BASELINE_TREE=" in bad.stderr and list(bad_logs.iterdir()) == []
+
+
 def test_memory_benchmark_runs_an_extraction_and_an_analysis():
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "memory.py"), "--sizes", "100,200",
                           "--modes", "extract,drift", "--resamples", "20"], cwd=ROOT, env=_env(),
