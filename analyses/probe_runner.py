@@ -230,19 +230,22 @@ def batch_elements(batch_mb: float | None) -> int:
 LENGTH_ONLY = "length_only"
 
 
-def auc_differences(results: dict, meta: dict, seed: int, versus: str | None = None) -> pd.DataFrame:
+def auc_differences(results: dict, meta: dict, seed: int, versus: str | None = None,
+                    length_versus: Sequence[str] | None = None) -> pd.DataFrame:
     """Each multi-label probe's macro AUC minus a reference probe's, on the same resamples of the same
     out-of-fold items (:meth:`analyses.probe_results.ProbeResult.auc_difference`): rows with
     ``metric="macro_auc_diff"``, ``choice_b`` the reference, CI, ``p_value`` (bootstrap-SE Wald) and ``p_holm``
     over the layers of each (choice, reference). References: the length-only probe, where it was fitted
     (is there more of a sentence's content than its length tells?), and the token choice ``versus`` at
-    the same layer (is [CLS] ahead of mean pooling?)."""
+    the same layer (is [CLS] ahead of mean pooling?). ``length_versus``: the choices compared with the
+    length-only probe (None: every one)."""
     from analyses.paired import add_holm
 
     rows = []
     base = next((r for (layer, choice), r in results.items() if choice == LENGTH_ONLY), None)
     for (layer, choice), res in results.items():
-        refs = [(LENGTH_ONLY, base)] if base is not None and choice != LENGTH_ONLY else []
+        compared = choice != LENGTH_ONLY and (length_versus is None or choice in length_versus)
+        refs = [(LENGTH_ONLY, base)] if base is not None and compared else []
         if versus is not None and choice not in (versus, LENGTH_ONLY) and (layer, versus) in results:
             refs.append((versus, results[layer, versus]))
         rows += [{"analysis": "probe", **meta, "layer": layer, "choice": choice, "choice_b": name,
@@ -276,7 +279,8 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                seed: int = 0, control: bool = True, vocab: int = 50, max_tokens: int = 6000,
                device: str | None = None, backend: str = "auto", Cs: Sequence[float] | None = None,
                inner_splits: int = 3, max_iter: int = 1000, bow_Cs: Sequence[float] | None = None,
-               length_baseline: bool = False, versus: str | None = None, items: bool = False,
+               length_baseline: bool = False, length_versus: Sequence[str] | None = None,
+               versus: str | None = None, items: bool = False,
                num_threads: int | None = None, batch_mb: float | None = None, n_resamples: int = PROBE_RESAMPLES, out: str | Path | None = None,
                force: bool = False, progress: bool = True):
     """Probes for every layer x token choice x target, on ``cache`` and optionally ``random_cache``.
@@ -288,7 +292,9 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
     Splits, inner CV and bootstrap group by document when the corpus has a ``doc`` label, else by
     example (:func:`analyses.grouping.table_groups`); every row records ``grouping`` and ``n_groups``.
     ``length_baseline``: also a ``choice = "length_only"`` probe per example-level target (features:
-    words per sentence; layer empty), on the same splits. ``versus``: one of ``choices``; each other
+    words per sentence; layer empty), on the same splits; ``length_versus``: the choices whose macro AUC is
+    compared with it (None: every one; a study question owns its own comparisons, whose Holm family covers
+    its targets). ``versus``: one of ``choices``; each other
     choice's macro AUC on a multi-label target is then compared with its at the same layer, on the same
     resamples of the same items (``macro_auc_diff`` rows, :func:`auc_differences`; the length-only probe
     is compared the same way). Returns the result table, or
@@ -321,6 +327,11 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
               "n_resamples": n_resamples}
     if versus is not None:  # the key of a run without it stays what it was
         config["versus"] = versus
+    if length_versus is not None:
+        unknown = [c for c in length_versus if c not in choices]
+        if unknown:
+            raise ValueError(f"length_versus {unknown} are not among the choices {list(choices)}")
+        config["length_versus"] = list(length_versus)
     path, done = stored_table(out, "probe", config, force)
     items_path, items_done = stored_table(out if items else None, "probe_items", config, force)
     if done is not None and (not items or items_done is not None):
@@ -371,7 +382,8 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                                          num_threads=num_threads, batch_mb=batch_mb, n_resamples=n_resamples,
                                          **fit_kw)
                 if multilabel and ((length_baseline and kind == "trained") or versus is not None):
-                    df = pd.concat([df, auc_differences(results, meta, seed, versus)], ignore_index=True)
+                    df = pd.concat([df, auc_differences(results, meta, seed, versus, length_versus)],
+                                   ignore_index=True)
                 df["model_kind"] = kind
                 frames.append(df)
                 if items:

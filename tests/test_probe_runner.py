@@ -227,6 +227,14 @@ def test_document_grouping_items_and_length_baseline(doc_caches, tmp_path):
         auc[auc["target"] == "bow_s1"].reset_index(drop=True)[vs.columns], check_dtype=False)
     with pytest.raises(ValueError, match="versus='sep1' is not one of the choices"):
         run_probes(c, ("cls", "mean"), ("bow_s1",), versus="sep1", **kw)
+    # length_versus: only those choices are compared with the length-only probe (a study question owns its
+    # own comparisons); their rows, Holm included, are those of a run that compares every choice
+    own = run_probes(c, ("cls", "mean"), ("bow_s1",), length_baseline=True, length_versus=("mean",), **kw)
+    om = own[own["metric"] == "macro_auc_diff"].reset_index(drop=True)
+    assert set(om["choice"]) == {"mean"} and len(om) == n_layers
+    pd.testing.assert_frame_equal(om, auc[auc["choice"] == "mean"].reset_index(drop=True)[om.columns], check_dtype=False)
+    with pytest.raises(ValueError, match=r"length_versus \['sep1'\] are not among the choices"):
+        run_probes(c, ("cls", "mean"), ("bow_s1",), length_baseline=True, length_versus=("sep1",), **kw)
     # stored beside the result (only when asked), read back
     assert len(list(tmp_path.glob("probe_items-*.csv"))) == 1
     again, items2 = run_probes(c, ("cls", "mean"), ("topic", "bow_s1"), length_baseline=True, items=True,

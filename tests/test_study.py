@@ -1146,22 +1146,6 @@ def test_q4_first_says_what_sep_holds_against_its_own_baselines():
     assert "lengths alone tell coherent from shuffled pairs a little" in above
 
 
-def test_only_the_owning_question_keeps_its_length_only_comparisons():
-    """Q4's and Q7's pair-format runs both fit the length-only probe; each keeps only its own token choices −
-    length-only rows, so a row in the joined table has one Holm family."""
-    import pandas as pd
-
-    from probing.study.question_tables import _only_own_length_rows
-
-    t = pd.DataFrame({"choice": ["sep1", "cls", "cls", "length_only"],
-                      "choice_b": ["length_only", "length_only", "sep1", None], "value": [1, 2, 3, 4]})
-    items = pd.DataFrame({"x": [1]})
-    q4, it = _only_own_length_rows("Q4", (t, items))
-    assert q4["value"].tolist() == [1, 3, 4] and it is items
-    assert _only_own_length_rows("Q7", (t, items))[0]["value"].tolist() == [2, 3, 4]
-    assert _only_own_length_rows("Q8", (t, items))[0].equals(t)
-
-
 def test_jawahar_reads_the_bag_of_words_by_its_macro_auc():
     """WC's best layer and baseline come from the macro AUC (0.5: frequency), not the thresholded F1."""
     import pandas as pd

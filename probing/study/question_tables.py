@@ -31,7 +31,9 @@ RANDOM_INIT_PROBES = ("Q7",)
 PAIR_CONTROLS = {"Q7": (("cls", "mean"), ("fw_s1",))}
 #: Questions whose pair-format probes also fit the length-only probe (the sentences' word counts alone), and
 #: the token choices each compares with it: Q7 [CLS] and mean pooling (can the input be recovered from
-#: [CLS]?), Q4 the two [SEP]s (what does [SEP] hold, beyond what the lengths tell?).
+#: [CLS]?), Q4 the two [SEP]s (what does [SEP] hold, beyond what the lengths tell?). Each run compares only
+#: its own choices (``run_probes(length_versus=...)``): its Holm family covers its own targets, so the same
+#: row from two runs would carry two adjusted p-values.
 LENGTH_BASELINE = {"Q4": ("sep1", "sep2"), "Q7": ("cls", "mean")}
 #: The token choice each question's pair-format bag-of-words probes are compared with, by macro AUC on
 #: the same resamples (``run_probes(versus=...)``): Q4 asks whether [SEP] holds a sentence's words better
@@ -194,10 +196,10 @@ def _probes_pair(ctx: Context) -> pd.DataFrame:
 
     ctx.log("analyses: probes on the pair format (trained; random-init for Q7)")
     wanted = [q for q in PAIR_PROBES if q in ctx.questions]
-    runs = [_only_own_length_rows(q, run_probes(_pairs(ctx, "pair"), *PAIR_PROBES[q],
-                                                random_cache=_pairs(ctx, "pair", True) if q in RANDOM_INIT_PROBES else None,
-                                                length_baseline=q in LENGTH_BASELINE, versus=PAIR_VERSUS.get(q),
-                                                items=True, **probe_kw(ctx.cfg, ctx.out, ctx.progress)))
+    runs = [run_probes(_pairs(ctx, "pair"), *PAIR_PROBES[q],
+                       random_cache=_pairs(ctx, "pair", True) if q in RANDOM_INIT_PROBES else None,
+                       length_baseline=q in LENGTH_BASELINE, length_versus=LENGTH_BASELINE.get(q),
+                       versus=PAIR_VERSUS.get(q), items=True, **probe_kw(ctx.cfg, ctx.out, ctx.progress))
             for q in wanted]
     runs += [run_probes(_pairs(ctx, "pair"), *PAIR_CONTROLS[q], length_baseline=True, items=True,
                         **probe_kw(ctx.cfg, ctx.out, ctx.progress)) for q in wanted if q in PAIR_CONTROLS]
@@ -205,20 +207,6 @@ def _probes_pair(ctx: Context) -> pd.DataFrame:
     _keep_items(ctx, "probes_pair", [it for _, it in runs])
     table = pd.concat([t for t, _ in runs], ignore_index=True)
     return table.drop_duplicates([k for k in keys if k in table.columns])
-
-
-def _only_own_length_rows(q: str, run: tuple[pd.DataFrame, pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """A run's table without the token choices − length-only rows that another question's run owns: Q4's
-    run compares sep1 and sep2 with the length-only probe, Q7's [CLS] and mean pooling. Each run's Holm family
-    covers its own targets, so the same row from two runs would carry two adjusted p-values."""
-    from analyses.probe_runner import LENGTH_ONLY
-
-    table, items = run
-    own = LENGTH_BASELINE.get(q)
-    if own is None or "choice_b" not in table.columns:
-        return run
-    other = (table["choice_b"] == LENGTH_ONLY) & ~table["choice"].isin(own)
-    return table[~other].reset_index(drop=True), items
 
 
 def _keep_items(ctx: Context, name: str, frames: list) -> None:

@@ -82,7 +82,7 @@ class Section:
 
 #: The heading of the list of every section's verdict without its numbers, after the introduction.
 GLANCE = "Answers at a glance"
-GLANCE_NOTE = "each section below gives the numbers, the evidence and what the answer does not show"
+GLANCE_NOTE = "Each section below gives the numbers, the evidence and what the answer does not show."
 
 
 def _md_table(df: pd.DataFrame) -> str:
@@ -110,7 +110,7 @@ def render_markdown(title: str, intro: str, sections: list[Section], provenance:
     parts = [f"# {title}", "", intro, ""]
     glance = glance_sections(sections)
     if glance:
-        parts += [f"## {GLANCE}", "", f"*{GLANCE_NOTE[:1].upper()}{GLANCE_NOTE[1:]}.*", ""]
+        parts += [f"## {GLANCE}", "", f"*{GLANCE_NOTE}*", ""]
         parts += [f"- **{s.title}** {s.glance}." for s in glance] + [""]
     for s in sections:
         parts += [f"## {s.title}", ""]
@@ -194,7 +194,7 @@ def render_html(title: str, intro: str, sections: list[Section], provenance: dic
     body = [f"<h1>{e(title)}</h1>"] + [f"<p>{e(p)}</p>" for p in intro.split("\n\n")]
     glance = glance_sections(sections)
     if glance:
-        body += [f"<h2>{e(GLANCE)}</h2>", f"<p><i>{e(GLANCE_NOTE[:1].upper() + GLANCE_NOTE[1:])}.</i></p>", "<ul>"]
+        body += [f"<h2>{e(GLANCE)}</h2>", f"<p><i>{e(GLANCE_NOTE)}</i></p>", "<ul>"]
         body += [f"<li><b>{e(s.title)}</b> {e(s.glance)}.</li>" for s in glance] + ["</ul>"]
     for s in sections:
         body.append(f"<h2>{e(s.title)}</h2>")

@@ -321,15 +321,15 @@ def sentence(row, claim: Claim, decision: Decision | None = None, where: str = "
     ev = _evidence(row, claim, where)
     mde = row_mde(row)
     if decision in ("yes", "yes_small"):
-        finding = claim.more if _num(row, "value") > 0 else claim.less
         small = f"; below the practical threshold of {claim.threshold:g}" if decision == "yes_small" else ""
-        return f"{label}: {finding} ({ev}{small})."
+        return f"{headline(claim, decision, label, _num(row, 'value'))} ({ev}{small})."
     lo, hi = _num(row, "ci_low"), _num(row, "ci_high")
     if lo > 0 or hi < 0:  # the CI is per comparison; the decision also asks the Holm-adjusted p
         ev += "; the CI excludes 0, but not after Holm's correction across the family"
     t = claim.threshold
     if decision == "no_difference":
-        return f"{label}: {claim.none} ({ev}; this sample could detect >= {_small(mde)}, and its CI stays within ±{t:g})."
+        return (f"{headline(claim, decision, label)} ({ev}; this sample could detect >= {_small(mde)}, and its CI "
+                f"stays within ±{t:g}).")
     if math.isfinite(mde) and mde <= t:  # powered, but the interval leaves a relevant difference open
         bound = hi if abs(hi) >= abs(lo) else lo
         return (f"{label}: the 95% CI reaches {bound:+.3f}, beyond the practical threshold of {t:g}, though this "
