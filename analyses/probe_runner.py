@@ -37,7 +37,10 @@ architecture, corpus, format and layers (:func:`probing.cache.check_comparable` 
 from the word counts of the example's sentences alone (``choice = length_only``, no layer, same splits):
 how much of a score length explains; on a multi-label target each probe's macro AUC minus the length-only
 probe's comes as ``macro_auc_diff`` rows (on the same document resamples), and with ``versus`` (a token
-choice) minus that choice's at the same layer. With ``items=True`` the per-item out-of-fold predictions come
+choice) minus that choice's at the same layer. With ``random_versus`` (token choices, and ``random_cache``) each
+of those choices' macro AUC on a multi-label target minus the same choice's on the random-init model, on
+the same resamples of the same items (``model_kind = trained``, ``model_kind_b = random_init``): is what a
+token holds learned, or what any encoder of this architecture would give? With ``items=True`` the per-item out-of-fold predictions come
 back as a second table (stored beside the result with ``out``): :data:`ITEM_KEYS` + ``example``,
 ``token``, ``group``, ``fold``, ``y_true``, ``y_pred``, ``correct``, ``num``, ``den``, ...; file ``probe_items-<key>``, the result's key);
 :func:`compare_probes` turns two sets of its rows into paired differences.
@@ -253,6 +256,22 @@ def auc_differences(results: dict, meta: dict, seed: int, versus: str | None = N
     return add_holm(make_table(rows), ["choice", "choice_b", "metric"]) if rows else make_table([])
 
 
+def random_init_differences(trained: dict, random: dict, meta: dict, seed: int, choices: Sequence[str]) -> pd.DataFrame:
+    """Each multi-label probe of ``choices`` on the trained model (``trained``: ``(layer, choice) ->``
+    :class:`~analyses.probe_results.ProbeResult`) minus the same probe on the random-init model (``random``),
+    fitted on the same items, folds and resamples: rows with ``metric="macro_auc_diff"``, ``choice_b`` =
+    ``choice``, ``model_kind_b="random_init"`` (``model_kind`` is set by the caller), ``p_holm`` over the
+    layers of each choice. :meth:`~analyses.probe_results.ProbeResult.auc_difference` refuses results that
+    do not share their items."""
+    from analyses.paired import add_holm
+
+    rows = [{"analysis": "probe", **meta, "layer": layer, "choice": choice, "choice_b": choice,
+             "model_kind_b": "random_init", "metric": "macro_auc_diff", "seed": int(seed),
+             **res.auc_difference(random[layer, choice])}
+            for (layer, choice), res in trained.items() if choice in choices and (layer, choice) in random]
+    return add_holm(make_table(rows), ["choice", "choice_b", "metric"]) if rows else make_table([])
+
+
 def _item_rows(results: dict, meta: dict, kind: str, examples: np.ndarray, tokens: np.ndarray | None) -> pd.DataFrame:
     """The out-of-fold items of ``results`` keyed like the result table (:data:`ITEM_KEYS`); ``examples``
     (and ``tokens`` for token-level targets) map each item position to its example id (token row)."""
@@ -280,7 +299,7 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                device: str | None = None, backend: str = "auto", Cs: Sequence[float] | None = None,
                inner_splits: int = 3, max_iter: int = 1000, bow_Cs: Sequence[float] | None = None,
                length_baseline: bool = False, length_versus: Sequence[str] | None = None,
-               versus: str | None = None, items: bool = False,
+               versus: str | None = None, random_versus: Sequence[str] | None = None, items: bool = False,
                num_threads: int | None = None, batch_mb: float | None = None, n_resamples: int = PROBE_RESAMPLES, out: str | Path | None = None,
                force: bool = False, progress: bool = True):
     """Probes for every layer x token choice x target, on ``cache`` and optionally ``random_cache``.
@@ -332,6 +351,13 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
         if unknown:
             raise ValueError(f"length_versus {unknown} are not among the choices {list(choices)}")
         config["length_versus"] = list(length_versus)
+    if random_versus is not None:
+        unknown = [c for c in random_versus if c not in choices]
+        if unknown:
+            raise ValueError(f"random_versus {unknown} are not among the choices {list(choices)}")
+        if random_cache is None:
+            raise ValueError("random_versus compares with the random-init model: give random_cache")
+        config["random_versus"] = list(random_versus)
     path, done = stored_table(out, "probe", config, force)
     items_path, items_done = stored_table(out if items else None, "probe_items", config, force)
     if done is not None and (not items or items_done is not None):
@@ -344,6 +370,7 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                 c.labels(target)
     from tqdm.auto import tqdm
 
+    kept: dict[str, tuple[dict, dict]] = {}  # target -> the trained run's results and meta, for random_versus
     bar = tqdm(total=len(pairs) * len(targets), desc=f"probes {cache.format_name}", disable=not progress,
                file=sys.stderr)
     for c, kind in pairs:
@@ -384,7 +411,14 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                 if multilabel and ((length_baseline and kind == "trained") or versus is not None):
                     df = pd.concat([df, auc_differences(results, meta, seed, versus, length_versus)],
                                    ignore_index=True)
-                df["model_kind"] = kind
+                if multilabel and random_versus:
+                    if kind == "trained":
+                        kept[target] = ({k: r for k, r in results.items() if k[1] in random_versus}, meta)
+                    else:
+                        df = pd.concat([df, random_init_differences(kept[target][0], results, kept[target][1], seed,
+                                                                    random_versus).assign(model_kind="trained")],
+                                       ignore_index=True)
+                df["model_kind"] = df["model_kind"].fillna(kind) if "model_kind" in df.columns else kind
                 frames.append(df)
                 if items:
                     item_frames.append(_item_rows(results, meta, kind, ids, tokens))
@@ -429,6 +463,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--versus", default=None,
                    help="one of --choices: each other choice's macro AUC on a bag-of-words target minus this "
                         "one's, per layer, on the same resamples of the same out-of-fold items (metric macro_auc_diff)")
+    p.add_argument("--random-versus", default=None,
+                   help="comma list of --choices (needs --random-cache): each one's macro AUC on a bag-of-words target "
+                        "minus the same choice's on the random-init model, per layer, on the same resamples of the "
+                        "same out-of-fold items (metric macro_auc_diff, model_kind_b random_init)")
     p.add_argument("--device", default=None, help="torch device for the batched probes (default: CUDA if available)")
     p.add_argument("--threads", type=int_at_least(1), default=None,
                    help="CPU: the batched probes' feature sets are solved in this many single-threaded workers "
@@ -452,7 +490,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         n_splits=args.folds, seed=args.seed, control=not args.no_control, vocab=args.vocab,
                         max_tokens=args.max_tokens, device=args.device, backend=args.backend, Cs=flat(args.Cs),
                         inner_splits=args.inner_folds, max_iter=args.max_iter, bow_Cs=flat(args.bow_Cs),
-                        length_baseline=args.length_baseline, versus=args.versus, items=args.items, num_threads=args.threads,
+                        length_baseline=args.length_baseline, versus=args.versus,
+                        random_versus=split_list(args.random_versus) if args.random_versus else None,
+                        items=args.items, num_threads=args.threads,
                         batch_mb=args.batch_mb, n_resamples=args.resamples, out=args.out, force=args.force, progress=not args.no_progress)
         if args.items:
             df = df[0]

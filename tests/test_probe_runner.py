@@ -57,6 +57,45 @@ def test_probe_table_has_every_cell_and_baselines(caches, tmp_path):
     assert len(again) == len(df)
 
 
+def test_random_versus_compares_each_choice_with_itself_on_random_weights(caches, tmp_path):
+    """random_versus: a multi-label probe's macro AUC on the trained model minus the same probe's on the
+    random-init model, on the same resamples of the same items: value_a and value_b are the two models' own
+    macro AUC rows, the difference their difference, Holm over each choice's layers; single-label targets
+    and other choices get none; asking without a random cache, or for a choice not probed, is an error."""
+    from analyses.probe_runner import main
+
+    a, b = caches
+    kw = dict(n_splits=3, Cs=(1.0,), max_iter=100, vocab=8, progress=False, control=False)
+    df = run_probes(a, ("cls", "sep1"), ("topic", "fw_s1"), random_cache=b, random_versus=("sep1",), **kw)
+    d = df[df["model_kind_b"].eq("random_init").fillna(False)]
+    assert set(d["choice"]) == set(d["choice_b"]) == {"sep1"} and set(d["target"]) == {"fw_s1"}
+    assert set(d["model_kind"]) == {"trained"} and set(d["metric"]) == {"macro_auc_diff"}
+    assert sorted(d["layer"]) == sorted(a.layers) and set(d["model"]) == set(df[df["model_kind"] == "trained"]["model"])
+    auc = df[(df["metric"] == "macro_auc") & (df["choice"] == "sep1")].set_index(["model_kind", "layer"])["value"]
+    for _, r in d.iterrows():
+        assert r["value_a"] == pytest.approx(auc.loc[("trained", r["layer"])])
+        assert r["value_b"] == pytest.approx(auc.loc[("random_init", r["layer"])])
+        assert r["value"] == pytest.approx(r["value_a"] - r["value_b"])
+        assert r["ci_low"] <= r["value"] <= r["ci_high"] and r["p_holm"] >= r["p_value"]
+    # the rows every run has are those of a run without random_versus
+    plain = run_probes(a, ("cls", "sep1"), ("topic", "fw_s1"), random_cache=b, **kw)
+    pd.testing.assert_frame_equal(df[df["model_kind_b"].isna()].reset_index(drop=True)[plain.columns],
+                                  plain.reset_index(drop=True), check_dtype=False)
+    with pytest.raises(ValueError, match="give random_cache"):
+        run_probes(a, ("sep1",), ("fw_s1",), random_versus=("sep1",), **kw)
+    with pytest.raises(ValueError, match=r"random_versus \['mean'\] are not among the choices"):
+        run_probes(a, ("sep1",), ("fw_s1",), random_cache=b, random_versus=("mean",), **kw)
+    # the command line: --random-versus, and its error without --random-cache
+    out = tmp_path / "cli"
+    assert main([str(a.path), "--random-cache", str(b.path), "--choices", "sep1", "--targets", "fw_s1", "--vocab", "8",
+                 "--random-versus", "sep1", "--folds", "3", "--no-control", "--no-progress", "--out", str(out)]) == 0
+    cli = pd.read_csv(next(out.glob("probe-*.csv")))
+    assert (cli["model_kind_b"] == "random_init").sum() == len(a.layers)
+    assert main([str(a.path), "--choices", "sep1", "--targets", "fw_s1", "--random-versus", "sep1",
+                 "--no-progress", "--out", str(tmp_path / "bad")]) != 0
+    assert not list((tmp_path / "bad").glob("probe-*"))
+
+
 def test_token_level_segment_probe(caches):
     a, _ = caches
     df, items = run_probes(a, ("cls",), ("segment",), n_splits=3, Cs=(1.0,), max_iter=100, progress=False,

@@ -978,7 +978,17 @@ def test_q7_answers_content_length_and_word_order_each_by_the_rules():
     table, caption = q7.comparison_table(_q7_tables(0.05, 0.2, 0.0))
     assert list(table["part"].unique()) == ["Content words of sentence 1", "Sentence length", "Word order"]
     assert len(table) == 6 and "length-only probe" in caption and "majority baseline" in caption
-    assert "declared family" in caption and "Holm over layers" in caption
+    # the content part's Holm is redone over the layers it reads (1–L), so its caption names that family, not
+    # the one its rows were stored with
+    assert "[CLS] − length-only macro AUC over layers 1–L (Holm over layers)" in caption
+    assert "declared family" not in caption
+    from analyses.stats import holm
+    from probing.study.question_rows import _q7_content_rows
+
+    stored = _q7_tables(0.05, 0.2, 0.0)
+    stored["probes_pair"].loc[stored["probes_pair"]["metric"] == "macro_auc_diff", "p_holm"] = 0.9
+    rows = _q7_content_rows(stored)
+    assert sorted(rows["layer"]) == [1, 2] and np.allclose(rows["p_holm"], holm(rows["p_value"].to_numpy(float)))
     # a part without its table is "Not measured", the others still decided
     partial = q7.verdict({k: t for k, t in _q7_tables(0.05, 0.2, 0.0).items() if k != "probes_q7"}, cfg)
     assert partial.sentence.endswith("Word order — Not measured.") and partial.decision == "yes"
@@ -1085,13 +1095,29 @@ def test_q4_answers_coherence_and_each_sentences_content_words_against_cls():
     assert len(table) == 9 and "macro AUC, sep1 − cls" in caption
 
 
-def _q4_baseline_table(next_above: float, content: dict, length_next: float = 0.5) -> "pd.DataFrame":
+def _q4_baseline_table(next_above: float, content: dict, length_next: float = 0.5,
+                       untrained: dict | None = None) -> "pd.DataFrame":
     """probes_pair rows for Q4's first parts, layers 0-2: sep1's is_next accuracy ``0.5 + next_above`` with its
     majority baseline 0.5, sep1 − length-only macro AUC per sentence (``content``: sentence -> difference), and
-    the length-only probe's is_next accuracy (no layer)."""
+    the length-only probe's is_next accuracy (no layer); with ``untrained`` (sentence -> difference) also sep1's
+    macro AUC on the trained model (0.8) and on the random-init one (0.8 − difference), and the trained −
+    random-init rows (``model_kind_b``), whose stored p_holm (per sentence, layers 0-2) the verdict must redo."""
     import pandas as pd
 
     rows = []
+    for sentence, d in (untrained or {}).items():
+        for layer in range(0, 3):
+            base = {"choice": "sep1", "layer": layer, "n": 1000, "n_groups": 124, "grouping": "document",
+                    "target": f"bow_s{sentence}"}
+            dl = d if layer else 0.4  # layer 0 is never read
+            rows += [{**base, "model_kind": "trained", "metric": "macro_auc", "value": 0.8, "ci_low": 0.78,
+                      "ci_high": 0.82},
+                     {**base, "model_kind": "random_init", "metric": "macro_auc", "value": 0.8 - dl,
+                      "ci_low": 0.78 - dl, "ci_high": 0.82 - dl},
+                     {**base, "model_kind": "trained", "model_kind_b": "random_init", "choice_b": "sep1",
+                      "metric": "macro_auc_diff", "value": dl, "ci_low": dl - 0.01, "ci_high": dl + 0.01,
+                      "p_value": 0.001 * layer * sentence if abs(dl) > 0.01 else 0.7, "p_holm": 0.5,
+                      "value_a": 0.8, "value_b": 0.8 - dl}]
     for layer in range(0, 3):
         base = {"model_kind": "trained", "choice": "sep1", "layer": layer, "n": 1000, "n_groups": 124,
                 "grouping": "document"}
@@ -1144,6 +1170,45 @@ def test_q4_first_says_what_sep_holds_against_its_own_baselines():
            "0.500: lengths alone do not tell" in q4.answer(T)
     above = q4.answer({"probes_pair": _q4_baseline_table(0.1, {1: 0.0}, length_next=0.56)})
     assert "lengths alone tell coherent from shuffled pairs a little" in above
+
+
+def test_q4_asks_whether_the_content_at_sep_is_learned():
+    """Q4's parts against random weights: the middle [SEP]'s content-word macro AUC on the trained model −
+    that on the same architecture with random weights. A planted advantage for sentence 2 is found, a null
+    one for sentence 1 is not, layer 0 is never read, and Holm is redone over layers 1–L of both sentences
+    (the family the report names), whatever p_holm the probe table stored. Without the random-init run the
+    parts are left out."""
+    from analyses.stats import holm
+    from probing.study.question_rows import SEP_AUC_VS_RANDOM_FAMILY, _q4_sep_untrained_rows
+    from probing.study.questions import QUESTION_SECTIONS
+
+    q4, cfg = QUESTION_SECTIONS["Q4"], load_config(None)
+    T = {"probes_pair": _q4_baseline_table(0.1, {1: 0.2, 2: 0.2}, untrained={1: 0.0, 2: 0.2})}
+    s = q4.verdict(T, cfg).sentence
+    s1 = s.split("[SEP] against random weights: content words of sentence 1 — ")[1].split(" [SEP] against")[0]
+    s2 = s.split("[SEP] against random weights: content words of sentence 2 — ")[1].split(" [SEP] against")[0]
+    assert s1.startswith("No measurable difference at any layer: the middle [SEP] reads the sentence's content "
+                         "words no better than that of the same architecture with random weights")
+    assert s2.startswith("Yes, in every layer: the middle [SEP] reads the sentence's content words better than "
+                         "the middle [SEP] of the same architecture with random weights") and "+0.200" in s2
+    assert "+0.400" not in s1 + s2
+    rows = [_q4_sep_untrained_rows(k)(T) for k in (1, 2)]
+    both = pd.concat(rows)
+    assert sorted(both["layer"]) == [1, 1, 2, 2] and set(both["family"]) == {SEP_AUC_VS_RANDOM_FAMILY}
+    expected = holm(both["p_value"].to_numpy(float))
+    assert np.allclose(both["p_holm"].to_numpy(float), expected) and not np.allclose(both["p_holm"], 0.5)
+    table, caption = q4.comparison_table(T)
+    assert {"[SEP] against random weights: content words of sentence 1",
+            "[SEP] against random weights: content words of sentence 2"} <= set(table["part"])
+    assert "sep1 of the trained model − sep1 of the random-init model" in caption
+    # the evidence gives both models' macro AUC at the trained model's best layer
+    assert ("sentence 2's content words at layer 1, 0.800 (95% CI 0.780 to 0.820) trained against 0.600 (95% CI "
+            "0.580 to 0.620) with random weights") in q4.answer(T)
+    # no random-init run (random_init_baseline = false): the parts say so, the evidence is silent
+    plain = {"probes_pair": _q4_baseline_table(0.1, {1: 0.2, 2: 0.2})}
+    assert "[SEP] against random weights: content words of sentence 1 — Not measured." in q4.verdict(plain, cfg).sentence
+    assert "with random weights" not in q4.answer(plain)
+    assert _q4_sep_untrained_rows(1)(plain) is None
 
 
 def test_jawahar_reads_the_bag_of_words_by_its_macro_auc():

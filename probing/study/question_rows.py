@@ -80,9 +80,25 @@ def _q4_sep_next_rows(T):
     return _above_majority(pick(T.get("probes_pair"), model_kind="trained", choice="sep1", target="is_next"))
 
 
-#: The family of Q4's [SEP] − length-only rows (run_probes' macro_auc_diff rows: Holm over the layers and both
-#: sentences' bags of words of each (choice, reference)).
-SEP_AUC_VS_LENGTH_FAMILY = "sep1 − length-only macro AUC over layers × sentences 1–2 (Holm over all of them)"
+#: The family of Q4's [SEP] − length-only rows: Holm over layers 1–L of both sentences' bags of words
+#: (run_probes' own p_holm covers one target's layers 0–L; :func:`_holm_over_sentences` redoes it).
+SEP_AUC_VS_LENGTH_FAMILY = "sep1 − length-only macro AUC over layers 1–L × sentences 1–2 (Holm over all of them)"
+#: The family of Q4's trained − random-init [SEP] rows, Holm as above.
+SEP_AUC_VS_RANDOM_FAMILY = ("sep1 of the trained model − sep1 of the random-init model, macro AUC over layers 1–L × "
+                            "sentences 1–2 (Holm over all of them)")
+
+
+def _holm_over_sentences(rows: pd.DataFrame, sentence: int, family: str) -> pd.DataFrame | None:
+    """Of ``rows`` (macro_auc_diff rows of bow_s1 and bow_s2, every layer), sentence ``sentence``'s rows of
+    layers 1–L, with ``p_holm`` over layers 1–L of both sentences (the family the verdict names)."""
+    from .verdicts import add_holm
+
+    d = rows[rows["target"].isin(["bow_s1", "bow_s2"])]
+    if d.empty:
+        return None
+    d = add_holm(_contextual(d).drop(columns=["p_holm"], errors="ignore").reset_index(drop=True))
+    d = d[d["target"] == f"bow_s{sentence}"]
+    return None if d.empty else d.assign(family=family)
 
 
 def _q4_sep_content_rows(sentence: int):
@@ -90,8 +106,23 @@ def _q4_sep_content_rows(sentence: int):
     tell: the macro AUC of sep1 − that of the length-only probe, on the same resamples, per layer 1–L."""
     def rows(T):
         d = pick(T.get("probes_pair"), model_kind="trained", choice="sep1", choice_b="length_only",
-                 target=f"bow_s{sentence}", metric="macro_auc_diff")
-        return None if d.empty else _contextual(d).assign(family=SEP_AUC_VS_LENGTH_FAMILY)
+                 metric="macro_auc_diff")
+        return None if d.empty else _holm_over_sentences(d, sentence, SEP_AUC_VS_LENGTH_FAMILY)
+
+    return rows
+
+
+def _q4_sep_untrained_rows(sentence: int):
+    """Whether what the middle [SEP] holds of sentence ``sentence``'s content words is learned: the macro AUC of
+    sep1 on the trained model − that of sep1 on the random-init model (same architecture, random weights), on
+    the same resamples of the same items, per layer 1–L. None without the random-init run."""
+    def rows(T):
+        p = T.get("probes_pair")
+        if p is None or "model_kind_b" not in p.columns:
+            return None
+        d = pick(p, model_kind="trained", model_kind_b="random_init", choice="sep1", choice_b="sep1",
+                 metric="macro_auc_diff")
+        return None if d.empty else _holm_over_sentences(d, sentence, SEP_AUC_VS_RANDOM_FAMILY)
 
     return rows
 
@@ -148,7 +179,8 @@ def _q7_rows(T):
     return _above_majority(pick(T.get("probes_q7"), model_kind="trained", choice="cls", target="swapped"))
 
 
-#: The family of Q7's content-word rows (run_probes' macro_auc_diff rows carry Holm over the layers).
+#: The family of Q7's content-word rows (run_probes' macro_auc_diff rows carry Holm over layers 0–L; the verdict
+#: reads layers 1–L and :func:`_q7_content_rows` redoes Holm over them).
 AUC_VS_LENGTH_FAMILY = "[CLS] − length-only macro AUC over layers 1–L (Holm over layers)"
 
 
@@ -158,8 +190,10 @@ def _q7_content_rows(T):
              metric="macro_auc_diff")
     if d.empty:
         return None
-    d = _contextual(d)
-    return d if "family" in d.columns and d["family"].notna().all() else d.assign(family=AUC_VS_LENGTH_FAMILY)
+    from .verdicts import add_holm
+
+    d = add_holm(_contextual(d).drop(columns=["p_holm"], errors="ignore").reset_index(drop=True))
+    return d.assign(family=AUC_VS_LENGTH_FAMILY)
 
 
 def _q7_length_rows(T):

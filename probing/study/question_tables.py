@@ -35,6 +35,12 @@ PAIR_CONTROLS = {"Q7": (("cls", "mean"), ("fw_s1",))}
 #: its own choices (``run_probes(length_versus=...)``): its Holm family covers its own targets, so the same
 #: row from two runs would carry two adjusted p-values.
 LENGTH_BASELINE = {"Q4": ("sep1", "sep2"), "Q7": ("cls", "mean")}
+#: Questions whose pair-format probes of some choices are compared with the same choices on the random-init
+#: model, by macro AUC on the same resamples (``run_probes(random_versus=...)``), as (choices, targets): Q4 asks
+#: whether the content words at the middle [SEP] are learned or what any encoder of this architecture would
+#: put there. Only these choices and targets are fitted on the random-init model (a few seconds; Q4's whole
+#: probe set there would double its probe time).
+RANDOM_VERSUS = {"Q4": (("sep1",), ("bow_s1", "bow_s2"))}
 #: The token choice each question's pair-format bag-of-words probes are compared with, by macro AUC on
 #: the same resamples (``run_probes(versus=...)``): Q4 asks whether [SEP] holds a sentence's words better
 #: than [CLS].
@@ -88,7 +94,7 @@ def _pair_jobs(q: str):
             out += [Job("pairs", "pair", intervention=i) for i in ("sep_ko", "sep_ko_control")]
         if q == "Q1":
             out += [Job("pairs", "pair", intervention=i) for i in (*patch_layers(2), "sep1_cls_ko", "sep1_all_ko")]
-        if q in RANDOM_INIT_PROBES and cfg["model"]["random_init_baseline"]:
+        if (q in RANDOM_INIT_PROBES or q in RANDOM_VERSUS) and cfg["model"]["random_init_baseline"]:
             out.append(Job("pairs", "pair", random=True))
         if q == "Q7":
             out.append(Job("swap", "pair"))
@@ -194,7 +200,7 @@ def _probes_pair(ctx: Context) -> pd.DataFrame:
     Q7's evidence read each other's rows)."""
     from analyses.probe_runner import run_probes
 
-    ctx.log("analyses: probes on the pair format (trained; random-init for Q7)")
+    ctx.log("analyses: probes on the pair format (trained; random-init for Q7, and Q4's middle [SEP])")
     wanted = [q for q in PAIR_PROBES if q in ctx.questions]
     runs = [run_probes(_pairs(ctx, "pair"), *PAIR_PROBES[q],
                        random_cache=_pairs(ctx, "pair", True) if q in RANDOM_INIT_PROBES else None,
@@ -203,9 +209,16 @@ def _probes_pair(ctx: Context) -> pd.DataFrame:
             for q in wanted]
     runs += [run_probes(_pairs(ctx, "pair"), *PAIR_CONTROLS[q], length_baseline=True, items=True,
                         **probe_kw(ctx.cfg, ctx.out, ctx.progress)) for q in wanted if q in PAIR_CONTROLS]
-    keys = ["model_kind", "layer", "choice", "choice_b", "target", "metric"]
+    random = _pairs(ctx, "pair", True)
+    # the random-init probes and the trained − random-init rows: the trained probes they refit are rows of the
+    # run above
+    versus = [run_probes(_pairs(ctx, "pair"), *RANDOM_VERSUS[q], random_cache=random, random_versus=RANDOM_VERSUS[q][0],
+                         **probe_kw(ctx.cfg, ctx.out, ctx.progress)) for q in wanted if q in RANDOM_VERSUS and random is not None]
+    keys = ["model_kind", "model_kind_b", "layer", "choice", "choice_b", "target", "metric"]
     _keep_items(ctx, "probes_pair", [it for _, it in runs])
-    table = pd.concat([t for t, _ in runs], ignore_index=True)
+    versus = [t.assign(model_kind_b=t["model_kind_b"] if "model_kind_b" in t.columns else pd.NA) for t in versus]
+    table = pd.concat([t for t, _ in runs] + [t[t["model_kind_b"].notna() | (t["model_kind"] == "random_init")]
+                                              for t in versus], ignore_index=True)
     return table.drop_duplicates([k for k in keys if k in table.columns])
 
 

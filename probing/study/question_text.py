@@ -471,7 +471,38 @@ def answer_q4(T: dict) -> str:
         s += (_paired_at_last(d, "Paired on the same out-of-fold items, sep1 − cls (accuracy for is_next, macro AUC "
                              "for the bags of words)")
               + power_text(pick(d, target="is_next"), "the is_next comparison"))
-    return s + _coherence_by_layer(T.get("probes_pair")) + _coherence_from_length(T.get("probes_pair")) + knockout_text(T)
+    return (s + _coherence_by_layer(T.get("probes_pair")) + _coherence_from_length(T.get("probes_pair"))
+            + _sep_content_untrained(T.get("probes_pair")) + knockout_text(T))
+
+
+def _sep_content_untrained(p: pd.DataFrame | None) -> str:
+    """The middle [SEP]'s content-word macro AUC on the trained and on the random-init model at the layer where
+    the trained one is highest (layers 1–L), beside [CLS]'s on the random-init model where Q7 probed it: what an
+    encoder of this architecture puts at each token without training."""
+    if p is None or "model_kind_b" not in p.columns:
+        return ""
+    d = _contextual(pick(p, model_kind="trained", model_kind_b="random_init", choice="sep1", metric="macro_auc_diff"))
+    parts = []
+    for target in ("bow_s1", "bow_s2"):
+        r = pick(d, target=target)
+        if r.empty:
+            continue
+        r = r.loc[pd.to_numeric(r["value_a"]).idxmax()]
+        L = int(r["layer"])
+        trained = one(pick(p, model_kind="trained", target=target, metric="macro_auc"), choice="sep1", layer=L)
+        random = one(pick(p, model_kind="random_init", target=target, metric="macro_auc"), choice="sep1", layer=L)
+        if trained is None or random is None:
+            continue
+        s = (f"sentence {target[-1]}'s content words at layer {L}, {fmt(trained)} trained against {fmt(random)} "
+             f"with random weights")
+        cls_random = one(pick(p, model_kind="random_init", target=target, metric="macro_auc"), choice="cls", layer=L)
+        if cls_random is not None:
+            s += f" (the random-weight [CLS] {fmt(cls_random)})"
+        parts.append(s)
+    if not parts:
+        return ""
+    return (" The middle [SEP] with random weights (same architecture, embeddings included), macro AUC: "
+            + "; ".join(parts) + ".")
 
 
 def _coherence_from_length(p: pd.DataFrame | None) -> str:

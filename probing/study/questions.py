@@ -36,9 +36,9 @@ from __future__ import annotations
 from .question_figures import (_fig_q1, _fig_q2, _fig_q3, _fig_q4, _fig_q5, _fig_q6, _fig_q7, _fig_q8, _table_q1,
                                _table_q2, _table_q3, _table_q4, _table_q5, _table_q6, _table_q7, _table_q8)
 from .question_rows import (_q1_rows, _q2_rows, _q3_rows, _q3_word_rows, _q4_content_rows, _q4_rows,
-                            _q4_sep_content_rows, _q4_sep_next_rows, _q5_rows, _q6_rows, _q7_content_rows,
+                            _q4_sep_content_rows, _q4_sep_next_rows, _q4_sep_untrained_rows, _q5_rows, _q6_rows, _q7_content_rows,
                             _q7_length_rows, _q7_rows, _q8_finetune_rows, _q8_rows)
-from .question_rows import SEP_AUC_VS_LENGTH_FAMILY
+from .question_rows import SEP_AUC_VS_LENGTH_FAMILY, SEP_AUC_VS_RANDOM_FAMILY
 from .question_tables import FAMILIES, _pair_jobs, _q3_jobs, _q5_jobs, _tables
 from .question_text import (QUESTION_TEXT, answer_q1, answer_q2, answer_q3, answer_q4, answer_q5, answer_q6,
                             answer_q7, answer_q8, claim)
@@ -115,8 +115,9 @@ NOTES = {
     "Q3": _q3_notes,
     "Q4": "Probes read what is linearly decodable from the [SEP] state (topic, is_next, the bag of words of "
           "the sentence before/after it), against the majority baseline, a control task and a probe on the "
-          "sentences' word counts alone (the randomly initialised model is probed for [CLS] and mean pooling "
-          "only, in Q7, not for [SEP]); CKA compares [SEP] with [CLS] and with pooled words of each sentence; attention "
+          "sentences' word counts alone, and, for the middle [SEP]'s content words, the same probe on the same "
+          "architecture with random weights (the randomly initialised model is probed for nothing else of Q4's; "
+          "Q7 probes its [CLS] and mean pooling); CKA compares [SEP] with [CLS] and with pooled words of each sentence; attention "
           "gives the mass flowing to and from [SEP]. is_next negatives share sentence 1's topic, so is_next is "
           "not topic mismatch; the bag-of-words targets are content words. Decodable is not the same as used by "
           "the model: the knockout (attention from every token to every [SEP] masked before the softmax in the "
@@ -128,12 +129,17 @@ NOTES = {
           "cross-validation as for every probe here), with a sign-flip p-value, Holm over the layers. The probes "
           "are read at every layer from the first knocked-out one to the last; a layer where the clean probe's CI "
           "reaches its majority baseline is left out of the verdict, since there is nothing for a knockout to "
-          "lower there. The answer has six parts, each decided by the rules above per layer 1–L. First, what the "
+          "lower there. The answer has eight parts, each decided by the rules above per layer 1–L. First, what the "
           "middle [SEP] holds against its own baselines: coherence (its is_next accuracy against the majority "
           "baseline, one-sample, Holm over layers; the evidence gives a probe on the two sentences' word counts "
           "alone beside it) and the content words of the sentence before and of the one after it (the macro AUC "
           "against a length-only probe, which knows only how many words each sentence has, on the same document "
-          "resamples of the same out-of-fold scores: " + SEP_AUC_VS_LENGTH_FAMILY + "). Then the same three "
+          "resamples of the same out-of-fold scores: " + SEP_AUC_VS_LENGTH_FAMILY + "). Then whether those content "
+          "words are learned: the same probe on the middle [SEP] of the same architecture with random weights, "
+          "embeddings included, whose attention mixes the input without having been trained to (encoders with "
+          "random weights are strong baselines for what sentence representations hold: Wieting & Kiela 2019, "
+          "there over pre-trained word embeddings), by macro AUC on the same resamples of the same items ("
+          + SEP_AUC_VS_RANDOM_FAMILY + "). Then the same three "
           "against [CLS]: coherence (is_next accuracy, paired per item) and each sentence's content words (the "
           "macro AUC on the same resamples; micro-F1 at a 0.5 threshold reads near 0 for a probe that ranks rare "
           "words well): " + FAMILIES["Q4"] + ".",
@@ -179,6 +185,10 @@ PARTS = {"Q3": (("[CLS]", _q3_rows, CLAIMS["Q3"]),
                  claim("Q4_sep_content")),
                 ("[SEP] against its baselines: content words of sentence 2", _q4_sep_content_rows(2),
                  claim("Q4_sep_content")),
+                ("[SEP] against random weights: content words of sentence 1", _q4_sep_untrained_rows(1),
+                 claim("Q4_sep_untrained")),
+                ("[SEP] against random weights: content words of sentence 2", _q4_sep_untrained_rows(2),
+                 claim("Q4_sep_untrained")),
                 ("[SEP] against [CLS]: coherence (is_next)", _q4_rows, CLAIMS["Q4"]),
                 ("[SEP] against [CLS]: content words of sentence 1", _q4_content_rows(1), claim("Q4_content")),
                 ("[SEP] against [CLS]: content words of sentence 2", _q4_content_rows(2), claim("Q4_content"))),
