@@ -93,7 +93,11 @@ def test_quick_study_end_to_end_and_reuse(quick_study):
     # the bags of words are compared by macro AUC on the same resamples (Q4's is_next per item), Q5 against
     # mean pooling and, for its verdict, against the length-only probe
     p4 = pd.read_csv(tables / "paired_q4.csv")
-    assert set(p4["metric"]) == {"difference", "macro_auc_diff"} and p4["family"].nunique() == 1
+    assert set(p4["metric"]) == {"difference", "macro_auc_diff"}
+    # sep1 − cls in one family; sep1 − length-only on is_next (the coherence part's bar where lengths read more
+    # than the majority) in its own
+    assert p4.groupby("condition_b")["family"].nunique().to_dict() == {"choice=cls": 1, "choice=length_only": 1}
+    assert set(p4[p4["condition_b"] == "choice=length_only"]["target"]) == {"is_next"}
     assert set(p4[p4["metric"] == "macro_auc_diff"]["target"]) == {"bow_s1", "bow_s2"}
     p5 = pd.read_csv(tables / "paired_q5.csv")
     assert set(p5["metric"]) == {"macro_auc_diff"} and set(p5["condition_b"]) == {"choice=mean"}
@@ -1150,7 +1154,7 @@ def test_q4_first_says_what_sep_holds_against_its_own_baselines():
     s1, rest = rest.split(" [SEP] against its baselines: content words of sentence 2 — ")
     s2 = rest.split(" [SEP] against [CLS]: ")[0]
     assert nxt.startswith("[SEP] against its baselines: coherence (is_next) — Yes, in every layer: the middle [SEP] "
-                          "tells coherent from shuffled pairs (is_next) above the majority baseline")
+                          "tells coherent from shuffled pairs (is_next) above its baseline")
     assert "+0.100" in nxt and "+0.300" not in nxt
     assert s1.startswith("No measurable difference at any layer: the middle [SEP] reads the sentence's content "
                          "words no better than a probe on sentence length alone")
@@ -1169,7 +1173,48 @@ def test_q4_first_says_what_sep_holds_against_its_own_baselines():
     assert "word counts alone reads is_next at 0.500 (95% CI 0.480 to 0.520), against the majority baseline " \
            "0.500: lengths alone do not tell" in q4.answer(T)
     above = q4.answer({"probes_pair": _q4_baseline_table(0.1, {1: 0.0}, length_next=0.56)})
-    assert "lengths alone tell coherent from shuffled pairs a little" in above
+    assert "lengths alone read is_next above the majority baseline, so the first part's verdict compares" in above
+
+
+def test_q4_coherence_is_read_against_lengths_where_they_beat_the_majority():
+    """Where a probe on the sentences' word counts alone reads is_next above the majority baseline, [SEP]'s
+    coherence part is decided against that probe (paired sep1 − length-only rows of paired_q4), not against
+    the majority: a margin over the majority that lengths explain is not found; one beyond lengths is. With
+    the lengths below the majority the one-sample rows decide, whatever paired_q4 holds; the sep1 − cls part
+    never reads the length-only rows."""
+    from probing.study.question_rows import _q4_rows, _q4_sep_next_rows
+    from probing.study.question_tables import FAMILIES
+    from probing.study.questions import QUESTION_SECTIONS
+
+    def paired(sep_minus_length: float) -> pd.DataFrame:
+        rows = []
+        for layer in (1, 2):
+            for b, v in (("choice=length_only", sep_minus_length), ("choice=cls", 0.0)):
+                rows.append({"analysis": "probe_comparison", "target": "is_next", "metric": "difference", "layer": layer,
+                             "condition_a": "choice=sep1", "condition_b": b, "value": v, "ci_low": v - 0.02,
+                             "ci_high": v + 0.02, "p_value": 0.001 if abs(v) > 0.02 else 0.8,
+                             "p_holm": 0.002 if abs(v) > 0.02 else 1.0, "mde": 0.03, "n": 1000, "n_groups": 124,
+                             "grouping": "document",
+                             "family": FAMILIES["Q4_next_length"] if b.endswith("length_only") else FAMILIES["Q4"]})
+        return pd.DataFrame(rows)
+
+    q4, cfg = QUESTION_SECTIONS["Q4"], load_config(None)
+    # sep1 is 0.1 above the majority (0.5) but lengths alone read 0.6: no margin beyond lengths
+    T = {"probes_pair": _q4_baseline_table(0.1, {1: 0.0}, length_next=0.6), "paired_q4": paired(0.0)}
+    rows = _q4_sep_next_rows(T)
+    assert set(rows["condition_b"]) == {"choice=length_only"} and sorted(rows["layer"]) == [1, 2]
+    nxt = q4.verdict(T, cfg).sentence.split(" [SEP] against its baselines: content words")[0]
+    assert "No measurable difference at any layer" in nxt and "word counts alone (paired on the same items)" in nxt
+    assert set(_q4_rows(T)["condition_b"]) == {"choice=cls"}
+    # a margin beyond the lengths is found
+    T["paired_q4"] = paired(0.08)
+    assert "Yes, in every layer: the middle [SEP] tells coherent from shuffled pairs (is_next) above its baseline" \
+        in q4.verdict(T, cfg).sentence
+    # lengths below the majority: the one-sample rows, as before
+    low = {"probes_pair": _q4_baseline_table(0.1, {1: 0.0}, length_next=0.45), "paired_q4": paired(0.0)}
+    assert "condition_b" not in _q4_sep_next_rows(low).columns or \
+        not _q4_sep_next_rows(low)["condition_b"].eq("choice=length_only").any()
+    assert "Yes, in every layer" in q4.verdict(low, cfg).sentence.split(" [SEP] against its baselines: content")[0]
 
 
 def test_q4_asks_whether_the_content_at_sep_is_learned():

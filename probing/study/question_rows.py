@@ -69,15 +69,31 @@ def _q3_word_rows(T):
     return None if d.empty else _contextual(d)
 
 
+def q4_versus_cls(d: pd.DataFrame | None) -> pd.DataFrame:
+    """``paired_q4``'s sep1 − cls rows (the table also holds sep1 − length-only on is_next, a family of its own)."""
+    if d is None or d.empty or "condition_b" not in d.columns:
+        return pd.DataFrame() if d is None else d
+    return d[d["condition_b"].eq("choice=cls").fillna(False)]
+
+
 def _q4_rows(T):
-    d = pick(T.get("paired_q4"), target="is_next")
+    d = pick(q4_versus_cls(T.get("paired_q4")), target="is_next")
     return None if d.empty else _contextual(d)
 
 
 def _q4_sep_next_rows(T):
-    """What the middle [SEP] holds on its own: its is_next accuracy against the majority baseline, per layer
-    1–L (one-sample, as Q7 reads [CLS]'s length and word order)."""
-    return _above_majority(pick(T.get("probes_pair"), model_kind="trained", choice="sep1", target="is_next"))
+    """What the middle [SEP] holds on its own: its is_next accuracy against the stronger of its baselines, per
+    layer 1–L. The majority baseline (one-sample, as Q7 reads [CLS]'s length and word order), unless a probe
+    on the two sentences' word counts alone reads is_next above it: then the paired sep1 − length-only rows on
+    the same items (``paired_q4``), so that what lengths tell is not counted as coherence."""
+    p = pick(T.get("probes_pair"), model_kind="trained", target="is_next")
+    length = pick(p, choice="length_only", metric="accuracy")
+    majority = pick(p, choice="sep1", metric="majority_baseline")
+    if not length.empty and not majority.empty and float(length["value"].iloc[0]) > float(majority["value"].iloc[0]):
+        d = pick(T.get("paired_q4"), target="is_next", condition_b="choice=length_only")
+        if not d.empty:
+            return _contextual(d)
+    return _above_majority(pick(p, choice="sep1"))
 
 
 #: The family of Q4's [SEP] − length-only rows: Holm over layers 1–L of both sentences' bags of words
@@ -135,7 +151,7 @@ def _q4_content_rows(sentence: int):
     """Q4's content-word part for sentence ``sentence``: the middle [SEP] − [CLS] macro AUC of its bag of
     content words, per layer 1–L, on the same document resamples (``paired_q4``'s macro_auc_diff rows)."""
     def rows(T):
-        d = pick(T.get("paired_q4"), target=f"bow_s{sentence}", metric="macro_auc_diff")
+        d = pick(q4_versus_cls(T.get("paired_q4")), target=f"bow_s{sentence}", metric="macro_auc_diff")
         return None if d.empty else _contextual(d)
 
     return rows

@@ -328,6 +328,7 @@ FAMILIES = {
     "Q3": "all layers 1–L, per role group (Holm over layers)",
     "Q4": ("sep1 − cls over every layer 1–L × target (is_next: accuracy; bow_s1, bow_s2: macro AUC) "
            "(Holm over all of them)"),
+    "Q4_next_length": "sep1 − length-only is_next accuracy over layers 1–L (Holm over layers)",
     "Q5": "[CLS] − mean macro AUC over every layer 1–L × sentence position (Holm over all of them)",
     "Q6": ("first − last and first − middle over every layer 1–L × target (topic, is_next) "
            "(Holm over all of them)"),
@@ -411,7 +412,9 @@ def _auc_comparisons(probes: pd.DataFrame, a: str, b: str, targets: Sequence[str
 
 def _paired_q4(ctx: Context) -> pd.DataFrame:
     """sep1 − cls: is_next by per-item accuracy on the same items, the bags of words by macro AUC on the same
-    resamples; one Holm family."""
+    resamples; one Holm family. Then, a family of its own (``condition_b = "choice=length_only"``), sep1 − the
+    length-only probe on is_next, per item: the bar for [SEP]'s coherence where the sentences' lengths alone
+    read is_next above the majority baseline (:func:`probing.study.question_rows._q4_sep_next_rows`)."""
     items = _from_layer1(_items(ctx, "probes_pair"))
     from analyses.probe_runner import is_multilabel
 
@@ -420,7 +423,11 @@ def _paired_q4(ctx: Context) -> pd.DataFrame:
                        target=single)] if single else []
     frames.append(_auc_comparisons(ctx.table("probes_pair", _probes_pair), "sep1", "cls",
                                    [t for t in PAIR_PROBES["Q4"][1] if is_multilabel(t)]))
-    return _rejoin_holm(frames, FAMILIES["Q4"])
+    out = [_rejoin_holm(frames, FAMILIES["Q4"])]
+    if "is_next" in single and (items["choice"] == "length_only").any():
+        out.append(_compare(items, {"choice": "sep1"}, {"choice": "length_only"}, FAMILIES["Q4_next_length"], ctx,
+                            model_kind="trained", target="is_next"))
+    return pd.concat(out, ignore_index=True)
 
 
 def _paired_q5(ctx: Context) -> pd.DataFrame:

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from .question_figures import q8_same_items
-from .question_rows import _contextual, _q7_rows
+from .question_rows import _contextual, _q7_rows, q4_versus_cls
 from .question_tables import LENGTH_BASELINE
 from .report import fmt, last_layer, one, pick
 from .verdicts import PRACTICAL_THRESHOLD, Claim
@@ -466,8 +466,8 @@ def _edges_q2(d: pd.DataFrame) -> str:
 
 def answer_q4(T: dict) -> str:
     s = _marginal_q4(T)
-    d = T.get("paired_q4")
-    if d is not None and not d.empty:
+    d = q4_versus_cls(T.get("paired_q4"))
+    if not d.empty:
         s += (_paired_at_last(d, "Paired on the same out-of-fold items, sep1 − cls (accuracy for is_next, macro AUC "
                              "for the bags of words)")
               + power_text(pick(d, target="is_next"), "the is_next comparison"))
@@ -514,9 +514,9 @@ def _coherence_from_length(p: pd.DataFrame | None) -> str:
         return ""
     s = (f" A probe on the two sentences' word counts alone reads is_next at {fmt(length)}, against the majority "
          f"baseline {fmt(base[0])}")
-    if length[1] > base[0]:
-        return s + (": lengths alone tell coherent from shuffled pairs a little, so the part of [SEP]'s margin "
-                    "over the majority baseline that they account for is not coherence.")
+    if length[0] > base[0]:
+        return s + (": lengths alone read is_next above the majority baseline, so the first part's verdict compares "
+                    "the middle [SEP] with this probe, paired on the same items, not with the majority baseline.")
     return s + ": lengths alone do not tell coherent from shuffled pairs here."
 
 
