@@ -960,6 +960,40 @@ def _q7_tables(content: float, length: float, order: float) -> dict:
             "probes_q7": probe("swapped", order)}
 
 
+def test_q7_asks_whether_what_cls_holds_of_the_content_words_is_learned():
+    """Q7's part against random weights: [CLS]'s content-word macro AUC on the trained model − [CLS]'s on the
+    same architecture with random weights. A random encoder already ahead is a No, a planted advantage a Yes,
+    a null neither; layer 0 is never read; Holm is redone over layers 1–L; without the random-init run the part
+    is not measured."""
+    from analyses.stats import holm
+    from probing.study.question_rows import CLS_AUC_VS_RANDOM_FAMILY, _q7_untrained_rows
+    from probing.study.questions import QUESTION_SECTIONS
+
+    cfg, q7 = load_config(None), QUESTION_SECTIONS["Q7"]
+
+    def tables(diff: float) -> dict:
+        T = _q7_tables(content=0.2, length=0.2, order=0.0)
+        versus = _probe_rows(diff, layers=(0.0, 1.0, 2.0), model_kind="trained", model_kind_b="random_init",
+                             choice="cls", choice_b="cls", target="bow_s1")
+        versus["metric"], versus["p_holm"] = "macro_auc_diff", 0.9
+        T["probes_pair"] = pd.concat([T["probes_pair"], versus], ignore_index=True)
+        return T
+
+    part = "Content words of sentence 1 against random weights — "
+    behind = q7.verdict(tables(-0.08), cfg).sentence.split(part)[1]
+    assert behind.startswith("No, in any layer: the [CLS] of the same architecture with random weights reads "
+                             "sentence 1's content words better than the trained [CLS]")
+    ahead = q7.verdict(tables(0.08), cfg).sentence.split(part)[1]
+    assert ahead.startswith("Yes, in every layer: [CLS] reads sentence 1's content words better than the [CLS] "
+                            "of the same architecture with random weights")
+    assert q7.verdict(tables(0.0), cfg).sentence.split(part)[1].startswith("No measurable difference at any layer")
+    rows = _q7_untrained_rows(tables(0.08))
+    assert sorted(rows["layer"]) == [1, 2] and set(rows["family"]) == {CLS_AUC_VS_RANDOM_FAMILY}
+    assert np.allclose(rows["p_holm"], holm(rows["p_value"].to_numpy(float)))
+    plain = _q7_tables(content=0.2, length=0.2, order=0.0)
+    assert _q7_untrained_rows(plain) is None and part + "Not measured." in q7.verdict(plain, cfg).sentence
+
+
 def test_q7_answers_content_length_and_word_order_each_by_the_rules():
     """Q7 asks whether the input can be recovered: one verdict per part, each from its own rows."""
     from probing.study.questions import QUESTION_SECTIONS

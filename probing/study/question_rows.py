@@ -26,6 +26,14 @@ def _contextual(df: pd.DataFrame) -> pd.DataFrame:
     return _layers(df[pd.to_numeric(df["layer"], errors="coerce") >= 1])
 
 
+def _holm_from_layer1(d: pd.DataFrame) -> pd.DataFrame:
+    """Rows of layers 1–L with ``p_holm`` redone over exactly them: the probe runner's own covers layers 0–L of
+    one target, and a verdict names the family it reads."""
+    from .verdicts import add_holm
+
+    return add_holm(_contextual(d).drop(columns=["p_holm"], errors="ignore").reset_index(drop=True))
+
+
 def _first_role(rows: pd.DataFrame, *roles: str) -> pd.DataFrame:
     """The rows of the first of ``roles`` present in ``rows`` (tables stored before a role was added have
     only the later ones)."""
@@ -107,12 +115,10 @@ SEP_AUC_VS_RANDOM_FAMILY = ("sep1 of the trained model − sep1 of the random-in
 def _holm_over_sentences(rows: pd.DataFrame, sentence: int, family: str) -> pd.DataFrame | None:
     """Of ``rows`` (macro_auc_diff rows of bow_s1 and bow_s2, every layer), sentence ``sentence``'s rows of
     layers 1–L, with ``p_holm`` over layers 1–L of both sentences (the family the verdict names)."""
-    from .verdicts import add_holm
-
     d = rows[rows["target"].isin(["bow_s1", "bow_s2"])]
     if d.empty:
         return None
-    d = add_holm(_contextual(d).drop(columns=["p_holm"], errors="ignore").reset_index(drop=True))
+    d = _holm_from_layer1(d)
     d = d[d["target"] == f"bow_s{sentence}"]
     return None if d.empty else d.assign(family=family)
 
@@ -133,10 +139,7 @@ def _q4_sep_untrained_rows(sentence: int):
     sep1 on the trained model − that of sep1 on the random-init model (same architecture, random weights), on
     the same resamples of the same items, per layer 1–L. None without the random-init run."""
     def rows(T):
-        p = T.get("probes_pair")
-        if p is None or "model_kind_b" not in p.columns:
-            return None
-        d = pick(p, model_kind="trained", model_kind_b="random_init", choice="sep1", choice_b="sep1",
+        d = pick(T.get("probes_pair"), model_kind="trained", model_kind_b="random_init", choice="sep1", choice_b="sep1",
                  metric="macro_auc_diff")
         return None if d.empty else _holm_over_sentences(d, sentence, SEP_AUC_VS_RANDOM_FAMILY)
 
@@ -204,12 +207,21 @@ def _q7_content_rows(T):
     # the macro AUC on the same resamples, not the per-item F1 (thresholded at 0.5: see Q5's rows)
     d = pick(T.get("probes_pair"), model_kind="trained", choice="cls", choice_b="length_only", target="bow_s1",
              metric="macro_auc_diff")
-    if d.empty:
-        return None
-    from .verdicts import add_holm
+    return None if d.empty else _holm_from_layer1(d).assign(family=AUC_VS_LENGTH_FAMILY)
 
-    d = add_holm(_contextual(d).drop(columns=["p_holm"], errors="ignore").reset_index(drop=True))
-    return d.assign(family=AUC_VS_LENGTH_FAMILY)
+
+#: The family of Q7's trained − random-init [CLS] rows.
+CLS_AUC_VS_RANDOM_FAMILY = ("[CLS] of the trained model − [CLS] of the random-init model, macro AUC over layers 1–L "
+                            "(Holm over layers)")
+
+
+def _q7_untrained_rows(T):
+    """Whether what [CLS] holds of sentence 1's content words is learned: its macro AUC on the trained model −
+    that of [CLS] on the random-init model, on the same resamples of the same items, per layer 1–L, Holm
+    over them. None without the random-init run."""
+    d = pick(T.get("probes_pair"), model_kind="trained", model_kind_b="random_init", choice="cls", choice_b="cls", target="bow_s1",
+             metric="macro_auc_diff")
+    return None if d.empty else _holm_from_layer1(d).assign(family=CLS_AUC_VS_RANDOM_FAMILY)
 
 
 def _q7_length_rows(T):

@@ -41,6 +41,10 @@ LENGTH_BASELINE = {"Q4": ("sep1", "sep2"), "Q7": ("cls", "mean")}
 #: put there. Only these choices and targets are fitted on the random-init model (a few seconds; Q4's whole
 #: probe set there would double its probe time).
 RANDOM_VERSUS = {"Q4": (("sep1",), ("bow_s1", "bow_s2"))}
+#: The choices of a question's own pair-format run (one of :data:`RANDOM_INIT_PROBES`, which fits every probe on
+#: the random-init model anyway) whose macro AUC is compared with the same choice there: Q7's [CLS] on the bag of
+#: words of sentence 1 (is what [CLS] holds of the input learned?). No probe is added.
+RANDOM_VERSUS_OWN = {"Q7": ("cls",)}
 #: The token choice each question's pair-format bag-of-words probes are compared with, by macro AUC on
 #: the same resamples (``run_probes(versus=...)``): Q4 asks whether [SEP] holds a sentence's words better
 #: than [CLS].
@@ -205,7 +209,9 @@ def _probes_pair(ctx: Context) -> pd.DataFrame:
     runs = [run_probes(_pairs(ctx, "pair"), *PAIR_PROBES[q],
                        random_cache=_pairs(ctx, "pair", True) if q in RANDOM_INIT_PROBES else None,
                        length_baseline=q in LENGTH_BASELINE, length_versus=LENGTH_BASELINE.get(q),
-                       versus=PAIR_VERSUS.get(q), items=True, **probe_kw(ctx.cfg, ctx.out, ctx.progress))
+                       versus=PAIR_VERSUS.get(q), items=True, **probe_kw(ctx.cfg, ctx.out, ctx.progress),
+                       random_versus=(RANDOM_VERSUS_OWN.get(q) if q in RANDOM_INIT_PROBES
+                                      and _pairs(ctx, "pair", True) is not None else None))
             for q in wanted]
     runs += [run_probes(_pairs(ctx, "pair"), *PAIR_CONTROLS[q], length_baseline=True, items=True,
                         **probe_kw(ctx.cfg, ctx.out, ctx.progress)) for q in wanted if q in PAIR_CONTROLS]

@@ -36,9 +36,9 @@ from __future__ import annotations
 from .question_figures import (_fig_q1, _fig_q2, _fig_q3, _fig_q4, _fig_q5, _fig_q6, _fig_q7, _fig_q8, _table_q1,
                                _table_q2, _table_q3, _table_q4, _table_q5, _table_q6, _table_q7, _table_q8)
 from .question_rows import (_q1_rows, _q2_rows, _q3_rows, _q3_word_rows, _q4_content_rows, _q4_rows,
-                            _q4_sep_content_rows, _q4_sep_next_rows, _q4_sep_untrained_rows, _q5_rows, _q6_rows, _q7_content_rows,
+                            _q4_sep_content_rows, _q4_sep_next_rows, _q4_sep_untrained_rows, _q5_rows, _q6_rows, _q7_content_rows, _q7_untrained_rows,
                             _q7_length_rows, _q7_rows, _q8_finetune_rows, _q8_rows)
-from .question_rows import SEP_AUC_VS_LENGTH_FAMILY, SEP_AUC_VS_RANDOM_FAMILY
+from .question_rows import CLS_AUC_VS_RANDOM_FAMILY, SEP_AUC_VS_LENGTH_FAMILY, SEP_AUC_VS_RANDOM_FAMILY
 from .question_tables import FAMILIES, _pair_jobs, _q3_jobs, _q5_jobs, _tables
 from .question_text import (QUESTION_TEXT, answer_q1, answer_q2, answer_q3, answer_q4, answer_q5, answer_q6,
                             answer_q7, answer_q8, claim)
@@ -162,10 +162,13 @@ NOTES = {
     "Q7": "Bag-of-words, sentence-length and word-order (two adjacent words swapped) probes on [CLS] and on "
           "mean-pooled words, per layer, for the trained and a randomly initialised model of the same "
           "architecture. A random model's high bag-of-words score shows how much comes from the embeddings "
-          "alone. The answer has three parts, each decided by the rules above over layers 1–L: content words "
+          "alone. The answer has four parts, each decided by the rules above over layers 1–L: content words "
           "(the macro AUC of the bag of content words of sentence 1 from [CLS] against a length-only probe, which "
           "knows only how many words each sentence has, on the same document resamples of the same out-of-fold "
-          "items: reading more content words from a longer sentence is not recovering the input), sentence length "
+          "items: reading more content words from a longer sentence is not recovering the input); the same "
+          "against [CLS] of the random-init model, on the same resamples of the same items (is what [CLS] holds "
+          "of them learned, or what any encoder of this architecture holds? " + CLS_AUC_VS_RANDOM_FAMILY + "); "
+          "sentence length "
           "and word order (each [CLS] probe against its majority baseline, one-sample, with its detectable "
           "effect). fw_s1 (function words) is the "
           "length-tracking control; trained − random-init is paired on the same items: " + FAMILIES["Q7"] + ".",
@@ -194,6 +197,8 @@ PARTS = {"Q3": (("[CLS]", _q3_rows, CLAIMS["Q3"]),
                 ("[SEP] against [CLS]: content words of sentence 1", _q4_content_rows(1), claim("Q4_content")),
                 ("[SEP] against [CLS]: content words of sentence 2", _q4_content_rows(2), claim("Q4_content"))),
          "Q7": (("Content words of sentence 1", _q7_content_rows, claim("Q7_content")),
+                ("Content words of sentence 1 against random weights", _q7_untrained_rows,
+                 claim("Q7_content_untrained")),
                 ("Sentence length", _q7_length_rows, claim("Q7_length")),
                 ("Word order", _q7_rows, CLAIMS["Q7"])),
          "Q8": (("Frozen", _q8_rows, CLAIMS["Q8"]),
