@@ -49,7 +49,7 @@ from .forward import running
 from .heap import HeapTrimmer, release_arrow_pages
 from .models import DTYPES, LoadedModel, pick_device
 from .planning import (DEFAULT_ROLES, ON_OVERFLOW, ROLES, STORAGE_DTYPES, ExtractError, Plan, assign_shards,
-                       parse_layers, parse_roles, plan, sentence_token_counts)
+                       parse_layers, parse_roles, plan, SentenceTokens)
 from .shard_pass import Replicas, run_shard
 from .workers import cpu_workers
 
@@ -174,17 +174,18 @@ def _extract(lm: LoadedModel, examples: list[Example], fmts: list[Format], dev: 
             raise FormatError(f"format {f.name!r} ({f.template}) needs {need} sentences but example "
                               f"{short.id!r} has {short.n_sentences}")
         special_token_ids(lm.tokenizer, f)
-    tokens = sentence_token_counts(lm.tokenizer, examples)  # chunk by chunk: a few integers per example
     root = Path(out)
-    # every format is planned (every example checked) before anything is written
-    plans = [plan(lm, f, examples, tokens, corpus=corpus, root=root, layers=layer_list, roles=role_list,
-                  dtype=dtype, storage_dtype=storage_dtype, on_overflow=on_overflow, shard_mb=shard_mb,
-                  attention=attention, attention_norm=attention_norm, intervention=intervention) for f in fmts]
-    del tokens
-    for p in plans:
-        _extract_one(lm, p, examples, device=dev, batch_tokens=batch_tokens, max_batch=max_batch,
-                     force=force, progress=progress, rank=rank, world_size=world_size, barrier=barrier, log=log,
-                     workers=workers)
+    # every sentence tokenized once, chunk by chunk, kept on disk: a few integers per example in memory; each
+    # format's shards read their sentences' tokens back instead of tokenizing them again
+    with SentenceTokens(lm.tokenizer, examples) as tokens:
+        # every format is planned (every example checked) before anything is written
+        plans = [plan(lm, f, examples, tokens.counts, corpus=corpus, root=root, layers=layer_list, roles=role_list,
+                      dtype=dtype, storage_dtype=storage_dtype, on_overflow=on_overflow, shard_mb=shard_mb,
+                      attention=attention, attention_norm=attention_norm, intervention=intervention) for f in fmts]
+        for p in plans:
+            _extract_one(lm, p, examples, device=dev, batch_tokens=batch_tokens, max_batch=max_batch,
+                         force=force, progress=progress, rank=rank, world_size=world_size, barrier=barrier, log=log,
+                         workers=workers, sentence_tokens=tokens)
     return [p.path for p in plans]
 
 
@@ -201,7 +202,8 @@ def _extract_one(lm: LoadedModel, p: Plan, examples: Sequence[Example], **kw) ->
 
 def _extract_locked(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, device: torch.device,
                  batch_tokens: int, max_batch: int, force: bool, progress: bool, rank: int,
-                 world_size: int, barrier, log, workers: int = 1) -> None:
+                 world_size: int, barrier, log, workers: int = 1,
+                 sentence_tokens: SentenceTokens | None = None) -> None:
     path = p.path
     if force and rank == 0:
         clear(path)
@@ -247,7 +249,8 @@ def _extract_locked(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, de
             start, stop = p.shards[s]
             states, tokens, extra, kept = run_shard(lm, p, examples, start, stop, device=device,
                                                      batch_tokens=batch_tokens, max_batch=max_batch,
-                                                     progress=bar, trim=batch_trim, replicas=replicas)
+                                                     progress=bar, trim=batch_trim, replicas=replicas,
+                                                     tokens=sentence_tokens)
             info = {"examples": [start, stop]}
             if extra:
                 info["attention_examples"] = kept

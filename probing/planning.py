@@ -9,7 +9,9 @@ Used by :mod:`probing.extract` (caches) and :mod:`analyses.streaming` (no cache)
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -19,7 +21,7 @@ import numpy as np
 from .cache_layout import CACHE_VERSION, CacheError, cache_path
 from .examples import Example
 from .formats import (ROLE_NAMES, SPECIAL_TOKENS, Format, FormatError, Layout, Rendered, count_tokens, render_many,
-                      special_token_ids, tokenize_flat)
+                      TokenizedFlat, special_token_ids, tokenize_flat)
 from .heap import HeapTrimmer
 from .layers import LayerSpecError, resolve_layers
 from .models import LoadedModel
@@ -174,6 +176,96 @@ def sentence_token_counts(tokenizer, examples: Sequence[Example], chunk: int | N
     return out
 
 
+class SentenceTokens:
+    """Every example's sentences tokenized once, while planning, and read back shard by shard: planning needs
+    each sentence's token count and rendering its tokens, and tokenizing twice (counts, then each shard; again
+    for each further format) was a third of the host's time in an extraction whose model costs little (the
+    GPU case: ``benchmarks/RESULTS.md``, "The host path").
+
+    The corpus is tokenized ``chunk`` examples at a time (each chunk's distinct sentences in one call, as
+    :func:`sentence_token_counts` does). Each chunk's :class:`~probing.formats.TokenizedFlat` arrays go to a
+    temporary directory (``dir``; the system's by default) and out of memory, so memory does not grow with the
+    corpus: what stays is ``counts`` (:func:`sentence_token_counts`' array) and each example's sentence rows
+    within its chunk, a few integers per example. :meth:`shard` loads the chunks a shard's examples lie in.
+    Use as a context manager (the directory is removed on exit)."""
+
+    def __init__(self, tokenizer, examples: Sequence[Example], chunk: int | None = None, dir: str | None = None):
+        self.examples, self.chunk = examples, chunk or _CHUNK
+        n = len(examples)
+        k = max((e.n_sentences for e in examples), default=0)
+        self.counts = np.zeros((n, k), dtype=np.int32)
+        self.rows = np.full((n, k), -1, dtype=np.int32)  # example i's sentence j: a row of its chunk's arrays
+        self.n_sentences = np.fromiter((e.n_sentences for e in examples), dtype=np.int64, count=n)
+        self.dir = Path(tempfile.mkdtemp(prefix="probing-tokens-", dir=dir))
+        trim = HeapTrimmer()
+        try:
+            for c, start in enumerate(range(0, n, self.chunk)):
+                stop = min(start + self.chunk, n)
+                unique: dict[str, int] = {}
+                first: list[tuple[int, int]] = []  # each distinct sentence's first (example, position)
+                for i in range(start, stop):
+                    for j, text in enumerate(examples[i].sentences):
+                        r = unique.setdefault(text, len(unique))
+                        if r == len(first):
+                            first.append((i, j))
+                        self.rows[i, j] = r
+                flat = tokenize_flat(tokenizer, list(unique))
+                sizes = np.diff(flat.bounds).astype(np.int32)
+                got = self.rows[start:stop]
+                self.counts[start:stop] = np.where(got >= 0, sizes[np.maximum(got, 0)], 0)
+                arrays = {f: getattr(flat, f) for f in self._ARRAYS}
+                arrays["first"] = np.asarray(first, dtype=np.int64).reshape(-1, 2)
+                for name, a in arrays.items():
+                    np.save(self.dir / f"{c}-{name}.npy", a)
+                del unique, first, flat, arrays
+                trim()
+        except BaseException:
+            self.close()
+            raise
+
+    _ARRAYS = ("ids", "word", "subword", "bounds", "word_start", "word_end", "word_bounds")
+
+    def __enter__(self) -> "SentenceTokens":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def shard(self, idx: Sequence[int]) -> tuple[np.ndarray, TokenizedFlat]:
+        """For examples ``idx`` (ascending corpus indices): the row of each of their sentences, example after
+        example, in a :class:`~probing.formats.TokenizedFlat` of the chunks they lie in (what
+        :func:`~probing.formats.render_many` takes)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        chunks = np.unique(idx // self.chunk).tolist()
+        parts = {name: [] for name in (*self._ARRAYS, "first")}
+        offset = {}  # chunk -> its first row in the concatenation
+        n_rows = n_tokens = n_words = 0
+        for c in chunks:
+            got = {name: np.load(self.dir / f"{c}-{name}.npy") for name in parts}
+            offset[c] = n_rows
+            parts["bounds"].append(got["bounds"][:-1] + n_tokens)
+            parts["word_bounds"].append(got["word_bounds"][:-1] + n_words)
+            for name in ("ids", "word", "subword", "word_start", "word_end", "first"):
+                parts[name].append(got[name])
+            n_rows += len(got["bounds"]) - 1
+            n_tokens += int(got["bounds"][-1])
+            n_words += int(got["word_bounds"][-1])
+        cat = {name: np.concatenate(a) if a else np.zeros(0, np.int32 if name in ("word", "subword") else np.int64)
+               for name, a in parts.items()}
+        first = cat["first"].reshape(-1, 2)
+        texts = [self.examples[int(i)].sentences[int(j)] for i, j in first.tolist()]
+        flat = TokenizedFlat(cat["ids"], cat["word"], cat["subword"], np.append(cat["bounds"], n_tokens), texts,
+                             cat["word_start"], cat["word_end"], np.append(cat["word_bounds"], n_words))
+        base = np.asarray([offset[c] for c in (idx // self.chunk).tolist()], dtype=np.int64)
+        local = self.rows[idx]
+        keep = np.arange(local.shape[1])[None, :] < self.n_sentences[idx][:, None]
+        rows = (local + base[:, None])[keep]  # row-major: example after example, sentences in order
+        return rows, flat
+
+
 def _fill_token_counts(out: np.ndarray, examples: Sequence[Example], lengths_of: Mapping[str, int]) -> None:
     for i, e in enumerate(examples):
         out[i, :e.n_sentences] = [lengths_of[s] for s in e.sentences]
@@ -274,15 +366,19 @@ def assign_shards(plan_: Plan, world_size: int) -> list[list[int]]:
 
 
 def layout_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start: int,
-                 stop: int) -> tuple[list[int], Layout]:
+                 stop: int, tokens: SentenceTokens | None = None) -> tuple[list[int], Layout]:
     """The kept examples of one shard rendered: (corpus indices, their :class:`Layout`). The shard's
-    sentences are tokenized in one call and laid out with array operations (:func:`render_many`);
-    every example's length is checked against the plan."""
+    sentences come tokenized from planning (``tokens``, a :class:`SentenceTokens` of ``examples``) or, without
+    it, are tokenized in one call; they are laid out with array operations (:func:`render_many`), and every
+    example's length is checked against the plan."""
     idx = plan_.kept(start, stop)
     kept = [examples[e] for e in idx]
-    unique: dict[str, int] = {}
-    rows = np.fromiter((unique.setdefault(s, len(unique)) for ex in kept for s in ex.sentences), dtype=np.int64)
-    tokenized = tokenize_flat(lm.tokenizer, list(unique))
+    if tokens is not None:
+        rows, tokenized = tokens.shard(idx)
+    else:
+        unique: dict[str, int] = {}
+        rows = np.fromiter((unique.setdefault(s, len(unique)) for ex in kept for s in ex.sentences), dtype=np.int64)
+        tokenized = tokenize_flat(lm.tokenizer, list(unique))
     layout = render_many(plan_.fmt, kept, rows, tokenized, plan_.specials)
     bad = np.flatnonzero(layout.lengths != plan_.lengths[idx]) if idx else []
     if len(bad):

@@ -89,15 +89,18 @@ class HostStaging:
 
 def run_shard(lm: LoadedModel, plan_: Plan, examples: Sequence[Example], start: int, stop: int, *,
                device: torch.device, batch_tokens: int, max_batch: int, progress=None,
-               trim=None, replicas: "Replicas | None" = None) -> tuple[np.ndarray, pd.DataFrame, dict, list[int]]:
+               trim=None, replicas: "Replicas | None" = None,
+               tokens=None) -> tuple[np.ndarray, pd.DataFrame, dict, list[int]]:
     """States of the shard's stored positions (rows in corpus order), its token table, extra arrays.
     ``replicas`` (:class:`Replicas`): the workers that run batches side by side on the CPU, and the model
     replica each runs on; None: one batch at a time on torch's threads.
+    ``tokens``: the corpus's sentences tokenized while planning (:class:`probing.planning.SentenceTokens`);
+    None: the shard's sentences are tokenized here.
     ``trim`` (a :class:`probing.heap.HeapTrimmer`) is called after every batch: glibc otherwise keeps
     the freed temporaries of each new batch shape, and the resident size grows with the number of batches."""
     layers = plan_.request["layers"]
     storage = STORAGE_DTYPES[plan_.request["storage_dtype"]]
-    idx, layout = layout_shard(lm, plan_, examples, start, stop)
+    idx, layout = layout_shard(lm, plan_, examples, start, stop, tokens)
     at = layout.positions_of(plan_.request["roles"])  # the stored positions: row r of ``out`` is at[r]
     rows_of = np.searchsorted(at, layout.bounds)  # example i's rows: rows_of[i]:rows_of[i + 1]
     out = np.empty((len(at), len(layers), lm.hidden_size), dtype=storage)

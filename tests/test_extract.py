@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -266,17 +267,61 @@ def test_planning_in_chunks_equals_planning_the_whole_corpus(tiny_bert):
 def test_planning_tokenizes_the_corpus_in_bounded_chunks(tmp_path, tiny_bert, monkeypatch):
     import probing.planning as X
 
-    asked, real = [], X.sentence_lengths
-
-    def counting(tokenizer, sentences, **kw):
-        asked.append(len(sentences))
-        return real(tokenizer, sentences, **kw)
-
-    monkeypatch.setattr(X, "sentence_lengths", counting)
+    asked = []
+    monkeypatch.setattr(X, "tokenize_flat", _counting(X.tokenize_flat, asked))
     monkeypatch.setattr(X, "_CHUNK", 5)
-    (p,) = extract(sample_examples(40), ["pair"], model=tiny_bert, out=tmp_path, progress=False, log=lambda *a: None)
-    assert len(asked) == 8 and max(asked) <= 5 * 3  # 8 chunks of 5 examples, never the whole corpus
-    assert len(Cache.open(p).rows(role="cls")) == 40
+    paths = extract(sample_examples(40), ["pair", "concat"], model=tiny_bert, out=tmp_path, progress=False,
+                    log=lambda *a: None, shard_mb=0.002)
+    # 8 chunks of 5 examples, never the whole corpus; and only while planning: neither format's shards
+    # (several each) tokenize their sentences again
+    assert len(asked) == 8 and max(asked) <= 5 * 3
+    assert all(len(Cache.open(p).manifest["shards"]) > 2 for p in paths)
+    assert all(len(Cache.open(p).rows(role="cls")) == 40 for p in paths)
+    assert not list(Path(tempfile.gettempdir()).glob("probing-tokens-*"))  # the store's directory is gone
+
+
+def _counting(real, asked: list):
+    def counting(tokenizer, sentences, *a, **kw):
+        asked.append(len(sentences))
+        return real(tokenizer, sentences, *a, **kw)
+
+    return counting
+
+
+def test_sentences_tokenized_while_planning_render_as_tokenized_per_shard(tiny_bert, tmp_path):
+    """SentenceTokens: the counts planning uses equal sentence_token_counts', and every shard laid out from the
+    stored tokens equals the shard tokenized on its own (ids, keys, word texts), for shards within one chunk
+    and across several, in every built-in format family; its directory goes on close, and on a bad sentence
+    before anything is returned."""
+    from probing.formats import FormatError, parse_formats
+    from probing.planning import SentenceTokens, layout_shard, plan, sentence_token_counts
+
+    data = _mixed_examples(40)
+    data[5] = Example("dup", (data[3].sentences[0], data[3].sentences[0]))  # one sentence twice in a chunk
+    opts = dict(corpus={}, root=Path("."), layers=[0, 2], roles=["cls", "sep", "word"], dtype="float32",
+                storage_dtype="float32", on_overflow="skip", shard_mb=0.01, attention=False)
+    with SentenceTokens(tiny_bert.tokenizer, data, chunk=7, dir=str(tmp_path)) as tokens:
+        where = tokens.dir
+        assert where.parent == tmp_path and where.exists()
+        np.testing.assert_array_equal(tokens.counts, sentence_token_counts(tiny_bert.tokenizer, data, chunk=3))
+        for fmt in parse_formats(["pair", "concat", "bertsum", "single2"]):
+            p = plan(tiny_bert, fmt, data, tokens.counts, **opts)
+            spans = list(p.shards) + [(0, len(data)), (5, 9)]  # a shard, the whole corpus, one across chunks
+            assert any(b // 7 > a // 7 for a, b in p.shards)
+            for start, stop in spans:
+                i0, a = layout_shard(tiny_bert, p, data, start, stop)
+                i1, b = layout_shard(tiny_bert, p, data, start, stop, tokens)
+                assert i0 == i1
+                for f in ("bounds", "input_ids", "token_type_ids", "role", "sentence", "index", "subword",
+                          "occurrence"):
+                    np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
+                at = a.positions_of(["word", "cls", "sep"])
+                assert a.word_texts(at) == b.word_texts(at) and a.role_names(at) == b.role_names(at)
+    assert not where.exists()
+    bad = data[:3] + [Example("no-tokens", ("\u200b", "x."))]  # a zero-width space: no token
+    with pytest.raises(FormatError, match="gives no tokens"):
+        SentenceTokens(tiny_bert.tokenizer, bad, chunk=2, dir=str(tmp_path))
+    assert not list(tmp_path.glob("probing-tokens-*"))
 
 
 def test_examples_parquet_is_written_in_row_groups(tmp_path, tiny_bert, monkeypatch):
