@@ -155,6 +155,14 @@ def test_verdict_table_prints_each_row_and_its_decision():
     assert list(t["layer"]) == [1, 2, 3]
     assert list(t["decision"]) == ["Yes", "Yes, but small", "Inconclusive"]
     assert t["difference (95% CI)"].iloc[1] == "+0.0021 (95% CI +0.0018 to +0.0024)"
+    # a one-sided question ("is B higher?"): a significant row the other way is a No in the table, as in the
+    # verdict's sentence; a two-sided one keeps "Yes" for either direction
+    down = pd.DataFrame([{"layer": 1, **_row(-0.05, 0.01)}, {"layer": 2, **_row(-0.0021, 0.0003)},
+                         {"layer": 3, **_row(0.05, 0.01)}])
+    one_sided = Claim(**{**CLAIM.__dict__, "direction": 1})
+    assert list(verdict_table(down, one_sided)["decision"]) == ["No (the opposite)", "No (the opposite, small)", "Yes"]
+    assert list(verdict_table(down, Claim(**{**CLAIM.__dict__, "direction": 0}))["decision"]) == [
+        "Yes", "Yes, but small", "Yes"]
 
 
 def test_false_positive_rate_and_power_over_seeds():

@@ -424,7 +424,7 @@ def summarise(rows: pd.DataFrame | None, claim: Claim) -> Verdict:
 def verdict_table(rows: pd.DataFrame, claim: Claim) -> pd.DataFrame:
     """The comparison rows as the report prints them, one per facet value: the difference with its CI
     (:func:`format_interval`), Holm-adjusted p, mde, n_groups and grouping where present, and the
-    decision of each row by itself."""
+    decision of each row by itself (:func:`row_label`)."""
     rows = add_holm(rows.reset_index(drop=True))
     out = pd.DataFrame({claim.facet[0]: rows[claim.facet[0]]} if claim.facet[0] in rows.columns else {})
     out["difference (95% CI)"] = [format_interval(_num(r, "value"), _num(r, "ci_low"), _num(r, "ci_high"), signed=True)
@@ -434,8 +434,18 @@ def verdict_table(rows: pd.DataFrame, claim: Claim) -> pd.DataFrame:
     for c in ("n_groups", "grouping"):
         if c in rows.columns:
             out[c] = rows[c].to_numpy()
-    out["decision"] = [LABELS[decide(r, claim.threshold)] for _, r in rows.iterrows()]
+    out["decision"] = [row_label(r, claim) for _, r in rows.iterrows()]
     return out
+
+
+def row_label(row, claim: Claim) -> str:
+    """One row's decision as the report's tables print it: :data:`LABELS`, except that in a one-sided question
+    (``claim.direction``) a difference in the other direction is a "No" (as the verdict sentence says it), not
+    a "Yes" that a reader would take for the asked direction."""
+    decision = decide(row, claim.threshold)
+    if claim.direction and decision in ("yes", "yes_small") and np.sign(_num(row, "value")) == -claim.direction:
+        return "No (the opposite)" if decision == "yes" else "No (the opposite, small)"
+    return LABELS[decision]
 
 
 def describe_rules(threshold: float = PRACTICAL_THRESHOLD) -> str:
