@@ -9,6 +9,7 @@ Used by :mod:`probing.extract` (caches) and :mod:`analyses.streaming` (no cache)
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -176,6 +177,24 @@ def sentence_token_counts(tokenizer, examples: Sequence[Example], chunk: int | N
     return out
 
 
+_TOKEN_DIR_PREFIX = "probing-tokens-"
+
+
+def _remove_stale_token_dirs(parent: Path) -> None:
+    """Remove :class:`SentenceTokens` directories under ``parent`` whose process no longer runs (a killed
+    extraction cannot remove its own)."""
+    for d in parent.glob(f"{_TOKEN_DIR_PREFIX}*-*"):
+        pid = d.name[len(_TOKEN_DIR_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (PermissionError, OSError):
+            pass  # alive (another user's), or cannot tell: left alone
+
+
 class SentenceTokens:
     """Every example's sentences tokenized once, while planning, and read back shard by shard: planning needs
     each sentence's token count and rendering its tokens, and tokenizing twice (counts, then each shard; again
@@ -187,7 +206,8 @@ class SentenceTokens:
     temporary directory (``dir``; the system's by default) and out of memory, so memory does not grow with the
     corpus: what stays is ``counts`` (:func:`sentence_token_counts`' array) and each example's sentence rows
     within its chunk, a few integers per example. :meth:`shard` loads the chunks a shard's examples lie in.
-    Use as a context manager (the directory is removed on exit)."""
+    Use as a context manager (the directory is removed on exit). The directory's name carries the process id:
+    one left behind by a process that was killed is removed by the next extraction on this machine."""
 
     def __init__(self, tokenizer, examples: Sequence[Example], chunk: int | None = None, dir: str | None = None):
         self.examples, self.chunk = examples, chunk or _CHUNK
@@ -196,7 +216,8 @@ class SentenceTokens:
         self.counts = np.zeros((n, k), dtype=np.int32)
         self.rows = np.full((n, k), -1, dtype=np.int32)  # example i's sentence j: a row of its chunk's arrays
         self.n_sentences = np.fromiter((e.n_sentences for e in examples), dtype=np.int64, count=n)
-        self.dir = Path(tempfile.mkdtemp(prefix="probing-tokens-", dir=dir))
+        _remove_stale_token_dirs(Path(dir or tempfile.gettempdir()))
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{_TOKEN_DIR_PREFIX}{os.getpid()}-", dir=dir))
         trim = HeapTrimmer()
         try:
             for c, start in enumerate(range(0, n, self.chunk)):

@@ -270,6 +270,8 @@ def test_planning_tokenizes_the_corpus_in_bounded_chunks(tmp_path, tiny_bert, mo
     asked = []
     monkeypatch.setattr(X, "tokenize_flat", _counting(X.tokenize_flat, asked))
     monkeypatch.setattr(X, "_CHUNK", 5)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where the token store goes
+    (tmp_path / "tmp").mkdir()
     paths = extract(sample_examples(40), ["pair", "concat"], model=tiny_bert, out=tmp_path, progress=False,
                     log=lambda *a: None, shard_mb=0.002)
     # 8 chunks of 5 examples, never the whole corpus; and only while planning: neither format's shards
@@ -277,7 +279,24 @@ def test_planning_tokenizes_the_corpus_in_bounded_chunks(tmp_path, tiny_bert, mo
     assert len(asked) == 8 and max(asked) <= 5 * 3
     assert all(len(Cache.open(p).manifest["shards"]) > 2 for p in paths)
     assert all(len(Cache.open(p).rows(role="cls")) == 40 for p in paths)
-    assert not list(Path(tempfile.gettempdir()).glob("probing-tokens-*"))  # the store's directory is gone
+    assert not list((tmp_path / "tmp").glob("probing-tokens-*"))  # the store's directory is gone
+
+
+def test_a_killed_extractions_token_directory_is_removed_by_the_next(tmp_path, tiny_bert):
+    """SentenceTokens' directory carries its process id: one whose process is gone (a killed extraction) is
+    removed when the next store is made there; a live process's, and other names, are left alone."""
+    from probing.planning import SentenceTokens
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f"probing-tokens-{int(dead.stdout)}-abc"
+    live = tmp_path / f"probing-tokens-{os.getpid()}-xyz"
+    other = tmp_path / "probing-tokens-notapid"
+    for d in (stale, live, other):
+        d.mkdir()
+        (d / "0-ids.npy").write_bytes(b"x")
+    with SentenceTokens(tiny_bert.tokenizer, sample_examples(4), dir=str(tmp_path)) as tokens:
+        assert tokens.dir.name.startswith(f"probing-tokens-{os.getpid()}-")
+    assert not stale.exists() and live.exists() and other.exists() and not tokens.dir.exists()
 
 
 def _counting(real, asked: list):
