@@ -411,14 +411,14 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                 if multilabel and ((length_baseline and kind == "trained") or versus is not None):
                     df = pd.concat([df, auc_differences(results, meta, seed, versus, length_versus)],
                                    ignore_index=True)
+                df["model_kind"] = kind
                 if multilabel and random_versus:
                     if kind == "trained":
                         kept[target] = ({k: r for k, r in results.items() if k[1] in random_versus}, meta)
-                    else:
+                    else:  # rows of the trained model against this one
                         df = pd.concat([df, random_init_differences(kept[target][0], results, kept[target][1], seed,
                                                                     random_versus).assign(model_kind="trained")],
                                        ignore_index=True)
-                df["model_kind"] = df["model_kind"].fillna(kind) if "model_kind" in df.columns else kind
                 frames.append(df)
                 if items:
                     item_frames.append(_item_rows(results, meta, kind, ids, tokens))

@@ -158,25 +158,6 @@ def sentence_lengths(tokenizer, sentences: Sequence[str], chunk: int = 4096) -> 
     return out
 
 
-def sentence_token_counts(tokenizer, examples: Sequence[Example], chunk: int | None = None) -> np.ndarray:
-    """``(n_examples, most sentences)`` int32: the tokens of sentence ``j + 1`` of each example, tokenized
-    on its own (0 past an example's last sentence). The corpus is tokenized ``chunk`` (default
-    :data:`_CHUNK`) examples at a time
-    and only the integers are kept, so planning holds no Python object per example: memory does not
-    grow with the corpus beyond these few bytes per example (``benchmarks/memory.py``)."""
-    n, chunk = len(examples), chunk or _CHUNK
-    k = max((e.n_sentences for e in examples), default=0)
-    out = np.zeros((n, k), dtype=np.int32)
-    trim = HeapTrimmer()
-    for start in range(0, n, chunk):
-        part = [examples[i] for i in range(start, min(start + chunk, n))]
-        lengths_of = sentence_lengths(tokenizer, list(dict.fromkeys(s for e in part for s in e.sentences)))
-        _fill_token_counts(out[start:start + len(part)], part, lengths_of)
-        del part, lengths_of
-        trim()
-    return out
-
-
 _TOKEN_DIR_PREFIX = "probing-tokens-"
 
 
@@ -201,10 +182,11 @@ class SentenceTokens:
     for each further format) was a third of the host's time in an extraction whose model costs little (the
     GPU case: ``benchmarks/RESULTS.md``, "The host path").
 
-    The corpus is tokenized ``chunk`` examples at a time (each chunk's distinct sentences in one call, as
-    :func:`sentence_token_counts` does). Each chunk's :class:`~probing.formats.TokenizedFlat` arrays go to a
+    The corpus is tokenized ``chunk`` (default :data:`_CHUNK`) examples at a time, each chunk's distinct
+    sentences in one call. Each chunk's :class:`~probing.formats.TokenizedFlat` arrays go to a
     temporary directory (``dir``; the system's by default) and out of memory, so memory does not grow with the
-    corpus: what stays is ``counts`` (:func:`sentence_token_counts`' array) and each example's sentence rows
+    corpus: what stays is ``counts`` (``(n_examples, most sentences)`` int32: the tokens of sentence ``j + 1``
+    of each example, tokenized on its own, 0 past its last sentence) and each example's sentence rows
     within its chunk, a few integers per example. :meth:`shard` loads the chunks a shard's examples lie in.
     Use as a context manager (the directory is removed on exit). The directory's name carries the process id:
     one left behind by a process that was killed is removed by the next extraction on this machine."""
@@ -298,7 +280,7 @@ def plan(lm: LoadedModel, fmt: Format, examples: Sequence[Example], lengths_of: 
          intervention=None) -> Plan:
     """Check every example against the format and the model, and cut the work into shards.
 
-    ``lengths_of`` gives the tokens of each sentence: the array of :func:`sentence_token_counts` (one
+    ``lengths_of`` gives the tokens of each sentence: the array of :attr:`SentenceTokens.counts` (one
     row per example), or a dict sentence -> tokens (:func:`sentence_lengths`) covering ``examples``.
     Lengths are computed per sentence count with array operations, so the plan holds a few integers
     per example and no Python object per example."""

@@ -242,12 +242,13 @@ def _mixed_examples(n: int = 23) -> list[Example]:
 
 def test_planning_in_chunks_equals_planning_the_whole_corpus(tiny_bert):
     from probing.formats import parse_formats
-    from probing.planning import plan, render_shard, sentence_lengths, sentence_token_counts
+    from probing.planning import SentenceTokens, plan, render_shard, sentence_lengths
 
     data = _mixed_examples(40)
     data.insert(7, Example("too-long", ("word " * 80, "short.")))
     whole = sentence_lengths(tiny_bert.tokenizer, list({s for e in data for s in e.sentences}))
-    chunked = sentence_token_counts(tiny_bert.tokenizer, data, chunk=3)
+    with SentenceTokens(tiny_bert.tokenizer, data, chunk=3) as tokens:
+        chunked = tokens.counts
     assert chunked.shape == (len(data), 3) and chunked.dtype == np.int32
     opts = dict(corpus={}, root=Path("."), layers=[0, 2], roles=["cls", "sep", "word"], dtype="float32",
                 storage_dtype="float32", on_overflow="skip", shard_mb=0.01, attention=True)
@@ -308,12 +309,12 @@ def _counting(real, asked: list):
 
 
 def test_sentences_tokenized_while_planning_render_as_tokenized_per_shard(tiny_bert, tmp_path):
-    """SentenceTokens: the counts planning uses equal sentence_token_counts', and every shard laid out from the
+    """SentenceTokens: the counts planning uses equal those of the whole corpus tokenized at once, and every shard laid out from the
     stored tokens equals the shard tokenized on its own (ids, keys, word texts), for shards within one chunk
     and across several, in every built-in format family; its directory goes on close, and on a bad sentence
     before anything is returned."""
     from probing.formats import FormatError, parse_formats
-    from probing.planning import SentenceTokens, layout_shard, plan, sentence_token_counts
+    from probing.planning import SentenceTokens, _fill_token_counts, layout_shard, plan, sentence_lengths
 
     data = _mixed_examples(40)
     data[5] = Example("dup", (data[3].sentences[0], data[3].sentences[0]))  # one sentence twice in a chunk
@@ -322,7 +323,9 @@ def test_sentences_tokenized_while_planning_render_as_tokenized_per_shard(tiny_b
     with SentenceTokens(tiny_bert.tokenizer, data, chunk=7, dir=str(tmp_path)) as tokens:
         where = tokens.dir
         assert where.parent == tmp_path and where.exists()
-        np.testing.assert_array_equal(tokens.counts, sentence_token_counts(tiny_bert.tokenizer, data, chunk=3))
+        whole = np.zeros_like(tokens.counts)
+        _fill_token_counts(whole, data, sentence_lengths(tiny_bert.tokenizer, list({s for e in data for s in e.sentences})))
+        np.testing.assert_array_equal(tokens.counts, whole)
         for fmt in parse_formats(["pair", "concat", "bertsum", "single2"]):
             p = plan(tiny_bert, fmt, data, tokens.counts, **opts)
             spans = list(p.shards) + [(0, len(data)), (5, 9)]  # a shard, the whole corpus, one across chunks

@@ -36,15 +36,12 @@ PAIR_CONTROLS = {"Q7": (("cls", "mean"), ("fw_s1",))}
 #: row from two runs would carry two adjusted p-values.
 LENGTH_BASELINE = {"Q4": ("sep1", "sep2"), "Q7": ("cls", "mean")}
 #: Questions whose pair-format probes of some choices are compared with the same choices on the random-init
-#: model, by macro AUC on the same resamples (``run_probes(random_versus=...)``), as (choices, targets): Q4 asks
-#: whether the content words at the middle [SEP] are learned or what any encoder of this architecture would
-#: put there. Only these choices and targets are fitted on the random-init model (a few seconds; Q4's whole
-#: probe set there would double its probe time).
-RANDOM_VERSUS = {"Q4": (("sep1",), ("bow_s1", "bow_s2"))}
-#: The choices of a question's own pair-format run (one of :data:`RANDOM_INIT_PROBES`, which fits every probe on
-#: the random-init model anyway) whose macro AUC is compared with the same choice there: Q7's [CLS] on the bag of
-#: words of sentence 1 (is what [CLS] holds of the input learned?). No probe is added.
-RANDOM_VERSUS_OWN = {"Q7": ("cls",)}
+#: model, by macro AUC on the same resamples (``run_probes(random_versus=...)``), as (choices, targets): is
+#: what a token holds of the content words learned, or what any encoder of this architecture would put there?
+#: Q4 asks it of the middle [SEP], Q7 of [CLS]. A question of :data:`RANDOM_INIT_PROBES` fits every probe on the
+#: random-init model anyway, so its own run makes the comparison; for another, only these choices and targets
+#: are fitted there, in a run of their own (a few seconds; Q4's whole probe set would double its probe time).
+RANDOM_VERSUS = {"Q4": (("sep1",), ("bow_s1", "bow_s2")), "Q7": (("cls",), ("bow_s1",))}
 #: The token choice each question's pair-format bag-of-words probes are compared with, by macro AUC on
 #: the same resamples (``run_probes(versus=...)``): Q4 asks whether [SEP] holds a sentence's words better
 #: than [CLS].
@@ -206,20 +203,24 @@ def _probes_pair(ctx: Context) -> pd.DataFrame:
 
     ctx.log("analyses: probes on the pair format (trained; random-init for Q7, and Q4's middle [SEP])")
     wanted = [q for q in PAIR_PROBES if q in ctx.questions]
+    random = _pairs(ctx, "pair", True)
+
+    def own_random(q: str) -> bool:  # the question's own run fits every probe on the random-init model
+        return q in RANDOM_INIT_PROBES and q in RANDOM_VERSUS and random is not None
+
     runs = [run_probes(_pairs(ctx, "pair"), *PAIR_PROBES[q],
-                       random_cache=_pairs(ctx, "pair", True) if q in RANDOM_INIT_PROBES else None,
+                       random_cache=random if q in RANDOM_INIT_PROBES else None,
                        length_baseline=q in LENGTH_BASELINE, length_versus=LENGTH_BASELINE.get(q),
                        versus=PAIR_VERSUS.get(q), items=True, **probe_kw(ctx.cfg, ctx.out, ctx.progress),
-                       random_versus=(RANDOM_VERSUS_OWN.get(q) if q in RANDOM_INIT_PROBES
-                                      and _pairs(ctx, "pair", True) is not None else None))
+                       random_versus=RANDOM_VERSUS[q][0] if own_random(q) else None)
             for q in wanted]
     runs += [run_probes(_pairs(ctx, "pair"), *PAIR_CONTROLS[q], length_baseline=True, items=True,
                         **probe_kw(ctx.cfg, ctx.out, ctx.progress)) for q in wanted if q in PAIR_CONTROLS]
-    random = _pairs(ctx, "pair", True)
-    # the random-init probes and the trained − random-init rows: the trained probes they refit are rows of the
-    # run above
+    # the others: their random-init probes and trained − random-init rows in a run of their own (the trained
+    # probes it fits again are rows of the run above)
     versus = [run_probes(_pairs(ctx, "pair"), *RANDOM_VERSUS[q], random_cache=random, random_versus=RANDOM_VERSUS[q][0],
-                         **probe_kw(ctx.cfg, ctx.out, ctx.progress)) for q in wanted if q in RANDOM_VERSUS and random is not None]
+                         **probe_kw(ctx.cfg, ctx.out, ctx.progress))
+              for q in wanted if q in RANDOM_VERSUS and not own_random(q) and random is not None]
     keys = ["model_kind", "model_kind_b", "layer", "choice", "choice_b", "target", "metric"]
     _keep_items(ctx, "probes_pair", [it for _, it in runs])
     versus = [t.assign(model_kind_b=t["model_kind_b"] if "model_kind_b" in t.columns else pd.NA) for t in versus]
