@@ -48,7 +48,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from analyses.finetune_config import TrainConfig, preset_config
+from analyses.finetune_config import TrainConfig, preset_config, resolve_autocast
 from analyses.pooling_choices import Pooling, get_pooling, pool, pooling_mask
 from probing.examples import Example, corpus_fingerprint
 from probing.formats import Format, Rendered, render, resolve_format, special_token_ids, tokenize_sentences
@@ -382,7 +382,7 @@ def _checkpoint(encoder: torch.nn.Module, name: str, every: int) -> None:
 def _finetune_run(lm, task: Task, pooling: Pooling, seed: int, config: TrainConfig,
                   device: torch.device, streams: RngStreams | None) -> dict:
     t0 = time.perf_counter()
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=resolve_autocast(config, device).autocast)
     if streams is not None and device.type != "cpu":
         raise ValueError(f"concurrent fine-tuning runs share torch's CPU generator only; device is {device}")
     with (_alone(seed, device) if streams is None else contextlib.nullcontext(streams.stream(seed).turn)) as turn:

@@ -7,13 +7,26 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
+import torch
+
 from analyses.probes import DEFAULT_CS
+from probing.models import native_bfloat16
 
 SCHEDULES: tuple[str, ...] = ("linear", "constant")
 ON_OVERFLOW: tuple[str, ...] = ("error", "skip")
+#: TrainConfig.autocast's values: off, on, or on where the device computes bfloat16 natively.
+AUTOCAST: tuple[Any, ...] = (False, True, "auto")
+
+
+def resolve_autocast(config: "TrainConfig", device: torch.device | str) -> "TrainConfig":
+    """``config`` with ``autocast="auto"`` decided for ``device`` (:func:`probing.models.native_bfloat16`): True or False, so
+    that the result's key and table record what ran. Any other config is returned as it is."""
+    if config.autocast != "auto":
+        return config
+    return replace(config, autocast=native_bfloat16(device))
 
 
 def _is_int(v: Any, low: int = 1) -> bool:
@@ -54,7 +67,10 @@ class TrainConfig:
         -> 0.920, mean 0.915 -> 0.915, max 0.910 -> 0.907, sep1 0.918 -> 0.918, first_word 0.889 -> 0.887
         (CI half-widths 0.026-0.034); every fine-tuned - frozen and pooling - mean difference keeps its
         sign and moves by at most 0.0033 (half-widths >= 0.015); 99.7% of the 3065 fine-tuned test
-        predictions are the same. The frozen side does not use it.
+        predictions are the same. The frozen side does not use it. ``"auto"`` (the "default" preset): on where
+        the device computes bfloat16 in hardware (:func:`probing.models.native_bfloat16`), off elsewhere, where bfloat16 is
+        slower than float32 (14x per training step on an AVX2-only CPU); decided before a run
+        (:func:`resolve_autocast`), so the result key holds True or False.
     checkpoint_every: activation checkpointing of every n-th encoder layer (0: none): such a layer keeps
         only its input during the forward pass and is recomputed in the backward pass (non-reentrant;
         dropout replays the draws of the forward pass), so the same gradients, the same run, with less
@@ -89,7 +105,7 @@ class TrainConfig:
     run_folds: int | None = None
     repeats: int = 1
     frozen_Cs: tuple[float, ...] = DEFAULT_CS
-    autocast: bool = False
+    autocast: bool | str = False
     checkpoint_every: int = 0
 
     def __post_init__(self) -> None:
@@ -114,9 +130,10 @@ class TrainConfig:
         if not _is_int(self.checkpoint_every, 0):
             raise ValueError(f"checkpoint_every must be an integer >= 0 (0: no checkpointing), "
                              f"got checkpoint_every={self.checkpoint_every!r}")
-        for name in ("freeze_embeddings", "autocast"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {name}={getattr(self, name)!r}")
+        if not isinstance(self.freeze_embeddings, bool):
+            raise ValueError(f"freeze_embeddings must be True or False, got freeze_embeddings={self.freeze_embeddings!r}")
+        if not any(self.autocast is a or (isinstance(a, str) and self.autocast == a) for a in AUTOCAST):
+            raise ValueError(f"autocast must be True, False or 'auto', got autocast={self.autocast!r}")
         if not isinstance(self.split_group, str) or not self.split_group:
             raise ValueError(f"split_group must be 'auto', 'id' or a label name, got {self.split_group!r}")
         for name in ("lr", "head_lr"):
@@ -160,7 +177,9 @@ TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in fields(TrainConfig))
 #:   s of training alone: about 200 s on two idle cores whatever the implementation. Scaled from
 #:   the 299 s, the stage now takes about 240 s idle (an estimate from the ratio, not a timed run).
 #:   Reaching 90 s needs a protocol change (fewer runs or fewer fine-tuned layers), not code;
-#: * bf16 autocast (``autocast=True``, on in "default"): the whole "default" experiment (the call in
+#: * bf16 autocast (``autocast="auto"`` in "default": on where the CPU has AVX512-BF16 or AMX, as the
+#:   machine of these measurements had; off on an AVX2-only CPU, where it would be 14x slower per step):
+#:   the whole "default" experiment (the call in
 #:   TrainConfig's ``autocast`` entry, one torch thread, fp32 and bf16 side by side at load 6-10)
 #:   took 418.9 CPU s in fp32 and 271.4 CPU s in bf16 (-35%); one training step (16 x 53 tokens,
 #:   one thread, load 2.5) 0.90-1.02 CPU s fp32 vs 0.52-0.56 bf16 (1.8x). Scaled from the 248 s the
@@ -190,7 +209,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "poolings": ("cls", "mean", "max", "sep1", "first_word"), "train_seeds": (0,),
         "train": {"epochs": 3, "lr": 2e-4, "head_lr": 3e-3, "freeze_embeddings": True, "batch_size": 16,
                   "max_train": 128, "max_length": None, "on_overflow": "skip", "folds": 5, "run_folds": 3,
-                  "autocast": True, "checkpoint_every": 2},
+                  "autocast": "auto", "checkpoint_every": 2},
     },
     "full": {
         "corpus": "bbc:k=2,n=6000", "target": "topic",

@@ -44,7 +44,7 @@ import torch
 
 from analyses.finetune import (RngStreams, Task, _check_label, _collate, _device, _finetune_task, _load,
                                _max_length_of, _task, check_pooling, render_examples, sorted_batches, split_unit)
-from analyses.finetune_config import PRESETS, SCHEDULES, TrainConfig, preset_config
+from analyses.finetune_config import PRESETS, SCHEDULES, TrainConfig, preset_config, resolve_autocast
 from analyses.pooling_choices import POOLINGS, Pooling, get_pooling, pool, pooling_mask
 from analyses.pooling_table import (RUN_METRICS, baseline_rows, best_constant, diff_label, diff_rows, finish_table,
                                     pooled_baselines, summary, summary_rows)
@@ -237,7 +237,8 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
     for p in poolings:
         get_pooling(p)
     seeds = _parse_list(seeds if seeds is not None else pre["train_seeds"], "train seeds", int)
-    config = preset_config(preset, **train)
+    dev = _device(device)
+    config = resolve_autocast(preset_config(preset, **train), dev)  # the key records what runs
     fmt = fmt if isinstance(fmt, Format) else Format.parse(fmt)
     examples = list(examples)
     _check_label(examples, label)
@@ -263,11 +264,10 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
     dummy = _task(kept, rendered, label, splits[0].train, splits[0].test, skipped)
     for p in checked:
         check_pooling(dummy, p)
-    dev = _device(device)
     corpus = corpus_name if corpus_name is not None else "corpus-" + corpus_fingerprint(examples)[:12]
     base = {"analysis": ANALYSIS, "model": lm.name, "corpus": corpus, "format": fmt.name, "format_b": "",
             "layer": int(lm.model.config.num_hidden_layers), "target": label, "grouping": grouping,
-            "n_skipped": len(skipped)}
+            "n_skipped": len(skipped), "autocast": bool(config.autocast)}
     used = np.unique(np.concatenate([np.r_[sp.train, sp.test] for sp in splits]))
     X = frozen_features(lm, rendered, checked, config, dev, rows=used)
     rows: list[dict] = []

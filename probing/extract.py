@@ -31,6 +31,7 @@ import os
 import platform
 import sys
 import time
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
@@ -47,7 +48,7 @@ from .examples import Example, corpus_fingerprint
 from .formats import Format, FormatError, parse_formats, resolve_format, special_token_ids
 from .forward import running
 from .heap import HeapTrimmer, release_arrow_pages
-from .models import DTYPES, LoadedModel, pick_device
+from .models import DTYPES, LoadedModel, native_bfloat16, pick_device
 from .planning import (DEFAULT_ROLES, ON_OVERFLOW, ROLES, STORAGE_DTYPES, ExtractError, Plan, assign_shards,
                        parse_layers, parse_roles, plan, SentenceTokens)
 from .shard_pass import Replicas, run_shard
@@ -150,6 +151,9 @@ def extract(
     fmts = parse_formats([formats] if isinstance(formats, (str, Format)) else formats)
     if dev.type == "cpu" and dtype == "float16":
         raise ExtractError("--dtype float16 needs a GPU; on the CPU use float32 or bfloat16")
+    if dev.type == "cpu" and dtype == "bfloat16" and not native_bfloat16(dev):
+        warnings.warn("--dtype bfloat16: this CPU has neither AVX512-BF16 nor AMX, so bfloat16 runs slower here "
+                      "than float32", RuntimeWarning, stacklevel=2)
     with running(model, device=dev, dtype=dtype, attention=attention, random_init=random_init, seed=seed,
                  trust_remote_code=trust_remote_code) as lm:
         fmts = [resolve_format(f, lm.tokenizer, min(ex.n_sentences for ex in examples)) for f in fmts]  # native

@@ -355,6 +355,23 @@ def as_torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}") from None
 
 
+def native_bfloat16(device: torch.device | str) -> bool:
+    """Whether ``device`` computes bfloat16 matrix products in hardware, so that autocast saves time: a CUDA GPU
+    with bfloat16 support (not emulated), or an x86 CPU with AVX512-BF16 or AMX. Elsewhere bfloat16 costs more
+    than float32: on a 2-core AMD EPYC with AVX2 only, one fine-tuning step of all-MiniLM-L6-v2 (16 pairs of
+    53 tokens, one thread) took 16.4 s under bfloat16 autocast against 1.1-1.4 s in float32."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        try:
+            return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+        except TypeError:  # torch before 2.4
+            return bool(torch.cuda.is_bf16_supported())
+    if device.type == "cpu":
+        checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+        return any(bool(check()) for check in checks if check is not None)
+    return False
+
+
 def pick_device(device: str | torch.device | None) -> torch.device:
     """``"auto"`` or ``None`` -> CUDA when available, else CPU. A device that is not there (``cuda``
     without CUDA, ``cuda:3`` on a machine with two GPUs) or a name torch does not know is a ValueError

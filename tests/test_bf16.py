@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
+import pytest
 
 from probing.cache import Cache
 from probing.extract import extract
@@ -32,3 +35,21 @@ def test_relative_errors_fail_where_states_differ():
     assert relative_errors(x, x).max() == 0
     y = x + 0.1 * rng.normal(size=x.shape).astype(np.float32)  # about 10% of each row's norm
     assert np.median(relative_errors(x, y)) > BF16_TOLERANCE["median"]
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bfloat16_extraction_warns_where_the_cpu_has_no_bfloat16_hardware(tmp_path, tiny_bert, examples, monkeypatch,
+                                                                          native):
+    """On an AVX2-only CPU bfloat16 runs slower than float32 (a fine-tuning step took 14x as long): said, not
+    refused."""
+    import torch
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    kw = dict(model=tiny_bert, out=tmp_path, device="cpu", progress=False, log=lambda *a: None)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        extract(examples[:4], ["pair"], dtype="bfloat16", **kw)
+        extract(examples[:4], ["pair"], dtype="float32", **kw)
+    slow = [w for w in seen if "neither AVX512-BF16 nor AMX" in str(w.message)]
+    assert len(slow) == (0 if native else 1)  # bfloat16 only

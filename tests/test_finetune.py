@@ -11,7 +11,7 @@ import torch
 
 import analyses.finetune as FT
 from analyses.finetune import PooledClassifier, finetune, training_inputs
-from analyses.finetune_config import PRESETS, TrainConfig, preset_config
+from analyses.finetune_config import PRESETS, TrainConfig, native_bfloat16, preset_config, resolve_autocast
 from analyses.pooling import experiment_config
 from analyses.pooling_choices import get_pooling, pooling_mask
 from probing.examples import Example
@@ -95,7 +95,49 @@ def test_autocast_is_an_option_of_the_config_and_the_result_key(tiny):
     keys = [experiment_config(tiny, ex, "kind", Format.parse("pair"), ["mean"], [0],
                               preset_config("quick", autocast=a)) for a in (False, True)]
     assert keys[0]["train"]["autocast"] is False and keys[1]["train"]["autocast"] is True
-    assert all(isinstance(PRESETS[p]["train"].get("autocast", False), bool) for p in PRESETS)
+    assert all(PRESETS[p]["train"].get("autocast", False) in (False, True, "auto") for p in PRESETS)
+    assert preset_config("default").autocast == "auto"  # the study's preset: bfloat16 only where it is native
+
+
+@pytest.mark.parametrize("avx512_bf16, amx, expected", [(False, False, False), (True, False, True),
+                                                        (False, True, True)])
+def test_auto_autocast_is_on_only_where_the_cpu_computes_bfloat16(monkeypatch, avx512_bf16, amx, expected):
+    """On a CPU without AVX512-BF16 or AMX, bfloat16 autocast made a fine-tuning step 14x slower than float32:
+    "auto" leaves it off there; True and False are kept as given."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    assert native_bfloat16("cpu") is expected
+    assert resolve_autocast(TrainConfig(autocast="auto"), torch.device("cpu")).autocast is expected
+    for explicit in (True, False):
+        assert resolve_autocast(TrainConfig(autocast=explicit), "cpu").autocast is explicit
+    assert native_bfloat16("meta") is False  # neither CPU nor CUDA: float32
+
+
+def test_auto_autocast_is_decided_before_the_result_key(tiny, tmp_path, monkeypatch):
+    """run_pooling_experiment keys and runs with the decided value: the stored result of an "auto" run on a
+    CPU without native bfloat16 is the float32 run's, and the forward passes ran in float32."""
+    from analyses.pooling import run_pooling_experiment
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    seen = []
+    forward = PooledClassifier.forward
+
+    def spy(self, inputs, pool_mask):
+        logits = forward(self, inputs, pool_mask)
+        seen.append(logits.dtype)
+        return logits
+
+    monkeypatch.setattr(PooledClassifier, "forward", spy)
+    kw = dict(model=tiny, out=tmp_path, progress=False, device="cpu", preset="quick", epochs=1, max_train=12)
+    ex = keyword_examples(24)
+    auto = run_pooling_experiment(ex, "kind", "mean", "0", autocast="auto", **kw)
+    assert seen and set(seen) == {torch.float32}
+    fp32 = run_pooling_experiment(ex, "kind", "mean", "0", autocast=False, **kw)
+    assert fp32.attrs["reused"] is True and fp32.attrs["result_path"] == auto.attrs["result_path"]
+    seen.clear()
+    bf16 = run_pooling_experiment(ex, "kind", "mean", "0", autocast=True, **kw)
+    assert not bf16.attrs.get("reused") and set(seen) == {torch.bfloat16}
 
 
 def test_rng_streams_give_each_run_its_own_seeded_sequence_whatever_the_interleaving():

@@ -589,6 +589,13 @@ def test_q8_reads_the_same_split_fine_tuning_layout():
     assert "fine_tuned − frozen" not in ev  # the same-pooling differences are in the table above it
     assert "**Warning:** 1 of 2 runs flagged" in ev
     assert "Warning" not in QUESTION_SECTIONS["Q8"].answer({"finetune": _finetune_table().assign(warning="")})
+    # how the runs computed, from the table's autocast column (written as text in the CSV)
+    assert "computed" not in ev  # an older table without the column: nothing claimed
+    for col, said in (([True, True], "under bfloat16 autocast (float32 weights and optimiser)"),
+                      (["False", "False"], "computed in float32."), ([True, False], "Some fine-tuning runs")):
+        t = _finetune_table()
+        t["autocast"] = (col * len(t))[:len(t)]
+        assert said in QUESTION_SECTIONS["Q8"].answer({"finetune": t})
     assert skip_counts({"pairs": 2}, _finetune_table()) == "2 at extraction (pairs 2); 3 in fine-tuning (Q8)"
 
 
@@ -1205,7 +1212,8 @@ def test_q4_first_says_what_sep_holds_against_its_own_baselines():
     assert len(table) == 6 and "sep1 − length-only probe" in caption and "Holm over all of them" in caption
     # the evidence sets the length-only probe's is_next accuracy beside the majority baseline
     assert "word counts alone reads is_next at 0.500 (95% CI 0.480 to 0.520), against the majority baseline " \
-           "0.500: lengths alone do not tell" in q4.answer(T)
+           "0.500: lengths alone do not tell coherent from shuffled pairs here, so the first part's verdict " \
+           "compares the middle [SEP] with the majority baseline" in q4.answer(T)
     above = q4.answer({"probes_pair": _q4_baseline_table(0.1, {1: 0.0}, length_next=0.56)})
     assert "lengths alone read is_next above the majority baseline, so the first part's verdict compares" in above
 
