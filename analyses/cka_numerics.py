@@ -136,6 +136,11 @@ def _outer_self(A: Array) -> Array:
     for s in range(0, m, _SYRK_BLOCK):
         e = min(s + _SYRK_BLOCK, m)
         np.matmul(A[s:e], A[s:].T, out=G[s:e, s:])
+        # gemm need not sum (i, j) and (j, i) of the diagonal block in the same order (OpenBLAS's AVX2 kernels
+        # do not): its upper triangle is mirrored too, so the result is exactly symmetric, as syrk's is
+        block = G[s:e, s:e]
+        lower = np.tril_indices(e - s, -1)
+        block[lower] = block.T[lower]
         G[e:, s:e] = G[s:e, e:].T
     return G
 

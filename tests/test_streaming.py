@@ -61,7 +61,9 @@ def _compare_cka(cached: pd.DataFrame, streamed: pd.DataFrame) -> None:
     assert list(c.index) == list(s.index)
     cv, sv = c["value"].to_numpy(float), s["value"].to_numpy(float)
     np.testing.assert_array_equal(np.isnan(sv), np.isnan(cv))  # [CLS] at layer 0: NaN in both
-    np.testing.assert_allclose(sv[~np.isnan(sv)], cv[~np.isnan(cv)], rtol=0, atol=1e-6)
+    # float32 states of other batch compositions differ by rounding; on an AVX2 CPU (OpenBLAS/oneDNN pick other
+    # kernels per shape) the CKA of 16 examples moved by up to 1.1e-6, so 5e-6 (a streaming error is far larger)
+    np.testing.assert_allclose(sv[~np.isnan(sv)], cv[~np.isnan(cv)], rtol=0, atol=5e-6)
     np.testing.assert_array_equal(s["n"].to_numpy(int), c["n"].to_numpy(int))
 
 
@@ -150,7 +152,10 @@ def test_bootstrap_intervals_do_not_depend_on_batching(lm, tmp_path):
     kw = dict(model=lm, choices=[], word_groups=False, n_resamples=400, progress=False)
     one = stream_compare(examples, "pair", "concat", batch_tokens=8192, **kw)["drift"]
     many = stream_compare(examples, "pair", "concat", batch_tokens=48, **kw)["drift"]
-    np.testing.assert_allclose(one[["ci_low", "ci_high"]], many[["ci_low", "ci_high"]], atol=1e-9)
+    # the same resampling weights whatever the batches: equal up to the float32 rounding of states computed in
+    # other batch shapes (1 − cos of 0.005 moved by 3e-9 on an AVX2 CPU); weights drawn per batch would move
+    # the interval by a share of its width (about 1e-3 here)
+    np.testing.assert_allclose(one[["ci_low", "ci_high"]], many[["ci_low", "ci_high"]], rtol=1e-6, atol=1e-8)
     ok = one["n_examples"] >= 2
     assert ((one["ci_low"] <= one["value"] + 1e-12) & (one["value"] <= one["ci_high"] + 1e-12))[ok].all()
     # Poisson and multinomial cluster bootstraps estimate the same interval: widths of the same size
