@@ -95,9 +95,13 @@ def test_quick_study_end_to_end_and_reuse(quick_study):
     p4 = pd.read_csv(tables / "paired_q4.csv")
     assert set(p4["metric"]) == {"difference", "macro_auc_diff"}
     # sep1 − cls in one family; sep1 − length-only on is_next (the coherence part's bar where lengths read more
-    # than the majority) in its own
-    assert p4.groupby("condition_b")["family"].nunique().to_dict() == {"choice=cls": 1, "choice=length_only": 1}
-    assert set(p4[p4["condition_b"] == "choice=length_only"]["target"]) == {"is_next"}
+    # than the majority) in its own, and trained − random-init sep1 on is_next in a third
+    assert p4.groupby("condition_b")["family"].nunique().to_dict() == {
+        "choice=cls": 1, "choice=length_only": 1, "model_kind=random_init,choice=sep1": 1}
+    assert p4.groupby("condition_b")["family"].first().nunique() == 3
+    for b in ("choice=length_only", "model_kind=random_init,choice=sep1"):
+        assert set(p4[p4["condition_b"] == b]["target"]) == {"is_next"}
+        assert (p4[p4["condition_b"] == b]["layer"] >= 1).all()
     assert set(p4[p4["metric"] == "macro_auc_diff"]["target"]) == {"bow_s1", "bow_s2"}
     p5 = pd.read_csv(tables / "paired_q5.csv")
     assert set(p5["metric"]) == {"macro_auc_diff"} and set(p5["condition_b"]) == {"choice=mean"}
@@ -1345,3 +1349,81 @@ def test_q4_evidence_says_where_each_token_reads_coherence_best():
     beyond = _coherence_by_layer(probes(cls=[0.5, 0.6, 0.62, 0.51], sep1=[0.5, 0.58, 0.6, 0.7]))
     assert "reaches its majority baseline" in beyond and "losing" not in beyond
     assert _coherence_by_layer(None) == "" and _coherence_by_layer(probes([0.5] * 4, [0.5] * 4).iloc[0:0]) == ""
+
+
+def _q4_next_items(trained_correct: float, random_correct: float, n_docs: int = 60, per_doc: int = 5) -> pd.DataFrame:
+    """probes_pair items of sep1 and cls on is_next, layers 0-2, on the trained and the random-init model: each
+    item correct with the given rate (per side, deterministic per item), documents as the groups."""
+    rng = np.random.default_rng(0)
+    rows = []
+    n = n_docs * per_doc
+    for kind, rate in (("trained", trained_correct), ("random_init", random_correct)):
+        for layer in (0, 1, 2):
+            for choice in ("sep1", "cls"):
+                correct = rng.random(n) < rate
+                for i in range(n):
+                    rows.append({"model_kind": kind, "model": "m" if kind == "trained" else "m-random", "corpus": "c",
+                                 "format": "pair", "target": "is_next", "layer": layer, "choice": choice,
+                                 "grouping": "document", "example": i, "token": pd.NA, "fold": i % 5,
+                                 "group": f"d{i // per_doc}", "y_true": "1", "y_pred": "1" if correct[i] else "0",
+                                 "correct": float(correct[i])})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("trained, random_, found", [(0.8, 0.5, True), (0.6, 0.6, False)])
+def test_q4_asks_whether_the_coherence_at_sep_is_learned(trained, random_, found):
+    """Q4's coherence against random weights: sep1's is_next accuracy on the trained model − on the random-init
+    one, paired per item in paired_q4 (a family of its own, layers 1–L). A planted advantage is found, a null
+    one is not; the part is "Not measured" without the random-init items, and the sep1 − cls part never reads
+    these rows."""
+    from probing.study.question_rows import _q4_rows, _q4_sep_next_untrained_rows
+    from probing.study.question_tables import FAMILIES, _paired_q4
+    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.sections import Context
+
+    cfg = load_config(None)
+    cfg["study"]["bootstrap_resamples"] = 300
+    items = _q4_next_items(trained, random_)
+    probes = _q4_baseline_table(0.1, {1: 0.0})
+    ctx = Context(cfg=cfg, caches=None, corpora={}, lm=None, out=Path("."),
+                  tables={"probes_pair": probes, "probes_pair:items": items})
+    paired = _paired_q4(ctx)
+    rows = paired[paired["family"] == FAMILIES["Q4_next_random"]]
+    assert sorted(rows["layer"]) == [1, 2] and rows["same_folds"].all()
+    assert set(rows["condition_b"]) == {"model_kind=random_init,choice=sep1"}
+    T = {"paired_q4": paired, "probes_pair": _q4_baseline_table(0.1, {1: 0.0})}
+    part = _q4_sep_next_untrained_rows(T)
+    assert len(part) == 2 and not part["condition_b"].eq("choice=cls").any()
+    assert not _q4_rows(T)["condition_b"].str.contains("random_init").any()
+    s = QUESTION_SECTIONS["Q4"].verdict(T, cfg).sentence
+    said = s.split("[SEP] against random weights: coherence (is_next) — ")[1].split(" [SEP] against")[0]
+    if found:
+        assert said.startswith("Yes, in every layer: the middle [SEP] tells coherent from shuffled pairs (is_next) "
+                               "better than the middle [SEP] of the same architecture with random weights"), said
+        assert np.allclose(rows["value"], 0.3, atol=0.1)
+    else:
+        assert not said.startswith("Yes") and not said.startswith("No (the opposite)"), said
+    # without the random-init items: no rows, and the part says so
+    plain = Context(cfg=cfg, caches=None, corpora={}, lm=None, out=Path("."),
+                    tables={"probes_pair": probes, "probes_pair:items": items[items["model_kind"] == "trained"]})
+    assert not _paired_q4(plain)["family"].eq(FAMILIES["Q4_next_random"]).any()
+    none = {"paired_q4": _paired_q4(plain), "probes_pair": _q4_baseline_table(0.1, {1: 0.0})}
+    assert "[SEP] against random weights: coherence (is_next) — Not measured." in \
+        QUESTION_SECTIONS["Q4"].verdict(none, cfg).sentence
+
+
+def test_q4_evidence_gives_the_random_weight_sep_on_is_next():
+    from probing.study.question_text import _sep_next_untrained
+
+    rows = []
+    for kind, accs in (("trained", [0.9, 0.55, 0.62]), ("random_init", [0.9, 0.51, 0.49])):
+        for layer, a in enumerate(accs):
+            rows.append({"model_kind": kind, "choice": "sep1", "target": "is_next", "metric": "accuracy",
+                         "layer": layer, "value": a, "ci_low": a - 0.03, "ci_high": a + 0.03})
+    rows.append({"model_kind": "trained", "choice": "sep1", "target": "is_next", "metric": "majority_baseline",
+                 "layer": 1, "value": 0.5, "ci_low": 0.5, "ci_high": 0.5})
+    s = _sep_next_untrained(pd.DataFrame(rows))
+    assert ("at layer 2 the middle [SEP] reads 0.620 (95% CI 0.590 to 0.650) trained against 0.490 (95% CI 0.460 "
+            "to 0.520) with random weights (majority baseline 0.500); with random weights 0.490–0.510 over layers "
+            "1–2") in s, s  # layer 0 is not read
+    assert _sep_next_untrained(pd.DataFrame([r for r in rows if r["model_kind"] == "trained"])) == ""

@@ -146,6 +146,16 @@ def _q4_sep_untrained_rows(sentence: int):
     return rows
 
 
+def _q4_sep_next_untrained_rows(T):
+    """Whether what the middle [SEP] holds of coherence is learned: is_next accuracy of sep1 on the trained model
+    − that of sep1 on the random-init model, paired per item (``paired_q4``'s own family), per layer 1–L. None
+    without the random-init run."""
+    from .question_tables import FAMILIES
+
+    d = pick(T.get("paired_q4"), target="is_next", family=FAMILIES["Q4_next_random"])
+    return None if d.empty else _contextual(d)
+
+
 #: The family of Q5's verdict rows: one per sentence position, at the last layer.
 Q5_FAMILY = "[CLS] − length-only macro AUC over the sentence positions at the last layer (Holm over positions)"
 

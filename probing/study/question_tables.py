@@ -41,7 +41,7 @@ LENGTH_BASELINE = {"Q4": ("sep1", "sep2"), "Q7": ("cls", "mean")}
 #: Q4 asks it of the middle [SEP], Q7 of [CLS]. A question of :data:`RANDOM_INIT_PROBES` fits every probe on the
 #: random-init model anyway, so its own run makes the comparison; for another, only these choices and targets
 #: are fitted there, in a run of their own (a few seconds; Q4's whole probe set would double its probe time).
-RANDOM_VERSUS = {"Q4": (("sep1",), ("bow_s1", "bow_s2")), "Q7": (("cls",), ("bow_s1",))}
+RANDOM_VERSUS = {"Q4": (("sep1",), ("bow_s1", "bow_s2", "is_next")), "Q7": (("cls",), ("bow_s1",))}
 #: The token choice each question's pair-format bag-of-words probes are compared with, by macro AUC on
 #: the same resamples (``run_probes(versus=...)``): Q4 asks whether [SEP] holds a sentence's words better
 #: than [CLS].
@@ -218,11 +218,13 @@ def _probes_pair(ctx: Context) -> pd.DataFrame:
                         **probe_kw(ctx.cfg, ctx.out, ctx.progress)) for q in wanted if q in PAIR_CONTROLS]
     # the others: their random-init probes and trained − random-init rows in a run of their own (the trained
     # probes it fits again are rows of the run above)
+    # (their items too: a single-label target, such as Q4's is_next, is compared per item in paired_q4)
     versus = [run_probes(_pairs(ctx, "pair"), *RANDOM_VERSUS[q], random_cache=random, random_versus=RANDOM_VERSUS[q][0],
-                         **probe_kw(ctx.cfg, ctx.out, ctx.progress))
+                         items=True, **probe_kw(ctx.cfg, ctx.out, ctx.progress))
               for q in wanted if q in RANDOM_VERSUS and not own_random(q) and random is not None]
     keys = ["model_kind", "model_kind_b", "layer", "choice", "choice_b", "target", "metric"]
-    _keep_items(ctx, "probes_pair", [it for _, it in runs])
+    _keep_items(ctx, "probes_pair", [it for _, it in runs + versus])
+    versus = [t for t, _ in versus]
     versus = [t.assign(model_kind_b=t["model_kind_b"] if "model_kind_b" in t.columns else pd.NA) for t in versus]
     table = pd.concat([t for t, _ in runs] + [t[t["model_kind_b"].notna() | (t["model_kind"] == "random_init")]
                                               for t in versus], ignore_index=True)
@@ -336,6 +338,8 @@ FAMILIES = {
     "Q4": ("sep1 − cls over every layer 1–L × target (is_next: accuracy; bow_s1, bow_s2: macro AUC) "
            "(Holm over all of them)"),
     "Q4_next_length": "sep1 − length-only is_next accuracy over layers 1–L (Holm over layers)",
+    "Q4_next_random": ("sep1 of the trained model − sep1 of the random-init model, is_next accuracy over layers 1–L "
+                       "(Holm over layers)"),
     "Q5": "[CLS] − mean macro AUC over every layer 1–L × sentence position (Holm over all of them)",
     "Q6": ("first − last and first − middle over every layer 1–L × target (topic, is_next) "
            "(Holm over all of them)"),
@@ -421,7 +425,9 @@ def _paired_q4(ctx: Context) -> pd.DataFrame:
     """sep1 − cls: is_next by per-item accuracy on the same items, the bags of words by macro AUC on the same
     resamples; one Holm family. Then, a family of its own (``condition_b = "choice=length_only"``), sep1 − the
     length-only probe on is_next, per item: the bar for [SEP]'s coherence where the sentences' lengths alone
-    read is_next above the majority baseline (:func:`probing.study.question_rows._q4_sep_next_rows`)."""
+    read is_next above the majority baseline (:func:`probing.study.question_rows._q4_sep_next_rows`). Then,
+    with the random-init run, trained sep1 − random-init sep1 on is_next, per item (a family of its own): is the
+    coherence that [SEP] holds learned?"""
     items = _from_layer1(_items(ctx, "probes_pair"))
     from analyses.probe_runner import is_multilabel
 
@@ -434,6 +440,11 @@ def _paired_q4(ctx: Context) -> pd.DataFrame:
     if "is_next" in single and (items["choice"] == "length_only").any():
         out.append(_compare(items, {"choice": "sep1"}, {"choice": "length_only"}, FAMILIES["Q4_next_length"], ctx,
                             model_kind="trained", target="is_next"))
+    random = items[(items["model_kind"] == "random_init") & (items["choice"] == "sep1") & (items["target"] == "is_next")]
+    if not random.empty:  # is [SEP]'s coherence learned? the same probe on the random-init model, per item
+        out.append(_compare(items, {"model_kind": "trained", "choice": "sep1"},
+                            {"model_kind": "random_init", "choice": "sep1"}, FAMILIES["Q4_next_random"], ctx,
+                            target="is_next"))
     return pd.concat(out, ignore_index=True)
 
 

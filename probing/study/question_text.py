@@ -472,7 +472,8 @@ def answer_q4(T: dict) -> str:
                              "for the bags of words)")
               + power_text(pick(d, target="is_next"), "the is_next comparison"))
     return (s + _coherence_by_layer(T.get("probes_pair")) + _coherence_from_length(T.get("probes_pair"))
-            + _sep_content_untrained(T.get("probes_pair")) + knockout_text(T))
+            + _sep_content_untrained(T.get("probes_pair")) + _sep_next_untrained(T.get("probes_pair"))
+            + knockout_text(T))
 
 
 def _sep_content_untrained(p: pd.DataFrame | None) -> str:
@@ -503,6 +504,26 @@ def _sep_content_untrained(p: pd.DataFrame | None) -> str:
         return ""
     return (" The middle [SEP] with random weights (same architecture, embeddings included), macro AUC: "
             + "; ".join(parts) + ".")
+
+
+def _sep_next_untrained(p: pd.DataFrame | None) -> str:
+    """The middle [SEP]'s is_next accuracy on the trained and on the random-init model at the layer where the
+    trained one is highest (layers 1–L), beside the majority baseline: coherence without training."""
+    if p is None or p.empty:
+        return ""
+    acc = _contextual(pick(p, target="is_next", metric="accuracy", choice="sep1"))
+    trained, random = pick(acc, model_kind="trained"), pick(acc, model_kind="random_init")
+    if trained.empty or random.empty:
+        return ""
+    L = int(trained.loc[pd.to_numeric(trained["value"]).idxmax(), "layer"])
+    t, r = one(trained, layer=L), one(random, layer=L)
+    base = one(pick(p, model_kind="trained", target="is_next", metric="majority_baseline"), choice="sep1")
+    if t is None or r is None:
+        return ""
+    lo, hi = (pd.to_numeric(random["value"]).agg(f) for f in ("min", "max"))
+    return (f" On is_next, at layer {L} the middle [SEP] reads {fmt(t)} trained against {fmt(r)} with random weights"
+            + (f" (majority baseline {fmt(base[0])})" if base else "")
+            + f"; with random weights {lo:.3f}–{hi:.3f} over layers 1–{int(pd.to_numeric(acc['layer']).max())}.")
 
 
 def _coherence_from_length(p: pd.DataFrame | None) -> str:
