@@ -179,8 +179,9 @@ NOTES = {
 #: Questions answered in parts (:attr:`probing.study.sections.StudySection.parts`), each by the same rules: Q3
 #: asks how far more segments move [CLS] and the inner words, each against its own spread between inputs; Q4
 #: asks what [SEP] holds (coherence, and the content words of the sentence before and after it, each against
-#: [CLS]); Q7
-#: asks whether the input can be recovered (content words, length, word order); Q8 asks two questions
+#: [SEP]'s own baselines, against the same [SEP] with random weights, and against [CLS]); Q7
+#: asks whether the input can be recovered (content words, also against random weights, length, word order); Q8
+#: asks two questions
 #: (frozen [CLS] against mean pooling; after fine-tuning, each pooling against mean pooling).
 PARTS = {"Q3": (("[CLS]", _q3_rows, CLAIMS["Q3"]),
                 ("Inner words of sentences 1–2", _q3_word_rows, claim("Q3_words"))),
