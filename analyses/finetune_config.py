@@ -17,13 +17,11 @@ from probing.models import native_bfloat16
 
 SCHEDULES: tuple[str, ...] = ("linear", "constant")
 ON_OVERFLOW: tuple[str, ...] = ("error", "skip")
-#: TrainConfig.autocast's values: off, on, or on where the device computes bfloat16 natively.
-AUTOCAST: tuple[Any, ...] = (False, True, "auto")
 
 
 def resolve_autocast(config: "TrainConfig", device: torch.device | str) -> "TrainConfig":
-    """``config`` with ``autocast="auto"`` decided for ``device`` (:func:`probing.models.native_bfloat16`): True or False, so
-    that the result's key and table record what ran. Any other config is returned as it is."""
+    """``config`` with ``autocast="auto"`` decided for ``device`` (:func:`probing.models.native_bfloat16`): True or
+    False, so that the result's key and table record what ran. Any other config is returned as it is."""
     if config.autocast != "auto":
         return config
     return replace(config, autocast=native_bfloat16(device))
@@ -68,8 +66,8 @@ class TrainConfig:
         (CI half-widths 0.026-0.034); every fine-tuned - frozen and pooling - mean difference keeps its
         sign and moves by at most 0.0033 (half-widths >= 0.015); 99.7% of the 3065 fine-tuned test
         predictions are the same. The frozen side does not use it. ``"auto"`` (the "default" preset): on where
-        the device computes bfloat16 in hardware (:func:`probing.models.native_bfloat16`), off elsewhere, where bfloat16 is
-        slower than float32 (14x per training step on an AVX2-only CPU); decided before a run
+        the device computes bfloat16 in hardware (:func:`probing.models.native_bfloat16`), off elsewhere, where
+        bfloat16 is slower than float32 (14x per training step on an AVX2-only CPU); decided before a run
         (:func:`resolve_autocast`), so the result key holds True or False.
     checkpoint_every: activation checkpointing of every n-th encoder layer (0: none): such a layer keeps
         only its input during the forward pass and is recomputed in the backward pass (non-reentrant;
@@ -131,8 +129,9 @@ class TrainConfig:
             raise ValueError(f"checkpoint_every must be an integer >= 0 (0: no checkpointing), "
                              f"got checkpoint_every={self.checkpoint_every!r}")
         if not isinstance(self.freeze_embeddings, bool):
-            raise ValueError(f"freeze_embeddings must be True or False, got freeze_embeddings={self.freeze_embeddings!r}")
-        if not any(self.autocast is a or (isinstance(a, str) and self.autocast == a) for a in AUTOCAST):
+            raise ValueError(f"freeze_embeddings must be True or False, "
+                             f"got freeze_embeddings={self.freeze_embeddings!r}")
+        if not (isinstance(self.autocast, bool) or self.autocast == "auto"):
             raise ValueError(f"autocast must be True, False or 'auto', got autocast={self.autocast!r}")
         if not isinstance(self.split_group, str) or not self.split_group:
             raise ValueError(f"split_group must be 'auto', 'id' or a label name, got {self.split_group!r}")
