@@ -217,20 +217,29 @@ def scale_difference(result: dict, by: float) -> dict:
 
 
 def holm(p_values) -> np.ndarray:
-    """Holm's step-down adjustment of a family of p-values (Holm 1979), through
-    :func:`statsmodels.stats.multitest.multipletests`; NaN entries stay NaN and do not count in the
-    family. Returns an array shaped like ``p_values``.
+    """Holm's step-down adjustment of a family of p-values (Holm 1979): sorted ascending, the i-th of m
+    (from 0) times m - i, the running maximum, capped at 1; NaN entries stay NaN and do not count in the
+    family. Returns an array shaped like ``p_values``. The same numbers as
+    ``statsmodels.stats.multitest.multipletests(p, method="holm")[1]`` (tests/test_paired.py compares
+    them), written out because statsmodels' Holm branch calls ``gc.collect()`` on every call
+    (statsmodels 0.15; its PR #8671 proposed removing it): 0.27 s a call in a process holding a model
+    and figures, 39 of the 95 s of a --quick study of a tiny model.
 
     >>> holm([0.01, 0.04, float("nan")]).round(2).tolist()
     [0.02, 0.04, nan]
     """
-    from statsmodels.stats.multitest import multipletests
-
     p = np.asarray(p_values, dtype=np.float64)
     out = np.full(p.shape, np.nan)
     ok = np.isfinite(p)
     if ok.any():
-        out[ok] = multipletests(p[ok], method="holm")[1]
+        q = p[ok]
+        if ((q < 0) | (q > 1)).any():
+            raise ValueError(f"p-values must lie in [0, 1], got {q[(q < 0) | (q > 1)][:3].tolist()}")
+        order = np.argsort(q, kind="stable")
+        adjusted = np.minimum(np.maximum.accumulate(q[order] * np.arange(q.size, 0, -1)), 1.0)
+        out_ok = np.empty_like(q)
+        out_ok[order] = adjusted
+        out[ok] = out_ok
     return out
 
 

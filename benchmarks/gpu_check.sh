@@ -11,7 +11,10 @@
 # failed step; its exit status is the number of failed steps.
 # A rehearsal on any machine (tests/test_benchmarks.py runs one on the CPU, so that a GPU session's few
 # minutes are not lost to a broken command): DEVICE=cpu, STEPS (a comma list of the step names below),
-# small N_CLS and N_ALL, and EXTRACT_ARGS, PROBE_ARGS, CKA_ARGS appended to those commands.
+# small N_CLS and N_ALL, and EXTRACT_ARGS, PROBE_ARGS, CKA_ARGS appended to those commands. DTYPE (default
+# bfloat16): the compute dtype of the two bert-base-size steps; a CPU rehearsal passes float32, since a CPU
+# without bfloat16 hardware emulates it (the base-size [CLS]+[SEP] step took 126 s in bfloat16 and 31 s in
+# float32 on an AVX2-only 2-core VM, against its 150 s limit). The one-layer step stays in bfloat16.
 # BASELINE_TREE: a folder holding the code to compare with (its probing/, analyses/ and benchmarks/, e.g.
 #   git archive <rev> probing analyses benchmarks | tar -x -C .dev/before, carried to the GPU machine):
 #   each extraction step then also runs there, right after the current code's run on the same machine,
@@ -30,6 +33,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=${TOKENIZERS_P
 N_CLS=${N_CLS:-20000}       # pairs for the [CLS]+[SEP] extraction
 N_ALL=${N_ALL:-5000}        # pairs for the all-tokens extraction (about 0.6 MB of cache per pair)
 DEVICE=${DEVICE:-cuda}
+DTYPE=${DTYPE:-bfloat16}
 STEPS=${STEPS:-tests,extract-cls-sep,extract-host-path,extract-all,probes,cka}
 read -r -a EXTRACT_EXTRA <<< "${EXTRACT_ARGS:-}"
 read -r -a PROBE_EXTRA <<< "${PROBE_ARGS:-}"
@@ -57,11 +61,11 @@ extract() {  # extract NAME LIMIT ARGS...: the current code, then (with BASELINE
   fi
 }
 TAIL=30 extract extract-cls-sep "${T_EXT:-150}" --random-init-size base --device "$DEVICE" \
-  --dtype bfloat16 --corpus "generated:n=$N_CLS,k=2" --roles cls,sep --batch-tokens 65536 --max-batch 4096 --naive-examples 2000 --repeats 1
+  --dtype "$DTYPE" --corpus "generated:n=$N_CLS,k=2" --roles cls,sep --batch-tokens 65536 --max-batch 4096 --naive-examples 2000 --repeats 1
 TAIL=30 extract extract-host-path "${T_HOST:-90}" --random-init-size tiny --device "$DEVICE" \
   --dtype bfloat16 --corpus "generated:n=$N_CLS,k=2" --roles cls,sep --batch-tokens 65536 --max-batch 4096 --naive-examples 2000 --repeats 1
 extract extract-all "${T_ALL:-150}" --random-init-size base --device "$DEVICE" \
-  --dtype bfloat16 --corpus "generated:n=$N_ALL,k=2" --roles all --batch-tokens 65536 --max-batch 4096 --naive-examples 2000 --repeats 1
+  --dtype "$DTYPE" --corpus "generated:n=$N_ALL,k=2" --roles all --batch-tokens 65536 --max-batch 4096 --naive-examples 2000 --repeats 1
 step probes "${T_PROBE:-120}" $PY benchmarks/probe_speed.py --device "$DEVICE" "${PROBE_EXTRA[@]}"
 step cka "${T_CKA:-120}" $PY benchmarks/cka_speed.py --device "$DEVICE" "${CKA_EXTRA[@]}"
 echo "== failed steps: $failed"

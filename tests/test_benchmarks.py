@@ -30,7 +30,8 @@ def _env(**extra) -> dict:
                     reason="needs bash and coreutils' timeout")
 def test_gpu_check_rehearses_on_the_cpu(tmp_path):
     logs = tmp_path / "logs"
-    env = _env(DEVICE="cpu", STEPS="extract-cls-sep,extract-host-path,extract-all,probes,cka", N_CLS="40", N_ALL="20",
+    env = _env(DEVICE="cpu", DTYPE="float32", STEPS="extract-cls-sep,extract-host-path,extract-all,probes,cka",
+               N_CLS="40", N_ALL="20",
                OUT=str(logs), PYTHON=sys.executable, EXTRACT_ARGS="--matmul-size 256 --matmul-seconds 0.2 --repeats 2",
                PROBE_ARGS="--n-items 300 --dim 32 --layers 2 --Cs 0.1,1 --folds 2 --inner-folds 2",
                CKA_ARGS="--n 400 --d 16 --layers 2 --stream-n 2000 --stream-batch 500")
@@ -49,6 +50,8 @@ def test_gpu_check_rehearses_on_the_cpu(tmp_path):
         assert re.search(r"before and after each extractor run: [\d.]+, [\d.]+, [\d.]+ GFLOP/s", log), name
         assert re.search(r"extractor [\d.]+ GFLOP/s = \d+% of the matmul rate .*: \d+%, \d+%\)", log), name
     assert "roles all" in (logs / "extract-all.log").read_text()
+    for name, dtype in (("extract-cls-sep", "float32"), ("extract-all", "float32"), ("extract-host-path", "bfloat16")):
+        assert f"--dtype {dtype} " in (logs / f"{name}.log").read_text().splitlines()[0], name  # DTYPE: base size only
     probes = (logs / "probes.log").read_text()
     assert re.search(r"speed-up: [\d.]+x", probes)
     assert re.search(r"same C chosen in [\d.]+% of folds", probes)

@@ -93,7 +93,19 @@ def test_exact_sign_flip_with_few_groups():
 
 
 def test_holm_matches_statsmodels_and_families():
+    from statsmodels.stats.multitest import multipletests
+
     assert holm([0.01, 0.02, 0.04]).tolist() == pytest.approx([0.03, 0.04, 0.04])
+    rng = np.random.default_rng(0)
+    for i in range(300):  # families of 1-40, skewed to small p, every third rounded so that p-values tie
+        p = rng.uniform(size=rng.integers(1, 41)) ** 3
+        p = np.round(p, 2) if i % 3 == 0 else p
+        np.testing.assert_allclose(holm(p), multipletests(p, method="holm")[1], rtol=0, atol=1e-15)
+    with_nan = holm([0.2, np.nan, 0.01, 0.03])
+    assert np.isnan(with_nan[1]) and with_nan[[0, 2, 3]].tolist() == pytest.approx([0.2, 0.03, 0.06])
+    assert holm(np.array([[0.5, 0.9], [0.01, np.nan]])).shape == (2, 2)
+    with pytest.raises(ValueError, match=r"p-values must lie in \[0, 1\]"):
+        holm([0.5, 1.2])
     df = pd.DataFrame({"role": ["x", "x", "y"], "metric": "m", "p_value": [0.01, 0.04, 0.01]})
     out = add_holm(df, ["role", "metric"])
     assert out["p_holm"].tolist() == pytest.approx([0.02, 0.04, 0.01])
