@@ -22,7 +22,7 @@ quick: install
 	$(PYTHON) -m probing.study $(STUDY) --quick
 
 test: install-dev
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n auto --dist loadgroup
 
 bench: install-dev
 	$(PYTHON) benchmarks/extract_throughput.py

@@ -10,6 +10,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n N: N processes share the cores, one torch thread each
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # read when torch loads; subprocesses of a test inherit it
 
 import pytest
 import torch
@@ -172,3 +174,12 @@ def quick_study(tmp_path_factory, bert_tokenizer):
     return {"out": out, "first_run": Path(first_run), "logs": logs, "logs_again": logs_again, "first": first,
             "second": second, "forced": forced, "named": named, "named_again": named_again, "html": html,
             "stale_left": stale_left}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Under ``pytest -n N --dist loadgroup`` the tests that read the session's ``quick_study`` (minutes to
+    build) run in one worker, so that it is built once."""
+    for item in items:
+        if "quick_study" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("quick_study"))
