@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import doctest
+import os
 import random
 import re
+import shutil
 import sys
 import time
 from collections import Counter
@@ -308,6 +310,28 @@ def test_bbc_article_sentences_drop_title_and_match_pysbd(bbc_dir):
     assert len(sents) >= 10 and all(s and s == s.strip() for s in sents)
     # the one Windows-1252 file decodes its pound sign
     assert any("£15.8m" in s for s in corpus_news.bbc_article_sentences(bbc_dir / "sports" / "199.txt"))
+
+
+def test_bbc_article_sentences_are_split_once_until_the_file_changes(bbc_dir, tmp_path, monkeypatch):
+    import pysbd
+
+    path = tmp_path / "business" / "001.txt"
+    path.parent.mkdir()
+    shutil.copyfile(bbc_dir / "business" / "001.txt", path)
+    split = []
+    real = corpus_news._split_article
+    monkeypatch.setattr(corpus_news, "_split_article", lambda p, seg: split.append(p) or real(p, seg))
+    first = corpus_news.bbc_article_sentences(path)
+    first.append("changed by the caller")  # a copy: the remembered sentences stay as they were
+    again = corpus_news.bbc_article_sentences(str(path))
+    assert split == [path] and again == first[:-1] and again[0] == BBC_FIRST_SENTENCE
+    # an own segmenter is always used, never the remembered split
+    assert corpus_news.bbc_article_sentences(path, pysbd.Segmenter(language="en", clean=False)) == again
+    assert len(split) == 2
+    path.write_text(path.read_text(encoding="utf-8").replace("jumped 76%", "jumped 77%", 1), encoding="utf-8")
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    changed = corpus_news.bbc_article_sentences(path)
+    assert len(split) == 3 and changed[0] == BBC_FIRST_SENTENCE.replace("76%", "77%") and changed[1:] == again[1:]
 
 
 def test_bbc_subset_is_balanced_deterministic_and_faithful(bbc_dir):
