@@ -318,6 +318,8 @@ def test_bbc_article_sentences_are_split_once_until_the_file_changes(bbc_dir, tm
     path = tmp_path / "business" / "001.txt"
     path.parent.mkdir()
     shutil.copyfile(bbc_dir / "business" / "001.txt", path)
+    settled = time.time_ns() - 5 * 10**9  # written "5 s ago": a file changed within the last second is not remembered
+    os.utime(path, ns=(settled, settled))
     split = []
     real = corpus_news._split_article
     monkeypatch.setattr(corpus_news, "_split_article", lambda p, seg: split.append(p) or real(p, seg))
@@ -329,9 +331,12 @@ def test_bbc_article_sentences_are_split_once_until_the_file_changes(bbc_dir, tm
     assert corpus_news.bbc_article_sentences(path, pysbd.Segmenter(language="en", clean=False)) == again
     assert len(split) == 2
     path.write_text(path.read_text(encoding="utf-8").replace("jumped 76%", "jumped 77%", 1), encoding="utf-8")
-    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
-    changed = corpus_news.bbc_article_sentences(path)
+    changed = corpus_news.bbc_article_sentences(path)  # modified just now: split, and not remembered yet
     assert len(split) == 3 and changed[0] == BBC_FIRST_SENTENCE.replace("76%", "77%") and changed[1:] == again[1:]
+    assert corpus_news.bbc_article_sentences(path) == changed and len(split) == 4
+    os.utime(path, ns=(settled + 10**9, settled + 10**9))
+    assert corpus_news.bbc_article_sentences(path) == changed and len(split) == 5  # settled: remembered from now
+    assert corpus_news.bbc_article_sentences(path) == changed and len(split) == 5
 
 
 def test_bbc_subset_is_balanced_deterministic_and_faithful(bbc_dir):
