@@ -2,6 +2,7 @@
 with a known answer, and on tiny caches whose examples carry a ``doc`` label."""
 
 import gc
+
 import numpy as np
 import pandas as pd
 import pytest
