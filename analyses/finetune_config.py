@@ -73,14 +73,19 @@ class TrainConfig:
         only its input during the forward pass and is recomputed in the backward pass (non-reentrant;
         dropout replays the draws of the forward pass), so the same gradients, the same run, with less
         memory and more time. Above 1 it needs transformers' ``activation_checkpointing_enable``
-        (transformers >= 5; older versions checkpoint every layer, with a warning). 2 in "default": ``run_pooling_experiment(load_corpus("bbc:n=1000,k=2,
+        (transformers >= 5; older versions checkpoint every layer, with a warning). 0 in every preset since
+        session 21 (2 in "default" from session 8): ``run_pooling_experiment(load_corpus("bbc:n=1000,k=2,
         max_words=40"), "topic", ["cls", "mean", "max"], [0], model=load_model(), preset="default",
         run_folds=1, checkpoint_every=0|1|2)`` (2-core VM, two torch threads, alternated): peak RSS
         1,413 / 1,421 MiB with none, 1,177 / 1,163 MiB with every layer, 1,283 / 1,311 MiB with every
         second; 24.3-26.6 s, 35.8-36.3 s and 28.3-32.1 s; the table (but its ``seconds``) and the
         predictions byte-identical. Each fine-tuning run held about 650 MiB above the process before it
         with none, and the study's peak is Q8's fine-tuning; every layer cost the study 40-50 s, every
-        second layer half of that for half the memory.
+        second layer half of that for half the memory. On the AVX2-only VM of sessions 19-21 (float32
+        training, no autocast) every second layer cost more: the same call, alternated, took 64.6 / 67.2 s
+        with none against 77.7 / 81.4 s (peak 1,413 / 1,416 against 1,252 / 1,256 MiB), the tables equal
+        but for ``seconds``. There the study missed its 10 minutes by 320 s while its peak stayed 375 MiB
+        under 2 GB, so "default" keeps every activation.
     """
 
     epochs: int = 1
@@ -210,7 +215,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "poolings": ("cls", "mean", "max", "sep1", "first_word"), "train_seeds": (0,),
         "train": {"epochs": 3, "lr": 2e-4, "head_lr": 3e-3, "freeze_embeddings": True, "batch_size": 16,
                   "max_train": 128, "max_length": None, "on_overflow": "skip", "folds": 5, "run_folds": 3,
-                  "autocast": "auto", "checkpoint_every": 2},
+                  "autocast": "auto"},
     },
     "full": {
         "corpus": "bbc:k=2,n=6000", "target": "topic",

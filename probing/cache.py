@@ -18,23 +18,12 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from .cache_layout import EXAMPLES, MANIFEST, REQUEST, SHARDS, CacheError, read_manifest, sha256_file
-from .file_memo import FileMemo
+from .cache_layout import (EXAMPLES, MANIFEST, REQUEST, SHARDS, CacheError, read_manifest, remembered_sha256,
+                           sha256_file)
 from .formats import KEY_COLUMNS
 
 __all__ = ["Cache", "CacheError", "IncomparableCaches", "align", "check_comparable", "check_prefix", "describe_model",
            "find_caches"]
-
-
-#: SHA-256 of the files this process has already hashed (:class:`probing.file_memo.FileMemo`: a changed
-#: file, however small the change, is hashed again). Every analysis of a study opens its own :class:`Cache`,
-#: and each used to hash the shards it read again (9 s of a 75 s run of Q1-Q2).
-_HASHED = FileMemo()
-
-
-def _file_sha256(path: Path) -> str:
-    """:func:`sha256_file`, remembered for an unchanged file (:data:`_HASHED`)."""
-    return _HASHED.get(path, sha256_file)
 
 
 #: Bytes of stored rows read at a time by :meth:`Cache.states` before their pages are dropped again.
@@ -191,7 +180,7 @@ class Cache:
         p = self.path / SHARDS / fname
         if not p.exists():
             raise CacheError(f"{self.path}: shard file {p.name} is missing")
-        if self.verify and (_file_sha256(p) if remembered else sha256_file(p)) != digest:
+        if self.verify and (remembered_sha256(p) if remembered else sha256_file(p)) != digest:
             raise CacheError(
                 f"{self.path}: shard file {p.name} is damaged (SHA-256 does not match the manifest); "
                 f"delete the cache or re-run the extraction with --force"
@@ -203,7 +192,7 @@ class Cache:
         """The corpus: one row per example (skipped ones included), indexed by corpus position, with
         ``example_id``, ``sentence_<i>`` and ``label_<name>`` columns."""
         p = self.path / EXAMPLES
-        if self.verify and _file_sha256(p) != self.manifest["examples_sha256"]:
+        if self.verify and remembered_sha256(p) != self.manifest["examples_sha256"]:
             raise CacheError(f"{self.path}: {EXAMPLES} is damaged (SHA-256 does not match the manifest)")
         return pd.read_parquet(p).set_index("example", drop=False)
 

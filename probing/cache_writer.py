@@ -26,7 +26,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from .cache_layout import MANIFEST, MANIFEST_CHECKSUM, SHARDS, CacheError, manifest_checksum, sha256_file, shard_name
+from .cache_layout import (MANIFEST, MANIFEST_CHECKSUM, SHARDS, CacheError, manifest_checksum, remember_sha256,
+                           sha256_file, shard_name)
 
 __all__ = [
     "atomic_write", "clear", "complete_shards", "lock_path", "remove_temporaries", "write_json", "write_manifest",
@@ -141,12 +142,17 @@ def write_shard(cache_dir: Path, index: int, states: np.ndarray, tokens: pd.Data
         raise CacheError(f"shard {index}: {len(tokens)=} rows but {states.shape=}")
     d = Path(cache_dir) / SHARDS
     name = shard_name(index)
-    states_sha256 = _write_hashed_npy(d / f"{name}.npy", states)
+    digests = {f"{name}.npy": _write_hashed_npy(d / f"{name}.npy", states)}
     atomic_write(d / f"{name}.tokens.parquet", lambda tmp: _write_parquet(tmp, tokens))
+    digests[f"{name}.tokens.parquet"] = sha256_file(d / f"{name}.tokens.parquet")
     extras = {}
     for key, arr in sorted((extra or {}).items()):
         fname = f"{name}.{key}.npy"
-        extras[key] = {"file": fname, "sha256": _write_hashed_npy(d / fname, arr)}
+        digests[fname] = _write_hashed_npy(d / fname, arr)
+        extras[key] = {"file": fname, "sha256": digests[fname]}
+    # this process's readers (a study's analyses) need not read back what it has just written and hashed
+    for fname, digest in digests.items():
+        remember_sha256(d / fname, digest)
     record = dict(info)
     record["extra"] = extras
     record.update({
@@ -154,8 +160,8 @@ def write_shard(cache_dir: Path, index: int, states: np.ndarray, tokens: pd.Data
         "n_tokens": int(states.shape[0]),
         "states": f"{name}.npy",
         "tokens": f"{name}.tokens.parquet",
-        "states_sha256": states_sha256,
-        "tokens_sha256": sha256_file(d / f"{name}.tokens.parquet"),
+        "states_sha256": digests[f"{name}.npy"],
+        "tokens_sha256": digests[f"{name}.tokens.parquet"],
     })
     write_json(d / f"{name}.json", record)
     return record

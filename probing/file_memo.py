@@ -30,14 +30,25 @@ class FileMemo:
     def __init__(self) -> None:
         self._values: dict[tuple, object] = {}
 
+    @staticmethod
+    def _key(path: Path) -> tuple[tuple, int]:
+        st = os.stat(path)
+        return (os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino), st.st_mtime_ns
+
     def get(self, path: str | os.PathLike, compute: Callable[[Path], T]) -> T:
         path = Path(path)
         started = time.time_ns()
-        st = os.stat(path)
-        key = (os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino)
+        key, mtime_ns = self._key(path)
         if key in self._values:
             return self._values[key]  # type: ignore[return-value]
         value = compute(path)
-        if st.st_mtime_ns < started - SETTLED_NS:
+        if mtime_ns < started - SETTLED_NS:
             self._values[key] = value
         return value
+
+    def put(self, path: str | os.PathLike, value: object) -> None:
+        """Remember ``value`` for the file as it is now, settled or not: for a value its caller knows from
+        the bytes it has just written there itself (a writer's checksum of a file it renamed into place).
+        Only a change made in place within the same tick of the file system's clock and keeping the size
+        would go unseen, which takes a second writer beside the one holding the file's lock."""
+        self._values[self._key(Path(path))[0]] = value

@@ -555,14 +555,17 @@ def test_shard_hashes_are_remembered_only_for_unchanged_files(tmp_path, tiny_ber
     import os
 
     import probing.cache as cache_mod
+    import probing.cache_layout as layout
 
     (p,) = extract(examples, ["pair"], model=tiny_bert, out=tmp_path, progress=False, log=lambda *a: None)
-    old = 1_000_000_000  # 2001: long settled
+    old = 1_000_000_000  # 2001: long settled (and no longer what the writer remembered)
     for f in (p / "shards").iterdir():
         os.utime(f, (old, old))
     calls = []
-    real = cache_mod.sha256_file
-    monkeypatch.setattr(cache_mod, "sha256_file", lambda path, *a: calls.append(path) or real(path, *a))
+    real = layout.sha256_file
+    counting = lambda path, *a: calls.append(path) or real(path, *a)  # noqa: E731
+    monkeypatch.setattr(cache_mod, "sha256_file", counting)
+    monkeypatch.setattr(layout, "sha256_file", counting)
     first = Cache.open(p).states(1)
     hashed = len(calls)
     assert hashed >= 1
@@ -575,6 +578,39 @@ def test_shard_hashes_are_remembered_only_for_unchanged_files(tmp_path, tiny_ber
     data[-7] ^= 0x01
     shard.write_bytes(bytes(data))  # same size, a new mtime
     with pytest.raises(CacheError, match=f"{shard.name} is damaged"):
+        Cache.open(p).states(1)
+
+
+def test_the_writers_checksums_are_remembered_for_its_own_readers(tmp_path, tiny_bert, examples, monkeypatch):
+    """A process that has just extracted a cache reads it without hashing its shards again (the writer's
+    checksums are remembered by each file's stat), yet a file changed afterwards is hashed and found
+    damaged, and ``verify_all`` still reads every file."""
+    import probing.cache as cache_mod
+    import probing.cache_layout as layout
+
+    calls = []
+    real = layout.sha256_file
+    counting = lambda path, *a: calls.append(Path(path).name) or real(path, *a)  # noqa: E731
+    monkeypatch.setattr(layout, "sha256_file", counting)
+    monkeypatch.setattr(cache_mod, "sha256_file", counting)
+    (p,) = extract(examples, ["pair"], model=tiny_bert, out=tmp_path, shard_mb=0.002, progress=False,
+                   log=lambda *a: None)
+    shards = sorted((p / "shards").glob("*.npy"))
+    assert len(shards) > 1
+    calls.clear()
+    cache = Cache.open(p)
+    np.testing.assert_array_equal(cache.states(1), Cache.open(p, verify=False).states(1))
+    assert not [c for c in calls if c.endswith(".npy")]  # nothing read back to be hashed
+    cache.verify_all()
+    assert sorted(c for c in calls if c.endswith(".npy")) == [f.name for f in shards]
+    before = shards[0].stat()
+    data = bytearray(shards[0].read_bytes())
+    data[-7] ^= 0x01
+    shards[0].write_bytes(bytes(data))  # in place: same size and inode
+    # its mtime one millisecond on, as a later write's is (set here: a write within the same tick of the
+    # file system's clock would leave it, the one change the remembered checksum cannot see)
+    os.utime(shards[0], ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))
+    with pytest.raises(CacheError, match=f"{shards[0].name} is damaged"):
         Cache.open(p).states(1)
 
 

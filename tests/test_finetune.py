@@ -241,8 +241,9 @@ def test_activation_checkpointing_is_the_same_run_with_layers_recomputed(tiny):
     for bad in (True, -1, 1.5):
         with pytest.raises(ValueError, match="checkpoint_every"):
             TrainConfig(checkpoint_every=bad)
-    assert preset_config("default").checkpoint_every == 2
+    assert preset_config("default").checkpoint_every == 0
     assert preset_config("full").checkpoint_every == 0
+    assert preset_config("default", checkpoint_every=2).checkpoint_every == 2
 
 
 def test_activation_checkpointing_with_concurrent_runs_equals_one_at_a_time(tiny):
