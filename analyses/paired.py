@@ -296,6 +296,12 @@ def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] 
     a threshold: [CLS], nearly one vector for every input in a sentence encoder's middle layers, has a tiny
     raw drift whatever happens to it. No such row where the spread is under
     :data:`analyses.drift_metrics.MIN_SPREAD`.
+
+    The unit is a choice: the cell's spread in the long inputs (``spread_b``, the same estimate over the long
+    states of the same tokens) can differ from ``spread_a`` ([CLS]'s does, by up to 2x, in a sentence
+    encoder's middle layers). So each such cell also has an ``own_spread_drift_growth`` row: ``d_long /
+    spread_b − d_short / spread_a``, paired per token, each input's drift over its own spread, with its own
+    CI and p-value (Holm over layers within the cell); none where either spread is under ``MIN_SPREAD``.
     """
     check_comparable(short_a, short_b)
     check_comparable(long_a, long_b)
@@ -306,6 +312,7 @@ def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] 
               "seed": seed}
     if edges:  # only then, so that tables stored before this option keep their key
         config["edges"] = True
+    config["own_spread_rows"] = True  # a table stored before these rows existed is not reused without them
     path, done = stored_table(out, "prefix_drift", config, force)
     if done is not None:
         return done
@@ -327,7 +334,8 @@ def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] 
                       disable=not progress, file=sys.stderr):
         A, B = short_a.states(layer, sa), short_b.states(layer, sb)
         d_short = 1.0 - rowwise_cosine(A, B)
-        d_long = 1.0 - rowwise_cosine(long_a.states(layer, la), long_b.states(layer, lb))
+        LA, LB = long_a.states(layer, la), long_b.states(layer, lb)
+        d_long = 1.0 - rowwise_cosine(LA, LB)
         for role, m in cells:
             r = paired_difference(d_long[m], d_short[m], groups_all[m], n_resamples=n_resamples, seed=seed)
             r.update(value_a=float(d_short[m].mean()), value_b=float(d_long[m].mean()))
@@ -335,9 +343,18 @@ def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] 
             if role in pooled:  # [CLS] with words: no one spread to divide by
                 continue
             spread = pair_spread([A, B], ex2, np.tile(m, 2), n_pairs, seed)
-            if spread >= MIN_SPREAD:  # one constant divides both sides: the raw row, rescaled
-                records.append({**base, "metric": "normalised_drift_growth", "layer": layer, "role": role,
-                                **scale_difference(r, spread), "spread_a": spread, "grouping": grouping})
+            if not spread >= MIN_SPREAD:  # NaN too: fewer than two examples
+                continue
+            # one constant divides both sides: the raw row, rescaled
+            records.append({**base, "metric": "normalised_drift_growth", "layer": layer, "role": role,
+                            **scale_difference(r, spread), "spread_a": spread, "grouping": grouping})
+            spread_b = pair_spread([LA, LB], ex2, np.tile(m, 2), n_pairs, seed)  # the same tokens, long inputs
+            if spread_b >= MIN_SPREAD:
+                own = paired_difference(d_long[m] / spread_b, d_short[m] / spread, groups_all[m],
+                                        n_resamples=n_resamples, seed=seed)
+                own.update(value_a=float(d_short[m].mean() / spread), value_b=float(d_long[m].mean() / spread_b))
+                records.append({**base, "metric": "own_spread_drift_growth", "layer": layer, "role": role, **own,
+                                "spread_a": spread, "spread_b": spread_b, "grouping": grouping})
     df = add_holm(make_table(records), ["role", "metric"])
     return keep_table(df, path)
 

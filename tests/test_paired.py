@@ -351,7 +351,8 @@ def test_prefix_drift_known_answers(prefix_caches):
     both = run_prefix_drift(sm, sc, lm, lc, n_resamples=200, n_pairs=100, progress=False)
     df = both[both["metric"] == "drift_growth"]
     assert set(df["role"]) == {"cls", "s1 words", "s2 words", "all"}  # no [SEP], no word of sentences 3-4
-    assert set(both["metric"]) == {"drift_growth", "normalised_drift_growth"} and (df["grouping"] == "document").all()
+    assert set(both["metric"]) == {"drift_growth", "normalised_drift_growth", "own_spread_drift_growth"}
+    assert (df["grouping"] == "document").all()
     # normalised: both drifts over the role's spread in the short inputs (the drift table's own baseline of
     # that role: the same rows, seed and pairs), so the p-value is the raw row's; none for the pooled "all",
     # nor at layer 0 for [CLS] (one vector for every input)
@@ -365,6 +366,24 @@ def test_prefix_drift_known_answers(prefix_caches):
         np.testing.assert_allclose(n_["spread_a"], 1 - base["value"].reindex(n_.index), rtol=1e-9)
         np.testing.assert_allclose(n_["value"], raw["value"] / n_["spread_a"], rtol=1e-6, atol=1e-12)
         np.testing.assert_allclose(n_["p_value"], raw["p_value"])
+    # each input's drift over its own spread: spread_b is the long inputs' baseline of the role (the drift
+    # table's, the same tokens: [CLS] and sentence 1's words are in both), and the row is d_long / spread_b
+    # − d_short / spread_a, paired per token, with a CI of its own
+    own = both[both["metric"] == "own_spread_drift_growth"]
+    assert set(own["role"]) == set(norm["role"])
+    d_long = run_drift(lm, lc, n_resamples=20, n_pairs=100, progress=False)
+    for role in ("cls", "s1 words"):
+        o = own[own["role"] == role].set_index("layer")
+        n_ = norm[norm["role"] == role].set_index("layer").reindex(o.index)
+        raw = df[df["role"] == role].set_index("layer").reindex(o.index)
+        base_b = d_long[(d_long["metric"] == "anisotropy_baseline") & (d_long["role"] == role)].set_index("layer")
+        np.testing.assert_allclose(o["spread_a"], n_["spread_a"], rtol=1e-12)
+        np.testing.assert_allclose(o["spread_b"], 1 - base_b["value"].reindex(o.index), rtol=1e-9)
+        np.testing.assert_allclose(o["value_a"], raw["value_a"] / o["spread_a"], rtol=1e-6)
+        np.testing.assert_allclose(o["value_b"], raw["value_b"] / o["spread_b"], rtol=1e-6)
+        np.testing.assert_allclose(o["value"], o["value_b"] - o["value_a"], rtol=1e-6, atol=1e-12)
+        assert ((o["ci_low"] <= o["value"] + 1e-12) & (o["value"] <= o["ci_high"] + 1e-12)).all()
+        assert (o["p_holm"] >= o["p_value"] - 1e-12).all()
     assert (df["n_groups"] == 12).all() and (df["k"] == 2).all() and (df["k_b"] == 4).all()
     # value_a / value_b are the marginal drifts run_drift reports for the same tokens in each input
     for cache_a, cache_b, col in ((sm, sc, "value_a"), (lm, lc, "value_b")):

@@ -925,28 +925,32 @@ def test_q3_evidence_states_the_spreads_each_part_is_read_against():
 
 def test_q3_evidence_sets_cls_growth_against_each_ks_own_spread():
     """The verdict divides both k's drifts by the k = 2 spread; the evidence gives [CLS]'s spread at the largest
-    k (drift_q3's random-pair baseline) and the growth with each k's drift over its own spread: equal to the
-    verdict's where the spreads are equal, and of the opposite sign where the larger k's spread is large
-    enough (planted: 0.1 → 0.4 of the k = 2 spread, the k = 5 spread 5 times as large: 0.08 − 0.1 < 0)."""
+    k against it and the growth with each k's drift over its own spread, with its CI (paired_q3's
+    ``own_spread_drift_growth`` rows): whether each layer keeps the verdict's sign and whether its CI excludes 0.
+    Planted: 0.1 → 0.4 of the k = 2 spread; with the k = 5 spread 5 times as large at layer 2, 0.08 − 0.1 < 0."""
     import pandas as pd
 
     from probing.study.question_text import _cls_spread_at_largest_k
 
-    p = pd.DataFrame([{"metric": "normalised_drift_growth", "role": "cls", "layer": L, "k": 2, "k_b": 5,
-                       "value": 0.3, "value_a": 0.1, "value_b": 0.4, "spread_a": 0.01, "ci_low": 0.29,
-                       "ci_high": 0.31} for L in (0, 1, 2)])
+    base = {"role": "cls", "k": 2, "k_b": 5, "value_a": 0.1, "spread_a": 0.01}
+    verdict = [{**base, "metric": "normalised_drift_growth", "layer": L, "value": 0.3, "value_b": 0.4,
+                "ci_low": 0.29, "ci_high": 0.31} for L in (0, 1, 2)]
 
-    def drift(spreads):
-        return pd.DataFrame([{"metric": "anisotropy_baseline", "role": "cls", "k": 5, "layer": L, "value": 1 - sp,
-                              "ci_low": 1 - sp, "ci_high": 1 - sp} for L, sp in spreads.items()])
+    def own(layer2_spread, ci2):
+        return [{**base, "metric": "own_spread_drift_growth", "layer": L, "spread_b": sp, "value_b": 0.4 * 0.01 / sp,
+                 "value": 0.4 * 0.01 / sp - 0.1, "ci_low": lo, "ci_high": hi, "p_holm": 0.001}
+                for L, sp, (lo, hi) in ((1, 0.01, (0.28, 0.32)), (2, layer2_spread, ci2))]
 
-    same = _cls_spread_at_largest_k(drift({0: 0.5, 1: 0.01, 2: 0.01}), p)
+    same = _cls_spread_at_largest_k(pd.DataFrame(verdict + own(0.01, (0.27, 0.33))))
     assert "spread at k = 5 is 1.00–1.00 times its spread at k = 2 (layers 1–2)" in same, same
-    assert "1: +0.3, 2: +0.3 (point values, no CI): the same sign as the verdict's row in every layer" in same
-    wide = _cls_spread_at_largest_k(drift({1: 0.01, 2: 0.05}), p)
-    assert "1.00–5.00 times" in wide and "2: -0.02" in wide and "the opposite sign to the verdict's row at layer 2" in wide
-    assert _cls_spread_at_largest_k(drift({1: 0.01}), p) == ""  # a layer without its baseline: nothing said
-    assert _cls_spread_at_largest_k(drift({1: 0.01, 2: 0.01}), None) == ""
+    assert "1: +0.300 (95% CI +0.280 to +0.320; Holm p = 0.001)" in same, same
+    assert "the same sign as the verdict's row in every layer, and its CI excludes 0 in every layer" in same, same
+    assert "0: " not in same  # layer 0 is no comparison
+    wide = _cls_spread_at_largest_k(pd.DataFrame(verdict + own(0.05, (-0.05, 0.01))))
+    assert "1.00–5.00 times" in wide and "2: -0.020 (95% CI -0.050 to +0.010" in wide, wide
+    assert "the opposite sign to the verdict's row at layer 2, and its CI excludes 0 at layer 1 only" in wide, wide
+    assert _cls_spread_at_largest_k(pd.DataFrame(verdict)) == ""  # a table without the rows: nothing said
+    assert _cls_spread_at_largest_k(None) == ""
 
 
 def _q7_tables(content: float, length: float, order: float) -> dict:

@@ -154,39 +154,39 @@ def answer_q3(d: pd.DataFrame, T: dict) -> str:
         if (last["role"] == "s2 edge words").any():
             s += (" Sentence 2's edge words include its last, next to the closing [SEP] in both formats at k = "
                   f"{int(r0['k'])} but next to sentence 3 in the longer `concat`: the verdict leaves the edge words out.")
-    return s + _spreads_q3(T.get("paired_q3")) + _cls_spread_at_largest_k(d, T.get("paired_q3"))
+    return s + _spreads_q3(T.get("paired_q3")) + _cls_spread_at_largest_k(T.get("paired_q3"))
 
 
-def _cls_spread_at_largest_k(d: pd.DataFrame, p: pd.DataFrame | None) -> str:
+def _cls_spread_at_largest_k(p: pd.DataFrame | None) -> str:
     """How the [CLS] part depends on its spread: the verdict divides the drift at both k by the spread at the
-    smaller k (``spread_a``), so its growth is raw drift growth in one unit. [CLS]'s own spread at the largest
-    k comes from ``drift_q3``'s random-pair baseline (1 − cos of two [CLS] of different inputs, per k); each
-    side divided by its own spread gives ``value_b · spread_a / spread_long − value_a`` (a point value)."""
-    n = pick(p, metric="normalised_drift_growth", role="cls")
-    if n.empty or not {"spread_a", "value_a", "value_b", "k_b"} <= set(n.columns):
+    smaller k (``spread_a``), so its growth is raw drift growth in one unit. The ``own_spread_drift_growth``
+    rows of ``paired_q3`` divide each k's drift by that k's own spread (``spread_b`` at the largest k), paired
+    per token with a CI and Holm over layers (:func:`analyses.paired.run_prefix_drift`); said with the ratio of
+    the two spreads and whether each layer keeps the verdict row's sign and excludes 0."""
+    own, verdict = (pick(p, metric=m, role="cls") for m in ("own_spread_drift_growth", "normalised_drift_growth"))
+    if own.empty or verdict.empty:
         return ""
-    n = _contextual(n)
-    k_long = int(n["k_b"].iloc[0])
-    base = pick(d, role="cls", metric="anisotropy_baseline", k=k_long)
-    ratios, own, flipped = [], [], []
-    for _, r in n.iterrows():
-        b = one(base, layer=int(r["layer"]))
-        if b is None or not 1.0 - b[0] > 0:
-            return ""
-        spread_long = 1.0 - b[0]
-        ratios.append(spread_long / float(r["spread_a"]))
-        v = float(r["value_b"]) * float(r["spread_a"]) / spread_long - float(r["value_a"])
-        own.append((int(r["layer"]), v))
-        if np.sign(v) != np.sign(float(r["value"])):
-            flipped.append(int(r["layer"]))
-    layers = f"{own[0][0]}–{own[-1][0]}" if len(own) > 1 else f"{own[0][0]}"
+    own, verdict = _contextual(own), _contextual(verdict)
+    sign = {int(r["layer"]): np.sign(float(r["value"])) for _, r in verdict.iterrows()}
+    own = own[own["layer"].astype(int).isin(sign)]
+    if own.empty:
+        return ""
+    layer_of = own["layer"].astype(int)
+    ratios = (own["spread_b"] / own["spread_a"]).astype(float)
+    flipped = [L for L, v in zip(layer_of, own["value"]) if np.sign(float(v)) != sign[L]]
+    excl = [L for L, lo, hi in zip(layer_of, own["ci_low"], own["ci_high"]) if lo > 0 or hi < 0]
+    layers = f"{layer_of.iloc[0]}–{layer_of.iloc[-1]}" if len(own) > 1 else f"{layer_of.iloc[0]}"
     same = ("the same sign as the verdict's row in every layer" if not flipped else
             f"the opposite sign to the verdict's row at layer{'s' if len(flipped) > 1 else ''} "
             + ", ".join(map(str, flipped)))
-    return (f" [CLS]'s spread at k = {k_long} is {min(ratios):.2f}–{max(ratios):.2f} times its spread at k = "
-            f"{int(n['k'].iloc[0])} (layers {layers}). With each k's drift divided by that k's own spread instead, "
-            f"[CLS]'s growth per layer is " + ", ".join(f"{layer}: {v:+.3g}" for layer, v in own)
-            + f" (point values, no CI): {same}; its size depends on which spread is the unit.")
+    ci = ("its CI excludes 0 in every layer" if len(excl) == len(own) else
+          "its CI includes 0 in every layer" if not excl else
+          f"its CI excludes 0 at layer{'s' if len(excl) > 1 else ''} " + ", ".join(map(str, excl)) + " only")
+    return (f" [CLS]'s spread at k = {int(own['k_b'].iloc[0])} is {ratios.min():.2f}–{ratios.max():.2f} times its "
+            f"spread at k = {int(own['k'].iloc[0])} (layers {layers}). With each k's drift divided by that k's own "
+            f"spread instead (paired per token; Holm over layers), [CLS]'s growth per layer is "
+            + "; ".join(f"{L}: {paired_text(r)}" for L, (_, r) in zip(layer_of, own.iterrows()))
+            + f": {same}, and {ci}; its size depends on which spread is the unit.")
 
 
 def _spreads_q3(p: pd.DataFrame | None) -> str:
