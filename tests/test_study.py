@@ -1431,3 +1431,16 @@ def test_q4_evidence_gives_the_random_weight_sep_on_is_next():
             "to 0.520) with random weights (majority baseline 0.500); with random weights 0.490–0.510 over layers "
             "1–2") in s, s  # layer 0 is not read
     assert _sep_next_untrained(pd.DataFrame([r for r in rows if r["model_kind"] == "trained"])) == ""
+
+
+def test_q8_notes_say_what_the_cis_leave_out():
+    """Q8's CIs resample test documents only; the notes say that training randomness is not in them, with one
+    seed and with several."""
+    from probing.study.questions import _q8_notes
+
+    cfg = {"finetune": {"poolings": ["cls", "mean"], "seeds": [0], "preset": "default"}}
+    one = _q8_notes(cfg)
+    assert "do not cover the randomness of training" in one and "with one training seed" in one, one
+    cfg["finetune"]["seeds"] = [0, 1, 2]
+    several = _q8_notes(cfg)
+    assert "averaged over the 3 seeds first" in several and "with one training seed" not in several, several

@@ -86,7 +86,19 @@ def _q8_notes(cfg: dict) -> str:
             "pooling − mean are paired per item. The answer has two parts, each decided by the rules above: frozen "
             "[CLS] − mean pooling per layer 1–L, and after fine-tuning each pooling − mean pooling (would any token "
             "do? 'No measurable difference' means every pooling is within what this sample can detect of mean "
-            "pooling). Multiple comparisons: " + FAMILIES["Q8"] + ".")
+            "pooling). Multiple comparisons: " + FAMILIES["Q8"] + ". " + _seed_caveat(len(ft["seeds"])))
+
+
+def _seed_caveat(n_seeds: int) -> str:
+    """What Q8's CIs leave out: they resample test documents, while a fine-tuning run is also one draw of the
+    head's initialisation, dropout and batch order (averaged per item over several seeds, still not resampled)."""
+    what = ("The CIs resample the test documents; they do not cover the randomness of training (the head's "
+            "initialisation, dropout, batch order)")
+    if n_seeds == 1:
+        return (what + ": with one training seed, another seed is another draw of it, which can move a fine-tuned "
+                "accuracy by more than its CI; several seeds (`[finetune] seeds`) average it out per item, each at "
+                "the cost of the whole fine-tuning stage.")
+    return what + f": each item's correctness is averaged over the {n_seeds} seeds first, which narrows it but does not measure it."
 
 
 NOTES = {
