@@ -312,7 +312,6 @@ def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] 
               "seed": seed}
     if edges:  # only then, so that tables stored before this option keep their key
         config["edges"] = True
-    config["own_spread_rows"] = True  # a table stored before these rows existed is not reused without them
     path, done = stored_table(out, "prefix_drift", config, force)
     if done is not None:
         return done

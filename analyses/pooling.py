@@ -352,8 +352,9 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
     rows.append({**summary_base, "pooling": None, "condition": "", "metric": "n_skipped",
                  "value": float(len(skipped)), "n": len(examples)})
     names = [p.name for p in checked]
-    rows += summary_rows(summary_base, names, item, runs, pooled_best, lambda m: _warn(m, log))
-    rows += diff_rows(base, names, item, "mean" if "mean" in poolings else poolings[0])
+    by_seed = _by_seed(P) if len(seeds) > 1 else None
+    rows += summary_rows(summary_base, names, item, runs, pooled_best, lambda m: _warn(m, log), by_seed)
+    rows += diff_rows(base, names, item, "mean" if "mean" in poolings else poolings[0], by_seed)
     df = finish_table(rows)
     if path is not None:
         write_table(df, path)
@@ -362,6 +363,14 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
                     predictions_path=str(pred_path) if pred_path is not None else None, reused=False,
                     n_skipped=len(skipped), skipped_ids=list(skipped), warnings=warned)
     return (df, P) if with_predictions else df
+
+
+def _by_seed(P: pd.DataFrame) -> dict[tuple[str, str], pd.DataFrame]:
+    """Per (pooling, "fine_tuned"), each test item's correctness per training seed, averaged over repeats
+    (examples × seeds): what :func:`analyses.pooling_table.seed_document_ci` resamples."""
+    ft = P[P["condition"] == "fine_tuned"]
+    table = ft.groupby(["pooling", "example", "seed"], sort=False)["correct"].mean().unstack("seed")
+    return {(str(p), "fine_tuned"): g.droplevel("pooling") for p, g in table.groupby(level="pooling", sort=False)}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -53,23 +53,86 @@ def baseline_rows(base: Mapping, y_test: np.ndarray, n_classes: int, majority: i
             for m, v in values]
 
 
+def seed_document_ci(a: np.ndarray, b: np.ndarray | None, docs: np.ndarray, n_resamples: int = 1000,
+                     confidence: float = 0.95, seed: int = 0) -> tuple[float, float, float, float]:
+    """Two-stage bootstrap of a fine-tuned accuracy (``b`` None) or of a paired difference over training seeds
+    and documents: ``(point, low, high, se)``.
+
+    a: (n_items, S) correctness of side A per training seed (each averaged over repeats), S >= 2; b: (n_items,
+    S) for a side fine-tuned with the same seeds (resampled with the same draw: runs of one seed share their
+    data order) or (n_items, 1) for the frozen probe. Each resample draws S seeds with replacement, then the
+    documents with replacement; its statistic is the item-weighted mean over the drawn documents' items of
+    (A's mean over the drawn seeds − B's). So the interval holds the randomness of training (the head's
+    initialisation, dropout, batch order) beside the sampling of test documents, which a bootstrap over
+    documents of seed-averaged items leaves out. With few seeds the seed stage is crude (it draws from S
+    values) and errs narrow. ``se``: the standard deviation of the resampled statistics.
+
+    >>> a = np.array([[1., 0.], [1., 0.], [1., 0.], [1., 0.]])  # seed 0 gets every item right, seed 1 none
+    >>> point, lo, hi, se = seed_document_ci(a, None, np.arange(4), n_resamples=200)
+    >>> point, lo, hi
+    (0.5, 0.0, 1.0)
+    """
+    a = np.asarray(a, dtype=float)
+    if a.ndim != 2 or a.shape[1] < 2:
+        raise ValueError(f"a must be (n_items, seeds) with at least 2 seeds, got shape {a.shape}")
+    n, n_seeds = a.shape
+    if b is not None:
+        b = np.asarray(b, dtype=float)
+        if b.ndim != 2 or b.shape[0] != n or b.shape[1] not in (1, n_seeds):
+            raise ValueError(f"b must be (n_items, {n_seeds}) or (n_items, 1) beside a {a.shape}, got {b.shape}")
+    if not (np.isfinite(a).all() and (b is None or np.isfinite(b).all())):
+        raise ValueError("correctness must be finite: every item predicted by every seed")
+    _, codes = np.unique(np.asarray(docs), return_inverse=True)
+    codes = codes.reshape(-1)
+    if codes.size != n:
+        raise ValueError(f"docs must give one document per item ({n}), got {codes.size}")
+    n_docs = int(codes.max()) + 1
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, n_seeds, size=(n_resamples, n_seeds))
+    weight = np.zeros((n_resamples, n_seeds))
+    np.add.at(weight, (np.arange(n_resamples)[:, None], draws), 1.0 / n_seeds)
+    per_item = a @ weight.T  # (n_items, resamples): A's mean over each resample's seeds
+    point = a.mean(axis=1)
+    if b is not None:
+        per_item = per_item - (b @ weight.T if b.shape[1] == n_seeds else b)
+        point = point - b.mean(axis=1)
+    doc_sums = np.zeros((n_docs, n_resamples))
+    np.add.at(doc_sums, codes, per_item)
+    counts = np.bincount(codes, minlength=n_docs).astype(float)
+    mult = rng.multinomial(n_docs, np.full(n_docs, 1.0 / n_docs), size=n_resamples).astype(float)
+    stats = (mult * doc_sums.T).sum(axis=1) / (mult @ counts)
+    alpha = 1.0 - confidence
+    lo, hi = np.quantile(stats, [alpha / 2, 1 - alpha / 2])
+    return float(point.mean()), float(lo), float(hi), float(stats.std(ddof=1))
+
+
 def summary_rows(base: Mapping, poolings: Sequence[str], item: pd.DataFrame, runs: pd.DataFrame, best: float,
-                 warn: Callable[[str], None]) -> list[dict]:
+                 warn: Callable[[str], None], by_seed: Mapping[tuple[str, str], pd.DataFrame] | None = None
+                 ) -> list[dict]:
     """Per pooling and condition, the accuracy over all out-of-fold test items.
 
     ``item``: per (pooling, condition, example) the item's correctness averaged over seeds and repeats
     (``correct``) and its document (``doc``); ``runs``: the per-run accuracy rows; ``best``: the pooled
     best constant. ``value`` = mean correctness, ``ci_low``/``ci_high`` a cluster bootstrap over
     documents (:func:`analyses.intervals.bootstrap_ci`), ``sd`` over runs, ``n_runs``, ``n`` = items;
-    ``warning`` when below ``best`` (also passed to ``warn``) or when runs did not converge."""
+    ``warning`` when below ``best`` (also passed to ``warn``) or when runs did not converge.
+    ``by_seed``: per (pooling, condition) the items' correctness per training seed (examples × seeds, in
+    ``item``'s order), given for the fine-tuned sides when there are several seeds: their CI is then
+    :func:`seed_document_ci` over seeds and documents, and ``ci_seeds`` says over how many seeds."""
     from analyses.intervals import bootstrap_ci
 
     rows = []
     for p in poolings:
         for condition in ("frozen", "fine_tuned"):
             it = item.loc[(p, condition)]
-            point, lo, hi = bootstrap_ci(it["correct"].to_numpy(float), it["doc"].to_numpy(), "mean",
-                                         n_resamples=1000, seed=0)
+            extra = {}
+            if by_seed is not None and (p, condition) in by_seed:
+                per_seed = by_seed[(p, condition)].loc[it.index]
+                point, lo, hi, _ = seed_document_ci(per_seed.to_numpy(float), None, it["doc"].to_numpy())
+                extra["ci_seeds"] = per_seed.shape[1]
+            else:
+                point, lo, hi = bootstrap_ci(it["correct"].to_numpy(float), it["doc"].to_numpy(), "mean",
+                                             n_resamples=1000, seed=0)
             acc = runs[(runs["pooling"] == p) & (runs["condition"] == condition)]
             problems = [f"{(~acc['converged'].astype(bool)).sum()} of {len(acc)} runs did not converge"] \
                 if not acc["converged"].astype(bool).all() else []
@@ -79,15 +142,19 @@ def summary_rows(base: Mapping, poolings: Sequence[str], item: pd.DataFrame, run
             rows.append({**base, "pooling": p, "condition": condition, "metric": SUMMARY_METRICS[condition],
                          "value": point, "ci_low": lo, "ci_high": hi, "n": len(it), "n_runs": len(acc),
                          "sd": float(acc["value"].std(ddof=1)) if len(acc) > 1 else math.nan,
-                         "warning": "; ".join(problems)})
+                         "warning": "; ".join(problems), **extra})
     return rows
 
 
-def diff_rows(base: Mapping, poolings: Sequence[str], item: pd.DataFrame, ref: str) -> list[dict]:
+def diff_rows(base: Mapping, poolings: Sequence[str], item: pd.DataFrame, ref: str,
+              by_seed: Mapping[tuple[str, str], pd.DataFrame] | None = None) -> list[dict]:
     """``accuracy_diff`` rows, paired per test item (:func:`analyses.paired.paired_difference`, clusters =
     documents), Holm-adjusted over all of them (``p_holm``): per pooling fine-tuned − frozen, then per
-    condition each pooling − ``ref``. ``item`` as in :func:`summary_rows`."""
+    condition each pooling − ``ref``. ``item`` and ``by_seed`` as in :func:`summary_rows`: where a side is
+    fine-tuned with several seeds, the CI, ``se`` and ``mde`` come from :func:`seed_document_ci` (seeds and
+    documents; ``ci_seeds``), the p-value still from the sign-flip test of the seed-averaged items."""
     from analyses.paired import add_holm, paired_difference
+    from analyses.stats import minimum_detectable_effect
 
     pairs = [((p, "fine_tuned"), (p, "frozen")) for p in poolings]
     pairs += [((p, c), (ref, c)) for c in ("fine_tuned", "frozen") for p in poolings if p != ref]
@@ -96,6 +163,12 @@ def diff_rows(base: Mapping, poolings: Sequence[str], item: pd.DataFrame, ref: s
         j = item.loc[(pa, ca)].add_suffix("_a").join(item.loc[(pb, cb)].add_suffix("_b"), how="inner")
         r = paired_difference(j["correct_a"].to_numpy(float), j["correct_b"].to_numpy(float), j["doc_a"].to_numpy(),
                               n_resamples=1000, seed=0)
+        if by_seed is not None and (pa, ca) in by_seed:
+            side_a = by_seed[(pa, ca)].loc[j.index].to_numpy(float)
+            side_b = (by_seed[(pb, cb)].loc[j.index].to_numpy(float) if (pb, cb) in by_seed
+                      else j[["correct_b"]].to_numpy(float))
+            _, lo, hi, se = seed_document_ci(side_a, side_b, j["doc_a"].to_numpy())
+            r.update(ci_low=lo, ci_high=hi, se=se, mde=minimum_detectable_effect(se), ci_seeds=side_a.shape[1])
         rows.append({**base, "pooling": pa, "condition": ca, "pooling_b": pb, "condition_b": cb,
                      "metric": "accuracy_diff", **r})
     return add_holm(pd.DataFrame(rows), ["metric"]).to_dict("records") if rows else []
@@ -111,6 +184,8 @@ def finish_table(rows: Sequence[Mapping]) -> pd.DataFrame:
         df[col] = df[col].astype("string") if col in df.columns else pd.Series(pd.NA, index=df.index, dtype="string")
     for col in ("repeat", "fold", "epoch", "n_runs", "n_train"):
         df[col] = pd.to_numeric(df[col]).astype("Int64")
+    if "ci_seeds" in df.columns:  # only with several training seeds (their CIs resample the seeds)
+        df["ci_seeds"] = pd.to_numeric(df["ci_seeds"]).astype("Int64")
     return df
 
 

@@ -292,6 +292,24 @@ def test_table_has_every_run_and_summaries(tiny):
         (ft.loc["cls"] - ft.loc["mean"]).mean())
     assert len(diff) == len(POOLS) + 2 * (len(POOLS) - 1)
     assert (diff["p_holm"] >= diff["p_value"] - 1e-12).all() and diff["p_value"].between(0, 1).all()
+    # two training seeds: every CI with a fine-tuned side resamples the seeds as well as the documents
+    # (seed_document_ci on each item's correctness per seed); the frozen-only ones do not
+    from analyses.pooling_table import seed_document_ci
+
+    per_seed = pred[pred.condition == "fine_tuned"].groupby(["pooling", "example", "seed"])["correct"].mean()
+    docs = pred.drop_duplicates("example").set_index("example")["doc"]
+    summ = df[df.metric == "test_accuracy_mean"].set_index("pooling")
+    for p in POOLS:
+        a = per_seed.loc[p].unstack("seed")
+        want = seed_document_ci(a.to_numpy(float), None, docs.loc[a.index].to_numpy())
+        assert (summ.loc[p, "ci_low"], summ.loc[p, "ci_high"]) == pytest.approx(want[1:3]) and summ.loc[p, "ci_seeds"] == 2
+    assert df.loc[df.metric == "frozen_test_accuracy_mean", "ci_seeds"].isna().all()
+    with_ft = diff.index.get_level_values("condition") == "fine_tuned"
+    assert (diff.loc[with_ft, "ci_seeds"] == 2).all() and diff.loc[~with_ft, "ci_seeds"].isna().all()
+    a, b = per_seed.loc["cls"].unstack("seed"), per_seed.loc["mean"].unstack("seed").loc[per_seed.loc["cls"].unstack("seed").index]
+    want = seed_document_ci(a.to_numpy(float), b.to_numpy(float), docs.loc[a.index].to_numpy())
+    got = diff.loc[("cls", "fine_tuned", "mean", "fine_tuned")]
+    assert (got["ci_low"], got["ci_high"], got["se"]) == pytest.approx(want[1:])
 
 
 @pytest.mark.parametrize("tokenizer", ["bert_tokenizer", "roberta_tokenizer"])
@@ -537,3 +555,33 @@ def test_frozen_features_leave_the_callers_model_as_it_was(tiny, bert_tokenizer)
                        attention_mask=torch.ones(1, len(r), dtype=torch.long),
                        token_type_ids=torch.as_tensor(r.token_type_ids)[None]).last_hidden_state[0]
     np.testing.assert_allclose(feats["cls"][0], h[0].double().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_seed_document_ci_holds_the_randomness_of_training():
+    """Planted: seed 1's model loses a tenth of seed 0's hits. A bootstrap over documents of the seed-averaged
+    items misses that spread; the two-stage bootstrap (seeds, then documents) is wider and holds both seeds'
+    accuracies. Null: identical seeds give the documents-only interval; a side against itself gives 0."""
+    from analyses.intervals import bootstrap_ci
+    from analyses.pooling_table import seed_document_ci
+
+    rng = np.random.default_rng(1)
+    docs = np.repeat(np.arange(75), 8)
+    hits = (rng.random(docs.size) < 0.9).astype(float)
+    planted = np.stack([hits, hits * (rng.random(docs.size) < 0.9)], axis=1)
+    point, lo, hi, se = seed_document_ci(planted, None, docs)
+    _, dlo, dhi = bootstrap_ci(planted.mean(axis=1), docs, "mean", n_resamples=1000, seed=0)
+    assert point == pytest.approx(planted.mean())
+    assert hi - lo > 2 * (dhi - dlo) and lo <= planted[:, 1].mean() and planted[:, 0].mean() <= hi
+    same = np.stack([hits, hits], axis=1)
+    _, slo, shi, _ = seed_document_ci(same, None, docs)
+    _, blo, bhi = bootstrap_ci(hits, docs, "mean", n_resamples=1000, seed=0)
+    assert abs((shi - slo) - (bhi - blo)) < 0.01  # no seed spread: the documents' interval
+    assert seed_document_ci(planted, planted, docs)[:3] == (0.0, 0.0, 0.0)
+    frozen = hits[:, None]  # the frozen probe: one column, no seed
+    point, lo, hi, _ = seed_document_ci(planted, frozen, docs)
+    assert point == pytest.approx((planted.mean(axis=1) - hits).mean()) and lo < point <= hi <= 1e-12
+    for bad, match in ((hits[:, None], "at least 2 seeds"), (np.full((docs.size, 2), np.nan), "finite")):
+        with pytest.raises(ValueError, match=match):
+            seed_document_ci(bad, None, docs)
+    with pytest.raises(ValueError, match="b must be"):
+        seed_document_ci(planted, np.zeros((docs.size, 3)), docs)

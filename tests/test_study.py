@@ -1443,4 +1443,19 @@ def test_q8_notes_say_what_the_cis_leave_out():
     assert "do not cover the randomness of training" in one and "with one training seed" in one, one
     cfg["finetune"]["seeds"] = [0, 1, 2]
     several = _q8_notes(cfg)
-    assert "averaged over the 3 seeds first" in several and "with one training seed" not in several, several
+    assert "With 3 training seeds the fine-tuned rows' CIs resample the seeds" in several, several
+    assert "with one training seed" not in several
+
+
+def test_interval_description_says_when_fine_tuned_cis_resample_seeds():
+    import pandas as pd
+
+    from probing.study.report import describe_intervals
+
+    t = pd.DataFrame({"analysis": ["finetune_pooling"] * 2, "grouping": ["document"] * 2, "ci_low": [0.8, 0.8],
+                      "ci_high": [0.9, 0.9], "ci_seeds": pd.array([pd.NA, pd.NA], dtype="Int64")})
+    one = describe_intervals({"finetune": t})
+    assert "over documents" in one and "training seeds" not in one, one
+    t["ci_seeds"] = pd.array([pd.NA, 3], dtype="Int64")
+    several = describe_intervals({"finetune": t})
+    assert "for the fine-tuned rows, over the training seeds first (a two-stage bootstrap)" in several, several

@@ -90,15 +90,18 @@ def _q8_notes(cfg: dict) -> str:
 
 
 def _seed_caveat(n_seeds: int) -> str:
-    """What Q8's CIs leave out: they resample test documents, while a fine-tuning run is also one draw of the
-    head's initialisation, dropout and batch order (averaged per item over several seeds, still not resampled)."""
+    """What Q8's CIs hold: the test documents; with one seed not the randomness of training (the head's
+    initialisation, dropout, batch order), with several also that (:func:`analyses.pooling_table.seed_document_ci`)."""
     what = ("The CIs resample the test documents; they do not cover the randomness of training (the head's "
             "initialisation, dropout, batch order)")
     if n_seeds == 1:
         return (what + ": with one training seed, another seed is another draw of it, which can move a fine-tuned "
                 "accuracy by more than its CI; several seeds (`[finetune] seeds`) average it out per item, each at "
                 "the cost of the whole fine-tuning stage.")
-    return what + f": each item's correctness is averaged over the {n_seeds} seeds first, which narrows it but does not measure it."
+    return (f"With {n_seeds} training seeds the fine-tuned rows' CIs resample the seeds as well as the test documents "
+            "(a two-stage bootstrap, analyses.pooling_table.seed_document_ci), so they hold the randomness of training "
+            "(the head's initialisation, dropout, batch order); with few seeds that part is crude and errs narrow. "
+            "Their p-values come from the items' correctness averaged over the seeds.")
 
 
 NOTES = {

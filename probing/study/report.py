@@ -264,6 +264,7 @@ def describe_intervals(tables: dict[str, pd.DataFrame]) -> str:
     """
     methods: dict[str, set[str]] = {}
     with_ci: set[str] = set()
+    over_seeds: set[str] = set()  # analyses whose CIs also resample training seeds (``ci_seeds``)
     for df in tables.values():
         if df is None or df.empty or "analysis" not in df.columns:
             continue
@@ -273,11 +274,15 @@ def describe_intervals(tables: dict[str, pd.DataFrame]) -> str:
             rows = df[df["analysis"] == analysis]
             if {"ci_low", "ci_high"} <= set(df.columns) and (rows["ci_low"].notna() & rows["ci_high"].notna()).any():
                 with_ci.add(str(analysis))
+            if "ci_seeds" in df.columns and rows["ci_seeds"].notna().any():
+                over_seeds.add(str(analysis))
     parts = []
     for analysis, units in methods.items():
         how = CI_METHODS.get(analysis, "bootstrap over {unit}")
         if analysis not in with_ci and analysis in CI_METHODS and "no CI" not in how:
             how = "point values (no CI)"
+        elif analysis in over_seeds:
+            how += " and, for the fine-tuned rows, over the training seeds first (a two-stage bootstrap)"
         parts.append(f"{analysis}: " + how.format(unit=" or ".join(f"{u}s" for u in sorted(units))))
     return "CIs are 95%: " + "; ".join(parts) + "." if parts else ""
 
