@@ -25,6 +25,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from analyses.intervals import check_confidence, group_codes
 from analyses.results import make_table
 
 #: ``condition`` of the rows that score no model: the best constant, the training majority, chance.
@@ -82,11 +83,8 @@ def seed_document_ci(a: np.ndarray, b: np.ndarray | None, docs: np.ndarray, n_re
             raise ValueError(f"b must be (n_items, {n_seeds}) or (n_items, 1) beside a {a.shape}, got {b.shape}")
     if not (np.isfinite(a).all() and (b is None or np.isfinite(b).all())):
         raise ValueError("correctness must be finite: every item predicted by every seed")
-    _, codes = np.unique(np.asarray(docs), return_inverse=True)
-    codes = codes.reshape(-1)
-    if codes.size != n:
-        raise ValueError(f"docs must give one document per item ({n}), got {codes.size}")
-    n_docs = int(codes.max()) + 1
+    confidence = check_confidence(confidence)
+    codes, n_docs = group_codes(docs, n)
     rng = np.random.default_rng(seed)
     draws = rng.integers(0, n_seeds, size=(n_resamples, n_seeds))
     weight = np.zeros((n_resamples, n_seeds))
