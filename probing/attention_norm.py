@@ -20,6 +20,8 @@ from typing import Sequence
 
 import torch
 
+from .adapters import Adapter, AdapterError, Site, adapter_for, hook_calls
+
 
 def transformed_norms(v: torch.Tensor, w_out: torch.Tensor, n_heads: int) -> torch.Tensor:
     """v: (B, T, heads * d) value vectors; w_out: (hidden, heads * d) the output projection's weight.
@@ -40,29 +42,34 @@ def norm_weighted(attentions: Sequence[torch.Tensor], norms: Sequence[torch.Tens
     return out
 
 
+def value_sites(model: torch.nn.Module, n_layers: int) -> tuple[Adapter, list[Site], list[torch.Tensor]]:
+    """The model's adapter, its value sites (one per layer) and output projection weights; a family
+    without an adapter, or a model it cannot reach into, is an :class:`~probing.adapters.AdapterError`
+    (a ValueError), raised when the extraction is planned, before anything is written."""
+    adapter = adapter_for(model, "norm-based attention (--attention-norm)")
+    sites, weights = adapter.value_sites(model), adapter.output_weights(model)
+    if len(sites) != n_layers:
+        raise AdapterError(f"the {adapter.family!r} adapter finds {len(sites)} encoder layers in a model of {n_layers}")
+    return adapter, sites, weights
+
+
 @contextlib.contextmanager
 def recording_value_norms(model: torch.nn.Module, n_layers: int):
     """Records ``||f_h(x_j)||`` of every layer during one forward pass: yields a list that holds one
-    (B, heads, T) tensor per layer once the pass has run (hooks on each layer's value projection)."""
-    from .interventions import encoder_blocks
-
-    blocks = encoder_blocks(model)
+    (B, heads, T) tensor per layer once the pass has run (hooks on each layer's value projection, where
+    the model's adapter finds it; a block shared by several layers is told apart by its call)."""
+    adapter, sites, weights = value_sites(model, n_layers)
+    heads = adapter.heads(model)
     norms: list[torch.Tensor | None] = [None] * n_layers
-    handles = []
 
-    def make(i: int, block):
-        att = block.attention
-        heads = int(att.self.num_attention_heads) if hasattr(att.self, "num_attention_heads") \
-            else int(model.config.num_attention_heads)
-
+    def make(i: int):
         def hook(module, args, output):
-            norms[i] = transformed_norms(output.float(), att.output.dense.weight.float(), heads)
+            norms[i] = transformed_norms(adapter.values_of(output).float(), weights[i].float(), heads)
 
         return hook
 
+    handles = hook_calls([(site, make(i)) for i, site in enumerate(sites)])
     try:
-        for i, block in enumerate(blocks):
-            handles.append(block.attention.self.value.register_forward_hook(make(i, block)))
         yield norms
     finally:
         for h in handles:

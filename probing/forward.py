@@ -17,22 +17,21 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import inspect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from .adapters import takes_token_types
 from .formats import Layout, Rendered
 from .models import LoadedModel, as_torch_dtype, load_model
 
+
 def accepts_token_types(model: torch.nn.Module) -> bool:
-    """Whether ``model.forward`` takes ``token_type_ids`` (DistilBERT, for one, does not)."""
-    try:
-        return "token_type_ids" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
+    """Whether the model takes ``token_type_ids`` (DistilBERT, MPNet and ModernBERT do not): its family's
+    adapter says (:func:`probing.adapters.takes_token_types`)."""
+    return takes_token_types(model)
 
 
 def length_batches(lengths: Sequence[int], batch_tokens: int, max_batch: int) -> list[list[int]]:

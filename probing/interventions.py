@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .adapters import Adapter, AdapterError, Site, adapter_for, hook_calls
 from .cache import Cache, CacheError
 from .formats import KEY_COLUMNS, Format, Rendered, render, TokenizedSentence
 
@@ -59,6 +60,8 @@ GROUPS: dict[str, str] = {
 }
 _GROUP_RE = re.compile(r"all|cls|sep|sep(\d+)|word|s(\d+)")
 ABLATE_VALUES = ("zero", "mean")
+#: Attention kernels that take the attention mask as a (query, key) matrix, where a knockout goes.
+KNOCKOUT_KERNELS = ("eager", "sdpa")
 
 
 class InterventionError(ValueError):
@@ -292,14 +295,19 @@ def _open_source(path: str) -> Cache:
 # Binding to a model
 
 
-def encoder_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The model's encoder layers (``model.encoder.layer``, BERT family), each with ``attention.self``."""
-    layers = getattr(getattr(model, "encoder", None), "layer", None)
-    if layers is None or not len(layers) or not hasattr(getattr(layers[0], "attention", None), "self"):
-        kind = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
-        raise InterventionError(f"interventions need a BERT-style encoder (model.encoder.layer[i].attention.self); "
-                                f"model type {kind!r} has none")
-    return layers
+def _sites(model: torch.nn.Module, n_layers: int) -> tuple[list[Site], list[Site], Adapter]:
+    """Per layer 1..n_layers the module a knockout's pre-hook goes on, and per hidden state 0..n_layers the
+    module whose output a patch or ablation replaces, as the model's adapter (:mod:`probing.adapters`)
+    finds them; a model it cannot reach into is an :class:`InterventionError`."""
+    try:
+        adapter = adapter_for(model, "interventions")
+        attention, states = adapter.attention_sites(model), adapter.state_sites(model)
+    except AdapterError as err:
+        raise InterventionError(str(err)) from None
+    if len(attention) != n_layers:
+        raise InterventionError(f"the {adapter.family!r} adapter finds {len(attention)} encoder layers in a model "
+                                f"of {n_layers}")
+    return attention, states, adapter
 
 
 def _example_rng(seed: int, example_id: str) -> np.random.Generator:
@@ -345,7 +353,13 @@ class Bound:
                  corpus_fingerprint: str, model_fingerprint: str, sentence_counts: Sequence[int]):
         self.intervention = intervention
         self.model = model
-        self.blocks = encoder_blocks(model)
+        self.n_layers = n_layers
+        self._attention, self._states, self.adapter = _sites(model, n_layers)
+        kernel = getattr(model.config, "_attn_implementation", None) or "eager"
+        if intervention.knockouts and kernel not in KNOCKOUT_KERNELS:
+            raise InterventionError(f"--knockout masks (query, key) cells of the attention mask, which the {kernel!r} "
+                                    f"attention kernel does not take; load the model with attn_implementation="
+                                    f"{' or '.join(map(repr, KNOCKOUT_KERNELS))}")
         self.request = intervention.to_json()
         self.label = describe(self.request)
         for ko in intervention.knockouts:
@@ -410,7 +424,8 @@ class Bound:
         """The same intervention on ``model``, a copy of the bound model (a CPU worker's replica, so
         that concurrent batches hook their own modules); sources and means are shared, read-only."""
         new = copy.copy(self)
-        new.model, new.blocks = model, encoder_blocks(model)
+        new.model = model
+        new._attention, new._states, new.adapter = _sites(model, self.n_layers)
         return new
 
     # -- one forward pass ------------------------------------------------------------------------------
@@ -420,13 +435,14 @@ class Bound:
         """Hooks for one padded batch of ``rendered`` examples (``T`` positions each)."""
         handles = []
         try:
-            for layer, mask in self._knockout_masks(rendered, example_ids, T).items():
-                handles.append(self.blocks[layer - 1].attention.self.register_forward_pre_hook(
-                    _masking_hook(torch.from_numpy(mask).to(device)), with_kwargs=True))
-            for layer, (flat, values) in self._state_edits(rendered, corpus_index, T).items():
-                module = self.model.embeddings if layer == 0 else self.blocks[layer - 1]
-                handles.append(module.register_forward_hook(
-                    _replacing_hook(torch.from_numpy(flat).to(device), values.to(device)), prepend=True))
+            masks = self._knockout_masks(rendered, example_ids, T)
+            handles += hook_calls([(self._attention[layer - 1],
+                                    _masking_hook(self.adapter, torch.from_numpy(m).to(device)))
+                                   for layer, m in masks.items()], pre=True)
+            edits = self._state_edits(rendered, corpus_index, T)
+            handles += hook_calls([(self._states[layer], _replacing_hook(torch.from_numpy(flat).to(device),
+                                                                         values.to(device)))
+                                   for layer, (flat, values) in edits.items()])
             yield
         finally:
             for h in handles:
@@ -474,21 +490,13 @@ class Bound:
                 for layer, parts in edits.items()}
 
 
-def _masking_hook(mask: torch.Tensor):
-    """A forward pre-hook that masks ``mask`` (batch, T, T) cells of the self-attention's scores."""
+def _masking_hook(adapter, mask: torch.Tensor):
+    """A forward pre-hook that masks ``mask`` (batch, T, T) cells of the self-attention's scores, in every
+    head, where the family's adapter says the mask enters."""
+    knocked = mask[:, None]  # (B, 1, T, T): every head
 
     def hook(module, args, kwargs):
-        am = kwargs.get("attention_mask")
-        ko = mask[:, None]  # (B, 1, T, T): every head
-        if am is None:  # no padding: an additive mask, which eager and SDPA both take
-            hidden = args[0] if args else kwargs["hidden_states"]
-            am = torch.zeros(ko.shape, dtype=hidden.dtype, device=ko.device).masked_fill(ko, torch.finfo(hidden.dtype).min)
-        elif am.dtype == torch.bool:  # SDPA: True = attend
-            am = am & ~ko
-        else:  # eager: additive, the dtype's minimum where masked
-            am = am.expand(ko.shape[0], 1, *ko.shape[-2:]).masked_fill(ko, torch.finfo(am.dtype).min)
-        kwargs["attention_mask"] = am
-        return args, kwargs
+        return adapter.knock_out(args, kwargs, knocked)
 
     return hook
 

@@ -94,11 +94,14 @@ class LoadedModel:
 
 
 def max_sequence_length(config, tokenizer) -> int:
-    """The model's length limit: the tokenizer's ``model_max_length`` when it is set, else the
-    position table (minus RoBERTa's offset of ``pad_token_id + 1``)."""
+    """The model's length limit: the position table less the rows before the first position (the family's
+    adapter says how many: RoBERTa's ``pad_token_id + 1``, MPNet's 2; :func:`probing.adapters.position_offset`),
+    capped by the tokenizer's ``model_max_length`` when it is set."""
+    from .adapters import position_offset
+
     limit = int(getattr(config, "max_position_embeddings", 0) or 0)
-    if getattr(config, "model_type", "") in {"roberta", "xlm-roberta", "camembert", "longformer"}:
-        limit -= int(getattr(config, "pad_token_id", 1) or 0) + 1
+    if limit > 0:
+        limit -= position_offset(config)
     tok_limit = getattr(tokenizer, "model_max_length", None)
     if tok_limit is not None and 0 < tok_limit < 1_000_000:
         limit = min(limit, int(tok_limit)) if limit > 0 else int(tok_limit)

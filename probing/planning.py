@@ -346,6 +346,9 @@ def plan(lm: LoadedModel, fmt: Format, examples: Sequence[Example], lengths_of: 
         bound = Bound(intervention, lm.model, lm.n_layers, fmt, corpus["fingerprint"], lm.fingerprint, counts)
         extra["intervention"] = bound.request
     if attention_norm:
+        from .attention_norm import value_sites
+
+        value_sites(lm.model, lm.n_layers)  # a family without an adapter is refused before anything is written
         extra["attention_norm"] = True
     request = _request(lm, fmt, corpus, layers, roles, dtype, storage_dtype, on_overflow, shard_mb, attention, extra)
     bytes_per_row = len(layers) * lm.hidden_size * STORAGE_DTYPES[storage_dtype].itemsize
