@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from analyses.drift import model_label
 from analyses.drift_metrics import MIN_SPREAD, pair_spread, rowwise_cosine
+from analyses.grouping import cache_groups
 from analyses.results import cache_identity, keep_table, make_table, stored_table
 from analyses.intervals import bootstrap_ci, ratio_bootstrap_ci
 from analyses.probe_metrics import DEFAULT_CS
@@ -82,10 +83,9 @@ def cls_patches(source: str | Path, n_layers: int, group: str = "cls") -> dict[i
 
 
 def clusters(cache: Cache, examples: np.ndarray) -> np.ndarray:
-    """The resampling unit of each example: its ``doc`` label when the corpus has one, else itself."""
-    if "label_doc" in cache.examples.columns:
-        return cache.labels("doc", examples).astype(str)
-    return np.asarray(examples).astype(str)
+    """The resampling unit of each example, as text: its ``doc`` label when the corpus has one, else itself
+    (:func:`analyses.grouping.cache_groups`, which refuses a ``doc`` label some examples lack)."""
+    return cache_groups(cache, np.asarray(examples))[0].astype(str)
 
 
 def per_example_drift(clean: Cache, treated: Cache, layer: int, group: str) -> tuple[np.ndarray, np.ndarray]:
