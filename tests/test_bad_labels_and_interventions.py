@@ -14,10 +14,11 @@ import pandas as pd
 import pytest
 
 import probing
-from probing.cache import Cache
+from probing.cache import Cache, IncomparableCaches
 from probing.corpus_files import read_table
 from probing.examples import MISSING_TEXT, Example
 from probing.extract import extract
+from probing.interventions import Intervention, Knockout, Patch, check_intervention
 
 from .conftest import make_tiny_bert, sample_examples
 
@@ -183,3 +184,84 @@ def test_intervention_clusters_refuse_missing_doc_labels(partial_doc_caches):
     _, (pair, _) = partial_doc_caches
     with pytest.raises(ValueError, match="the 'doc' label is missing for 2 of 12 examples"):
         clusters(Cache.open(pair), np.arange(12))
+
+
+# -- 2. intervention runners check that TREATED (and CONTROL) are the intervention they say ------------------
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, bert_tokenizer):
+    from probing.models import prepare_model
+
+    lm = prepare_model(make_tiny_bert(bert_tokenizer), bert_tokenizer, name="tiny-bert")
+    examples = [Example(e.id, e.sentences, {**e.labels, "doc": f"d{i // 2}"})
+                for i, e in enumerate(sample_examples(12, k=2))]
+    root = tmp_path_factory.mktemp("runs")
+    out = root / "caches"
+
+    def run(fmt, intervention=None, corpus=examples):
+        (path,) = extract(corpus, [fmt], model=lm, out=out, roles="all", intervention=intervention, **QUIET)
+        return path
+
+    ko, control = Knockout("all", "sep", (1, 2)), Knockout("all", "sep", (1, 2), control=True)
+    paths = {"clean": run("pair"), "concat": run("concat"), "ko": run("pair", Intervention((ko,))),
+             "control": run("pair", Intervention((control,))),
+             "control_l2": run("pair", Intervention((Knockout("all", "sep", (2,), control=True),))),
+             "other_corpus": run("pair", Intervention((ko,)), examples[:10])}
+    paths["patched"] = run("pair", Intervention(patches=(Patch("cls", 1, str(paths["clean"])),)))
+    return root, paths
+
+
+@pytest.mark.parametrize("args, says", [
+    (["knockout", "clean", "concat"],
+     ["cannot read {concat} as an intervention on {clean}: different formats ('pair' vs 'concat')",
+      "the treated cache {concat} carries no intervention (a clean run of format 'concat')"]),
+    (["knockout", "clean", "ko", "ko"],
+     ["the control cache {ko} is not a control (knockout all->sep@1-2): a control knockout has control=1"]),
+    (["knockout", "clean", "ko", "control_l2"],
+     ["the control cache {control_l2} (control knockout all->sep@2) is not the control of the treated one "
+      "(knockout all->sep@1-2): a control takes the same queries, keys and layers"]),
+    (["knockout", "clean", "control", "ko"],
+     ["the treated cache is itself a control (control knockout all->sep@1-2)",
+      "the control cache {ko} is not a control"]),
+    (["knockout", "ko", "ko", "control"], ["the clean cache {ko} is itself intervened (knockout all->sep@1-2)"]),
+    (["knockout", "clean", "other_corpus"], ["cannot read {other_corpus} as an intervention on {clean}: different "
+                                             "corpora"]),
+    (["knockout", "clean", "ko", "clean"], ["the control cache {clean} carries no intervention"]),
+    (["patching", "concat", "clean", "concat"], ["cannot read {concat} as an intervention on {clean}: different "
+                                                 "formats ('pair' vs 'concat')"]),
+    (["patching", "concat", "clean", "ko", "clean"], ["cannot read {clean} as an intervention on {clean}: the "
+                                                      "treated cache {clean} carries no intervention"]),
+    (["patching", "concat", "clean", "patched"], ["the treated cache patches cls@1 from format 'pair', but the "
+                                                  "source cache {concat} holds format 'concat'"]),
+], ids=["other-format-as-treated", "knockout-as-its-control", "control-of-other-layers", "swapped",
+        "intervened-clean", "other-corpus", "clean-as-control", "patching-clean-treated", "patching-one-clean",
+        "patch-from-another-format"])
+def test_intervention_commands_refuse_what_is_not_the_intervention(runs, args, says, capsys):
+    root, paths = runs
+    argv = [str(paths.get(a, a)) for a in args] + ["--resamples", "20", "--out", str(root / "out")]
+    first = _cli("analyses.interventions", argv, root, capsys)
+    for text in says:
+        assert text.format(**{k: str(v) for k, v in paths.items()}) in first, first
+
+
+def test_one_check_accepts_the_real_thing(runs):
+    _, p = runs
+    c = {k: Cache.open(v) for k, v in p.items()}
+    check_intervention(c["clean"], c["ko"], c["control"])  # no exception
+    check_intervention(c["clean"], c["control"])  # a control alone is an intervention too
+    check_intervention(c["clean"], c["patched"], source=c["clean"])
+    with pytest.raises(IncomparableCaches, match="carries no intervention"):
+        check_intervention(c["clean"], c["clean"])
+
+
+def test_library_runners_refuse_before_writing(runs, tmp_path):
+    from analyses.interventions import drift_reproduced, knockout_drift, knockout_probes
+
+    _, p = runs
+    c = {k: Cache.open(v) for k, v in p.items()}
+    for call in (lambda: knockout_drift(c["clean"], c["concat"], out=tmp_path),
+                 lambda: knockout_probes(c["clean"], c["ko"], c["ko"], targets=("topic",), out=tmp_path),
+                 lambda: drift_reproduced(c["concat"], c["clean"], [c["ko"], c["concat"]], out=tmp_path)):
+        with pytest.raises(IncomparableCaches):
+            call()
+    assert list(tmp_path.iterdir()) == []
