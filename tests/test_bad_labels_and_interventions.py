@@ -16,7 +16,7 @@ import pytest
 import probing
 from probing.cache import Cache, IncomparableCaches
 from probing.corpus_files import read_table
-from probing.examples import MISSING_TEXT, Example
+from probing.examples import MISSING_TEXT, Example, as_examples
 from probing.extract import extract
 from probing.interventions import Intervention, Knockout, Patch, check_intervention
 
@@ -264,4 +264,57 @@ def test_library_runners_refuse_before_writing(runs, tmp_path):
                  lambda: drift_reproduced(c["concat"], c["clean"], [c["ko"], c["concat"]], out=tmp_path)):
         with pytest.raises(IncomparableCaches):
             call()
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- 3. the notebook API takes strings and tuples -------------------------------------------------------------
+
+def _stored(cache: Cache) -> list[tuple]:
+    table = cache.examples
+    cols = sorted((c for c in table.columns if c.startswith("sentence_")), key=lambda c: int(c.split("_")[1]))
+    return [(r["example_id"], tuple(r[c] for c in cols if r[c])) for _, r in table.iterrows()]
+
+
+def test_extract_caches_takes_a_list_of_strings(tmp_path, tiny_bert):
+    (c,) = probing.extract_caches(tiny_bert, ["A sentence.", "Another one here."], formats="single", layers="-1",
+                                  out=tmp_path, **QUIET)
+    assert _stored(c) == [("0", ("A sentence.",)), ("1", ("Another one here.",))]
+
+
+@pytest.mark.parametrize("kind", [tuple, list])
+def test_extract_caches_takes_tuples_or_lists_of_strings(tmp_path, tiny_bert, kind):
+    pairs = [kind(("The cat sat.", "It purred.")), kind(("Dogs bark.", "Birds sing."))]
+    (c,) = probing.extract_caches(tiny_bert, pairs, formats="pair", layers="-1", out=tmp_path, **QUIET)
+    assert _stored(c) == [("0", ("The cat sat.", "It purred.")), ("1", ("Dogs bark.", "Birds sing."))]
+    assert c.manifest["corpus"]["n_examples"] == 2
+
+
+def test_extract_caches_takes_examples_as_they_are(tmp_path, tiny_bert):
+    ex = [Example("first", ("One.", "Two.")), Example("second", ("Three.", "Four."))]
+    (c,) = probing.extract_caches(tiny_bert, ex, formats="pair", layers="-1", out=tmp_path, **QUIET)
+    assert [i for i, _ in _stored(c)] == ["first", "second"]
+    assert as_examples(ex) == ex
+
+
+@pytest.mark.parametrize("corpus, error, message", [
+    (["One.", ("Two.", "Three.")], TypeError, "examples: the list mixes kinds (item 0 is a string, item 1 a tuple "
+                                              "of strings)"),
+    ([Example("a", ("One.",)), "Two."], TypeError, "examples: the list mixes kinds (item 0 is an Example, item 1 a "
+                                                   "string)"),
+    (["One.", "  "], ValueError, "examples: item 1 is an empty string; every sentence needs text"),
+    ([("One.", "")], ValueError, "examples: item 0, sentence 2, is an empty string"),
+    ([("One.", 2)], TypeError, "examples: item 0, sentence 2, is an int (2), not a string"),
+    ([("One.", {"topic": "x"})], TypeError, "(for labels, build probing.Example(id, sentences, labels))"),
+    ([()], ValueError, "examples: item 0 is an empty tuple; an example needs at least one sentence"),
+    ([1, 2], TypeError, "examples: item 0 is an int (1); pass a list of probing.Example objects, of strings"),
+    ([{"s": "One."}], TypeError, "examples: item 0 is a dict"),
+    ([], ValueError, "examples: the list is empty"),
+    (Example("a", ("One.",)), TypeError, "examples: got an Example; pass a list of"),
+    (42, TypeError, "examples: got an int"),
+], ids=["str-and-tuple", "example-and-str", "empty-string", "empty-in-tuple", "int-in-tuple", "dict-in-tuple",
+        "empty-tuple", "ints", "dicts", "empty-list", "one-example", "int"])
+def test_extract_caches_refuses_what_it_cannot_take(tmp_path, tiny_bert, corpus, error, message):
+    with pytest.raises(error) as err:
+        probing.extract_caches(tiny_bert, corpus, formats="pair", out=tmp_path / "caches", **QUIET)
+    assert message in str(err.value)
     assert list(tmp_path.iterdir()) == []
