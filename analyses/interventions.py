@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from analyses.drift import model_label
 from analyses.drift_metrics import MIN_SPREAD, pair_spread, rowwise_cosine
+from analyses.grouping import cache_groups
 from analyses.results import cache_identity, keep_table, make_table, stored_table
 from analyses.intervals import bootstrap_ci, ratio_bootstrap_ci
 from analyses.probe_metrics import DEFAULT_CS
@@ -44,7 +45,8 @@ from analyses.stats import paired_difference, scale_difference
 from probing.cli import ArgumentParser
 from probing.cache import Cache, align, check_comparable
 from probing.layers import cache_layer, shared_layers
-from probing.interventions import Intervention, Knockout, Patch, check_group, describe, table_mask
+from probing.interventions import (Intervention, Knockout, Patch, check_group, check_intervention, describe,
+                                   table_mask)
 
 PROBE_MODES = ("transfer", "retrain")
 #: Labels asked only of examples whose sentences share one topic (every ``topic_s<i>`` equal to ``topic``),
@@ -82,10 +84,9 @@ def cls_patches(source: str | Path, n_layers: int, group: str = "cls") -> dict[i
 
 
 def clusters(cache: Cache, examples: np.ndarray) -> np.ndarray:
-    """The resampling unit of each example: its ``doc`` label when the corpus has one, else itself."""
-    if "label_doc" in cache.examples.columns:
-        return cache.labels("doc", examples).astype(str)
-    return np.asarray(examples).astype(str)
+    """The resampling unit of each example, as text: its ``doc`` label when the corpus has one, else itself
+    (:func:`analyses.grouping.cache_groups`, which refuses a ``doc`` label some examples lack)."""
+    return cache_groups(cache, np.asarray(examples))[0].astype(str)
 
 
 def per_example_drift(clean: Cache, treated: Cache, layer: int, group: str) -> tuple[np.ndarray, np.ndarray]:
@@ -275,9 +276,8 @@ def knockout_drift(clean: Cache, treated: Cache, control: Cache | None = None, *
     group that hardly varies between inputs ([CLS] in a sentence encoder's middle layers) has a tiny raw
     drift whatever the knockout does to it. Columns: the standard ones (role = group) plus
     ``intervention``, ``control``, ``n_clusters``, ``spread``."""
-    for c in (treated,) + ((control,) if control is not None else ()):
-        check_comparable(clean, c)
     layers = shared_layers(layers, clean, treated, *([control] if control is not None else []))
+    check_intervention(clean, treated, control)
     config = {"clean": cache_identity(clean), "treated": cache_identity(treated),
               "control": control and cache_identity(control),
               "groups": list(groups), "layers": layers, "n_resamples": n_resamples, "n_pairs": n_pairs, "seed": seed}
@@ -344,9 +344,8 @@ def knockout_probes(clean: Cache, treated: Cache, control: Cache | None = None, 
     fits' folds). A target the corpus lacks is skipped and listed in ``df.attrs["skipped"]``."""
     modes = [mode] if isinstance(mode, str) else list(mode)
     mode = modes[0] if len(modes) == 1 else modes  # one mode keys its table as a plain string
-    for c in (treated,) + ((control,) if control is not None else ()):
-        check_comparable(clean, c)
     layers = shared_layers(layers, clean, treated, *([control] if control is not None else []))
+    check_intervention(clean, treated, control)
     config = {"clean": cache_identity(clean), "treated": cache_identity(treated),
               "control": control and cache_identity(control),
               "targets": list(targets), "choice": choice, "layers": layers, "mode": mode,
@@ -416,6 +415,8 @@ def drift_reproduced(source: Cache, target: Cache, treated: Sequence[Cache], *, 
     ``n_clusters``."""
     check_comparable(target, source)
     measured = cache_layer(target, layer)
+    for cache in treated:
+        check_intervention(target, cache, source=source)
     config = {"source": cache_identity(source), "target": cache_identity(target), "group": group, "layer": measured,
               "treated": [cache_identity(c) for c in treated], "n_resamples": n_resamples, "seed": seed}
     path, done = stored_table(out, "intervention_patching", config, force)
@@ -430,7 +431,6 @@ def drift_reproduced(source: Cache, target: Cache, treated: Sequence[Cache], *, 
             "target": "", "layer": measured}
     rows = []
     for cache in tqdm(treated, desc="patching", disable=not progress, file=sys.stderr, delay=1):
-        check_comparable(target, cache)
         ex_p, d_p = per_example_drift(cache, source, measured, group)
         d_p = pd.Series(d_p, index=ex_p).reindex(ex).to_numpy()
         this = {**base, "patch_layer": _patch_layer(cache), "intervention": _describe(cache)}
@@ -499,9 +499,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                        description="Effects of an intervention against the clean run (and a control).")
     sub = p.add_subparsers(dest="kind", required=True)
     k = sub.add_parser("knockout", help="drift and probe change of TREATED (and CONTROL) against CLEAN")
-    k.add_argument("clean")
-    k.add_argument("treated")
-    k.add_argument("control", nargs="?", default=None)
+    k.add_argument("clean", help="the clean run (no intervention)")
+    k.add_argument("treated", help="an intervened run of CLEAN: the same model, format and corpus")
+    k.add_argument("control", nargs="?", default=None,
+                   help="the control of TREATED's knockout (control=1, the same queries, keys and layers)")
     k.add_argument("--groups", default="cls,sep,word", help="role groups for drift (default cls,sep,word)")
     add_layers_option(k, "every layer stored in all caches")
     k.add_argument("--targets", default="topic,is_next", help="probe targets (default topic,is_next)")

@@ -364,7 +364,8 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
         return (done, items_done) if items else done
     frames, item_frames = [], []
     pairs = [(cache, "trained")] + ([(random_cache, "random_init")] if random_cache is not None else [])
-    for c, _ in pairs:  # an unknown label fails before any probe is fitted
+    for c, _ in pairs:  # an unknown label, or a doc label some examples lack, fails before any probe is fitted
+        table_groups(c.examples, str(c.path))
         for target in targets:
             if target != "segment" and not re.fullmatch(r"length\d*|(bow|fw)_s\d+|topic_s\d+", target):
                 c.labels(target)
@@ -383,7 +384,7 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                 tokens = None
                 if target == "segment":
                     features, y, ids, types, tokens = _token_features(c, layers, max_tokens, seed)
-                    groups, grouping = table_groups(c.examples.loc[ids])
+                    groups, grouping = table_groups(c.examples.loc[ids], str(c.path))
                     fit_kw = dict(control_types=types if control else None, Cs=Cs)
                     multilabel = False
                 else:
@@ -398,7 +399,7 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                             same = len(ex) == len(ids) and (ex == ids).all()  # the usual case: every row
                             features[(layer, choice)] = X if same else X.take(np.searchsorted(ex, ids))
                     y, multilabel = example_target(c, target, ids, vocab)
-                    groups, grouping = table_groups(c.examples.loc[ids])
+                    groups, grouping = table_groups(c.examples.loc[ids], str(c.path))
                     if length_baseline and kind == "trained":
                         features[(pd.NA, LENGTH_ONLY)] = length_features(c, ids)
                     fit_kw = dict(control_types=ids if control and not multilabel else None,

@@ -13,7 +13,7 @@ import os
 from typing import Sequence
 
 from .cache import Cache
-from .examples import Example
+from .examples import Example, as_examples
 
 
 def load_model(name: str | None = None, *, random_init: bool = False, init_seed: int = 0, device: str = "auto",
@@ -28,7 +28,8 @@ def load_model(name: str | None = None, *, random_init: bool = False, init_seed:
                  trust_remote_code=trust_remote_code)
 
 
-def extract_caches(model, corpus: str | Sequence[Example], *, formats: str | Sequence[str] = ("pair",),
+def extract_caches(model, corpus: str | Sequence[Example] | Sequence[str] | Sequence[Sequence[str]], *,
+                   formats: str | Sequence[str] = ("pair",),
                    roles: str | Sequence[str] | None = None, layers: str | Sequence[int] | None = None,
                    out: str | os.PathLike = "caches", corpus_name: str | None = None, attention: bool = False,
                    force: bool = False, progress: bool = True, log=print, **options) -> list[Cache]:
@@ -36,9 +37,11 @@ def extract_caches(model, corpus: str | Sequence[Example], *, formats: str | Seq
 
     ``model``: a :func:`load_model` result, or a name/path (None: the default model). ``corpus``: a
     corpus spec (``"generated:n=50,k=2"``, ``"bbc:n=200"``; :func:`probing.corpora.load_corpus`), which
-    also names the corpus in the cache, or a list of :class:`probing.examples.Example` (named
-    ``corpus_name``, default ``custom``). ``formats``: built-in names (``native``: the tokenizer's own
-    template), ``name=TEMPLATE`` or :class:`probing.formats.Format` objects. ``roles``: what a cache
+    also names the corpus in the cache, or a list (named ``corpus_name``, default ``custom``) of
+    :class:`probing.examples.Example`, of strings (one one-sentence example each) or of tuples of strings
+    (one example each), ids ``"0", "1", ...`` (:func:`probing.examples.as_examples`). ``formats``:
+    built-in names (``native``: the tokenizer's own template), ``name=TEMPLATE`` or
+    :class:`probing.formats.Format` objects. ``roles``: what a cache
     stores (``cls,sep,word`` by default, or ``all``). ``layers``: a layer spec (:mod:`probing.layers`:
     ``all``, ``0,3,-1``, ``2-4``; -1 is the last). Other keyword arguments go to
     :func:`probing.extract.extract` (``attention_norm``, ``intervention``, ``dtype``, ``device``, ...).
@@ -50,7 +53,7 @@ def extract_caches(model, corpus: str | Sequence[Example], *, formats: str | Seq
 
         examples, corpus_name = load_corpus(corpus), corpus_name or corpus
     else:
-        examples = list(corpus)
+        examples = as_examples(corpus)
     paths = extract(examples, formats, model=model, out=out, corpus_name=corpus_name or "custom", roles=roles,
                     layers=layers, attention=attention, force=force, progress=progress, log=log, **options)
     return [Cache.open(p) for p in paths]

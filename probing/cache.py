@@ -374,7 +374,7 @@ def _architecture(model: Mapping[str, Any]) -> Any:
 
 
 def check_comparable(a: "Cache", b: "Cache", *, same_model: bool = True, random_baseline: bool = False,
-                     roles: Iterable[str] = ()) -> None:
+                     roles: Iterable[str] = (), same_format: bool = False) -> None:
     """Refuse to combine caches ``a`` and ``b`` whose tokens cannot be paired or whose comparison
     would not mean what the caller's table says. Raises :class:`IncomparableCaches` (a
     :class:`CacheError` and a ``ValueError``) naming both caches and every difference.
@@ -385,7 +385,18 @@ def check_comparable(a: "Cache", b: "Cache", *, same_model: bool = True, random_
     does not, the same architecture (``architecture`` hash of the config, or for older caches model
     type, layers, hidden size and token types), the same format (template and segments), and every
     layer and role ``a`` stores. Same model is not asked then (the weights differ by design).
+    ``same_format``: the same format (name, template and segments), e.g. a run and its intervened run.
     """
+    diffs = comparable_differences(a, b, same_model=same_model, random_baseline=random_baseline, roles=roles,
+                                   same_format=same_format)
+    if diffs:
+        raise IncomparableCaches(f"cannot combine caches {a.path} and {b.path}: " + "; ".join(diffs))
+
+
+def comparable_differences(a: "Cache", b: "Cache", *, same_model: bool = True, random_baseline: bool = False,
+                           roles: Iterable[str] = (), same_format: bool = False) -> list[str]:
+    """What :func:`check_comparable` refuses, as a list of differences (empty: comparable), for a check
+    that reports them together with its own (:func:`probing.interventions.check_intervention`)."""
     ma, mb = a.manifest, b.manifest
     diffs = []
     ca, cb = ma["corpus"], mb["corpus"]
@@ -410,12 +421,13 @@ def check_comparable(a: "Cache", b: "Cache", *, same_model: bool = True, random_
         roles = [*roles, *ma.get("roles", ())]
     elif same_model and A["fingerprint"] != B["fingerprint"]:
         diffs.append(f"different models ({describe_model(A)} vs {describe_model(B)})")
+    if same_format and not random_baseline and ma["format"] != mb["format"]:
+        diffs.append(f"different formats ({ma['format'].get('name')!r} vs {mb['format'].get('name')!r})")
     for name, m in (("first", ma), ("second", mb)):
         lacking = sorted({r for r in roles if r not in m.get("roles", ())})
         if lacking:
             diffs.append(f"the {name} cache stores no {lacking} tokens (it stores {m.get('roles')})")
-    if diffs:
-        raise IncomparableCaches(f"cannot combine caches {a.path} and {b.path}: " + "; ".join(diffs))
+    return diffs
 
 
 def _sentence_columns(examples: pd.DataFrame) -> list[str]:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from probing.examples import Example, Label
+from probing.examples import DOC_LABEL, MISSING_TEXT, Example, Label, first_few, missing_label
 
 __all__ = ["INT_TEXT", "TABLE_SUFFIXES", "read_table"]
 
@@ -83,14 +82,40 @@ def _typed_text_labels(values: list[str]) -> list[Label]:
         return list(values)
 
 
+def _refuse_missing(path: Path, column: str, values: list[Any], where: list[str], ids: list[str], *,
+                    text: bool) -> None:
+    """Refuse a label column with missing cells, naming the first few rows and their count. ``text``: CSV/TSV
+    cells, where an empty cell or a spelling in :data:`probing.examples.MISSING_TEXT` (``NA``, ``nan``,
+    ``null``, ...) is missing: pandas, R and spreadsheets write those for "no value", and ``nan`` in a number
+    column would otherwise become a float NaN label, ``NA`` in a text column a class or document of its own.
+    In JSONL null, NaN and empty strings are missing; a quoted string such as ``"NA"`` is kept as written, so
+    a label that really is ``NA`` can be given there."""
+    if text:
+        bad = [i for i, v in enumerate(values) if v.strip() in MISSING_TEXT]
+    else:
+        bad = [i for i, v in enumerate(values) if missing_label(v) or (isinstance(v, str) and not v.strip())]
+    if not bad:
+        return
+    listed = first_few(f"{where[i]} (id {ids[i]!r}) {values[i]!r}" for i in bad)
+    why = (" (the document id that every split and bootstrap groups by: an example without one would "
+           "silently be a group of its own)" if column == DOC_LABEL else "")
+    keep = ("; to keep such text as a label, write the corpus as JSONL, where a quoted string such as \"NA\" "
+            "stays as written" if text and any(values[i].strip() for i in bad) else "")
+    raise ValueError(f"{path}: label column {column!r}{why} is missing in {len(bad)} of {len(values)} rows: "
+                     f"{listed}; fill these cells in or drop the rows{keep}")
+
+
 def read_table(path: str | Path, sentence_columns: Sequence[str] | str, label_columns: Sequence[str] | str = (),
                id_column: str | None = None) -> list[Example]:
     """Read examples from a ``.csv``, ``.tsv`` or ``.jsonl`` file (chosen by suffix), one example a row.
 
     ``sentence_columns`` name sentences 1..k in order; every cell must be a non-empty string.
     ``label_columns`` become labels: in CSV/TSV a column whose cells are all integers is read as int,
-    all numbers as float, else str; in JSONL the JSON types are kept (str, int, float, bool); empty or
-    null label cells are errors. Ids come from ``id_column`` (as str, must be unique and non-empty) or
+    all numbers as float, else str; in JSONL the JSON types are kept (str, int, float, bool). Missing label
+    cells are errors naming every column's first few such rows and their count: in CSV/TSV an empty cell
+    or one that pandas reads as missing (``NA``, ``nan``, ``null``, ``None``, ``N/A``, ...:
+    :data:`probing.examples.MISSING_TEXT`), in JSONL null, NaN or an empty string (a quoted ``"NA"`` stays a
+    label there). Ids come from ``id_column`` (as str, must be unique and non-empty) or
     default to the row number ``"0", "1", ...`` (rows count from 0, header and blank JSONL lines
     excluded; blank CSV/TSV lines count as rows). CSV/TSV are read with pandas, every cell as text (so
     ``NA`` stays a word); JSONL is
@@ -159,12 +184,11 @@ def read_table(path: str | Path, sentence_columns: Sequence[str] | str, label_co
     labels: list[dict[str, Label]] = [{} for _ in rows]
     for column in label_columns:
         values = [cell(i, column) for i in range(len(rows))]
+        _refuse_missing(path, column, values, where, ids, text=suffix != ".jsonl")
         for i, value in enumerate(values):
-            bad = (value is None or isinstance(value, (list, dict)) or (isinstance(value, str) and not value.strip())
-                   or (isinstance(value, float) and math.isnan(value)))
-            if bad:
-                raise ValueError(f"{path}: {where[i]} (id {ids[i]!r}), label column {column!r}: empty or "
-                                 f"unsupported label value {value!r}")
+            if isinstance(value, (list, dict)):
+                raise ValueError(f"{path}: {where[i]} (id {ids[i]!r}), label column {column!r}: unsupported label "
+                                 f"value {value!r} (a label is a string, a number or a boolean)")
         if suffix != ".jsonl":
             values = _typed_text_labels(values)
         for i, value in enumerate(values):

@@ -46,7 +46,7 @@ import pandas as pd
 import torch
 
 from .adapters import Adapter, AdapterError, Site, adapter_for, hook_calls
-from .cache import Cache, CacheError
+from .cache import Cache, CacheError, IncomparableCaches, comparable_differences
 from .formats import KEY_COLUMNS, Format, Rendered, render, TokenizedSentence
 
 #: The group grammar, declared once: CLI help, validation and masks use it.
@@ -282,6 +282,64 @@ def describe(request: Mapping | None) -> str:
     parts += [f"patch {p['keys']}@{p['layer']} from {p['source']['format']}" for p in request.get("patch", [])]
     parts += [f"ablate {a['keys']}@{a['layer']}={a['value']}" for a in request.get("ablate", [])]
     return "; ".join(parts)
+
+
+def _without_controls(request: Mapping) -> dict:
+    """A request with each knockout's ``control`` flag and ``seed`` left out: what a knockout and its
+    control share."""
+    return {**request, "knockout": [{k: v for k, v in ko.items() if k not in ("control", "seed")}
+                                    for ko in request.get("knockout", [])]}
+
+
+def check_intervention(clean: Cache, treated: Cache, control: Cache | None = None, *,
+                       source: Cache | None = None) -> None:
+    """Refuse to read ``treated`` (and ``control``) as intervened runs of ``clean`` unless they are: the one
+    check of every runner that sets an intervention against its clean run (:mod:`analyses.interventions`).
+    A clean cache of another format passed as the treated one would otherwise give "effects" that are
+    format drift, and a control that is not the treated intervention's control a meaningless difference.
+
+    - ``clean`` carries no intervention; ``treated`` and ``control`` carry one (their manifests record it);
+    - each is of ``clean``'s model, format and corpus (fingerprints; :func:`probing.cache.comparable_differences`);
+    - ``control``: every knockout of it a control (``control=1``), ``treated``'s none, and otherwise the same
+      intervention: the same queries, keys and layers (the seed may differ);
+    - ``source`` (patching: the format whose states are patched in): every patch of ``treated`` comes from
+      a cache of ``source``'s format.
+
+    Raises :class:`probing.cache.IncomparableCaches` (a ``ValueError``) naming the caches and every difference.
+    """
+    diffs = comparable_differences(clean, treated, same_format=True)
+    if control is not None:
+        diffs += [f"control {control.path}: {d}" for d in comparable_differences(clean, control, same_format=True)]
+    want = clean.manifest.get("intervention")
+    if want:
+        diffs.append(f"the clean cache {clean.path} is itself intervened ({describe(want)})")
+    done = treated.manifest.get("intervention")
+    if not done:
+        diffs.append(f"the treated cache {treated.path} carries no intervention (a clean run of format "
+                     f"{treated.format_name!r}): extract it with --knockout, --patch or --ablate")
+    if control is not None:
+        ctrl = control.manifest.get("intervention")
+        if not ctrl:
+            diffs.append(f"the control cache {control.path} carries no intervention (a clean run of format "
+                         f"{control.format_name!r}): extract it with --knockout ...,control=1")
+        elif done:
+            if any(k["control"] for k in done.get("knockout", [])):
+                diffs.append(f"the treated cache is itself a control ({describe(done)}): give the knockout first, "
+                             f"then its control")
+            if not ctrl.get("knockout") or not all(k["control"] for k in ctrl["knockout"]):
+                diffs.append(f"the control cache {control.path} is not a control ({describe(ctrl)}): a control "
+                             f"knockout has control=1")
+            elif _without_controls(ctrl) != _without_controls(done):
+                diffs.append(f"the control cache {control.path} ({describe(ctrl)}) is not the control of the treated "
+                             f"one ({describe(done)}): a control takes the same queries, keys and layers")
+    if source is not None and done:
+        for patch in done.get("patch", []):
+            if patch["source"]["format"] != source.format_name:
+                diffs.append(f"the treated cache patches {patch['keys']}@{patch['layer']} from format "
+                             f"{patch['source']['format']!r}, but the source cache {source.path} holds format "
+                             f"{source.format_name!r}")
+    if diffs:
+        raise IncomparableCaches(f"cannot read {treated.path} as an intervention on {clean.path}: " + "; ".join(diffs))
 
 
 def _open_source(path: str) -> Cache:

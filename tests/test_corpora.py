@@ -256,7 +256,7 @@ def test_read_table_empty_id_and_label(tmp_path):
     path = _write(tmp_path, "c.csv", "id,s,t\na,One.,x\n,Two.,y\n")
     with pytest.raises(ValueError, match=r"c\.csv: row 1, id column 'id': id must be a non-empty string or integer, got ''"):
         read_table(path, ["s"], id_column="id")
-    with pytest.raises(ValueError, match=r"c\.csv: row 1 \(id '1'\), label column 'id': empty or unsupported label value ''"):
+    with pytest.raises(ValueError, match=r"c\.csv: label column 'id' is missing in 1 of 2 rows: row 1 \(id '1'\) ''"):
         read_table(path, ["s"], ["id"])
 
 

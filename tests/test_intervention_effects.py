@@ -11,7 +11,7 @@ from analyses.interventions import (cls_patches, fraction_closed, group_spread, 
                                     per_example_drift, PROBE_MODES, probe_correctness, probe_correctness_modes,
                                     q1_patching,
                                     q4_sep_knockout, sep_knockouts)
-from probing.cache import Cache
+from probing.cache import Cache, IncomparableCaches
 from probing.examples import Example
 from probing.extract import extract
 from probing.interventions import Intervention, Knockout, Patch
@@ -91,8 +91,8 @@ def test_knockout_drift_pairs_the_control_item_by_item(runs):
     assert at2.loc["drift_treated", "n_clusters"] == 12  # the doc label, not the example
     assert df[df["layer"] == 0]["value"].abs().max() < 1e-6  # embeddings come before any knockout
     assert at2.loc["drift_treated", "intervention"] == "knockout all->sep@1-2"
-    same = knockout_drift(runs["clean"], runs["ko"], runs["ko"], groups=("cls",), layers=[2], n_resamples=50)
-    assert same.set_index("metric").loc["drift_difference", "value"] == 0.0
+    with pytest.raises(IncomparableCaches, match="is not a control"):  # the knockout is not its own control
+        knockout_drift(runs["clean"], runs["ko"], runs["ko"], groups=("cls",), layers=[2], n_resamples=50)
 
 
 def test_probe_correctness_matches_cross_val_predict_on_the_same_folds():
@@ -114,7 +114,9 @@ def test_probe_correctness_matches_cross_val_predict_on_the_same_folds():
 
 
 def test_knockout_probes_change_is_zero_for_an_empty_knockout(runs):
-    df = knockout_probes(runs["clean"], runs["nothing"], runs["control"], targets=("topic", "absent"), layers=-1,
+    empty_control = _cache(runs["examples"], "pair", runs["lm"], runs["tmp"],
+                           Intervention((Knockout("all", "sep3", (1,), control=True),)))
+    df = knockout_probes(runs["clean"], runs["nothing"], empty_control, targets=("topic", "absent"), layers=-1,
                          Cs=(1.0,), n_resamples=50)
     d = df.set_index("metric")
     assert d.loc["change_treated", "value"] == 0.0 and d.loc["change_treated", "p_value"] == 1.0
@@ -324,6 +326,6 @@ def test_command_line(runs, tmp_path, capsys):
     assert main(["patching", str(runs["clean"].path), str(runs["clean"].path), str(tmp_path / "nowhere"),
                  "--out", out]) == 2
     assert "nowhere is not a complete cache" in capsys.readouterr().err
-    assert main(["patching", str(runs["clean"].path), str(runs["nothing"].path), str(runs["ko"].path),
+    assert main(["patching", str(runs["clean"].path), str(runs["clean"].path), str(runs["ko"].path),
                  "--out", out]) == 2
     assert "does not drift between" in capsys.readouterr().err

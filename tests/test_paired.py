@@ -143,8 +143,10 @@ def test_example_groups_rule():
     with_doc = [Example("a", ("x.",), {"doc": 1}), Example("b", ("y.",), {"doc": 1})]
     g, how = example_groups(with_doc)
     assert how == "document" and g.tolist() == [1, 1]
-    g, how = example_groups(with_doc + [Example("c", ("z.",))])  # one without: examples
-    assert how == "example" and g.tolist() == ["a", "b", "c"]
+    with pytest.raises(ValueError, match=r"the 'doc' label is missing for 1 of 3 examples \('c'\)"):
+        example_groups(with_doc + [Example("c", ("z.",))])  # one without: refused, not grouped by example
+    g, how = example_groups([Example("c", ("z.",))])  # none with: examples
+    assert how == "example" and g.tolist() == ["c"]
 
 
 # --------------------------------------------------------------------------------------------------
