@@ -382,9 +382,10 @@ def check_comparable(a: "Cache", b: "Cache", *, same_model: bool = True, random_
     Always: the same corpus (fingerprint), and every role in ``roles`` stored in both.
     ``same_model``: the same weights (model fingerprint), e.g. drift between two formats of one model.
     ``random_baseline``: ``b`` is the random-init baseline of ``a``: ``b`` has random weights and ``a``
-    does not, the same architecture (``architecture`` hash of the config, or for older caches model
-    type, layers, hidden size and token types), the same format (template and segments), and every
-    layer and role ``a`` stores. Same model is not asked then (the weights differ by design).
+    does not (by the manifests, and ``b``'s weights fingerprint is not ``a``'s: a trained cache whose
+    manifest says random init is refused), the same architecture (``architecture`` hash of the config, or
+    for older caches model type, layers, hidden size and token types), the same format (template and
+    segments), and every layer and role ``a`` stores. Same model is not asked then (the weights differ by design).
     ``same_format``: the same format (name, template and segments), e.g. a run and its intervened run.
     """
     diffs = comparable_differences(a, b, same_model=same_model, random_baseline=random_baseline, roles=roles,
@@ -411,6 +412,10 @@ def comparable_differences(a: "Cache", b: "Cache", *, same_model: bool = True, r
         if not B.get("random_init"):
             diffs.append(f"the baseline cache holds trained weights ({describe_model(B)}), not a randomly "
                          f"initialised model (extract it with --random-init)")
+        elif A["fingerprint"] == B["fingerprint"]:
+            diffs.append(f"the baseline cache's manifest says random init, but its weights are the first cache's "
+                         f"(fingerprint {str(A['fingerprint'])[:12]} in both): it is not a random-init baseline "
+                         f"(extract one with --random-init)")
         if _architecture(A) != _architecture(B):
             diffs.append(f"different architectures ({_architecture(A)} vs {_architecture(B)})")
         if ma["format"] != mb["format"]:

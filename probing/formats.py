@@ -521,20 +521,53 @@ def _word_layout(word_ids: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray,
 
 
 def special_token_ids(tokenizer, fmt: Format) -> dict[str, int]:
-    """The id of every special token the format uses; a clear error if the tokenizer lacks one."""
+    """The id of every special token the format uses; a clear error if the tokenizer lacks one, or has it only
+    in name (:func:`unsaved_special_token`): the rows labelled with it would hold another token's states."""
     names = {v for k, v, _ in fmt.expand(max(fmt.min_sentences(), 1)) if k == "special"}
+    model = getattr(tokenizer, "name_or_path", type(tokenizer).__name__)
     ids = {}
     for name in sorted(names):
         attr = SPECIAL_TOKENS[name]
         token = getattr(tokenizer, attr, None)
         token_id = getattr(tokenizer, attr + "_id", None)
         if token is None or token_id is None:
-            raise FormatError(
-                f"format {fmt.name!r} uses [{name}] but tokenizer "
-                f"{getattr(tokenizer, 'name_or_path', type(tokenizer).__name__)!r} has no {attr}"
-            )
+            raise FormatError(f"format {fmt.name!r} uses [{name}] but tokenizer {model!r} has no {attr}")
+        why = unsaved_special_token(tokenizer, str(token), int(token_id))
+        if why is not None:
+            raise FormatError(f"format {fmt.name!r} uses [{name}] but the {attr} {str(token)!r} of model {model!r} "
+                              f"is not in its vocabulary: {why}, so the rows labelled [{name}] would not hold "
+                              f"{str(token)!r}'s states. Give the model's own tokenizer files")
         ids[name] = int(token_id)
     return ids
+
+
+def unsaved_special_token(tokenizer, token: str, token_id: int) -> str | None:
+    """Why ``token`` (id ``token_id``) is not a token of the tokenizer's saved vocabulary, or None when it is.
+
+    A vocabulary saved without e.g. ``[SEP]`` loads without complaint: transformers adds the special token the
+    tokenizer config names, under a new id (an embedding row trained as another token, or none at all) or under
+    an id the saved files give it that is an ordinary word piece of this vocabulary. The token counts as saved
+    when the vocabulary itself (the fast tokenizer's model, without added tokens) has it at ``token_id``, or,
+    for a token kept beside the vocabulary (an added token), when the saved added tokens (``tokenizer.json``'s
+    or ``tokenizer_config.json``'s, which transformers keeps in ``init_kwargs``) list it at ``token_id``. A
+    tokenizer without a fast backend is not checked."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    vocab = getattr(backend, "model", None)
+    if vocab is None:
+        return None
+    saved_id = vocab.token_to_id(token)
+    if saved_id == token_id:
+        return None
+    ordinary = vocab.id_to_token(token_id)
+    if ordinary is not None:
+        return f"its id {token_id} is the vocabulary's ordinary token {ordinary!r}"
+    if saved_id is not None:
+        return f"the vocabulary has it as id {saved_id}, but the tokenizer gives id {token_id}"
+    saved = (getattr(tokenizer, "init_kwargs", None) or {}).get("added_tokens_decoder") or {}
+    if str(saved.get(token_id, "")) == token:
+        return None
+    return (f"the tokenizer added it when it was loaded, as id {token_id} after the "
+            f"{backend.get_vocab_size(with_added_tokens=False)} saved tokens")
 
 
 @dataclass

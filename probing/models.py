@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -188,8 +189,12 @@ def check_model_dir(path: str | os.PathLike, *, weights: bool = True, trust_remo
         config = json.loads((d / "config.json").read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ModelLoadError(f"model directory {str(d)!r}: config.json is not valid JSON ({err})") from None
-    model_type = config.get("model_type") if isinstance(config, dict) else None
-    own_code = isinstance(config, dict) and config.get("auto_map") and model_type not in CONFIG_MAPPING
+    if not isinstance(config, dict):  # transformers would fail with a TypeError deep inside its config class
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(config), "a number")
+        raise ModelLoadError(f"model directory {str(d)!r}: config.json holds {kind} ({json.dumps(config)[:40]}), "
+                             f"not an object of the model's settings")
+    model_type = config.get("model_type")
+    own_code = config.get("auto_map") and model_type not in CONFIG_MAPPING
     if own_code and not trust_remote_code:
         raise ModelLoadError(
             f"model directory {str(d)!r} needs its own code (config.json: model_type {model_type!r}, auto_map "
@@ -265,11 +270,16 @@ def load_model(
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
+    from safetensors import SafetensorError
+
     try:
         with _quiet_loading():
-            model, tokenizer = _load(path, random_init=random_init, seed=seed, kwargs=kwargs)
+            model, tokenizer = _load(path, name=display, random_init=random_init, seed=seed, kwargs=kwargs)
     except ModelLoadError:
         raise
+    except SafetensorError as err:  # a truncated or damaged weights file, read when the model is built
+        raise ModelLoadError(f"model {display!r}: cannot read its weights{_unreadable_weights(path)} ({err}); "
+                             f"the file is truncated or damaged: save or download it again") from err
     except (OSError, ValueError) as err:
         offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
         hint = " (HF_HUB_OFFLINE is set, so nothing is downloaded)" if offline else ""
@@ -285,21 +295,130 @@ def load_model(
 
 @contextmanager
 def _quiet_loading():
-    """No transformers progress bar while loading: the toolkit's output stays its own (and an error is
-    the first thing printed)."""
+    """No transformers progress bar and no warnings while loading: the toolkit's output stays its own (and an
+    error is the first thing printed). Its load report (missing, unexpected, wrong-shaped keys) is not lost:
+    :func:`check_loading_info` decides on it, and refuses the load where it matters."""
     from transformers.utils import logging as hf_logging
 
-    was = hf_logging.is_progress_bar_enabled()
+    was, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
     hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
     try:
         yield
     finally:
+        hf_logging.set_verbosity(verbosity)
         if was:
             hf_logging.enable_progress_bar()
 
 
-def _load(path: str, *, random_init: bool, seed: int, kwargs: dict) -> tuple[torch.nn.Module, Any]:
-    """(model, tokenizer) from ``path``; ``kwargs`` go to ``from_pretrained`` / ``from_config``."""
+def _unreadable_weights(path: str) -> str:
+    """`` (FILE, ...)``: the ``.safetensors`` files under the local directory ``path`` whose header cannot be
+    read (a truncated or damaged file), or ``""`` when ``path`` is not a local directory or none is found."""
+    from pathlib import Path
+
+    from safetensors import SafetensorError, safe_open
+
+    bad = []
+    for f in sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else ():
+        try:
+            with safe_open(str(f), framework="pt"):
+                pass
+        except (SafetensorError, OSError):
+            bad.append(str(f))
+    return f" ({', '.join(bad)})" if bad else ""
+
+
+#: The only keys a checkpoint may lack or hold in excess of its config, each with why it changes nothing the
+#: toolkit reads: (kind, regular expression on the key, why). Any other missing or unexpected key, and any weight
+#: of another shape than the config gives, refuses the load (:func:`check_loading_info`), because transformers
+#: would initialise the weights it could not fill at random, and the cache would hold a random model's states
+#: under the trained model's name.
+HARMLESS_KEYS: tuple[tuple[str, str, str], ...] = (
+    ("missing", r"^pooler\.",
+     "the pooler only computes pooler_output, which the toolkit never reads (it reads hidden states and "
+     "attentions); a checkpoint saved from a masked-LM model has none. Its weights are set to zero, so that the "
+     "fingerprint names the loaded weights and not a random draw"),
+    ("missing", r"(^|\.)position_ids$",
+     "a buffer the model builds from its config (0, 1, 2, ...) when it is constructed, not a trained weight"),
+    ("unexpected", r"(^|\.)position_ids$", "the same buffer, which older versions saved with the weights"),
+    # a task checkpoint's heads: each reads the encoder's output, so the hidden states do not depend on it (a
+    # checkpoint whose encoder weights do not load is still refused, for its missing keys)
+    ("unexpected", r"^cls\.(predictions|seq_relationship)\.",
+     "BERT's pretraining heads (masked LM, next sentence), e.g. in bert-base-uncased's own checkpoint; the "
+     "encoder's states do not depend on them"),
+    ("unexpected", r"^lm_head\.", "the masked-LM head of a RoBERTa-style checkpoint (RoBERTa, XLM-R, MPNet), on top "
+     "of the encoder"),
+    ("unexpected", r"^vocab_(transform|layer_norm|projector)\.",
+     "DistilBERT's masked-LM head, e.g. in distilbert-base-uncased's own checkpoint, on top of the encoder"),
+    ("unexpected", r"^(discriminator_predictions|generator_predictions|generator_lm_head)\.",
+     "ELECTRA's pretraining heads (replaced-token detection, masked LM), on top of the encoder"),
+    ("unexpected", r"^(predictions|sop_classifier)\.", "ALBERT's pretraining heads (masked LM, sentence order), on "
+     "top of the encoder"),
+    ("unexpected", r"^lm_predictions\.", "DeBERTa-v2's masked-LM head, on top of the encoder"),
+    ("unexpected", r"^(classifier|pre_classifier|qa_outputs)\.",
+     "the task head of a fine-tuned checkpoint (sequence or token classification, question answering), on top of "
+     "the encoder"),
+)
+
+
+def _harmless(kind: str, key: str) -> bool:
+    return any(k == kind and re.search(pattern, key) for k, pattern, _ in HARMLESS_KEYS)
+
+
+def _few(keys, n: int = 3) -> str:
+    keys = sorted(keys)
+    return ", ".join(keys[:n]) + (f" and {len(keys) - n} more" if len(keys) > n else "")
+
+
+def _shape(shape) -> str:
+    return "[" + ", ".join(str(int(d)) for d in shape) + "]"
+
+
+def _key_prefix(unexpected: set[str], missing: set[str]) -> str | None:
+    """The prefix (e.g. ``module.``) that turns every missing key into an unexpected one, if there is one."""
+    first = min(unexpected)
+    for m in missing:
+        if first.endswith("." + m):
+            prefix = first[:len(first) - len(m)]
+            if all(u.startswith(prefix) and u[len(prefix):] in missing for u in unexpected):
+                return prefix
+    return None
+
+
+def check_loading_info(info: dict, name: str) -> list[str]:
+    """Refuse a load whose weights do not fit the config, from ``from_pretrained(..., output_loading_info=True)``'s
+    report (``missing_keys``, ``unexpected_keys``, ``mismatched_keys``: (key, saved shape, config's shape)):
+    a :class:`ModelLoadError` naming the model and a few keys of each kind, with their counts. Keys declared in
+    :data:`HARMLESS_KEYS` pass; the harmless missing keys are returned (:func:`_load` sets those parameters to
+    zero)."""
+    missing = {str(k) for k in info.get("missing_keys") or ()}
+    unexpected = {str(k) for k in info.get("unexpected_keys") or ()}
+    mismatched = {str(k): (a, b) for k, a, b in info.get("mismatched_keys") or ()}
+    bad_missing = {k for k in missing if not _harmless("missing", k)}
+    bad_unexpected = {k for k in unexpected if not _harmless("unexpected", k)}
+    problems = []
+    if bad_missing:
+        problems.append(f"{len(bad_missing)} missing key(s) ({_few(bad_missing)})")
+    if bad_unexpected:
+        problems.append(f"{len(bad_unexpected)} unexpected key(s) ({_few(bad_unexpected)})")
+    if mismatched:
+        shown = [f"{k} (saved {_shape(a)}, config {_shape(b)})" for k, (a, b) in sorted(mismatched.items())]
+        problems.append(f"{len(mismatched)} weight(s) of another shape ({_few(shown)})")
+    if problems:
+        prefix = _key_prefix(bad_unexpected, missing) if bad_unexpected and missing else None
+        hint = (f"Every unexpected key is a missing one under the prefix {prefix!r} (a training wrapper's): save the "
+                f"weights without it" if prefix is not None else
+                "Its config.json must describe the saved weights (layers, sizes), and the weights must be the model's")
+        raise ModelLoadError(f"model {name!r}: its weights do not fit its config: {'; '.join(problems)}; the model "
+                             f"built would not be the saved one (weights the checkpoint does not fill stay random), "
+                             f"so its states would be another model's under this name. {hint}")
+    return sorted(missing - bad_missing)
+
+
+def _load(path: str, *, name: str, random_init: bool, seed: int, kwargs: dict) -> tuple[torch.nn.Module, Any]:
+    """(model, tokenizer) from ``path``; ``kwargs`` go to ``from_pretrained`` / ``from_config``. Trained weights
+    must fit the config (:func:`check_loading_info`, refusing in the name ``name``): wrong-shaped weights are
+    reported by transformers rather than raised (``ignore_mismatched_sizes``) so that the refusal names them."""
     from transformers import AutoConfig, AutoModel
 
     trust_remote_code = kwargs["trust_remote_code"]
@@ -310,7 +429,13 @@ def _load(path: str, *, random_init: bool, seed: int, kwargs: dict) -> tuple[tor
             torch.manual_seed(seed)
             model = AutoModel.from_config(config, **kwargs)
     else:
-        model = AutoModel.from_pretrained(path, use_safetensors=True, **kwargs)  # never unpickle
+        model, info = AutoModel.from_pretrained(path, use_safetensors=True, output_loading_info=True,  # never unpickle
+                                                ignore_mismatched_sizes=True, **kwargs)
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for key in check_loading_info(info, name):
+                if key in params:  # a missing buffer keeps the value the config gives it
+                    params[key].zero_()
     return model, tokenizer
 
 
