@@ -11,6 +11,13 @@ token choices follow :mod:`analyses.selection` (``cls``, ``sep1``, ``mean``, ``m
 from __future__ import annotations
 
 from typing import Sequence
+import sys as _sys
+
+if getattr(_sys, "argv", [None])[:1] == ["-m"]:  # Python is locating a module to run: refuse a library module
+    from probing.module_guard import refuse_library_run
+
+    refuse_library_run()
+del _sys
 
 #: The notebook functions, declared once (tests check each against the submodule names).
 API: tuple[str, ...] = ("drift_table", "cka_table", "probe_table", "attention_table", "contextuality_table",

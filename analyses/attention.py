@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from analyses.drift import model_label
 from analyses.grouping import cache_groups
 from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
-                              stored_table)
+                              stored_table, table_lines)
 from analyses.selection import attention_group_names, is_role
 from analyses.intervals import bootstrap_ci
 from probing.cache import Cache
@@ -239,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     show = mean[mean["target"].isin(["cls", ALL_SEP, OWN_SENTENCE, OTHER_SENTENCES])]
     with pd.option_context("display.width", 160, "display.precision", 3):
         print(show.pivot_table(index=["role", "target"], columns="layer", values="value", sort=False).to_string())
+    print(table_lines(df))
     return 0
 
 

@@ -23,7 +23,7 @@ from analyses.drift_metrics import POOL_MODES, drift_summary, subword_pool
 from analyses.grouping import cache_groups
 from analyses.selection import is_role
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
-                              keep_table, make_table, result_path, stored_table)
+                              keep_table, make_table, stored_table, table_lines)
 from probing.cache import Cache, align, check_comparable, describe_model
 from probing.cli import ArgumentParser
 from probing.heap import hand_back_freed
@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(summary_table(df).to_string())
         base = df[(df["metric"] == "anisotropy_baseline") & (df["role"] == "all")].set_index("layer")["value"]
         print("anisotropy baseline (mean cos of random pairs of all tokens):", ", ".join(f"L{k}: {v:.3f}" for k, v in base.items()))
-    print(f"table: {result_path(args.out, 'drift', {})!s}".rsplit('-', 1)[0] + "-*.csv")
+    print(table_lines(df))
     return 0
 
 

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from analyses.drift import model_label
 from analyses.drift_metrics import MIN_SPREAD, pair_spread, rowwise_cosine
 from analyses.grouping import cache_groups
-from analyses.results import cache_identity, keep_table, make_table, stored_table
+from analyses.results import cache_identity, keep_table, make_table, stored_table, table_lines
 from analyses.intervals import bootstrap_ci, ratio_bootstrap_ci
 from analyses.probe_metrics import DEFAULT_CS
 from analyses.stats import paired_difference, scale_difference
@@ -545,6 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      Cs=DEFAULT_CS if args.Cs is None else [c for cs in args.Cs for c in cs],
                                      inner_splits=args.inner_folds, n_resamples=args.resamples, seed=args.seed,
                                      out=args.out, force=args.force, progress=not args.no_progress)
+            written = [drift, probes]
             shown = [drift.pivot_table(index=["role", "layer"], columns="metric", values="value"),
                      probes.pivot_table(index=["mode", "target", "layer"] if len(modes) > 1 else ["target", "layer"],
                                         columns="metric", values="value", sort=False)]
@@ -553,12 +554,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   [Cache.open(c) for c in args.treated], group=args.group, layer=args.layers,
                                   n_resamples=args.resamples, seed=args.seed, out=args.out, force=args.force,
                                   progress=not args.no_progress)
+            written = [df]
             shown = [df.pivot_table(index="intervention", columns="metric", values="value", sort=False)]
     except CLI_ERRORS as err:
         return cli_error(err)
     with pd.option_context("display.width", 160, "display.float_format", "{:.3g}".format):
         for t in shown:
             print(t.to_string())
+    print(table_lines(*written))
     return 0
 
 

@@ -29,7 +29,7 @@ from analyses.drift import model_label
 from analyses.grouping import cache_groups
 from analyses.paired import add_holm
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
-                              keep_table, make_table, split_list, stored_table)
+                              keep_table, make_table, split_list, stored_table, table_lines)
 from analyses.selection import parse_choice, pooled
 from analyses.intervals import bootstrap_ci
 from analyses.stats import paired_difference
@@ -191,6 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not diff.empty:
             with pd.option_context("display.width", 160, "display.precision", 4):
                 print(diff[["layer", "choice", "choice_b", "value", "ci_low", "ci_high", "p_holm"]].to_string(index=False))
+    print(table_lines(*tables))
     return 0
 
 

@@ -48,7 +48,7 @@ from analyses.drift import group_labels, model_label, paired_rows
 from analyses.drift_metrics import MIN_SPREAD, pair_spread, rowwise_cosine
 from analyses.grouping import cache_groups
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
-                              keep_table, make_table, stored_table)
+                              keep_table, make_table, stored_table, table_lines)
 from analyses.stats import holm, paired_difference, scale_difference
 from probing.cli import ArgumentParser
 from probing.cache import align, check_comparable, check_prefix
@@ -475,6 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "grouping"]
     with pd.option_context("display.width", 160, "display.precision", 4):
         print(df[cols].to_string(index=False))
+    print(table_lines(df))
     return 0
 
 

@@ -48,7 +48,7 @@ from analyses.finetune_config import PRESETS, SCHEDULES, TrainConfig, preset_con
 from analyses.pooling_choices import POOLINGS, Pooling, get_pooling, pool, pooling_mask
 from analyses.pooling_table import (RUN_METRICS, baseline_rows, best_constant, diff_label, diff_rows, finish_table,
                                     pooled_baselines, summary, summary_rows)
-from analyses.results import read_table, result_path, write_table
+from analyses.results import note_store_use, read_table, result_path, write_table
 from probing.cli import ArgumentParser, int_at_least, output_dir_arg, positive_floats
 from probing.examples import Example, corpus_fingerprint
 from probing.formats import Format, Rendered, resolve_format
@@ -248,7 +248,9 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
     if out is not None:
         path = result_path(out, ANALYSIS, experiment_config(lm, examples, label, fmt, poolings, seeds, config))
         pred_path = path.with_name(path.stem + ".predictions.csv")
-        if path.exists() and pred_path.exists() and not force:
+        found = path.exists() and pred_path.exists() and not force
+        note_store_use(path, found)
+        if found:
             df = read_table(path)
             df.attrs.update(result_path=str(path), predictions_path=str(pred_path), reused=True)
             return (df, read_table(pred_path)) if with_predictions else df

@@ -64,7 +64,7 @@ from analyses.probe_compare import ITEM_KEYS, compare_probes  # noqa: F401 (re-e
 from analyses.probe_metrics import DEFAULT_CS
 from analyses.probe_results import PROBE_RESAMPLES, cross_validate_probe, probe_rows
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, add_probe_options, cache_identity,
-                              cli_error, keep_table, make_table, split_list, stored_table)
+                              cli_error, keep_table, make_table, split_list, stored_table, table_lines)
 from analyses.selection import parse_choice, pooled
 from analyses.stored import PooledStore
 from analyses.vocabulary import content_vocabulary, function_vocabulary, presence
@@ -426,10 +426,12 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                 bar.update(1)
     bar.close()
     df = pd.concat(frames, ignore_index=True) if frames else make_table([])
-    keep_table(df, path)
-    if item_frames:
-        keep_table(pd.concat(item_frames, ignore_index=True), items_path)
-    return (df, pd.concat(item_frames, ignore_index=True)) if items else df
+    df.attrs.update(keep_table(df, path).attrs)  # where it went; the table returned as it was
+    if not items:
+        return df
+    item_df = pd.concat(item_frames, ignore_index=True)
+    item_df.attrs.update(keep_table(item_df, items_path).attrs)
+    return df, item_df
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -495,14 +497,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                         random_versus=split_list(args.random_versus) if args.random_versus else None,
                         items=args.items, num_threads=args.threads,
                         batch_mb=args.batch_mb, n_resamples=args.resamples, out=args.out, force=args.force, progress=not args.no_progress)
-        if args.items:
-            df = df[0]
+        written = list(df) if args.items else [df]
+        df = written[0]
     except CLI_ERRORS as err:
         return cli_error(err)
     main_metric = df["metric"].isin(["accuracy", "micro_f1"])
     with pd.option_context("display.width", 200, "display.precision", 3):
         print(df[main_metric].pivot_table(index="layer", columns=["model_kind", "target", "choice"], values="value",
                                           sort=False).to_string())
+    print(table_lines(*written))
     return 0
 
 

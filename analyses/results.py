@@ -11,12 +11,13 @@ caches with the same code return it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import pandas as pd
 
@@ -134,10 +135,50 @@ def result_path(out_dir: str | os.PathLike, analysis: str, config: Mapping[str, 
     return Path(out_dir) / f"{analysis}-{result_key(config)}.csv"
 
 
+class StoreUse:
+    """What one run asked of the result store: each table's path, and whether its first lookup found it
+    stored (reused) or not (computed by this run). Only a table whose key matched counts as reused: tables
+    an older version left under other keys are never looked up."""
+
+    def __init__(self) -> None:
+        self.found: dict[Path, bool] = {}
+
+    @property
+    def reused(self) -> int:
+        return sum(self.found.values())
+
+    @property
+    def asked(self) -> int:
+        return len(self.found)
+
+
+_RECORDING: list[StoreUse] = []
+
+
+@contextlib.contextmanager
+def recording_store_use() -> Iterator[StoreUse]:
+    """Record every result-store lookup (:func:`note_store_use`) made inside the ``with`` block, e.g. one study
+    run's, in the :class:`StoreUse` it yields."""
+    use = StoreUse()
+    _RECORDING.append(use)
+    try:
+        yield use
+    finally:
+        _RECORDING.remove(use)
+
+
+def note_store_use(path: Path, reused: bool) -> None:
+    """Tell every :func:`recording_store_use` that the table at ``path`` was looked up and found stored
+    (``reused``) or not; a later lookup of the same path (a table this run computed) changes nothing."""
+    for use in _RECORDING:
+        use.found.setdefault(Path(path), reused)
+
+
 def stored_table(out_dir: str | os.PathLike | None, analysis: str, config: Mapping[str, Any],
                  force: bool = False) -> tuple[Path | None, pd.DataFrame | None]:
     """``(path, table)``: where a runner's table for ``config`` lives (None without ``out_dir``) and the
-    table already stored there (None if there is none, or ``force``). Every runner starts with it::
+    table already stored there (None if there is none, or ``force``; its ``attrs`` say where it is,
+    ``result_path`` and ``reused``). Every runner starts with it::
 
         path, done = stored_table(out, "knn", config, force)
         if done is not None:
@@ -146,18 +187,39 @@ def stored_table(out_dir: str | os.PathLike | None, analysis: str, config: Mappi
         return keep_table(df, path)
     """
     path = result_path(out_dir, analysis, config) if out_dir is not None else None
-    if path is not None and path.exists() and not force:
-        return path, read_table(path)
+    if path is None:
+        return None, None
+    found = path.exists() and not force
+    note_store_use(path, found)
+    if found:
+        df = read_table(path)
+        df.attrs.update(result_path=str(path), reused=True)
+        return path, df
     return path, None
 
 
 def keep_table(df: pd.DataFrame, path: Path | None) -> pd.DataFrame:
     """Write a runner's fresh table to the path of :func:`stored_table` (nothing if None); returns it as
-    :func:`typed` makes it, so a fresh table has the column types of a stored one."""
+    :func:`typed` makes it, so a fresh table has the column types of a stored one, with ``attrs``
+    ``result_path`` (None if not written) and ``reused`` = False."""
     df = typed(df)
     if path is not None:
         write_table(df, path)
+    df.attrs.update(result_path=str(path) if path is not None else None, reused=False)
     return df
+
+
+def table_lines(*tables: pd.DataFrame) -> str:
+    """``table: PATH`` for each table a runner wrote or found stored (its ``attrs``' ``result_path``; the
+    actual file, never a pattern), ``(reused)`` after one an earlier run stored: the last lines of an
+    analysis command, which say where its output went. Empty where nothing was written."""
+    lines, seen = [], set()
+    for df in tables:
+        path = df.attrs.get("result_path")
+        if path and path not in seen:
+            seen.add(path)
+            lines.append(f"table: {path}" + (" (reused; --force recomputes)" if df.attrs.get("reused") else ""))
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------------------

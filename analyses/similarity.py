@@ -34,7 +34,7 @@ from analyses.cka import MIN_ITEMS, linear_cka, rbf_cka
 from analyses.cka_streaming import StreamingCKAMatrix, StreamingLinearCKA
 from analyses.drift import model_label
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error, keep_table,
-                              make_table, one_value, split_list, stored_table)
+                              make_table, one_value, split_list, stored_table, table_lines)
 from analyses.selection import (POOL_CHUNK_ROWS, ItemRows, is_role, item_chunks, item_rows, parse_choice, pool,
                                 pool_chunked, pooled)
 from probing.cache import Cache, align, check_comparable
@@ -296,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cli_error(err)
     with pd.option_context("display.width", 200, "display.precision", 3):
         print(show.to_string())
+    print(table_lines(df))
     return 0
 
 

@@ -14,6 +14,8 @@ from typing import Iterable
 import matplotlib
 import matplotlib.pyplot as plt
 
+from probing.cache_writer import atomic_write
+
 #: Okabe & Ito (2008) colour-blind-safe palette.
 PALETTE: tuple[str, ...] = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
 LINESTYLES: tuple[str, ...] = ("-", "--", "-.", ":")
@@ -70,7 +72,8 @@ def layer_axis(ax, layers: Iterable[int]) -> None:
 
 
 def save(fig, out: str | os.PathLike) -> list[Path]:
-    """Write ``out`` as PNG (150 dpi) and PDF (``out`` with or without a suffix); returns both paths.
+    """Write ``out`` as PNG (150 dpi) and PDF (``out`` with or without a suffix), each atomically
+    (:func:`probing.cache_writer.atomic_write`); returns both paths.
     Both files carry the figure's title (its suptitle, else its first panel's title) as metadata
     ``Title``, which the HTML report uses as the caption."""
     out = Path(out)
@@ -83,7 +86,9 @@ def save(fig, out: str | os.PathLike) -> list[Path]:
     # one line: the title's lines ("what" / "model, corpus") joined by a dash
     title = next((" — ".join(" ".join(l.split()) for l in t.splitlines() if l.strip()) for t in texts if t.strip()), "")
     meta = {"Title": title} if title else {}
-    fig.savefig(paths[0], dpi=DPI, metadata=meta)
-    fig.savefig(paths[1], metadata=meta)
-    plt.close(fig)
+    try:  # each file whole or not at all, with the umask's mode; a full disk is an error naming the file
+        atomic_write(paths[0], lambda tmp: fig.savefig(tmp, format="png", dpi=DPI, metadata=meta))
+        atomic_write(paths[1], lambda tmp: fig.savefig(tmp, format="pdf", metadata=meta))
+    finally:
+        plt.close(fig)
     return paths

@@ -17,6 +17,13 @@ transformers)::
 from __future__ import annotations
 
 import importlib
+import sys as _sys
+
+if getattr(_sys, "argv", [None])[:1] == ["-m"]:  # Python is locating a module to run: refuse a library module
+    from .module_guard import refuse_library_run
+
+    refuse_library_run()
+del _sys
 
 __version__ = "0.1.0"
 

@@ -17,8 +17,8 @@ import hashlib
 import io
 import json
 import os
+import secrets
 import shutil
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -35,19 +35,53 @@ __all__ = [
 ]
 
 
+#: errno -> the words an out-of-space error is reported with (the disk is full, or the user's quota is).
+_NO_SPACE = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+
+
+def _create_temporary(path: Path) -> str:
+    """Create an empty, unique ``.<name>.<random>.tmp`` beside ``path`` and return its name. Created with mode
+    0666 under the process's umask (and a directory's default ACL), as ``open`` creates any file: unlike
+    ``tempfile.mkstemp``'s 0600, which the rename would keep, so that nobody else could read a shared cache."""
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            os.close(os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666))
+        except FileExistsError:
+            continue
+        return str(tmp)
+    raise FileExistsError(errno.EEXIST, f"no unused temporary name beside {path}")
+
+
+def no_space_error(err: OSError, path: Path) -> OSError:
+    """``err`` as the toolkit reports a full disk (or quota): an ``OSError`` with the same errno whose message
+    names ``path``; any other error unchanged."""
+    if err.errno not in _NO_SPACE:
+        return err
+    out = OSError(f"cannot write {path}: {_NO_SPACE[err.errno]} (its temporary file was removed); free some space "
+                  f"on that file system or write elsewhere")
+    out.errno = err.errno  # (a filename too would make the message "[Errno 28] None: path")
+    return out
+
+
 def atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)`` then rename onto ``path``: readers see the whole file or none."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    """Call ``write(tmp_path)`` then rename onto ``path``: readers see the whole file or none. The file gets the
+    mode any program's new file gets (0666 less the umask). A full disk (``ENOSPC``, or ``EDQUOT``) is an
+    ``OSError`` naming ``path`` (:func:`no_space_error`); the temporary file is removed whatever fails."""
+    path = Path(path)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _create_temporary(path)
         write(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as err:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(err, OSError) and err.errno in _NO_SPACE:
+            raise no_space_error(err, path) from err
         raise
 
 
@@ -168,9 +202,10 @@ def write_shard(cache_dir: Path, index: int, states: np.ndarray, tokens: pd.Data
 
 
 def remove_temporaries(cache_dir: Path) -> list[Path]:
-    """Remove the temporary files (``.*.tmp``) an interrupted writer left in the cache directory and
-    its ``shards/``; returns them. Only call it while holding :func:`writer_lock` and before this
-    extraction's ranks start writing: then no live writer owns a temporary there."""
+    """Remove the temporary files (``.*.tmp``) an interrupted writer left in the cache directory (among them
+    ``request.json``'s, from a run killed while writing it) and its ``shards/``; returns them. Only call it while
+    holding :func:`writer_lock` and before this extraction's ranks start writing: then no live writer owns a
+    temporary there."""
     d = Path(cache_dir)
     gone = [*d.glob(".*.tmp"), *(d / SHARDS).glob(".*.tmp")]
     for tmp in gone:
@@ -205,7 +240,7 @@ class writer_lock:
 
     def __enter__(self) -> "writer_lock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)  # less the umask
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
@@ -235,10 +270,10 @@ def complete_shards(cache_dir: Path, verify: bool = True, clean: bool = False) -
     shards are dropped so they are written again). ``clean`` removes temporary files an interrupted
     run left behind (:func:`remove_temporaries`): only under :func:`writer_lock`, before writing."""
     d = Path(cache_dir) / SHARDS
+    if clean:  # also when there is no shards/ yet: a run killed while writing request.json left its temporary
+        remove_temporaries(cache_dir)
     if not d.is_dir():
         return {}
-    if clean:
-        remove_temporaries(cache_dir)
     out: dict[int, dict] = {}
     for rec_path in sorted(d.glob("[0-9]*.json")):
         try:

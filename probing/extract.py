@@ -27,6 +27,7 @@ attention summaries, the token table) is :mod:`probing.shard_pass`; planning is 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import sys
@@ -42,7 +43,8 @@ import torch
 
 from . import __version__
 from .cache_layout import EXAMPLES, MANIFEST, REQUEST, CacheError, read_json, sha256_file
-from .cache_writer import atomic_write, clear, complete_shards, write_json, write_manifest, write_shard, writer_lock
+from .cache_writer import (atomic_write, clear, complete_shards, remove_temporaries, write_json, write_manifest,
+                           write_shard, writer_lock)
 from .corpus_table import write_examples
 from .examples import Example, corpus_fingerprint
 from .formats import Format, FormatError, parse_formats, resolve_format, special_token_ids
@@ -141,8 +143,8 @@ def extract(
     dev = pick_device(device)
     if batch_tokens is None:
         batch_tokens = BATCH_TOKENS.get(dev.type, BATCH_TOKENS["cuda"])
-    if batch_tokens < 1 or max_batch < 1 or shard_mb <= 0:
-        raise ExtractError(f"{batch_tokens=}, {max_batch=} and {shard_mb=} must be positive")
+    if batch_tokens < 1 or max_batch < 1 or not (math.isfinite(shard_mb) and shard_mb > 0):
+        raise ExtractError(f"{batch_tokens=}, {max_batch=} and {shard_mb=} must be positive (shard_mb finite)")
     if not 0 <= rank < world_size:
         raise ExtractError(f"{rank=} must be in 0..world_size-1 ({world_size=})")
     examples = list(examples)
@@ -218,13 +220,15 @@ def _extract_locked(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, de
             log(f"[{p.fmt.name}] cached: {path} (use --force to rebuild)")
         return
     if rank == 0:
+        # under the lock, before anything is written: drop a killed run's temporaries (request.json's among them)
+        remove_temporaries(path)
         if (path / REQUEST).exists():
             old = read_json(path / REQUEST)
             if old != p.request:
                 raise CacheError(f"{path}: request.json does not match this request; delete the directory")
         else:
             write_json(path / REQUEST, p.request)
-        complete_shards(path, verify=True, clean=True)  # under the lock: drop stale temporaries, damaged shards
+        complete_shards(path, verify=True)  # drop damaged shards
     if barrier is not None:
         barrier()
     if rank != 0 and not (path / REQUEST).exists():
@@ -316,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .models import DEFAULT_MODEL
 
     fmt_help = "\n".join(f"  {n:<16} {BUILTIN_FORMATS[n]:<32} {FORMAT_DESCRIPTIONS[n]}" for n in BUILTIN_FORMATS)
-    from .cli import ArgumentParser, int_at_least
+    from .cli import ArgumentParser, int_at_least, positive_float
 
     p = ArgumentParser(
         prog="python -m probing.extract",
@@ -354,7 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU: batches run side by side in this many single-threaded workers (default: torch's "
                         "thread count, the machine's cores)")
-    p.add_argument("--shard-mb", type=float, default=256.0, help="stored bytes per shard file, MiB (default 256)")
+    p.add_argument("--shard-mb", type=positive_float, default=256.0,
+                   help="stored bytes per shard file, MiB (default 256)")
     p.add_argument("--on-overflow", default="error", choices=ON_OVERFLOW,
                    help="an example longer than the model's limit: stop with an error (default) or skip it "
                         "(skipped ids go into the manifest); never truncated")

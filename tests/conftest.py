@@ -140,13 +140,14 @@ seeds = [0, 1]
 
 @pytest.fixture(scope="session")
 def quick_study(tmp_path_factory, bert_tokenizer):
-    """One --quick study of a tiny random model, shared by tests/test_study.py and tests/test_tables.py (it
-    takes minutes): the first run, copied to ``first_run`` with its log (``logs``); a second run, which
-    reuses every stored result, after a hash-named file an older version left in tables/ was planted
-    (``logs_again``, ``stale_left``); then Q2 alone with ``force_analyses``. ``first``, ``second`` and
-    ``forced`` are the result store's file times after each run; ``named`` / ``named_again`` the bytes of
-    the named tables after the first two; ``html`` the first run's HTML report."""
-    from probing.study import run_study
+    """One --quick study of a tiny random model, shared by tests/test_study.py, tests/test_tables.py and
+    tests/test_files_and_messages.py (it takes minutes), all under umask 027 (``umask``): the first run, over a
+    result store holding a table an older version stored under another key (``other_key``), copied to
+    ``first_run`` with its log (``logs``); a second run, which reuses every stored result, after a hash-named
+    file an older version left in tables/ was planted (``logs_again``, ``stale_left``); then Q2 alone with
+    ``force_analyses``. ``first``, ``second`` and ``forced`` are the result store's file times after each run;
+    ``named`` / ``named_again`` the bytes of the named tables after the first two; ``html`` the first run's
+    HTML report; ``caches`` the cache root."""
     from probing.study.runner import RESULTS_DIR
 
     tmp = tmp_path_factory.mktemp("quick-study")
@@ -154,9 +155,26 @@ def quick_study(tmp_path_factory, bert_tokenizer):
     make_tiny_bert(bert_tokenizer, max_position_embeddings=128).save_pretrained(model_dir)
     bert_tokenizer.save_pretrained(model_dir)
     cfg = quick_study_config(tmp, model_dir)
+    out = tmp / "run"
+    umask = 0o027
+    old_umask = os.umask(umask)
+    try:
+        other_key = out / RESULTS_DIR / "cka-0123456789abcdef.csv"  # stored by an older version: another key
+        other_key.parent.mkdir(parents=True)
+        other_key.write_text("analysis,value\ncka,0.5\n")
+        os.utime(other_key, (time.time() - 86400, time.time() - 86400))
+        return _run_quick_study(cfg, out, umask, other_key)
+    finally:
+        os.umask(old_umask)
+
+
+def _run_quick_study(cfg: Path, out: Path, umask: int, other_key: Path) -> dict:
+    from probing.study import run_study
+    from probing.study.runner import RESULTS_DIR
+
+    tmp = out.parent
     logs: list[str] = []
     report = run_study(cfg, quick=True, log=logs.append)
-    out = tmp / "run"
     assert report.parent == out and report.name == "report.md"
     first_run = shutil.copytree(out, tmp / "first-run")
     store = out / RESULTS_DIR
@@ -175,7 +193,7 @@ def quick_study(tmp_path_factory, bert_tokenizer):
     forced = {p.name: p.stat().st_mtime_ns for p in store.iterdir()}
     return {"out": out, "first_run": Path(first_run), "logs": logs, "logs_again": logs_again, "first": first,
             "second": second, "forced": forced, "named": named, "named_again": named_again, "html": html,
-            "stale_left": stale_left}
+            "stale_left": stale_left, "umask": umask, "other_key": other_key, "caches": tmp / "caches"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups

@@ -97,10 +97,16 @@ def updated_doc(text: str) -> str:
 
 
 def regenerate(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    from ..cli import ArgumentParser
+
+    p = ArgumentParser(prog="python -m probing.study.cli_reference",
+                       description=f"Rewrite the command reference (the '## Commands' part) of {DOC} from the "
+                                   f"commands' own parsers.")
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 if the file is out of date")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
     old = DOC.read_text(encoding="utf-8")
     new = updated_doc(old)
-    if "--check" in argv:
+    if args.check:
         if new != old:
             print(f"error: {DOC} is out of date; run python -m probing.study.cli_reference", file=sys.stderr)
             return 1

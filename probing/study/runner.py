@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -35,6 +35,9 @@ from .question_tables import make_intervention
 from .questions import QUESTION_SECTIONS
 from .sections import Context, Job, StudySection, prefix
 from .stages import Stages
+
+if TYPE_CHECKING:
+    from analyses.results import StoreUse
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -373,12 +376,13 @@ def build_report(cfg: dict, T: dict, F: dict, caches: Caches, corpora: dict, lm)
 
 def write_report(doc: ReportDocument, out: Path) -> Path:
     """Write ``<out>/report.md`` and ``<out>/report.html``; returns the Markdown path."""
+    from ..cache_writer import atomic_write
     from .report import render_html, render_markdown
 
     md = render_markdown(doc.title, doc.intro, doc.sections, doc.provenance, out)
-    (out / "report.md").write_text(md, encoding="utf-8")
-    (out / "report.html").write_text(render_html(doc.title, doc.intro, doc.sections, doc.provenance),
-                                     encoding="utf-8")
+    html = render_html(doc.title, doc.intro, doc.sections, doc.provenance)
+    for name, text in (("report.md", md), ("report.html", html)):  # whole or not at all, under the umask
+        atomic_write(out / name, lambda tmp, text=text: Path(tmp).write_text(text, encoding="utf-8"))
     return out / "report.md"
 
 
@@ -397,16 +401,15 @@ def skip_counts(extraction: dict[str, int], finetune: pd.DataFrame | None = None
     return s
 
 
-def _run_time(seconds: float, started: float, caches: Caches, out: Path, quick: bool) -> str:
-    """This run's wall time, and how much of the work earlier runs had already done (files older than
-    this run's start were reused, not recomputed)."""
+def _run_time(seconds: float, started: float, caches: Caches, store: StoreUse, quick: bool) -> str:
+    """This run's wall time, and how much of the work earlier runs had already done: caches complete before
+    this run's start, and the result tables this run looked up and found stored (``store``: only tables whose
+    key matched, never those an older version left under other keys)."""
     manifests = [Path(p) / "manifest.json" for p in caches.paths.values()]
     old_caches = sum(m.stat().st_mtime < started for m in manifests)
-    tables = [t for t in (out / RESULTS_DIR).glob("*.csv") if not t.stem.endswith(".predictions")]
-    old_tables = sum(t.stat().st_mtime < started for t in tables)
     s = f"{seconds:.0f} s" + (" (quick mode)" if quick else "")
-    if old_caches or old_tables:
-        s += (f"; reused from earlier runs: {old_caches} of {len(manifests)} caches, {old_tables} of {len(tables)} "
+    if manifests or store.asked:
+        s += (f"; reused from earlier runs: {old_caches} of {len(manifests)} caches, {store.reused} of {store.asked} "
               "result tables")
     return s
 
@@ -415,6 +418,8 @@ def run_study(config: str | os.PathLike | None, *, quick: bool = False, force_an
               overrides: dict[str, Any] | None = None, trust_remote_code: bool = False, log=print,
               progress: bool = True) -> Path:
     """Run a whole study; returns the path of ``report.md``. ``config`` as :func:`load_config` takes it."""
+    from analyses.results import recording_store_use
+
     t0, started = time.perf_counter(), time.time()
     plain_log = log
     log = lambda msg: plain_log(f"[{time.perf_counter() - t0:6.0f}s] {msg}")  # noqa: E731
@@ -430,19 +435,21 @@ def run_study(config: str | os.PathLike | None, *, quick: bool = False, force_an
     log(f"study {cfg['study']['name']!r}{' (quick)' if quick else ''}: extracting")
     with stages.stage("extraction"):
         caches, corpora, lm = extract_all(cfg, log, progress)
-    T = analyse(cfg, caches, corpora, lm, log, stages, progress)
+    with recording_store_use() as store:
+        T = analyse(cfg, caches, corpora, lm, log, stages, progress)
     log("drawing figures")
     with stages.stage("figures"):
         F = draw_figures(cfg, T, log)
     with stages.stage("report"):
         doc = build_report(cfg, T, F, caches, corpora, lm)
     total = time.perf_counter() - t0
-    doc.provenance["run time"] = _run_time(total, started, caches, out, quick)
+    doc.provenance["run time"] = _run_time(total, started, caches, store, quick)
     doc.provenance["time and memory per stage"] = stages.summary()
     report = write_report(doc, out)
     write_stages(stages, out)
     for line in stages.lines(total):
         log(line)
+    log(f"run time {doc.provenance['run time']}")
     log(f"report: {report} (and {report.with_suffix('.html')}), {time.perf_counter() - t0:.0f} s")
     return report
 
