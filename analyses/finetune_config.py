@@ -50,7 +50,8 @@ class TrainConfig:
         ``folds``-fold partitions (:func:`analyses.probes.make_splits`, seeds ``seed + r``), of which
         the first ``run_folds`` folds are run (None: all). Every test item of a run fold is predicted
         once per repeat by the fine-tuned models (each training seed) and the frozen probe. ``seed``
-        also seeds the single-run hash split (:func:`analyses.finetune.train_test_split`).
+        also seeds the frozen probe's inner CV (``seed + r``), the table's bootstrap intervals and the
+        single-run hash split (:func:`analyses.finetune.train_test_split`).
     frozen_Cs: C grid of the frozen probe (:class:`analyses.probes.LinearProbe`, chosen by grouped
         inner CV on the training items); default :data:`analyses.probes.DEFAULT_CS`, the probes' own
         default grid (one place). The seed-questions study's narrower ``[probes] Cs`` (0.003, 0.01,

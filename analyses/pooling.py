@@ -324,7 +324,7 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
                     "y_pred": np.asarray(r["test_pred"], dtype=np.int64), "correct": r["test_pred"] == y_te}))
 
             for p in checked:
-                fr = _frozen_run(X[p.name], task, groups, config, sp.repeat)
+                fr = _frozen_run(X[p.name], task, groups, config, config.seed + sp.repeat)
                 record(p, "frozen", None, fr, {"C": fr["C"]})
                 for seed in seeds:
                     bar.set_postfix(pooling=p.name, seed=seed, fold=sp.fold)
@@ -355,8 +355,9 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
                  "value": float(len(skipped)), "n": len(examples)})
     names = [p.name for p in checked]
     by_seed = _by_seed(P) if len(seeds) > 1 else None
-    rows += summary_rows(summary_base, names, item, runs, pooled_best, lambda m: _warn(m, log), by_seed)
-    rows += diff_rows(base, names, item, "mean" if "mean" in poolings else poolings[0], by_seed)
+    rows += summary_rows(summary_base, names, item, runs, pooled_best, lambda m: _warn(m, log), by_seed,
+                         seed=config.seed)
+    rows += diff_rows(base, names, item, "mean" if "mean" in poolings else poolings[0], by_seed, seed=config.seed)
     df = finish_table(rows)
     if path is not None:
         write_table(df, path)
@@ -444,8 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", default=None, choices=list(SCHEDULES),
                    help="after warm-up: linear decay to 0 or constant (default linear)")
     p.add_argument("--seed", type=int, default=None,
-                   help="seed of the cross-validation partition (repeat r uses seed + r), independent of "
-                        f"--train-seeds (default {defaults.seed})")
+                   help="seed of the cross-validation partition (repeat r uses seed + r), of the frozen probes and of "
+                        f"the intervals, independent of --train-seeds (default {defaults.seed})")
     p.add_argument("--folds", type=int, default=None,
                    help="number of outer cross-validation folds, k (default: the preset's)")
     p.add_argument("--run-folds", type=int, default=None,

@@ -80,7 +80,9 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}; got dtype={dtype!r}")
     tdtype = getattr(torch, dtype)
-    dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    from probing.models import pick_device
+
+    dev = pick_device(device)
     if len(features) == 0:
         raise ValueError("features is empty; pass at least one name -> (n_items, dim) array")
     names = list(features)

@@ -323,8 +323,10 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
     negative one counting from the last (-1 = the model's last layer; :func:`probing.layers.cache_layers`).
     ``num_threads``: CPU workers of the batched probes (None: one per core); ``batch_mb``: their memory
     bound per worker, MiB (:func:`batch_elements`; None: 256); ``n_resamples``: bootstrap
-    resamples of each interval; ``progress``: a tqdm bar over (model x target) on stderr."""
-    import torch
+    resamples of each interval; ``progress``: a tqdm bar over (model x target) on stderr.
+    ``device``: where the batched probes run (:func:`probing.models.pick_device`; None or 'auto': CUDA if
+    available)."""
+    from probing.models import pick_device
 
     for c in choices:
         parse_choice(c)
@@ -336,7 +338,7 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
         # the baseline must be this model's architecture with random weights, same corpus and format
         check_comparable(cache, random_cache, random_baseline=True)
     layers = cache_layers(cache, layers)
-    run_device = None if backend == "sklearn" else (device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    run_device = None if backend == "sklearn" else str(pick_device(device))
     config = {"cache": cache_identity(cache), "random": cache_identity(random_cache) if random_cache else None,
               "backend": "sklearn" if backend == "sklearn" else "torch", "device": run_device,
               "choices": list(choices), "targets": list(targets), "layers": layers, "n_splits": n_splits,

@@ -43,6 +43,8 @@ from datetime import timedelta
 
 import torch
 
+from .models import pick_device
+
 #: Environment variables torchrun sets in each worker that this module reads.
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 DEFAULT_TIMEOUT_S = 24 * 3600.0
@@ -80,21 +82,16 @@ class DistContext:
         if not dist.is_initialized():
             backend = os.environ.get("PROBING_DIST_BACKEND", "gloo")
             if backend == "nccl":
-                torch.cuda.set_device(ctx._cuda_index())
+                torch.cuda.set_device(ctx.device("cuda"))
             dist.init_process_group(backend=backend, timeout=barrier_timeout())
             ctx.initialised_here = True
         return ctx
 
-    def _cuda_index(self) -> int:
-        # more processes than visible GPUs (e.g. 2 small extractors on one GPU) share them round-robin
-        return self.local_rank % max(torch.cuda.device_count(), 1)
-
-    def device(self, requested: str | None) -> str | None:
-        """Under torchrun each process uses its own GPU (cuda:LOCAL_RANK, modulo the number of
-        visible GPUs) when CUDA is asked for, or 'auto' finds it."""
-        if self.world_size > 1 and requested in (None, "auto", "cuda") and torch.cuda.is_available():
-            return f"cuda:{self._cuda_index()}"
-        return requested
+    def device(self, requested: str | None) -> torch.device:
+        """The device of this process (:func:`probing.models.pick_device`): under torchrun each process uses
+        its own GPU (cuda:LOCAL_RANK, modulo the number of visible GPUs) when CUDA is asked for, or 'auto'
+        finds it."""
+        return pick_device(requested, local_rank=self.local_rank if self.world_size > 1 else None)
 
     def barrier(self) -> None:
         if self.world_size > 1:

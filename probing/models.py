@@ -500,12 +500,18 @@ def native_bfloat16(device: torch.device | str) -> bool:
     return False
 
 
-def pick_device(device: str | torch.device | None) -> torch.device:
-    """``"auto"`` or ``None`` -> CUDA when available, else CPU. A device that is not there (``cuda``
+def pick_device(device: str | torch.device | None, *, local_rank: int | None = None) -> torch.device:
+    """The one place a device is decided: extraction, probes, fine-tuning, the study and torchrun all ask here.
+
+    ``"auto"`` or ``None`` -> CUDA when available, else CPU. A device that is not there (``cuda``
     without CUDA, ``cuda:3`` on a machine with two GPUs) or a name torch does not know is a ValueError
-    naming it."""
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    naming it. ``local_rank``: under torchrun, this process's local rank; ``"auto"`` (with CUDA) and a bare
+    ``"cuda"`` then mean its own GPU, ``cuda:(local_rank mod the visible GPUs)`` (more processes than GPUs
+    share them round-robin)."""
+    if device is None or (isinstance(device, str) and device == "auto"):
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        device = "cuda"
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as err:
@@ -518,6 +524,8 @@ def pick_device(device: str | torch.device | None) -> torch.device:
                              f"use --device cpu or auto")
         if dev.index is not None and dev.index >= n:
             raise ValueError(f"--device {device!r}: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}")
+        if dev.index is None and local_rank is not None:
+            dev = torch.device("cuda", local_rank % n)
     elif dev.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"--device {device!r}: MPS is not available here; use --device cpu or auto")
     return dev

@@ -380,8 +380,24 @@ def test_dist_context_outside_torchrun_is_one_process(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     ctx = DistContext.from_env()
     assert (ctx.rank, ctx.world_size, ctx.initialised_here) == (0, 1, False)
-    assert ctx.device("cpu") == "cpu" and ctx.device("auto") == "auto"
+    assert ctx.device("cpu") == torch.device("cpu")
     ctx.barrier()  # a no-op without a process group
+
+
+def test_dist_context_device_is_pick_device_with_the_local_rank(monkeypatch):
+    """The one resolver (probing.models.pick_device): under torchrun 'auto' and 'cuda' mean the process's own
+    GPU, round-robin over the visible ones; a named GPU and 'cpu' stay; outside torchrun 'auto' is cuda."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    ranked = DistContext(rank=3, world_size=4, local_rank=3)
+    assert ranked.device("auto") == ranked.device("cuda") == ranked.device(None) == torch.device("cuda:1")
+    assert ranked.device("cuda:0") == torch.device("cuda:0") and ranked.device("cpu") == torch.device("cpu")
+    assert DistContext().device("auto") == torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert ranked.device("auto") == torch.device("cpu")
+    with pytest.raises(ValueError, match="CUDA is not available here"):
+        ranked.device("cuda")
 
 
 def test_barrier_timeout_from_env(monkeypatch):

@@ -244,11 +244,11 @@ def test_configs_found_by_name_from_any_directory(tmp_path, monkeypatch):
     by_name = load_config("seed_questions", quick=True)
     assert by_name == load_config("seed_questions.toml", quick=True)
     assert by_name == load_config(CONFIG_DIR / "seed_questions.toml", quick=True)
-    assert by_name["study"]["name"] == "seed_questions" and by_name["corpus"]["pairs"].startswith("generated:")
+    assert by_name.study.name == "seed_questions" and by_name.corpus.pairs.startswith("generated:")
     own = tmp_path / "seed_questions.toml"  # a file of that name in the working directory wins over the package's
     own.write_text('[study]\nname = "mine"\n')
-    assert load_config("seed_questions.toml")["study"]["name"] == "mine"
-    assert load_config("seed_questions")["study"]["name"] == "seed_questions"
+    assert load_config("seed_questions.toml").study.name == "mine"
+    assert load_config("seed_questions").study.name == "seed_questions"
 
 
 def test_configs_are_package_data():
@@ -272,9 +272,9 @@ def test_remote_code_only_with_the_command_line_flag(tmp_path):
         load_config(cfg)
     with pytest.raises(StudyError, match="--trust-remote-code"):
         load_config(None, overrides={"model.trust_remote_code": True})
-    assert load_config(cfg, trust_remote_code=True)["model"]["trust_remote_code"] is True
-    assert load_config(None, trust_remote_code=True)["model"]["trust_remote_code"] is True  # the flag alone
-    assert load_config(None)["model"]["trust_remote_code"] is False
+    assert load_config(cfg, trust_remote_code=True).model.trust_remote_code is True
+    assert load_config(None, trust_remote_code=True).model.trust_remote_code is True  # the flag alone
+    assert load_config(None).model.trust_remote_code is False
 
 
 def test_study_command_line_passes_the_flag(tmp_path, monkeypatch):
@@ -293,8 +293,8 @@ def test_study_command_line_passes_the_flag(tmp_path, monkeypatch):
 def test_shipped_configs_parse():
     cfg = load_config(CONFIG_DIR / "seed_questions.toml")
     quick = load_config(CONFIG_DIR / "seed_questions.toml", quick=True)
-    assert cfg["study"]["questions"] == list(QUESTIONS)
-    assert quick["corpus"]["pairs"] != cfg["corpus"]["pairs"] and quick["study"]["quick"]
+    assert cfg.study.questions == QUESTIONS
+    assert quick.corpus.pairs != cfg.corpus.pairs and quick.quick and not cfg.quick
 
 
 PAPER_CONFIGS = {"clark2019": "clark2019_attention.toml", "ethayarajh2019": "ethayarajh2019_anisotropy.toml",
@@ -308,9 +308,9 @@ def test_paper_configs_cite_their_paper():
     for key, name in PAPER_CONFIGS.items():
         text = (CONFIG_DIR / name).read_text()
         cfg = load_config(CONFIG_DIR / name)
-        assert cfg["study"]["questions"] == [key]
+        assert cfg.study.questions == (key,)
         assert "doi:10.18653/" in text and "2019" in text  # the citation
-        assert load_config(CONFIG_DIR / name, quick=True)["study"]["quick"]
+        assert load_config(CONFIG_DIR / name, quick=True).quick
 
 
 @pytest.mark.slow
@@ -850,7 +850,7 @@ def test_per_item_predictions_are_released_once_no_later_table_reads_them(monkey
     released = []
     real_hand_back = QT.hand_back_freed
     monkeypatch.setattr(QT, "hand_back_freed", lambda: (released.append(1), real_hand_back()))
-    ctx = Context(cfg={"study": {"questions": list(QUESTIONS)}}, caches=None, corpora={}, lm=None, out=Path("."))
+    ctx = Context(cfg=load_config(None), caches=None, corpora={}, lm=None, out=Path("."))
     sections = [QUESTION_SECTIONS[q] for q in QUESTIONS]
     for i, s in enumerate(sections):
         ctx.later = tuple(t for later in sections[i + 1:] for t in later.tables)
@@ -1386,8 +1386,7 @@ def test_q4_asks_whether_the_coherence_at_sep_is_learned(trained, random_, found
     from probing.study.questions import QUESTION_SECTIONS
     from probing.study.sections import Context
 
-    cfg = load_config(None)
-    cfg["study"]["bootstrap_resamples"] = 300
+    cfg = load_config(None, overrides={"study.bootstrap_resamples": 300})
     items = _q4_next_items(trained, random_)
     probes = _q4_baseline_table(0.1, {1: 0.0})
     ctx = Context(cfg=cfg, caches=None, corpora={}, lm=None, out=Path("."),
@@ -1439,11 +1438,10 @@ def test_q8_notes_say_what_the_cis_leave_out():
     seed and with several."""
     from probing.study.questions import _q8_notes
 
-    cfg = {"finetune": {"poolings": ["cls", "mean"], "seeds": [0], "preset": "default"}}
+    cfg = load_config(None, overrides={"finetune.poolings": ["cls", "mean"], "finetune.seeds": [0]})
     one = _q8_notes(cfg)
     assert "do not cover the randomness of training" in one and "with one training seed" in one, one
-    cfg["finetune"]["seeds"] = [0, 1, 2]
-    several = _q8_notes(cfg)
+    several = _q8_notes(cfg.with_values(**{"finetune.seeds": (0, 1, 2)}))
     assert "With 3 training seeds the fine-tuned rows' CIs resample the seeds" in several, several
     assert "with one training seed" not in several
 

@@ -9,8 +9,9 @@ This package is the top layer: it uses the foundation (:mod:`probing`: text -> c
 
 from __future__ import annotations
 
-from .runner import (CONFIG_DIR, DEFAULT_CONFIG, QUESTIONS, StudyError, config_path, load_config, main,  # noqa: F401
-                     packaged_configs, run_limits, run_study, section_specs, sections, skip_counts, study_jobs)
+from .runner import (CONFIG_DIR, DEFAULT_CONFIG, QUESTIONS, StudyConfig, StudyError, config_path,  # noqa: F401
+                     load_config, main, packaged_configs, run_limits, run_study, section_specs, sections, skip_counts,
+                     study_jobs)
 
 
 def run(config=DEFAULT_CONFIG, **options):

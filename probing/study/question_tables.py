@@ -72,9 +72,11 @@ PAIR_NEEDS = {"Q1": ("pair", "concat", "concat_segments"), "Q2": ("pair", "conca
 # Caches
 
 
-def make_intervention(name: str, n_layers: int, caches=None, corpus: str = "", random: bool = False):
+def make_intervention(name: str, n_layers: int, caches=None, corpus: str = "", random: bool = False,
+                      seed: int = 0):
     """The :class:`probing.interventions.Intervention` of :data:`INTERVENTIONS` ``name`` for a model of
-    ``n_layers`` layers (``caches``, ``corpus`` and ``random`` locate a patch's source cache)."""
+    ``n_layers`` layers (``caches``, ``corpus`` and ``random`` locate a patch's source cache; ``seed``: the
+    knockout control's draw of word keys)."""
     from analyses.interventions import cls_patches, middle_sep_knockouts, sep_knockouts
 
     if name in patch_layers(n_layers):
@@ -84,33 +86,33 @@ def make_intervention(name: str, n_layers: int, caches=None, corpus: str = "", r
         return dict(zip(("sep1_cls_ko", "sep1_all_ko"), middle_sep_knockouts(n_layers)))[name]
     if name not in ("sep_ko", "sep_ko_control"):
         raise ValueError(f"unknown intervention {name!r}; known: {', '.join(INTERVENTIONS)}")
-    ko, control = sep_knockouts(n_layers)
+    ko, control = sep_knockouts(n_layers, seed=seed)
     return {"sep_ko": ko, "sep_ko_control": control}[name]
 
 
 def _pair_jobs(q: str):
-    def jobs(cfg: dict, corpora: dict) -> list[Job]:
+    def jobs(cfg, corpora: dict) -> list[Job]:
         out = [Job("pairs", f, attention=f in ATTENTION_FORMATS) for f in PAIR_FORMATS if f in PAIR_NEEDS.get(q, ())]
         if q == "Q4":
             out += [Job("pairs", "pair", intervention=i) for i in ("sep_ko", "sep_ko_control")]
         if q == "Q1":
             out += [Job("pairs", "pair", intervention=i) for i in (*patch_layers(2), "sep1_cls_ko", "sep1_all_ko")]
-        if (q in RANDOM_INIT_PROBES or q in RANDOM_VERSUS) and cfg["model"]["random_init_baseline"]:
+        if (q in RANDOM_INIT_PROBES or q in RANDOM_VERSUS) and cfg.model.random_init_baseline:
             out.append(Job("pairs", "pair", random=True))
         if q == "Q7":
             out.append(Job("swap", "pair"))
-            if cfg["model"]["random_init_baseline"]:
+            if cfg.model.random_init_baseline:
                 out.append(Job("swap", "pair", random=True))
         return out
 
     return jobs
 
 
-def _q3_jobs(cfg: dict, corpora: dict) -> list[Job]:
+def _q3_jobs(cfg, corpora: dict) -> list[Job]:
     return [Job(c, f) for c in group_prefixes(corpora).values() for f in ("multi", "concat")]
 
 
-def _q5_jobs(cfg: dict, corpora: dict) -> list[Job]:
+def _q5_jobs(cfg, corpora: dict) -> list[Job]:
     return [Job(group_prefixes(corpora)[max(group_prefixes(corpora))], "multi")]
 
 
@@ -119,15 +121,15 @@ def _q5_jobs(cfg: dict, corpora: dict) -> list[Job]:
 
 
 def _rs(ctx: Context) -> dict:
-    return dict(n_resamples=ctx.cfg["study"]["bootstrap_resamples"], seed=ctx.cfg["study"]["seed"], out=ctx.out)
+    return dict(n_resamples=ctx.cfg.study.bootstrap_resamples, seed=ctx.cfg.study.seed, out=ctx.out)
 
 
-def probe_kw(cfg: dict, out: Path, progress: bool = True) -> dict:
-    """The probe runner's options from the config's ``[probes]`` table (``progress``: its bars)."""
-    pr = cfg["probes"]
-    return dict(n_splits=pr["folds"], seed=cfg["study"]["seed"], vocab=pr["vocab"], device=pr["device"], Cs=pr["Cs"],
-                inner_splits=pr["inner_splits"], max_iter=pr["max_iter"], bow_Cs=pr["bow_Cs"], out=out,
-                progress=progress)
+def probe_kw(cfg, out: Path, progress: bool = True) -> dict:
+    """The probe runner's options from the config's ``[probes]`` table, with the study's seed and device
+    (``progress``: its bars)."""
+    pr = cfg.probes
+    return dict(n_splits=pr.folds, seed=cfg.study.seed, vocab=pr.vocab, device=cfg.study.device, Cs=pr.Cs,
+                inner_splits=pr.inner_splits, max_iter=pr.max_iter, bow_Cs=pr.bow_Cs, out=out, progress=progress)
 
 
 def _pairs(ctx: Context, fmt_: str, random: bool = False):
@@ -318,10 +320,10 @@ def _finetune(ctx: Context) -> pd.DataFrame:
     from analyses.pooling import run_pooling_experiment
 
     ctx.log("analyses: fine-tuning with each pooling")
-    ft = ctx.cfg["finetune"]
-    return run_pooling_experiment(ctx.corpora["pairs"], ft["label"], ft["poolings"], ft["seeds"], model=ctx.lm,
-                                  preset=ft["preset"], out=str(ctx.out), corpus_name=ctx.cfg["corpus"]["pairs"],
-                                  progress=ctx.progress)
+    ft = ctx.cfg.finetune
+    return run_pooling_experiment(ctx.corpora["pairs"], ft.label, ft.poolings, ft.seeds, model=ctx.lm,
+                                  preset=ft.preset, out=str(ctx.out), corpus_name=ctx.cfg.corpus.pairs,
+                                  device=ctx.cfg.study.device, seed=ctx.cfg.study.seed, progress=ctx.progress)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -354,8 +356,8 @@ def _compare(items: pd.DataFrame, a: dict, b: dict, family: str, ctx: Context, *
 
     for k, v in where.items():
         items = items[items[k].isin(v if isinstance(v, (list, tuple)) else [v])]
-    return compare_probes(items, a, b, family=family, n_resamples=ctx.cfg["study"]["bootstrap_resamples"],
-                          seed=ctx.cfg["study"]["seed"])
+    return compare_probes(items, a, b, family=family, n_resamples=ctx.cfg.study.bootstrap_resamples,
+                          seed=ctx.cfg.study.seed)
 
 
 def _from_layer1(items: pd.DataFrame) -> pd.DataFrame:
@@ -500,8 +502,8 @@ def _knockout(ctx: Context) -> None:
         ctx.log("analyses: knockout of attention to [SEP] (and its control)")
         ctx.tables.update(q4_sep_knockout(_pairs(ctx, "pair"), ctx.caches.get("pairs", "pair@sep_ko"),
                                           ctx.caches.get("pairs", "pair@sep_ko_control"), targets=("topic", "is_next"),
-                                          choice="cls", Cs=ctx.cfg["probes"]["Cs"],
-                                          inner_splits=ctx.cfg["probes"]["inner_splits"], **_rs(ctx)))
+                                          choice="cls", Cs=ctx.cfg.probes.Cs,
+                                          inner_splits=ctx.cfg.probes.inner_splits, **_rs(ctx)))
 
 
 def _q4_knockout_drift(ctx: Context) -> pd.DataFrame:

@@ -55,8 +55,8 @@ CLAIMS: dict[str, Claim] = {k: claim(k) for k in TITLES}
 # Notes: how it was measured and what it does not show
 
 
-def _q3_notes(cfg: dict) -> str:
-    return (f"For k consecutive sentences of one document of the groups corpus ({corpus_text(cfg['corpus']['groups'])} "
+def _q3_notes(cfg) -> str:
+    return (f"For k consecutive sentences of one document of the groups corpus ({corpus_text(cfg.corpus.groups)} "
             "sentences), `multi` ([SEP] after every sentence, alternating segments) against `concat` (one [CLS] … "
             "[SEP]); the model's pre-training format has two segments at most, so growth with k shows the format "
             "moving away from what it saw in training. It does not measure task accuracy with k segments. The answer "
@@ -76,17 +76,17 @@ def _q3_notes(cfg: dict) -> str:
             "3..k, which only the longer inputs have: it is not the comparison.")
 
 
-def _q8_notes(cfg: dict) -> str:
-    ft = cfg["finetune"]
+def _q8_notes(cfg) -> str:
+    ft = cfg.finetune
     return ("Frozen probes score each pooling choice per layer without training the encoder (cls − mean paired on "
             "the same out-of-fold items); the fine-tuning experiment trains the encoder with a linear head on each "
-            f"pooling ({', '.join(ft['poolings'])}) over {len(ft['seeds'])} seed(s) with the `{ft['preset']}` preset "
+            f"pooling ({', '.join(ft.poolings)}) over {len(ft.seeds)} seed(s) with the `{ft.preset}` preset "
             "of analyses.finetune_config, on stratified document-grouped cross-validation splits, and on the same splits "
             "fits a frozen probe per pooling: both predict the same test items, so fine-tuned − frozen and "
             "pooling − mean are paired per item. The answer has two parts, each decided by the rules above: frozen "
             "[CLS] − mean pooling per layer 1–L, and after fine-tuning each pooling − mean pooling (would any token "
             "do? 'No measurable difference' means every pooling is within what this sample can detect of mean "
-            "pooling). Multiple comparisons: " + FAMILIES["Q8"] + ". " + _seed_caveat(len(ft["seeds"])))
+            "pooling). Multiple comparisons: " + FAMILIES["Q8"] + ". " + _seed_caveat(len(ft.seeds)))
 
 
 def _seed_caveat(n_seeds: int) -> str:

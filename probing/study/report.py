@@ -287,17 +287,17 @@ def describe_intervals(tables: dict[str, pd.DataFrame]) -> str:
     return "CIs are 95%: " + "; ".join(parts) + "." if parts else ""
 
 
-def quick_notice(cfg: dict, corpora: dict, tables: dict[str, pd.DataFrame]) -> str:
+def quick_notice(cfg, corpora: dict, tables: dict[str, pd.DataFrame]) -> str:
     """The quick-mode announcement: what was made smaller, from the config (probe folds and fine-tuning
     seeds only where this run's ``tables`` hold probes or fine-tuning)."""
     analyses = {a for df in tables.values() if df is not None and "analysis" in df.columns
                 for a in df["analysis"].dropna().unique()}
-    sizes = ", ".join(f"{k} {len(corpora[k])}" for k in cfg["corpus"] if k in corpora)
-    parts = [f"small corpora (examples: {sizes})", f"{cfg['study']['bootstrap_resamples']} bootstrap resamples"]
+    sizes = ", ".join(f"{k} {len(corpora[k])}" for k in cfg.corpus.specs() if k in corpora)
+    parts = [f"small corpora (examples: {sizes})", f"{cfg.study.bootstrap_resamples} bootstrap resamples"]
     if "probe" in analyses:
-        parts.append(f"{cfg['probes']['folds']} probe folds")
+        parts.append(f"{cfg.probes.folds} probe folds")
     if "finetune_pooling" in analyses:
-        parts.append(f"fine-tuning seeds {cfg['finetune']['seeds']} with the `{cfg['finetune']['preset']}` preset")
+        parts.append(f"fine-tuning seeds {list(cfg.finetune.seeds)} with the `{cfg.finetune.preset}` preset")
     return ("QUICK MODE: a smoke test of the pipeline, not evidence: " + ", ".join(parts)
             + ". Most verdicts below are expected to be inconclusive or to differ from a full run.")
 

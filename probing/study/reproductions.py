@@ -28,8 +28,8 @@ Reproduction = StudySection
 __all__ = ["PAPERS", "Job", "Reproduction", "safe_plot", "ANISOTROPY_THRESHOLD"]
 
 
-def _rs(cfg: dict) -> tuple[int, int]:
-    return cfg["study"]["bootstrap_resamples"], cfg["study"]["seed"]
+def _rs(cfg) -> tuple[int, int]:
+    return cfg.study.bootstrap_resamples, cfg.study.seed
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -40,7 +40,7 @@ CLARK = ("Clark, Khandelwal, Levy & Manning (2019), What Does BERT Look At? An A
 
 
 def _clark_jobs(cfg, corpora=None):
-    return [Job("paragraphs", f"clark={cfg['papers']['clark_format']}", attention=True)]
+    return [Job("paragraphs", f"clark={cfg.papers.clark_format}", attention=True)]
 
 
 def _clark_analyse(ctx: Context) -> Tables:
@@ -143,10 +143,10 @@ def _eth_analyse(ctx: Context) -> Tables:
     from analyses.contextuality import run_contextuality
 
     R, seed = _rs(ctx.cfg)
-    p = ctx.cfg["papers"]
+    p = ctx.cfg.papers
     ctx.log("ethayarajh2019: anisotropy, self-similarity, intra-sentence similarity, MEV")
-    return {"ethayarajh2019": run_contextuality(ctx.caches.get("sentences", "single"), min_contexts=p["min_contexts"],
-                                                max_contexts=p["max_contexts"], n_resamples=R, seed=seed,
+    return {"ethayarajh2019": run_contextuality(ctx.caches.get("sentences", "single"), min_contexts=p.min_contexts,
+                                                max_contexts=p.max_contexts, n_resamples=R, seed=seed,
                                                 out=ctx.out)}
 
 
@@ -247,10 +247,10 @@ def _rg_analyse(ctx: Context) -> Tables:
     cfg = ctx.cfg
     R, seed = _rs(cfg)
     c = ctx.caches.get("sentences", "single")
-    label = cfg["papers"]["label"]
+    label = cfg.papers.label
     ctx.log("reimers2019: [CLS] vs mean vs max pooling, probes and nearest neighbours")
     return {"reimers2019_probes": run_probes(c, REIMERS_CHOICES, (label,), **probe_kw(cfg, ctx.out, ctx.progress)),
-            "reimers2019_knn": run_knn(c, REIMERS_CHOICES, label, k=cfg["papers"]["knn_k"], versus="cls",
+            "reimers2019_knn": run_knn(c, REIMERS_CHOICES, label, k=cfg.papers.knn_k, versus="cls",
                                        n_resamples=R, seed=seed, out=ctx.out)}
 
 
@@ -306,7 +306,7 @@ def _rg_rows(T):
 
 
 def _by_construction(cfg) -> str:
-    name = cfg["model"]["name"]
+    name = cfg.model.name
     facts = model_facts(name)
     if facts is not None and facts.pooling == "mean":
         return (f" On {name} a win for mean pooling holds by construction: the model was trained to produce "
@@ -346,7 +346,7 @@ JAWAHAR_TASKS = (("length6", "SentLen"), ("bow_s1", "WC (bag of words)"), ("swap
 
 def _jw_jobs(cfg, corpora=None):
     jobs = [Job("swap_sentences", "single")]
-    if cfg["model"]["random_init_baseline"]:
+    if cfg.model.random_init_baseline:
         jobs.append(Job("swap_sentences", "single", random=True))
     return jobs
 
@@ -422,14 +422,14 @@ def _jw_answer(T):
 
 
 def _corpus_read(cfg, key: str) -> str:
-    """The corpus a paper's section reads (``cfg["corpus"][key]``), as its notes name it."""
-    spec = cfg["corpus"][key]
+    """The corpus a paper's section reads (``cfg.corpus.<key>``), as its notes name it."""
+    spec = cfg.corpus.specs()[key]
     return f"{corpus_text(spec)} sentences ({spec})"
 
 
 def _clark_notes(cfg) -> str:
     return ("Protocol: consecutive sentences of one document laid out by the config's clark_format "
-            f"(`{cfg['papers']['clark_format']}`), attention weights of every head summed over the target tokens, "
+            f"(`{cfg.papers.clark_format}`), attention weights of every head summed over the target tokens, "
             "averaged over all query tokens (special tokens included, as in the authors' notebook), then over "
             "heads and examples; 95% bootstrap CIs over documents (examples without them). The passages here are "
             f"{_corpus_read(cfg, 'paragraphs')}, not the paper's Wikipedia paragraphs of about 128 tokens. "
@@ -439,13 +439,13 @@ def _clark_notes(cfg) -> str:
 
 def _eth_notes(cfg) -> str:
     return ("Protocol: each sentence encoded alone ([CLS] s [SEP]); a word's vector is its first subword; words "
-            f"occurring in at least {cfg['papers']['min_contexts']} sentences; self-similarity = mean pairwise "
+            f"occurring in at least {cfg.papers.min_contexts} sentences; self-similarity = mean pairwise "
             "cosine of a word's occurrences, intra-sentence similarity = mean cosine of a sentence's words with their "
             "mean, MEV = share of variance on the first principal direction; each adjusted by its random-word "
             "baseline of the same layer. The paper used STS sentences and WordPiece tokens as words; here "
             f"{_corpus_read(cfg, 'sentences')} and whole words. MEV is given both ways: uncentred (`mev`, the "
             "paper's definition) and centred on each word's mean (`mev_centred`, what the authors' released code "
-            f"computes with PCA); over at most {cfg['papers']['max_contexts']} occurrences per word, and a share of "
+            f"computes with PCA); over at most {cfg.papers.max_contexts} occurrences per word, and a share of "
             "variance on one direction is larger for fewer occurrences, so neither is comparable with the paper's "
             "'less than 5%', which came from words with many more contexts. 'Anisotropic' follows the declared "
             f"threshold: the 95% CI of the mean random-word cosine at or above {ANISOTROPY_THRESHOLD:g}.")

@@ -17,7 +17,6 @@ each section opening with its verdict (:mod:`probing.study.verdicts`).
 
 from __future__ import annotations
 
-import copy
 import os
 import platform
 import re
@@ -31,120 +30,15 @@ import numpy as np
 import pandas as pd
 
 from ..examples import Example
+from .config import (CONFIG_DIR, DEFAULT_CONFIG, QUESTIONS, RESOLVED, StudyConfig, StudyError,  # noqa: F401
+                     config_path, load_config, packaged_configs, resolved_lines, section_specs, sections,
+                     write_resolved)
 from .question_tables import make_intervention
-from .questions import QUESTION_SECTIONS
 from .sections import Context, Job, StudySection, prefix
 from .stages import Stages
 
 if TYPE_CHECKING:
     from analyses.results import StoreUse
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
-
-QUESTIONS = tuple(QUESTION_SECTIONS)
-
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "study": {"name": "study", "out": "runs/study", "caches": "caches", "seed": 0, "bootstrap_resamples": 1000,
-              "questions": list(QUESTIONS), "title": None},
-    "model": {"name": None, "random_init_baseline": True, "random_init_seed": 0, "trust_remote_code": False},
-    "corpus": {"pairs": "generated:n=200,k=2", "groups": "generated:n=100,k=4,pairing=consecutive",
-               "swap": "generated:n=200,k=2,seed=1,swap=1",
-               # paper reproductions (probing.study.reproductions)
-               "sentences": "generated:n=300,k=1", "paragraphs": "generated:n=100,k=4,pairing=consecutive",
-               "swap_sentences": "generated:n=300,k=1,seed=1,swap=1"},
-    "extract": {"dtype": "float32", "batch_tokens": None, "device": "auto"},
-    "probes": {"folds": 5, "vocab": 50, "max_tokens": 6000, "device": None, "Cs": [1e-3, 1e-2, 1e-1, 1.0, 10.0],
-               "inner_splits": 3, "max_iter": 1000, "bow_Cs": None},
-    "finetune": {"preset": "default", "label": "topic", "poolings": ["cls", "mean", "max", "sep1", "first_word"],
-                 "seeds": [0, 1, 2]},
-    "papers": {"clark_format": "[CLS] {1} {2} [SEP] <1> {3} {4} [SEP]", "min_contexts": 5, "max_contexts": 50,
-               "label": "topic", "knn_k": 1},
-}
-
-
-def section_specs() -> dict[str, StudySection]:
-    """Every declared section by key: the questions Q1-Q8, then the paper reproductions."""
-    from .reproductions import PAPERS
-
-    return {**QUESTION_SECTIONS, **PAPERS}
-
-
-def sections() -> tuple[str, ...]:
-    """Every section a study can hold: the questions Q1-Q8, then the paper reproductions."""
-    return tuple(section_specs())
-
-
-class StudyError(ValueError):
-    """A study config is malformed."""
-
-
-#: The study configs shipped inside the package (package data), found by name.
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-DEFAULT_CONFIG = "seed_questions"
-
-
-def packaged_configs() -> list[str]:
-    """Names of the configs shipped with the package, e.g. ``seed_questions``, ``clark2019_attention``."""
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
-
-
-def config_path(config: str | os.PathLike) -> Path:
-    """A config argument -> its file: an existing path as given, else a packaged config's name
-    (``seed_questions`` or ``seed_questions.toml``). Anything else is a StudyError listing the names."""
-    path = Path(config)
-    if path.is_file():
-        return path
-    name = path.name[:-len(".toml")] if path.name.endswith(".toml") else path.name
-    if str(config) in (name, f"{name}.toml") and (CONFIG_DIR / f"{name}.toml").is_file():
-        return CONFIG_DIR / f"{name}.toml"
-    raise StudyError(f"config {str(config)!r} is neither a file nor a packaged config; "
-                     f"packaged: {', '.join(packaged_configs())}")
-
-
-def load_config(path: str | os.PathLike | None, quick: bool = False,
-                overrides: dict[str, Any] | None = None,
-                trust_remote_code: bool = False) -> dict[str, dict[str, Any]]:
-    """Read a TOML study config over :data:`DEFAULTS`; ``quick`` applies its ``[quick]`` table.
-
-    ``path`` is a file or the name of a packaged config (:func:`config_path`). A model's own code runs
-    only when ``trust_remote_code`` (the command line's ``--trust-remote-code``) is given: a config or
-    override that sets ``model.trust_remote_code`` without it is a StudyError."""
-    cfg = copy.deepcopy(DEFAULTS)
-    raw: dict[str, Any] = {}
-    if path is not None:
-        path = config_path(path)
-        try:
-            raw = tomllib.loads(path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as err:
-            raise StudyError(f"config {path}: {err}") from None
-    quick_table = raw.pop("quick", {})
-    for section, values in raw.items():
-        if section not in cfg:
-            raise StudyError(f"config: unknown section [{section}]; known: {', '.join(cfg)}, quick")
-        for key, value in values.items():
-            if key not in cfg[section]:
-                raise StudyError(f"config: unknown key {section}.{key}; known: {', '.join(cfg[section])}")
-            cfg[section][key] = value
-    extra = dict(quick_table) if quick else {}
-    extra.update(overrides or {})
-    for dotted, value in extra.items():
-        section, _, key = dotted.partition(".")
-        if section not in cfg or key not in cfg[section]:
-            raise StudyError(f"config: override {dotted!r} names no known key")
-        cfg[section][key] = value
-    bad = [q for q in cfg["study"]["questions"] if q not in sections()]
-    if bad:
-        raise StudyError(f"config: unknown questions {bad}; known: {', '.join(sections())}")
-    if cfg["model"]["trust_remote_code"] and not trust_remote_code:
-        raise StudyError(f"config {str(path)!r} sets model.trust_remote_code = true: a model's own code runs only "
-                         f"when you pass --trust-remote-code on the command line")
-    cfg["model"]["trust_remote_code"] = bool(trust_remote_code)
-    cfg["study"]["quick"] = quick
-    return cfg
-
 
 # ---------------------------------------------------------------------------------------------------
 # Extraction
@@ -165,23 +59,23 @@ class Caches:
         return (corpus, fmt, random) in self.paths
 
 
-def _selected(cfg: dict) -> list[StudySection]:
+def _selected(cfg: StudyConfig) -> list[StudySection]:
     specs = section_specs()
-    return [specs[q] for q in cfg["study"]["questions"]]
+    return [specs[q] for q in cfg.study.questions]
 
 
-def study_jobs(cfg: dict, corpora: dict[str, list[Example]]) -> list[Job]:
+def study_jobs(cfg: StudyConfig, corpora: dict[str, list[Example]]) -> list[Job]:
     """The caches the config's sections need (:class:`probing.study.sections.Job`), without repeats;
     ``corpora`` as :func:`load_corpora` returns them (Q3/Q5 read its ``groups_k<k>`` prefixes)."""
     return list(dict.fromkeys(j for s in _selected(cfg) for j in s.jobs(cfg, corpora)))
 
 
-def load_corpora(cfg: dict) -> tuple[dict[str, list[Example]], dict[str, str]]:
+def load_corpora(cfg: StudyConfig) -> tuple[dict[str, list[Example]], dict[str, str]]:
     """The corpora the sections read, and a display name for each (the spec)."""
     from ..corpora import load_corpus
 
     wanted = {c for s in _selected(cfg) for c in s.corpora}
-    specs = cfg["corpus"]
+    specs = cfg.corpus.specs()
     corpora = {c: load_corpus(specs[c]) for c in specs if c in wanted}
     names = {c: specs[c] for c in corpora}
     if "groups" in corpora:
@@ -194,24 +88,23 @@ def load_corpora(cfg: dict) -> tuple[dict[str, list[Example]], dict[str, str]]:
     return corpora, names
 
 
-def extract_all(cfg: dict, log, progress: bool = True) -> tuple[Caches, dict[str, list[Example]], Any]:
+def extract_all(cfg: StudyConfig, log, progress: bool = True) -> tuple[Caches, dict[str, list[Example]], Any]:
     """Every cache the selected sections need (existing ones reused); ``progress``: extraction's bars."""
     from ..extract import extract
     from ..models import load_model
 
-    ex_cfg, m_cfg, st = cfg["extract"], cfg["model"], cfg["study"]
     corpora, names = load_corpora(cfg)
     jobs = study_jobs(cfg, corpora)
     caches = Caches()
-    common = dict(out=st["caches"], dtype=ex_cfg["dtype"], batch_tokens=ex_cfg["batch_tokens"],
-                  device=ex_cfg["device"], on_overflow="skip", log=log, progress=progress)
+    common = dict(out=cfg.study.caches, dtype=cfg.extract.dtype, batch_tokens=cfg.extract.batch_tokens,
+                  device=cfg.study.device, on_overflow="skip", log=log, progress=progress)
     models = {}
     for random in (False, True):
         wanted = [j for j in jobs if j.random == random]
         if not wanted and random:
             continue
-        lm = load_model(m_cfg["name"], random_init=random, seed=m_cfg["random_init_seed"],
-                        trust_remote_code=m_cfg["trust_remote_code"])
+        lm = load_model(cfg.model.name, random_init=random, seed=cfg.model.random_init_seed,
+                        trust_remote_code=cfg.model.trust_remote_code)
         models[random] = lm
         # clean caches first: an intervention may read one (a patch's source)
         for intervention in dict.fromkeys(sorted((j.intervention for j in wanted), key=bool)):
@@ -223,7 +116,8 @@ def extract_all(cfg: dict, log, progress: bool = True) -> tuple[Caches, dict[str
                         continue
                     extra = {}
                     if intervention:
-                        extra["intervention"] = make_intervention(intervention, lm.n_layers, caches, corpus, random)
+                        extra["intervention"] = make_intervention(intervention, lm.n_layers, caches, corpus, random,
+                                                                   seed=cfg.study.seed)
                     paths = extract(corpora[corpus], [j.format for j in fmts], model=lm, corpus_name=names[corpus],
                                     attention=attention, **extra, **common)
                     for j, p in zip(fmts, paths):
@@ -235,16 +129,16 @@ def extract_all(cfg: dict, log, progress: bool = True) -> tuple[Caches, dict[str
 # The one runner: analyses, figures and report for every selected section
 
 
-def _tables_dir(cfg) -> Path:
+def _tables_dir(cfg: StudyConfig) -> Path:
     """Where the study's named tables go (``<out>/tables/<name>.csv`` and ``.parquet``), one copy each."""
-    return Path(cfg["study"]["out"]) / "tables"
+    return Path(cfg.study.out) / "tables"
 
 
-def results_dir(cfg) -> Path:
+def results_dir(cfg: StudyConfig) -> Path:
     """The result store: each runner's table under the hash of its inputs and options
     (:func:`analyses.results.result_path`), reused by the next run. It lives apart from ``tables/``
     so that ``tables/`` holds each table once, under its name."""
-    return Path(cfg["study"]["out"]) / RESULTS_DIR
+    return Path(cfg.study.out) / RESULTS_DIR
 
 
 #: The result store's directory name inside the study's output directory.
@@ -255,7 +149,7 @@ RESULTS_DIR = ".results"
 _STORED = re.compile(r"[a-z0-9_]+-[0-9a-f]{16}(\.predictions)?\.(csv|parquet)")
 
 
-def analyse(cfg: dict, caches: Caches, corpora: dict, lm, log, stages: Stages | None = None,
+def analyse(cfg: StudyConfig, caches: Caches, corpora: dict, lm, log, stages: Stages | None = None,
             progress: bool = True) -> dict[str, pd.DataFrame]:
     """Every selected section's tables (a table two sections share is computed once, in the stage of the
     first section that asks for it), each written once to ``<out>/tables/<name>.csv`` (and ``.parquet``);
@@ -265,9 +159,9 @@ def analyse(cfg: dict, caches: Caches, corpora: dict, lm, log, stages: Stages | 
     stages = stages if stages is not None else Stages()
     ctx = Context(cfg=cfg, caches=caches, corpora=corpora, lm=lm, out=results_dir(cfg), log=log, progress=progress)
     T: dict[str, pd.DataFrame] = {}
-    sections = _selected(cfg)
-    for i, s in enumerate(sections):
-        ctx.later = tuple(t for later in sections[i + 1:] for t in later.tables)
+    selected = _selected(cfg)
+    for i, s in enumerate(selected):
+        ctx.later = tuple(t for later in selected[i + 1:] for t in later.tables)
         with stages.stage(f"analyses {s.key}"):
             T.update(s.analyse(ctx))
     tables = _tables_dir(cfg)
@@ -281,13 +175,13 @@ def analyse(cfg: dict, caches: Caches, corpora: dict, lm, log, stages: Stages | 
     return T
 
 
-def draw_figures(cfg: dict, T: dict[str, pd.DataFrame], log) -> dict[str, list[Path]]:
+def draw_figures(cfg: StudyConfig, T: dict[str, pd.DataFrame], log) -> dict[str, list[Path]]:
     """Each selected section's figures (PNG paths), by section key."""
-    fig = Path(cfg["study"]["out"]) / "figures"
+    fig = Path(cfg.study.out) / "figures"
     return {s.key: s.figures(T, fig, log) for s in _selected(cfg)}
 
 
-def run_limits(cfg: dict, corpora: dict, spec: StudySection, model_name: str) -> str:
+def run_limits(cfg: StudyConfig, corpora: dict, spec: StudySection, model_name: str) -> str:
     """What this run's numbers do not show, generated from the config: the corpora the section read
     and their sizes, quick mode, and for [CLS]/[SEP] claims what the model is."""
     from .model_facts import cls_caveat
@@ -297,7 +191,7 @@ def run_limits(cfg: dict, corpora: dict, spec: StudySection, model_name: str) ->
     sizes = corpus_sizes(cfg, corpora, spec.corpora)
     if sizes:
         parts.append(f"Measured on {model_name} with {sizes}; another corpus or model may differ.")
-    if cfg["study"].get("quick"):
+    if cfg.quick:
         parts.append("Quick mode: small samples and few folds, so nulls here are expected and not evidence.")
     if spec.about_cls:
         caveat = cls_caveat(model_name)
@@ -316,15 +210,16 @@ class ReportDocument:
     provenance: dict
 
 
-def build_report(cfg: dict, T: dict, F: dict, caches: Caches, corpora: dict, lm) -> ReportDocument:
+def build_report(cfg: StudyConfig, T: dict, F: dict, caches: Caches, corpora: dict, lm) -> ReportDocument:
     """Every section's verdict, evidence, figures and tables, the introduction and the provenance (all
     but the run's total time and its stage table, which :func:`run_study` adds once this is done)."""
     from .. import __version__
+    from ..models import pick_device
     from .model_facts import model_sentence
     from .report import Section, describe_intervals, machine, quick_notice
     from .verdicts import describe_rules
 
-    out = Path(cfg["study"]["out"])
+    out = Path(cfg.study.out)
     sections_ = []
     for spec in _selected(cfg):
         t = spec.table(T)
@@ -348,22 +243,23 @@ def build_report(cfg: dict, T: dict, F: dict, caches: Caches, corpora: dict, lm)
         skipped[c] = max(skipped.get(c, 0), len(Cache.open(p).manifest["skipped"]))
     provenance = {
         "model": f"{lm.name} (fingerprint {lm.fingerprint[:16]}…, {lm.n_layers} layers, hidden {lm.hidden_size})",
-        "random-init baseline": (f"same architecture, seed {cfg['model']['random_init_seed']}"
-                                 if cfg["model"]["random_init_baseline"] else "not run"),
-        "corpora": "; ".join(f"{k}: {cfg['corpus'][k]} ({len(corpora[k])} examples)" for k in cfg["corpus"]
+        "random-init baseline": (f"same architecture, seed {cfg.model.random_init_seed}"
+                                 if cfg.model.random_init_baseline else "not run"),
+        "corpora": "; ".join(f"{k}: {spec} ({len(corpora[k])} examples)" for k, spec in cfg.corpus.specs().items()
                              if k in corpora),
         "examples skipped as too long": skip_counts(skipped, T.get("finetune")),
-        "caches": f"{len(caches.paths)} under {Path(cfg['study']['caches']).resolve()} "
+        "caches": f"{len(caches.paths)} under {Path(cfg.study.caches).resolve()} "
                   f"(e.g. {Path(first).name}, corpus fingerprint {manifest['corpus']['fingerprint'][:16]}…)",
-        "seed": cfg["study"]["seed"],
-        "bootstrap resamples": cfg["study"]["bootstrap_resamples"],
+        "seed": cfg.study.seed,
+        "bootstrap resamples": cfg.study.bootstrap_resamples,
+        "device": f"{pick_device(cfg.study.device)} (study.device = {cfg.study.device!r})",
         "versions": f"probing {__version__}, torch {torch.__version__}, transformers {transformers.__version__}, "
                     f"numpy {np.__version__}, pandas {pd.__version__}, python {platform.python_version()}",
         "machine": machine(),
         "tables": str((out / "tables").resolve()),
     }
-    quick = bool(cfg["study"].get("quick"))
-    title = cfg["study"]["title"] or f"probing study '{cfg['study']['name']}': what input formatting does to {lm.name}"
+    quick = cfg.quick
+    title = cfg.study.title or f"probing study '{cfg.study.name}': what input formatting does to {lm.name}"
     if quick:
         title += " (quick mode)"
     intro = [quick_notice(cfg, corpora, T)] if quick else []
@@ -424,7 +320,10 @@ def run_study(config: str | os.PathLike | None, *, quick: bool = False, force_an
     plain_log = log
     log = lambda msg: plain_log(f"[{time.perf_counter() - t0:6.0f}s] {msg}")  # noqa: E731
     cfg = load_config(config, quick=quick, overrides=overrides, trust_remote_code=trust_remote_code)
-    out = Path(cfg["study"]["out"])
+    from ..models import pick_device
+
+    pick_device(cfg.study.device)  # a device that is not here is refused before any work
+    out = Path(cfg.study.out)
     if force_analyses:
         import shutil
 
@@ -432,7 +331,7 @@ def run_study(config: str | os.PathLike | None, *, quick: bool = False, force_an
             if d.exists():
                 shutil.rmtree(d)
     stages = Stages()
-    log(f"study {cfg['study']['name']!r}{' (quick)' if quick else ''}: extracting")
+    log(f"study {cfg.study.name!r}{' (quick)' if quick else ''}: extracting")
     with stages.stage("extraction"):
         caches, corpora, lm = extract_all(cfg, log, progress)
     with recording_store_use() as store:
@@ -445,13 +344,26 @@ def run_study(config: str | os.PathLike | None, *, quick: bool = False, force_an
     total = time.perf_counter() - t0
     doc.provenance["run time"] = _run_time(total, started, caches, store, quick)
     doc.provenance["time and memory per stage"] = stages.summary()
+    source = str(config_path(config)) if config is not None else "the defaults"
+    doc.provenance.update(config_provenance(cfg, source, overrides))
     report = write_report(doc, out)
+    write_resolved(cfg, out, source)
     write_stages(stages, out)
     for line in stages.lines(total):
         log(line)
     log(f"run time {doc.provenance['run time']}")
     log(f"report: {report} (and {report.with_suffix('.html')}), {time.perf_counter() - t0:.0f} s")
     return report
+
+
+def config_provenance(cfg: StudyConfig, source: str, overrides: dict[str, Any] | None = None) -> dict[str, str]:
+    """The report's provenance of the config: where it came from (file, [quick], overrides) and every key's
+    resolved value, as :func:`probing.study.config.write_resolved` writes them to ``config.resolved.toml``."""
+    how = source + (" with its [quick] table" if cfg.quick else "")
+    if overrides:
+        how += "; overrides " + ", ".join(f"{k} = {v!r}" for k, v in overrides.items())
+    return {"config": f"{how}; resolved in {RESOLVED}",
+            "resolved config": "; ".join(resolved_lines(cfg))}
 
 
 def write_stages(stages: Stages, out: Path) -> Path:
@@ -480,6 +392,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="override [study] out")
     p.add_argument("--caches", default=None, help="override [study] caches")
     p.add_argument("--questions", default=None, help="comma list, e.g. Q1,Q4 (default: the config's)")
+    p.add_argument("--device", default=None,
+                   help="override [study] device, the one device of extraction, probes and fine-tuning: 'auto' "
+                        "(CUDA if available), 'cpu', 'cuda', 'cuda:1', ...")
     p.add_argument("--force", action="store_true", help="recompute the analyses (caches are still reused)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (the stage log lines stay)")
     args = p.parse_args(argv)
@@ -492,13 +407,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides["study.caches"] = args.caches
     if args.questions:
         overrides["study.questions"] = [q.strip() for q in args.questions.split(",")]
+    if args.device is not None:
+        overrides["study.device"] = args.device
     from ..cache import CacheError
     from ..models import ModelLoadError
 
     try:
         cfg = load_config(args.config, quick=args.quick, overrides=overrides, trust_remote_code=args.trust_remote_code)
-        check_output_dir(cfg["study"]["out"], "--out (study.out)")
-        check_output_dir(cfg["study"]["caches"], "--caches (study.caches)")
+        check_output_dir(cfg.study.out, "--out (study.out)")
+        check_output_dir(cfg.study.caches, "--caches (study.caches)")
         run_study(args.config, quick=args.quick, force_analyses=args.force, overrides=overrides,
                   trust_remote_code=args.trust_remote_code, progress=not args.no_progress)
     except (StudyError, ModelLoadError, CacheError, ValueError, ImportError, OSError) as err:

@@ -49,7 +49,7 @@ class Context:
     """What a section's analyses read: the config, caches, corpora, trained model, the tables
     directory, a log, and the tables computed so far (shared between sections)."""
 
-    cfg: dict
+    cfg: Any  # the typed study config, probing.study.config.StudyConfig
     caches: Any
     corpora: dict[str, list[Example]]
     lm: Any
@@ -61,7 +61,7 @@ class Context:
 
     @property
     def questions(self) -> list[str]:
-        return list(self.cfg["study"]["questions"])
+        return list(self.cfg.study.questions)
 
     def table(self, name: str, produce: Callable[["Context"], pd.DataFrame]) -> pd.DataFrame:
         """The study's table ``name``, computed by ``produce(self)`` the first time a section asks."""
@@ -94,21 +94,21 @@ class StudySection:
     key: str
     title: str
     corpora: tuple[str, ...]
-    jobs: Callable[[dict, dict], list[Job]]
+    jobs: Callable[[Any, dict], list[Job]]  # (the study config, the corpora)
     analyse: Callable[[Context], Tables]
     figures: Callable[[Tables, Path, Callable], list[Path]]
     answer: Callable[[Tables], str]
-    notes: str | Callable[[dict], str] = ""
+    notes: str | Callable[[Any], str] = ""
     table: Callable[[Tables], tuple[pd.DataFrame, str] | None] = _no_table
     comparisons: Callable[[Tables], pd.DataFrame | None] | None = None
     claim: Claim | None = None
-    verdict_text: Callable[[Tables, dict], str] | None = None
+    verdict_text: Callable[[Tables, Any], str] | None = None
     citation: str = ""
     about_cls: bool = False
     tables: tuple[str, ...] = ()  # the shared tables ``analyse`` computes, where declared (the questions)
     parts: tuple[tuple[str, Callable[[Tables], pd.DataFrame | None], Claim], ...] = ()
 
-    def verdict(self, T: Tables, cfg: dict) -> Verdict | None:
+    def verdict(self, T: Tables, cfg: Any) -> Verdict | None:
         """The section's opening sentence: from its comparison rows and claim (or ``verdict_text``, or one
         sentence per part)."""
         if self.parts:
@@ -159,7 +159,7 @@ class StudySection:
                         "comparison)")
         return verdict_table(rows, self.claim), caption
 
-    def note_text(self, cfg: dict) -> str:
+    def note_text(self, cfg: Any) -> str:
         text = self.notes(cfg) if callable(self.notes) else self.notes
         return f"{text} Reference: {self.citation}." if self.citation else text
 
@@ -205,11 +205,11 @@ def corpus_text(spec: str) -> str:
     return CORPUS_TEXT.get(name, name)
 
 
-def corpus_sizes(cfg: dict, corpora: dict, keys: Sequence[str]) -> str:
+def corpus_sizes(cfg, corpora: dict, keys: Sequence[str]) -> str:
     """``'pairs: 120 examples of generated template sentences (generated:n=120,k=2)'`` for each key."""
     parts = []
     for k in keys:
-        if k in corpora and k in cfg["corpus"]:
-            spec = cfg["corpus"][k]
+        spec = cfg.corpus.specs().get(k)
+        if k in corpora and spec is not None:
             parts.append(f"{k}: {len(corpora[k])} examples of {corpus_text(spec)} sentences ({spec})")
     return "; ".join(parts)
