@@ -107,7 +107,7 @@ def quick_study_config(tmp_path: Path, model_dir: Path) -> Path:
 name = "tiny"
 out = "{tmp_path / 'run'}"
 caches = "{tmp_path / 'caches'}"
-bootstrap_resamples = 50
+bootstrap_resamples = 200
 
 [model]
 name = "{model_dir}"
@@ -131,7 +131,7 @@ poolings = ["cls", "mean"]
 seeds = [0, 1]
 
 [quick]
-"study.bootstrap_resamples" = 30
+"study.bootstrap_resamples" = 100
 """)
     return cfg
 

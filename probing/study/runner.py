@@ -132,6 +132,14 @@ def load_config(path: str | os.PathLike | None, quick: bool = False,
         if section not in cfg or key not in cfg[section]:
             raise StudyError(f"config: override {dotted!r} names no known key")
         cfg[section][key] = value
+    from analyses.intervals import too_few_resamples
+
+    resamples = cfg["study"]["bootstrap_resamples"]
+    if isinstance(resamples, bool) or not isinstance(resamples, int):
+        raise StudyError(f"config: study.bootstrap_resamples = {resamples!r}: give a whole number")
+    problem = too_few_resamples(resamples)
+    if problem is not None:
+        raise StudyError(f"config: study.bootstrap_resamples = {resamples}: {problem}")
     bad = [q for q in cfg["study"]["questions"] if q not in sections()]
     if bad:
         raise StudyError(f"config: unknown questions {bad}; known: {', '.join(sections())}")
