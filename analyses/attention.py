@@ -27,7 +27,7 @@ from analyses.grouping import cache_groups
 from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
                               stored_table, table_lines)
 from analyses.selection import attention_group_names, is_role
-from analyses.intervals import bootstrap_ci
+from analyses.intervals import bootstrap_ci, check_resamples
 from probing.cache import Cache
 from probing.cli import ArgumentParser
 
@@ -168,6 +168,7 @@ def run_attention(cache: Cache, *, n_resamples: int = 1000, seed: int = 0, per_h
     query (:mod:`probing.attention_norm`; extract with ``--attention-norm``), metric ``attention_norm_mass``.
     The CI resamples documents when the corpus has a ``doc`` label, else examples (``grouping``,
     ``n_groups``: :func:`analyses.grouping.cache_groups`)."""
+    n_resamples = check_resamples(n_resamples)
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting must be one of {list(WEIGHTINGS)}, got {weighting!r}")
     config = {"cache": cache_identity(cache), "n_resamples": n_resamples, "seed": seed, "per_head": per_head,
@@ -205,7 +206,7 @@ def run_attention(cache: Cache, *, n_resamples: int = 1000, seed: int = 0, per_h
                 point, lo, hi = bootstrap_ci(v[ok], clusters[ok], "mean", n_resamples=n_resamples, seed=seed)
                 info = {"grouping": grouping, "n_groups": int(np.unique(clusters[ok]).size)}
                 rows.append({**base, "layer": layer, "role": src, "target": tgt, "value": point, "ci_low": lo,
-                             "ci_high": hi, "n": int(ok.sum()), "head": "mean", **info})
+                             "ci_high": hi, "n": int(ok.sum()), "head": "mean", **info, "n_resamples": n_resamples})
                 if per_head:
                     for h, val in enumerate(summary.per_head(tgt, li)):
                         rows.append({**base, "layer": layer, "role": src, "target": tgt, "value": float(val),

@@ -62,7 +62,7 @@ from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options,
                               keep_table, make_table, result_path, stored_table)
 from analyses.contextuality_metrics import (choose_contexts, intra_similarity, max_explainable_variance,
                                             random_word_sets, self_similarity, word_table)
-from analyses.intervals import bootstrap_ci, bootstrap_cis
+from analyses.intervals import bootstrap_ci, bootstrap_cis, check_resamples
 from probing.cache import Cache
 from probing.cli import ArgumentParser
 from probing.layers import cache_layers
@@ -108,8 +108,7 @@ def _check_options(min_contexts, max_contexts, subword, n_pairs, n_resamples) ->
         raise ValueError(f"max_contexts must be an integer >= min_contexts ({min_contexts}), got {max_contexts!r}")
     if int(n_pairs) != n_pairs or n_pairs < 1:
         raise ValueError(f"n_pairs must be a positive integer, got {n_pairs!r}")
-    if int(n_resamples) != n_resamples or n_resamples < 1:
-        raise ValueError(f"n_resamples must be a positive integer, got {n_resamples!r}")
+    check_resamples(n_resamples)
 
 
 def run_contextuality(cache: Cache, *, layers: Sequence[int] | None = None, min_contexts: int = 5,
@@ -129,6 +128,7 @@ def run_contextuality(cache: Cache, *, layers: Sequence[int] | None = None, min_
     examples, fewer than 2 examples, or bad options.
     """
     _check_options(min_contexts, max_contexts, subword, n_pairs, n_resamples)
+    n_resamples = int(n_resamples)
     layers = _layers(cache, layers)
     path, done = stored_table(out, "contextuality", _config(cache, layers, min_contexts, max_contexts, subword,
                                                             lowercase, n_pairs, n_resamples, seed), force)
@@ -176,7 +176,7 @@ def run_contextuality(cache: Cache, *, layers: Sequence[int] | None = None, min_
 
     def row(layer, metric, point, lo, hi, n, n_examples):
         records.append({**base, "layer": layer, "metric": metric, "value": float(point), "ci_low": float(lo),
-                        "ci_high": float(hi), "n": int(n), "n_examples": int(n_examples)})
+                        "ci_high": float(hi), "n": int(n), "n_examples": int(n_examples), "n_resamples": n_resamples})
 
     for layer in tqdm(layers, desc=f"contextuality {cache.format_name}", disable=not progress, file=sys.stderr):
         if subword == "first":

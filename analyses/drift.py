@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from analyses.drift_metrics import POOL_MODES, drift_summary, subword_pool
 from analyses.grouping import cache_groups
+from analyses.intervals import check_resamples
 from analyses.selection import is_role
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
                               keep_table, make_table, stored_table, table_lines)
@@ -81,6 +82,7 @@ def run_drift(a: Cache, b: Cache, *, layers: Sequence[int] | None = None, subwor
     ``n_groups``. With ``out``, writes it there (and reuses
     an earlier identical result unless ``force``).
     """
+    n_resamples = check_resamples(n_resamples)
     if subword not in POOL_MODES:
         raise ValueError(f"subword must be one of {POOL_MODES}, got {subword!r}")
     check_comparable(a, b, same_model=True)  # drift compares two formats of one model on one corpus

@@ -18,7 +18,7 @@ from typing import Literal, Sequence, get_args
 import numpy as np
 from scipy import sparse as _sparse
 
-from analyses.intervals import CIMethod, bootstrap_ci, bootstrap_cis
+from analyses.intervals import CIMethod, bootstrap_ci, bootstrap_cis, check_resamples
 
 PoolMode = Literal["first", "mean"]
 #: Subword pooling choices, declared once.
@@ -390,8 +390,8 @@ def drift_summary(
     and one ``anisotropy_baseline`` row for role ``"all"`` (whatever ``overall_label``, ``n`` = number of
     pairs, ``n_examples`` = examples in the baseline set) with its CI (:func:`anisotropy_baseline_ci`).
     Keys: ``role, target, metric, value, ci_low, ci_high, n`` (tokens), ``n_examples``, ``n_groups``
-    (clusters in the cell), ``seed``, matching :data:`analyses.results.RESULT_COLUMNS` plus
-    ``n_examples`` and ``n_groups``; the caller fills analysis, model, corpus, format, format_b, layer
+    (clusters in the cell), ``seed``, ``n_resamples``, matching :data:`analyses.results.RESULT_COLUMNS` plus
+    ``n_examples``, ``n_groups`` and ``n_resamples``; the caller fills analysis, model, corpus, format, format_b, layer
     and the grouping's name. CIs are cluster bootstraps over ``clusters``
     (:func:`analyses.intervals.bootstrap_ci`, same ``seed`` for every cell); with one cluster they are
     NaN. The anisotropy baseline's pairs are clustered by the example of their first row.
@@ -399,6 +399,7 @@ def drift_summary(
     Raises ``ValueError`` on shape mismatches, fewer than 2 baseline examples, or rows with zero norm
     (their cosine is undefined).
     """
+    n_resamples = check_resamples(n_resamples, confidence)
     A, B = _check_pair(A, B)
     n = A.shape[0]
     if n == 0:
@@ -464,6 +465,8 @@ def drift_summary(
             rows.append(_row(role, "anisotropy_baseline", *b, n_pairs, n_ex, n_ex, seed))
     n_base_ex = np.unique(base_ex).size
     rows.append(_row("all", "anisotropy_baseline", *b_all, n_pairs, n_base_ex, n_base_ex, seed))
+    for r in rows:
+        r["n_resamples"] = n_resamples
     return rows
 
 

@@ -14,6 +14,7 @@ The comparisons built on these intervals (paired differences, Holm, power) are i
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Literal, Mapping, Sequence, get_args
 
 import numpy as np
@@ -53,6 +54,64 @@ def check_confidence(confidence: float) -> float:
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence=}")
     return confidence
+
+
+#: Resamples a percentile interval must leave outside itself. Its ends are the (1 - c)/2 and (1 + c)/2
+#: quantiles of the B resampled statistics, so B (1 - c) of them lie outside it: with B = 1 none do, and
+#: the "interval" is one resample, of zero width, which need not contain the estimate. Five outside (2.5
+#: beyond each end) puts resamples on both sides of each end, so each end is read between draws rather
+#: than from the extreme one. This is a floor below which there is no interval, not a recommendation:
+#: Efron & Tibshirani (1993, "An Introduction to the Bootstrap") advise about 1,000 for percentile
+#: intervals. Sign-flip p-values share the floor: from 100 sign vectors p can reach 1 / 101, below 0.01.
+RESAMPLES_OUTSIDE = 5
+#: The default resamples of every interval (and of the commands' ``--resamples``).
+DEFAULT_RESAMPLES = 1000
+
+
+def min_resamples(confidence: float = 0.95) -> int:
+    """The fewest resamples from which a ``confidence`` interval can be computed:
+    ``ceil(RESAMPLES_OUTSIDE / (1 - confidence))``, 100 at 95%.
+
+    >>> min_resamples(0.95), min_resamples(0.9), min_resamples(0.99)
+    (100, 50, 500)
+    """
+    confidence = check_confidence(confidence)
+    return math.ceil(round(RESAMPLES_OUTSIDE / (1.0 - confidence), 6))
+
+
+#: The fewest resamples at the 95% every table reports (:func:`min_resamples`).
+MIN_RESAMPLES = min_resamples(0.95)
+
+
+def too_few_resamples(n_resamples: int, confidence: float = 0.95) -> str | None:
+    """Why ``n_resamples`` cannot give a ``confidence`` interval (fewer than :func:`min_resamples`), or
+    None when they can: the one wording of the refusal, for functions and command lines alike.
+
+    >>> too_few_resamples(1000) is None
+    True
+    """
+    least = min_resamples(confidence)
+    if n_resamples >= least:
+        return None
+    return (f"a {float(confidence):.0%} interval needs at least {least} resamples ({RESAMPLES_OUTSIDE} of them "
+            f"outside it; fewer give an interval of no width that can exclude its own estimate)")
+
+
+def check_resamples(n_resamples, confidence: float = 0.95) -> int:
+    """``n_resamples`` as an int, refused (ValueError naming the value) unless it is a whole number of at
+    least :func:`min_resamples` ``(confidence)``. Every entry point that resamples (bootstrap intervals,
+    sign-flip p-values, the runners that write tables of them) calls this before any work.
+
+    >>> check_resamples(200)
+    200
+    """
+    if isinstance(n_resamples, bool) or not isinstance(n_resamples, (int, np.integer, float, np.floating)) \
+            or not math.isfinite(n_resamples) or int(n_resamples) != n_resamples:
+        raise ValueError(f"n_resamples must be a whole number, got {n_resamples=!r}")
+    problem = too_few_resamples(n_resamples, confidence)
+    if problem is not None:
+        raise ValueError(f"n_resamples={int(n_resamples)}: {problem}")
+    return int(n_resamples)
 
 
 def check_values(values, name: str = "values") -> np.ndarray:
@@ -163,7 +222,7 @@ def bootstrap_cis(
     columns: Mapping[str, np.ndarray],
     groups,
     statistics: Sequence[Statistic] = STATISTICS,
-    n_resamples: int = 1000,
+    n_resamples: int = DEFAULT_RESAMPLES,
     confidence: float = 0.95,
     seed: int = 0,
     method: CIMethod = "percentile",
@@ -180,10 +239,8 @@ def bootstrap_cis(
             raise ValueError(f"statistic must be one of {STATISTICS}, got {s!r}")
     if method not in CI_METHODS:
         raise ValueError(f"method must be one of {CI_METHODS}, got {method=!r}")
-    if isinstance(n_resamples, bool) or int(n_resamples) != n_resamples or n_resamples < 1:
-        raise ValueError(f"n_resamples must be a positive integer, got {n_resamples=!r}")
-    n_resamples = int(n_resamples)
     confidence = check_confidence(confidence)
+    n_resamples = check_resamples(n_resamples, confidence)
     if not columns:
         raise ValueError("columns is empty: nothing to bootstrap")
     cols = {name: check_values(v, name) for name, v in columns.items()}
@@ -263,7 +320,7 @@ def bootstrap_ci(
     values,
     groups,
     statistic: Statistic = "mean",
-    n_resamples: int = 1000,
+    n_resamples: int = DEFAULT_RESAMPLES,
     confidence: float = 0.95,
     seed: int = 0,
     method: CIMethod = "percentile",
@@ -353,7 +410,7 @@ def group_codes(groups, n: int) -> tuple[np.ndarray, int]:
     return codes, int(codes.max()) + 1
 
 
-def ratio_bootstrap_ci(numerator, denominator, groups, n_resamples: int = 1000, confidence: float = 0.95,
+def ratio_bootstrap_ci(numerator, denominator, groups, n_resamples: int = DEFAULT_RESAMPLES, confidence: float = 0.95,
                        seed: int = 0) -> tuple[float, float, float]:
     """Cluster-bootstrap percentile CI of a ratio of sums ``Σ numerator / Σ denominator``.
 
@@ -370,6 +427,7 @@ def ratio_bootstrap_ci(numerator, denominator, groups, n_resamples: int = 1000, 
     if num.shape != den.shape:
         raise ValueError(f"numerator and denominator differ in shape: {num.shape=} and {den.shape=}")
     confidence = check_confidence(confidence)
+    n_resamples = check_resamples(n_resamples, confidence)
     codes, n_groups = group_codes(groups, num.size)
     total = den.sum()
     point = float(num.sum() / total) if total > 0 else float("nan")
@@ -378,7 +436,6 @@ def ratio_bootstrap_ci(numerator, denominator, groups, n_resamples: int = 1000, 
     sn = np.bincount(codes, weights=num, minlength=n_groups)
     sd = np.bincount(codes, weights=den, minlength=n_groups)
     rng = np.random.default_rng(seed)
-    n_resamples = int(n_resamples)
     num_sums, den_sums = np.empty(n_resamples), np.empty(n_resamples)
     step = max(1, _BATCH_ELEMENTS // n_groups)  # the same draws as one (n_resamples, n_groups) call
     for s in range(0, n_resamples, step):

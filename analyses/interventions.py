@@ -39,7 +39,7 @@ from analyses.drift import model_label
 from analyses.drift_metrics import MIN_SPREAD, pair_spread, rowwise_cosine
 from analyses.grouping import cache_groups
 from analyses.results import cache_identity, keep_table, make_table, stored_table, table_lines
-from analyses.intervals import bootstrap_ci, ratio_bootstrap_ci
+from analyses.intervals import bootstrap_ci, check_resamples, ratio_bootstrap_ci
 from analyses.probe_metrics import DEFAULT_CS
 from analyses.stats import paired_difference, scale_difference
 from probing.cli import ArgumentParser
@@ -244,7 +244,7 @@ def _describe(cache: Cache) -> str:
 def _ci_row(base: dict, values: np.ndarray, groups: np.ndarray, n_resamples: int, seed: int, **kw) -> dict:
     point, lo, hi = bootstrap_ci(values, groups, "mean", n_resamples=n_resamples, seed=seed)
     return {**base, **kw, "value": point, "ci_low": lo, "ci_high": hi, "n": int(len(values)),
-            "n_clusters": int(len(np.unique(groups)))}
+            "n_clusters": int(len(np.unique(groups))), "n_resamples": n_resamples}
 
 
 def _paired_row(base: dict, a: np.ndarray, b: np.ndarray, groups: np.ndarray, n_resamples: int, seed: int,
@@ -257,7 +257,7 @@ def _paired_row(base: dict, a: np.ndarray, b: np.ndarray, groups: np.ndarray, n_
 def _difference_row(base: dict, r: dict, **kw) -> dict:
     """The row of one :func:`analyses.stats.paired_difference` result."""
     return {**base, **kw, **{k: r[k] for k in ("value", "ci_low", "ci_high", "p_value", "se", "mde", "n")},
-            "n_clusters": r["n_groups"]}
+            "n_clusters": r["n_groups"], "n_resamples": r["n_resamples"]}
 
 
 def knockout_drift(clean: Cache, treated: Cache, control: Cache | None = None, *,
@@ -276,6 +276,7 @@ def knockout_drift(clean: Cache, treated: Cache, control: Cache | None = None, *
     group that hardly varies between inputs ([CLS] in a sentence encoder's middle layers) has a tiny raw
     drift whatever the knockout does to it. Columns: the standard ones (role = group) plus
     ``intervention``, ``control``, ``n_clusters``, ``spread``."""
+    n_resamples = check_resamples(n_resamples)
     layers = shared_layers(layers, clean, treated, *([control] if control is not None else []))
     check_intervention(clean, treated, control)
     config = {"clean": cache_identity(clean), "treated": cache_identity(treated),
@@ -342,6 +343,7 @@ def knockout_probes(clean: Cache, treated: Cache, control: Cache | None = None, 
     ``p_holm`` over the layers (per mode, target and metric). Extra columns: ``choice``, ``mode``,
     ``intervention``, ``control``, ``n_clusters``, ``chosen_C_min`` / ``chosen_C_max`` (over the clean
     fits' folds). A target the corpus lacks is skipped and listed in ``df.attrs["skipped"]``."""
+    n_resamples = check_resamples(n_resamples)
     modes = [mode] if isinstance(mode, str) else list(mode)
     mode = modes[0] if len(modes) == 1 else modes  # one mode keys its table as a plain string
     layers = shared_layers(layers, clean, treated, *([control] if control is not None else []))
@@ -413,6 +415,7 @@ def drift_reproduced(source: Cache, target: Cache, treated: Sequence[Cache], *, 
     gives the source's state; 0: no closer than without it), all at the measured ``layer``. Extra
     columns: ``patch_layer`` (the layer of a cache's single patch, else NA), ``intervention``,
     ``n_clusters``."""
+    n_resamples = check_resamples(n_resamples)
     check_comparable(target, source)
     measured = cache_layer(target, layer)
     for cache in treated:
@@ -438,7 +441,7 @@ def drift_reproduced(source: Cache, target: Cache, treated: Sequence[Cache], *, 
         rows.append(_ci_row(this, d_p, cl, n_resamples, seed, metric="drift_treated"))
         point, lo, hi = fraction_closed(d_clean, d_p, cl, n_resamples=n_resamples, seed=seed)
         rows.append({**this, "metric": "fraction_reproduced", "value": point, "ci_low": lo, "ci_high": hi,
-                     "n": int(len(ex)), "n_clusters": int(len(np.unique(cl)))})
+                     "n": int(len(ex)), "n_clusters": int(len(np.unique(cl))), "n_resamples": n_resamples})
     return keep_table(make_table(rows), path)
 
 
@@ -455,6 +458,7 @@ def q4_sep_knockout(clean: Cache, knockout: Cache, control: Cache, *, targets: S
     (:func:`knockout_drift` for cls, sep and word; :func:`knockout_probes` in transfer and retrain
     modes, at ``probe_layers``: None means every stored layer from the first knocked-out one to the
     last, where a knockout can show; ``Cs`` and ``inner_splits`` as :func:`probe_correctness` takes them)."""
+    n_resamples = check_resamples(n_resamples)
     if probe_layers is None:
         probe_layers = after_knockout(knockout)
     drift = knockout_drift(clean, knockout, control, n_resamples=n_resamples, seed=seed, out=out, force=force)
@@ -481,6 +485,7 @@ def q1_patching(pair: Cache, concat: Cache, patched: Mapping[int, Cache], sep_ro
     :func:`middle_sep_knockouts` (no attention to the middle [SEP]). Returns
     ``{"q1_cls_patching": ...}`` (:func:`drift_reproduced` of [CLS] at the last layer, one block of rows
     per treated cache)."""
+    n_resamples = check_resamples(n_resamples)
     treated = [patched[l] for l in sorted(patched)] + list(sep_routes)
     return {"q1_cls_patching": drift_reproduced(concat, pair, treated, group="cls", layer=-1,
                                                 n_resamples=n_resamples, seed=seed, out=out, force=force)}

@@ -31,7 +31,7 @@ from analyses.paired import add_holm
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
                               keep_table, make_table, split_list, stored_table, table_lines)
 from analyses.selection import parse_choice, pooled
-from analyses.intervals import bootstrap_ci
+from analyses.intervals import bootstrap_ci, check_resamples
 from analyses.stats import paired_difference
 from probing.cache import Cache
 from probing.cli import ArgumentParser
@@ -105,6 +105,7 @@ def run_knn(cache: Cache, choices: Sequence[str] = ("cls", "mean"), label: str =
     have (``analysis="knn_comparison"``, ``metric="knn_accuracy_diff"``, ``choice`` − ``choice_b``:
     :func:`analyses.stats.paired_difference` of the per-example hits, clustered as above; ``p_holm``
     over the layers of each choice)."""
+    n_resamples = check_resamples(n_resamples)
     for c in choices:
         parse_choice(c)
     if versus is not None and versus not in choices:
@@ -136,7 +137,7 @@ def run_knn(cache: Cache, choices: Sequence[str] = ("cls", "mean"), label: str =
         info = {"grouping": grouping, "n_groups": int(np.unique(clusters).size)}
         point, lo, hi = bootstrap_ci(hit, clusters, "mean", n_resamples=n_resamples, seed=seed)
         rows.append({**base, "layer": layer, "choice": choice, "metric": "knn_accuracy", "value": point,
-                     "ci_low": lo, "ci_high": hi, "n": len(ex), **info})
+                     "ci_low": lo, "ci_high": hi, "n": len(ex), **info, "n_resamples": n_resamples})
         rows.append({**base, "layer": layer, "choice": choice, "metric": "chance_knn_accuracy",
                      "value": chance_agreement(y), "ci_low": np.nan, "ci_high": np.nan, "n": len(ex), **info})
     diffs = []

@@ -47,6 +47,7 @@ from tqdm.auto import tqdm
 from analyses.drift import group_labels, model_label, paired_rows
 from analyses.drift_metrics import MIN_SPREAD, pair_spread, rowwise_cosine
 from analyses.grouping import cache_groups
+from analyses.intervals import check_resamples
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
                               keep_table, make_table, stored_table, table_lines)
 from analyses.stats import holm, paired_difference, scale_difference
@@ -138,6 +139,7 @@ def run_paired_drift(ref, a, b, *, layers: Sequence[int] | None = None, words_on
     dropping a separator changes an edge word's own neighbour, so a drift difference there need not be
     the other sentence's content reaching it.
     """
+    n_resamples = check_resamples(n_resamples)
     if unit not in UNITS:
         raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
     check_comparable(ref, a)
@@ -198,6 +200,7 @@ def run_role_contrast(a, b, role: str = "cls", *, versus: str = "words", layers:
       estimated once per layer and held fixed in the bootstrap; no row at a layer where either spread is
       under :data:`analyses.drift_metrics.MIN_SPREAD` (the embedding layer's [CLS]).
     """
+    n_resamples = check_resamples(n_resamples)
     check_comparable(a, b)
     layers = shared_layers(layers, a, b)
     config = {"a": cache_identity(a), "b": cache_identity(b), "role": role, "versus": versus, "layers": layers,
@@ -303,6 +306,7 @@ def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] 
     spread_b − d_short / spread_a``, paired per token, each input's drift over its own spread, with its own
     CI and p-value (Holm over layers within the cell); none where either spread is under ``MIN_SPREAD``.
     """
+    n_resamples = check_resamples(n_resamples)
     check_comparable(short_a, short_b)
     check_comparable(long_a, long_b)
     check_prefix(short_a, long_a)
@@ -374,6 +378,7 @@ def run_paired_attention(a, b, *, pairs: Sequence[tuple[str, str]] | None = (("s
     from analyses.attention import target_masses
     from analyses.selection import attention_group_names
 
+    n_resamples = check_resamples(n_resamples)
     check_comparable(a, b)
     layers_a, layers_b = a.manifest["attention"]["layers"], b.manifest["attention"]["layers"]
     layers = resolve_layers(layers, int(a.manifest["model"]["n_layers"]), stored=[l for l in layers_a if l in layers_b])

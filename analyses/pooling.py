@@ -45,10 +45,11 @@ import torch
 from analyses.finetune import (RngStreams, Task, _check_label, _collate, _device, _finetune_task, _load,
                                _max_length_of, _task, check_pooling, render_examples, sorted_batches, split_unit)
 from analyses.finetune_config import PRESETS, SCHEDULES, TrainConfig, preset_config, resolve_autocast
+from analyses.intervals import DEFAULT_RESAMPLES, MIN_RESAMPLES, check_resamples
 from analyses.pooling_choices import POOLINGS, Pooling, get_pooling, pool, pooling_mask
 from analyses.pooling_table import (RUN_METRICS, baseline_rows, best_constant, diff_label, diff_rows, finish_table,
                                     pooled_baselines, summary, summary_rows)
-from analyses.results import note_store_use, read_table, result_path, write_table
+from analyses.results import note_store_use, read_table, resamples_arg, result_path, write_table
 from probing.cli import ArgumentParser, int_at_least, output_dir_arg, positive_floats
 from probing.examples import Example, corpus_fingerprint
 from probing.formats import Format, Rendered, resolve_format
@@ -86,12 +87,14 @@ def _parse_list(values, what: str, cast=str) -> list:
 
 
 def experiment_config(lm, examples: Sequence[Example], label: str, fmt: Format, poolings: Sequence[str],
-                      seeds: Sequence[int], config: TrainConfig) -> dict:
+                      seeds: Sequence[int], config: TrainConfig, n_resamples: int = DEFAULT_RESAMPLES,
+                      bootstrap_seed: int = 0) -> dict:
     """What the stored result depends on; hashed by :func:`analyses.results.result_path`."""
     return {
         "analysis": ANALYSIS, "protocol": PROTOCOL_VERSION, "model": lm.fingerprint,
         "corpus": corpus_fingerprint(examples), "label": label, "format": fmt.to_json(),
         "poolings": list(poolings), "seeds": list(seeds), "train": asdict(config),
+        "n_resamples": n_resamples, "bootstrap_seed": bootstrap_seed,
     }
 
 
@@ -181,7 +184,8 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
                            preset: str = "default", out: str | None = None, force: bool = False,
                            corpus_name: str | None = None, device: str = "auto", progress: bool = True,
                            log: Callable[[str], None] | None = None, with_predictions: bool = False,
-                           num_threads: int | None = None, **train: Any):
+                           num_threads: int | None = None, n_resamples: int = DEFAULT_RESAMPLES,
+                           bootstrap_seed: int = 0, **train: Any):
     """Fine-tuned and frozen, every pooling, on the same document-grouped splits; a tidy table.
 
     Splits: :func:`cv_splits` (stratified by the label, grouped by document when every example has a
@@ -212,6 +216,9 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
     * over all test items, ``pooling`` empty: ``best_constant`` and ``chance``, and ``metric="n_skipped"``:
       examples left out for length (never silently; ids in ``attrs["skipped_ids"]``).
 
+    Every CI and p-value draws ``n_resamples`` bootstrap resamples (or sign vectors) from ``bootstrap_seed``
+    (column ``n_resamples``); the splits' seed is the training config's ``seed``.
+
     A warning (``log`` and :class:`RuntimeWarning`) is raised and recorded in the ``warning`` column
     when a run scores below its split's best constant, when its final training loss is not below
     its first, or when its training accuracy is not above the training set's largest class share.
@@ -230,6 +237,7 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
     """
     from analyses.grouping import example_groups
 
+    n_resamples = check_resamples(n_resamples)
     pre = PRESETS.get(preset)
     if pre is None:
         raise ValueError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
@@ -246,7 +254,8 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
     fmt = resolve_format(fmt, lm.tokenizer, min(e.n_sentences for e in examples))  # native, as extraction does
     path = pred_path = None
     if out is not None:
-        path = result_path(out, ANALYSIS, experiment_config(lm, examples, label, fmt, poolings, seeds, config))
+        path = result_path(out, ANALYSIS, experiment_config(lm, examples, label, fmt, poolings, seeds, config,
+                                                            n_resamples, bootstrap_seed))
         pred_path = path.with_name(path.stem + ".predictions.csv")
         found = path.exists() and pred_path.exists() and not force
         note_store_use(path, found)
@@ -355,9 +364,9 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
                  "value": float(len(skipped)), "n": len(examples)})
     names = [p.name for p in checked]
     by_seed = _by_seed(P) if len(seeds) > 1 else None
-    rows += summary_rows(summary_base, names, item, runs, pooled_best, lambda m: _warn(m, log), by_seed,
-                         seed=config.seed)
-    rows += diff_rows(base, names, item, "mean" if "mean" in poolings else poolings[0], by_seed, seed=config.seed)
+    boot = dict(n_resamples=n_resamples, seed=bootstrap_seed)
+    rows += summary_rows(summary_base, names, item, runs, pooled_best, lambda m: _warn(m, log), by_seed, **boot)
+    rows += diff_rows(base, names, item, "mean" if "mean" in poolings else poolings[0], by_seed, **boot)
     df = finish_table(rows)
     if path is not None:
         write_table(df, path)
@@ -399,9 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
         description=("Q8: on the same stratified, document-grouped cross-validation splits, fine-tune\n"
                      "the encoder + a linear head on each pooling of the last layer (each training seed)\n"
                      "and fit a frozen probe on the same pooling; report out-of-fold accuracy per pooling\n"
-                     "with a cluster-bootstrap CI over documents, paired differences (fine-tuned - frozen,\n"
-                     "pooling - mean) on identical test items, the best constant and chance, and a\n"
-                     "warning for runs below the best constant or that did not converge."),
+                     "with a cluster-bootstrap CI over documents (examples without a doc label), paired\n"
+                     "differences (fine-tuned - frozen, pooling - mean) on identical test items, the best\n"
+                     "constant and chance, and a warning for runs below the best constant or that did not\n"
+                     "converge."),
         epilog=("poolings (the token choices of analyses.selection):\n" + pool_help
                 + "\n\npresets (options given on the command line override them):\n"
                 + "\n".join(show(n) for n in PRESETS)
@@ -445,8 +455,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", default=None, choices=list(SCHEDULES),
                    help="after warm-up: linear decay to 0 or constant (default linear)")
     p.add_argument("--seed", type=int, default=None,
-                   help="seed of the cross-validation partition (repeat r uses seed + r), of the frozen probes and of "
-                        f"the intervals, independent of --train-seeds (default {defaults.seed})")
+                   help="seed of the cross-validation partition (repeat r uses seed + r) and of the bootstrap, "
+                        f"independent of --train-seeds (default {defaults.seed})")
+    p.add_argument("--resamples", type=resamples_arg, default=DEFAULT_RESAMPLES,
+                   help=f"bootstrap resamples of every interval and p-value, at least {MIN_RESAMPLES} "
+                        f"(default {DEFAULT_RESAMPLES})")
     p.add_argument("--folds", type=int, default=None,
                    help="number of outer cross-validation folds, k (default: the preset's)")
     p.add_argument("--run-folds", type=int, default=None,
@@ -492,7 +505,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         df = run_pooling_experiment(examples, label, args.poolings, args.train_seeds, model=lm, fmt=args.format,
                                     preset=args.preset, out=args.out, force=args.force, corpus_name=corpus,
                                     device=args.device, progress=not args.no_progress,
-                                    num_threads=args.threads, **train)
+                                    num_threads=args.threads, n_resamples=args.resamples,
+                                    bootstrap_seed=args.seed if args.seed is not None else TrainConfig().seed, **train)
         elapsed = time.perf_counter() - t0
     except (ValueError, ImportError, ModelLoadError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -500,7 +514,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     s = summary(df)
     pooled = pooled_baselines(df)
     print(f"\n{ANALYSIS}: {label} on {corpus}, format {args.format}, model {lm.name} ({elapsed:.0f} s)")
-    print(f"{'pooling':<12} {'condition':<11} {'accuracy':>8}   95% CI (documents)   runs")
+    unit = "/".join(f"{g}s" for g in dict.fromkeys(df["grouping"].dropna().astype(str))) or "examples"
+    print(f"{'pooling':<12} {'condition':<11} {'accuracy':>8}   95% CI ({unit})   runs")
     for _, r in s.iterrows():
         print(f"{r['pooling']:<12} {r['condition']:<11} {r['mean']:8.3f}   [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
               f"     {int(r['runs'])}" + (f"   WARNING: {r['warning']}" if r["warning"] else ""))

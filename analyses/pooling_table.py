@@ -25,7 +25,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from analyses.intervals import check_confidence, group_codes
+from analyses.intervals import DEFAULT_RESAMPLES, check_confidence, check_resamples, group_codes
 from analyses.results import make_table
 
 #: ``condition`` of the rows that score no model: the best constant, the training majority, chance.
@@ -54,7 +54,7 @@ def baseline_rows(base: Mapping, y_test: np.ndarray, n_classes: int, majority: i
             for m, v in values]
 
 
-def seed_document_ci(a: np.ndarray, b: np.ndarray | None, docs: np.ndarray, n_resamples: int = 1000,
+def seed_document_ci(a: np.ndarray, b: np.ndarray | None, docs: np.ndarray, n_resamples: int = DEFAULT_RESAMPLES,
                      confidence: float = 0.95, seed: int = 0) -> tuple[float, float, float, float]:
     """Two-stage bootstrap of a fine-tuned accuracy (``b`` None) or of a paired difference over training seeds
     and documents: ``(point, low, high, se)``.
@@ -84,6 +84,7 @@ def seed_document_ci(a: np.ndarray, b: np.ndarray | None, docs: np.ndarray, n_re
     if not (np.isfinite(a).all() and (b is None or np.isfinite(b).all())):
         raise ValueError("correctness must be finite: every item predicted by every seed")
     confidence = check_confidence(confidence)
+    n_resamples = check_resamples(n_resamples, confidence)
     codes, n_docs = group_codes(docs, n)
     rng = np.random.default_rng(seed)
     draws = rng.integers(0, n_seeds, size=(n_resamples, n_seeds))
@@ -105,8 +106,8 @@ def seed_document_ci(a: np.ndarray, b: np.ndarray | None, docs: np.ndarray, n_re
 
 
 def summary_rows(base: Mapping, poolings: Sequence[str], item: pd.DataFrame, runs: pd.DataFrame, best: float,
-                 warn: Callable[[str], None], by_seed: Mapping[tuple[str, str], pd.DataFrame] | None = None,
-                 seed: int = 0) -> list[dict]:
+                 warn: Callable[[str], None], by_seed: Mapping[tuple[str, str], pd.DataFrame] | None = None, *,
+                 n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> list[dict]:
     """Per pooling and condition, the accuracy over all out-of-fold test items.
 
     ``item``: per (pooling, condition, example) the item's correctness averaged over seeds and repeats
@@ -116,10 +117,11 @@ def summary_rows(base: Mapping, poolings: Sequence[str], item: pd.DataFrame, run
     ``warning`` when below ``best`` (also passed to ``warn``) or when runs did not converge.
     ``by_seed``: per (pooling, condition) the items' correctness per training seed (examples × seeds, in
     ``item``'s order), given for the fine-tuned sides when there are several seeds: their CI is then
-    :func:`seed_document_ci` over seeds and documents, and ``ci_seeds`` says over how many seeds. ``seed``:
-    the bootstrap's."""
+    :func:`seed_document_ci` over seeds and documents, and ``ci_seeds`` says over how many seeds. Every CI
+    draws ``n_resamples`` resamples from ``seed`` (the row's ``n_resamples``)."""
     from analyses.intervals import bootstrap_ci
 
+    n_resamples = check_resamples(n_resamples)
     rows = []
     for p in poolings:
         for condition in ("frozen", "fine_tuned"):
@@ -127,11 +129,12 @@ def summary_rows(base: Mapping, poolings: Sequence[str], item: pd.DataFrame, run
             extra = {}
             if by_seed is not None and (p, condition) in by_seed:
                 per_seed = by_seed[(p, condition)].loc[it.index]
-                point, lo, hi, _ = seed_document_ci(per_seed.to_numpy(float), None, it["doc"].to_numpy(), seed=seed)
+                point, lo, hi, _ = seed_document_ci(per_seed.to_numpy(float), None, it["doc"].to_numpy(),
+                                                    n_resamples=n_resamples, seed=seed)
                 extra["ci_seeds"] = per_seed.shape[1]
             else:
                 point, lo, hi = bootstrap_ci(it["correct"].to_numpy(float), it["doc"].to_numpy(), "mean",
-                                             n_resamples=1000, seed=seed)
+                                             n_resamples=n_resamples, seed=seed)
             acc = runs[(runs["pooling"] == p) & (runs["condition"] == condition)]
             problems = [f"{(~acc['converged'].astype(bool)).sum()} of {len(acc)} runs did not converge"] \
                 if not acc["converged"].astype(bool).all() else []
@@ -139,35 +142,38 @@ def summary_rows(base: Mapping, poolings: Sequence[str], item: pd.DataFrame, run
                 problems.insert(0, f"accuracy {point:.3f} below the best constant {best:.3f}")
                 warn(f"Q8 {condition} {p}: {problems[0]}")
             rows.append({**base, "pooling": p, "condition": condition, "metric": SUMMARY_METRICS[condition],
-                         "value": point, "ci_low": lo, "ci_high": hi, "n": len(it), "n_runs": len(acc),
+                         "value": point, "ci_low": lo, "ci_high": hi, "n_resamples": n_resamples, "n": len(it),
+                         "n_runs": len(acc),
                          "sd": float(acc["value"].std(ddof=1)) if len(acc) > 1 else math.nan,
                          "warning": "; ".join(problems), **extra})
     return rows
 
 
 def diff_rows(base: Mapping, poolings: Sequence[str], item: pd.DataFrame, ref: str,
-              by_seed: Mapping[tuple[str, str], pd.DataFrame] | None = None, seed: int = 0) -> list[dict]:
+              by_seed: Mapping[tuple[str, str], pd.DataFrame] | None = None, *, n_resamples: int = DEFAULT_RESAMPLES,
+              seed: int = 0) -> list[dict]:
     """``accuracy_diff`` rows, paired per test item (:func:`analyses.paired.paired_difference`, clusters =
     documents), Holm-adjusted over all of them (``p_holm``): per pooling fine-tuned − frozen, then per
     condition each pooling − ``ref``. ``item`` and ``by_seed`` as in :func:`summary_rows`: where a side is
     fine-tuned with several seeds, the CI, ``se`` and ``mde`` come from :func:`seed_document_ci` (seeds and
-    documents; ``ci_seeds``), the p-value still from the sign-flip test of the seed-averaged items. ``seed``: the
-    resamples'."""
+    documents; ``ci_seeds``), the p-value still from the sign-flip test of the seed-averaged items. Every CI and
+    p-value draws ``n_resamples`` resamples from ``seed``."""
     from analyses.paired import add_holm, paired_difference
     from analyses.stats import minimum_detectable_effect
 
+    n_resamples = check_resamples(n_resamples)
     pairs = [((p, "fine_tuned"), (p, "frozen")) for p in poolings]
     pairs += [((p, c), (ref, c)) for c in ("fine_tuned", "frozen") for p in poolings if p != ref]
     rows = []
     for (pa, ca), (pb, cb) in pairs:
         j = item.loc[(pa, ca)].add_suffix("_a").join(item.loc[(pb, cb)].add_suffix("_b"), how="inner")
         r = paired_difference(j["correct_a"].to_numpy(float), j["correct_b"].to_numpy(float), j["doc_a"].to_numpy(),
-                              n_resamples=1000, seed=seed)
+                              n_resamples=n_resamples, seed=seed)
         if by_seed is not None and (pa, ca) in by_seed:
             side_a = by_seed[(pa, ca)].loc[j.index].to_numpy(float)
             side_b = (by_seed[(pb, cb)].loc[j.index].to_numpy(float) if (pb, cb) in by_seed
                       else j[["correct_b"]].to_numpy(float))
-            _, lo, hi, se = seed_document_ci(side_a, side_b, j["doc_a"].to_numpy(), seed=seed)
+            _, lo, hi, se = seed_document_ci(side_a, side_b, j["doc_a"].to_numpy(), n_resamples=n_resamples, seed=seed)
             r.update(ci_low=lo, ci_high=hi, se=se, mde=minimum_detectable_effect(se), ci_seeds=side_a.shape[1])
         rows.append({**base, "pooling": pa, "condition": ca, "pooling_b": pb, "condition_b": cb,
                      "metric": "accuracy_diff", **r})

@@ -19,6 +19,7 @@ from analyses.probe_metrics import (DEFAULT_CS, DTYPES, SelectBy, _check_Cs, _ch
 from analyses.probe_results import PROBE_RESAMPLES, ProbeResult, _item_matrices, _items_table, _result, probe_rows
 from analyses.probe_solver import (HISTORY, _device_inner_scores, _lbfgs, _Problems, _torch, feature_basis,
                                    feature_spectrum)
+from analyses.intervals import check_resamples
 from analyses.results import make_table
 from probing.workers import cpu_workers, split, thread_map
 
@@ -68,6 +69,7 @@ def probe_many_results(features: Mapping[Hashable, Any], y: Any, groups: Any = N
     afterwards. The preconditioning decision is taken over all feature sets, so the results do not
     depend on the number of workers beyond float rounding. Returns name -> :class:`ProbeResult`.
     """
+    check_resamples(n_resamples, confidence)  # before any fit
     return _probe_many_results(features, y, groups, n_splits=n_splits, seed=seed, Cs=Cs, inner_splits=inner_splits,
                                select_by=select_by, max_iter=max_iter, tol=tol, control_types=control_types,
                                device=device, dtype=dtype, max_batch_elements=max_batch_elements,

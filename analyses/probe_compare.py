@@ -9,6 +9,7 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
+from analyses.intervals import check_resamples
 from analyses.results import make_table
 from analyses.stats import DETECTABLE_EFFECT, groups_needed, holm, paired_difference
 
@@ -40,14 +41,16 @@ def compare_probes(items: pd.DataFrame, a: Mapping[str, object], b: Mapping[str,
 
     Returns a tidy table (``make_table``): the cell's keys, ``analysis = "probe_comparison"``,
     ``metric = "difference"``, ``condition_a`` / ``condition_b`` (the filters as ``k=v``),
-    ``value``, ``ci_low``, ``ci_high``, ``p_value``, ``se``, ``mde``, ``n``, ``n_groups``,
+    ``value``, ``ci_low``, ``ci_high``, ``p_value``, ``se``, ``mde``, ``n``, ``n_groups``, ``n_resamples``,
     ``groups_needed`` (groups that would detect :data:`analyses.stats.DETECTABLE_EFFECT`, by
     :func:`analyses.stats.groups_needed`), ``grouping``,
     ``same_folds`` (whether every matched item was in the same outer fold under both), ``family``
     (default ``"<a> vs <b>"``) and ``p_holm``: Holm-adjusted over all rows of this call, the declared
     family (:func:`analyses.stats.holm`). Raises ``ValueError`` when a filter names an unknown
-    column or matches no row, or when no item matches.
+    column or matches no row, when no item matches, or for fewer ``n_resamples`` than an interval needs
+    (:func:`analyses.intervals.check_resamples`).
     """
+    n_resamples = check_resamples(n_resamples, confidence)
     for name, cond in (("a", a), ("b", b)):
         if not cond:
             raise ValueError(f"compare_probes: condition {name} is empty; give a column filter such as choice='cls'")

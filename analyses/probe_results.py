@@ -20,7 +20,7 @@ from analyses.probe_estimator import LinearProbe
 from analyses.probe_metrics import (DEFAULT_CS, SelectBy, _check_groups, _check_n_groups, _check_X, _check_y,
                                     _evaluate_fold, _fold_items, control_labels, fold_macro_auc, make_splits)
 from analyses.results import make_table
-from analyses.intervals import fold_t_interval
+from analyses.intervals import DEFAULT_RESAMPLES, check_resamples, fold_t_interval
 from analyses.stats import cluster_se, minimum_detectable_effect, wald_p_value
 
 # --------------------------------------------------------------------------------------------------
@@ -32,8 +32,8 @@ from analyses.stats import cluster_se, minimum_detectable_effect, wald_p_value
 #: is resampled from the items' scores (:func:`analyses.probe_metrics.fold_macro_auc`).
 ITEM_METRICS: tuple[str, ...] = ("accuracy", "micro_f1", "majority_baseline", "control_accuracy",
                                  "control_micro_f1", "selectivity", "macro_auc")
-#: Default number of bootstrap resamples of a probe's interval.
-PROBE_RESAMPLES = 1000
+#: Default number of bootstrap resamples of a probe's interval (every interval's default).
+PROBE_RESAMPLES = DEFAULT_RESAMPLES
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,9 @@ class ProbeResult:
     seed: int = 0
     item_scores: np.ndarray | None = field(default=None, compare=False, repr=False)
     item_truth: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "n_resamples", check_resamples(self.n_resamples, self.confidence))
 
     @functools.cached_property
     def _item_intervals(self) -> dict[str, tuple[float, float, float]]:
@@ -134,7 +137,7 @@ class ProbeResult:
         """This multi-label probe's macro AUC minus ``other``'s, fitted on the same items and folds (e.g.
         [CLS] against a length-only probe): the difference of the two on each resample of the same
         documents (:meth:`_draws`), a percentile CI, a two-sided p-value, its standard error and minimum detectable
-        effect; ``value_a`` / ``value_b`` the two macro AUCs, ``n``, ``n_groups``. The p-value is
+        effect; ``value_a`` / ``value_b`` the two macro AUCs, ``n``, ``n_groups``, ``n_resamples``. The p-value is
         ``2 Φ(−|value| / se)`` with ``se`` the draws' standard deviation (a bootstrap-SE Wald test)."""
         for r in (self, other):
             if r.item_scores is None or r.items is None:
@@ -157,7 +160,7 @@ class ProbeResult:
         p = wald_p_value(a - b, se)
         return {"value": a - b, "ci_low": float(lo), "ci_high": float(hi), "p_value": p, "se": se,
                 "mde": minimum_detectable_effect(se) if math.isfinite(se) else math.nan, "n": self.n,
-                "n_groups": self.n_groups, "value_a": a, "value_b": b}
+                "n_groups": self.n_groups, "value_a": a, "value_b": b, "n_resamples": self.n_resamples}
 
     def ci_method(self, name: str | None = None) -> str:
         """``"cluster_bootstrap"`` (items pooled, groups resampled) or ``"t_folds"`` (t over folds)."""
@@ -271,7 +274,8 @@ def probe_rows(result: ProbeResult, *, analysis: str = "probe", model: str | Non
                choice: str | None = None, target: str | None = None, seed: int | None = None,
                **extra: Any) -> list[dict[str, Any]]:
     """One tidy row per metric of ``result`` (value, ci_low, ci_high from :meth:`ProbeResult.interval`,
-    n = items), with extra columns ``ci_method`` (``cluster_bootstrap`` or ``t_folds``), ``mde``
+    n = items), with extra columns ``ci_method`` (``cluster_bootstrap`` or ``t_folds``), ``n_resamples``
+    (the bootstrap's resamples; None on a ``t_folds`` row), ``mde``
     (on the primary metric's row: :attr:`ProbeResult.mde`, the smallest difference from the majority
     baseline this sample detects; NaN on other rows), ``n_folds``, ``n_groups``, and the C the inner
     CV chose over the outer folds as numbers: ``chosen_C`` (median), ``chosen_C_min``,
@@ -285,6 +289,7 @@ def probe_rows(result: ProbeResult, *, analysis: str = "probe", model: str | Non
                      "choice": choice, "target": target, "metric": name, "value": value, "ci_low": lo, "ci_high": hi,
                      "n": result.n, "seed": None if seed is None else int(seed), "n_folds": len(result.scores),
                      "n_groups": result.n_groups, "ci_method": result.ci_method(name),
+                     "n_resamples": result.n_resamples if result.ci_method(name) == "cluster_bootstrap" else None,
                      "mde": result.mde if name == result.metric else math.nan, **picked, **extra})
     return rows
 
@@ -318,6 +323,7 @@ def cross_validate_probe(X: Any, y: Any, groups: Any = None, n_splits: int = 5, 
     same folds, to :func:`control_labels` ``(y, control_types, seed)`` and ``control_<metric>`` and
     ``selectivity`` (Hewitt & Liang 2019) are added.
     """
+    check_resamples(n_resamples, confidence)  # before any fit
     X = _check_X(X).astype(np.float64, copy=False)
     y, multilabel = _check_y(y, X.shape)
     groups = _check_groups(groups, X.shape[0])

@@ -59,6 +59,7 @@ import pandas as pd
 
 from analyses.drift import model_label
 from analyses.grouping import table_groups
+from analyses.intervals import check_resamples
 from analyses.probe_batched import MAX_BATCH_ELEMENTS, probe_many_results
 from analyses.probe_compare import ITEM_KEYS, compare_probes  # noqa: F401 (re-exported: probing.study.questions)
 from analyses.probe_metrics import DEFAULT_CS
@@ -328,6 +329,7 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
     available)."""
     from probing.models import pick_device
 
+    n_resamples = check_resamples(n_resamples)
     for c in choices:
         parse_choice(c)
     if versus is not None and versus not in choices:

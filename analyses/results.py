@@ -34,7 +34,7 @@ RESULT_COLUMNS: tuple[str, ...] = (
 #: writes them as integers, nullable (``Int64``, an empty CSV cell) where some rows have none.
 INTEGER_COLUMNS: frozenset[str] = frozenset({
     "layer", "layer_b", "patch_layer", "head", "k", "k_b", "n", "n_examples", "n_groups", "n_clusters", "n_folds",
-    "n_skipped", "n_train", "n_runs", "groups_needed", "seed", "repeat", "fold", "epoch", "ci_seeds",
+    "n_skipped", "n_train", "n_runs", "groups_needed", "seed", "repeat", "fold", "epoch", "ci_seeds", "n_resamples",
 })
 #: The standard columns holding real numbers.
 FLOAT_COLUMNS: tuple[str, ...] = ("value", "ci_low", "ci_high")
@@ -229,6 +229,27 @@ def table_lines(*tables: pd.DataFrame) -> str:
 CLI_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, OSError, RuntimeError)
 
 
+def resamples_arg(value: str) -> int:
+    """An argparse ``type`` for ``--resamples``: a whole number from which a 95% interval can be computed
+    (:func:`analyses.intervals.check_resamples`), else a usage error naming the value.
+
+    >>> resamples_arg("200")
+    200
+    """
+    import argparse
+
+    from analyses.intervals import too_few_resamples
+
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    problem = too_few_resamples(number)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{value!r}: {problem}")
+    return number
+
+
 def add_output_options(parser, *, resamples: bool = False, seed: bool = True, progress: bool = True) -> None:
     """Add the options every analysis command shares, named as docs/CLI.md says: ``--resamples`` (if
     asked), ``--seed`` (splits and resampling; unless the command draws nothing at random), ``--out``, ``--force`` and ``--no-progress`` (unless the
@@ -237,7 +258,11 @@ def add_output_options(parser, *, resamples: bool = False, seed: bool = True, pr
     from probing.cli import output_dir_arg
 
     if resamples:
-        parser.add_argument("--resamples", type=int_at_least(1), default=1000, help="bootstrap resamples (default 1000)")
+        from analyses.intervals import DEFAULT_RESAMPLES, MIN_RESAMPLES
+
+        parser.add_argument("--resamples", type=resamples_arg, default=DEFAULT_RESAMPLES,
+                            help=f"bootstrap resamples of every interval, at least {MIN_RESAMPLES} "
+                                 f"(default {DEFAULT_RESAMPLES})")
     if seed:
         parser.add_argument("--seed", type=int_at_least(0), default=0, help="seed of splits and resampling (default 0)")
     parser.add_argument("--out", default="results", type=output_dir_arg,

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 from scipy import stats as _sps
 
-from analyses.intervals import RNG_KW, bootstrap_ci, check_confidence, check_values, group_codes
+from analyses.intervals import RNG_KW, bootstrap_ci, check_confidence, check_resamples, check_values, group_codes
 
 
 #: The difference in accuracy the study's headline comparisons should be able to detect (issue 11).
@@ -129,6 +129,7 @@ def sign_flip_p_value(differences, groups, n_resamples: int = 2000, seed: int = 
     >>> sign_flip_p_value([1.0, 2.0, 3.0], [0, 1, 2])  # of the 8 sign vectors, only ±(1, 2, 3) reach 6
     0.25
     """
+    n_resamples = check_resamples(n_resamples)
     d = check_values(differences, "differences")
     codes, n_groups = group_codes(groups, d.size)
     sums = np.bincount(codes, weights=d, minlength=n_groups)
@@ -137,7 +138,6 @@ def sign_flip_p_value(differences, groups, n_resamples: int = 2000, seed: int = 
     total = float(sums.sum())
     # ties count as reaching it (conservative), up to the rounding of a sum of n_groups terms
     bar = abs(total) - 1e-12 * float(np.abs(sums).sum())
-    n_resamples = int(n_resamples)
     if n_groups < 63 and 2 ** n_groups <= n_resamples:
         flips = (np.arange(2 ** n_groups)[:, None] >> np.arange(n_groups)) & 1
         return float(np.mean(np.abs(total - 2.0 * (flips @ sums)) >= bar))
@@ -179,12 +179,14 @@ def paired_difference(a, b, groups, n_resamples: int = 2000, seed: int = 0, conf
       (:func:`bootstrap_ci` of the differences);
     - ``p_value``: cluster sign-flip permutation test (:func:`sign_flip_p_value`);
     - ``se``: :func:`cluster_se` of the differences; ``mde``: :func:`minimum_detectable_effect` at it;
-    - ``n``: items; ``n_groups``: groups; ``value_a``/``value_b``: the means of ``a`` and ``b``.
+    - ``n``: items; ``n_groups``: groups; ``value_a``/``value_b``: the means of ``a`` and ``b``;
+      ``n_resamples``: the resamples behind the CI and the p-value.
 
     >>> r = paired_difference([1, 1, 1, 0], [0, 0, 1, 0], [0, 1, 2, 3], n_resamples=200)
     >>> r["value"], r["n"], r["n_groups"]
     (0.5, 4, 4)
     """
+    n_resamples = check_resamples(n_resamples, confidence)
     va = check_values(a, "a")
     vb = check_values(b, "b")
     if va.shape != vb.shape:
@@ -196,7 +198,8 @@ def paired_difference(a, b, groups, n_resamples: int = 2000, seed: int = 0, conf
     return {"value": value, "ci_low": lo, "ci_high": hi,
             "p_value": sign_flip_p_value(d, codes, n_resamples=n_resamples, seed=seed),
             "se": se, "mde": minimum_detectable_effect(se, alpha, power) if np.isfinite(se) else float("nan"),
-            "n": int(d.size), "n_groups": n_groups, "value_a": float(va.mean()), "value_b": float(vb.mean())}
+            "n": int(d.size), "n_groups": n_groups, "value_a": float(va.mean()), "value_b": float(vb.mean()),
+            "n_resamples": n_resamples}
 
 
 #: The keys of :func:`paired_difference`'s result that carry the values' unit (the rest: a p-value and counts).

@@ -64,6 +64,7 @@ from probing.heap import HeapTrimmer
 from probing.models import DTYPES, LoadedModel, pick_device
 from probing.planning import (ON_OVERFLOW, ROLES, ExtractError, parse_layers, parse_roles, plan, render_shard,
                        sentence_lengths)
+from analyses.intervals import check_confidence, check_resamples
 from analyses.stream_drift import BLOCK, STREAM_DRIFT_METRICS, DriftAccumulator, poisson_weights
 from analyses.stream_index import (ROLE_CODE, WORD, ChoiceIndex, DriftIndex, align_keys, choice_rows, index_batch,
                            parse_stream_choice, pool_rows, stored_positions, token_keys)
@@ -197,7 +198,8 @@ def stream_compare(
     the cached runners: ``choices`` and ``metrics`` as :func:`analyses.similarity.run_cka_formats`
     (``linear_cka``, ``linear_cka_debiased``), ``subword``/``words_only`` as
     :func:`analyses.drift.run_drift`; ``word_groups`` adds CKA of ``s<i> words`` for every sentence
-    both formats hold; ``n_resamples`` Poisson-bootstrap resamples for the drift CIs (0: none);
+    both formats hold; ``n_resamples`` Poisson-bootstrap resamples for the drift CIs (0: none; else at least
+    :func:`analyses.intervals.min_resamples` of ``confidence``);
     ``drift=False`` skips drift.
 
     Returns ``{"drift": ..., "cka": ..., "memory": ...}``: tidy tables (:func:`analyses.results.make_table`)
@@ -220,10 +222,9 @@ def stream_compare(
         raise ValueError(f"on_overflow must be one of {ON_OVERFLOW}, got {on_overflow!r}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
-    if isinstance(n_resamples, bool) or int(n_resamples) != n_resamples or n_resamples < 0:
-        raise ValueError(f"n_resamples must be an integer >= 0, got {n_resamples=!r}")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence=}")
+    confidence = check_confidence(confidence)
+    if isinstance(n_resamples, bool) or n_resamples != 0:  # 0: no CI; any other count must give one
+        n_resamples = check_resamples(n_resamples, confidence)
     if batch_tokens < 1 or max_batch < 1:
         raise ValueError(f"{batch_tokens=} and {max_batch=} must be positive")
     fa, fb = (f if isinstance(f, Format) else Format.parse(f) for f in (format_a, format_b))
@@ -355,11 +356,13 @@ def _tables(lm, fa, fb, layer_list, corpus_name, acc_drift, acc_cka, choices, me
     drift_rows = []
     if acc_drift is not None:
         ci = "poisson cluster bootstrap over examples" if acc_drift.boot is not None else "none"
+        resamples = acc_drift.boot.shape[0] if acc_drift.boot is not None else None
         for r in acc_drift.result(confidence):
             li = r.pop("layer_index")
             drift_rows.append({**base, "analysis": "drift", "layer": layer_list[li], "target": "",
                                "seed": bseed, **r, "standardised": False, "subword": subword,
-                               "words_only": words_only, "ci_method": ci, "streaming": True})
+                               "words_only": words_only, "ci_method": ci, "n_resamples": resamples,
+                               "streaming": True})
     cka_rows = []
     for name in choices:
         for li, layer in enumerate(layer_list):

@@ -258,7 +258,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="extraction shard size, MiB (default 4): extraction holds at most two shards, so its "
                         "memory is flat only once a corpus spans several shards")
     p.add_argument("--batch-tokens", type=int, default=8192, help="padded tokens per batch (default 8192)")
-    p.add_argument("--resamples", type=int, default=1000, help="Poisson bootstrap resamples in stream (default 1000)")
+    from analyses.results import resamples_arg
+
+    p.add_argument("--resamples", type=resamples_arg, default=1000,
+                   help="bootstrap resamples of the analyses' intervals, at least 100 (default 1000)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads per run (default 1: the tiny model's many small operations run fastest on "
                         "one thread, and a shared machine's cores are not all free)")

@@ -5,7 +5,7 @@ Rows of :mod:`analyses.attention` (``analysis="attention"``, ``metric="attention
 = source group, named in the token-choice grammar of :mod:`analyses.selection` (``cls``, ``sep1`` = the
 [SEP] after sentence 1, ``s1 words``, ``all tokens``), ``target`` = where the mass goes (``cls``,
 ``sep1``, ``all [SEP]``, ``own sentence``, ``other sentences``, ``s1 words``, ...),
-``layer`` 1..L, and ``head``: ``"mean"`` for the head average (bootstrap CI over examples) or
+``layer`` 1..L, and ``head``: ``"mean"`` for the head average (bootstrap CI over ``grouping``) or
 ``"0"``..``"H-1"`` per head (no CI). Values are fractions of each query token's attention (0..1),
 averaged over the source group's tokens.
 
@@ -25,9 +25,9 @@ import numpy as np
 import pandas as pd
 
 from figures import style
-from figures.common import (add_note, base_parser, ci_band, comma_list, data_color, layer_ticks, legend_right,
-                            nan_cells, numeric, one_source, order_roles, run_cli, select, suptitle, title_for,
-                            unique_or_error, one_value)
+from figures.common import (add_note, base_parser, ci_band, comma_list, data_color, interval_note, layer_ticks,
+                            legend_right, nan_cells, numeric, one_source, order_roles, run_cli, select, suptitle,
+                            title_for, unique_or_error, one_value)
 
 METRIC = "attention_mass"
 #: Targets drawn by :func:`plot_attention` by default, with fixed colours across panels.
@@ -113,7 +113,7 @@ def plot_attention(df: pd.DataFrame, out: str | Path, format: str | Sequence[str
         other = sorted({f"{s} → {t}" for s, t in missing if t not in ("own sentence", "other sentences")})
         if other:
             notes.append("Not in the table: " + ", ".join(other[:8]) + (" ..." if len(other) > 8 else "") + ".")
-    notes.append("Mean over heads; bands: 95% bootstrap CIs over examples.")
+    notes.append("Mean over heads; " + interval_note(d, lead="bands"))
     suptitle(fig, title_for(d, "Attention mass from each token group, per layer"))
     add_note(fig, notes)
     return style.save(fig, out)

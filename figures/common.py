@@ -124,6 +124,18 @@ def ci_band(ax, x: np.ndarray, lo: Any, hi: Any, color: str, alpha: float = BAND
     return True
 
 
+def resampled_units(rows: pd.DataFrame) -> str:
+    """The unit the bootstrap of ``rows`` resampled, in words, from their ``grouping`` column
+    (:mod:`analyses.grouping`): ``documents``, ``examples``, or both joined by ``or``; ``examples`` where
+    the table does not say.
+
+    >>> resampled_units(pd.DataFrame({"grouping": ["document", "document"]}))
+    'documents'
+    """
+    units = list(dict.fromkeys(rows["grouping"].dropna().astype(str))) if "grouping" in rows.columns else []
+    return " or ".join(f"{u}s" for u in units) or "examples"
+
+
 def interval_note(rows: pd.DataFrame, lead: str = "Bands", default_method: str = "cluster_bootstrap") -> str:
     """What the intervals drawn from ``rows`` are, read from the rows themselves: their ``ci_method``
     (``cluster_bootstrap`` or ``t_folds``; ``default_method`` where the table has no such column) and,
@@ -135,10 +147,9 @@ def interval_note(rows: pd.DataFrame, lead: str = "Bands", default_method: str =
     """
     methods = (set(rows["ci_method"].dropna().astype(str)) if "ci_method" in rows.columns else set()) \
         or {default_method}
-    units = list(dict.fromkeys(rows["grouping"].dropna().astype(str))) if "grouping" in rows.columns else []
     parts = []
     if methods - {"t_folds"}:
-        parts.append(f"cluster-bootstrap CIs over {' or '.join(f'{u}s' for u in units) or 'examples'}")
+        parts.append(f"cluster-bootstrap CIs over {resampled_units(rows)}")
     if "t_folds" in methods:
         parts.append("t-intervals over cross-validation folds")
     return f"{lead}: 95% " + "; ".join(parts) + "."

@@ -6,9 +6,10 @@ per run, ``"test_accuracy_mean"`` per pooling; tables written before that column
 ``role`` and are read too) beside the frozen accuracy of the same token choice.
 Tables of the current protocol carry their own frozen probe on the same splits
 (``"frozen_test_accuracy_mean"``): both bars are then out-of-fold accuracies on identical test items
-with 95% cluster-bootstrap CIs over documents (``n_runs`` runs each), and a ``frozen_df`` is not drawn. Older tables (one split, mean ±
-sd over seeds) are drawn as before, and ``frozen_df`` (rows of :mod:`analyses.probes`, same target and
-format) adds the probe accuracy at the best or the last layer, as the figure says.
+with 95% cluster-bootstrap CIs over the table's ``grouping`` (``n_runs`` runs each), and a ``frozen_df``
+is not drawn. Older tables (one split, mean ± sd over seeds) are drawn as before, and ``frozen_df`` (rows
+of :mod:`analyses.probes`, same target and format) adds the probe accuracy at the best or the last
+layer, as the figure says.
 
 CLI: ``python -m figures.pooling FINETUNE.csv --out figs/pooling [--frozen PROBES.csv
 --frozen-layer best|last|<int>]``.
@@ -25,7 +26,7 @@ import pandas as pd
 
 from figures import style
 from figures.common import (add_note, base_parser, comma_list, data_color, legend_right, numeric, one_source,
-                            order_roles, run_cli, select, title_for, unique_or_error)
+                            order_roles, resampled_units, run_cli, select, title_for, unique_or_error)
 
 ANALYSIS = "finetune_pooling"
 BASELINE_COLOR = "#777777"
@@ -107,7 +108,7 @@ def plot_pooling(finetune_df: pd.DataFrame, out: str | Path, frozen_df: pd.DataF
     bar: 95% CI over folds) at ``frozen_layer`` ("best": the best layer per choice, written above
     the bar; "last"; or a layer number); the majority baseline as a grey dashed line. A table with
     its own frozen rows (``frozen_test_accuracy_mean``) and no ``frozen_df`` draws those instead: both
-    bars from the same splits and test items, error bars 95% CIs over documents, the pooled best
+    bars from the same splits and test items, error bars 95% CIs over ``grouping``, the pooled best
     constant as a dotted line and every recorded warning in the note (``frozen_df`` is then not drawn,
     as the note says: the same-split probe is the like-for-like comparison). ``target`` /
     ``format`` / ``model`` / ``corpus`` pick one when the fine-tuning table holds several. Writes
@@ -146,11 +147,11 @@ def plot_pooling(finetune_df: pd.DataFrame, out: str | Path, frozen_df: pd.DataF
     sds = summ.loc[poolings, "sd"].to_numpy(dtype=float)
     n_seeds = summ.loc[poolings, "n"]
     n_runs = int(np.nanmax(n_seeds)) if n_seeds.notna().any() else "?"
-    if paired:  # out-of-fold accuracy with its CI over documents
+    if paired:  # out-of-fold accuracy with its CI over documents (examples without them)
         lo_ft = summ.loc[poolings, "ci_low"].to_numpy(dtype=float)
         hi_ft = summ.loc[poolings, "ci_high"].to_numpy(dtype=float)
         yerr = np.nan_to_num(np.vstack([np.clip(means - lo_ft, 0, None), np.clip(hi_ft - means, 0, None)]))
-        label = f"fine-tuned ({n_runs} runs; 95% CI over documents)"
+        label = f"fine-tuned ({n_runs} runs; 95% CI over {resampled_units(ft)})"
     else:
         yerr = np.where(np.isfinite(sds), sds, 0.0)
         label = f"fine-tuned (mean ± sd over {n_runs} seeds)"
@@ -167,7 +168,7 @@ def plot_pooling(finetune_df: pd.DataFrame, out: str | Path, frozen_df: pd.DataF
         lo = np.array([float(frozen[p]["ci_low"]) if p in frozen else np.nan for p in poolings])
         hi = np.array([float(frozen[p]["ci_high"]) if p in frozen else np.nan for p in poolings])
         where_layer = {"best": "best layer", "last": "last layer"}.get(str(frozen_layer), f"layer {frozen_layer}")
-        label = ("frozen probe (same test items; 95% CI over documents)" if paired
+        label = (f"frozen probe (same test items; 95% CI over {resampled_units(ft)})" if paired
                  else f"frozen linear probe ({where_layer}; 95% CI over folds)")
         ax.bar(x + w / 2, np.nan_to_num(fv), width=w, color=data_color(1), alpha=0.85, label=label)
         err = np.vstack([np.clip(fv - lo, 0, None), np.clip(hi - fv, 0, None)])

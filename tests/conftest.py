@@ -107,7 +107,7 @@ def quick_study_config(tmp_path: Path, model_dir: Path) -> Path:
 name = "tiny"
 out = "{tmp_path / 'run'}"
 caches = "{tmp_path / 'caches'}"
-bootstrap_resamples = 100
+bootstrap_resamples = 200
 
 [model]
 name = "{model_dir}"

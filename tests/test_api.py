@@ -83,9 +83,9 @@ def test_tables_are_dataframes_with_the_layer_spec(two_caches, tiny_bert):
 
     _, (pair, concat) = two_caches
     last = tiny_bert.n_layers
-    drift = analyses.drift_table(pair, concat, layers="-1", n_resamples=50)
+    drift = analyses.drift_table(pair, concat, layers="-1", n_resamples=100)
     assert isinstance(drift, pd.DataFrame) and set(drift["layer"]) == {last}
-    ref = run_drift(pair, concat, layers=[last], n_resamples=50, progress=False)
+    ref = run_drift(pair, concat, layers=[last], n_resamples=100, progress=False)
     pd.testing.assert_frame_equal(drift, ref)
     cka = analyses.cka_table(pair, concat, choices=["cls", "mean"], layers="-1")
     assert set(cka["choice"]) == {"cls", "mean"} and set(cka["layer"]) == {last}
@@ -93,7 +93,7 @@ def test_tables_are_dataframes_with_the_layer_spec(two_caches, tiny_bert):
     within = analyses.cka_table(pair, choices=[("sep1", "cls")], layers="all")
     assert set(within["layer"]) == {0, last} and set(within["choice"]) == {"sep1"}
     knn = analyses.neighbours_table(pair, choices=["mean"], targets=["topic", "parity"], layers="-1", group=None,
-                                   n_resamples=50)
+                                   n_resamples=100)
     assert set(knn["target"]) == {"topic", "parity"} and set(knn["metric"]) == {"knn_accuracy", "chance_knn_accuracy"}
 
 

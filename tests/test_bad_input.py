@@ -68,6 +68,8 @@ def inputs(tmp_path_factory, bert_tokenizer) -> dict[str, str]:
     (root / "unknown_key.toml").write_text('[study]\nname = "x"\ncolour = "blue"\n')
     (root / "remote.toml").write_text(f'[model]\nname = "{model}"\ntrust_remote_code = true\n')
     (root / "broken.toml").write_text('[study\nname = "x"\n')
+    (root / "one_resample.toml").write_text(f'[study]\nbootstrap_resamples = 1\n[model]\nname = "{model}"\n')
+    (root / "quick_few.toml").write_text(f'[model]\nname = "{model}"\n[quick]\n"study.bootstrap_resamples" = 50\n')
     return {"root": str(root), "model": str(model), "no_tok": str(no_tok), "pickled": str(pickled),
             "remote": str(remote), "cache": str(cache), "not_a_cache": str(not_a_cache)}
 
@@ -154,11 +156,30 @@ CASES = [
      "no token matches choice 'sep5'"),
     ("interventions-one-fold", "analyses.interventions", "knockout {cache} {cache} --folds 1 --out {out}",
      "--folds: '1': must be at least 2"),
-    # --resamples and --seed mean the same, and are checked the same, in every analysis command
+    # --resamples and --seed mean the same, and are checked the same, in every analysis command: below the
+    # fewest resamples a 95% interval can come from (one gave a zero-width "CI" that could exclude its estimate)
     ("drift-no-resamples", "analyses.drift", "{cache} {cache} --resamples 0 --out {out}",
-     "--resamples: '0': must be at least 1"),
-    ("probes-no-resamples", "analyses.probes", "{cache} --resamples 0 --out {out}",
-     "--resamples: '0': must be at least 1"),  # it used to run and write a table of NaN intervals
+     "--resamples: '0': a 95% interval needs at least 100 resamples"),
+    ("drift-one-resample", "analyses.drift", "{cache} {cache} --resamples 1 --out {out}",
+     "--resamples: '1': a 95% interval needs at least 100 resamples"),
+    ("probes-too-few-resamples", "analyses.probes", "{cache} --resamples 99 --out {out}",
+     "--resamples: '99': a 95% interval needs at least 100"),  # 0 used to write a table of NaN intervals
+    ("attention-one-resample", "analyses.attention", "{cache} --resamples 1 --out {out}", "--resamples: '1': a 95%"),
+    ("contextuality-one-resample", "analyses.contextuality", "{cache} --resamples 1 --out {out}",
+     "--resamples: '1': a 95%"),
+    ("neighbours-one-resample", "analyses.neighbours", "{cache} --resamples 1 --out {out}", "--resamples: '1': a 95%"),
+    ("paired-one-resample", "analyses.paired", "{cache} {cache} {cache} --resamples 1 --out {out}",
+     "--resamples: '1': a 95%"),
+    ("knockout-one-resample", "analyses.interventions", "knockout {cache} {cache} --resamples 1 --out {out}",
+     "--resamples: '1': a 95%"),
+    ("patching-one-resample", "analyses.interventions", "patching {cache} {cache} {cache} --resamples 1 --out {out}",
+     "--resamples: '1': a 95%"),
+    ("pooling-one-resample", "analyses.pooling", "--corpus generated:n=20 --model {model} --resamples 1 --out {out}",
+     "--resamples: '1': a 95%"),
+    ("study-one-resample", "probing.study", "{root}/one_resample.toml --out {out}",
+     "study.bootstrap_resamples = 1: a 95% interval needs at least 100"),
+    ("study-quick-too-few-resamples", "probing.study", "{root}/quick_few.toml --quick --out {out}",
+     "study.bootstrap_resamples = 50: a 95% interval needs at least 100"),
     ("attention-negative-seed", "analyses.attention", "{cache} --seed -1 --out {out}", "--seed: '-1': must be at least 0"),
     ("interventions-patching-one-layer", "analyses.interventions",
      "patching {cache} {cache} {cache} --layers 1,2 --out {out}", "--layers '1,2' names 2 layers [1, 2]"),

@@ -89,7 +89,7 @@ def test_gpu_check_runs_each_extraction_on_a_baseline_tree_too(tmp_path):
 
 def test_memory_benchmark_runs_an_extraction_and_an_analysis():
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "memory.py"), "--sizes", "100,200",
-                          "--modes", "extract,drift", "--resamples", "20"], cwd=ROOT, env=_env(),
+                          "--modes", "extract,drift", "--resamples", "100"], cwd=ROOT, env=_env(),
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert re.search(r"^extract\s+100\s", run.stdout, re.M) and re.search(r"^extract\s+200\s", run.stdout, re.M)

@@ -310,16 +310,16 @@ def test_end_to_end_table_against_literal_loops(tiny_caches, tmp_path, monkeypat
 def test_min_contexts_filters_types_and_max_contexts_caps(tiny_caches):
     cache = tiny_caches[0]
     counts = [run_contextuality(cache, layers=[1], min_contexts=m, max_contexts=100, n_pairs=200,
-                                n_resamples=20).set_index("metric").loc["self_similarity", "n"] for m in (2, 5, 12)]
+                                n_resamples=100).set_index("metric").loc["self_similarity", "n"] for m in (2, 5, 12)]
     literal = [_literal(cache, 1, m)[0] for m in (2, 5, 12)]
     assert counts == literal and counts[0] > counts[1] > counts[2] > 0
-    capped = run_contextuality(cache, layers=[1], min_contexts=5, max_contexts=5, n_pairs=200, n_resamples=20)
-    full = run_contextuality(cache, layers=[1], min_contexts=5, max_contexts=100, n_pairs=200, n_resamples=20)
+    capped = run_contextuality(cache, layers=[1], min_contexts=5, max_contexts=5, n_pairs=200, n_resamples=100)
+    full = run_contextuality(cache, layers=[1], min_contexts=5, max_contexts=100, n_pairs=200, n_resamples=100)
     c, f = capped.set_index("metric"), full.set_index("metric")
     assert c.loc["mev", "n"] == f.loc["mev", "n"]  # same types, fewer occurrences each
     assert c.loc["mev", "value"] != f.loc["mev", "value"]
     with pytest.raises(ValueError, match="no word type occurs in 100 or more examples"):
-        run_contextuality(cache, min_contexts=100, max_contexts=100, n_resamples=20)
+        run_contextuality(cache, min_contexts=100, max_contexts=100, n_resamples=100)
     with pytest.raises(ValueError, match="min_contexts must be"):
         run_contextuality(cache, min_contexts=1)
     with pytest.raises(ValueError, match="max_contexts must be"):
@@ -328,8 +328,8 @@ def test_min_contexts_filters_types_and_max_contexts_caps(tiny_caches):
 
 def test_layers_subword_mean_and_no_words(tiny_caches):
     cache, nowords = tiny_caches
-    first = run_contextuality(cache, layers=[-1], n_pairs=300, n_resamples=20)
-    mean = run_contextuality(cache, layers=[2], subword="mean", n_pairs=300, n_resamples=20)
+    first = run_contextuality(cache, layers=[-1], n_pairs=300, n_resamples=100)
+    mean = run_contextuality(cache, layers=[2], subword="mean", n_pairs=300, n_resamples=100)
     assert set(first["layer"]) == {2} and set(mean["layer"]) == {2}
     assert (mean["subword"] == "mean").all()
     # the sample has multi-subword words ('unbelievably', 'shakespeare'), so pooling changes intra-similarity
@@ -340,12 +340,12 @@ def test_layers_subword_mean_and_no_words(tiny_caches):
         run_contextuality(nowords)
     with pytest.raises(ValueError, match=r"layer 7 is out of range; this model has layers 0..2"):
         run_contextuality(cache, layers=[7])
-    assert set(run_contextuality(cache, layers="-1", n_pairs=300, n_resamples=20)["layer"]) == {2}
+    assert set(run_contextuality(cache, layers="-1", n_pairs=300, n_resamples=100)["layer"]) == {2}
 
 
 def test_cli_summary_and_errors(tiny_caches, tmp_path, capsys):
     cache, nowords = tiny_caches
-    code = ctx.main([str(cache.path), "--out", str(tmp_path / "r"), "--pairs", "300", "--resamples", "20"])
+    code = ctx.main([str(cache.path), "--out", str(tmp_path / "r"), "--pairs", "300", "--resamples", "100"])
     out = capsys.readouterr().out
     assert code == 0
     assert "self_similarity" in out and "mev_adjusted" in out and "word types in >= 5 examples" in out
@@ -365,7 +365,7 @@ def test_figure(tiny_caches, tmp_path):
 
     from figures import contextuality as figmod
 
-    df = run_contextuality(tiny_caches[0], n_pairs=300, n_resamples=20)
+    df = run_contextuality(tiny_caches[0], n_pairs=300, n_resamples=100)
     paths = figmod.plot_contextuality(df, tmp_path / "fig")
     assert [p.suffix for p in paths] == [".png", ".pdf"] and all(p.exists() for p in paths)
     img = mpimg.imread(paths[0])

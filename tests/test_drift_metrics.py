@@ -371,9 +371,9 @@ def test_standardised_drift_sees_through_rogue_dimension():
     B[:, 1:] = rng.normal(size=(A.shape[0], A.shape[1] - 1))  # all information dims replaced
     ex = np.repeat(np.arange(200), 10)
     groups = np.full(A.shape[0], "w")
-    raw = {r["metric"]: r["value"] for r in drift_summary(A, B, ex, groups, n_resamples=50,
+    raw = {r["metric"]: r["value"] for r in drift_summary(A, B, ex, groups, n_resamples=100,
                                                           overall_label=None)}
-    std = {r["metric"]: r["value"] for r in drift_summary(A, B, ex, groups, n_resamples=50,
+    std = {r["metric"]: r["value"] for r in drift_summary(A, B, ex, groups, n_resamples=100,
                                                           standardise=True, overall_label=None)}
     assert raw["cosine_mean"] > 0.6  # raw cosine says "barely changed"
     assert std["cosine_mean"] < 0.2  # standardised: the token moved
@@ -437,7 +437,8 @@ def test_drift_summary_recovers_planted_group_cosines():
     A, B = planted_pair(ex.size, 32, c, rng)
     rows = drift_summary(A, B, ex, groups, n_resamples=500, seed=1)
     assert {r["metric"] for r in rows} == set(DRIFT_METRICS)
-    assert all(set(r) <= set(RESULT_COLUMNS) | {"n_examples", "n_groups"} for r in rows)
+    assert all(set(r) <= set(RESULT_COLUMNS) | {"n_examples", "n_groups", "n_resamples"} for r in rows)
+    assert {r["n_resamples"] for r in rows} == {500}
     by = {(r["role"], r["metric"]): r for r in rows}
     for role, truth in (("cls", 0.5), ("s1 words", 0.9)):
         r = by[role, "cosine_mean"]
@@ -500,7 +501,7 @@ def test_drift_summary_group_without_spread_has_no_normalised_drift():
     A[groups == "cls"] = np.arange(16.0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        by = {(r["role"], r["metric"]): r for r in drift_summary(A, A.copy(), ex, groups, n_resamples=50)}
+        by = {(r["role"], r["metric"]): r for r in drift_summary(A, A.copy(), ex, groups, n_resamples=100)}
     assert by["cls", "anisotropy_baseline"]["value"] == pytest.approx(1.0, abs=1e-12)
     assert by["cls", "drift_mean"]["value"] == 0.0
     assert np.isnan(by["cls", "normalised_drift"]["value"]) and np.isnan(by["cls", "normalised_drift"]["ci_low"])

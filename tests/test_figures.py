@@ -831,6 +831,24 @@ def test_interval_notes_say_how_the_intervals_were_computed(tmp_path, figs):
                                     "cross-validation folds.")
 
 
+@pytest.mark.parametrize("grouping, unit", [("document", "documents"), ("example", "examples")])
+def test_attention_and_pooling_notes_name_the_unit_resampled(tmp_path, figs, grouping, unit):
+    """The attention figure said 'over examples' and Q8's 'over documents' whatever the table grouped by."""
+    from figures.attention import plot_attention
+    from figures.pooling import plot_pooling
+
+    plot_attention(attention_table(heads=0).assign(grouping=grouping), tmp_path / "a")
+    assert f"bands: 95% cluster-bootstrap CIs over {unit}." in figs[-1]._supxlabel.get_text()
+    rows = [dict(analysis="finetune_pooling", model=MODEL, corpus=CORPUS, format="pair", layer=2, target="topic",
+                 pooling=p, condition=c, metric=m, value=0.6, ci_low=0.5, ci_high=0.7, n=40, n_runs=2, sd=0.01,
+                 grouping=grouping, warning="")
+            for p in ("cls", "mean") for c, m in (("fine_tuned", "test_accuracy_mean"),
+                                                  ("frozen", "frozen_test_accuracy_mean"))]
+    plot_pooling(make_table(rows), tmp_path / "q8")
+    labels = [t.get_text() for t in figs[-1].axes[0].get_legend().get_texts()]
+    assert sum(f"95% CI over {unit})" in t for t in labels) == 2, labels
+
+
 def _knockout_table(normalised: bool) -> "pd.DataFrame":
     """An intervention_drift table: roles cls and word, layers 0-2; [CLS]'s raw drifts tiny (1e-6), its
     knockout − control over its spread large (0.04 and 0.02), NaN at layer 0 where it has no spread."""

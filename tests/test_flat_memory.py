@@ -63,7 +63,7 @@ def test_layer_rows_refuses_an_unknown_layer(caches):
 @pytest.mark.parametrize("kw", [{}, {"standardise": True}, {"subword": "mean"}, {"words_only": True}])
 def test_drift_on_lazy_rows_equals_drift_on_whole_layers(caches, small_chunks, monkeypatch, kw):
     pair, concat = caches[:2]
-    args = dict(n_resamples=50, n_pairs=300, progress=False, **kw)
+    args = dict(n_resamples=100, n_pairs=300, progress=False, **kw)
     chunked = run_drift(pair, concat, **args)
     monkeypatch.setattr(Cache, "layer_rows", lambda self, layer, rows: self.states(layer, rows))  # the old read
     whole = run_drift(pair, concat, **args)

@@ -117,7 +117,7 @@ def test_attention_summaries_and_a_knockout_on_the_gpu_equal_the_cpus(tmp_path, 
 
 def test_streaming_drift_and_cka_on_the_gpu_equal_the_cpus(small_bert):
     examples = sample_examples(24, k=2)
-    kw = dict(model=small_bert, choices=["cls", "mean", "sep_last"], n_resamples=20, progress=False)
+    kw = dict(model=small_bert, choices=["cls", "mean", "sep_last"], n_resamples=100, progress=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # [CLS] at layer 0 has no variance
         cpu = stream_compare(examples, "pair", "concat", device="cpu", **kw)

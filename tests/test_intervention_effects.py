@@ -70,7 +70,7 @@ def test_per_example_drift_is_a_mean_of_one_minus_cosine(runs):
 
 
 def test_knockout_drift_pairs_the_control_item_by_item(runs):
-    df = knockout_drift(runs["clean"], runs["ko"], runs["control"], groups=("cls",), layers=[0, 2], n_resamples=50)
+    df = knockout_drift(runs["clean"], runs["ko"], runs["control"], groups=("cls",), layers=[0, 2], n_resamples=100)
     assert set(df["metric"]) == {"drift_treated", "drift_control", "drift_difference", "normalised_drift_difference"}
     at2 = df[df["layer"] == 2].set_index("metric")
     assert at2.loc["drift_difference", "value"] == pytest.approx(
@@ -92,7 +92,7 @@ def test_knockout_drift_pairs_the_control_item_by_item(runs):
     assert df[df["layer"] == 0]["value"].abs().max() < 1e-6  # embeddings come before any knockout
     assert at2.loc["drift_treated", "intervention"] == "knockout all->sep@1-2"
     with pytest.raises(IncomparableCaches, match="is not a control"):  # the knockout is not its own control
-        knockout_drift(runs["clean"], runs["ko"], runs["ko"], groups=("cls",), layers=[2], n_resamples=50)
+        knockout_drift(runs["clean"], runs["ko"], runs["ko"], groups=("cls",), layers=[2], n_resamples=100)
 
 
 def test_probe_correctness_matches_cross_val_predict_on_the_same_folds():
@@ -117,7 +117,7 @@ def test_knockout_probes_change_is_zero_for_an_empty_knockout(runs):
     empty_control = _cache(runs["examples"], "pair", runs["lm"], runs["tmp"],
                            Intervention((Knockout("all", "sep3", (1,), control=True),)))
     df = knockout_probes(runs["clean"], runs["nothing"], empty_control, targets=("topic", "absent"), layers=-1,
-                         Cs=(1.0,), n_resamples=50)
+                         Cs=(1.0,), n_resamples=100)
     d = df.set_index("metric")
     assert d.loc["change_treated", "value"] == 0.0 and d.loc["change_treated", "p_value"] == 1.0
     assert d.loc["accuracy_treated", "value"] == d.loc["accuracy_clean", "value"]
@@ -131,7 +131,7 @@ def test_knockout_probes_change_is_zero_for_an_empty_knockout(runs):
 
 def test_knockout_probes_per_layer_holm_over_layers_and_chosen_C(runs):
     df = knockout_probes(runs["clean"], runs["ko"], runs["control"], targets=("topic",), layers="1-2",
-                         Cs=(0.01, 1.0), inner_splits=2, n_resamples=50)
+                         Cs=(0.01, 1.0), inner_splits=2, n_resamples=100)
     assert sorted(df["layer"].unique()) == [1, 2]
     for metric in ("change_treated", "change_control", "change_difference"):
         rows = df[df["metric"] == metric].sort_values("layer")
@@ -148,7 +148,7 @@ def test_knockout_probes_per_layer_holm_over_layers_and_chosen_C(runs):
 
 def test_both_modes_at_once_equal_each_mode_alone(runs):
     """One clean fit per fold serves both modes: the rows are those of two single-mode calls, Holm per mode."""
-    kw = dict(targets=("topic",), layers="1-2", Cs=(0.01, 1.0), inner_splits=2, n_resamples=50)
+    kw = dict(targets=("topic",), layers="1-2", Cs=(0.01, 1.0), inner_splits=2, n_resamples=100)
     both = knockout_probes(runs["clean"], runs["ko"], runs["control"], mode=PROBE_MODES, **kw)
     alone = pd.concat([knockout_probes(runs["clean"], runs["ko"], runs["control"], mode=m, **kw) for m in PROBE_MODES],
                       ignore_index=True)
@@ -241,9 +241,9 @@ def test_after_knockout_starts_at_the_first_knocked_out_layer(runs):
 def test_fraction_closed_known_answers():
     d = np.array([0.2, 0.4, 0.1, 0.3])
     g = np.array(["a", "a", "b", "c"])
-    assert fraction_closed(d, np.zeros(4), g, n_resamples=50)[0] == 1.0
-    assert fraction_closed(d, d, g, n_resamples=50)[0] == 0.0
-    point, lo, hi = fraction_closed(d, d / 2, g, n_resamples=50)
+    assert fraction_closed(d, np.zeros(4), g, n_resamples=100)[0] == 1.0
+    assert fraction_closed(d, d, g, n_resamples=100)[0] == 0.0
+    point, lo, hi = fraction_closed(d, d / 2, g, n_resamples=100)
     assert point == pytest.approx(0.5) and lo == pytest.approx(0.5) and hi == pytest.approx(0.5)
 
 
@@ -257,7 +257,7 @@ def test_patching_at_the_measured_layer_reproduces_all_of_the_drift(runs):
     cls_route, all_route = middle_sep_knockouts(lm.n_layers)
     assert all_route.knockouts == (Knockout("all", "sep1", (1, 2)),)
     routes = [_cache(ex, "pair", lm, tmp, cls_route)]
-    df = q1_patching(runs["clean"], concat, patched, routes, n_resamples=50)["q1_cls_patching"]
+    df = q1_patching(runs["clean"], concat, patched, routes, n_resamples=100)["q1_cls_patching"]
     frac = df[df["metric"] == "fraction_reproduced"].set_index("intervention")["value"]
     assert frac["patch cls@2 from concat"] == pytest.approx(1.0, abs=1e-6)
     assert -1.0 < frac["patch cls@1 from concat"] < 1.0
@@ -277,11 +277,11 @@ def test_patching_at_the_measured_layer_reproduces_all_of_the_drift(runs):
 def test_q4_tables_and_figures(runs, tmp_path):
     from figures.interventions import plot_knockout_drift, plot_knockout_probes
 
-    tables = q4_sep_knockout(runs["clean"], runs["ko"], runs["control"], targets=("topic",), n_resamples=50,
+    tables = q4_sep_knockout(runs["clean"], runs["ko"], runs["control"], targets=("topic",), n_resamples=100,
                              out=tmp_path / "results")
     assert set(tables) == {"q4_knockout_drift", "q4_knockout_probes"}
     assert set(tables["q4_knockout_probes"]["mode"]) == {"transfer", "retrain"}
-    again = q4_sep_knockout(runs["clean"], runs["ko"], runs["control"], targets=("topic",), n_resamples=50,
+    again = q4_sep_knockout(runs["clean"], runs["ko"], runs["control"], targets=("topic",), n_resamples=100,
                             out=tmp_path / "results")
     for name in tables:  # the second call reads the stored tables
         pd.testing.assert_frame_equal(again[name][["metric", "value", "ci_low", "ci_high"]],
@@ -296,13 +296,13 @@ def test_command_line(runs, tmp_path, capsys):
 
     out = str(tmp_path / "results")
     assert main(["knockout", str(runs["clean"].path), str(runs["ko"].path), str(runs["control"].path),
-                 "--groups", "cls", "--targets", "topic", "--resamples", "50", "--out", out]) == 0
+                 "--groups", "cls", "--targets", "topic", "--resamples", "100", "--out", out]) == 0
     printed = capsys.readouterr().out
     assert "drift_difference" in printed and "change_difference" in printed
     first = set((tmp_path / "results").glob("intervention_probes-*.csv"))
     assert main(["knockout", str(runs["clean"].path), str(runs["ko"].path), str(runs["control"].path),
                  "--groups", "cls", "--targets", "topic", "--probe-layers", "1-2", "--Cs", "0.1,1", "--inner-folds", "2",
-                 "--resamples", "50", "--out", out]) == 0
+                 "--resamples", "100", "--out", out]) == 0
     # the second call's table only (the first one's default grid reaches C = 10)
     (second,) = set((tmp_path / "results").glob("intervention_probes-*.csv")) - first
     stored = pd.read_csv(second)
@@ -311,7 +311,7 @@ def test_command_line(runs, tmp_path, capsys):
     both = str(tmp_path / "both")
     assert main(["knockout", str(runs["clean"].path), str(runs["ko"].path), str(runs["control"].path),
                  "--groups", "cls", "--targets", "topic", "--probe-layers", "2", "--mode", "transfer,retrain",
-                 "--resamples", "50", "--out", both]) == 0
+                 "--resamples", "100", "--out", both]) == 0
     printed = capsys.readouterr().out
     assert "transfer" in printed and "retrain" in printed
     stored = pd.read_csv(next((tmp_path / "both").glob("intervention_probes-*.csv")))
@@ -321,7 +321,7 @@ def test_command_line(runs, tmp_path, capsys):
     assert "--mode 'sideways': give one or both of transfer, retrain" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
     assert main(["patching", str(runs["control"].path), str(runs["clean"].path), str(runs["ko"].path),
-                 "--resamples", "50", "--out", out]) == 0
+                 "--resamples", "100", "--out", out]) == 0
     assert "knockout all->sep@1-2" in capsys.readouterr().out
     assert main(["patching", str(runs["clean"].path), str(runs["clean"].path), str(tmp_path / "nowhere"),
                  "--out", out]) == 2

@@ -273,7 +273,7 @@ def test_attention_runner_reports_either_weighting(tmp_path, tiny_bert, examples
 
     (path,) = extract(examples, ["pair"], model=tiny_bert, out=tmp_path, roles="all", attention_norm=True, **QUIET)
     cache = Cache.open(path)
-    df = run_attention(cache, n_resamples=20, per_head=False, weighting="norm")
+    df = run_attention(cache, n_resamples=100, per_head=False, weighting="norm")
     ex, norm, groups = cache.attention("norm")
     row = df[(df["role"] == "cls") & (df["target"] == "sep1") & (df["layer"] == 2)].iloc[0]
     assert row["metric"] == "attention_norm_mass"

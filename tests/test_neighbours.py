@@ -52,7 +52,7 @@ def test_run_knn_table_and_reuse(tmp_path, tiny_bert):
     (path,) = extract(generated_corpus(40, k=1), ["single"], model=tiny_bert, out=tmp_path / "c", progress=False,
                       log=lambda *a: None)
     cache = Cache.open(path)
-    df = run_knn(cache, ("cls", "mean"), "topic", n_resamples=50, out=tmp_path / "r")
+    df = run_knn(cache, ("cls", "mean"), "topic", n_resamples=100, out=tmp_path / "r")
     acc = df[df["metric"] == "knn_accuracy"]
     assert len(acc) == 2 * len(cache.layers)
     assert ((acc["ci_low"] <= acc["value"]) & (acc["value"] <= acc["ci_high"])).all()
@@ -61,7 +61,7 @@ def test_run_knn_table_and_reuse(tmp_path, tiny_bert):
     assert len(chance) == 1 and 0 < chance[0] < 1
     (stored,) = list((tmp_path / "r").glob("knn-*.csv"))
     stamp = stored.stat().st_mtime_ns
-    again = run_knn(cache, ("cls", "mean"), "topic", n_resamples=50, out=tmp_path / "r")
+    again = run_knn(cache, ("cls", "mean"), "topic", n_resamples=100, out=tmp_path / "r")
     assert stored.stat().st_mtime_ns == stamp
     assert np.allclose(again["value"].to_numpy(float), df["value"].to_numpy(float), equal_nan=True)
 
@@ -85,12 +85,12 @@ def test_run_knn_compares_choices_on_the_same_examples(tmp_path, tiny_bert, caps
         assert r["value_b"] == pytest.approx(acc["cls", r["layer"]])
         assert r["value"] == pytest.approx(r["value_a"] - r["value_b"])
         assert r["ci_low"] <= r["value"] <= r["ci_high"] and r["p_holm"] >= r["p_value"]
-    same = run_knn(cache, ("cls", "mean"), "topic", versus="mean", n_resamples=50)
+    same = run_knn(cache, ("cls", "mean"), "topic", versus="mean", n_resamples=100)
     flipped = same[same["metric"] == "knn_accuracy_diff"].set_index("layer")["value"]
     mean_minus_cls = diff[diff["choice"] == "mean"].set_index("layer")["value"]
     np.testing.assert_allclose(flipped.to_numpy(), -mean_minus_cls.reindex(flipped.index).to_numpy(), atol=1e-12)
     with pytest.raises(ValueError, match="versus='sep1' is not one of the choices"):
         run_knn(cache, ("cls", "mean"), "topic", versus="sep1")
-    assert main([str(path), "--versus", "cls", "--resamples", "50", "--no-progress"]) == 0
+    assert main([str(path), "--versus", "cls", "--resamples", "100", "--no-progress"]) == 0
     assert "choice_b" in capsys.readouterr().out
 

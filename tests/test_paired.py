@@ -183,7 +183,7 @@ def test_paired_drift_known_answers(doc_caches):
     assert (df["format"] == "pair").all() and (df["format_b"] == "concat").all() and (df["reference"] == "single").all()
     # value_a / value_b are the marginal drifts run_drift reports for the same words
     for fmt, col in (("pair", "value_a"), ("concat", "value_b")):
-        d = run_drift(single, pair if fmt == "pair" else concat, words_only=True, n_resamples=20, n_pairs=100,
+        d = run_drift(single, pair if fmt == "pair" else concat, words_only=True, n_resamples=100, n_pairs=100,
                       progress=False)
         ref = d[(d["metric"] == "drift_mean") & (d["role"] == "s1 words")].set_index("layer")["value"]
         got = df.set_index("layer")[col]
@@ -191,7 +191,7 @@ def test_paired_drift_known_answers(doc_caches):
     np.testing.assert_allclose(df["value"], df["value_b"] - df["value_a"], atol=1e-9)
     assert (df["p_holm"] >= df["p_value"] - 1e-12).all()
     # a format against itself: no difference at all
-    same = run_paired_drift(single, pair, pair, n_resamples=50, progress=False)
+    same = run_paired_drift(single, pair, pair, n_resamples=100, progress=False)
     assert (same["value"] == 0).all() and (same["p_value"] == 1).all()
 
 
@@ -254,7 +254,7 @@ def test_edge_cells_on_a_constructed_token_table():
 
 def test_paired_drift_per_example_and_all_tokens(doc_caches):
     single, pair, concat = doc_caches
-    df = run_paired_drift(single, pair, concat, unit="example", words_only=False, n_resamples=50, progress=False)
+    df = run_paired_drift(single, pair, concat, unit="example", words_only=False, n_resamples=100, progress=False)
     assert (df["n"] == 12).all() and (df["unit"] == "example").all()
     with pytest.raises(ValueError, match="unit"):
         run_paired_drift(single, pair, concat, unit="word", progress=False)
@@ -262,8 +262,8 @@ def test_paired_drift_per_example_and_all_tokens(doc_caches):
 
 def test_role_contrast_cls_minus_words(doc_caches, tmp_path):
     _, pair, concat = doc_caches
-    both = run_role_contrast(pair, concat, "cls", n_resamples=50, n_pairs=100, out=tmp_path / "r", progress=False)
-    d = run_drift(pair, concat, n_resamples=20, n_pairs=100, progress=False)
+    both = run_role_contrast(pair, concat, "cls", n_resamples=100, n_pairs=100, out=tmp_path / "r", progress=False)
+    d = run_drift(pair, concat, n_resamples=100, n_pairs=100, progress=False)
     cls = d[(d["metric"] == "drift_mean") & (d["role"] == "cls")].set_index("layer")["value"]
     df = both[both["metric"] == "drift_diff_roles"]
     got = df.set_index("layer")
@@ -289,9 +289,9 @@ def test_role_contrast_cls_minus_words(doc_caches, tmp_path):
 
 def test_paired_cli(doc_caches, tmp_path, capsys):
     single, pair, concat = (str(c.path) for c in doc_caches)
-    assert main([single, pair, concat, "--resamples", "50", "--out", str(tmp_path / "r")]) == 0
+    assert main([single, pair, concat, "--resamples", "100", "--out", str(tmp_path / "r")]) == 0
     assert "document" in capsys.readouterr().out
-    assert main(["--contrast", "cls", pair, concat, "--resamples", "50", "--out", str(tmp_path / "r")]) == 0
+    assert main(["--contrast", "cls", pair, concat, "--resamples", "100", "--out", str(tmp_path / "r")]) == 0
     printed = capsys.readouterr().out  # both contrasts, each row named by its metric
     assert "normalised_drift_diff_roles" in printed and " drift_diff_roles" in printed
     assert main([single, pair]) == 2
@@ -300,13 +300,13 @@ def test_paired_cli(doc_caches, tmp_path, capsys):
 
 def test_runner_tables_record_document_grouping(doc_caches):
     single, pair, concat = doc_caches
-    d = run_drift(pair, concat, n_resamples=20, n_pairs=100, progress=False)
+    d = run_drift(pair, concat, n_resamples=100, n_pairs=100, progress=False)
     cells = d[d["metric"] != "anisotropy_baseline"]
     assert (cells["grouping"] == "document").all()
     assert (cells.loc[cells["role"] == "cls", "n_groups"] == 4).all()
-    a = run_attention(pair, n_resamples=20, per_head=False)
+    a = run_attention(pair, n_resamples=100, per_head=False)
     assert (a["grouping"] == "document").all() and (a["n_groups"] == 4).all()
-    k = run_knn(pair, ("cls",), "topic", n_resamples=20)
+    k = run_knn(pair, ("cls",), "topic", n_resamples=100)
     assert (k["grouping"] == "document").all() and (k["n_groups"] == 4).all()
     # the CI of a document-grouped cell equals a bootstrap over documents of the same values
     hit = k[k["metric"] == "knn_accuracy"].iloc[0]
@@ -315,14 +315,14 @@ def test_runner_tables_record_document_grouping(doc_caches):
 
 def test_paired_attention_pair_vs_concat(doc_caches):
     _, pair, concat = doc_caches
-    df = run_paired_attention(pair, concat, n_resamples=50)
-    att_p, att_c = (run_attention(c, n_resamples=20, per_head=False) for c in (pair, concat))
+    df = run_paired_attention(pair, concat, n_resamples=100)
+    att_p, att_c = (run_attention(c, n_resamples=100, per_head=False) for c in (pair, concat))
     for col, att in (("value_a", att_p), ("value_b", att_c)):
         ref = att[(att["role"] == "s1 words") & (att["target"] == "s2 words")].set_index("layer")["value"]
         np.testing.assert_allclose(df.set_index("layer")[col], ref.reindex(df["layer"]).to_numpy(), atol=1e-9)
     np.testing.assert_allclose(df["value"], df["value_b"] - df["value_a"], atol=1e-12)
     assert (df["grouping"] == "document").all() and (df["metric"] == "attention_diff").all()
-    same = run_paired_attention(pair, pair, n_resamples=50)
+    same = run_paired_attention(pair, pair, n_resamples=100)
     assert (same["value"] == 0).all() and (same["p_value"] == 1).all()
     with pytest.raises(ValueError, match="no attention pair"):
         run_paired_attention(pair, concat, pairs=[("s1 words", "sep9")])
@@ -360,7 +360,7 @@ def test_prefix_drift_known_answers(prefix_caches):
     # nor at layer 0 for [CLS] (one vector for every input)
     norm = both[both["metric"] == "normalised_drift_growth"]
     assert set(norm["role"]) == {"cls", "s1 words", "s2 words"} and 0 not in set(norm.loc[norm["role"] == "cls", "layer"])
-    d_short = run_drift(sm, sc, n_resamples=20, n_pairs=100, progress=False)
+    d_short = run_drift(sm, sc, n_resamples=100, n_pairs=100, progress=False)
     for role in ("cls", "s1 words"):
         n_ = norm[norm["role"] == role].set_index("layer")
         raw = df[df["role"] == role].set_index("layer").reindex(n_.index)
@@ -373,7 +373,7 @@ def test_prefix_drift_known_answers(prefix_caches):
     # − d_short / spread_a, paired per token, with a CI of its own
     own = both[both["metric"] == "own_spread_drift_growth"]
     assert set(own["role"]) == set(norm["role"])
-    d_long = run_drift(lm, lc, n_resamples=20, n_pairs=100, progress=False)
+    d_long = run_drift(lm, lc, n_resamples=100, n_pairs=100, progress=False)
     for role in ("cls", "s1 words"):
         o = own[own["role"] == role].set_index("layer")
         n_ = norm[norm["role"] == role].set_index("layer").reindex(o.index)
@@ -389,7 +389,7 @@ def test_prefix_drift_known_answers(prefix_caches):
     assert (df["n_groups"] == 12).all() and (df["k"] == 2).all() and (df["k_b"] == 4).all()
     # value_a / value_b are the marginal drifts run_drift reports for the same tokens in each input
     for cache_a, cache_b, col in ((sm, sc, "value_a"), (lm, lc, "value_b")):
-        d = run_drift(cache_a, cache_b, n_resamples=20, n_pairs=100, progress=False)
+        d = run_drift(cache_a, cache_b, n_resamples=100, n_pairs=100, progress=False)
         for role in ("cls", "s1 words", "s2 words"):
             ref = d[(d["metric"] == "drift_mean") & (d["role"] == role)].set_index("layer")["value"]
             got = df[df["role"] == role].set_index("layer")[col]
@@ -434,7 +434,7 @@ def test_prefix_drift_edges_leave_a_planted_edge_effect_out_of_cls_and_inner_wor
     norm = both[both["metric"] == "normalised_drift_growth"]
     assert "inner words" in set(norm["role"]) and not {"all", "cls and inner words"} & set(norm["role"])
     assert (norm.loc[norm["role"] == "inner words", "spread_a"] > 0.01).all()
-    assert set(run_prefix_drift(sm, sm, lm, _EdgeShifted(lm), n_resamples=50, progress=False)["role"]) == {
+    assert set(run_prefix_drift(sm, sm, lm, _EdgeShifted(lm), n_resamples=100, progress=False)["role"]) == {
         "cls", "s1 words", "s2 words", "all"}
 
 
@@ -464,7 +464,7 @@ def test_prefix_drift_refuses_other_documents(prefix_caches, tmp_path, tiny_bert
 def test_prefix_cli(prefix_caches, tmp_path, capsys):
     (sm, sc), (lm, lc) = prefix_caches[2], prefix_caches[4]
     paths = [str(c.path) for c in (sm, sc, lm, lc)]
-    assert main(["--prefix", *paths, "--resamples", "50", "--out", str(tmp_path / "r")]) == 0
+    assert main(["--prefix", *paths, "--resamples", "100", "--out", str(tmp_path / "r")]) == 0
     assert "s2 words" in capsys.readouterr().out
     assert len(list((tmp_path / "r").glob("prefix_drift-*.csv"))) == 1
     assert main(["--prefix", *paths[:3]]) == 2

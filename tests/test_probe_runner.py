@@ -369,7 +369,7 @@ def test_cli_takes_every_study_setting(caches, tmp_path, capsys):
     a, _ = caches
     out = tmp_path / "r"
     args = [str(a.path), "--choices", "cls", "--targets", "topic", "--layers=-1", "--folds", "3", "--inner-folds", "2",
-            "--Cs", "0.01,1", "--max-iter", "50", "--seed", "3", "--resamples", "50", "--threads", "1",
+            "--Cs", "0.01,1", "--max-iter", "50", "--seed", "3", "--resamples", "100", "--threads", "1",
             "--no-progress", "--out", str(out)]
     assert main(args) == 0
     assert capsys.readouterr().err == ""  # --no-progress: no bar
@@ -382,7 +382,7 @@ def test_cli_takes_every_study_setting(caches, tmp_path, capsys):
                          (["--inner-folds", "x"], "argument --inner-folds: 'x' is not an integer"),
                          (["--layers", "99"], "layer 99 is out of range"),
                          (["--layers", "1-x"], "'1-x' is not an integer or a range"),
-                         (["--resamples", "0"], "argument --resamples: '0': must be at least 1")]:
+                         (["--resamples", "1"], "argument --resamples: '1': a 95% interval needs at least 100")]:
         fresh = tmp_path / "bad"
         try:  # argparse exits; an error found while running returns the status
             status = main([str(a.path), "--out", str(fresh), "--no-progress"] + bad)

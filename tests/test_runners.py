@@ -23,7 +23,7 @@ def caches(tmp_path, tiny_bert):
 
 def test_drift_of_a_cache_with_itself_is_zero(caches, tmp_path):
     pair = caches[0]
-    df = run_drift(pair, pair, n_resamples=50, n_pairs=500, progress=False)
+    df = run_drift(pair, pair, n_resamples=100, n_pairs=500, progress=False)
     d = df[df["metric"].isin(["drift_mean", "normalised_drift", "relative_l2_mean"])]
     # normalised drift is undefined (NaN) only where the group is one vector for every input: [CLS] at the
     # embedding layer, whose own random pairs have cosine 1
@@ -38,7 +38,7 @@ def test_drift_of_a_cache_with_itself_is_zero(caches, tmp_path):
 
 def test_drift_pair_vs_concat(caches, tmp_path):
     pair, concat = caches[0], caches[1]
-    df = run_drift(pair, concat, n_resamples=50, n_pairs=500, out=tmp_path / "r", progress=False)
+    df = run_drift(pair, concat, n_resamples=100, n_pairs=500, out=tmp_path / "r", progress=False)
     roles = set(df["role"])
     assert {"cls", "s1 words", "s2 words", "sep2", "all"} <= roles and "sep1" not in roles
     dm = df[df["metric"] == "drift_mean"].set_index(["layer", "role"])["value"]
@@ -48,13 +48,13 @@ def test_drift_pair_vs_concat(caches, tmp_path):
     ci = df[df["metric"] == "drift_mean"]
     assert ((ci["ci_low"] <= ci["value"] + 1e-12) & (ci["value"] <= ci["ci_high"] + 1e-12)).all()
     # a second call reuses the written table
-    again = run_drift(pair, concat, n_resamples=50, n_pairs=500, out=tmp_path / "r", progress=False)
+    again = run_drift(pair, concat, n_resamples=100, n_pairs=500, out=tmp_path / "r", progress=False)
     pd.testing.assert_frame_equal(df.reset_index(drop=True), again.reset_index(drop=True), check_dtype=False)
 
 
 def test_context_effect_single_vs_pair(caches):
     single, pair = caches[2], caches[0]
-    df = run_drift(single, pair, words_only=True, subword="mean", n_resamples=50, n_pairs=500, progress=False)
+    df = run_drift(single, pair, words_only=True, subword="mean", n_resamples=100, n_pairs=500, progress=False)
     assert set(df["role"]) == {"s1 words", "all"}
     v = df[(df["metric"] == "drift_mean") & (df["role"] == "s1 words")]
     assert (v.set_index("layer")["value"].loc[1:] > 0).all()
@@ -72,7 +72,7 @@ def test_drift_rejects_different_models(tmp_path, bert_tokenizer, caches):
 
 
 def test_attention_table(caches):
-    df = run_attention(caches[0], n_resamples=50)
+    df = run_attention(caches[0], n_resamples=100)
     mean = df[df["head"] == "mean"].set_index(["layer", "role", "target"])["value"]
     for layer in (1, 2):
         total = sum(mean[(layer, "s1 words", t)] for t in ["cls", "all [SEP]", "own sentence", "other sentences"])
@@ -86,7 +86,7 @@ def test_attention_from_all_tokens_matches_the_model(caches, tiny_bert):
     recomputed here from the model's own attention maps."""
     import torch
 
-    df = run_attention(caches[0], n_resamples=20, per_head=False)
+    df = run_attention(caches[0], n_resamples=100, per_head=False)
     table = df[(df["role"] == "all tokens") & (df["head"] == "mean")].set_index(["layer", "target"])["value"]
     for layer in (1, 2):
         parts = ["cls", "sep1", "sep2", "s1 words", "s2 words"]

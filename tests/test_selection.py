@@ -103,7 +103,7 @@ def test_attention_groups_use_the_choice_grammar(roberta_native):
 
     _, _, groups = roberta_native.attention()
     assert attention_group_names(roberta_native, groups) == ["cls", "sep1", "sep1_2", "sep2", "s1 words", "s2 words"]
-    df = run_attention(roberta_native, n_resamples=10, per_head=False)
+    df = run_attention(roberta_native, n_resamples=100, per_head=False)
     assert {"cls", "sep1", "sep1_2", "sep2", "s1 words", "all tokens"} <= set(df["role"])
     row = df.set_index(["layer", "role", "target"])["value"]
     assert row[(1, "cls", "all [SEP]")] == pytest.approx(

@@ -77,13 +77,13 @@ def test_streaming_equals_cached(lm, tmp_path, fa, fb, k, batch_tokens):
     a, b = _cached(lm, examples, [fa, fb], tmp_path)
     fb = b.format_name
     choices = CHOICES
-    cached_drift = run_drift(a, b, n_resamples=50, n_pairs=200, progress=False)
+    cached_drift = run_drift(a, b, n_resamples=100, n_pairs=200, progress=False)
     words = [f"s{i} words" for i in range(1, k + 1)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the zero-variance warning of [CLS] at layer 0
         cached_cka = run_cka_formats(a, b, choices + words)
     out = stream_compare(examples, a.manifest["format"]["name"] + "=" + a.manifest["format"]["template"],
-                         fb + "=" + b.manifest["format"]["template"], model=lm, choices=choices, word_groups=True, n_resamples=50,
+                         fb + "=" + b.manifest["format"]["template"], model=lm, choices=choices, word_groups=True, n_resamples=100,
                          batch_tokens=batch_tokens, progress=False)
     _compare_drift(cached_drift, out["drift"])
     _compare_cka(cached_cka, out["cka"])
@@ -103,11 +103,11 @@ def test_native_streams_as_the_extracted_native_cache(lm, tmp_path, tokenizer, r
     examples = sample_examples(12, k=2)
     a, b = _cached(lm, examples, ["native", "concat"], tmp_path)
     choices = ["cls", "mean", "sep_last", "first_word"]
-    cached_drift = run_drift(a, b, n_resamples=20, n_pairs=100, progress=False)
+    cached_drift = run_drift(a, b, n_resamples=100, n_pairs=100, progress=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the zero-variance warning of [CLS] at layer 0
         cached_cka = run_cka_formats(a, b, choices + ["s1 words", "s2 words"])
-    out = stream_compare(examples, "native", "concat", model=lm, choices=choices, n_resamples=20, progress=False)
+    out = stream_compare(examples, "native", "concat", model=lm, choices=choices, n_resamples=100, progress=False)
     _compare_drift(cached_drift, out["drift"])
     _compare_cka(cached_cka, out["cka"])
     assert (out["drift"]["format"] == "native").all() and (out["cka"]["format"] == "native").all()
@@ -117,9 +117,9 @@ def test_native_streams_as_the_extracted_native_cache(lm, tmp_path, tokenizer, r
 def test_context_effect_words_only_mean_subwords(lm, tmp_path):
     examples = sample_examples(12, k=2)
     single, pair = _cached(lm, examples, ["single", "pair"], tmp_path)
-    cached = run_drift(single, pair, words_only=True, subword="mean", n_resamples=20, n_pairs=100, progress=False)
+    cached = run_drift(single, pair, words_only=True, subword="mean", n_resamples=100, n_pairs=100, progress=False)
     out = stream_compare(examples, "single", "pair", model=lm, words_only=True, subword="mean",
-                         choices=["mean_s1"], word_groups=False, n_resamples=20, progress=False)
+                         choices=["mean_s1"], word_groups=False, n_resamples=100, progress=False)
     _compare_drift(cached, out["drift"])
     assert set(out["drift"]["role"]) == {"s1 words", "all"}
     d = out["drift"][(out["drift"]["metric"] == "drift_mean") & (out["drift"]["role"] == "s1 words")]
@@ -127,7 +127,7 @@ def test_context_effect_words_only_mean_subwords(lm, tmp_path):
 
 
 def test_a_format_against_itself(lm):
-    out = stream_compare(sample_examples(10, k=2), "pair", "pair", model=lm, n_resamples=20, progress=False)
+    out = stream_compare(sample_examples(10, k=2), "pair", "pair", model=lm, n_resamples=100, progress=False)
     d = out["drift"]
     assert (d[d["metric"] == "drift_mean"]["value"].abs() < 1e-12).all()
     assert (d[d["metric"] == "cosine_mean"]["value"] > 1 - 1e-12).all()
@@ -139,8 +139,8 @@ def test_a_format_against_itself(lm):
 
 
 def test_accumulator_memory_does_not_grow_with_the_corpus(lm):
-    small = stream_compare(sample_examples(8, k=2), "pair", "concat", model=lm, n_resamples=30, progress=False)
-    large = stream_compare(sample_examples(40, k=2), "pair", "concat", model=lm, n_resamples=30, progress=False)
+    small = stream_compare(sample_examples(8, k=2), "pair", "concat", model=lm, n_resamples=100, progress=False)
+    large = stream_compare(sample_examples(40, k=2), "pair", "concat", model=lm, n_resamples=100, progress=False)
     pd.testing.assert_frame_equal(small["memory"], large["memory"])
     assert small["memory"]["bytes"].sum() > 0
     n = lambda t: t["cka"].query("choice == 'cls'")["n"].max()  # noqa: E731
@@ -187,7 +187,7 @@ def test_overlong_examples_error_or_are_skipped_in_both_formats(lm):
     long = Example("too-long", (" ".join(["word"] * 80) + ".", "Short one."), {})
     with pytest.raises(ExtractError, match="'too-long'"):
         stream_compare(ex + [long], "pair", "concat", model=lm, progress=False)
-    out = stream_compare(ex + [long], "pair", "concat", model=lm, on_overflow="skip", n_resamples=10, progress=False)
+    out = stream_compare(ex + [long], "pair", "concat", model=lm, on_overflow="skip", n_resamples=100, progress=False)
     assert (out["cka"]["n"][out["cka"]["choice"] == "cls"] == 8).all()
     assert (out["drift"].query("role == 'all'")["n_examples"] == 8).all()
 

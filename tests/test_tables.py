@@ -185,6 +185,32 @@ def test_integer_columns_are_integers(study, tables):
 
 
 @pytest.mark.slow
+def test_every_interval_used_the_configs_resamples(study, tables):
+    """The config's ``bootstrap_resamples`` reaches every interval of every table: each row with a bootstrap
+    interval records it in ``n_resamples`` (probes, Q8's fine-tuning and paired tables once used their own
+    1,000 or 2,000); a t-interval over folds (``ci_method = t_folds``) records none."""
+    from probing.study.runner import load_config
+
+    wanted = load_config(study["out"].parent / "study.toml", quick=True)["study"]["bootstrap_resamples"]
+    assert wanted == 100  # the fixture's [quick] value, not its full one (200) nor the default (1,000)
+    with_ci = {n: df for n, df in tables.items() if "ci_low" in df.columns and df["ci_low"].notna().any()}
+    assert {"probes_pair", "finetune", "paired_q8", "paired_q4", "drift_q1", "attention",
+            "q4_knockout_probes", "q1_cls_patching"} <= set(with_ci)
+    wrong = {}
+    for name, df in with_ci.items():
+        assert "n_resamples" in df.columns, f"{name} has intervals but no n_resamples column"
+        t_folds = (df["ci_method"] if "ci_method" in df.columns else pd.Series(pd.NA, index=df.index)).eq("t_folds")
+        t_folds = t_folds.fillna(False).astype(bool)
+        boot = df["ci_low"].notna() & ~t_folds
+        counts = set(df.loc[boot, "n_resamples"].astype("Int64").astype(object))
+        if counts != {wanted}:
+            wrong[name] = counts
+        if df.loc[t_folds, "n_resamples"].notna().any():
+            wrong[f"{name} (t_folds rows)"] = set(df.loc[t_folds, "n_resamples"].dropna())
+    assert not wrong, f"intervals from another count than the config's {wanted}: {wrong}"
+
+
+@pytest.mark.slow
 def test_no_table_has_an_index_column(study, tables):
     for name in tables:
         header = _csv(study, name).columns

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from analyses.intervals import MIN_RESAMPLES
+
 from .questions import QUESTION_SECTIONS
 
 if sys.version_info >= (3, 11):
@@ -41,9 +43,9 @@ class StudyError(ValueError):
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = "seed_questions"
 QUESTIONS = tuple(QUESTION_SECTIONS)
-#: The fewest bootstrap resamples a study may ask for: below it a 95% percentile interval rests on a
-#: handful of draws in each tail.
-MIN_BOOTSTRAP_RESAMPLES = 100
+#: The fewest bootstrap resamples a study may ask for (:data:`analyses.intervals.MIN_RESAMPLES`, the one floor):
+#: below it a 95% percentile interval rests on a handful of draws in each tail.
+MIN_BOOTSTRAP_RESAMPLES = MIN_RESAMPLES
 
 
 def section_specs() -> dict:

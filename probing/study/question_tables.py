@@ -125,11 +125,12 @@ def _rs(ctx: Context) -> dict:
 
 
 def probe_kw(cfg, out: Path, progress: bool = True) -> dict:
-    """The probe runner's options from the config's ``[probes]`` table, with the study's seed and device
-    (``progress``: its bars)."""
+    """The probe runner's options from the config's ``[probes]`` table, with the study's seed, device and
+    bootstrap resamples (``progress``: its bars)."""
     pr = cfg.probes
     return dict(n_splits=pr.folds, seed=cfg.study.seed, vocab=pr.vocab, device=cfg.study.device, Cs=pr.Cs,
-                inner_splits=pr.inner_splits, max_iter=pr.max_iter, bow_Cs=pr.bow_Cs, out=out, progress=progress)
+                inner_splits=pr.inner_splits, max_iter=pr.max_iter, bow_Cs=pr.bow_Cs, out=out, progress=progress,
+                n_resamples=cfg.study.bootstrap_resamples)
 
 
 def _pairs(ctx: Context, fmt_: str, random: bool = False):
@@ -323,7 +324,8 @@ def _finetune(ctx: Context) -> pd.DataFrame:
     ft = ctx.cfg.finetune
     return run_pooling_experiment(ctx.corpora["pairs"], ft.label, ft.poolings, ft.seeds, model=ctx.lm,
                                   preset=ft.preset, out=str(ctx.out), corpus_name=ctx.cfg.corpus.pairs,
-                                  device=ctx.cfg.study.device, seed=ctx.cfg.study.seed, progress=ctx.progress)
+                                  device=ctx.cfg.study.device, seed=ctx.cfg.study.seed, progress=ctx.progress,
+                                  n_resamples=ctx.cfg.study.bootstrap_resamples, bootstrap_seed=ctx.cfg.study.seed)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -406,7 +408,7 @@ def _paired_q2(ctx: Context) -> pd.DataFrame:
 #: The columns of a comparison row taken from a probe table (docs/TABLES.md, ``probe_comparison``).
 _COMPARISON_COLUMNS = ("analysis", "model", "corpus", "format", "model_kind", "layer", "target", "metric",
                        "condition_a", "condition_b", "value", "ci_low", "ci_high", "p_value", "p_holm", "se", "mde",
-                       "value_a", "value_b", "n", "n_groups", "grouping", "seed", "family")
+                       "value_a", "value_b", "n", "n_groups", "grouping", "seed", "n_resamples", "family")
 
 
 def _auc_comparisons(probes: pd.DataFrame, a: str, b: str, targets: Sequence[str] | None = None) -> pd.DataFrame:

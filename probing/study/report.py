@@ -256,18 +256,22 @@ DEFAULT_UNIT = "example"
 def describe_intervals(tables: dict[str, pd.DataFrame]) -> str:
     """One sentence on how this run's CIs were computed, per analysis present in ``tables``: the unit
     comes from each table's ``grouping`` column where it has one (e.g. ``document``), else
-    :data:`DEFAULT_UNIT`.
+    :data:`DEFAULT_UNIT`; the bootstrap's resamples from the tables' ``n_resamples`` column.
 
-    >>> t = pd.DataFrame({"analysis": ["probe"], "grouping": ["document"], "ci_low": [0.4], "ci_high": [0.6]})
-    >>> describe_intervals({"p": t})
-    'CIs are 95%: probe: cluster bootstrap of the out-of-fold predictions over documents (macro AUC: of the out-of-fold scores).'
+    >>> t = pd.DataFrame({"analysis": ["probe"], "grouping": ["document"], "ci_low": [0.4], "ci_high": [0.6],
+    ...                   "n_resamples": [200]})
+    >>> describe_intervals({"p": t})[:68]
+    'CIs are 95% (200 bootstrap resamples): probe: cluster bootstrap of t'
     """
     methods: dict[str, set[str]] = {}
     with_ci: set[str] = set()
     over_seeds: set[str] = set()  # analyses whose CIs also resample training seeds (``ci_seeds``)
+    resamples: set[int] = set()
     for df in tables.values():
         if df is None or df.empty or "analysis" not in df.columns:
             continue
+        if "n_resamples" in df.columns:
+            resamples.update(int(n) for n in df["n_resamples"].dropna())
         units = (sorted(set(df["grouping"].dropna().astype(str))) if "grouping" in df.columns else []) or [DEFAULT_UNIT]
         for analysis in df["analysis"].dropna().unique():
             methods.setdefault(str(analysis), set()).update(units)
@@ -284,7 +288,8 @@ def describe_intervals(tables: dict[str, pd.DataFrame]) -> str:
         elif analysis in over_seeds:
             how += " and, for the fine-tuned rows, over the training seeds first (a two-stage bootstrap)"
         parts.append(f"{analysis}: " + how.format(unit=" or ".join(f"{u}s" for u in sorted(units))))
-    return "CIs are 95%: " + "; ".join(parts) + "." if parts else ""
+    counts = f" ({' or '.join(f'{n:,}' for n in sorted(resamples))} bootstrap resamples)" if resamples else ""
+    return f"CIs are 95%{counts}: " + "; ".join(parts) + "." if parts else ""
 
 
 def quick_notice(cfg, corpora: dict, tables: dict[str, pd.DataFrame]) -> str:
