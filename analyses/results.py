@@ -122,6 +122,13 @@ def cache_identity(cache) -> dict[str, Any]:
     return {"name": cache.path.name, "manifest_sha256": cache.manifest.get("manifest_sha256")}
 
 
+def model_label(cache) -> str:
+    """The model column of result tables: ``name``, or ``name (random init, seed s)``."""
+    from probing.cache import describe_model
+
+    return describe_model(cache.manifest["model"], fingerprint=False)
+
+
 def result_key(config: Mapping[str, Any]) -> str:
     """A short content hash of an analysis configuration (inputs' identities from
     :func:`cache_identity`, every option) together with :func:`code_version`."""

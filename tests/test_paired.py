@@ -1,4 +1,4 @@
-"""Paired comparisons (analyses.paired) and document grouping (analyses.grouping) on constructed data
+"""Paired comparisons (analyses.paired) and document grouping (analyses.stats._grouping) on constructed data
 with a known answer, and on tiny caches whose examples carry a ``doc`` label."""
 
 import gc
@@ -8,12 +8,10 @@ import pandas as pd
 import pytest
 
 from analyses.attention import run_attention
-from analyses.drift import run_drift
-from analyses.drift_metrics import drift_summary
-from analyses.grouping import cache_groups, example_groups
+from analyses.drift import drift_summary, run_drift
+from analyses.stats import add_holm, cache_groups, example_groups, holm, paired_difference, sign_flip_p_value
 from analyses.neighbours import run_knn
-from analyses.paired import add_holm, main, run_paired_attention, run_paired_drift, run_role_contrast
-from analyses.stats import holm, paired_difference, sign_flip_p_value
+from analyses.paired import main, run_paired_attention, run_paired_drift, run_role_contrast
 from probing.cache import Cache
 from probing.examples import Example
 from probing.extract import extract

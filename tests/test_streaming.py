@@ -1,4 +1,4 @@
-"""Streaming drift and CKA (analyses.streaming) against the cached path: same numbers to 1e-6, flat
+"""Streaming drift and CKA (analyses.drift._streaming) against the cached path: same numbers to 1e-6, flat
 accumulator memory, clear errors."""
 
 import warnings
@@ -8,13 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyses.drift import run_drift
-from analyses.similarity import run_cka_formats
+from analyses.drift import run_drift, stream_compare
+from analyses.cka import run_cka_formats
 from probing.cache import Cache
 from probing.examples import Example
 from probing.extract import ExtractError, extract
 from probing.models import prepare_model
-from analyses.streaming import stream_compare
 
 from .conftest import make_tiny_bert, make_tiny_roberta, sample_examples
 

@@ -1,5 +1,5 @@
 """Paired comparisons of probes on the same out-of-fold items (the item tables of
-:func:`analyses.probe_runner.run_probes` with ``items=True``): :func:`compare_probes`.
+:func:`analyses.probes.run_probes` with ``items=True``): :func:`compare_probes`.
 """
 
 from __future__ import annotations
