@@ -101,19 +101,33 @@ def read_table(path: str | os.PathLike) -> pd.DataFrame:
     return pd.read_csv(path.with_suffix(".csv"))
 
 
+def source_files(root: Path) -> list[Path]:
+    """Every ``.py`` file under ``root``, in every subpackage (each family of :mod:`analyses`), sorted by
+    its path relative to ``root``."""
+    return sorted(root.rglob("*.py"), key=lambda f: f.relative_to(root).as_posix())
+
+
+def source_sha256(root: Path, extra: Iterable[Path] = ()) -> str:
+    """SHA-256 over the relative path and the bytes of each of :func:`source_files` of ``root``, then of
+    each file of ``extra`` (named by its file name)."""
+    h = hashlib.sha256()
+    named = [(f.relative_to(root).as_posix(), f) for f in source_files(root)] + [(f.name, f) for f in extra]
+    for name, f in named:
+        h.update(name.encode("utf-8") + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 @functools.cache
 def code_version() -> dict[str, str]:
     """What decides the numbers besides the options: the toolkit version and a SHA-256 over the source
-    of every module of :mod:`analyses` and of the read path (:mod:`probing.cache`, :mod:`probing.cache_layout`),
-    computed once per process. A code change gives new result keys, so a table computed by old code is not reused."""
+    of every module of :mod:`analyses`, its families' subpackages included (:func:`source_sha256`), and of
+    the read path (:mod:`probing.cache`, :mod:`probing.cache_layout`), computed once per process. A code
+    change gives new result keys, so a table computed by old code is not reused."""
     import probing
 
-    h = hashlib.sha256()
     here = Path(__file__).resolve().parent
     read_path = [Path(probing.__file__).resolve().parent / f for f in ("cache.py", "cache_layout.py")]
-    for f in [*sorted(here.glob("*.py")), *read_path]:
-        h.update(f.name.encode("utf-8") + b"\0" + f.read_bytes() + b"\0")
-    return {"toolkit": probing.__version__, "code_sha256": h.hexdigest()}
+    return {"toolkit": probing.__version__, "code_sha256": source_sha256(here, read_path)}
 
 
 def cache_identity(cache) -> dict[str, Any]:

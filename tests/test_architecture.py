@@ -174,6 +174,35 @@ def test_the_walk_sees_lazy_string_references(tmp_path):
                                     "probing (probing core) imports probing.study (probing.study)"]
 
 
+# ---------------------------------------------------------------------------------- result keys
+
+
+def test_result_keys_hash_every_file_of_every_family(tmp_path):
+    """``code_version`` hashes every ``.py`` under ``analyses/``, each family's subpackage included, by
+    relative path: a change inside a family, or a file moved between families, gives new result keys."""
+    import shutil
+
+    from analyses.results import code_version, source_files, source_sha256
+
+    root = ROOT / "analyses"
+    files = [f.relative_to(root).as_posix() for f in source_files(root)]
+    assert files == sorted(f.relative_to(root).as_posix() for f in root.rglob("*.py"))
+    assert {"results.py", "probes/_solver.py", "cka/_numerics.py", "stats/_intervals.py"} <= set(files)
+    read_path = [ROOT / "probing" / "cache.py", ROOT / "probing" / "cache_layout.py"]
+    assert code_version()["code_sha256"] == source_sha256(root, read_path)
+
+    copy = tmp_path / "analyses"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    before = source_sha256(copy)
+    assert before == source_sha256(root)
+    solver = copy / "probes" / "_solver.py"
+    solver.write_text(solver.read_text() + "\n# one more line\n")
+    changed = source_sha256(copy)
+    assert changed != before
+    (copy / "probes" / "_solver.py").rename(copy / "cka" / "_solver.py")
+    assert source_sha256(copy) not in (before, changed)
+
+
 # ---------------------------------------------------------------------------------- console script
 
 
