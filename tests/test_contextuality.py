@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import analyses.contextuality as ctx
+import analyses.contextuality._runner as ctx
 import analyses.contextuality._metrics as contextuality_metrics
 from analyses.contextuality import (METRICS, choose_contexts, intra_similarity, join_subwords, max_explainable_variance,
                                     random_word_sets, run_contextuality, self_similarity, word_table)

@@ -67,7 +67,7 @@ def test_sign_flip_p_has_no_floor_at_two_over_n_resamples():
     fewer than 10 of the first n draws reach the observed sum, drawing goes on (Besag & Clifford 1991):
     a strong effect gets a p that Holm over 36 rows passes, and a p near 0.004 is estimated from its
     tenth reaching draw, close to the exact value."""
-    from analyses import stats
+    from analyses.stats import _stats as stats
 
     rng = np.random.default_rng(0)
     g = np.repeat(np.arange(40), 5)
