@@ -37,8 +37,8 @@ def drift_table(a, b, *, layers=None, **options):
 def cka_table(a, b=None, *, choices: Sequence[str] = ("cls", "mean"), layers=None, **options):
     """CKA per layer of each token choice between caches ``a`` and ``b`` (two formats, or two models
     on one corpus); with ``b=None``, between the pairs of choices ``choices`` = ``[("sep1", "cls"),
-    ...]`` within ``a`` (:mod:`analyses.similarity`; options: ``metrics``, ``out``, ``force``)."""
-    from analyses.similarity import run_cka_formats, run_cka_roles
+    ...]`` within ``a`` (:mod:`analyses.cka`; options: ``metrics``, ``out``, ``force``)."""
+    from analyses.cka import run_cka_formats, run_cka_roles
 
     if b is None:
         return run_cka_roles(a, [tuple(p) for p in choices], layers=layers, **options)
@@ -48,13 +48,13 @@ def cka_table(a, b=None, *, choices: Sequence[str] = ("cls", "mean"), layers=Non
 def probe_table(cache, *, choices: Sequence[str] = ("cls", "mean"), targets: Sequence[str] = ("topic",),
                 layers=None, folds: int = 5, **options):
     """Linear-probe scores per layer, token choice and target, with CIs and baselines
-    (:mod:`analyses.probe_runner`; options: ``random_cache``, ``seed``, ``control``, ``items``,
+    (:func:`analyses.probes.run_probes`; options: ``random_cache``, ``seed``, ``control``, ``items``,
     ``out``, ...). ``folds``: outer cross-validation folds."""
     from probing.layers import cache_layers
-    from analyses import probe_runner
+    from analyses.probes import run_probes
 
-    return probe_runner.run_probes(cache, list(choices), list(targets), layers=cache_layers(cache, layers),
-                                   n_splits=folds, **{"progress": False, **options})
+    return run_probes(cache, list(choices), list(targets), layers=cache_layers(cache, layers),
+                      n_splits=folds, **{"progress": False, **options})
 
 
 def attention_table(cache, **options):

@@ -22,12 +22,10 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from analyses.drift import model_label
-from analyses.grouping import cache_groups
 from analyses.results import (CLI_ERRORS, add_output_options, cache_identity, cli_error, keep_table, make_table,
-                              stored_table, table_lines)
+                              model_label, stored_table, table_lines)
+from analyses.stats import bootstrap_ci, cache_groups, check_resamples
 from analyses.selection import attention_group_names, is_role
-from analyses.intervals import bootstrap_ci, check_resamples
 from probing.cache import Cache
 from probing.cli import ArgumentParser
 
@@ -167,7 +165,7 @@ def run_attention(cache: Cache, *, n_resamples: int = 1000, seed: int = 0, per_h
     ``weighting="norm"``: the norm-based weights ||alpha f(x)|| of Kobayashi et al. 2020, normalised per
     query (:mod:`probing.attention_norm`; extract with ``--attention-norm``), metric ``attention_norm_mass``.
     The CI resamples documents when the corpus has a ``doc`` label, else examples (``grouping``,
-    ``n_groups``: :func:`analyses.grouping.cache_groups`)."""
+    ``n_groups``: :func:`analyses.stats.cache_groups`)."""
     n_resamples = check_resamples(n_resamples)
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting must be one of {list(WEIGHTINGS)}, got {weighting!r}")

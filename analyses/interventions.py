@@ -16,7 +16,7 @@ measured item by item:
 A **control** intervention of the same size (``control=1``: as many random word keys per query as
 the knockout takes) makes "knocking out [SEP] changes [CLS] more than the control does" a paired
 comparison: the per-item difference of the two effects, with a cluster-bootstrap CI over documents
-(:func:`analyses.intervals.bootstrap_ci`). Every CI here is a 95% percentile interval; no correction for
+(:func:`analyses.stats.bootstrap_ci`). Every CI here is a 95% percentile interval; no correction for
 multiple comparisons is applied (each layer and target is reported on its own).
 
 Study functions: :func:`q4_sep_knockout` (does the model use [SEP]?) and :func:`q1_patching` (how
@@ -35,13 +35,11 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from analyses.drift import model_label
-from analyses.drift_metrics import MIN_SPREAD, pair_spread, rowwise_cosine
-from analyses.grouping import cache_groups
-from analyses.results import cache_identity, keep_table, make_table, stored_table, table_lines
-from analyses.intervals import bootstrap_ci, check_resamples, ratio_bootstrap_ci
-from analyses.probe_metrics import DEFAULT_CS
-from analyses.stats import paired_difference, scale_difference
+from analyses.results import cache_identity, keep_table, make_table, model_label, stored_table, table_lines
+from analyses.drift import MIN_SPREAD, pair_spread, rowwise_cosine
+from analyses.stats import (bootstrap_ci, cache_groups, check_resamples, paired_difference, ratio_bootstrap_ci,
+                            scale_difference)
+from analyses.probes import DEFAULT_CS
 from probing.cli import ArgumentParser
 from probing.cache import Cache, align, check_comparable
 from probing.layers import cache_layer, shared_layers
@@ -50,7 +48,7 @@ from probing.interventions import (Intervention, Knockout, Patch, check_group, c
 
 PROBE_MODES = ("transfer", "retrain")
 #: Labels asked only of examples whose sentences share one topic (every ``topic_s<i>`` equal to ``topic``),
-#: as :mod:`analyses.probe_runner` asks them: with same-topic ``is_next`` negatives that is every example.
+#: as :mod:`analyses.probes._runner` asks them: with same-topic ``is_next`` negatives that is every example.
 SINGLE_TOPIC = ("topic",)
 
 
@@ -85,7 +83,7 @@ def cls_patches(source: str | Path, n_layers: int, group: str = "cls") -> dict[i
 
 def clusters(cache: Cache, examples: np.ndarray) -> np.ndarray:
     """The resampling unit of each example, as text: its ``doc`` label when the corpus has one, else itself
-    (:func:`analyses.grouping.cache_groups`, which refuses a ``doc`` label some examples lack)."""
+    (:func:`analyses.stats.cache_groups`, which refuses a ``doc`` label some examples lack)."""
     return cache_groups(cache, np.asarray(examples))[0].astype(str)
 
 
@@ -210,8 +208,8 @@ def _states_by_example(cache: Cache, layer: int, choice: str, examples: np.ndarr
 
 def _items(cache: Cache, target: str) -> tuple[np.ndarray, np.ndarray]:
     """Examples asked ``target`` (for :data:`SINGLE_TOPIC` labels those whose sentences share one topic,
-    :func:`analyses.probe_runner.topic_mismatch`) and the labels."""
-    from analyses.probe_runner import topic_mismatch
+    :func:`analyses.probes.topic_mismatch`) and the labels."""
+    from analyses.probes import topic_mismatch
 
     ex = cache.examples["example"].to_numpy()
     if target in SINGLE_TOPIC:
@@ -225,7 +223,7 @@ def _items(cache: Cache, target: str) -> tuple[np.ndarray, np.ndarray]:
 
 def group_spread(cache: Cache, layer: int, group: str, n_pairs: int = 10000, seed: int = 0) -> float:
     """How far apart the tokens of ``group`` lie in different examples of ``cache`` at ``layer``: 1 − the
-    mean cosine of ``n_pairs`` random pairs (:func:`analyses.drift_metrics.pair_spread`); NaN when the
+    mean cosine of ``n_pairs`` random pairs (:func:`analyses.drift.pair_spread`); NaN when the
     group spans fewer than two examples."""
     rows = np.flatnonzero(table_mask(cache.tokens, group))
     return pair_spread([cache.layer_rows(layer, rows)], cache.tokens["example"].to_numpy()[rows],
@@ -271,8 +269,8 @@ def knockout_drift(clean: Cache, treated: Cache, control: Cache | None = None, *
     ``p_holm`` over the layers of each group. With a control, also ``normalised_drift_difference``: the
     same difference with both drifts divided by the group's spread in the clean run (``spread``: 1 − the
     mean cosine of ``n_pairs`` random pairs of the group's tokens from different examples,
-    :func:`analyses.drift_metrics.pair_spread`, held fixed in the bootstrap), so 1 = as far as
-    another input; no such row where the spread is under :data:`analyses.drift_metrics.MIN_SPREAD`. A
+    :func:`analyses.drift.pair_spread`, held fixed in the bootstrap), so 1 = as far as
+    another input; no such row where the spread is under :data:`analyses.drift.MIN_SPREAD`. A
     group that hardly varies between inputs ([CLS] in a sentence encoder's middle layers) has a tiny raw
     drift whatever the knockout does to it. Columns: the standard ones (role = group) plus
     ``intervention``, ``control``, ``n_clusters``, ``spread``."""
@@ -312,8 +310,8 @@ def knockout_drift(clean: Cache, treated: Cache, control: Cache | None = None, *
 
 def _holm_over_layers(df: pd.DataFrame, family: Sequence[str]) -> pd.DataFrame:
     """``df`` with ``p_holm`` on its tested rows (those with a ``p_value``): Holm over the layers of each
-    ``family`` (:func:`analyses.paired.add_holm`); the other rows keep NA."""
-    from analyses.paired import add_holm
+    ``family`` (:func:`analyses.stats.add_holm`); the other rows keep NA."""
+    from analyses.stats import add_holm
 
     if df.empty or "p_value" not in df.columns:
         return df
@@ -394,7 +392,7 @@ def knockout_probes(clean: Cache, treated: Cache, control: Cache | None = None, 
 def fraction_closed(d_clean: np.ndarray, d_patched: np.ndarray, groups: np.ndarray, *, n_resamples: int = 1000,
                     seed: int = 0) -> tuple[float, float, float]:
     """``1 − Σ d_patched / Σ d_clean``: the share of the clean drift that a patch closes, with a
-    cluster-bootstrap percentile CI (the ratio of sums of :func:`analyses.intervals.ratio_bootstrap_ci`)."""
+    cluster-bootstrap percentile CI (the ratio of sums of :func:`analyses.stats.ratio_bootstrap_ci`)."""
     point, lo, hi = ratio_bootstrap_ci(d_patched, d_clean, groups, n_resamples=n_resamples, seed=seed)
     return 1.0 - point, 1.0 - hi, 1.0 - lo
 

@@ -25,14 +25,10 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from analyses.drift import model_label
-from analyses.grouping import cache_groups
-from analyses.paired import add_holm
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
-                              keep_table, make_table, split_list, stored_table, table_lines)
+                              keep_table, make_table, model_label, split_list, stored_table, table_lines)
+from analyses.stats import add_holm, bootstrap_ci, cache_groups, check_resamples, paired_difference
 from analyses.selection import parse_choice, pooled
-from analyses.intervals import bootstrap_ci, check_resamples
-from analyses.stats import paired_difference
 from probing.cache import Cache
 from probing.cli import ArgumentParser
 from probing.layers import cache_layers
@@ -99,7 +95,7 @@ def run_knn(cache: Cache, choices: Sequence[str] = ("cls", "mean"), label: str =
     ``chance_knn_accuracy``) per layer and token choice. ``group``: a label whose equal values
     are never neighbours (``None``: only the example itself is excluded). The CI resamples documents
     when the corpus has a ``doc`` label, else examples (columns ``grouping``, ``n_groups``:
-    :func:`analyses.grouping.cache_groups`).
+    :func:`analyses.stats.cache_groups`).
 
     ``versus``: one of ``choices``; each other choice is then compared with it on the examples both
     have (``analysis="knn_comparison"``, ``metric="knn_accuracy_diff"``, ``choice`` − ``choice_b``:

@@ -44,13 +44,10 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from analyses.drift import group_labels, model_label, paired_rows
-from analyses.drift_metrics import MIN_SPREAD, pair_spread, rowwise_cosine
-from analyses.grouping import cache_groups
-from analyses.intervals import check_resamples
+from analyses.drift import MIN_SPREAD, group_labels, pair_spread, paired_rows, rowwise_cosine
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
-                              keep_table, make_table, stored_table, table_lines)
-from analyses.stats import holm, paired_difference, scale_difference
+                              keep_table, make_table, model_label, stored_table, table_lines)
+from analyses.stats import add_holm, cache_groups, check_resamples, paired_difference, scale_difference
 from probing.cli import ArgumentParser
 from probing.cache import align, check_comparable, check_prefix
 from probing.layers import resolve_layers, shared_layers
@@ -58,20 +55,6 @@ from probing.layers import resolve_layers, shared_layers
 Unit = Literal["token", "example"]
 #: What one paired item is, declared once: a token key, or an example (mean over its tokens).
 UNITS: tuple[str, ...] = get_args(Unit)
-
-def add_holm(df: pd.DataFrame, family: Sequence[str]) -> pd.DataFrame:
-    """Add ``p_holm``: :func:`holm` of ``p_value`` within each family of rows sharing the ``family``
-    columns (e.g. every layer of one role group and metric)."""
-    df = df.copy()
-    df["p_holm"] = np.nan
-    if df.empty:
-        return df
-    codes = df.groupby(list(family), sort=False, dropna=False).ngroup().to_numpy()
-    for c in np.unique(codes):
-        m = codes == c
-        df.loc[m, "p_holm"] = holm(df.loc[m, "p_value"].to_numpy(dtype=float))
-    return df
-
 
 def _per_example(values: np.ndarray, examples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Mean of ``values`` per example: ``(examples (m,), means (m,))`` in order of first appearance."""
@@ -193,12 +176,12 @@ def run_role_contrast(a, b, role: str = "cls", *, versus: str = "words", layers:
       the words';
     - ``metric="normalised_drift_diff_roles"``: of the drifts each divided by its own group's spread,
       ``1 −`` the mean cosine of ``n_pairs`` random pairs of that group's tokens from different examples
-      (both formats; :func:`analyses.drift_metrics.pair_spread`), so 1 = as far as that group's tokens
+      (both formats; :func:`analyses.drift.pair_spread`), so 1 = as far as that group's tokens
       in two random inputs. The raw difference compares a token with the words on the words' scale: where
       [CLS] is nearly the same vector for every input (a sentence encoder's middle layers: random pairs
       of [CLS] at 1 − cos ≈ 1e-5) its raw drift is tiny whatever the format does to it. The spreads are
       estimated once per layer and held fixed in the bootstrap; no row at a layer where either spread is
-      under :data:`analyses.drift_metrics.MIN_SPREAD` (the embedding layer's [CLS]).
+      under :data:`analyses.drift.MIN_SPREAD` (the embedding layer's [CLS]).
     """
     n_resamples = check_resamples(n_resamples)
     check_comparable(a, b)
@@ -294,11 +277,11 @@ def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] 
     also has a ``normalised_drift_growth``
     row: the same difference with both drifts divided by the cell's spread in the short inputs (``spread_a``:
     1 − the mean cosine of ``n_pairs`` random pairs of its tokens from different examples, both formats,
-    :func:`analyses.drift_metrics.pair_spread`), so 1 = as far as another input. One constant divides
+    :func:`analyses.drift.pair_spread`), so 1 = as far as another input. One constant divides
     both sides, so the CI scales and the p-value is the raw row's; what changes is the size read against
     a threshold: [CLS], nearly one vector for every input in a sentence encoder's middle layers, has a tiny
     raw drift whatever happens to it. No such row where the spread is under
-    :data:`analyses.drift_metrics.MIN_SPREAD`.
+    :data:`analyses.drift.MIN_SPREAD`.
 
     The unit is a choice: the cell's spread in the long inputs (``spread_b``, the same estimate over the long
     states of the same tokens) can differ from ``spread_a`` ([CLS]'s does, by up to 2x, in a sentence

@@ -102,25 +102,46 @@ def read_table(path: str | os.PathLike) -> pd.DataFrame:
     return pd.read_csv(path.with_suffix(".csv"))
 
 
+def source_files(root: Path) -> list[Path]:
+    """Every ``.py`` file under ``root``, in every subpackage (each family of :mod:`analyses`), sorted by
+    its path relative to ``root``."""
+    return sorted(root.rglob("*.py"), key=lambda f: f.relative_to(root).as_posix())
+
+
+def source_sha256(root: Path, extra: Iterable[Path] = ()) -> str:
+    """SHA-256 over the relative path and the bytes of each of :func:`source_files` of ``root``, then of
+    each file of ``extra`` (named by its file name)."""
+    h = hashlib.sha256()
+    named = [(f.relative_to(root).as_posix(), f) for f in source_files(root)] + [(f.name, f) for f in extra]
+    for name, f in named:
+        h.update(name.encode("utf-8") + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 @functools.cache
 def code_version() -> dict[str, str]:
     """What decides the numbers besides the options: the toolkit version and a SHA-256 over the source
-    of every module of :mod:`analyses` and of the read path (:mod:`probing.cache`, :mod:`probing.cache_layout`),
-    computed once per process. A code change gives new result keys, so a table computed by old code is not reused."""
+    of every module of :mod:`analyses`, its families' subpackages included (:func:`source_sha256`), and of
+    the read path (:mod:`probing.cache`, :mod:`probing.cache_layout`), computed once per process. A code
+    change gives new result keys, so a table computed by old code is not reused."""
     import probing
 
-    h = hashlib.sha256()
     here = Path(__file__).resolve().parent
     read_path = [Path(probing.__file__).resolve().parent / f for f in ("cache.py", "cache_layout.py")]
-    for f in [*sorted(here.glob("*.py")), *read_path]:
-        h.update(f.name.encode("utf-8") + b"\0" + f.read_bytes() + b"\0")
-    return {"toolkit": probing.__version__, "code_sha256": h.hexdigest()}
+    return {"toolkit": probing.__version__, "code_sha256": source_sha256(here, read_path)}
 
 
 def cache_identity(cache) -> dict[str, Any]:
     """A cache as a result key sees it: its directory name and its manifest's checksum, which covers
     the model and corpus fingerprints and every shard's SHA-256 (a rebuilt cache gets a new key)."""
     return {"name": cache.path.name, "manifest_sha256": cache.manifest.get("manifest_sha256")}
+
+
+def model_label(cache) -> str:
+    """The model column of result tables: ``name``, or ``name (random init, seed s)``."""
+    from probing.cache import describe_model
+
+    return describe_model(cache.manifest["model"], fingerprint=False)
 
 
 def result_key(config: Mapping[str, Any]) -> str:
@@ -231,14 +252,14 @@ CLI_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, OSError, Ru
 
 def resamples_arg(value: str) -> int:
     """An argparse ``type`` for ``--resamples``: a whole number from which a 95% interval can be computed
-    (:func:`analyses.intervals.check_resamples`), else a usage error naming the value.
+    (:func:`analyses.stats.check_resamples`), else a usage error naming the value.
 
     >>> resamples_arg("200")
     200
     """
     import argparse
 
-    from analyses.intervals import too_few_resamples
+    from analyses.stats import too_few_resamples
 
     try:
         number = int(value)
@@ -258,7 +279,7 @@ def add_output_options(parser, *, resamples: bool = False, seed: bool = True, pr
     from probing.cli import output_dir_arg
 
     if resamples:
-        from analyses.intervals import DEFAULT_RESAMPLES, MIN_RESAMPLES
+        from analyses.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
 
         parser.add_argument("--resamples", type=resamples_arg, default=DEFAULT_RESAMPLES,
                             help=f"bootstrap resamples of every interval, at least {MIN_RESAMPLES} "

@@ -269,7 +269,7 @@ def role_groups(tokens: pd.DataFrame) -> dict[str, np.ndarray]:
 
 def word_rows(tokens: pd.DataFrame, subword: str = "first") -> Callable | np.ndarray:
     """Rows of word tokens to use per word: ``first`` subword only (``mean`` is handled by callers
-    with :func:`analyses.drift_metrics.subword_pool`)."""
+    with :func:`analyses.drift.subword_pool`)."""
     if subword not in ("first", "mean"):
         raise ValueError(f"subword must be 'first' or 'mean', got {subword!r}")
     m = is_role(tokens, "word")

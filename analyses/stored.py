@@ -3,7 +3,7 @@
 The probes need one pooled vector per example for every (layer, token choice): for 100k examples of a
 768-wide model that is 300 MB per feature set, and a study probes dozens of them. Held in memory
 together they would make the peak grow with the corpus; :class:`StoredArray` keeps each in a file
-and is read (by ``np.asarray``) only while its batch is solved (:func:`analyses.probe_batched.probe_many_results`).
+and is read (by ``np.asarray``) only while its batch is solved (:func:`analyses.probes.probe_many_results`).
 :class:`PooledStore` pools each (layer, choice) of a cache once, into a temporary directory, for all
 the targets probed on it.
 

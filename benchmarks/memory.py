@@ -16,7 +16,7 @@ example) and then runs one mode:
 
 * ``extract``: :func:`probing.extract.extract` of formats pair and concat, roles cls,sep, into a
   temporary directory (deleted afterwards), shards of ``--shard-mb``;
-* ``stream``: :func:`analyses.streaming.stream_compare` of pair vs concat (drift of every role group,
+* ``stream``: :func:`analyses.drift.stream_compare` of pair vs concat (drift of every role group,
   CKA of cls, mean and the word groups, Poisson bootstrap), nothing written.
 
 The analysis modes read caches that the parent extracts first, once per size, in a subprocess of its
@@ -24,9 +24,9 @@ own (pair and concat, roles cls,sep,word, every layer; pair again with ``attenti
 worker opens them, then measures only the analysis:
 
 * ``drift``: :func:`analyses.drift.run_drift` pair vs concat (every layer and role group, bootstrap);
-* ``cka``: :func:`analyses.similarity.run_cka_matrix` of pair (layer x layer, choice ``mean``) and
-  :func:`analyses.similarity.run_cka_formats` pair vs concat (choices cls, mean);
-* ``probes``: :func:`analyses.probe_runner.run_probes` of pair (cls and mean, target topic, every
+* ``cka``: :func:`analyses.cka.run_cka_matrix` of pair (layer x layer, choice ``mean``) and
+  :func:`analyses.cka.run_cka_formats` pair vs concat (choices cls, mean);
+* ``probes``: :func:`analyses.probes.run_probes` of pair (cls and mean, target topic, every
   layer; the study's reduced grid: C in 0.01, 0.1, 1 and 2 inner folds), with ``--batch-mb`` as its
   memory bound per worker if given (the toolkit's default otherwise: at these sizes it does not bind,
   so the peak grows with the feature sets solved at once until it does);
@@ -118,7 +118,7 @@ def worker(args: argparse.Namespace) -> dict:
 
     from probing.extract import extract
     from probing.models import load_model
-    from analyses.streaming import stream_compare
+    from analyses.drift import stream_compare
 
     if args.worker in ANALYSES:
         return analysis_worker(args)
@@ -170,9 +170,9 @@ def analysis_worker(args: argparse.Namespace) -> dict:
     """Open the caches, note the RSS (interpreter, imports and open caches), reset the peak, run one
     analysis and return its peak above that baseline."""
     import analyses.attention
+    import analyses.cka
     import analyses.drift
-    import analyses.probe_runner
-    import analyses.similarity
+    import analyses.probes
     from probing.cache import Cache
 
     import pyarrow.parquet  # noqa: F401 (an import, part of the baseline, not of the tables read below)
@@ -191,10 +191,10 @@ def analysis_worker(args: argparse.Namespace) -> dict:
     if args.worker == "drift":
         analyses.drift.run_drift(pair, concat, n_resamples=args.resamples, progress=False)
     elif args.worker == "cka":
-        analyses.similarity.run_cka_matrix(pair, choice="mean")
-        analyses.similarity.run_cka_formats(pair, concat, ("cls", "mean"))
+        analyses.cka.run_cka_matrix(pair, choice="mean")
+        analyses.cka.run_cka_formats(pair, concat, ("cls", "mean"))
     elif args.worker == "probes":
-        analyses.probe_runner.run_probes(pair, ("cls", "mean"), ("topic",), Cs=[0.01, 0.1, 1.0], inner_splits=2,
+        analyses.probes.run_probes(pair, ("cls", "mean"), ("topic",), Cs=[0.01, 0.1, 1.0], inner_splits=2,
                                          batch_mb=args.batch_mb, progress=False)
     else:
         analyses.attention.run_attention(att, n_resamples=args.resamples)

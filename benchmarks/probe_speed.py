@@ -31,9 +31,7 @@ import torch  # imported before either path is timed, as scikit-learn is (about 
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from analyses.probe_batched import probe_many_results  # noqa: E402
-from analyses.probe_metrics import DTYPES  # noqa: E402
-from analyses.probe_results import cross_validate_probe  # noqa: E402
+from analyses.probes import DTYPES, cross_validate_probe, probe_many_results  # noqa: E402
 from probing.workers import thread_map  # noqa: E402
 
 

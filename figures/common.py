@@ -126,7 +126,7 @@ def ci_band(ax, x: np.ndarray, lo: Any, hi: Any, color: str, alpha: float = BAND
 
 def resampled_units(rows: pd.DataFrame) -> str:
     """The unit the bootstrap of ``rows`` resampled, in words, from their ``grouping`` column
-    (:mod:`analyses.grouping`): ``documents``, ``examples``, or both joined by ``or``; ``examples`` where
+    (:mod:`analyses.stats`): ``documents``, ``examples``, or both joined by ``or``; ``examples`` where
     the table does not say.
 
     >>> resampled_units(pd.DataFrame({"grouping": ["document", "document"]}))

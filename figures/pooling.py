@@ -1,7 +1,7 @@
 """Q8: is [CLS] better than mean pooling, and after fine-tuning would any token do?
 
 ``plot_pooling`` draws, per pooling choice, the fine-tuned test accuracy (every run a dot) from
-:mod:`analyses.pooling` (``analysis="finetune_pooling"``: ``pooling`` names the pooling, ``metric="test_accuracy"``
+:mod:`analyses.finetune._experiment` (``analysis="finetune_pooling"``: ``pooling`` names the pooling, ``metric="test_accuracy"``
 per run, ``"test_accuracy_mean"`` per pooling; tables written before that column existed named it
 ``role`` and are read too) beside the frozen accuracy of the same token choice.
 Tables of the current protocol carry their own frozen probe on the same splits

@@ -43,7 +43,7 @@ class LayerRows:
     """Rows of one layer of a cache, read on demand: a read-only ``(n_rows, hidden)`` float32 array-like.
     Indexing by a slice or an integer array returns an ndarray (:meth:`Cache.states` of those rows);
     ``np.asarray`` reads them all. Metrics that read their inputs in row blocks
-    (:mod:`analyses.drift_metrics`) accept it as they accept a memory map (``lazy_rows`` says so)."""
+    (:mod:`analyses.drift._metrics`) accept it as they accept a memory map (``lazy_rows`` says so)."""
 
     lazy_rows = True
     ndim = 2

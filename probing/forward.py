@@ -1,4 +1,4 @@
-"""The forward pass shared by extraction (:mod:`probing.extract`) and streaming (:mod:`analyses.streaming`):
+"""The forward pass shared by extraction (:mod:`probing.extract`) and streaming (:mod:`analyses.drift._streaming`):
 model start-up on a device and dtype, batching and collation of rendered examples, and the pass itself.
 
     with running(model, device="cpu", dtype="float32") as lm:

@@ -4,7 +4,7 @@ Everything here happens before the first forward pass, so bad input fails before
 A :class:`Plan` holds a few integers per example, not the rendered inputs: shards are rendered
 (:func:`render_shard`) only when they are computed, and planning tokenizes the corpus ``_CHUNK``
 examples at a time, so memory does not grow with the corpus beyond the corpus itself.
-Used by :mod:`probing.extract` (caches) and :mod:`analyses.streaming` (no cache).
+Used by :mod:`probing.extract` (caches) and :mod:`analyses.drift._streaming` (no cache).
 """
 
 from __future__ import annotations

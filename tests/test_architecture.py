@@ -128,7 +128,7 @@ def import_graph(lazy: bool = False) -> nx.DiGraph:
 def test_the_walk_sees_the_known_arrows():
     """The walker itself: a top-level import, a relative one and one inside a function are all found."""
     graph = import_graph()
-    assert graph.has_edge("analyses.similarity", "probing.cache")  # top level, absolute
+    assert graph.has_edge("analyses.cka._runner", "probing.cache")  # top level, absolute
     assert graph.has_edge("probing.study.__main__", "probing.study.runner")  # relative (from .runner)
     lazy = [(a, b) for a, b in graph.edges if layer(a) == "probing.study" and layer(b) == "figures"]
     assert lazy, "the study draws figures through imports inside functions; the walk must see them"
@@ -172,6 +172,141 @@ def test_the_walk_sees_lazy_string_references(tmp_path):
     graph.add_edges_from(("probing", m) for m in named_modules(upward, modules))
     assert upward_arrows(graph) == ["probing (probing core) imports figures.drift (figures)",
                                     "probing (probing core) imports probing.study (probing.study)"]
+
+
+# ---------------------------------------------------------------------------------- analyses' families
+
+
+def family(module: str) -> str | None:
+    """The family of analyses a module belongs to: ``analyses.<name>``, a subpackage (``analyses.probes``)
+    or a top-level module that is a family of one (``analyses.results``); ``analyses`` for the package's
+    own ``__init__``; None outside analyses (the probing core, figures and the study belong to none)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "analyses" else None
+
+
+def is_private(part: str) -> bool:
+    return part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
+
+
+def private_in(dotted: str) -> bool:
+    """Whether ``dotted`` (a module, or a module's attribute) names a private part of its family: a
+    private module (``analyses.probes._solver``) or a private name (``analyses.results._x``)."""
+    fam = family(dotted)
+    return fam is not None and any(is_private(p) for p in dotted[len(fam):].split(".") if p)
+
+
+def foreign_private_imports(path: Path, module: str) -> list[str]:
+    """Each place ``path`` (the module ``module``) reaches into another family's private part: an import
+    of a private module or name (relative imports resolved), or an attribute ``m._x`` of a module it
+    imported under a name (``import analyses.stats as st; st._x``)."""
+    own = family(module)
+    is_package = path.name == "__init__.py"
+    tree = ast.parse(path.read_text(), str(path))
+    bound: dict[str, str] = {}
+    out = []
+
+    def check(dotted: str, node: ast.AST) -> None:
+        if family(dotted) not in (None, own) and private_in(dotted):
+            out.append(f"{module}:{node.lineno} {dotted}")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                check(alias.name, node)
+                if alias.asname:
+                    bound[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module
+            check(prefix, node)
+            for alias in node.names:
+                check(f"{prefix}.{alias.name}", node)
+                bound[alias.asname or alias.name] = f"{prefix}.{alias.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound:
+            check(f"{bound[node.value.id]}.{node.attr}", node)
+    return out
+
+
+def test_no_module_reaches_into_another_familys_private_names():
+    """An underscore means "only this family uses it": no module of analyses, the probing core, figures
+    or the study imports another family's private module or name (a name another family needs is public,
+    exported by its family's ``__init__``)."""
+    found = [hit for mod, path in toolkit_modules().items() for hit in foreign_private_imports(path, mod)]
+    assert not found, "imports of another family's private names:\n  " + "\n  ".join(found)
+
+
+def test_the_private_name_check_can_fail(tmp_path):
+    """The check above sees a private module, a private name, a relative import and a module attribute,
+    and lets a family use its own private modules."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("from analyses.probes._solver import feature_basis\n"
+                     "from analyses.results import _hidden\n"
+                     "from .._metrics import subword_pool\n"
+                     "import analyses.stats as st\n"
+                     "x = st._stats\n"
+                     "from analyses.drift._metrics import rowwise_cosine\n"
+                     "from analyses.cka import linear_cka\n")
+    hits = foreign_private_imports(probe, "analyses.drift._runner")
+    assert [h.split(" ")[1] for h in hits] == ["analyses.probes._solver", "analyses.probes._solver.feature_basis",
+                                               "analyses.results._hidden", "analyses.stats._stats"]
+    study = foreign_private_imports(probe, "probing.study.questions")
+    assert "analyses.drift._metrics.rowwise_cosine" in {h.split(" ")[1] for h in study}
+    assert family("analyses.probes._solver") == "analyses.probes" and family("figures.drift") is None
+
+
+def analyses_families() -> list[str]:
+    """The subpackages of analyses (each a family with private modules and public names)."""
+    return sorted(p.parent.name for p in (ROOT / "analyses").glob("*/__init__.py"))
+
+
+def test_families_are_the_subpackages_planned():
+    assert analyses_families() == ["cka", "contextuality", "drift", "finetune", "probes", "stats"]
+
+
+@pytest.mark.parametrize("name", analyses_families())
+def test_each_family_exports_public_names_only(name):
+    """A family's ``__init__`` declares ``__all__``: every name public and defined, and every module of
+    the family private (a leading underscore) but ``__init__`` and ``__main__``."""
+    package = importlib.import_module(f"analyses.{name}")
+    assert package.__all__ and not [n for n in package.__all__ if is_private(n)]
+    assert [n for n in package.__all__ if not hasattr(package, n)] == []
+    modules = {p.stem for p in (ROOT / "analyses" / name).glob("*.py")} - {"__init__", "__main__"}
+    assert modules and all(is_private(m) for m in modules), sorted(modules)
+
+
+# ---------------------------------------------------------------------------------- result keys
+
+
+def test_result_keys_hash_every_file_of_every_family(tmp_path):
+    """``code_version`` hashes every ``.py`` under ``analyses/``, each family's subpackage included, by
+    relative path: a change inside a family, or a file moved between families, gives new result keys."""
+    import shutil
+
+    from analyses.results import code_version, source_files, source_sha256
+
+    root = ROOT / "analyses"
+    files = [f.relative_to(root).as_posix() for f in source_files(root)]
+    assert files == sorted(f.relative_to(root).as_posix() for f in root.rglob("*.py"))
+    assert {"results.py", "probes/_solver.py", "cka/_numerics.py", "stats/_intervals.py"} <= set(files)
+    read_path = [ROOT / "probing" / "cache.py", ROOT / "probing" / "cache_layout.py"]
+    assert code_version()["code_sha256"] == source_sha256(root, read_path)
+
+    copy = tmp_path / "analyses"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    before = source_sha256(copy)
+    assert before == source_sha256(root)
+    solver = copy / "probes" / "_solver.py"
+    solver.write_text(solver.read_text() + "\n# one more line\n")
+    changed = source_sha256(copy)
+    assert changed != before
+    (copy / "probes" / "_solver.py").rename(copy / "cka" / "_solver.py")
+    assert source_sha256(copy) not in (before, changed)
 
 
 # ---------------------------------------------------------------------------------- console script
@@ -253,6 +388,20 @@ def test_console_command_help_exits_0(name):
     done = console(name, "--help")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage" in done.stdout.lower()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(n for n, m in command_modules().items() if m.startswith("analyses")))
+def test_python_m_runs_each_analyses_command(name):
+    """``python -m analyses.<family>`` (a family's ``__main__``) or ``python -m analyses.<module>`` is the
+    command the console script names."""
+    from probing.study.console import module_command
+
+    module = module_command(command_modules()[name])
+    done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith(f"usage: python -m {module} "), done.stdout[:200]
 
 
 def test_console_unknown_command_is_an_error():

@@ -142,7 +142,7 @@ def test_a_corpus_spec_with_a_missing_cell_is_refused(tmp_path):
 # -- 1b. a cache whose examples lack a document id: the analyses refuse, never group by example -------------
 
 def test_grouping_refuses_a_doc_label_some_examples_lack():
-    from analyses.grouping import example_groups, table_groups
+    from analyses.stats._grouping import example_groups, table_groups
 
     numbers = pd.DataFrame({"label_doc": [1.0, np.nan, 2.0], "example_id": ["a", "b", "c"]}, index=[0, 1, 2])
     with pytest.raises(ValueError, match=r"^c1: the 'doc' label is missing for 1 of 3 examples \('b'\)"):

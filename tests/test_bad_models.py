@@ -184,7 +184,7 @@ def test_the_refusal_is_the_first_line_a_user_sees(name, models, tmp_path):
 
 
 def test_the_study_and_the_pooling_command_refuse_a_bad_model(models, tmp_path, monkeypatch, capsys):
-    from analyses.pooling import main as pooling_main
+    from analyses.finetune._experiment import main as pooling_main
     from probing.study.runner import main as study_main
 
     monkeypatch.chdir(tmp_path)
@@ -290,7 +290,7 @@ def baseline_caches(tmp_path_factory, bert_tokenizer) -> dict[str, Path]:
 
 
 def test_a_forged_baseline_is_refused_by_run_probes(baseline_caches, tmp_path):
-    from analyses.probe_runner import run_probes
+    from analyses.probes._runner import run_probes
     from probing.cache import check_comparable
 
     trained, forged = Cache.open(baseline_caches["trained"]), Cache.open(baseline_caches["forged"])

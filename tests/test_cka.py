@@ -1,4 +1,4 @@
-"""Tests for analyses/cka.py: known answers, invariances, a slow float64 Gram-form reference,
+"""Tests for analyses/cka/_metrics.py: known answers, invariances, a slow float64 Gram-form reference,
 streaming == in-memory, merging, the torch path, and the error/undefined paths."""
 
 from __future__ import annotations
@@ -432,7 +432,7 @@ def test_inputs_not_modified():
 
 def test_blocked_symmetric_products_match(monkeypatch):
     """numpy's A @ A.T (syrk) segfaults for large A (numpy #19685); the blocked path must agree."""
-    import analyses.cka_numerics as cka_mod
+    import analyses.cka._numerics as cka_mod
 
     X, Y = related(6, n=50, d1=23, d2=9)
     rng = np.random.default_rng(6)
@@ -512,7 +512,7 @@ def test_streaming_batches_of_very_different_scales(debiased):
     assert a.merge(b).result() == pytest.approx(expect, rel=1e-6)
 
 
-@pytest.mark.parametrize("module", ["analyses.cka", "analyses.cka_streaming"])
+@pytest.mark.parametrize("module", ["analyses.cka._metrics", "analyses.cka._streaming"])
 def test_doctests(module):
     import doctest
     import importlib

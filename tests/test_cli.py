@@ -11,9 +11,9 @@ import pytest
 #: module with a ``main(argv)`` -> whether its work is long (it must take --no-progress).
 COMMANDS: dict[str, bool] = {
     "probing.extract": True, "probing.study.runner": True,
-    "analyses.drift": True, "analyses.similarity": True, "analyses.probes": True, "analyses.attention": True,
+    "analyses.drift": True, "analyses.cka": True, "analyses.probes": True, "analyses.attention": True,
     "analyses.contextuality": True, "analyses.neighbours": True, "analyses.paired": True,
-    "analyses.interventions": True, "analyses.pooling": True,
+    "analyses.interventions": True, "analyses.finetune": True,
     "figures.drift": False, "figures.cka": False, "figures.probes": False, "figures.attention": False,
     "figures.pooling": False, "figures.contextuality": False, "figures.interventions": False,
 }

@@ -7,12 +7,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyses import contextuality as ctx
-from analyses import contextuality_metrics
-from analyses.contextuality import METRICS, run_contextuality
-from analyses.contextuality_metrics import (choose_contexts, intra_similarity, join_subwords, max_explainable_variance,
-                                            random_word_sets, self_similarity, word_table)
-from analyses.drift_metrics import anisotropy_baseline_ci
+import analyses.contextuality._runner as ctx
+import analyses.contextuality._metrics as contextuality_metrics
+from analyses.contextuality import (METRICS, choose_contexts, intra_similarity, join_subwords, max_explainable_variance,
+                                    random_word_sets, run_contextuality, self_similarity, word_table)
+from analyses.drift import anisotropy_baseline_ci
 from analyses.results import RESULT_COLUMNS
 from probing.cache import Cache
 from probing.extract import extract

@@ -1,4 +1,4 @@
-"""Known-answer tests for analyses.drift_metrics, analyses.intervals and analyses.stats."""
+"""Known-answer tests for analyses.drift._metrics, analyses.stats._intervals and analyses.stats."""
 
 from __future__ import annotations
 
@@ -11,14 +11,13 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-import analyses.drift_metrics as dm
-import analyses.intervals as iv
-import analyses.stats as st
-from analyses.drift_metrics import (
-    DRIFT_METRICS, anisotropy_baseline, anisotropy_baseline_ci, drift_summary, fit_standardization,
-    normalised_drift, random_pair_indices, relative_l2, rowwise_cosine, standardize, subword_pool,
-)
-from analyses.intervals import bootstrap_ci, t_interval
+import analyses.drift._metrics as dm
+import analyses.stats._intervals as iv
+import analyses.stats._stats as st
+from analyses.drift import (DRIFT_METRICS, anisotropy_baseline, anisotropy_baseline_ci, drift_summary,
+                            fit_standardization, normalised_drift, random_pair_indices, relative_l2, rowwise_cosine,
+                            standardize, subword_pool)
+from analyses.stats import bootstrap_ci, t_interval
 from analyses.results import RESULT_COLUMNS, make_table
 
 

@@ -134,7 +134,7 @@ def attention_table(seed: int = 0, formats=("pair",), k: int = 2, heads: int = 1
 
 def pooling_table(seed: int = 0, poolings=("cls", "mean", "max", "sep1", "first_word", "pos3"), seeds=(0, 1, 2),
                   label: str = "topic", summary: bool = True) -> pd.DataFrame:
-    """Fine-tuning rows as analyses.pooling writes them: per-seed accuracy, per-pooling summary
+    """Fine-tuning rows as analyses.finetune._experiment writes them: per-seed accuracy, per-pooling summary
     with ``sd``, one majority-baseline row."""
     rng = np.random.default_rng(seed)
     base = dict(analysis="finetune_pooling", model=MODEL, corpus=CORPUS, format="pair", format_b="", layer=6,

@@ -197,7 +197,7 @@ def test_every_module_either_runs_or_names_the_command_to_run(capsys, monkeypatc
 
     modules = _toolkit_modules()
     commands = {m for m, p in modules.items() if _entry_function(m, p) is not None}
-    assert {"analyses.drift", "analyses.similarity", "probing.extract", "probing.study.__main__",
+    assert {"analyses.drift.__main__", "analyses.cka.__main__", "probing.extract", "probing.study.__main__",
             "figures.__main__", "figures.drift"} <= commands
     refused = suggested = 0
     for module, path in modules.items():
@@ -224,12 +224,13 @@ def test_every_module_either_runs_or_names_the_command_to_run(capsys, monkeypatc
         refused += 1
         suggested += bool(named)
     assert refused > 40 and suggested > 40
-    cka = module_guard.library_message("analyses.cka")
-    assert "run: python -m analyses.similarity / probing cka" in cka, cka
+    cka = module_guard.library_message("analyses.cka._metrics")
+    assert "run: python -m analyses.cka / probing cka" in cka, cka
 
 
 @pytest.mark.parametrize("module, rc, first", [
-    ("analyses.cka", 2, "error: analyses.cka is a library module, not a command; run: python -m analyses.similarity"),
+    ("analyses.cka._metrics", 2,
+     "error: analyses.cka._metrics is a library module, not a command; run: python -m analyses.cka"),
     ("analyses", 2, "error: analyses is a library package, not a command"),
     ("figures", 0, "usage: python -m figures KIND"),
 ])

@@ -9,11 +9,9 @@ import pandas as pd
 import pytest
 import torch
 
-import analyses.finetune as FT
-from analyses.finetune import PooledClassifier, finetune, training_inputs
-from analyses.finetune_config import PRESETS, TrainConfig, native_bfloat16, preset_config, resolve_autocast
-from analyses.pooling import experiment_config
-from analyses.pooling_choices import get_pooling, pooling_mask
+import analyses.finetune._train as FT
+from analyses.finetune import PooledClassifier, experiment_config, finetune, get_pooling, pooling_mask, training_inputs
+from analyses.finetune._config import PRESETS, TrainConfig, native_bfloat16, preset_config, resolve_autocast
 from probing.examples import Example
 from probing.formats import Format
 
@@ -116,7 +114,7 @@ def test_auto_autocast_is_on_only_where_the_cpu_computes_bfloat16(monkeypatch, a
 def test_auto_autocast_is_decided_before_the_result_key(tiny, tmp_path, monkeypatch):
     """run_pooling_experiment keys and runs with the decided value: the stored result of an "auto" run on a
     CPU without native bfloat16 is the float32 run's, and the forward passes ran in float32."""
-    from analyses.pooling import run_pooling_experiment
+    from analyses.finetune import run_pooling_experiment
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
@@ -165,7 +163,7 @@ def test_concurrent_fine_tuning_runs_equal_one_at_a_time(tiny):
     """Q8 with two CPU workers (runs side by side, dropout on) gives the table and predictions of one
     worker and of the default (runs one at a time, no workers), run by run: each run draws its own
     random stream."""
-    from analyses.pooling import run_pooling_experiment
+    from analyses.finetune import run_pooling_experiment
 
     from .test_pooling import keyword_examples
 
@@ -189,7 +187,7 @@ def test_each_run_hands_its_freed_memory_back_after_it_is_freed(tiny, monkeypatc
     import gc
     import weakref
 
-    import analyses.finetune as F
+    import analyses.finetune._train as F
 
     copies, seen = [], []
     real_deepcopy = F.copy.deepcopy
@@ -248,7 +246,7 @@ def test_activation_checkpointing_is_the_same_run_with_layers_recomputed(tiny):
 
 def test_activation_checkpointing_with_concurrent_runs_equals_one_at_a_time(tiny):
     """Two workers, checkpointed: each backward pass replays its run's dropout from its own stream."""
-    from analyses.pooling import run_pooling_experiment
+    from analyses.finetune import run_pooling_experiment
 
     kw = dict(model=tiny, progress=False, with_predictions=True, epochs=2, batch_size=8, lr=1e-3, max_length=None,
               device="cpu", preset="quick", folds=3, run_folds=2, max_train=10_000)

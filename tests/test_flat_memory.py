@@ -6,15 +6,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import analyses.drift_metrics as drift_metrics
-import analyses.intervals as intervals
+import analyses.drift._metrics as drift_metrics
+import analyses.stats._intervals as intervals
 import analyses.selection as selection
 import probing.cache as cache_module
 from analyses.attention import group_counts
-from analyses.cka import linear_cka_matrix
+from analyses.cka import linear_cka_matrix, run_cka_matrix
 from analyses.drift import run_drift
-from analyses.grouping import cache_groups, table_groups
-from analyses.similarity import run_cka_matrix
+from analyses.stats import cache_groups, table_groups
 from probing.cache import Cache
 from probing.extract import extract
 
@@ -117,7 +116,7 @@ def test_streaming_cka_matrix_equals_the_whole_array_matrix(caches, small_chunks
     pair, concat = caches[:2]
     b = concat if across else None
     df = run_cka_matrix(pair, b, choice=choice, debiased=debiased)
-    from analyses.similarity import _paired
+    from analyses.cka._runner import _paired
 
     other = concat if across else pair
     Xs = [_paired(pair, other, choice, layer)[0] for layer in pair.layers]
@@ -179,7 +178,7 @@ def test_group_counts_equal_a_count_per_token(caches):
 
 
 def test_streamed_cka_formats_equal_the_whole_array_cka(caches, small_chunks, monkeypatch):
-    import analyses.similarity as similarity
+    import analyses.cka._runner as similarity
 
     pair, concat = caches[:2]
     args = dict(choices=("cls", "mean", "s1 words"), metrics=("linear_cka", "linear_cka_debiased", "rbf_cka"))
@@ -236,7 +235,7 @@ def test_attention_summaries_and_from_all_tokens_in_chunks(caches, monkeypatch):
 def _attention_whole(cache, n_resamples=200):
     """run_attention's table computed as it was before streaming: every summary in memory at once."""
     from analyses.attention import ALL_SEP, ALL_TOKENS, WEIGHTINGS, _is_sep, from_all_tokens, target_masses
-    from analyses.intervals import bootstrap_ci
+    from analyses.stats import bootstrap_ci
     from analyses.selection import attention_group_names
 
     examples, mass, groups = cache.attention()
@@ -328,7 +327,7 @@ def test_pooled_store_computes_each_key_once_and_removes_its_directory():
 
 @pytest.mark.parametrize("shape", [(1, 3), (255, 5), (256, 7), (1000, 24), (4097, 3)])
 def test_column_moments_equal_numpys_bit_for_bit(shape):
-    from analyses.probe_batched import column_moments
+    from analyses.probes._batched import column_moments
 
     rng = np.random.default_rng(shape[0])
     a = (rng.normal(size=shape) * rng.uniform(0.1, 30, shape[1]) + rng.normal(0, 50, shape[1])).astype(np.float32)
@@ -354,7 +353,7 @@ def test_batched_probes_read_lazy_features_per_batch_with_the_same_results(batch
     """Lazy features give the results of arrays in memory, bit for bit. With one batch per worker each
     set is read once (kept from the spectrum pass to the solve); with more batches than workers (the
     bound binding) each is read again for its solve instead of being held."""
-    from analyses.probe_batched import probe_many_results
+    from analyses.probes import probe_many_results
 
     from .test_probes import CS, planted
 
@@ -378,7 +377,7 @@ def test_batched_probes_read_lazy_features_per_batch_with_the_same_results(batch
 
 
 def test_batched_probes_refuse_a_lazy_feature_set_read_with_another_shape():
-    from analyses.probe_batched import probe_many_results
+    from analyses.probes import probe_many_results
 
     from .test_probes import CS, planted
 
@@ -398,7 +397,7 @@ def test_batched_probes_refuse_a_lazy_feature_set_read_with_another_shape():
 def test_run_probes_batch_bound_is_checked_and_leaves_no_pooled_files(caches, tmp_path, monkeypatch, capsys):
     import tempfile
 
-    from analyses.probe_runner import batch_elements, main, run_probes
+    from analyses.probes import batch_elements, main, run_probes
 
     assert batch_elements(1) == 2 ** 18 and batch_elements(None) > batch_elements(16)
     for bad in (0, -1, float("nan")):

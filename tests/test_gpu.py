@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from analyses.probe_batched import probe_many_results
-from analyses.streaming import stream_compare
+from analyses.probes import probe_many_results
+from analyses.drift import stream_compare
 from probing.cache import Cache
 from probing.extract import extract
 from probing.interventions import Intervention
@@ -167,7 +167,7 @@ def test_fine_tuning_on_the_gpu_learns_with_and_without_autocast(bert_tokenizer)
 
 
 def test_frozen_and_fine_tuned_pooling_on_the_gpu(bert_tokenizer):
-    from analyses.pooling import run_pooling_experiment
+    from analyses.finetune import run_pooling_experiment
 
     from .test_pooling import keyword_examples
 

@@ -1,4 +1,4 @@
-"""Paired comparisons (analyses.paired) and document grouping (analyses.grouping) on constructed data
+"""Paired comparisons (analyses.paired) and document grouping (analyses.stats._grouping) on constructed data
 with a known answer, and on tiny caches whose examples carry a ``doc`` label."""
 
 import gc
@@ -8,12 +8,10 @@ import pandas as pd
 import pytest
 
 from analyses.attention import run_attention
-from analyses.drift import run_drift
-from analyses.drift_metrics import drift_summary
-from analyses.grouping import cache_groups, example_groups
+from analyses.drift import drift_summary, run_drift
+from analyses.stats import add_holm, cache_groups, example_groups, holm, paired_difference, sign_flip_p_value
 from analyses.neighbours import run_knn
-from analyses.paired import add_holm, main, run_paired_attention, run_paired_drift, run_role_contrast
-from analyses.stats import holm, paired_difference, sign_flip_p_value
+from analyses.paired import main, run_paired_attention, run_paired_drift, run_role_contrast
 from probing.cache import Cache
 from probing.examples import Example
 from probing.extract import extract
@@ -69,7 +67,7 @@ def test_sign_flip_p_has_no_floor_at_two_over_n_resamples():
     fewer than 10 of the first n draws reach the observed sum, drawing goes on (Besag & Clifford 1991):
     a strong effect gets a p that Holm over 36 rows passes, and a p near 0.004 is estimated from its
     tenth reaching draw, close to the exact value."""
-    from analyses import stats
+    from analyses.stats import _stats as stats
 
     rng = np.random.default_rng(0)
     g = np.repeat(np.arange(40), 5)

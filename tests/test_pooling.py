@@ -11,14 +11,12 @@ import pandas as pd
 import pytest
 import torch
 
-import analyses.finetune as FT
-import analyses.pooling as P
-from analyses.finetune import epoch_batches, finetune, sorted_batches, train_test_split
-from analyses.finetune_config import PRESETS, TrainConfig
-from analyses.pooling import run_pooling_experiment
-from analyses.pooling_choices import POOLINGS, get_pooling, pool, pooling_mask
+import analyses.finetune._train as FT
+import analyses.finetune._experiment as P
+from analyses.finetune import (POOLINGS, PRESETS, TrainConfig, epoch_batches, finetune, get_pooling, pool, pooling_mask,
+                               run_pooling_experiment, sorted_batches, train_test_split)
 from analyses.selection import TOKEN_CHOICES
-from analyses.grouping import example_groups
+from analyses.stats import example_groups
 from probing.examples import Example
 from probing.formats import Format, render, special_token_ids, tokenize_sentences
 from probing.models import prepare_model
@@ -294,7 +292,7 @@ def test_table_has_every_run_and_summaries(tiny):
     assert (diff["p_holm"] >= diff["p_value"] - 1e-12).all() and diff["p_value"].between(0, 1).all()
     # two training seeds: every CI with a fine-tuned side resamples the seeds as well as the documents
     # (seed_document_ci on each item's correctness per seed); the frozen-only ones do not
-    from analyses.pooling_table import seed_document_ci
+    from analyses.finetune import seed_document_ci
 
     per_seed = pred[pred.condition == "fine_tuned"].groupby(["pooling", "example", "seed"])["correct"].mean()
     docs = pred.drop_duplicates("example").set_index("example")["doc"]
@@ -561,8 +559,8 @@ def test_seed_document_ci_holds_the_randomness_of_training():
     """Planted: seed 1's model loses a tenth of seed 0's hits. A bootstrap over documents of the seed-averaged
     items misses that spread; the two-stage bootstrap (seeds, then documents) is wider and holds both seeds'
     accuracies. Null: identical seeds give the documents-only interval; a side against itself gives 0."""
-    from analyses.intervals import bootstrap_ci
-    from analyses.pooling_table import seed_document_ci
+    from analyses.stats import bootstrap_ci
+    from analyses.finetune import seed_document_ci
 
     rng = np.random.default_rng(1)
     docs = np.repeat(np.arange(75), 8)

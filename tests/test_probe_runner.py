@@ -4,12 +4,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyses.probe_runner import example_target, run_probes
+from analyses.probes import STOP_WORDS, content_vocabulary, example_target, function_vocabulary, presence, run_probes
 from probing.cache import Cache
 from probing.extract import extract
 from probing.models import prepare_model
 
-from analyses.vocabulary import STOP_WORDS, content_vocabulary, function_vocabulary, presence
 from probing.corpus_generated import generated_corpus
 
 from .conftest import make_tiny_bert, sample_examples
@@ -62,7 +61,7 @@ def test_random_versus_compares_each_choice_with_itself_on_random_weights(caches
     random-init model, on the same resamples of the same items: value_a and value_b are the two models' own
     macro AUC rows, the difference their difference, Holm over each choice's layers; single-label targets
     and other choices get none; asking without a random cache, or for a choice not probed, is an error."""
-    from analyses.probe_runner import main
+    from analyses.probes import main
 
     a, b = caches
     kw = dict(n_splits=3, Cs=(1.0,), max_iter=100, vocab=8, progress=False, control=False)
@@ -135,7 +134,7 @@ def test_targets(caches):
 def test_random_cache_must_be_the_random_init_baseline(caches, tmp_path, bert_tokenizer, capsys):
     """Issue 10, item 5: a trained model on another corpus was accepted as --random-cache and labelled
     random_init. The baseline must have random weights, this model's architecture, corpus and format."""
-    from analyses.probe_runner import main
+    from analyses.probes import main
     from probing.cache import IncomparableCaches
 
     a, _ = caches
@@ -236,7 +235,7 @@ def test_document_grouping_items_and_length_baseline(doc_caches, tmp_path):
     ln = ln[(ln["metric"] == "accuracy")].set_index("choice")["value"]
     assert ln.loc["length_only"] > 0.95
     # every layer's probe against the length-only probe, paired on the same items
-    from analyses.probe_runner import compare_probes
+    from analyses.probes import compare_probes
 
     vs_length = compare_probes(items[items["target"] == "topic"], a={"choice": "cls"}, b={"choice": "length_only"},
                                n_resamples=100)
@@ -306,7 +305,7 @@ def test_topic_refused_where_undefined(doc_caches):
 
 
 def test_compare_probes_pairs_items(doc_caches):
-    from analyses.probe_runner import compare_probes
+    from analyses.probes import compare_probes
 
     c, _ = doc_caches
     _, items = run_probes(c, ("cls", "mean"), ("topic",), n_splits=3, Cs=(1.0,), max_iter=100, items=True,
@@ -329,7 +328,7 @@ def test_compare_probes_pairs_items(doc_caches):
 
 
 def test_cli_refuses_undefined_topic_and_stores_items(doc_caches, tmp_path, capsys):
-    from analyses.probe_runner import main
+    from analyses.probes import main
 
     same, other = doc_caches
     out = tmp_path / "r"
@@ -349,7 +348,7 @@ def test_cli_refuses_undefined_topic_and_stores_items(doc_caches, tmp_path, caps
 
 
 def test_compare_trained_with_random_init_on_the_same_items(caches):
-    from analyses.probe_runner import compare_probes
+    from analyses.probes import compare_probes
 
     a, b = caches
     _, items = run_probes(a, ("cls",), ("topic",), random_cache=b, n_splits=3, Cs=(1.0,), max_iter=100,
@@ -364,7 +363,7 @@ def test_compare_trained_with_random_init_on_the_same_items(caches):
 def test_cli_takes_every_study_setting(caches, tmp_path, capsys):
     """The study's [probes] settings on the command line, with the shared vocabulary; bad values are
     usage errors (``error: ...``, exit 2) and nothing is written."""
-    from analyses.probe_runner import main
+    from analyses.probes import main
 
     a, _ = caches
     out = tmp_path / "r"
@@ -400,7 +399,7 @@ def test_topic_is_refused_where_any_sentence_has_another_topic_and_left_out_by_t
     from types import SimpleNamespace
 
     from analyses.interventions import _items
-    from analyses.probe_runner import _topic, topic_mismatch
+    from analyses.probes._runner import _topic, topic_mismatch
     from probing.cache import Cache
 
     table = pd.DataFrame({"example": [0, 1, 2, 3], "label_topic": ["a", "a", "b", "b"],

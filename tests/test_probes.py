@@ -17,8 +17,8 @@ from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from analyses.probe_metrics import _evaluate_fold
-from analyses.probe_solver import HISTORY, _lbfgs, _Problems
+from analyses.probes._metrics import _evaluate_fold
+from analyses.probes._solver import HISTORY, _Problems, _lbfgs
 from analyses.probes import (DEFAULT_CS, LinearProbe, ProbeResult, control_labels, cross_validate_probe,
                              fold_t_interval, make_splits, mdl_online_codelength, probe_many, probe_many_results,
                              probe_rows, probe_table)
@@ -260,8 +260,8 @@ def test_batched_gradient_matches_autograd():
 def test_device_inner_scores_in_row_blocks_equal_the_reference_scores(kind, select_by, monkeypatch):
     """The inner-CV scores, computed a block of rows at a time, are _inner_score's on each problem's
     evaluation rows (probabilities from the problems' own logits)."""
-    import analyses.probe_solver as solver
-    from analyses.probe_metrics import _inner_score
+    import analyses.probes._solver as solver
+    from analyses.probes._metrics import _inner_score
 
     monkeypatch.setattr(solver, "BLOCK_ELEMENTS", 1)  # blocks of 64 rows: five blocks here
     rng = np.random.default_rng(4)
@@ -300,7 +300,7 @@ def test_macro_auc_equals_sklearns_with_ties_and_one_class_labels():
     labels with one class among the rows are left out, and none left gives NaN."""
     from sklearn.metrics import roc_auc_score
 
-    from analyses.probe_metrics import _macro_auc
+    from analyses.probes._metrics import _macro_auc
 
     rng = np.random.default_rng(14)
     for _ in range(100):
@@ -370,7 +370,7 @@ def test_batched_path_preconditions_anisotropic_features_only(monkeypatch):
     """A feature set whose covariance is ill-conditioned (correlated states, as in trained encoders)
     switches preconditioning on for the whole call: the eigenvectors are computed then and only then,
     and the results match sklearn's and the unpreconditioned solver's."""
-    import analyses.probe_batched as batched
+    import analyses.probes._batched as batched
 
     rng = np.random.default_rng(12)
     X, y, groups = planted(n=180, d=8, k=3, strength=1.0, seed=12)
@@ -546,7 +546,7 @@ def _leaky(seed: int, n_docs: int = 40, per_doc: int = 8, dim: int = 64):
 
 
 def test_document_grouping_lowers_a_planted_leaky_score():
-    from analyses.grouping import table_groups
+    from analyses.stats import table_groups
 
     X, y, doc = _leaky(0)
     by_example = cross_validate_probe(X, y, groups=None, n_splits=5, Cs=(1.0,))
@@ -573,7 +573,7 @@ def test_out_of_fold_items_and_bootstrap_interval():
     assert value == pytest.approx(it["correct"].mean()) and lo < value < hi
     assert res.ci_method() == "cluster_bootstrap"
     # the interval is the cluster bootstrap of the pooled items over documents
-    from analyses.intervals import bootstrap_ci
+    from analyses.stats import bootstrap_ci
 
     ref = bootstrap_ci(it["correct"].to_numpy(float), it["group"].to_numpy(), n_resamples=1000)
     assert lo == pytest.approx(ref[1], abs=0.03) and hi == pytest.approx(ref[2], abs=0.03)
@@ -607,7 +607,7 @@ def test_torch_items_agree_with_reference():
 @pytest.fixture(params=["groups", "items"])
 def auc_path(request, monkeypatch):
     """fold_macro_auc by either of its two exact ways, in small blocks (several per array)."""
-    import analyses.probe_metrics as PM
+    import analyses.probes._metrics as PM
 
     monkeypatch.setattr(PM, "_AUC_GROUP_ELEMENTS", 1 << 40 if request.param == "groups" else 0)
     monkeypatch.setattr(PM, "_AUC_BLOCK", 97)
@@ -620,7 +620,7 @@ def test_fold_macro_auc_known_answers(auc_path):
     one value and a fold left empty drop out of the means."""
     from sklearn.metrics import roc_auc_score
 
-    from analyses.probe_metrics import _macro_auc, fold_macro_auc
+    from analyses.probes._metrics import _macro_auc, fold_macro_auc
 
     rng = np.random.default_rng(0)
     n, L = 90, 6
@@ -653,7 +653,7 @@ def test_fold_macro_auc_known_answers(auc_path):
 def test_macro_auc_interval_is_the_items_cluster_bootstrap():
     """The macro AUC's CI: the same document draws as micro-F1's, each item counted as often as its
     document was drawn; an informative feature's lies above 0.5, a noise feature's covers it."""
-    from analyses.probe_metrics import fold_macro_auc
+    from analyses.probes import fold_macro_auc
 
     rng = np.random.default_rng(3)
     n_docs, per = 60, 4

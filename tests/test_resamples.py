@@ -1,4 +1,4 @@
-"""Resample counts that mean something: one declared minimum (analyses.intervals.min_resamples, 100 at 95%),
+"""Resample counts that mean something: one declared minimum (analyses.stats.min_resamples, 100 at 95%),
 refused by every function that resamples before it does any work, and the count recorded beside every
 bootstrap interval (``n_resamples``). The command lines and the study config: tests/test_bad_input.py; every
 table of a study: tests/test_tables.py."""
@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyses.intervals import (MIN_RESAMPLES, bootstrap_ci, bootstrap_cis, check_resamples, min_resamples,
+from analyses.stats._intervals import (MIN_RESAMPLES, bootstrap_ci, bootstrap_cis, check_resamples, min_resamples,
                                 ratio_bootstrap_ci, too_few_resamples)
 
 
@@ -52,12 +52,12 @@ def test_one_resample_no_longer_gives_a_zero_width_interval_that_excludes_its_es
 
 
 def _stats_calls():
-    from analyses.drift_metrics import anisotropy_baseline_ci, drift_summary
+    from analyses.drift._metrics import anisotropy_baseline_ci, drift_summary
     from analyses.interventions import fraction_closed
-    from analyses.pooling_table import diff_rows, seed_document_ci, summary_rows
-    from analyses.probe_batched import probe_many_results
-    from analyses.probe_compare import compare_probes
-    from analyses.probe_results import cross_validate_probe
+    from analyses.finetune._table import diff_rows, seed_document_ci, summary_rows
+    from analyses.probes._batched import probe_many_results
+    from analyses.probes._compare import compare_probes
+    from analyses.probes._results import cross_validate_probe
     from analyses.stats import paired_difference, sign_flip_p_value
 
     v, g = np.arange(8.0), np.repeat(np.arange(4), 2)
@@ -90,9 +90,9 @@ def _runner_calls():
     from analyses.interventions import drift_reproduced, knockout_drift, knockout_probes, q1_patching, q4_sep_knockout
     from analyses.neighbours import run_knn
     from analyses.paired import run_paired_attention, run_paired_drift, run_prefix_drift, run_role_contrast
-    from analyses.pooling import run_pooling_experiment
-    from analyses.probe_runner import run_probes
-    from analyses.streaming import stream_compare
+    from analyses.finetune._experiment import run_pooling_experiment
+    from analyses.probes._runner import run_probes
+    from analyses.drift._streaming import stream_compare
 
     return {
         "run_drift": lambda n: run_drift(None, None, n_resamples=n),
@@ -130,14 +130,14 @@ def test_each_runner_refuses_too_few_resamples_before_any_work(name, tmp_path, m
 
 def test_streaming_still_takes_zero_for_no_interval():
     """0 asks for no interval at all (point values only); any other count must give one."""
-    from analyses.streaming import stream_compare
+    from analyses.drift._streaming import stream_compare
 
     with pytest.raises(ValueError, match="the corpus is empty"):  # past the count check, to the next one
         stream_compare([], "pair", "concat", n_resamples=0)
 
 
 def test_probe_result_refuses_too_few_resamples():
-    from analyses.probe_results import ProbeResult
+    from analyses.probes._results import ProbeResult
 
     with pytest.raises(ValueError, match="n_resamples=10"):
         ProbeResult(metric="accuracy", folds={"accuracy": np.ones(2)}, chosen_Cs=np.ones(2), n=4, n_groups=2,
@@ -173,7 +173,7 @@ def test_paired_difference_records_its_resamples():
 
 
 def test_probe_rows_record_resamples_on_bootstrap_rows_only():
-    from analyses.probe_results import cross_validate_probe, probe_rows
+    from analyses.probes._results import cross_validate_probe, probe_rows
 
     rng = np.random.default_rng(0)
     y = np.tile([0, 1], 20)
@@ -191,7 +191,7 @@ def test_probe_rows_record_resamples_on_bootstrap_rows_only():
 def test_pooling_rows_use_the_count_and_seed_given():
     """Q8's summary and difference rows resample as often as asked, from the seed given (they were
     hard-coded to 1,000 and seed 0)."""
-    from analyses.pooling_table import diff_rows, summary_rows
+    from analyses.finetune._table import diff_rows, summary_rows
 
     rng = np.random.default_rng(0)
     idx = pd.MultiIndex.from_product([["cls", "mean"], ["frozen", "fine_tuned"], [f"e{i}" for i in range(30)]],

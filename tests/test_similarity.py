@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from analyses.similarity import run_cka_formats, run_cka_matrix, run_cka_roles
+from analyses.cka import run_cka_formats, run_cka_matrix, run_cka_roles
 from probing.cache import Cache
 from probing.extract import extract
 
@@ -56,7 +56,7 @@ def _other_corpus(tmp_path, tiny_bert):
 @pytest.mark.parametrize("mode", ["formats", "matrix"])
 def test_cka_refuses_caches_of_different_corpora(caches, tmp_path, tiny_bert, capsys, mode):
     """Issue 10, item 3: pairing examples of different corpora by index gave CKA 0.30-0.46 with exit 0."""
-    from analyses.similarity import main
+    from analyses.cka import main
     from probing.cache import IncomparableCaches
 
     other = _other_corpus(tmp_path, tiny_bert)
@@ -88,7 +88,7 @@ def test_cross_model_cka_names_both_models(caches, tmp_path, bert_tokenizer):
 
 def test_cka_roles_refuses_two_examples(tmp_path, tiny_bert, capsys):
     """Issue 10, item 4: on a 2-example cache linear CKA was 1.0 at every layer (always 1 at n = 2)."""
-    from analyses.similarity import main
+    from analyses.cka import main
 
     (p,) = extract(sample_examples(2, k=2), ["pair"], model=tiny_bert, out=tmp_path / "c", progress=False,
                    log=lambda *a: None)

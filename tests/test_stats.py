@@ -3,9 +3,8 @@
 import numpy as np
 import pytest
 
-from analyses.intervals import bootstrap_ci, ratio_bootstrap_ci
-from analyses.stats import (accuracy_mde, cluster_se, format_interval, groups_needed, holm, minimum_detectable_effect,
-                            paired_difference, sign_flip_p_value)
+from analyses.stats import (accuracy_mde, bootstrap_ci, cluster_se, format_interval, groups_needed, holm,
+                            minimum_detectable_effect, paired_difference, ratio_bootstrap_ci, sign_flip_p_value)
 
 
 def _clustered(seed: int, delta: float, n_groups: int = 80, per_group: int = 5):

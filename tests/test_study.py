@@ -548,7 +548,7 @@ def test_power_sentence_is_generated_from_groups_needed():
 
 
 def _finetune_table(n_frozen: int = 50):
-    """The fine-tuning table's layout (analyses.pooling_table): a split's baselines first (fold 0), then the
+    """The fine-tuning table's layout (analyses.finetune._table): a split's baselines first (fold 0), then the
     pooled ones (fold empty), per-pooling summaries, and paired differences naming both sides."""
     import pandas as pd
 

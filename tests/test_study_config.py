@@ -281,11 +281,11 @@ def test_the_study_writes_its_resolved_config(quick_study):
 
 
 def test_device_and_seed_reach_extraction_probes_and_finetuning(monkeypatch, tmp_path):
-    import analyses.pooling
-    import analyses.probe_runner
+    import analyses.finetune
+    import analyses.probes
     import probing.extract
     import probing.models
-    from analyses.probe_runner import ITEM_KEYS
+    from analyses.probes import ITEM_KEYS
     from probing.study import question_tables as QT
     from probing.study.sections import Context
 
@@ -318,8 +318,8 @@ def test_device_and_seed_reach_extraction_probes_and_finetuning(monkeypatch, tmp
         return pd.DataFrame({"value": [0.5]}), pd.DataFrame(columns=[*ITEM_KEYS, "example", "token"])
 
     tuned = []
-    monkeypatch.setattr(analyses.probe_runner, "run_probes", run_probes)
-    monkeypatch.setattr(analyses.pooling, "run_pooling_experiment", lambda *a, **kw: (tuned.append(kw), 0)[1])
+    monkeypatch.setattr(analyses.probes, "run_probes", run_probes)
+    monkeypatch.setattr(analyses.finetune, "run_pooling_experiment", lambda *a, **kw: (tuned.append(kw), 0)[1])
     caches = SimpleNamespace(get=lambda *a: None, has=lambda *a: False)
     ctx = Context(cfg=cfg, caches=caches, corpora={"pairs": []}, lm=None, out=tmp_path, log=lambda *a: None)
     QT._probes_q7(ctx)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from analyses.probe_batched import probe_many_results
+from analyses.probes import probe_many_results
 from probing.cache import Cache
 from probing.extract import extract
 from probing.interventions import Intervention, Knockout, Patch

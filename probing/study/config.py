@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from analyses.intervals import MIN_RESAMPLES
+from analyses.stats import MIN_RESAMPLES
 
 from .questions import QUESTION_SECTIONS
 
@@ -43,7 +43,7 @@ class StudyError(ValueError):
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = "seed_questions"
 QUESTIONS = tuple(QUESTION_SECTIONS)
-#: The fewest bootstrap resamples a study may ask for (:data:`analyses.intervals.MIN_RESAMPLES`, the one floor):
+#: The fewest bootstrap resamples a study may ask for (:data:`analyses.stats.MIN_RESAMPLES`, the one floor):
 #: below it a 95% percentile interval rests on a handful of draws in each tail.
 MIN_BOOTSTRAP_RESAMPLES = MIN_RESAMPLES
 
@@ -96,7 +96,7 @@ def _template(value: str) -> None:
 
 
 def _poolings(value: tuple[str, ...]) -> None:
-    from analyses.pooling_choices import get_pooling
+    from analyses.finetune import get_pooling
 
     for name in value:
         get_pooling(name)
@@ -118,7 +118,7 @@ def _dtypes():
 
 
 def _presets():
-    from analyses.finetune_config import PRESETS
+    from analyses.finetune import PRESETS
 
     return tuple(PRESETS)
 
@@ -181,7 +181,7 @@ class ExtractSettings:
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    """``[probes]``: the linear probes (:func:`analyses.probe_runner.run_probes`)."""
+    """``[probes]``: the linear probes (:func:`analyses.probes.run_probes`)."""
 
     folds: int = setting(5, ge=2)
     vocab: int = setting(50, ge=1)

@@ -14,14 +14,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "extract": ("probing.extract", "cache hidden states under input formats"),
     "study": ("probing.study", "run a whole study (TOML config): extract, analyse, figures, report"),
     "drift": ("analyses.drift", "cosine drift between two formats' caches"),
-    "cka": ("analyses.similarity", "CKA between formats, layers and token roles"),
+    "cka": ("analyses.cka", "CKA between formats, layers and token roles"),
     "probes": ("analyses.probes", "linear probes on cached states"),
     "attention": ("analyses.attention", "attention mass to [CLS]/[SEP] and between sentences"),
     "contextuality": ("analyses.contextuality", "self-similarity, intra-sentence similarity, MEV (Ethayarajh 2019)"),
     "neighbours": ("analyses.neighbours", "nearest-neighbour label agreement of pooled vectors"),
     "paired": ("analyses.paired", "paired differences between two conditions on the same items"),
     "interventions": ("analyses.interventions", "effects of knockouts, ablations and patches"),
-    "pooling": ("analyses.pooling", "fine-tune with different pooling choices"),
+    "pooling": ("analyses.finetune", "fine-tune with different pooling choices"),
     "figures": ("figures.__main__", "draw a figure from a result table"),
 }
 

@@ -148,7 +148,7 @@ def _drift_q1(ctx: Context) -> pd.DataFrame:
 
 
 def _cka_q1(ctx: Context) -> pd.DataFrame:
-    from analyses.similarity import run_cka_formats
+    from analyses.cka import run_cka_formats
 
     return run_cka_formats(_pairs(ctx, "pair"), _pairs(ctx, "concat"), ["cls", "mean_s1", "mean_s2", "sep_last"],
                            out=ctx.out)
@@ -202,7 +202,7 @@ def _paired_q3(ctx: Context) -> pd.DataFrame:
 def _probes_pair(ctx: Context) -> pd.DataFrame:
     """The pair-format probes of every selected question among Q4, Q7, Q8 (one table: Q4's table and
     Q7's evidence read each other's rows)."""
-    from analyses.probe_runner import run_probes
+    from analyses.probes import run_probes
 
     ctx.log("analyses: probes on the pair format (trained; random-init for Q7, and Q4's middle [SEP])")
     wanted = [q for q in PAIR_PROBES if q in ctx.questions]
@@ -237,7 +237,7 @@ def _probes_pair(ctx: Context) -> pd.DataFrame:
 def _keep_items(ctx: Context, name: str, frames: list) -> None:
     """The per-item out-of-fold predictions behind table ``name`` (``ctx.tables[name + ":items"]``; not
     a report table: the probe runner stores them beside its results)."""
-    from analyses.probe_runner import ITEM_KEYS
+    from analyses.probes import ITEM_KEYS
 
     items = pd.concat(frames, ignore_index=True)
     ctx.tables[f"{name}:items"] = items.drop_duplicates(list(ITEM_KEYS) + ["example", "token"])
@@ -276,14 +276,14 @@ def release_items(ctx: Context, pending: Iterable[str]) -> list[str]:
 
 
 def _cka_q4(ctx: Context) -> pd.DataFrame:
-    from analyses.similarity import run_cka_roles
+    from analyses.cka import run_cka_roles
 
     return run_cka_roles(_pairs(ctx, "pair"), [("sep1", "cls"), ("sep1", "mean_s1"), ("sep1", "mean_s2"),
                                                ("sep2", "cls")], out=ctx.out)
 
 
 def _probes_q5(ctx: Context) -> pd.DataFrame:
-    from analyses.probe_runner import run_probes
+    from analyses.probes import run_probes
 
     ctx.log("analyses: [CLS] content of sentence i")
     K = max(group_prefixes(ctx.corpora))
@@ -295,7 +295,7 @@ def _probes_q5(ctx: Context) -> pd.DataFrame:
 
 
 def _probes_q6(ctx: Context) -> pd.DataFrame:
-    from analyses.probe_runner import run_probes
+    from analyses.probes import run_probes
 
     ctx.log("analyses: classification token position")
     runs = [run_probes(_pairs(ctx, f), ("cls",), ("topic", "is_next"), items=True,
@@ -306,7 +306,7 @@ def _probes_q6(ctx: Context) -> pd.DataFrame:
 
 
 def _probes_q7(ctx: Context) -> pd.DataFrame:
-    from analyses.probe_runner import run_probes
+    from analyses.probes import run_probes
 
     ctx.log("analyses: word order")
     sw = ctx.caches.get("swap", "pair")
@@ -318,7 +318,7 @@ def _probes_q7(ctx: Context) -> pd.DataFrame:
 
 
 def _finetune(ctx: Context) -> pd.DataFrame:
-    from analyses.pooling import run_pooling_experiment
+    from analyses.finetune import run_pooling_experiment
 
     ctx.log("analyses: fine-tuning with each pooling")
     ft = ctx.cfg.finetune
@@ -330,7 +330,7 @@ def _finetune(ctx: Context) -> pd.DataFrame:
 
 # ---------------------------------------------------------------------------------------------------
 # Paired comparison tables: the rows the verdicts are computed from. Probe comparisons are paired on the
-# same out-of-fold items (analyses.probe_runner.compare_probes), drift comparisons on the same token keys
+# same out-of-fold items (analyses.probes.compare_probes), drift comparisons on the same token keys
 # (analyses.paired); CIs resample documents where the corpus has them. Holm's correction runs over one
 # declared family per question (the ``family`` column; :data:`FAMILIES`).
 
@@ -354,7 +354,7 @@ FAMILIES = {
 
 
 def _compare(items: pd.DataFrame, a: dict, b: dict, family: str, ctx: Context, **where) -> pd.DataFrame:
-    from analyses.probe_runner import compare_probes
+    from analyses.probes import compare_probes
 
     for k, v in where.items():
         items = items[items[k].isin(v if isinstance(v, (list, tuple)) else [v])]
@@ -433,7 +433,7 @@ def _paired_q4(ctx: Context) -> pd.DataFrame:
     with the random-init run, trained sep1 − random-init sep1 on is_next, per item (a family of its own): is the
     coherence that [SEP] holds learned?"""
     items = _from_layer1(_items(ctx, "probes_pair"))
-    from analyses.probe_runner import is_multilabel
+    from analyses.probes import is_multilabel
 
     single = [t for t in PAIR_PROBES["Q4"][1] if not is_multilabel(t)]
     frames = [_compare(items, {"choice": "sep1"}, {"choice": "cls"}, FAMILIES["Q4"], ctx, model_kind="trained",

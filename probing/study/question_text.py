@@ -705,7 +705,7 @@ def answer_q7(T: dict) -> str:
 
 
 def answer_q8(T: dict) -> str:
-    from analyses.pooling_table import BASELINE, diff_label
+    from analyses.finetune import BASELINE, diff_label
 
     s = ""
     d = T.get("paired_q8")

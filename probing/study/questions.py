@@ -10,7 +10,7 @@ are computed once, through :meth:`probing.study.sections.Context.table`), its fi
 evidence sentence, the comparison rows its verdict is computed from and the claim they test.
 
 Comparison rows are paired: probe comparisons on the same out-of-fold items
-(:func:`analyses.probe_runner.compare_probes` on the item tables the probe runs keep with
+(:func:`analyses.probes.compare_probes` on the item tables the probe runs keep with
 ``items=True``: Q4 sep1 − cls for is_next, Q6 first − last / first − middle across caches of the same
 examples, Q7 trained − random-init and [CLS] − a length-only probe, Q8 frozen cls − mean); the
 bag-of-words targets by the macro AUC on the same document resamples of the same out-of-fold items (the
@@ -81,7 +81,7 @@ def _q8_notes(cfg) -> str:
     return ("Frozen probes score each pooling choice per layer without training the encoder (cls − mean paired on "
             "the same out-of-fold items); the fine-tuning experiment trains the encoder with a linear head on each "
             f"pooling ({', '.join(ft.poolings)}) over {len(ft.seeds)} seed(s) with the `{ft.preset}` preset "
-            "of analyses.finetune_config, on stratified document-grouped cross-validation splits, and on the same splits "
+            "of analyses.finetune, on stratified document-grouped cross-validation splits, and on the same splits "
             "fits a frozen probe per pooling: both predict the same test items, so fine-tuned − frozen and "
             "pooling − mean are paired per item. The answer has two parts, each decided by the rules above: frozen "
             "[CLS] − mean pooling per layer 1–L, and after fine-tuning each pooling − mean pooling (would any token "
@@ -91,7 +91,7 @@ def _q8_notes(cfg) -> str:
 
 def _seed_caveat(n_seeds: int) -> str:
     """What Q8's CIs hold: the test documents; with one seed not the randomness of training (the head's
-    initialisation, dropout, batch order), with several also that (:func:`analyses.pooling_table.seed_document_ci`)."""
+    initialisation, dropout, batch order), with several also that (:func:`analyses.finetune.seed_document_ci`)."""
     what = ("The CIs resample the test documents; they do not cover the randomness of training (the head's "
             "initialisation, dropout, batch order)")
     if n_seeds == 1:
@@ -99,7 +99,7 @@ def _seed_caveat(n_seeds: int) -> str:
                 "accuracy by more than its CI; several seeds (`[finetune] seeds`) average it out per item, each at "
                 "the cost of the whole fine-tuning stage.")
     return (f"With {n_seeds} training seeds the fine-tuned rows' CIs resample the seeds as well as the test documents "
-            "(a two-stage bootstrap, analyses.pooling_table.seed_document_ci), so they hold the randomness of training "
+            "(a two-stage bootstrap, analyses.finetune.seed_document_ci), so they hold the randomness of training "
             "(the head's initialisation, dropout, batch order); with few seeds that part is crude and errs narrow. "
             "Their p-values come from the items' correctness averaged over the seeds.")
 

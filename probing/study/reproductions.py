@@ -242,7 +242,7 @@ def _rg_jobs(cfg, corpora=None):
 
 def _rg_analyse(ctx: Context) -> Tables:
     from analyses.neighbours import run_knn
-    from analyses.probe_runner import run_probes
+    from analyses.probes import run_probes
 
     cfg = ctx.cfg
     R, seed = _rs(cfg)
@@ -352,7 +352,7 @@ def _jw_jobs(cfg, corpora=None):
 
 
 def _jw_analyse(ctx: Context) -> Tables:
-    from analyses.probe_runner import run_probes
+    from analyses.probes import run_probes
 
     caches = ctx.caches
     c = caches.get("swap_sentences", "single")

@@ -1,8 +1,8 @@
 """The probe protocol for many feature sets at once (layers x token choices), in torch.
 
-:func:`probe_many_results` runs :func:`analyses.probe_results.cross_validate_probe`'s protocol (same
+:func:`probe_many_results` runs :func:`analyses.probes.cross_validate_probe`'s protocol (same
 splits, C grid, standardisation, objective and scores) for every feature set together with the
-batched solver of :mod:`analyses.probe_solver`; :func:`probe_many` returns it as one tidy table.
+batched solver of :mod:`analyses.probes._solver`; :func:`probe_many` returns it as one tidy table.
 Columns: :mod:`analyses.probes`.
 """
 
@@ -13,18 +13,18 @@ from typing import Any, Hashable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from analyses.probe_metrics import (DEFAULT_CS, DTYPES, SelectBy, _check_Cs, _check_groups, _check_n_groups,
-                                    _check_select_by, _check_X, _check_y, _choose_C, _evaluate_fold, _fold_items,
-                                    control_labels, make_splits)
-from analyses.probe_results import PROBE_RESAMPLES, ProbeResult, _item_matrices, _items_table, _result, probe_rows
-from analyses.probe_solver import (HISTORY, _device_inner_scores, _lbfgs, _Problems, _torch, feature_basis,
-                                   feature_spectrum)
-from analyses.intervals import check_resamples
+from analyses.stats import check_resamples
+from analyses.probes._metrics import (DEFAULT_CS, DTYPES, SelectBy, _check_Cs, _check_X, _check_groups, _check_n_groups,
+                                      _check_select_by, _check_y, _choose_C, _evaluate_fold, _fold_items,
+                                      control_labels, make_splits)
+from analyses.probes._results import PROBE_RESAMPLES, ProbeResult, _item_matrices, _items_table, _result, probe_rows
+from analyses.probes._solver import (HISTORY, _Problems, _device_inner_scores, _lbfgs, _torch, feature_basis,
+                                     feature_spectrum)
 from analyses.results import make_table
 from probing.workers import cpu_workers, split, thread_map
 
 #: Condition number of a feature set's covariance above which the batched solver is preconditioned
-#: (:mod:`analyses.probe_solver`): below it plain L-BFGS took as few iterations on the planted
+#: (:mod:`analyses.probes._solver`): below it plain L-BFGS took as few iterations on the planted
 #: benchmark (condition number ~9), above it (~2e7, anisotropic states) the preconditioner cut them ~7x.
 PRECONDITION_ABOVE = 100.0
 
@@ -56,7 +56,7 @@ def probe_many_results(features: Mapping[Hashable, Any], y: Any, groups: Any = N
     (stage 1, choosing C: the Cs in ascending order, each started from the previous C's solutions and
     curvature pairs), then all (feature set x outer fold) refits (stage 2, each started from the mean
     of its inner folds' solutions at the chosen C). One eigendecomposition per feature set
-    (:func:`analyses.probe_solver.feature_basis`) preconditions every solve when some covariance's
+    (:func:`analyses.probes._solver.feature_basis`) preconditions every solve when some covariance's
     condition number exceeds :data:`PRECONDITION_ABOVE`. Features stay in ``dtype`` (one
     ``(B, n, d + 1)`` tensor per chunk and its transpose, never copied per problem). ``device``: None ->
     CUDA if available; ``dtype`` in ``DTYPES``. ``max_batch_elements`` bounds the elements of the

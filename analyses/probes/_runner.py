@@ -5,7 +5,7 @@
         [--seed 0] [--resamples 1000] [--threads 1] [--device cpu] [--no-progress] \
         [--random-cache CACHE_OF_RANDOM_INIT_MODEL] [--length-baseline] [--versus mean] [--items] --out results [--force]
 
-(``python -m analyses.probe_runner`` is the same command.) The flags carry the study's ``[probes]``
+(``python -m analyses.probes._runner`` is the same command.) The flags carry the study's ``[probes]``
 settings one to one: ``folds``, ``inner_splits`` (``--inner-folds``), ``Cs``, ``bow_Cs``,
 ``max_iter``, ``vocab``, ``max_tokens``, ``device``.
 
@@ -19,7 +19,7 @@ Targets, declared once in :data:`TARGETS`:
 * ``length``: length of sentence 1 in words, in 3 equal-count bins (short / medium / long)
 * ``bow_s<i>``: the content of sentence i, a multi-label bag of words over the ``--vocab`` content
   words in most sentences of that position across the corpus: stop words and the top frequency band
-  left out (:mod:`analyses.vocabulary`, declared once); scored by micro-F1 and macro AUC
+  left out (:mod:`analyses.probes._vocabulary`, declared once); scored by micro-F1 and macro AUC
 * ``fw_s<i>``: control for ``bow_s<i>``: presence of the ``--vocab`` most frequent function words
   (stop words) of sentence i, which mostly tracks its length
 * ``segment``: token-level: which sentence a word token belongs to (first subwords; control task: a
@@ -28,7 +28,7 @@ Targets, declared once in :data:`TARGETS`:
 Every probe uses the protocol of :mod:`analyses.probes` (standardised features, C by grouped inner CV,
 grouped outer CV, pooled out-of-fold score with a cluster-bootstrap interval, majority baseline and
 the minimum detectable difference from it, control task and selectivity). Grouping
-(:func:`analyses.grouping.table_groups`): by document when the corpus has a ``doc`` label, else by
+(:func:`analyses.stats.table_groups`): by document when the corpus has a ``doc`` label, else by
 example; the table records it (``grouping``, ``n_groups``). With ``random_cache`` (the same format
 extracted with ``--random-init``) the same probes are fit on the randomly initialised model
 (``model_kind = random_init``); it must be the baseline of ``cache``: random weights, the same
@@ -57,18 +57,15 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from analyses.drift import model_label
-from analyses.grouping import table_groups
-from analyses.intervals import check_resamples
-from analyses.probe_batched import MAX_BATCH_ELEMENTS, probe_many_results
-from analyses.probe_compare import ITEM_KEYS, compare_probes  # noqa: F401 (re-exported: probing.study.questions)
-from analyses.probe_metrics import DEFAULT_CS
-from analyses.probe_results import PROBE_RESAMPLES, cross_validate_probe, probe_rows
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, add_probe_options, cache_identity,
-                              cli_error, keep_table, make_table, split_list, stored_table, table_lines)
+                              cli_error, keep_table, make_table, model_label, split_list, stored_table, table_lines)
+from analyses.stats import check_resamples, table_groups
+from analyses.probes._batched import MAX_BATCH_ELEMENTS, probe_many_results
+from analyses.probes._metrics import DEFAULT_CS
+from analyses.probes._results import PROBE_RESAMPLES, cross_validate_probe, probe_rows
 from analyses.selection import parse_choice, pooled
 from analyses.stored import PooledStore
-from analyses.vocabulary import content_vocabulary, function_vocabulary, presence
+from analyses.probes._vocabulary import content_vocabulary, function_vocabulary, presence
 from probing.layers import cache_layers
 from probing.cache import Cache, check_comparable
 from probing.cli import ArgumentParser, int_at_least, positive_float, positive_floats
@@ -217,9 +214,9 @@ def fit_probes(features: dict, y: np.ndarray, groups: np.ndarray, *, meta: dict,
 
 
 def batch_elements(batch_mb: float | None) -> int:
-    """``max_batch_elements`` of :func:`analyses.probe_batched.probe_many_results` for a bound of
+    """``max_batch_elements`` of :func:`analyses.probes.probe_many_results` for a bound of
     ``batch_mb`` MiB per worker on one batch's largest tensors, in float32 (None: the default,
-    :data:`analyses.probe_batched.MAX_BATCH_ELEMENTS`). A smaller bound solves fewer feature sets at a
+    :data:`analyses.probes._batched.MAX_BATCH_ELEMENTS`). A smaller bound solves fewer feature sets at a
     time: a lower peak once the corpus is large enough for the bound to bind, and more time. Results
     agree up to the optimiser's tolerance (float rounding differs with the batch's size, so a C on a
     near-tie can flip)."""
@@ -237,13 +234,13 @@ LENGTH_ONLY = "length_only"
 def auc_differences(results: dict, meta: dict, seed: int, versus: str | None = None,
                     length_versus: Sequence[str] | None = None) -> pd.DataFrame:
     """Each multi-label probe's macro AUC minus a reference probe's, on the same resamples of the same
-    out-of-fold items (:meth:`analyses.probe_results.ProbeResult.auc_difference`): rows with
+    out-of-fold items (:meth:`analyses.probes.ProbeResult.auc_difference`): rows with
     ``metric="macro_auc_diff"``, ``choice_b`` the reference, CI, ``p_value`` (bootstrap-SE Wald) and ``p_holm``
     over the layers of each (choice, reference). References: the length-only probe, where it was fitted
     (is there more of a sentence's content than its length tells?), and the token choice ``versus`` at
     the same layer (is [CLS] ahead of mean pooling?). ``length_versus``: the choices compared with the
     length-only probe (None: every one)."""
-    from analyses.paired import add_holm
+    from analyses.stats import add_holm
 
     rows = []
     base = next((r for (layer, choice), r in results.items() if choice == LENGTH_ONLY), None)
@@ -259,12 +256,12 @@ def auc_differences(results: dict, meta: dict, seed: int, versus: str | None = N
 
 def random_init_differences(trained: dict, random: dict, meta: dict, seed: int, choices: Sequence[str]) -> pd.DataFrame:
     """Each multi-label probe of ``choices`` on the trained model (``trained``: ``(layer, choice) ->``
-    :class:`~analyses.probe_results.ProbeResult`) minus the same probe on the random-init model (``random``),
+    :class:`~analyses.probes.ProbeResult`) minus the same probe on the random-init model (``random``),
     fitted on the same items, folds and resamples: rows with ``metric="macro_auc_diff"``, ``choice_b`` =
     ``choice``, ``model_kind_b="random_init"`` (``model_kind`` is set by the caller), ``p_holm`` over the
-    layers of each choice. :meth:`~analyses.probe_results.ProbeResult.auc_difference` refuses results that
+    layers of each choice. :meth:`~analyses.probes.ProbeResult.auc_difference` refuses results that
     do not share their items."""
-    from analyses.paired import add_holm
+    from analyses.stats import add_holm
 
     rows = [{"analysis": "probe", **meta, "layer": layer, "choice": choice, "choice_b": choice,
              "model_kind_b": "random_init", "metric": "macro_auc_diff", "seed": int(seed),
@@ -310,7 +307,7 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
     probes the slowest, and the study uses this to stay within its time budget).
 
     Splits, inner CV and bootstrap group by document when the corpus has a ``doc`` label, else by
-    example (:func:`analyses.grouping.table_groups`); every row records ``grouping`` and ``n_groups``.
+    example (:func:`analyses.stats.table_groups`); every row records ``grouping`` and ``n_groups``.
     ``length_baseline``: also a ``choice = "length_only"`` probe per example-level target (features:
     words per sentence; layer empty), on the same splits; ``length_versus``: the choices whose macro AUC is
     compared with it (None: every one; a study question owns its own comparisons, whose Holm family covers
@@ -511,7 +508,3 @@ def main(argv: Sequence[str] | None = None) -> int:
                                           sort=False).to_string())
     print(table_lines(*written))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

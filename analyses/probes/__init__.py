@@ -10,23 +10,24 @@ Protocol (DESIGN.md "Linear probes"), shared by the scikit-learn reference and t
 * ``C`` chosen from a grid by an inner k-fold cross-validation on the outer training rows (grouped
   like the outer folds), then the probe is refit on all outer training rows;
 * scored by an outer k-fold cross-validation grouped by ``groups`` (documents when the corpus has
-  them, else examples: :func:`analyses.grouping.table_groups`; a group never straddles train and test; stratified by
+  them, else examples: :func:`analyses.stats.table_groups`; a group never straddles train and test; stratified by
   label for single-label targets), pooled over the out-of-fold predictions (kept per item in
   ``ProbeResult.items``) with a 95% cluster-bootstrap interval over the groups, a majority
   baseline, the minimum detectable difference from it, and optionally a control task (Hewitt &
   Liang 2019, "Designing and Interpreting Probes with Control Tasks") with selectivity = task
   accuracy - control accuracy.
 
-Modules (this one re-exports their public names and is the command ``python -m analyses.probes``,
-the cache runner of :mod:`analyses.probe_runner`):
+The family's modules (private; this package exports their public names, and ``python -m analyses.probes``
+runs the command of :mod:`analyses.probes._runner`):
 
-* :mod:`analyses.probe_metrics`: settings, validation, grouped splits, fold scores, control labels;
-* :mod:`analyses.probe_estimator`: :class:`LinearProbe` (a scikit-learn classifier) and the MDL code;
-* :mod:`analyses.probe_results`: :class:`ProbeResult`, tidy rows, :func:`cross_validate_probe`;
-* :mod:`analyses.probe_solver`: the batched, preconditioned L-BFGS in torch;
-* :mod:`analyses.probe_batched`: :func:`probe_many_results` / :func:`probe_many` over many feature sets;
-* :mod:`analyses.probe_runner`: caches -> features and targets -> tables, and the command line.
-* :mod:`analyses.probe_compare`: paired differences of probes on the same out-of-fold items.
+* :mod:`analyses.probes._metrics`: settings, validation, grouped splits, fold scores, control labels;
+* :mod:`analyses.probes._estimator`: :class:`LinearProbe` (a scikit-learn classifier) and the MDL code;
+* :mod:`analyses.probes._results`: :class:`ProbeResult`, tidy rows, :func:`cross_validate_probe`;
+* :mod:`analyses.probes._solver`: the batched, preconditioned L-BFGS in torch;
+* :mod:`analyses.probes._batched`: :func:`probe_many_results` / :func:`probe_many` over many feature sets;
+* :mod:`analyses.probes._runner`: caches -> features and targets -> tables, and the command line;
+* :mod:`analyses.probes._compare`: paired differences of probes on the same out-of-fold items;
+* :mod:`analyses.probes._vocabulary`: which words the bag-of-words targets ask about.
 
 ``LinearProbe`` / ``cross_validate_probe`` are the scikit-learn reference (float64, one probe at a
 time); ``probe_many`` / ``probe_many_results`` fit many feature sets (layers x token choices) x folds
@@ -57,7 +58,7 @@ the last two):
 
 :func:`probe_many` writes the same columns but the runner's two; a feature-set name that is not a
 ``(layer, role)`` pair goes into a ``feature`` column instead of ``layer`` / ``role``. The item table
-(``probe_items-<key>``) is described in :mod:`analyses.probe_runner`.
+(``probe_items-<key>``) is described in :mod:`analyses.probes._runner`.
 
 >>> import numpy as np
 >>> rng = np.random.default_rng(0)
@@ -69,31 +70,21 @@ the last two):
 
 from __future__ import annotations
 
-from typing import Sequence
+from analyses.probes._batched import probe_many, probe_many_results
+from analyses.probes._compare import ITEM_KEYS, compare_probes
+from analyses.probes._estimator import MDL_FRACTIONS, LinearProbe, mdl_online_codelength
+from analyses.probes._metrics import (DEFAULT_CS, DTYPES, GROUPINGS, SELECT_BY, SelectBy, control_labels,
+                                      fold_macro_auc, make_splits)
+from analyses.probes._results import (ITEM_METRICS, PROBE_RESAMPLES, ProbeResult, cross_validate_probe, probe_rows,
+                                      probe_table)
+from analyses.probes._runner import (batch_elements, example_target, is_multilabel, main, run_probes,
+                                     topic_mismatch)
+from analyses.probes._vocabulary import STOP_WORDS, content_vocabulary, function_vocabulary, presence
+from analyses.stats import fold_t_interval
 
-from analyses.probe_batched import probe_many, probe_many_results
-from analyses.probe_estimator import MDL_FRACTIONS, LinearProbe, mdl_online_codelength
-from analyses.probe_metrics import (DEFAULT_CS, DTYPES, GROUPINGS, SELECT_BY, SelectBy, control_labels,
-                                    make_splits)
-from analyses.probe_results import (ITEM_METRICS, PROBE_RESAMPLES, ProbeResult, cross_validate_probe, probe_rows,
-                                    probe_table)
-from analyses.intervals import fold_t_interval
-
-__all__ = ["DEFAULT_CS", "DTYPES", "GROUPINGS", "ITEM_METRICS", "MDL_FRACTIONS", "PROBE_RESAMPLES", "SELECT_BY",
-           "LinearProbe", "ProbeResult", "SelectBy", "control_labels", "cross_validate_probe", "fold_t_interval",
-           "make_splits", "mdl_online_codelength", "probe_many", "probe_many_results", "probe_rows", "probe_table",
-           "main"]
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m analyses.probes``: the command of :mod:`analyses.probe_runner` (imported here, never
-    the other way round, so the two modules form no cycle)."""
-    from analyses.probe_runner import main as run
-
-    return run(argv)
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main())
+__all__ = ["DEFAULT_CS", "DTYPES", "GROUPINGS", "ITEM_KEYS", "ITEM_METRICS", "MDL_FRACTIONS", "PROBE_RESAMPLES",
+           "SELECT_BY", "STOP_WORDS", "LinearProbe", "ProbeResult", "SelectBy", "batch_elements", "compare_probes",
+           "content_vocabulary", "control_labels", "cross_validate_probe", "example_target", "fold_macro_auc",
+           "fold_t_interval", "function_vocabulary", "is_multilabel", "make_splits", "main", "mdl_online_codelength",
+           "presence", "probe_many", "probe_many_results", "probe_rows", "probe_table", "run_probes",
+           "topic_mismatch"]

@@ -19,9 +19,9 @@ from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import check_is_fitted, validate_data
 from threadpoolctl import threadpool_limits
 
-from analyses.probe_metrics import (_CONSTANT_LOGIT, _PROB_FLOOR, DEFAULT_CS, SelectBy, _check_Cs, _check_groups,
-                                    _check_n_groups, _check_select_by, _check_X, _check_y, _choose_C,
-                                    _inner_score, _micro_f1, make_splits)
+from analyses.probes._metrics import (DEFAULT_CS, _CONSTANT_LOGIT, _PROB_FLOOR, SelectBy, _check_Cs, _check_X,
+                                      _check_groups, _check_n_groups, _check_select_by, _check_y, _choose_C,
+                                      _inner_score, _micro_f1, make_splits)
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * z))

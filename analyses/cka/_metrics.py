@@ -26,8 +26,8 @@ CKA (0/0): the functions return ``nan`` with a :class:`CKAUndefinedWarning`, nev
 
 Public API: :func:`linear_cka`, :func:`rbf_cka`, :func:`gram_cka`, :func:`linear_cka_matrix`,
 :class:`CKAUndefinedWarning`, :data:`MIN_ITEMS`; the streaming accumulators :class:`StreamingCKAMatrix`
-and :class:`StreamingLinearCKA` live in :mod:`analyses.cka_streaming` and are re-exported here. The
-cache-reading runners and the command line are :mod:`analyses.similarity`.
+and :class:`StreamingLinearCKA` live in :mod:`analyses.cka._streaming` and are re-exported here. The
+cache-reading runners and the command line are :mod:`analyses.cka._runner`.
 
 >>> rng = np.random.default_rng(0)
 >>> X = rng.normal(size=(100, 8))
@@ -46,10 +46,10 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from analyses.cka_numerics import (MIN_ITEMS, Array, CKAUndefinedWarning, _as_float64, _centred_unit, _check_n,
-                                   _debiased_dot, _device_of, _flat_dot, _is_constant, _outer_self, _prepare,
-                                   _ratio, _sq, _to_backend, _undefined, _unit_scale, _zero_variance_msg, _zeros)
-from analyses.cka_streaming import StreamingCKAMatrix, StreamingLinearCKA
+from analyses.cka._numerics import (MIN_ITEMS, Array, CKAUndefinedWarning, _as_float64, _centred_unit, _check_n,
+                                    _debiased_dot, _device_of, _flat_dot, _is_constant, _outer_self, _prepare, _ratio,
+                                    _sq, _to_backend, _undefined, _unit_scale, _zero_variance_msg, _zeros)
+from analyses.cka._streaming import StreamingCKAMatrix, StreamingLinearCKA
 
 __all__ = [
     "MIN_ITEMS",

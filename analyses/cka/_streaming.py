@@ -14,9 +14,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from analyses.cka_numerics import (Array, _check_n, _col_max, _col_min, _copy, _debiased_dot, _device_of,
-                                   _exponent, _flat_dot, _ldexp, _maximum, _minimum, _outer_self, _prepare,
-                                   _ratio, _sq, _to_backend, _undefined, _zero_variance_msg, _zeros)
+from analyses.cka._numerics import (Array, _check_n, _col_max, _col_min, _copy, _debiased_dot, _device_of, _exponent,
+                                    _flat_dot, _ldexp, _maximum, _minimum, _outer_self, _prepare, _ratio, _sq,
+                                    _to_backend, _undefined, _zero_variance_msg, _zeros)
 
 __all__ = ["StreamingCKAMatrix", "StreamingLinearCKA"]
 

@@ -3,28 +3,28 @@ fine-tuning would any token do? The experiment runner and its command line.
 
 Frozen and fine-tuned on the same items (:func:`run_pooling_experiment`). The examples are split by
 stratified, document-grouped k-fold cross-validation (:func:`cv_splits`: groups = the ``doc`` label
-when every example has one, else the example, :func:`analyses.grouping.example_groups`; stratified
+when every example has one, else the example, :func:`analyses.stats.example_groups`; stratified
 by the label; several folds and optionally repeated partitions). In every split and for every
 pooling, the frozen encoder's pooled last layer is probed by logistic regression
 (:class:`analyses.probes.LinearProbe`) fitted on the split's training items, and the encoder is
 fine-tuned (:mod:`analyses.finetune`) on the same training items for each training seed; both
 predict the same test items. Per-item predictions are kept, so accuracies get cluster-bootstrap CIs
 over documents and the comparisons (fine-tuned − frozen, each pooling − mean) are paired
-differences on identical items (:func:`analyses.paired.paired_difference`, Holm-adjusted). Every
+differences on identical items (:func:`analyses.stats.paired_difference`, Holm-adjusted). Every
 split reports its best constant (largest test-class share), the training majority's test accuracy
 and chance; a run that scores below the best constant or did not converge is flagged (logged and in
 the ``warning`` column).
 
 Poolings are the token choices of :mod:`analyses.selection` (``cls``, ``sep1``, ``mean``, ``max``,
-``first_word``, ``pos<k>``, ...; :mod:`analyses.pooling_choices`) read from the *last* hidden layer.
+``first_word``, ``pos<k>``, ...; :mod:`analyses.finetune._poolings`) read from the *last* hidden layer.
 Sentence-BERT (Reimers & Gurevych 2019, table 6) compared CLS, MEAN and MAX for fine-tuned sentence
 embeddings; this module asks the same of a classifier and adds ``[SEP]``, the first word and a fixed
 position.
 
-Modules: :mod:`analyses.pooling_choices` (the poolings), :mod:`analyses.finetune_config`
+Modules: :mod:`analyses.finetune._poolings` (the poolings), :mod:`analyses.finetune._config`
 (hyperparameters and presets), :mod:`analyses.finetune` (data, training loop, one run),
-:mod:`analyses.pooling_table` (the table's baseline, summary and paired-difference rows, and its
-readers), this module (the experiment and ``python -m analyses.pooling``).
+:mod:`analyses.finetune._table` (the table's baseline, summary and paired-difference rows, and its
+readers), this module (the experiment and ``python -m analyses.finetune``).
 
 >>> get_pooling("pos3").position
 3
@@ -42,13 +42,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from analyses.finetune import (RngStreams, Task, _check_label, _collate, _device, _finetune_task, _load,
-                               _max_length_of, _task, check_pooling, render_examples, sorted_batches, split_unit)
-from analyses.finetune_config import PRESETS, SCHEDULES, TrainConfig, preset_config, resolve_autocast
-from analyses.intervals import DEFAULT_RESAMPLES, MIN_RESAMPLES, check_resamples
-from analyses.pooling_choices import POOLINGS, Pooling, get_pooling, pool, pooling_mask
-from analyses.pooling_table import (RUN_METRICS, baseline_rows, best_constant, diff_label, diff_rows, finish_table,
-                                    pooled_baselines, summary, summary_rows)
+from analyses.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES, check_resamples
+from analyses.finetune._train import (RngStreams, Task, _check_label, _collate, _device, _finetune_task, _load,
+                                      _max_length_of, _task, check_pooling, render_examples, sorted_batches, split_unit)
+from analyses.finetune._config import PRESETS, SCHEDULES, TrainConfig, preset_config, resolve_autocast
+from analyses.finetune._poolings import POOLINGS, Pooling, get_pooling, pool, pooling_mask
+from analyses.finetune._table import (RUN_METRICS, baseline_rows, best_constant, diff_label, diff_rows, finish_table,
+                                      pooled_baselines, summary, summary_rows)
 from analyses.results import note_store_use, read_table, resamples_arg, result_path, write_table
 from probing.cli import ArgumentParser, int_at_least, output_dir_arg, positive_floats
 from probing.examples import Example, corpus_fingerprint
@@ -189,11 +189,11 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
     """Fine-tuned and frozen, every pooling, on the same document-grouped splits; a tidy table.
 
     Splits: :func:`cv_splits` (stratified by the label, grouped by document when every example has a
-    ``doc`` label, else by example: :func:`analyses.grouping.example_groups`). In each split, for
+    ``doc`` label, else by example: :func:`analyses.stats.example_groups`). In each split, for
     each pooling, the frozen probe (:func:`frozen_features` + :class:`analyses.probes.LinearProbe` on
     the split's training items) and the fine-tuned model for each seed predict the SAME test items.
 
-    Rows of the table (:mod:`analyses.pooling_table`, which names the columns; ``pooling`` = the
+    Rows of the table (:mod:`analyses.finetune._table`, which names the columns; ``pooling`` = the
     pooling, ``role`` empty, ``target`` = label, ``layer`` = the last layer; extra columns
     ``condition`` (``fine_tuned`` / ``frozen``), ``repeat``, ``fold``, ``grouping``, ``n_groups``,
     ``n_skipped`` on every row):
@@ -205,14 +205,14 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
     * per frozen run: ``metric="frozen_test_accuracy"`` (``seed`` empty) with ``train_accuracy``,
       ``C``, ``converged``, ``warning``;
     * per split, ``pooling`` empty and ``condition="baseline"``: ``best_constant``, ``majority_baseline``
-      and ``chance`` (:func:`analyses.pooling_table.baseline_rows`);
+      and ``chance`` (:func:`analyses.finetune._table.baseline_rows`);
     * per pooling and condition, over all out-of-fold test items: ``test_accuracy_mean`` (fine-tuned)
       and ``frozen_test_accuracy_mean`` with a cluster-bootstrap CI over documents
-      (:func:`analyses.pooling_table.summary_rows`);
+      (:func:`analyses.finetune._table.summary_rows`);
     * ``metric="accuracy_diff"``, paired per item, side A (``pooling``, ``condition``) − side B
       (``pooling_b``, ``condition_b``): per pooling fine-tuned − frozen, and per condition each pooling
       − ``mean`` (else the first pooling), Holm over every such row
-      (:func:`analyses.pooling_table.diff_rows`);
+      (:func:`analyses.finetune._table.diff_rows`);
     * over all test items, ``pooling`` empty: ``best_constant`` and ``chance``, and ``metric="n_skipped"``:
       examples left out for length (never silently; ids in ``attrs["skipped_ids"]``).
 
@@ -230,12 +230,12 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
     reused unless ``force``. Cost: see :data:`PRESETS`. ``num_threads``: None runs the fine-tuning runs one
     at a time on torch's threads; a number (CPU only) runs them side by side in that many workers of one
     torch thread each (:mod:`probing.workers`), with the results of the runs one at a time
-    (:class:`analyses.finetune.RngStreams`). Two workers took the study's Q8 from 151 to 131 s on 2
+    (:class:`analyses.finetune._train.RngStreams`). Two workers took the study's Q8 from 151 to 131 s on 2
     cores, but each run in flight holds its own model copy, optimiser state and activations (about
     650 MB on all-MiniLM-L6-v2), which took the study's peak from under 2 GB to 2.7 GB: so the
     default is one at a time (benchmarks/RESULTS.md).
     """
-    from analyses.grouping import example_groups
+    from analyses.stats import example_groups
 
     n_resamples = check_resamples(n_resamples)
     pre = PRESETS.get(preset)
@@ -379,7 +379,7 @@ def run_pooling_experiment(examples: Sequence[Example], label: str, poolings: Se
 
 def _by_seed(P: pd.DataFrame) -> dict[tuple[str, str], pd.DataFrame]:
     """Per (pooling, "fine_tuned"), each test item's correctness per training seed, averaged over repeats
-    (examples × seeds): what :func:`analyses.pooling_table.seed_document_ci` resamples."""
+    (examples × seeds): what :func:`analyses.finetune.seed_document_ci` resamples."""
     ft = P[P["condition"] == "fine_tuned"]
     table = ft.groupby(["pooling", "example", "seed"], sort=False)["correct"].mean().unstack("seed")
     return {(str(p), "fine_tuned"): g.droplevel("pooling") for p, g in table.groupby(level="pooling", sort=False)}
@@ -403,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     defaults = TrainConfig()
     p = ArgumentParser(
-        prog="python -m analyses.pooling",
+        prog="python -m analyses.finetune",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=("Q8: on the same stratified, document-grouped cross-validation splits, fine-tune\n"
                      "the encoder + a linear head on each pooling of the last layer (each training seed)\n"
@@ -415,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=("poolings (the token choices of analyses.selection):\n" + pool_help
                 + "\n\npresets (options given on the command line override them):\n"
                 + "\n".join(show(n) for n in PRESETS)
-                + "\n\nexample:\n  python -m analyses.pooling --corpus generated:n=300,k=2 --targets topic "
+                + "\n\nexample:\n  python -m analyses.finetune --corpus generated:n=300,k=2 --targets topic "
                   "--poolings cls,mean --train-seeds 0,1,2 --preset default --out results/"),
     )
     p.add_argument("--preset", default="default", choices=list(PRESETS),
@@ -527,7 +527,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     how = "reused" if df.attrs.get("reused") else "written"
     print(f"table {how}: {df.attrs.get('result_path')}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -196,7 +196,7 @@ TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in fields(TrainConfig))
 #:   study's peak to 2.7 GB (benchmarks/RESULTS.md, "Single-threaded workers");
 #: * on an AMD EPYC VM with AVX2 only (session 19; 2-thread 2048^3 matmul 129-145 GFLOP/s), where "auto"
 #:   leaves autocast off: 365 s wall, 710 CPU s in the full study (fresh clone, no other job);
-#: * peak RSS of ``/usr/bin/time -v python -m analyses.pooling --corpus bbc:n=1000,k=2,max_words=40
+#: * peak RSS of ``/usr/bin/time -v python -m analyses.finetune --corpus bbc:n=1000,k=2,max_words=40
 #:   --targets topic --poolings cls,max --run-folds 1 --no-progress --force``: 1,432,736 kB
 #:   (595 MB of it imports, corpus and model; it does not grow from run to run).
 #:

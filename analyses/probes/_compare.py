@@ -1,5 +1,5 @@
 """Paired comparisons of probes on the same out-of-fold items (the item tables of
-:func:`analyses.probe_runner.run_probes` with ``items=True``): :func:`compare_probes`.
+:func:`analyses.probes.run_probes` with ``items=True``): :func:`compare_probes`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from analyses.intervals import check_resamples
+from analyses.stats import check_resamples
 from analyses.results import make_table
 from analyses.stats import DETECTABLE_EFFECT, groups_needed, holm, paired_difference
 
@@ -48,7 +48,7 @@ def compare_probes(items: pd.DataFrame, a: Mapping[str, object], b: Mapping[str,
     (default ``"<a> vs <b>"``) and ``p_holm``: Holm-adjusted over all rows of this call, the declared
     family (:func:`analyses.stats.holm`). Raises ``ValueError`` when a filter names an unknown
     column or matches no row, when no item matches, or for fewer ``n_resamples`` than an interval needs
-    (:func:`analyses.intervals.check_resamples`).
+    (:func:`analyses.stats.check_resamples`).
     """
     n_resamples = check_resamples(n_resamples, confidence)
     for name, cond in (("a", a), ("b", b)):

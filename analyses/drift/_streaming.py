@@ -9,7 +9,7 @@ copied, and freed heap pages are handed back to the system as the run goes (glib
 so the resident size does not creep up with heap fragmentation (``benchmarks/memory.py``). Planning and
 the forward pass are the extractor's own (:mod:`probing.planning`, :mod:`probing.forward`).
 
-    from analyses.streaming import stream_compare
+    from analyses.drift._streaming import stream_compare
     tables = stream_compare(examples, "pair", "concat", model="all-MiniLM-L6-v2")
     tables["drift"], tables["cka"], tables["memory"]
 
@@ -29,7 +29,7 @@ What it gives, row for row comparable with the cached runners (same keys, same m
   normalised drift need the whole set of cosines or random pairs across the corpus and are not
   computed here (use the cached path for them); ``standardise`` needs a first pass for the means
   and is not offered.
-* ``cka`` (as :func:`analyses.similarity.run_cka_formats`): per layer and token choice, linear CKA
+* ``cka`` (as :func:`analyses.cka.run_cka_formats`): per layer and token choice, linear CKA
   (Kornblith et al. 2019, eq. 5) and its debiased form between format A and format B, from
   :class:`analyses.cka.StreamingLinearCKA` accumulators. Choices are those of
   :data:`analyses.selection.TOKEN_CHOICES` (one vector per example) and ``s<i> words`` (every word
@@ -64,10 +64,10 @@ from probing.heap import HeapTrimmer
 from probing.models import DTYPES, LoadedModel, pick_device
 from probing.planning import (ON_OVERFLOW, ROLES, ExtractError, parse_layers, parse_roles, plan, render_shard,
                        sentence_lengths)
-from analyses.intervals import check_confidence, check_resamples
-from analyses.stream_drift import BLOCK, STREAM_DRIFT_METRICS, DriftAccumulator, poisson_weights
-from analyses.stream_index import (ROLE_CODE, WORD, ChoiceIndex, DriftIndex, align_keys, choice_rows, index_batch,
-                           parse_stream_choice, pool_rows, stored_positions, token_keys)
+from analyses.stats import check_confidence, check_resamples
+from analyses.drift._stream_drift import BLOCK, STREAM_DRIFT_METRICS, DriftAccumulator, poisson_weights
+from analyses.drift._stream_index import (ROLE_CODE, WORD, ChoiceIndex, DriftIndex, align_keys, choice_rows,
+                                          index_batch, parse_stream_choice, pool_rows, stored_positions, token_keys)
 
 __all__ = ["stream_compare", "STREAM_METRICS", "STREAM_DRIFT_METRICS", "SUBWORD_MODES", "DriftAccumulator"]
 
@@ -195,11 +195,11 @@ def stream_compare(
     """Drift and linear CKA between ``format_a`` and ``format_b`` over ``examples``, without a cache.
 
     Args mirror :func:`probing.extract.extract` (model, layers, roles, dtype, batching, overflow) and
-    the cached runners: ``choices`` and ``metrics`` as :func:`analyses.similarity.run_cka_formats`
+    the cached runners: ``choices`` and ``metrics`` as :func:`analyses.cka.run_cka_formats`
     (``linear_cka``, ``linear_cka_debiased``), ``subword``/``words_only`` as
     :func:`analyses.drift.run_drift`; ``word_groups`` adds CKA of ``s<i> words`` for every sentence
     both formats hold; ``n_resamples`` Poisson-bootstrap resamples for the drift CIs (0: none; else at least
-    :func:`analyses.intervals.min_resamples` of ``confidence``);
+    :func:`analyses.stats.min_resamples` of ``confidence``);
     ``drift=False`` skips drift.
 
     Returns ``{"drift": ..., "cka": ..., "memory": ...}``: tidy tables (:func:`analyses.results.make_table`)

@@ -1,6 +1,6 @@
 """Cross-validated probe results (:class:`ProbeResult`: per-fold scores, out-of-fold items, cluster
 bootstrap intervals), their tidy rows, and the reference cross-validation :func:`cross_validate_probe`
-(one :class:`analyses.probe_estimator.LinearProbe` per outer fold).
+(one :class:`analyses.probes.LinearProbe` per outer fold).
 
 Columns of the tables: :mod:`analyses.probes`.
 """
@@ -16,12 +16,12 @@ import numpy as np
 import pandas as pd
 from sklearn.base import clone
 
-from analyses.probe_estimator import LinearProbe
-from analyses.probe_metrics import (DEFAULT_CS, SelectBy, _check_groups, _check_n_groups, _check_X, _check_y,
-                                    _evaluate_fold, _fold_items, control_labels, fold_macro_auc, make_splits)
+from analyses.probes._estimator import LinearProbe
+from analyses.probes._metrics import (DEFAULT_CS, SelectBy, _check_X, _check_groups, _check_n_groups, _check_y,
+                                      _evaluate_fold, _fold_items, control_labels, fold_macro_auc, make_splits)
 from analyses.results import make_table
-from analyses.intervals import DEFAULT_RESAMPLES, check_resamples, fold_t_interval
-from analyses.stats import cluster_se, minimum_detectable_effect, wald_p_value
+from analyses.stats import (DEFAULT_RESAMPLES, check_resamples, cluster_se, fold_t_interval,
+                            minimum_detectable_effect, wald_p_value)
 
 # --------------------------------------------------------------------------------------------------
 # Results
@@ -29,7 +29,7 @@ from analyses.stats import cluster_se, minimum_detectable_effect, wald_p_value
 
 #: Metrics whose interval comes from the cluster bootstrap of out-of-fold items (the rest, the chance
 #: micro-F1 and the baseline's macro AUC, are fold-level: mean and t-interval over folds). The macro AUC
-#: is resampled from the items' scores (:func:`analyses.probe_metrics.fold_macro_auc`).
+#: is resampled from the items' scores (:func:`analyses.probes.fold_macro_auc`).
 ITEM_METRICS: tuple[str, ...] = ("accuracy", "micro_f1", "majority_baseline", "control_accuracy",
                                  "control_micro_f1", "selectivity", "macro_auc")
 #: Default number of bootstrap resamples of a probe's interval (every interval's default).
@@ -62,7 +62,7 @@ class ProbeResult:
     (documents or examples; ``n_resamples`` resamples, ``seed``); selectivity is the paired
     difference of the task and control scores on the same resamples. The macro AUC (the mean over
     folds of each fold's macro AUC, as reported before) is resampled on the same draws, each item
-    counted as often as its group was drawn (:func:`analyses.probe_metrics.fold_macro_auc`). Other
+    counted as often as its group was drawn (:func:`analyses.probes.fold_macro_auc`). Other
     fold-level metrics (the chance micro-F1, the baseline's macro AUC of 0.5) keep the mean and
     t-interval over folds (:func:`fold_t_interval`).
     """
@@ -127,7 +127,7 @@ class ProbeResult:
     @functools.cached_property
     def _auc_boot(self) -> np.ndarray:
         """The macro AUC of each resample of :meth:`_draws`, each item counted as often as its group was
-        drawn (:func:`analyses.probe_metrics.fold_macro_auc`): ``(n_resamples,)``."""
+        drawn (:func:`analyses.probes.fold_macro_auc`): ``(n_resamples,)``."""
         codes, draws = self._draws()
         times = np.zeros(draws.shape)
         np.add.at(times, (np.arange(len(draws))[:, None], draws), 1.0)

@@ -1,6 +1,6 @@
 """Which words a bag-of-words target asks about: content words, or function words as a control.
 
-Declared once here and used by every bag-of-words target of :mod:`analyses.probe_runner`:
+Declared once here and used by every bag-of-words target of :mod:`analyses.probes._runner`:
 
 * :data:`STOP_WORDS`: scikit-learn's ``ENGLISH_STOP_WORDS`` (318 function words: the, to, of, and,
   ...), plus clitic fragments the tokenisation leaves ("s", "t", ...);

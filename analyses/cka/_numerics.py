@@ -3,7 +3,7 @@ tensors, input validation, exact power-of-two scaling, and the algebra the estim
 feature-space debiased HSIC, the ratio, the minimum number of items).
 
 Pure functions of arrays, no I/O. The estimators are in :mod:`analyses.cka` (in memory) and
-:mod:`analyses.cka_streaming` (batch by batch).
+:mod:`analyses.cka._streaming` (batch by batch).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Cosine drift between two caches (formats A and B of the same model and corpus), per layer and
 role group, with cluster-bootstrap CIs over documents (examples when the corpus has no ``doc``
-label; :mod:`analyses.grouping`) and the anisotropy baseline.
+label; :mod:`analyses.stats._grouping`) and the anisotropy baseline.
 
     python -m analyses.drift caches/MODEL/pair-... caches/MODEL/concat-... --out results
 
 Q1 (drop the middle [SEP]): ``pair`` vs ``concat``. Q2 and the "context effect": ``single`` vs
 ``pair`` (sentence 1's words alone and inside the pair), ``single2`` vs ``pair`` for sentence 2.
-The metric functions live in :mod:`analyses.drift_metrics`; this module only reads, aligns and writes.
+The metric functions live in :mod:`analyses.drift._metrics`; this module only reads, aligns and writes.
 """
 
 from __future__ import annotations
@@ -19,21 +19,15 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from analyses.drift_metrics import POOL_MODES, drift_summary, subword_pool
-from analyses.grouping import cache_groups
-from analyses.intervals import check_resamples
+from analyses.drift._metrics import POOL_MODES, drift_summary, subword_pool
+from analyses.stats import cache_groups, check_resamples
 from analyses.selection import is_role
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
-                              keep_table, make_table, stored_table, table_lines)
-from probing.cache import Cache, align, check_comparable, describe_model
+                              keep_table, make_table, model_label, stored_table, table_lines)
+from probing.cache import Cache, align, check_comparable
 from probing.cli import ArgumentParser
 from probing.heap import hand_back_freed
 from probing.layers import shared_layers
-
-
-def model_label(cache: Cache) -> str:
-    """The model column of result tables: ``name``, or ``name (random init, seed s)``."""
-    return describe_model(cache.manifest["model"], fingerprint=False)
 
 
 def group_labels(tokens: pd.DataFrame) -> np.ndarray:
@@ -76,9 +70,9 @@ def run_drift(a: Cache, b: Cache, *, layers: Sequence[int] | None = None, subwor
               progress: bool = True) -> pd.DataFrame:
     """Drift of every token key present in both caches, per layer and role group.
 
-    Returns the tidy table of :func:`analyses.drift_metrics.drift_summary` rows with analysis="drift",
+    Returns the tidy table of :func:`analyses.drift.drift_summary` rows with analysis="drift",
     format=A, format_b=B, layer, model and corpus filled in, and ``grouping`` (``document`` or
-    ``example``: what the bootstrap resampled, :func:`analyses.grouping.cache_groups`) beside
+    ``example``: what the bootstrap resampled, :func:`analyses.stats.cache_groups`) beside
     ``n_groups``. With ``out``, writes it there (and reuses
     an earlier identical result unless ``force``).
     """
@@ -176,7 +170,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("anisotropy baseline (mean cos of random pairs of all tokens):", ", ".join(f"L{k}: {v:.3f}" for k, v in base.items()))
     print(table_lines(df))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

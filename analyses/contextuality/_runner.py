@@ -4,7 +4,7 @@ Ethayarajh 2019, "How Contextual are Contextualized Word Representations? Compar
 BERT, ELMo, and GPT-2 Embeddings", EMNLP, sec. 3.3-3.4. Over the word tokens of one cache:
 
 - ``anisotropy_baseline``: mean cosine of uniformly random word tokens from different examples
-  (:func:`analyses.drift_metrics.anisotropy_baseline_ci`; CI: cluster bootstrap over the example of
+  (:func:`analyses.drift.anisotropy_baseline_ci`; CI: cluster bootstrap over the example of
   each pair's first token). ``n`` = number of pairs.
 - ``self_similarity``: for a word type w seen in n >= ``min_contexts`` distinct examples (one
   occurrence per example, at most ``max_contexts`` examples sampled with ``seed``), the mean cosine
@@ -33,14 +33,14 @@ markers where that column is missing or empty), lower-cased by default. A contex
 type's first occurrence in each example is used, so repeats inside one example do not count as
 contexts. The same occurrences and the same random tokens are used at every layer.
 
-CIs are 95% bootstraps (:func:`analyses.intervals.bootstrap_ci`): over word types for self-similarity and
+CIs are 95% bootstraps (:func:`analyses.stats.bootstrap_ci`): over word types for self-similarity and
 MEV (each type one cluster), over examples for intra-similarity (the sentences of one example form
 one cluster). The adjusted self- and intra-similarity CIs are the raw CIs shifted by the baseline's
 point value (the baseline's own uncertainty is not propagated, as for normalised drift); the
 adjusted MEV's CI comes from bootstrapping the per-type differences.
 
 The measures, and the choice of words and occurrences, are pure functions in
-:mod:`analyses.contextuality_metrics`; this module is the runner (cache -> table) and its command:
+:mod:`analyses.contextuality._metrics`; this module is the runner (cache -> table) and its command:
 
     python -m analyses.contextuality caches/MODEL/single-... --out results
 """
@@ -56,13 +56,12 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from analyses.drift import model_label
-from analyses.drift_metrics import POOL_MODES, anisotropy_baseline_ci, subword_pool
-from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error,
-                              keep_table, make_table, result_path, stored_table)
-from analyses.contextuality_metrics import (choose_contexts, intra_similarity, max_explainable_variance,
-                                            random_word_sets, self_similarity, word_table)
-from analyses.intervals import bootstrap_ci, bootstrap_cis, check_resamples
+from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error, keep_table,
+                              make_table, model_label, result_path, stored_table)
+from analyses.drift import POOL_MODES, anisotropy_baseline_ci, subword_pool
+from analyses.contextuality._metrics import (choose_contexts, intra_similarity, max_explainable_variance,
+                                             random_word_sets, self_similarity, word_table)
+from analyses.stats import bootstrap_ci, bootstrap_cis, check_resamples
 from probing.cache import Cache
 from probing.cli import ArgumentParser
 from probing.layers import cache_layers
@@ -280,7 +279,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(summary_table(df).to_string())
     print(f"table: {path}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

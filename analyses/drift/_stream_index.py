@@ -1,6 +1,6 @@
 """Which positions each streamed measurement needs, per batch: small integer arrays built on the host
 (token keys of both formats, rows aligned by key, the rows of each token choice) and sent to the device
-once per batch. Used by :mod:`analyses.streaming`.
+once per batch. Used by :mod:`analyses.drift._streaming`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from probing.planning import ROLES
 
 if TYPE_CHECKING:
-    from analyses.stream_drift import DriftAccumulator
+    from analyses.drift._stream_drift import DriftAccumulator
 
 ROLE_CODE = {r: i for i, r in enumerate(ROLES)}
 WORD, CLS, SEP = ROLE_CODE["word"], ROLE_CODE["cls"], ROLE_CODE["sep"]
@@ -70,7 +70,7 @@ def align_keys(ka: np.ndarray, kb: np.ndarray, rows_a: np.ndarray) -> tuple[np.n
 
 def role_group_labels(role: np.ndarray, sentence: np.ndarray, index: np.ndarray) -> list[str]:
     """Role group of each token, exactly as :func:`analyses.drift.group_labels` names it."""
-    from analyses.drift import group_labels
+    from analyses.drift._runner import group_labels
 
     combo = np.stack([role, sentence, np.where(role == WORD, 0, index)], 1)
     uniq, inv = np.unique(combo, axis=0, return_inverse=True)

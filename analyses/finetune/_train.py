@@ -5,8 +5,8 @@ fine-tuned end to end for sequence classification, as in BERT's fine-tuning reci
 2019, sec. 4): cross-entropy on ``softmax(W·pool(h_L) + b)``, AdamW (Loshchilov & Hutter 2019) with
 weight decay on everything but biases and LayerNorm weights, and a learning rate warmed up linearly
 over the first ``warmup_fraction`` of the steps, then decayed linearly to 0 (``schedule="linear"``)
-or held (``"constant"``). Poolings: :mod:`analyses.pooling_choices`. The experiment over poolings,
-folds and seeds, with a frozen probe on the same splits, is :func:`analyses.pooling.run_pooling_experiment`.
+or held (``"constant"``). Poolings: :mod:`analyses.finetune._poolings`. The experiment over poolings,
+folds and seeds, with a frozen probe on the same splits, is :func:`analyses.finetune.run_pooling_experiment`.
 
 No example is dropped silently: the length limit is the model's own unless set, and every example
 skipped for length is counted (``n_skipped``).
@@ -25,7 +25,7 @@ its own longest example rather than to the longest of 64 random ones; AdamW runs
 (``fused=True``; on CUDA and on CPU since torch 2.4). Neither changes the protocol: the same steps
 on the same batches, the same predictions up to float rounding. ``TrainConfig(autocast=True)`` runs
 the forward pass and the loss in bfloat16 mixed precision (float32 weights, gradients and AdamW); its
-speed and accuracy check: :class:`analyses.finetune_config.TrainConfig`.
+speed and accuracy check: :class:`analyses.finetune.TrainConfig`.
 
 Batches are padded by :func:`probing.forward.collate` and run through :func:`probing.forward.last_hidden`
 (the toolkit's one collation and forward pass; :func:`training_inputs` adds the pooling mask), the
@@ -48,8 +48,8 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from analyses.finetune_config import TrainConfig, preset_config, resolve_autocast
-from analyses.pooling_choices import Pooling, get_pooling, pool, pooling_mask
+from analyses.finetune._config import TrainConfig, preset_config, resolve_autocast
+from analyses.finetune._poolings import Pooling, get_pooling, pool, pooling_mask
 from probing.examples import Example, corpus_fingerprint
 from probing.formats import Format, Rendered, render, resolve_format, special_token_ids, tokenize_sentences
 from probing.heap import hand_back_freed
@@ -216,8 +216,8 @@ def training_inputs(rendered: Sequence[Rendered], lm, pooling: Pooling,
 
 def _collate(rendered: Sequence[Rendered], pooling: Pooling, pad_id: int, device: torch.device) -> dict:
     """The padded batch as a dict (``input_ids``, ``token_type_ids``, ``attention_mask``, ``pool_mask``),
-    for :func:`analyses.pooling.frozen_features`: :func:`probing.forward.pad_arrays` and
-    :func:`analyses.pooling_choices.pooling_mask`; training uses :func:`training_inputs`."""
+    for :func:`analyses.finetune._experiment.frozen_features`: :func:`probing.forward.pad_arrays` and
+    :func:`analyses.finetune.pooling_mask`; training uses :func:`training_inputs`."""
     T = max(len(r) for r in rendered)
     ids, types, att = pad_arrays(rendered, pad_id, T)
     mask = pooling_mask(rendered, pooling, T)
@@ -454,7 +454,7 @@ def _load(model) -> LoadedModel:
     raise ValueError(f"model must be None, a name/path or a LoadedModel, got {type(model).__name__}")
 
 
-_device = pick_device  # analyses.pooling's name for probing.models.pick_device
+_device = pick_device  # analyses.finetune._experiment's name for probing.models.pick_device
 
 
 def _max_length_of(lm: LoadedModel) -> int:

@@ -1,6 +1,6 @@
 """CKA runners: read caches, call the metric functions of :mod:`analyses.cka`, write tidy tables.
 
-Three shapes of comparison (``python -m analyses.similarity --help``, or ``probing cka``):
+Three shapes of comparison (``python -m analyses.cka --help``, or ``probing cka``):
 
 * ``formats``: per layer, the same token choice under two formats (e.g. ``[CLS]`` in ``pair`` vs in
   ``concat``), one vector per example; or a word group (``s1 words``) token by token, aligned by key.
@@ -30,11 +30,10 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from analyses.cka import MIN_ITEMS, linear_cka, rbf_cka
-from analyses.cka_streaming import StreamingCKAMatrix, StreamingLinearCKA
-from analyses.drift import model_label
+from analyses.cka._metrics import MIN_ITEMS, linear_cka, rbf_cka
+from analyses.cka._streaming import StreamingCKAMatrix, StreamingLinearCKA
 from analyses.results import (CLI_ERRORS, add_layers_option, add_output_options, cache_identity, cli_error, keep_table,
-                              make_table, one_value, split_list, stored_table, table_lines)
+                              make_table, model_label, one_value, split_list, stored_table, table_lines)
 from analyses.selection import (POOL_CHUNK_ROWS, ItemRows, is_role, item_chunks, item_rows, parse_choice, pool,
                                 pool_chunked, pooled)
 from probing.cache import Cache, align, check_comparable
@@ -75,7 +74,7 @@ _STREAMED_PREFIX = re.compile(r"^layer 0 of ")  # the accumulator names the laye
 def _measure_items(a: Cache, b: Cache, items_a: ItemRows, items_b: ItemRows, layer: int,
                    metrics: Sequence[str]) -> list[tuple[str, float, str]]:
     """:func:`_measure` of the paired items at ``layer``. The linear variants are accumulated over chunks of items
-    (:class:`analyses.cka_streaming.StreamingLinearCKA`; equal to :func:`analyses.cka.linear_cka` on the whole
+    (:class:`analyses.cka.StreamingLinearCKA`; equal to :func:`analyses.cka.linear_cka` on the whole
     arrays to rounding, and the same note where undefined), so memory does not grow with the items; the RBF
     variant needs the n x n Gram matrices and reads the whole arrays (up to :data:`RBF_MAX_ITEMS` items)."""
     linear = [m for m in metrics if m in _LINEAR]
@@ -239,7 +238,7 @@ def run_cka_roles(cache: Cache, pairs: Sequence[tuple[str, str]] = (("sep1", "cl
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = ArgumentParser(
-        prog="python -m analyses.similarity",
+        prog="python -m analyses.cka",
         description="CKA (Kornblith et al. 2019) between caches: per layer across two formats, layer x layer, "
                     "or between token choices within one cache. Writes a tidy table (CSV + Parquet).",
         epilog="token choices: cls, sep<i>, sep_last, mean, max, first_word, mean_s<i>, pos<k>; for 'formats' also "
@@ -298,9 +297,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(show.to_string())
     print(table_lines(df))
     return 0
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main())

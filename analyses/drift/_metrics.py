@@ -18,7 +18,7 @@ from typing import Literal, Sequence, get_args
 import numpy as np
 from scipy import sparse as _sparse
 
-from analyses.intervals import CIMethod, bootstrap_ci, bootstrap_cis, check_resamples
+from analyses.stats import bootstrap_ci, bootstrap_cis, check_resamples, CIMethod
 
 PoolMode = Literal["first", "mean"]
 #: Subword pooling choices, declared once.
@@ -362,7 +362,7 @@ def drift_summary(
     A, B: (n, dim) paired states (row i = the same token key in format A and format B).
     example_ids: (n,) example of each row. groups: (n,) role group label of each row ("cls", "sep1",
     "s1 words", ...). clusters: (n,) the unit the bootstrap resamples (documents, from
-    :func:`analyses.grouping.cache_groups`); ``None``: the examples. baseline_X: (m, dim) states for the
+    :func:`analyses.stats.cache_groups`); ``None``: the examples. baseline_X: (m, dim) states for the
     anisotropy baseline, with baseline_example_ids (m,); ``None`` uses the union of A's and B's rows.
     standardise: z-score every dimension (Timkey & van Schijndel 2021) with mean/std fitted on the
     baseline set, applied to A, B and the baseline set alike.
@@ -393,7 +393,7 @@ def drift_summary(
     (clusters in the cell), ``seed``, ``n_resamples``, matching :data:`analyses.results.RESULT_COLUMNS` plus
     ``n_examples``, ``n_groups`` and ``n_resamples``; the caller fills analysis, model, corpus, format, format_b, layer
     and the grouping's name. CIs are cluster bootstraps over ``clusters``
-    (:func:`analyses.intervals.bootstrap_ci`, same ``seed`` for every cell); with one cluster they are
+    (:func:`analyses.stats.bootstrap_ci`, same ``seed`` for every cell); with one cluster they are
     NaN. The anisotropy baseline's pairs are clustered by the example of their first row.
 
     Raises ``ValueError`` on shape mismatches, fewer than 2 baseline examples, or rows with zero norm
@@ -507,7 +507,7 @@ def pair_spread(parts, example_ids, mask, n_pairs: int = 10000, seed: int = 0) -
 def group_baseline(parts, example_ids, mask, n_pairs: int = 10000, *, seed: int = 0, mean=None, std=None,
                    **ci_kw) -> tuple[float, float, float]:
     """The random-pair baseline of one group of rows, :func:`group_pair_cosines`' mean, with its bootstrap
-    CI over the first row's example (``ci_kw``: those of :func:`analyses.intervals.bootstrap_ci`);
+    CI over the first row's example (``ci_kw``: those of :func:`analyses.stats.bootstrap_ci`);
     ``(nan, nan, nan)`` when the group spans fewer than two examples. What :func:`drift_summary`
     normalises each role group's drift by."""
     got = group_pair_cosines(parts, example_ids, mask, n_pairs, seed, mean, std)

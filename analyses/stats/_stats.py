@@ -1,4 +1,4 @@
-"""Paired comparisons, power and interval formatting, built on the intervals of :mod:`analyses.intervals`.
+"""Paired comparisons, power and interval formatting, built on the intervals of :mod:`analyses.stats._intervals`.
 
 Paired comparisons (:func:`paired_difference`): the mean per-item difference between two conditions
 measured on the same items, with a cluster-bootstrap CI and a cluster sign-flip permutation p-value;
@@ -13,9 +13,10 @@ import math
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
 from scipy import stats as _sps
 
-from analyses.intervals import RNG_KW, bootstrap_ci, check_confidence, check_resamples, check_values, group_codes
+from analyses.stats._intervals import RNG_KW, bootstrap_ci, check_confidence, check_resamples, check_values, group_codes
 
 
 #: The difference in accuracy the study's headline comparisons should be able to detect (issue 11).
@@ -244,6 +245,20 @@ def holm(p_values) -> np.ndarray:
         out_ok[order] = adjusted
         out[ok] = out_ok
     return out
+
+
+def add_holm(df: pd.DataFrame, family: Sequence[str]) -> pd.DataFrame:
+    """Add ``p_holm``: :func:`holm` of ``p_value`` within each family of rows sharing the ``family``
+    columns (e.g. every layer of one role group and metric)."""
+    df = df.copy()
+    df["p_holm"] = np.nan
+    if df.empty:
+        return df
+    codes = df.groupby(list(family), sort=False, dropna=False).ngroup().to_numpy()
+    for c in np.unique(codes):
+        m = codes == c
+        df.loc[m, "p_holm"] = holm(df.loc[m, "p_value"].to_numpy(dtype=float))
+    return df
 
 
 def digits_for(*values: float, minimum: int = 3, maximum: int = 10) -> int:

@@ -1,6 +1,6 @@
 """Streaming cosine drift: running float64 sums per (layer, role group) and their Poisson bootstrap.
 
-Used by :mod:`analyses.streaming`; the bootstrap (Hanley & MacGibbon 2006; Chamandy et al. 2012) gives
+Used by :mod:`analyses.drift._streaming`; the bootstrap (Hanley & MacGibbon 2006; Chamandy et al. 2012) gives
 each example a Poisson(1) weight per resample, drawn per block of :data:`BLOCK` examples, so the
 weights do not depend on batching.
 """
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-#: Drift metrics written, the same names as :data:`analyses.drift_metrics.DRIFT_METRICS` uses.
+#: Drift metrics written, the same names as :data:`analyses.drift.DRIFT_METRICS` uses.
 STREAM_DRIFT_METRICS: tuple[str, ...] = ("cosine_mean", "drift_mean", "relative_l2_mean")
 BLOCK = 1024  # examples per block of the bootstrap weights' generator
 
@@ -63,7 +63,7 @@ class DriftAccumulator:
         """Add one batch at layer index ``layer``. A, B: (n, dim) float64 paired states; slot, group:
         (n,) example-in-batch and group id of each row; weights: (n_slots, R) Poisson weights."""
         aa, bb, ab = (A * A).sum(1), (B * B).sum(1), (A * B).sum(1)
-        cos = (ab / torch.sqrt(aa * bb)).clamp(-1.0, 1.0)  # the formula of analyses.drift_metrics
+        cos = (ab / torch.sqrt(aa * bb)).clamp(-1.0, 1.0)  # the formula of analyses.drift._metrics
         d = A - B
         rel = torch.sqrt((d * d).sum(1)) / torch.sqrt(aa)
         self.bad += (~torch.isfinite(cos)).sum() + (~torch.isfinite(rel)).sum()

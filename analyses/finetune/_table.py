@@ -1,8 +1,8 @@
-"""The fine-tuning experiment's table (DESIGN.md Q8, :func:`analyses.pooling.run_pooling_experiment`):
+"""The fine-tuning experiment's table (DESIGN.md Q8, :func:`analyses.finetune.run_pooling_experiment`):
 its baseline, summary and paired-difference rows, and the readers of it.
 
 Besides the standard columns (``docs/TABLES.md``, section ``finetune_pooling``), a row is about one
-``pooling`` (a token choice of :mod:`analyses.pooling_choices`: ``cls``, ``mean``, ``sep1``, ...) in
+``pooling`` (a token choice of :mod:`analyses.finetune._poolings`: ``cls``, ``mean``, ``sep1``, ...) in
 one ``condition`` (``fine_tuned`` or ``frozen``). ``role``, a stored token role in every other table,
 is empty here. A paired difference (``metric="accuracy_diff"``) is side A − side B with both sides
 named: A = (``pooling``, ``condition``), B = (``pooling_b``, ``condition_b``). Fine-tuned − frozen of
@@ -25,7 +25,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from analyses.intervals import DEFAULT_RESAMPLES, check_confidence, check_resamples, group_codes
+from analyses.stats import DEFAULT_RESAMPLES, check_confidence, check_resamples, group_codes
 from analyses.results import make_table
 
 #: ``condition`` of the rows that score no model: the best constant, the training majority, chance.
@@ -113,13 +113,13 @@ def summary_rows(base: Mapping, poolings: Sequence[str], item: pd.DataFrame, run
     ``item``: per (pooling, condition, example) the item's correctness averaged over seeds and repeats
     (``correct``) and its document (``doc``); ``runs``: the per-run accuracy rows; ``best``: the pooled
     best constant. ``value`` = mean correctness, ``ci_low``/``ci_high`` a cluster bootstrap over
-    documents (:func:`analyses.intervals.bootstrap_ci`), ``sd`` over runs, ``n_runs``, ``n`` = items;
+    documents (:func:`analyses.stats.bootstrap_ci`), ``sd`` over runs, ``n_runs``, ``n`` = items;
     ``warning`` when below ``best`` (also passed to ``warn``) or when runs did not converge.
     ``by_seed``: per (pooling, condition) the items' correctness per training seed (examples × seeds, in
     ``item``'s order), given for the fine-tuned sides when there are several seeds: their CI is then
     :func:`seed_document_ci` over seeds and documents, and ``ci_seeds`` says over how many seeds. Every CI
     draws ``n_resamples`` resamples from ``seed`` (the row's ``n_resamples``)."""
-    from analyses.intervals import bootstrap_ci
+    from analyses.stats import bootstrap_ci
 
     n_resamples = check_resamples(n_resamples)
     rows = []
@@ -152,14 +152,13 @@ def summary_rows(base: Mapping, poolings: Sequence[str], item: pd.DataFrame, run
 def diff_rows(base: Mapping, poolings: Sequence[str], item: pd.DataFrame, ref: str,
               by_seed: Mapping[tuple[str, str], pd.DataFrame] | None = None, *, n_resamples: int = DEFAULT_RESAMPLES,
               seed: int = 0) -> list[dict]:
-    """``accuracy_diff`` rows, paired per test item (:func:`analyses.paired.paired_difference`, clusters =
+    """``accuracy_diff`` rows, paired per test item (:func:`analyses.stats.paired_difference`, clusters =
     documents), Holm-adjusted over all of them (``p_holm``): per pooling fine-tuned − frozen, then per
     condition each pooling − ``ref``. ``item`` and ``by_seed`` as in :func:`summary_rows`: where a side is
     fine-tuned with several seeds, the CI, ``se`` and ``mde`` come from :func:`seed_document_ci` (seeds and
     documents; ``ci_seeds``), the p-value still from the sign-flip test of the seed-averaged items. Every CI and
     p-value draws ``n_resamples`` resamples from ``seed``."""
-    from analyses.paired import add_holm, paired_difference
-    from analyses.stats import minimum_detectable_effect
+    from analyses.stats import add_holm, minimum_detectable_effect, paired_difference
 
     n_resamples = check_resamples(n_resamples)
     pairs = [((p, "fine_tuned"), (p, "frozen")) for p in poolings]
