@@ -238,7 +238,7 @@ def runs(tmp_path_factory, bert_tokenizer):
         "patch-from-another-format"])
 def test_intervention_commands_refuse_what_is_not_the_intervention(runs, args, says, capsys):
     root, paths = runs
-    argv = [str(paths.get(a, a)) for a in args] + ["--resamples", "20", "--out", str(root / "out")]
+    argv = [str(paths.get(a, a)) for a in args] + ["--resamples", "100", "--out", str(root / "out")]
     first = _cli("analyses.interventions", argv, root, capsys)
     for text in says:
         assert text.format(**{k: str(v) for k, v in paths.items()}) in first, first

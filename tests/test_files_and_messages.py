@@ -82,7 +82,7 @@ def test_caches_tables_and_figures_follow_the_umask(mask, tiny_bert, tmp_path, u
 
     os.umask(mask)
     pair, concat = _extract(tiny_bert, tmp_path / "caches", ("pair", "concat"))
-    df = run_drift(Cache.open(pair), Cache.open(concat), layers=[0, 2], n_resamples=20, n_pairs=50,
+    df = run_drift(Cache.open(pair), Cache.open(concat), layers=[0, 2], n_resamples=100, n_pairs=50,
                    out=tmp_path / "results", progress=False)
     fig, axes = style.new_figure()
     axes[0, 0].plot([0, 1], [0, 1])
@@ -155,7 +155,7 @@ def test_an_analysis_command_prints_its_tables_actual_path(tiny_bert, tmp_path, 
     from analyses.drift import main
 
     pair, concat = _extract(tiny_bert, tmp_path / "caches", ("pair", "concat"))
-    argv = [str(pair), str(concat), "--layers", "0,2", "--resamples", "20", "--pairs", "50",
+    argv = [str(pair), str(concat), "--layers", "0,2", "--resamples", "100", "--pairs", "50",
             "--out", str(tmp_path / "results"), "--no-progress"]
     assert main(argv) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
@@ -288,7 +288,7 @@ def test_a_full_disk_during_a_table_write_names_the_table(tiny_bert, tmp_path, m
     pair, concat = _extract(tiny_bert, tmp_path / "caches", ("pair", "concat"))
     monkeypatch.setattr(pd.DataFrame, "to_csv", _no_space(method=True))
     out = tmp_path / "results"
-    code = main([str(pair), str(concat), "--layers", "0", "--resamples", "20", "--pairs", "50", "--out", str(out),
+    code = main([str(pair), str(concat), "--layers", "0", "--resamples", "100", "--pairs", "50", "--out", str(out),
                  "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2, err

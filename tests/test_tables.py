@@ -191,7 +191,7 @@ def test_every_interval_used_the_configs_resamples(study, tables):
     1,000 or 2,000); a t-interval over folds (``ci_method = t_folds``) records none."""
     from probing.study.runner import load_config
 
-    wanted = load_config(study["out"].parent / "study.toml", quick=True)["study"]["bootstrap_resamples"]
+    wanted = load_config(study["out"].parent / "study.toml", quick=True).study.bootstrap_resamples
     assert wanted == 100  # the fixture's [quick] value, not its full one (200) nor the default (1,000)
     with_ci = {n: df for n, df in tables.items() if "ci_low" in df.columns and df["ci_low"].notna().any()}
     assert {"probes_pair", "finetune", "paired_q8", "paired_q4", "drift_q1", "attention",

@@ -83,6 +83,14 @@ def _device_name(value: str) -> None:
         raise ValueError("expected 'auto', 'cpu', 'cuda' or 'cuda:N' (or 'mps')")
 
 
+def _resamples(value: int) -> None:
+    from analyses.stats import too_few_resamples
+
+    problem = too_few_resamples(value)
+    if problem is not None:  # the one wording of this refusal, the command lines' too
+        raise ValueError(problem)
+
+
 def _corpus_spec(value: str) -> None:
     from ..corpora import parse_corpus_spec
 
@@ -137,7 +145,7 @@ class StudySettings:
     out: str = setting("runs/study", nonempty=True)
     caches: str = setting("caches", nonempty=True)
     seed: int = setting(0, ge=0)
-    bootstrap_resamples: int = setting(1000, ge=MIN_BOOTSTRAP_RESAMPLES)
+    bootstrap_resamples: int = setting(1000, check=_resamples)
     questions: tuple[str, ...] = setting(QUESTIONS, nonempty=True, check=_questions)
     title: str | None = setting(None)
     device: str = setting("auto", check=_device_name)
