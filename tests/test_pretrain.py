@@ -472,6 +472,30 @@ def test_kill_9_then_resume_gives_the_same_weights_bit_for_bit(tmp_path):
     assert (b / "model.safetensors").stat().st_mtime_ns == before
 
 
+def test_a_kill_while_writing_the_model_resumes_from_the_last_checkpoint(tmp_path, text_file, monkeypatch):
+    """The checkpoint of the last step stays until the model directory is complete: a run stopped while writing it
+    is finished by the next call, with nothing trained again."""
+    from probing.pretrain import _train
+
+    cfg = config_dict(text_file, tmp_path / "runs", steps=3, checkpoint_every=2)
+    real = _train._finish
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_train, "_finish", killed)
+    with pytest.raises(KeyboardInterrupt):
+        probing.pretrain_models(cfg, **QUIET)
+    run = tmp_path / "runs" / "mlm+nsp.first.sep.seg" / "seed0"
+    assert json.loads((run / "checkpoint" / "state.json").read_text())["state"]["step"] == 3
+    assert not (run / "training.json").exists()
+    monkeypatch.setattr(_train, "_finish", real)
+    probing.pretrain_models(cfg, **QUIET)
+    record = json.loads((run / "training.json").read_text())
+    assert (record["steps"], record["resumes"], len(record["loss_curve"])) == (3, 1, 1)
+    assert record["epochs"] > 0 and not (run / "checkpoint").exists()
+
+
 def test_a_run_directory_of_other_settings_is_refused(tmp_path, text_file):
     from probing.pretrain import pretrain
 

@@ -212,23 +212,23 @@ def make_optimizer(model, train: TrainConfig):
 
 def _identity(cfg: PretrainConfig, variant: Variant, seed: int, corpus: Corpus, tokenizer_sha: str) -> dict:
     """What defines a run (written to ``run.json``): a directory holding a run with another identity is refused."""
-    return {"variant": asdict(variant), "seed": seed, "model": asdict(cfg.model), "train": asdict(cfg.train),
+    train = {k: v for k, v in asdict(cfg.train).items() if k != "checkpoint_every"}  # changes no number
+    return {"variant": asdict(variant), "seed": seed, "model": asdict(cfg.model), "train": train,
             "corpus": {"sources": list(cfg.corpus.sources), "fingerprint": corpus.fingerprint},
             "tokenizer_sha256": tokenizer_sha}
 
 
 def train_run(cfg: PretrainConfig, variant: Variant, seed: int, corpus: Corpus, tokenizer, tokens, heldout_tokens, *,
               device: torch.device, force: bool = False, progress: bool = True,
-              log: Callable[[str], None] = print, stop_after: int | None = None) -> Path:
-    """Pretrain one run (or finish it from its checkpoint) and write its directory; return the directory.
-
-    ``stop_after``: return after that many steps with only a checkpoint written (tests of resuming)."""
+              log: Callable[[str], None] = print) -> Path:
+    """Pretrain one run (or finish it from its checkpoint) and write its directory; return the directory."""
     from tqdm.auto import tqdm
 
     directory = run_dir(cfg.run.out, variant, seed)
     if force:
         shutil.rmtree(directory, ignore_errors=True)
     if (directory / TRAINING_RECORD).is_file():
+        clear_checkpoints(directory)  # left by a kill between the last file and its removal
         log(f"{directory}: finished earlier, kept (--force trains it again)")
         return directory
     tok_dir = Path(cfg.run.out) / "tokenizer"
@@ -247,8 +247,8 @@ def train_run(cfg: PretrainConfig, variant: Variant, seed: int, corpus: Corpus, 
     model = build_model(arch, variant, tokenizer, seed).to(device)
     model.train()
     optimizer, scheduler = make_optimizer(model, train)
-    state = {"step": 0, "epoch": 0, "batch": 0, "tokens": 0, "sequences": 0, "curve": [], "wall": 0.0, "resumes": 0,
-             "window": {"n": 0, "loss": 0.0, "mlm": 0.0, "pair": 0.0}}
+    state = {"step": 0, "epoch": 0, "batch": 0, "epochs": 0.0, "tokens": 0, "sequences": 0, "curve": [], "wall": 0.0,
+             "resumes": 0, "window": {"n": 0, "loss": 0.0, "mlm": 0.0, "pair": 0.0}}
     found = find_checkpoint(directory)
     if found is not None:
         state = load_checkpoint(found, model, optimizer, scheduler)
@@ -264,7 +264,6 @@ def train_run(cfg: PretrainConfig, variant: Variant, seed: int, corpus: Corpus, 
 
     bar = tqdm(total=train.steps, initial=state["step"], disable=not progress, desc=f"{variant.name} seed {seed}",
                unit="step", dynamic_ncols=True)
-    done_now = 0
     while state["step"] < train.steps:
         instances = epoch_instances(corpus.train, tokens, objective=variant.objective, budget=budget,
                                     short_seq_prob=train.short_seq_prob, seed=seed, epoch=state["epoch"])
@@ -281,6 +280,7 @@ def train_run(cfg: PretrainConfig, variant: Variant, seed: int, corpus: Corpus, 
                                          autocast=autocast)
             state["step"] += 1
             state["batch"] = b + 1
+            state["epochs"] = state["epoch"] + state["batch"] / n_batches
             state["tokens"] += batch.n_tokens
             state["sequences"] += len(batch.pair_labels)
             w = state["window"]
@@ -297,19 +297,13 @@ def train_run(cfg: PretrainConfig, variant: Variant, seed: int, corpus: Corpus, 
                 state["window"] = {"n": 0, "loss": 0.0, "mlm": 0.0, "pair": 0.0}
                 bar.set_postfix(loss=f"{point['loss']:.3f}", refresh=False)
             bar.update(1)
-            done_now += 1
             if state["step"] % train.checkpoint_every == 0 or state["step"] == train.steps:
                 checkpoint()
-            if state["step"] == train.steps or (stop_after is not None and done_now >= stop_after):
+            if state["step"] == train.steps:
                 break
         else:
             state["epoch"] += 1
             state["batch"] = 0
-            continue
-        if stop_after is not None and state["step"] < train.steps:
-            bar.close()
-            checkpoint()
-            return directory
     bar.close()
     wall = wall_before + time.perf_counter() - started
     heldout = evaluate(model, tokenizer, variant, heldout_tokens, corpus.heldout, train, arch, device, autocast)
@@ -319,7 +313,7 @@ def train_run(cfg: PretrainConfig, variant: Variant, seed: int, corpus: Corpus, 
         "seed": seed, "preset": cfg.run.preset, "model": asdict(arch), "train": {**asdict(train), "autocast": autocast},
         "corpus": {"sources": list(cfg.corpus.sources), **corpus.describe()},
         "tokenizer": {"vocab_size": len(tokenizer), "sha256": identity["tokenizer_sha256"]},
-        "steps": state["step"], "epochs": state["epoch"] + state["batch"] / max(n_batches, 1),
+        "steps": state["step"], "epochs": state["epochs"],
         "tokens_seen": state["tokens"], "sequences_seen": state["sequences"], "loss_curve": state["curve"],
         "heldout": heldout, "wall_seconds": wall, "resumes": state["resumes"], "device": str(device),
         "device_name": _device_name(device), "torch_threads": torch.get_num_threads(), "versions": _versions(),
