@@ -232,7 +232,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                        "log_every": 10, "eval_pairs": 500}},
     "tiny": {"model": {"layers": 2, "hidden": 128, "heads": 2, "intermediate": 512, "max_length": 128,
                        "vocab_size": 4000},
-             "train": {"steps": 3000, "batch_size": 32, "lr": 1e-3, "checkpoint_every": 200, "log_every": 20,
+             "train": {"steps": 700, "batch_size": 32, "lr": 1e-3, "checkpoint_every": 100, "log_every": 20,
                        "eval_pairs": 2000}},
     "small": {"model": {"layers": 4, "hidden": 256, "heads": 4, "intermediate": 1024, "max_length": 128,
                         "vocab_size": 8000},
