@@ -575,3 +575,12 @@ def test_load_config_reads_a_file(tmp_path, text_file):
     cfg = load_config(write_toml(tmp_path / "c.toml", config_dict(text_file, tmp_path / "o", steps=9)),
                       overrides={"run.seeds": [3, 4]})
     assert cfg.train.steps == 9 and cfg.run.seeds == [3, 4] and cfg.corpus.documents == "blank_line"
+
+
+def test_doctests():
+    import doctest
+
+    from probing.pretrain import _data
+
+    result = doctest.testmod(_data)
+    assert result.attempted >= 2 and result.failed == 0
