@@ -72,8 +72,11 @@ def _predictions(acc_a, acc_b, n_items=400, seeds=(0, 1, 2), seed=0):
 
 
 def test_a_planted_accuracy_difference_is_found_and_a_null_is_not():
-    planted = compare_runs(_predictions(0.6, 0.75), {"run": "a"}, {"run": "b"}, n_resamples=400)
-    assert planted["ci_low"] > 0.08 and planted["value"] == pytest.approx(0.15, abs=0.03)
+    P = _predictions(0.6, 0.75)
+    planted = compare_runs(P, {"run": "a"}, {"run": "b"}, n_resamples=400)
+    acc = P.groupby("run")["correct"].mean()
+    assert planted["value"] == pytest.approx(acc["b"] - acc["a"]) and planted["value_b"] == pytest.approx(acc["b"])
+    assert planted["ci_low"] > 0.05 and planted["ci_low"] < planted["value"] < planted["ci_high"]
     null = compare_runs(_predictions(0.7, 0.7), {"run": "a"}, {"run": "b"}, n_resamples=400)
     assert null["ci_low"] < 0 < null["ci_high"] and null["se"] > 0
     assert null["n_seeds"] == 3 and null["n_items"] == 400 and null["n_groups"] == 100
