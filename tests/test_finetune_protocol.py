@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyses.finetune_protocol import (RunSpec, compare_runs, grouped_split, leak_groups, make_task, run_protocol,
+from analyses.finetune import (RunSpec, compare_runs, grouped_split, leak_groups, make_task, run_protocol,
                                         shared_sentences, training_order)
 from probing.examples import Example
 
@@ -86,7 +86,7 @@ def test_a_planted_accuracy_difference_is_found_and_a_null_is_not():
 
 @pytest.mark.slow
 def test_runs_are_run_once_stored_and_evaluated_under_each_condition(tmp_path, tiny_bert, monkeypatch):
-    import analyses.finetune_protocol as protocol
+    import analyses.finetune._protocol as protocol
 
     ex = [Example(e.id, e.sentences, e.labels) for e in sample_examples(40, k=2)]
     task = make_task(ex, "topic", 0.3)

@@ -24,9 +24,9 @@ middle, last) and Q8 (poolings, a learning curve). They share one protocol:
   code (a second study reuses them), and returns one table: a row per (run, condition, test item).
 * :func:`compare_runs` gives a paired difference of accuracy between two sets of runs on the same items,
   with a two-stage bootstrap standard error (training seeds, then documents: the seed is a unit of the
-  interval, :func:`analyses.pooling_table.seed_document_ci`).
+  interval, :func:`analyses.finetune.seed_document_ci`).
 
-The training recipe is :mod:`analyses.finetune`'s (BERT's fine-tuning: AdamW, linear warm-up and decay);
+The training recipe is `analyses.finetune._train`'s (BERT's fine-tuning: AdamW, linear warm-up and decay);
 its settings come from the preset (:data:`PROTOCOL_PRESETS`).
 """
 
@@ -40,8 +40,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from analyses.finetune_config import TrainConfig
-from analyses.intervals import DEFAULT_RESAMPLES, check_resamples
+from analyses.finetune._config import TrainConfig
+from analyses.stats import DEFAULT_RESAMPLES, check_resamples
 from analyses.results import keep_table, stored_table
 from probing.examples import Example, corpus_fingerprint
 
@@ -204,7 +204,7 @@ PREDICTION_COLUMNS = ("run", "task", "format", "pooling", "n_train", "seed", "fr
 
 
 def _one_run(spec: RunSpec, task: ProtocolTask, lm, config: TrainConfig, device, split_seed: int) -> pd.DataFrame:
-    from analyses.finetune import check_pooling, prepare_task, run_with_conditions
+    from analyses.finetune._train import check_pooling, prepare_task, run_with_conditions
     from probing.formats import Format
 
     fmt = Format.parse(spec.format)
@@ -244,7 +244,7 @@ def _frozen(lm, prepared, pooling, config: TrainConfig, device, groups: np.ndarr
             seed: int) -> tuple[dict[str, np.ndarray], dict]:
     """A logistic-regression probe on the frozen encoder's pooled last layer, fitted on the same training
     items (its C chosen by inner cross-validation grouped by ``groups``, the items' documents)."""
-    from analyses.pooling import _frozen_run, frozen_features
+    from analyses.finetune._experiment import _frozen_run, frozen_features
 
     X = frozen_features(lm, prepared.rendered, [pooling], config, device)[pooling.name]
     fr = _frozen_run(X, prepared, groups, config, seed)
@@ -258,7 +258,7 @@ def run_protocol(tasks: Mapping[str, ProtocolTask], specs: Sequence[RunSpec], *,
     """Run every distinct spec of ``specs`` once (stored runs reused) and return the predictions table
     (:data:`PREDICTION_COLUMNS` plus each run's ``seconds``, ``epochs``, ``steps``, ``train_loss_last``,
     ``train_accuracy``)."""
-    from analyses.finetune import _load
+    from analyses.finetune._train import _load
     from probing.models import pick_device
 
     if preset not in PROTOCOL_PRESETS:
@@ -309,7 +309,7 @@ def _correctness(P: pd.DataFrame, where: Mapping[str, Any]) -> pd.DataFrame:
 def accuracy(P: pd.DataFrame, where: Mapping[str, Any], n_resamples: int = DEFAULT_RESAMPLES,
              seed: int = 0) -> dict:
     """Accuracy of the selected runs (mean over items and seeds) with its two-stage bootstrap SE and CI."""
-    from analyses.pooling_table import seed_document_ci
+    from analyses.finetune._table import seed_document_ci
 
     n_resamples = check_resamples(n_resamples)
     a = _correctness(P, where)
@@ -324,7 +324,7 @@ def compare_runs(P: pd.DataFrame, a: Mapping[str, Any], b: Mapping[str, Any], n_
     """``accuracy(b) − accuracy(a)`` on the items both predicted, paired per item, with a two-stage bootstrap
     (training seeds, then documents) standard error. Both sides fine-tuned with the same seeds share each
     resample's seed draw; a frozen side (one column) is held as it is."""
-    from analyses.pooling_table import seed_document_ci
+    from analyses.finetune._table import seed_document_ci
 
     n_resamples = check_resamples(n_resamples)
     A, B = _correctness(P, a), _correctness(P, b)
