@@ -8,6 +8,8 @@ Token choices (one vector per example), declared once in :data:`TOKEN_CHOICES`:
 ``sep<i>_<j>``          the j-th [SEP] in a row after sentence i (RoBERTa's pair ``<s> a </s></s> b </s>``
                         has ``sep1``, ``sep1_2`` and ``sep2``)
 ``sep_last``            the last [SEP] of the sequence
+``lit<i>``              the literal token (``'|'`` in a template) that follows sentence i: an ordinary word
+                        where a special token would stand
 ``mean``                mean of all word tokens (every subword, special tokens excluded)
 ``max``                 element-wise max over word tokens
 ``first_word``          the first subword of the first word of the sequence
@@ -30,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from probing.cache import Cache
+from probing.formats import role_of
 
 #: Word rows read (and pooled in float64) at a time by :func:`pooled`; whole examples are never split.
 POOL_CHUNK_ROWS = 8192
@@ -39,6 +42,7 @@ TOKEN_CHOICES: dict[str, str] = {
     "sep<i>": "the [SEP] after sentence i",
     "sep<i>_<j>": "the j-th [SEP] in a row after sentence i",
     "sep_last": "the last [SEP]",
+    "lit<i>": "the literal token after sentence i",
     "mean": "mean of the word tokens (special tokens excluded)",
     "max": "element-wise max over the word tokens",
     "first_word": "first subword of the first word",
@@ -46,7 +50,8 @@ TOKEN_CHOICES: dict[str, str] = {
     "pos<k>": "the token at position k",
 }
 _PATTERNS: dict[str, str] = {
-    "cls": r"cls", "sep<i>": r"sep(\d+)", "sep<i>_<j>": r"sep(\d+)_(\d+)", "sep_last": r"sep_last", "mean": r"mean", "max": r"max",
+    "cls": r"cls", "sep<i>": r"sep(\d+)", "sep<i>_<j>": r"sep(\d+)_(\d+)", "sep_last": r"sep_last", "lit<i>": r"lit(\d+)",
+    "mean": r"mean", "max": r"max",
     "first_word": r"first_word", "mean_s<i>": r"mean_s(\d+)", "pos<k>": r"pos(\d+)",
 }
 
@@ -90,7 +95,7 @@ def special_keys(fmt, n_sentences: int) -> dict[str, tuple[str, int, int]]:
         if kind == "sentence":
             last, gap = value, {}
             continue
-        role = str(value).lower()
+        role = role_of(str(value))
         j, o = gap.get(role, 0), seen.get(role, 0)
         gap[role], seen[role] = j + 1, o + 1
         keys[f"{role}{o}"] = (role, last, j)
@@ -142,9 +147,10 @@ def choice_rows(cache: Cache, choice: str) -> tuple[np.ndarray, np.ndarray]:
     tok = cache.tokens
     if kind == "cls":
         return _single_rows(tok, is_role(tok, "cls"), choice, cache)
-    if kind in ("sep<i>", "sep<i>_<j>"):
+    if kind in ("sep<i>", "sep<i>_<j>", "lit<i>"):
         sentence, j = arg if kind == "sep<i>_<j>" else (arg, 1)
-        mask = is_role(tok, "sep") & (tok["sentence"].to_numpy() == sentence) & (tok["index"].to_numpy() == j - 1)
+        role = "lit" if kind == "lit<i>" else "sep"
+        mask = is_role(tok, role) & (tok["sentence"].to_numpy() == sentence) & (tok["index"].to_numpy() == j - 1)
         return _single_rows(tok, mask, choice, cache)
     if kind == "sep_last":
         sub = tok[is_role(tok, "sep")]

@@ -5,6 +5,8 @@ Template language (items separated by white space)::
     [NAME]      a special token of the tokenizer: [CLS] [SEP] [BOS] [EOS] [MASK] [PAD] [UNK]
                 ([CLS] is "<s>" for RoBERTa, "[CLS]" for BERT: the tokenizer decides)
     {N}         sentence N of the example (1-based)
+    'TEXT'      an ordinary token of the vocabulary (TEXT must be one token of it, e.g. ',' or '|'): a word
+                where a special token would stand, with role ``lit`` (a control for a special token)
     <N>         the items after it get token type (segment) id N; the sequence starts at <0>
     ( ... )     a group repeated once per sentence of the example, in order; inside it
     {i}         is the current sentence and
@@ -82,7 +84,7 @@ FORMAT_DESCRIPTIONS: dict[str, str] = {
     "native": "the tokenizer's own single or pair template, e.g. <s> a </s></s> b </s> for RoBERTa",
 }
 
-_TOKEN_RE = re.compile(r"\[[A-Za-z_]+\]|\{\d+\}|\{i\}|<\d+>|<alt>|\(|\)|\S+")
+_TOKEN_RE = re.compile(r"\[[A-Za-z_]+\]|'[^'\s]+'|\{\d+\}|\{i\}|<\d+>|<alt>|\(|\)|\S+")
 
 
 class FormatError(ValueError):
@@ -204,6 +206,8 @@ def _parse(template: str, name: str) -> tuple[Item, ...]:
                     + ", ".join(f"[{s}]" for s in SPECIAL_TOKENS)
                 )
             target.append(Item("special", special))
+        elif len(tok) > 2 and tok[0] == tok[-1] == "'":
+            target.append(Item("special", tok))  # a literal: resolved to its token id by special_token_ids
         elif tok == "{i}" or tok == "<alt>":
             if group is None:
                 raise FormatError(f"format {name!r}: {tok} may only appear inside a ( ... ) group")
@@ -236,7 +240,7 @@ def _parse(template: str, name: str) -> tuple[Item, ...]:
         else:
             raise FormatError(
                 f"format {name!r}: unexpected {tok!r} in template {template!r}; allowed items are "
-                "[NAME], {N}, <N>, and ( ... ) groups with {i} and <alt>"
+                "[NAME], 'TEXT', {N}, <N>, and ( ... ) groups with {i} and <alt>"
             )
     if group is not None:
         raise FormatError(f"format {name!r}: '(' without ')'")
@@ -520,13 +524,41 @@ def _word_layout(word_ids: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray,
     return word, subword, starts, ends
 
 
+def is_literal(name: str) -> bool:
+    """Whether a special item's name is a quoted literal (``"','"``) rather than a special token (``"SEP"``)."""
+    return len(name) > 2 and name[0] == name[-1] == "'"
+
+
+def role_of(name: str) -> str:
+    """The role of a special item: ``lit`` for a literal, else the lower-cased name (``cls``, ``sep``, ...)."""
+    return "lit" if is_literal(name) else name.lower()
+
+
+def literal_token_id(tokenizer, fmt: Format, name: str) -> int:
+    """The id of literal ``name`` (``"','"``): the text must be exactly one ordinary token of the vocabulary,
+    so that the literal stands where one special token would."""
+    text = name[1:-1]
+    model = getattr(tokenizer, "name_or_path", type(tokenizer).__name__)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    if len(ids) != 1 or ids[0] in special or ids[0] == getattr(tokenizer, "unk_token_id", None):
+        pieces = tokenizer.convert_ids_to_tokens(ids) if ids else []
+        raise FormatError(f"format {fmt.name!r}: literal {name} is {len(ids)} token(s) {pieces} of tokenizer "
+                          f"{model!r}; a literal must be one ordinary token of its vocabulary (e.g. ',' or '|')")
+    return int(ids[0])
+
+
 def special_token_ids(tokenizer, fmt: Format) -> dict[str, int]:
-    """The id of every special token the format uses; a clear error if the tokenizer lacks one, or has it only
-    in name (:func:`unsaved_special_token`): the rows labelled with it would hold another token's states."""
+    """The id of every special token (and literal) the format uses; a clear error if the tokenizer lacks one,
+    or has it only in name (:func:`unsaved_special_token`): the rows labelled with it would hold another
+    token's states."""
     names = {v for k, v, _ in fmt.expand(max(fmt.min_sentences(), 1)) if k == "special"}
     model = getattr(tokenizer, "name_or_path", type(tokenizer).__name__)
     ids = {}
     for name in sorted(names):
+        if is_literal(name):
+            ids[name] = literal_token_id(tokenizer, fmt, name)
+            continue
         attr = SPECIAL_TOKENS[name]
         token = getattr(tokenizer, attr, None)
         token_id = getattr(tokenizer, attr + "_id", None)
@@ -604,7 +636,7 @@ def render(fmt: Format, example: Example, sentences: Sequence[TokenizedSentence]
     role_count: dict[str, int] = {}
     for kind, value, segment in seq:
         if kind == "special":
-            r = str(value).lower()
+            r = role_of(str(value))
             j = gap_count.get(r, 0)
             gap_count[r] = j + 1
             o = role_count.get(r, 0)
@@ -639,8 +671,9 @@ def render(fmt: Format, example: Example, sentences: Sequence[TokenizedSentence]
     )
 
 
-#: Role names by code: words, then every special token of the template language (``probing.planning.ROLES``).
-ROLE_NAMES: tuple[str, ...] = ("word",) + tuple(name.lower() for name in SPECIAL_TOKENS)
+#: Role names by code: words, every special token of the template language, and ``lit`` (a literal token)
+#: (``probing.planning.ROLES``).
+ROLE_NAMES: tuple[str, ...] = ("word",) + tuple(name.lower() for name in SPECIAL_TOKENS) + ("lit",)
 _ROLE_OBJECTS = np.asarray(ROLE_NAMES, dtype=object)  # role codes -> names in one take
 
 
@@ -662,7 +695,7 @@ def _pieces(fmt: Format, k: int, specials: dict[str, int]) -> list[_Piece]:
     out, last, gap, count = [], 0, {}, {}
     for kind, value, segment in fmt.expand(k):
         if kind == "special":
-            r = str(value).lower()
+            r = role_of(str(value))
             out.append(_Piece(0, specials[value], segment, ROLE_NAMES.index(r), last, gap.get(r, 0), count.get(r, 0)))
             gap[r] = gap.get(r, 0) + 1
             count[r] = count.get(r, 0) + 1

@@ -21,13 +21,13 @@ import numpy as np
 
 from .cache_layout import CACHE_VERSION, CacheError, cache_path
 from .examples import Example
-from .formats import (ROLE_NAMES, SPECIAL_TOKENS, Format, FormatError, Layout, Rendered, count_tokens, render_many,
-                      TokenizedFlat, special_token_ids, tokenize_flat)
+from .formats import (ROLE_NAMES, SPECIAL_TOKENS, Format, FormatError, Layout, Rendered, TokenizedFlat, count_tokens,
+                      render_many, role_of, special_token_ids, tokenize_flat)
 from .heap import HeapTrimmer
 from .layers import LayerSpecError, resolve_layers
 from .models import LoadedModel
 
-#: Roles a cache can store: words plus every special token the template language knows.
+#: Roles a cache can store: words, every special token the template language knows, and literal tokens (``lit``).
 ROLES: tuple[str, ...] = ROLE_NAMES
 DEFAULT_ROLES: tuple[str, ...] = ("cls", "sep", "word")
 STORAGE_DTYPES: dict[str, np.dtype] = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16)}
@@ -313,7 +313,7 @@ def plan(lm: LoadedModel, fmt: Format, examples: Sequence[Example], lengths_of: 
     for k, seq in expansions.items():
         rows = np.flatnonzero(n_sentences == k)
         n_special = sum(1 for kind, _, _ in seq if kind == "special")
-        n_special_stored = sum(1 for kind, v, _ in seq if kind == "special" and str(v).lower() in role_set)
+        n_special_stored = sum(1 for kind, v, _ in seq if kind == "special" and role_of(str(v)) in role_set)
         refs = [int(v) - 1 for kind, v, _ in seq if kind == "sentence"]
         if any(r >= k for r in refs):
             raise FormatError(f"format {fmt.name!r} ({fmt.template}) names sentence {max(refs) + 1} but example "

@@ -6,6 +6,10 @@ from probing.formats import (BUILTIN_FORMATS, Format, FormatError, native_templa
                              resolve_format, special_token_ids, tokenize_sentences)
 
 
+#: Formats with literal tokens: an ordinary token where a special token would stand.
+LITERAL_FORMATS = ("word_sep=[CLS] {1} ',' <1> {2} [SEP]", "lits=[CLS] ( <alt> {i} ',' ) [SEP]")
+
+
 def _render(fmt, ex, tok):
     ts = tokenize_sentences(tok, list(ex.sentences))
     return render(fmt, ex, ts, special_token_ids(tok, fmt))
@@ -362,7 +366,7 @@ def test_render_many_lays_out_what_render_does(request, tok_name):
     row = {s: i for i, s in enumerate(unique)}
     flat, each = tokenize_flat(tok, unique), tokenize_sentences(tok, unique)
     checked = 0
-    for name in BUILTIN_FORMATS:
+    for name in [*BUILTIN_FORMATS, *LITERAL_FORMATS]:
         fmt = resolve_format(name, tok)
         specials = special_token_ids(tok, fmt)
         kept = [e for e in data if e.n_sentences >= fmt.min_sentences()]
@@ -388,3 +392,48 @@ def test_render_many_lays_out_what_render_does(request, tok_name):
     assert checked > 100
     assert flat.words(np.arange(int(flat.word_bounds[-1]))) == [w for ts in each for w in ts.word_text]
     assert "naïve" in flat.words(np.arange(int(flat.word_bounds[-1])))
+
+
+def test_a_literal_is_an_ordinary_token_where_a_special_token_would_stand(bert_tokenizer):
+    ex = Example("e", ("The cat sat.", "It was warm."), {})
+    pair = _render(Format.parse("pair"), ex, bert_tokenizer)
+    lit = _render(Format.parse(LITERAL_FORMATS[0]), ex, bert_tokenizer)
+    comma = bert_tokenizer.convert_tokens_to_ids(",")
+    t = pair.role.index("sep")  # the middle [SEP]
+    assert lit.role[t] == "lit" and int(lit.input_ids[t]) == comma
+    assert (int(lit.sentence[t]), int(lit.index[t])) == (1, 0)  # keyed like the [SEP] it stands for
+    assert lit.token_type_ids.tolist() == pair.token_type_ids.tolist()
+    assert [r for i, r in enumerate(lit.role) if i != t] == [r for i, r in enumerate(pair.role) if i != t]
+    assert len(lit) == len(pair)
+
+
+def test_a_three_sentence_control_has_multi_s_length_and_no_inner_sep(bert_tokenizer):
+    ex = Example("e", ("One here.", "Two here.", "Three here."), {})
+    multi = _render(Format.parse("multi"), ex, bert_tokenizer)
+    ctl = _render(Format.parse("ctl=[CLS] {1} ',' {2} ',' {3} [SEP]"), ex, bert_tokenizer)
+    assert len(ctl) == len(multi)
+    assert ctl.role.count("sep") == 1 and ctl.role.count("lit") == 2 and multi.role.count("sep") == 3
+
+
+@pytest.mark.parametrize("template,message", [
+    ("[CLS] {1} 'unbelievableness' {2} [SEP]", "one ordinary token"),  # several word pieces
+    ("[CLS] {1} '[SEP]' {2} [SEP]", "one ordinary token"),  # a special token's text is not a literal
+])
+def test_a_literal_must_be_one_ordinary_token(bert_tokenizer, template, message):
+    with pytest.raises(FormatError, match=message):
+        special_token_ids(bert_tokenizer, Format.parse(f"x={template}"))
+
+
+def test_a_literal_is_stored_and_chosen_by_lit_i(tmp_path, tiny_bert):
+    from analyses.selection import choice_rows
+    from probing.cache import Cache
+    from probing.extract import extract
+
+    from .conftest import sample_examples
+
+    (path,) = extract(sample_examples(6, k=2), [LITERAL_FORMATS[0]], model=tiny_bert, out=tmp_path,
+                      roles=["cls", "sep", "word", "lit"], progress=False, log=lambda *a: None)
+    cache = Cache.open(path)
+    examples, rows = choice_rows(cache, "lit1")
+    assert len(examples) == 6 and set(cache.tokens.loc[rows, "role"]) == {"lit"}
+    assert (cache.tokens.loc[rows, "token"] == ",").all()

@@ -578,7 +578,10 @@ def test_seed_document_ci_holds_the_randomness_of_training():
     frozen = hits[:, None]  # the frozen probe: one column, no seed
     point, lo, hi, _ = seed_document_ci(planted, frozen, docs)
     assert point == pytest.approx((planted.mean(axis=1) - hits).mean()) and lo < point <= hi <= 1e-12
-    for bad, match in ((hits[:, None], "at least 2 seeds"), (np.full((docs.size, 2), np.nan), "finite")):
+    _, one_lo, one_hi, _ = seed_document_ci(hits[:, None], None, docs)  # one seed: the documents' interval
+    assert abs((one_hi - one_lo) - (bhi - blo)) < 0.01
+    for bad, match in ((np.zeros((docs.size, 0)), "at least 1 seed"),
+                       (np.full((docs.size, 2), np.nan), "finite")):
         with pytest.raises(ValueError, match=match):
             seed_document_ci(bad, None, docs)
     with pytest.raises(ValueError, match="b must be"):

@@ -1,7 +1,7 @@
 """Pooling choices for fine-tuning: which positions of a rendered example a pooling reads, and how.
 
 The names are the token choices of :mod:`analyses.selection` (one grammar for probes and fine-tuning:
-``cls``, ``sep<i>``, ``sep_last``, ``mean``, ``max``, ``first_word``, ``mean_s<i>``, ``pos<k>``),
+``cls``, ``sep<i>``, ``sep_last``, ``lit<i>``, ``mean``, ``max``, ``first_word``, ``mean_s<i>``, ``pos<k>``),
 parsed by :func:`analyses.selection.parse_choice` and described by
 :data:`analyses.selection.TOKEN_CHOICES`. Positions come from the rendered token roles of
 :func:`probing.formats.render`, never from searching token ids, so a pooling means the same thing for
@@ -54,6 +54,8 @@ def _selector(kind: str, arg: int | None) -> Callable[[Rendered], np.ndarray]:
         "sep<i>": lambda r: _where(r, lambda t: r.role[t] == "sep" and r.sentence[t] == arg and r.index[t] == 0,
                                    slice(0, 1)),
         "sep_last": lambda r: _where(r, lambda t: r.role[t] == "sep", slice(-1, None)),
+        "lit<i>": lambda r: _where(r, lambda t: r.role[t] == "lit" and r.sentence[t] == arg and r.index[t] == 0,
+                                   slice(0, 1)),
         "mean": lambda r: _where(r, lambda t: r.role[t] == "word"),
         "max": lambda r: _where(r, lambda t: r.role[t] == "word"),
         "first_word": lambda r: _where(r, lambda t: r.role[t] == "word", slice(0, 1)),

@@ -59,7 +59,8 @@ def seed_document_ci(a: np.ndarray, b: np.ndarray | None, docs: np.ndarray, n_re
     """Two-stage bootstrap of a fine-tuned accuracy (``b`` None) or of a paired difference over training seeds
     and documents: ``(point, low, high, se)``.
 
-    a: (n_items, S) correctness of side A per training seed (each averaged over repeats), S >= 2; b: (n_items,
+    a: (n_items, S) correctness of side A per training seed (each averaged over repeats), S >= 1 (with one seed
+    the seed stage draws that seed every time: a bootstrap over documents alone); b: (n_items,
     S) for a side fine-tuned with the same seeds (resampled with the same draw: runs of one seed share their
     data order) or (n_items, 1) for the frozen probe. Each resample draws S seeds with replacement, then the
     documents with replacement; its statistic is the item-weighted mean over the drawn documents' items of
@@ -74,8 +75,8 @@ def seed_document_ci(a: np.ndarray, b: np.ndarray | None, docs: np.ndarray, n_re
     (0.5, 0.0, 1.0)
     """
     a = np.asarray(a, dtype=float)
-    if a.ndim != 2 or a.shape[1] < 2:
-        raise ValueError(f"a must be (n_items, seeds) with at least 2 seeds, got shape {a.shape}")
+    if a.ndim != 2 or a.shape[1] < 1:
+        raise ValueError(f"a must be (n_items, seeds) with at least 1 seed, got shape {a.shape}")
     n, n_seeds = a.shape
     if b is not None:
         b = np.asarray(b, dtype=float)

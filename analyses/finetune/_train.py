@@ -380,7 +380,8 @@ def _checkpoint(encoder: torch.nn.Module, name: str, every: int) -> None:
 
 
 def _finetune_run(lm, task: Task, pooling: Pooling, seed: int, config: TrainConfig,
-                  device: torch.device, streams: RngStreams | None) -> dict:
+                  device: torch.device, streams: RngStreams | None, fmt: Format | None = None,
+                  interventions: dict | None = None) -> dict:
     t0 = time.perf_counter()
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=resolve_autocast(config, device).autocast)
     if streams is not None and device.type != "cpu":
@@ -428,12 +429,12 @@ def _finetune_run(lm, task: Task, pooling: Pooling, seed: int, config: TrainConf
         train_seconds = time.perf_counter() - t0
         # evaluation: only now are test examples read
         clf.eval()
-        test_pred = np.empty(len(task.test), dtype=np.int64)
-        with torch.inference_mode(), autocast:
-            for rows in sorted_batches(lengths[task.test], config.eval_batch_size):
-                batch = training_inputs([task.rendered[i] for i in task.test[rows]], lm, pooling, device)
-                test_pred[rows] = clf(*batch).argmax(dim=-1).cpu().numpy()
-    return {
+        by_condition = {}
+        for condition, intervention in (interventions or {"clean": None}).items():
+            by_condition[condition] = _predict(clf, lm, task, pooling, config, device, autocast, lengths, fmt,
+                                               intervention)
+        test_pred = by_condition.get("clean", next(iter(by_condition.values())))
+    return {"test_pred_by_condition": by_condition,
         "pooling": pooling.name, "seed": seed, "test_accuracy": float((test_pred == task.y[task.test]).mean()),
         "test_pred": test_pred, "train_accuracy": hits / seen,
         "train_loss_steps": step_losses, "train_loss_epochs": epoch_losses,
@@ -442,6 +443,43 @@ def _finetune_run(lm, task: Task, pooling: Pooling, seed: int, config: TrainConf
         "test_ids": [task.ids[i] for i in task.test], "train_seconds": train_seconds,
         "seconds": time.perf_counter() - t0,
     }
+
+
+def _predict(clf: "PooledClassifier", lm, task: Task, pooling: Pooling, config: TrainConfig, device: torch.device,
+             autocast, lengths: np.ndarray, fmt: Format | None, intervention) -> np.ndarray:
+    """Class predictions for ``task.test`` by the trained ``clf``; with ``intervention`` (a
+    :class:`probing.interventions.Intervention` of knockouts) its hooks are on the classifier's encoder
+    while each batch is predicted."""
+    bound = None
+    if intervention is not None:
+        from probing.interventions import Bound
+
+        if fmt is None:
+            raise ValueError("an intervention at evaluation needs the run's format")
+        bound = Bound(intervention, clf.encoder, int(lm.model.config.num_hidden_layers), fmt, "", "", [])
+    pred = np.empty(len(task.test), dtype=np.int64)
+    with torch.inference_mode(), autocast:
+        for rows in sorted_batches(lengths[task.test], config.eval_batch_size):
+            idx = task.test[rows]
+            rendered = [task.rendered[i] for i in idx]
+            batch = training_inputs(rendered, lm, pooling, device)
+            hooks = (bound.batch(rendered, [0] * len(idx), [task.ids[i] for i in idx], batch[0].T, device)
+                     if bound is not None else contextlib.nullcontext())
+            with hooks:
+                pred[rows] = clf(*batch).argmax(dim=-1).cpu().numpy()
+    return pred
+
+
+def run_with_conditions(lm, task: Task, pooling: Pooling, seed: int, config: TrainConfig, device: torch.device,
+                        fmt: Format, interventions: dict) -> tuple[dict[str, np.ndarray], dict]:
+    """One fine-tuning run (:func:`_finetune_task`) evaluated under each of ``interventions`` (condition ->
+    an :class:`probing.interventions.Intervention` or None): ``({condition: test predictions}, run facts)``."""
+    out = _finetune_run(lm, task, pooling, seed, config, device, None, fmt, interventions)
+    hand_back_freed()
+    info = {"epochs": config.epochs, "steps": len(out["train_loss_steps"]),
+            "train_loss_first": out["train_loss_steps"][0], "train_loss_last": out["train_loss_epochs"][-1],
+            "train_accuracy": out["train_accuracy"], "train_seconds": out["train_seconds"]}
+    return out["test_pred_by_condition"], info
 
 
 def _load(model) -> LoadedModel:

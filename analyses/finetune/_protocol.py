@@ -1,0 +1,353 @@
+"""The shared fine-tuning protocol of the study's questions: one split per task, runs as declared data,
+each run once, every prediction kept, comparisons paired on the same test items.
+
+Several questions ask what a fine-tuned model does: Q1 (the same pair task fine-tuned with and without the
+middle [SEP]), Q3 (a k-sentence task in several formats), Q4 (does the fine-tuned model use [SEP]: the
+same model evaluated with attention to [SEP] knocked out), Q6 (the classification token first, in the
+middle, last) and Q8 (poolings, a learning curve). They share one protocol:
+
+* **A task** (:class:`ProtocolTask`) is a corpus, a label and one train/test split of it
+  (:func:`grouped_split`): stratified by the label and grouped by document, where documents that share a
+  sentence count as one, so that no sentence is on both sides. Every run of a task uses that split, so
+  two runs predict the same test items and their accuracies are compared item by item.
+* **A run** (:class:`RunSpec`) is a format, a pooling, a training-set size and a training seed: a fresh copy
+  of the encoder plus a linear head on the pooled last layer, every weight trainable, trained on the first
+  ``n_train`` training items (all of them when None; the order is a seeded permutation fixed per task, so
+  smaller training sets are nested in larger ones, a learning curve), then evaluated on every test item
+  under each of its ``conditions`` (:data:`CONDITIONS`: ``clean``, and attention to every [SEP] knocked out
+  or its same-size control). ``frozen=True`` fits a logistic-regression probe on the frozen encoder's
+  pooled last layer on the same training items instead (the same split, the same pooling): what
+  fine-tuning adds.
+* :func:`run_protocol` runs the union of the runs the questions ask for, each once (a run that two
+  questions ask for, such as Q1's pair/[CLS] run, which is Q6's "first" and Q8's [CLS] run, is run once),
+  stores each run's predictions under a key of its spec, its training settings, the task's data and the
+  code (a second study reuses them), and returns one table: a row per (run, condition, test item).
+* :func:`compare_runs` gives a paired difference of accuracy between two sets of runs on the same items,
+  with a two-stage bootstrap standard error (training seeds, then documents: the seed is a unit of the
+  interval, :func:`analyses.finetune.seed_document_ci`).
+
+The training recipe is `analyses.finetune._train`'s (BERT's fine-tuning: AdamW, linear warm-up and decay);
+its settings come from the preset (:data:`PROTOCOL_PRESETS`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from analyses.finetune._config import TrainConfig
+from analyses.stats import DEFAULT_RESAMPLES, check_resamples
+from analyses.results import keep_table, stored_table
+from probing.examples import Example, corpus_fingerprint
+
+#: Training settings of each preset: ``train`` for :class:`analyses.finetune_config.TrainConfig`, ``seeds``
+#: the training seeds every question's runs use, ``test_fraction`` the share of each task's documents held
+#: out. ``quick`` is for tests and a first look; ``default`` fits the study's time on a 2-core CPU (every
+#: training item, every weight, a few seeds, a short schedule); ``full`` is for a GPU.
+PROTOCOL_PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {"seeds": (0, 1), "test_fraction": 0.3,
+              "train": {"epochs": 2, "lr": 1e-4, "head_lr": 2e-3, "batch_size": 16, "warmup_fraction": 0.1}},
+    "default": {"seeds": (0, 1, 2), "test_fraction": 0.3,
+                "train": {"epochs": 2, "lr": 5e-5, "head_lr": 1e-3, "batch_size": 16, "warmup_fraction": 0.1}},
+    "full": {"seeds": (0, 1, 2, 3, 4), "test_fraction": 0.2,
+             "train": {"epochs": 3, "lr": 3e-5, "head_lr": 5e-4, "batch_size": 32, "warmup_fraction": 0.1,
+                       "eval_batch_size": 256}},
+}
+
+#: Evaluation conditions of a fine-tuned run: ``None`` (the model as trained), or a function of the number
+#: of encoder layers giving the :class:`probing.interventions.Intervention` applied while the test items are
+#: predicted. The knockouts are Q4's (:func:`analyses.interventions.sep_knockouts`: every token may not attend
+#: to any [SEP] in the middle third of the layers; the control takes as many random word keys instead).
+CONDITIONS: dict[str, Callable[[int], Any] | None] = {
+    "clean": None,
+    "sep_knockout": lambda n_layers: _sep_knockouts(n_layers)[0],
+    "sep_knockout_control": lambda n_layers: _sep_knockouts(n_layers)[1],
+}
+
+
+def _sep_knockouts(n_layers: int):
+    from analyses.interventions import sep_knockouts
+
+    return sep_knockouts(n_layers)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of the protocol (module docstring). ``task``: a key of the tasks given to
+    :func:`run_protocol`; ``format``: a format name or ``name=TEMPLATE``; ``pooling``: a token choice of
+    :mod:`analyses.pooling_choices`; ``n_train``: training items (None: all); ``seed``: the training seed;
+    ``conditions``: keys of :data:`CONDITIONS`; ``frozen``: a probe on the frozen encoder instead."""
+
+    task: str
+    format: str = "pair"
+    pooling: str = "cls"
+    n_train: int | None = None
+    seed: int = 0
+    conditions: tuple[str, ...] = ("clean",)
+    frozen: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = [c for c in self.conditions if c not in CONDITIONS]
+        if unknown or not self.conditions:
+            raise ValueError(f"run {self.name}: conditions must be some of {sorted(CONDITIONS)}, got "
+                             f"{list(self.conditions)}")
+        if self.n_train is not None and (isinstance(self.n_train, bool) or int(self.n_train) < 2):
+            raise ValueError(f"run {self.name}: n_train must be None (all) or at least 2, got {self.n_train!r}")
+        if self.frozen and self.conditions != ("clean",):
+            raise ValueError(f"run {self.name}: a frozen probe is evaluated clean only")
+
+    @property
+    def name(self) -> str:
+        fmt = self.format.split("=", 1)[0]
+        kind = "frozen" if self.frozen else f"seed{self.seed}"
+        return f"{self.task}/{fmt}/{self.pooling}/n{'all' if self.n_train is None else self.n_train}/{kind}"
+
+
+@dataclass(frozen=True)
+class ProtocolTask:
+    """A task: the examples, the label to predict and the ids of the test items (:func:`grouped_split`)."""
+
+    examples: tuple[Example, ...]
+    label: str
+    test_ids: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def fingerprint(self) -> str:
+        return corpus_fingerprint(list(self.examples))
+
+
+def leak_groups(examples: Sequence[Example]) -> np.ndarray:
+    """``(n_examples,)`` int: the unit a split must keep together. Examples of one document (the ``doc``
+    label; an example without one is its own document) and examples that share a sentence (the same text,
+    whitespace-stripped) are one unit: connected components, so a sentence never lands on both sides."""
+    parent = list(range(len(examples)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first: dict[tuple[str, str], int] = {}
+    for i, e in enumerate(examples):
+        keys = [("doc", str(e.labels["doc"]))] if "doc" in e.labels else []
+        keys += [("sentence", s.strip()) for s in e.sentences]
+        for key in keys:
+            j = first.setdefault(key, i)
+            a, b = find(i), find(j)
+            if a != b:
+                parent[b] = a
+    roots = np.asarray([find(i) for i in range(len(examples))])
+    return np.unique(roots, return_inverse=True)[1]
+
+
+def shared_sentences(examples: Sequence[Example], test_ids: Iterable[str]) -> list[str]:
+    """Sentences that occur in a training and in a test example (empty for a sound split)."""
+    test_ids = set(test_ids)
+    sides: dict[str, set[bool]] = {}
+    for e in examples:
+        for s in e.sentences:
+            sides.setdefault(s.strip(), set()).add(e.id in test_ids)
+    return sorted(s for s, where in sides.items() if len(where) == 2)
+
+
+def grouped_split(examples: Sequence[Example], label: str, test_fraction: float = 0.3,
+                  seed: int = 0) -> frozenset[str]:
+    """The test ids of one split: stratified by ``label``, grouped by :func:`leak_groups`, about
+    ``test_fraction`` of the items (``StratifiedGroupKFold`` with ``round(1 / test_fraction)`` folds, its
+    first fold). A unit that holds more than a third of the items is an error: the split could not be
+    stratified (e.g. negatives that chain every document of a topic together)."""
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction!r}")
+    missing = [e.id for e in examples if label not in e.labels]
+    if missing:
+        raise ValueError(f"label {label!r} is missing from {len(missing)} example(s), e.g. {missing[:5]}")
+    groups = leak_groups(examples)
+    biggest = np.bincount(groups).max()
+    if biggest > len(examples) / 3:
+        raise ValueError(f"{biggest} of {len(examples)} examples are linked by shared documents or sentences into "
+                         f"one unit; a split cannot keep them apart and stratify by {label!r}")
+    y = np.asarray([str(e.labels[label]) for e in examples])
+    n_splits = max(2, round(1 / test_fraction))
+    splitter = StratifiedGroupKFold(n_splits=n_splits, shuffle=True, random_state=seed)
+    _, test = next(splitter.split(np.zeros((len(y), 1)), y, groups))
+    return frozenset(examples[i].id for i in test)
+
+
+def make_task(examples: Sequence[Example], label: str, test_fraction: float = 0.3, seed: int = 0) -> ProtocolTask:
+    """A :class:`ProtocolTask` with its split."""
+    examples = tuple(examples)
+    return ProtocolTask(examples, label, grouped_split(examples, label, test_fraction, seed))
+
+
+def training_order(task: ProtocolTask, seed: int = 0) -> list[str]:
+    """The task's training ids in the order ``n_train`` takes them: a seeded permutation, the same for
+    every run of the task, so a smaller training set is a prefix of a larger one."""
+    ids = [e.id for e in task.examples if e.id not in task.test_ids]
+    rng = np.random.default_rng(seed)
+    return [ids[i] for i in rng.permutation(len(ids))]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Running
+
+
+PREDICTION_COLUMNS = ("run", "task", "format", "pooling", "n_train", "seed", "frozen", "condition", "item", "doc",
+                      "label", "pred", "correct")
+
+
+def _one_run(spec: RunSpec, task: ProtocolTask, lm, config: TrainConfig, device, split_seed: int) -> pd.DataFrame:
+    from analyses.finetune._train import check_pooling, prepare_task, run_with_conditions
+    from probing.formats import Format
+
+    fmt = Format.parse(spec.format)
+    order = training_order(task, split_seed)
+    keep = set(order[:spec.n_train] if spec.n_train is not None else order) | set(task.test_ids)
+    examples = [e for e in task.examples if e.id in keep]
+    prepared = prepare_task(examples, task.label, lm.tokenizer, fmt, lm.model.config, config=config,
+                            model_max_length=lm.max_length, test_ids=task.test_ids)
+    pooling = check_pooling(prepared, spec.pooling)
+    docs = {e.id: str(e.labels.get("doc", e.id)) for e in examples}
+    t0 = time.perf_counter()
+    if spec.frozen:
+        groups = np.asarray([docs[i] for i in prepared.ids])
+        preds, info = _frozen(lm, prepared, pooling, config, device, groups, spec.seed)
+    else:
+        interventions = {c: (CONDITIONS[c](lm.n_layers) if CONDITIONS[c] is not None else None)
+                         for c in spec.conditions}
+        preds, info = run_with_conditions(lm, prepared, pooling, spec.seed, config, device, fmt, interventions)
+    test_ids = [prepared.ids[i] for i in prepared.test]
+    y = prepared.y[prepared.test]
+    frames = []
+    for condition, pred in preds.items():
+        frames.append(pd.DataFrame({
+            "run": spec.name, "task": spec.task, "format": fmt.name, "pooling": spec.pooling,
+            "n_train": len(prepared.train), "seed": -1 if spec.frozen else spec.seed, "frozen": spec.frozen,
+            "condition": condition, "item": test_ids, "doc": [docs[i] for i in test_ids],
+            "label": [str(prepared.labels[i]) for i in prepared.test], "pred": pred, "correct": (pred == y),
+        }))
+    out = pd.concat(frames, ignore_index=True)
+    out["seconds"] = time.perf_counter() - t0
+    for k, v in info.items():
+        out[k] = v
+    return out
+
+
+def _frozen(lm, prepared, pooling, config: TrainConfig, device, groups: np.ndarray,
+            seed: int) -> tuple[dict[str, np.ndarray], dict]:
+    """A logistic-regression probe on the frozen encoder's pooled last layer, fitted on the same training
+    items (its C chosen by inner cross-validation grouped by ``groups``, the items' documents)."""
+    from analyses.finetune._experiment import _frozen_run, frozen_features
+
+    X = frozen_features(lm, prepared.rendered, [pooling], config, device)[pooling.name]
+    fr = _frozen_run(X, prepared, groups, config, seed)
+    return {"clean": fr["test_pred"]}, {"train_accuracy": fr["train_accuracy"], "C": fr["C"]}
+
+
+def run_protocol(tasks: Mapping[str, ProtocolTask], specs: Sequence[RunSpec], *, model, preset: str = "default",
+                 device: str = "auto", out: str | Path | None = None, force: bool = False, split_seed: int = 0,
+                 log: Callable[[str], None] | None = None, progress: bool = True,
+                 **train_overrides: Any) -> pd.DataFrame:
+    """Run every distinct spec of ``specs`` once (stored runs reused) and return the predictions table
+    (:data:`PREDICTION_COLUMNS` plus each run's ``seconds``, ``epochs``, ``steps``, ``train_loss_last``,
+    ``train_accuracy``)."""
+    from analyses.finetune._train import _load
+    from probing.models import pick_device
+
+    if preset not in PROTOCOL_PRESETS:
+        raise ValueError(f"unknown fine-tuning preset {preset!r}; valid: {', '.join(PROTOCOL_PRESETS)}")
+    settings = PROTOCOL_PRESETS[preset]
+    config = TrainConfig(**{**settings["train"], **train_overrides})
+    unknown = sorted({s.task for s in specs} - set(tasks))
+    if unknown:
+        raise ValueError(f"runs name task(s) {unknown}; tasks: {sorted(tasks)}")
+    for name, task in tasks.items():
+        leaks = shared_sentences(task.examples, task.test_ids)
+        if leaks:
+            raise ValueError(f"task {name!r}: {len(leaks)} sentence(s) are on both sides of its split, e.g. "
+                             f"{leaks[0][:60]!r}")
+    lm = _load(model)
+    dev = pick_device(device)
+    unique = list(dict.fromkeys(specs))
+    frames = []
+    from tqdm.auto import tqdm
+
+    for spec in tqdm(unique, desc="fine-tuning runs", disable=not progress, delay=1):
+        task = tasks[spec.task]
+        key = {"spec": asdict(spec), "train": asdict(config), "task": task.fingerprint, "label": task.label,
+               "test": sorted(task.test_ids), "model": lm.fingerprint, "split_seed": split_seed}
+        path, done = stored_table(out, "finetune_run", key, force)
+        if done is None:
+            if log is not None:
+                log(f"fine-tuning {spec.name}")
+            done = keep_table(_one_run(spec, task, lm, config, dev, split_seed), path)
+        frames.append(done)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=PREDICTION_COLUMNS)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Comparing
+
+
+def _correctness(P: pd.DataFrame, where: Mapping[str, Any]) -> pd.DataFrame:
+    """``(items x seeds)`` correctness of the runs selected by ``where`` (column -> value)."""
+    sel = P
+    for col, value in where.items():
+        sel = sel[sel[col] == value]
+    if sel.empty:
+        raise ValueError(f"no predictions match {dict(where)}")
+    return sel.pivot_table(index="item", columns="seed", values="correct", aggfunc="mean")
+
+
+def accuracy(P: pd.DataFrame, where: Mapping[str, Any], n_resamples: int = DEFAULT_RESAMPLES,
+             seed: int = 0) -> dict:
+    """Accuracy of the selected runs (mean over items and seeds) with its two-stage bootstrap SE and CI."""
+    from analyses.finetune._table import seed_document_ci
+
+    n_resamples = check_resamples(n_resamples)
+    a = _correctness(P, where)
+    docs = P.drop_duplicates("item").set_index("item").loc[a.index, "doc"].to_numpy()
+    point, lo, hi, se = seed_document_ci(a.to_numpy(float), None, docs, n_resamples=n_resamples, seed=seed)
+    return {"value": point, "ci_low": lo, "ci_high": hi, "se": se, "n_items": len(a), "n_seeds": a.shape[1],
+            "n_groups": len(np.unique(docs)), "n_resamples": n_resamples}
+
+
+def compare_runs(P: pd.DataFrame, a: Mapping[str, Any], b: Mapping[str, Any], n_resamples: int = DEFAULT_RESAMPLES,
+                 seed: int = 0) -> dict:
+    """``accuracy(b) − accuracy(a)`` on the items both predicted, paired per item, with a two-stage bootstrap
+    (training seeds, then documents) standard error. Both sides fine-tuned with the same seeds share each
+    resample's seed draw; a frozen side (one column) is held as it is."""
+    from analyses.finetune._table import seed_document_ci
+
+    n_resamples = check_resamples(n_resamples)
+    A, B = _correctness(P, a), _correctness(P, b)
+    items = A.index.intersection(B.index)
+    if len(items) == 0:
+        raise ValueError(f"runs {dict(a)} and {dict(b)} share no test item")
+    A, B = A.loc[items], B.loc[items]
+    if A.shape[1] == 1 and B.shape[1] > 1:  # the frozen side goes second
+        A, B, sign = B, A, -1.0
+    else:
+        sign = 1.0
+    if B.shape[1] not in (1, A.shape[1]):
+        raise ValueError(f"runs {dict(a)} and {dict(b)} have {A.shape[1]} and {B.shape[1]} seeds")
+    docs = P.drop_duplicates("item").set_index("item").loc[items, "doc"].to_numpy()
+    point, lo, hi, se = seed_document_ci(A.to_numpy(float), B.to_numpy(float), docs, n_resamples=n_resamples,
+                                         seed=seed)
+    # seed_document_ci gives A − B; the comparison is b − a
+    value = -sign * point
+    lo, hi = sorted((-sign * lo, -sign * hi))
+    return {"value": value, "ci_low": lo, "ci_high": hi, "se": se, "value_a": float(_side(P, a, items)),
+            "value_b": float(_side(P, b, items)), "n_items": len(items), "n_seeds": int(A.shape[1]),
+            "n_groups": len(np.unique(docs)), "n_resamples": n_resamples}
+
+
+def _side(P: pd.DataFrame, where: Mapping[str, Any], items) -> float:
+    return float(_correctness(P, where).loc[items].to_numpy(float).mean())
