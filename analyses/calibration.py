@@ -73,7 +73,7 @@ def _sep_share(cache) -> tuple[float, int]:
     """Mean over examples of (#[SEP] / #tokens): the mass uniform attention puts on the [SEP]s."""
     tokens = cache.tokens
     per = tokens.groupby("example")["role"].agg(lambda r: float((r.astype(str) == "sep").mean()))
-    return float(per.mean()), int(len(per))
+    return float(per.mean()), len(per)
 
 
 def calibrate_run(run: str | Path, *, caches: str | Path = "caches", quick: bool = False, n_resamples: int = 1000,

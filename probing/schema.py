@@ -20,8 +20,9 @@ import numbers
 import re
 import types
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Literal
 
 __all__ = ["Refused", "Schema", "check_value", "device_name", "expected", "field_specs", "optional", "setting",
            "suggestion"]

@@ -104,14 +104,14 @@ def trained(tmp_path_factory, text_file) -> Path:
     ({"run": {"preset": "huge"}}, "run.preset = 'huge': expected one of 'test', 'tiny', 'small', 'base'"),
     ({"run": {"device": "gpu"}}, "run.device = 'gpu': expected 'auto', 'cpu', 'cuda' or 'cuda:N'"),
     ({"corpus": {"sources": ["files"]}}, "corpus.sources = ['files'] names 'files' but corpus.files is empty"),
-    ({"corpus": {"sources": ["wiki"]}}, "corpus.sources = ['wiki']: expected a non-empty list of strings among 'bbc', "
-                                        "'ptb', 'files'"),
+    ({"corpus": {"sources": ["wiki"]}}, ("corpus.sources = ['wiki']: expected a non-empty list of strings among "
+                                         "'bbc', 'ptb', 'files'")),
     ({"model": {"hidden": 100, "heads": 3}}, "model.hidden = 100: expected a multiple of model.heads (3)"),
     ({"model": {"max_length": 5000}}, "model.max_length = 5000: expected an integer >= 16 and <= 4096"),
     ({"train": {"autocast": "yes"}}, "train.autocast = 'yes': expected true or false or 'auto'"),
     ({"variants": [{"objective": "mlm+nsp"}]}, "variants repeat"),
-    ({"variants": [{"segmnts": False}]}, "[[variants]] entry 1: unknown key variants.segmnts; did you mean "
-                                         "variants.segments?"),
+    ({"variants": [{"segmnts": False}]}, ("[[variants]] entry 1: unknown key variants.segmnts; did you mean "
+                                          "variants.segments?")),
     ({"variants": {"objective": "mlm"}}, "variants = {'objective': 'mlm'}: expected an array of tables [[variants]]"),
 ])
 def test_bad_configs_are_refused_with_the_key_and_value(raw, message):
