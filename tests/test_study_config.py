@@ -15,7 +15,7 @@ import torch
 
 import probing.study.runner as runner
 from probing.study import config as C
-from probing.study.config import (CONFIG_DIR, SCHEMA, StudyConfig, StudyError, load_config, packaged_configs,
+from probing.study.config import (SCHEMA, StudyConfig, StudyError, load_config, packaged_configs,
                                   to_toml, toml_value)
 
 
@@ -177,8 +177,8 @@ def test_unknown_sections_and_moved_keys(text, first, tmp_path, no_work, capsys)
     ('"probes.fold" = 3', "error: config: [quick] unknown key probes.fold; did you mean probes.folds?"),
     ('folds = 3', "error: config: [quick] unknown key folds; did you mean probes.folds?"),
     ('"study.bootstrap_resamples" = 20', "error: config: [quick] study.bootstrap_resamples = 20: a 95% interval "
-                                         "needs at least 100 resamples (5 of them outside it; fewer give an interval of no "
-                                         "width that can exclude its own estimate)"),
+                                         "needs at least 100 resamples (5 of them outside it; fewer give an interval "
+                                         "of no width that can exclude its own estimate)"),
 ])
 def test_the_quick_table_is_checked_with_or_without_quick(entry, first, quick, tmp_path, no_work, capsys):
     """A typo in [quick] is found on a full run too, not only when --quick finally reads it."""

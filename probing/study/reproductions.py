@@ -83,7 +83,8 @@ def _clark_table(T):
     sep = pick(T.get("clark2019_attention"), head="mean", role=first, target="all [SEP]")
     if not sep.empty:
         t[f"{first} → all [SEP]"] = sep.set_index("layer")["value"]
-    return t.reset_index(), "attention mass from all tokens (mean over query tokens and heads), and from the first [SEP] to the [SEP]s"
+    return t.reset_index(), ("attention mass from all tokens (mean over query tokens and heads), "
+                             "and from the first [SEP] to the [SEP]s")
 
 
 #: Clark et al.'s headline: "over half of the attention in layers 6-10 goes to [SEP]".
@@ -267,8 +268,9 @@ def _rg_figures(T, fig, log):
         out += safe_plot(plot_probes, k, fig / "reimers2019_knn", target=t,
                           metric="knn_accuracy", choices=list(REIMERS_CHOICES),
                           heading=f"Nearest neighbour (cosine) agrees on {t!r}",
-                          band_note="Bands: 95% bootstrap CIs over documents (examples without them). Neighbours from the same document are "
-                                    "excluded.", chance_label="chance (a random neighbour)", log=log)
+                          band_note="Bands: 95% bootstrap CIs over documents (examples without them). "
+                                    "Neighbours from the same document are excluded.",
+                          chance_label="chance (a random neighbour)", log=log)
     return out
 
 
@@ -408,7 +410,8 @@ def _jw_answer(T):
         best = g.loc[g["value"].idxmax()]
         base = one(tr, target=t, metric=_jw_baseline(t), layer=int(best["layer"]))
         parts.append(f"{name} is best read at layer {int(best['layer'])} "
-                     f"({fmt((best['value'], best['ci_low'], best['ci_high']))}; majority {fmt(base[0] if base else None)})")
+                     f"({fmt((best['value'], best['ci_low'], best['ci_high']))}; "
+                     f"majority {fmt(base[0] if base else None)})")
     s = "From [CLS]: " + "; ".join(parts) + "."
     rnd = pick(p, model_kind="random_init", choice="cls", target="length6", metric="accuracy")
     trn = tr[(tr["target"] == "length6") & (tr["metric"] == "accuracy")]
@@ -479,9 +482,9 @@ PAPERS: dict[str, StudySection] = {s.key: s for s in (
         answer=_jw_answer, about_cls=True,
         notes="Protocol: single sentences, [CLS] (and mean pooling) of every layer, for the trained and a randomly "
               "initialised model. Tasks stand in for SentEval's: SentLen = sentence length in 6 equal-count bins, WC "
-              "= a multi-label bag of the most frequent words (SentEval: which one of 1000 mid-frequency words), scored "
-              "by its macro AUC (0.5: the words' frequencies alone; micro-F1 at a 0.5 threshold is in the tables), "
-              "BShift = two adjacent words swapped in half of the sentences. Probes are linear (the paper used "
-              "SentEval's MLP), with grouped cross-validation (the report's introduction says how the CIs were "
+              "= a multi-label bag of the most frequent words (SentEval: which one of 1000 mid-frequency words), "
+              "scored by its macro AUC (0.5: the words' frequencies alone; micro-F1 at a 0.5 threshold is in the "
+              "tables), BShift = two adjacent words swapped in half of the sentences. Probes are linear (the paper "
+              "used SentEval's MLP), with grouped cross-validation (the report's introduction says how the CIs were "
               "computed, from the tables)."),
 )}
