@@ -74,13 +74,20 @@ def _clark_mass(T) -> pd.DataFrame:
     return a[a["target"].isin(["cls", "all [SEP]"])]
 
 
+def _first_sep_mass(T) -> tuple[str, pd.DataFrame]:
+    """The first [SEP]'s group and its head-mean attention mass to all [SEP]s, per layer (the table and the
+    answer both report it)."""
+    a = T.get("clark2019_attention")
+    first = _first_sep(a)
+    return first, pick(a, head="mean", role=first, target="all [SEP]")
+
+
 def _clark_table(T):
     a = _clark_mass(T)
     if a.empty:
         return None
     t = a.pivot_table(index="layer", columns="target", values="value", sort=True)
-    first = _first_sep(T.get("clark2019_attention"))
-    sep = pick(T.get("clark2019_attention"), head="mean", role=first, target="all [SEP]")
+    first, sep = _first_sep_mass(T)
     if not sep.empty:
         t[f"{first} → all [SEP]"] = sep.set_index("layer")["value"]
     return t.reset_index(), ("attention mass from all tokens (mean over query tokens and heads), "
@@ -118,8 +125,7 @@ def _clark_answer(T):
          + (f"layers {', '.join(map(str, over))}" if over else "no layer") + ". ")
     ctop = cls.loc[cls["value"].idxmax()]
     s += f"Attention to [CLS] is highest at layer {int(ctop['layer'])} ({ctop['value']:.3f}). "
-    own = pick(T.get("clark2019_attention"), head="mean", role=_first_sep(T.get("clark2019_attention")),
-               target="all [SEP]")
+    _, own = _first_sep_mass(T)
     if not own.empty:
         s += (f"From the first [SEP], {own['value'].min():.3f}–{own['value'].max():.3f} of the attention goes to the "
               f"[SEP]s (range over layers). ")
