@@ -71,7 +71,8 @@ def test_interventions_has_both_subcommands_checked():
     found = parsers("analyses.interventions")
     assert set(found) == {"analyses.interventions", "analyses.interventions knockout",
                           "analyses.interventions patching"}
-    assert {"--choices", "--targets", "--layers", "--folds", "--no-progress"} <= options(found["analyses.interventions knockout"])
+    knockout = options(found["analyses.interventions knockout"])
+    assert {"--choices", "--targets", "--layers", "--folds", "--no-progress"} <= knockout
 
 
 def test_docs_cli_is_generated_from_the_parsers():
