@@ -1451,7 +1451,7 @@ def test_q4_evidence_gives_the_random_weight_sep_on_is_next():
 def test_q8_notes_say_what_the_cis_leave_out():
     """Q8's CIs resample test documents only; the notes say that training randomness is not in them, with one
     seed and with several."""
-    from probing.study.questions import _q8_notes
+    from probing.study.legacy_questions import _q8_notes
 
     cfg = load_config(None, overrides={"finetune.poolings": ["cls", "mean"], "finetune.seeds": [0]})
     one = _q8_notes(cfg)
