@@ -20,7 +20,9 @@ be there for a better decoder. Three measures (:func:`run_recovery`):
   embedding matrix, rows averaged over a word's subwords, reduced by PCA). The decoder is bilinear and
   antisymmetric (:func:`pair_features`): showing the pair the other way round flips its score, so it cannot
   use which word it is shown first (chance 50%). Against the same decoder given no vector, which knows
-  only word-pair priors ("the" before a noun): what the vector adds.
+  only word-pair priors ("the" before a noun): what the vector adds. The decoder given the vector contains the
+  one without it, and its inner cross-validation may choose that one (:func:`fit_decoder`'s ``nested``), so
+  features that only add noise do not push it below the words alone.
 * **Minimal pairs.** The vectors of a sentence and of the same sentence with two adjacent words swapped,
   in either order: which is the original? A linear decoder on the difference of the two vectors
   (antisymmetric: no intercept), chance 50%. Beside it the same vectors asked the way of BShift (Conneau
@@ -168,20 +170,29 @@ def grouped_folds(groups: np.ndarray, n_splits: int, seed: int) -> list[tuple[np
 
 def fit_decoder(X_train: np.ndarray, Y_train: np.ndarray, groups: np.ndarray, X_test: np.ndarray,
                 score: Callable[[np.ndarray, np.ndarray], float], *, intercept: bool = True,
-                alphas: Sequence[float] = ALPHAS, inner_splits: int = 3, seed: int = 0) -> tuple[np.ndarray, float]:
+                alphas: Sequence[float] = ALPHAS, inner_splits: int = 3, seed: int = 0,
+                nested: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, float]:
     """A ridge decoder trained on ``(X_train, Y_train)``, its L2 strength the one of ``alphas`` whose mean
     ``score(Y_val, predictions)`` over grouped inner folds of ``groups: (n_train,)`` is highest (ties: the
     stronger penalty); returns the predictions for ``X_test`` (``(m, t)``, or ``(m,)`` for a 1-D ``Y_train``)
-    and the chosen alpha."""
+    and the chosen alpha.
+
+    ``nested``: ``(X_train, X_test)`` of a smaller model the full one contains (the word-order decoder without the
+    vector); the inner folds then choose between it and the full model too (ties: the smaller), so adding features
+    that only add noise does not cost what a decoder without them would recover: a lower bound stays one."""
     Y = np.asarray(Y_train, dtype=np.float64)
     folds = grouped_folds(groups, inner_splits, seed)
-    means = np.zeros(len(alphas))
+    models = [(X_train, X_test)] if nested is None else [nested, (X_train, X_test)]
+    means = np.zeros((len(models), len(alphas)))
     for tr, va in folds:
-        P = ridge_predictions(X_train[tr], Y[tr], X_train[va], alphas, intercept)
         Yv = Y[va][:, None] if Y.ndim == 1 else Y[va]
-        means += [score(Yv, p) for p in P]
-    best = len(alphas) - 1 - int(np.argmax(means[::-1]))
-    pred = ridge_predictions(X_train, Y, X_test, [alphas[best]], intercept)[0]
+        for m, (Xm, _) in enumerate(models):
+            P = ridge_predictions(Xm[tr], Y[tr], Xm[va], alphas, intercept)
+            means[m] += [score(Yv, p) for p in P]
+    # ties: the smaller model, then the stronger penalty
+    order = [(m, a) for m in range(len(models)) for a in reversed(range(len(alphas)))]
+    m, best = max(order, key=lambda ma: (means[ma], -ma[0], ma[1]))
+    pred = ridge_predictions(models[m][0], Y, models[m][1], [alphas[best]], intercept)[0]
     return (pred[:, 0] if Y.ndim == 1 else pred), float(alphas[best])
 
 
@@ -268,8 +279,9 @@ def order_scores(A: np.ndarray, B: np.ndarray, pair_item: np.ndarray, vectors: d
                 _, v_all = _whitened(vectors[name][tr_items], vectors[name], vector_dims, seed)
                 v_tr, v_te = v_all[pair_item[tr]], v_all[pair_item[te]]
             F_tr, F_te = pair_features(a_tr, b_tr, v_tr), pair_features(a_te, b_te, v_te)
+            words = (pair_features(a_tr, b_tr), pair_features(a_te, b_te)) if v_tr is not None else None
             pred, alpha = fit_decoder(F_tr, np.ones(len(tr)), groups[pair_item[tr]], F_te, _mean_sign,
-                                      intercept=False, inner_splits=inner_splits, seed=seed)
+                                      intercept=False, inner_splits=inner_splits, seed=seed, nested=words)
             out[name][0][te] = sign_correct(pred)
             out[name][1].append(alpha)
     return out
