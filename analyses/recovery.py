@@ -513,7 +513,8 @@ def _recovery_rows(cache, embeddings, swapped, rows_sw, random_cache, random_swa
                                  ("vocabulary_words_per_sentence", c[c > 0].mean() if (c > 0).any() else np.nan,
                                   int((c > 0).sum()))):
         rows.append({**base, "model": models["trained"], "model_kind": "", "target": "content_words", "metric": metric,
-                     "choice": "", "decoder": "", "versus": "", "value": float(value), "n": count})
+                     "choice": "", "decoder": "", "versus": "", "value": float(value), "n": count, "grouping": "",
+                     "n_resamples": pd.NA})  # a count, no interval
     cells = [("trained", cache, ch, layer) for ch in choices for layer in layers]
     cells += [("random_init", random_cache, ch, last) for ch in choices if random_cache is not None]
     got, freq = {}, None

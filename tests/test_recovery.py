@@ -194,6 +194,9 @@ def test_run_recovery_table_on_tiny_caches(tiny_caches, tmp_path):
     assert (scored["ci_low"] <= scored["value"] + 1e-12).all() and (scored["value"] <= scored["ci_high"] + 1e-12).all()
     assert (scored["se"] >= 0).all() and (scored["grouping"] == "document").all()
     assert (scored["n_resamples"] == 100).all() and (scored["n_groups"] > 1).all()
+    counts = T[T["ci_low"].isna()]  # the vocabulary's counts: no interval, so no resamples and no grouping
+    assert set(counts["metric"]) == {"vocabulary_size", "sentences_with_vocabulary", "vocabulary_words_per_sentence"}
+    assert counts["n_resamples"].isna().all() and (counts["grouping"].fillna("") == "").all()
     # layer 0's [CLS] is the same vector for every sentence: it cannot tell a sentence from its swapped copy
     mp0 = T[(T["target"] == "minimal_pairs") & (T["metric"] == "accuracy") & (T["choice"] == "cls")
             & (pd.to_numeric(T["layer"]) == 0)]
