@@ -63,10 +63,10 @@ def swapped_copy(examples: list, seed: int = 0) -> list:
     """Each example whose sentence has two adjacent different words, with one such pair swapped
     (:func:`probing.corpus_pairs.swap_adjacent_words`, every eligible example); the same ids, so each is paired
     with its original. Examples with no such pair (one word) are left out."""
-    from probing.corpus_pairs import _WORD, swap_adjacent_words
+    from probing.corpus_pairs import swap_adjacent_words
 
     def eligible(text: str) -> bool:
-        words = _WORD.findall(text)
+        words = text.split()  # the whitespace words swap_adjacent_words swaps
         return any(a != b for a, b in pairwise(words))
 
     keep = [e for e in examples if eligible(e.sentences[0])]
