@@ -269,8 +269,9 @@ def _readings(decided: pd.DataFrame) -> str:
     if training is not None:
         more = "more" if float(training["value"]) > 0 else "fewer"
         out.append(f"The trained [CLS] gives back {more} content words than the same architecture with random "
-                   f"weights ({training['value_a']:.3f} against {training['value_b']:.3f}; decision: "
-                   f"{training['decision']}): random encoders keep much of their input (Wieting & Kiela 2019), and "
+                   f"weights ({training['value_a']:.3f} against {training['value_b']:.3f}; difference "
+                   f"{training['value']:+.3f}, simultaneous CI {training['ci_low']:+.3f} to {training['ci_high']:+.3f}): "
+                   f"random encoders keep much of their input (Wieting & Kiela 2019), and "
                    f"training to compare sentences need not keep every word.")
     return " ".join(out)
 
