@@ -1,7 +1,7 @@
 """The study config: one declared schema, checked before any work.
 
 A study config is a TOML file of tables ``[study]``, ``[model]``, ``[corpus]``, ``[extract]``, ``[probes]``,
-``[finetune]`` and ``[papers]``, and a ``[quick]`` table of dotted keys that ``--quick`` applies. Each table
+``[finetune]``, ``[recovery]`` and ``[papers]``, and a ``[quick]`` table of dotted keys that ``--quick`` applies. Each table
 is one frozen dataclass below, and each of its fields declares its type, default and range
 (:func:`probing.schema.setting`, the one schema mechanism, pretraining's config too). :func:`load_config` checks
 every key and value against them (:class:`probing.schema.Schema`): the file's, the ``[quick]``
@@ -193,6 +193,17 @@ class FinetuneSettings:
 
 
 @dataclass(frozen=True)
+class RecoverySettings:
+    """``[recovery]``: Q7's decoders reading a sentence back from its vector (:mod:`analyses.recovery`, on the
+    ``sentences`` corpus; folds and inner splits are ``[probes]``'s). ``vocab``: the content words a sentence's words
+    are rebuilt over (the most frequent); ``pairs_per_sentence``: adjacent word pairs per sentence whose order is
+    decoded."""
+
+    vocab: int = setting(200, ge=1)
+    pairs_per_sentence: int = setting(5, ge=1)
+
+
+@dataclass(frozen=True)
 class PaperSettings:
     """``[papers]``: options of the paper reproductions (:mod:`probing.study.reproductions`)."""
 
@@ -206,7 +217,7 @@ class PaperSettings:
 #: The tables of a config file, by name, and the dataclass of each (``[quick]`` is the dotted overrides).
 SCHEMA: dict[str, type] = {"study": StudySettings, "model": ModelSettings, "corpus": CorpusSettings,
                            "extract": ExtractSettings, "probes": ProbeSettings, "finetune": FinetuneSettings,
-                           "papers": PaperSettings}
+                           "recovery": RecoverySettings, "papers": PaperSettings}
 
 
 @dataclass(frozen=True)
@@ -219,6 +230,7 @@ class StudyConfig:
     extract: ExtractSettings = field(default_factory=ExtractSettings)
     probes: ProbeSettings = field(default_factory=ProbeSettings)
     finetune: FinetuneSettings = field(default_factory=FinetuneSettings)
+    recovery: RecoverySettings = field(default_factory=RecoverySettings)
     papers: PaperSettings = field(default_factory=PaperSettings)
     quick: bool = False
 
