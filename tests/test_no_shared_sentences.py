@@ -46,8 +46,10 @@ def test_both_negative_kinds_are_in_the_study_config():
 
 
 # a corpus that does share a sentence: the sentence of d2 is d1's too, d3 stands alone
-LEAKY = [Example("a", ("One.", "Two."), {"doc": "d1", "y": 0}), Example("b", ("Three.", "Two."), {"doc": "d2", "y": 1}),
-         Example("c", ("Four.", "Five."), {"doc": "d3", "y": 0}), Example("d", ("Six.", "Seven."), {"doc": "d3", "y": 1})]
+LEAKY = [Example("a", ("One.", "Two."), {"doc": "d1", "y": 0}),
+         Example("b", ("Three.", "Two."), {"doc": "d2", "y": 1}),
+         Example("c", ("Four.", "Five."), {"doc": "d3", "y": 0}),
+         Example("d", ("Six.", "Seven."), {"doc": "d3", "y": 1})]
 
 
 def test_shared_sentences_name_the_sentence_and_its_documents():
