@@ -58,14 +58,14 @@ BASELINES: dict[str, tuple[str, ...]] = {
     "overlap": ("overlap",), "lengths": ("lengths",), "text": ("overlap", "lengths"), "apart": ("apart",),
     "baselines": ("overlap", "lengths", "apart"),
 }
-#: The paired comparisons, per layer: name -> (feature set a, feature set b, what the difference b − a asks).
+#: The paired comparisons, per layer: name -> (feature set a, feature set b, what the difference a − b asks).
 #: ``None`` as a layer marks a feature set that has none (a baseline).
 COMPARISONS: dict[str, tuple[str, str, str]] = {
-    "sep_vs_text": ("text", "sep1", "the middle [SEP] − the text alone (word overlap and lengths)"),
-    "sep_vs_apart": ("apart", "sep1", "the middle [SEP] − the cosine of the sentences encoded apart"),
-    "sep_vs_word": ("lit1", "sep1", "the middle [SEP] − an ordinary token (',') at the same position"),
-    "sep_vs_cls": ("cls", "sep1", "the middle [SEP] − [CLS]"),
-    "sep_beyond_baselines": ("baselines (stacked)", "baselines+sep1 (stacked)",
+    "sep_vs_text": ("sep1", "text", "the middle [SEP] − the text alone (word overlap and lengths)"),
+    "sep_vs_apart": ("sep1", "apart", "the middle [SEP] − the cosine of the sentences encoded apart"),
+    "sep_vs_word": ("sep1", "lit1", "the middle [SEP] − an ordinary token (',') at the same position"),
+    "sep_vs_cls": ("sep1", "cls", "the middle [SEP] − [CLS]"),
+    "sep_beyond_baselines": ("baselines+sep1 (stacked)", "baselines (stacked)",
                              "the baselines with the middle [SEP]'s score − the baselines alone"),
 }
 #: The C of the stacked regressions of :func:`stacked_increment` (standardised features, at most 8 of them on
@@ -197,7 +197,8 @@ def stacked_increment(X: np.ndarray, base: np.ndarray, y: np.ndarray, groups: np
 def paired_rows(items: pd.DataFrame, pairs: Mapping[str, tuple[Hashable, Hashable]], *,
                 n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> pd.DataFrame:
     """For each ``name -> (a, b)`` of ``pairs`` (feature-set names of ``items``, :func:`probe_items`): the
-    accuracy of ``b`` − that of ``a`` on the same out-of-fold items (:func:`analyses.stats.paired_difference`:
+    accuracy of ``a`` − that of ``b`` (``value`` = ``value_a`` − ``value_b``) on the same out-of-fold items
+    (:func:`analyses.stats.paired_difference`:
     cluster-bootstrap CI, cluster SE and sign-flip p over ``group``). A comparison whose two sides did not predict
     the same items in the same folds is a ValueError: it would not be paired."""
     n_resamples = check_resamples(n_resamples)
@@ -212,7 +213,7 @@ def paired_rows(items: pd.DataFrame, pairs: Mapping[str, tuple[Hashable, Hashabl
                 and np.array_equal(A["fold"].to_numpy(), B["fold"].to_numpy())):
             raise ValueError(f"comparison {comparison!r}: {a!r} and {b!r} did not predict the same items in the same "
                              f"folds")
-        res = paired_difference(B["correct"].to_numpy(float), A["correct"].to_numpy(float),
+        res = paired_difference(A["correct"].to_numpy(float), B["correct"].to_numpy(float),
                                 A["group"].astype(str).to_numpy(), n_resamples=n_resamples, seed=seed)
         rows.append({"comparison": comparison, "features_a": a, "features_b": b, **res})
     return pd.DataFrame(rows)
