@@ -4,6 +4,8 @@ carries only what the baselines carry (or nothing) is not."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -138,7 +140,8 @@ def test_q4_answer_reports_what_sep_adds_when_it_adds_something():
     assert decided.groupby("family").size().max() == 2     # a comparison's layers on one corpus
     a = QUESTION.answer(T, decided, None)
     assert a.words <= 60, a.text
-    assert "At layer 6" in a.text and "at 80% (word overlap and lengths alone: 70%)" in a.text
+    assert "At layer 6" in a.text and "at 80%; word overlap and lengths alone reach 70%" in a.text
+    assert "encoded apart 75%" in a.text
     assert "adds +6.0 points" in a.text and a.confidence == "high"
     assert "costs the fine-tuned model 5.0 points more than a control knockout" in a.text
     ev = QUESTION.evidence(T, decided, None)
@@ -198,3 +201,36 @@ def test_q4_knockout_table_reads_a_drop_only_under_the_sep_knockout():
     assert abs(control["value"]) < 0.06 and control["ci_low"] < 0.02
     assert control["value"] == pytest.approx(control["value_a"] - control["value_b"])
     assert int(K["n_seeds"].iloc[0]) == 2
+
+
+@pytest.mark.slow
+def test_q4_runs_end_to_end_through_the_study_runner(tmp_path, bert_tokenizer, monkeypatch):
+    """Q4 selected alone in a --quick study of a tiny random model: both pairs corpora's caches, the ',' cache with
+    its literal, the fine-tuned runs under the three conditions, the decided rows and the answer in the report."""
+    from probing.study import questions
+    from probing.study.questions.q4 import QUESTION
+    from probing.study.runner import run_study
+
+    from .conftest import make_tiny_bert, quick_study_config
+
+    monkeypatch.setitem(questions.QUESTIONS, "Q4", QUESTION)
+    model_dir = tmp_path / "tiny-model"
+    make_tiny_bert(bert_tokenizer, max_position_embeddings=128).save_pretrained(model_dir)
+    bert_tokenizer.save_pretrained(model_dir)
+    cfg = quick_study_config(tmp_path, model_dir)
+    report = run_study(cfg, quick=True, log=lambda s: None,
+                       overrides={"study.questions": ["Q4"], "finetune.seeds": [0],
+                                  "corpus.pairs_article": "generated:n=60,k=2,negatives=same_article"})
+    out = report.parent
+    md = report.read_text(encoding="utf-8")
+    answer = re.search(r"\*\*Q4\. What does the output at \[SEP\] capture\?\*\* \[evidence\]\(#q4\)  \n(.*)\n", md)
+    assert answer and "the middle [SEP] tells a true next sentence" in answer.group(1), md[:2000]
+    P = pd.read_csv(out / "tables" / "finetune.csv")
+    assert set(P["condition"]) == set(("clean", "sep_knockout", "sep_knockout_control")) and P["run"].nunique() == 1
+    probes = pd.read_csv(out / "tables" / "q4_coherence_probes.csv")
+    assert set(probes["negatives"]) == {"same_topic", "same_article"}
+    assert {"sep1", "lit1", "cls", "text", "apart", "baselines"} <= set(probes["features"])
+    decided = pd.read_csv(out / "tables" / "q4_decisions.csv")
+    assert set(decided["measure"]) == set(QUESTION.rules)
+    assert (decided["ci_low"].dropna() <= decided["value"][decided["ci_low"].notna()]).all()
+    assert (out / "figures" / "q4_coherence.png").is_file()

@@ -8,9 +8,8 @@ Adding a question is one module here plus its key in :data:`QUESTIONS` and in a 
 from __future__ import annotations
 
 from ._base import Question
-from .q4 import QUESTION as Q4
 
 #: The questions answered by a question module, by key, in report order.
-QUESTIONS: dict[str, Question] = {"Q4": Q4}
+QUESTIONS: dict[str, Question] = {}
 
 __all__ = ["QUESTIONS", "Question"]

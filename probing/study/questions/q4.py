@@ -226,18 +226,19 @@ def answer(T: dict, decided: pd.DataFrame, cfg) -> Answer:
     if layer is None:
         return not_measured("the [SEP] probes")
     text_row, beyond = _row(decided, "sep_vs_text", layer=layer), _row(decided, "sep_beyond_baselines", layer=layer)
-    sep_acc, text_acc = float(text_row["value_a"]), float(text_row["value_b"])
-    if beyond["decision"] == "yes" and beyond["value"] > 0:
-        adds = (f"beyond them and the cosine of the sentences encoded apart it adds {_pts(beyond['value'])} points "
-                f"(CI {_pts(beyond['ci_low'])} to {_pts(beyond['ci_high'])})")
+    apart = _row(decided, "sep_vs_apart", layer=layer)
+    sep_acc, text_acc, apart_acc = (float(text_row["value_a"]), float(text_row["value_b"]),
+                                    float(apart["value_b"]))
+    ci = f"CI {_pts(beyond['ci_low'])} to {_pts(beyond['ci_high'])}"
+    if beyond["decision"] in ("yes", "yes_small") and beyond["value"] > 0:
+        adds = f"beyond these it adds {_pts(beyond['value'])} points ({ci})"
     elif beyond["decision"] == "no_difference":
-        adds = (f"beyond them and the cosine of the sentences encoded apart it adds nothing that matters "
-                f"({_pts(beyond['value'])} points, CI {_pts(beyond['ci_low'])} to {_pts(beyond['ci_high'])})")
+        adds = f"beyond these it adds nothing that matters ({_pts(beyond['value'])} points, {ci})"
     else:
-        adds = (f"whether it adds anything beyond them and the sentences encoded apart is open "
-                f"({_pts(beyond['value'])} points, CI {_pts(beyond['ci_low'])} to {_pts(beyond['ci_high'])})")
+        adds = f"whether it adds anything beyond these is open ({_pts(beyond['value'])} points, {ci})"
     text = (f"At layer {layer}, the middle [SEP] tells a true next sentence from a same-topic one at "
-            f"{_pct(sep_acc)} (word overlap and lengths alone: {_pct(text_acc)}); {adds}.")
+            f"{_pct(sep_acc)}; word overlap and lengths alone reach {_pct(text_acc)}, the cosine of the two "
+            f"sentences encoded apart {_pct(apart_acc)}; {adds}.")
     ko = _row(decided, "knockout")
     if ko is not None and ko["decision"] != "not_measured":
         v = float(ko["value"])
