@@ -18,10 +18,10 @@ import pytest
 from probing import corpora, corpus_files, corpus_generated, corpus_news, corpus_pairs
 from probing.corpora import CORPORA, describe_corpora, load_corpus, parse_corpus_spec
 from probing.corpus_files import read_table
-from probing.corpus_generated import generated_corpus
+from probing.corpus_generated import _TOPIC_WORDS, generated_corpus
 from probing.corpus_news import bbc_news, ptb
 from probing.corpus_pairs import swap_adjacent_words
-from probing.examples import Example, corpus_fingerprint
+from probing.examples import Example, corpus_fingerprint, shared_sentences
 
 TOPICS = {"sport", "business", "science", "food", "politics"}
 
@@ -92,17 +92,20 @@ def test_generated_nsp_replaces_only_the_last_sentence(negatives):
             continue
         n_neg += 1
         last, own = a.sentences[-1], doc_sentences[a.labels["doc"]]
-        if negatives == "other_topic":
-            assert topic_of[last] != a.labels["topic"] == b.labels["topic_s3"]
-            assert a.labels["topic_s3"] == topic_of[last]
+        if negatives == "other_topic":  # a fresh sentence of another topic, from no document of the corpus
+            assert last not in topic_of and a.labels["topic_s3"] != a.labels["topic"] == b.labels["topic_s3"]
+            words = set(_TOPIC_WORDS[a.labels["topic_s3"]]["agent"]) | set(_TOPIC_WORDS[a.labels["topic_s3"]]["object"])
+            assert any(w in last for w in words)
         elif negatives == "same_topic":  # a fresh sentence of the same topic, from no document of the corpus
-            assert last not in own and topic_of.get(last, a.labels["topic"]) == a.labels["topic"]
+            assert last not in topic_of
             assert a.labels["topic_s3"] == a.labels["topic"]
         else:  # same article, at least 2 sentences from sentence 2
             start = own.index(a.sentences[0])
             assert last in own and abs(own.index(last) - (start + 1)) >= corpus_pairs.SAME_ARTICLE_MIN_DISTANCE
             assert a.labels["topic_s3"] == a.labels["topic"]
     assert n_neg == 200
+    assert shared_sentences(nsp) == {}  # no sentence in two documents
+    assert len({e.sentences[-1] for e in nsp if e.labels["is_next"] == 0}) == 200 or negatives == "same_article"
 
 
 def test_generated_same_topic_negatives_share_sentence_one_topic_in_words():
@@ -395,8 +398,19 @@ def test_bbc_negatives_by_option(bbc_dir, negatives):
             assert abs(own.index(e.sentences[1]) - start) >= corpus_pairs.SAME_ARTICLE_MIN_DISTANCE
         else:
             assert e.sentences[1] not in own  # another article of the same topic
-            others = [p for p in (bbc_dir / e.labels["topic"]).glob("*.txt") if p != path]
-            assert others  # (the topic folder holds the source article)
+    assert shared_sentences(ex) == {}  # no sentence in two documents
+    if negatives != "same_article":  # each replacement from a donor: an article that gives no example
+        docs = {e.labels["doc"] for e in ex}
+        donors = {}
+        for e in negs:
+            topic = e.labels["topic_s2"]
+            source = [p for p in (bbc_dir / topic).glob("*.txt")
+                      if e.sentences[1] in corpus_news.bbc_article_sentences(p)]
+            # (BBC News holds duplicated articles: a donor's sentence may be in its duplicate too, never in the corpus)
+            assert source and not any(f"{topic}/{p.stem}" in docs for p in source)
+            donor = frozenset(source)
+            assert donors.setdefault(donor, e.labels["doc"]) == e.labels["doc"]  # a donor serves one document
+        assert len({e.sentences[1] for e in negs}) == len(negs)  # each donor sentence used once
 
 
 def test_bbc_bad_arguments(bbc_dir):
@@ -413,9 +427,10 @@ def test_bbc_bad_arguments(bbc_dir):
 
 
 def test_bbc_nothing_left_errors(bbc_dir, monkeypatch):
-    # fake splits: business articles give short sentences, tech articles only long ones
-    fake = {"business": ["One two.", "Three four."], "tech": ["word " * 30] * 2}
-    monkeypatch.setattr(corpus_news, "bbc_article_sentences", lambda path, seg=None: fake[path.parent.name])
+    # fake splits: business articles give short sentences, tech articles only long ones (each article its own)
+    fake = {"business": ["One two {}.", "Three four {}."], "tech": ["word " * 30 + "{}."] * 2}
+    monkeypatch.setattr(corpus_news, "bbc_article_sentences",
+                        lambda path, seg=None: [x.format(path.stem) for x in fake[path.parent.name]])
     with pytest.raises(ValueError, match=r"no BBC examples left for topics=\['tech'\], k=2, max_words=5"):
         bbc_news(topics=["tech"], pairing="consecutive", max_words=5, max_examples=3)
     # no nsp replacement exists for the business examples
@@ -440,10 +455,16 @@ def test_missing_optional_packages_say_how_to_install(monkeypatch):
 def test_bbc_full_corpus(bbc_dir):
     full = bbc_news(k=2, pairing="consecutive")
     assert full[0].id == "business/001:0" and full[0].sentences[0] == BBC_FIRST_SENTENCE
-    assert len({e.labels["doc"] for e in full}) == 2225
+    # articles that share a sentence with an earlier one (duplicated stories, boilerplate lines) are left out
+    assert len({e.labels["doc"] for e in full}) == 1931 and shared_sentences(full) == {}
     by_id = {e.id: e for e in full}
     subset = bbc_news(k=2, pairing="consecutive", max_examples=50, seed=3)
-    assert all(by_id[e.id] == e for e in subset)
+    # a subset visits articles in another order, so it may keep the duplicate the full corpus leaves out
+    assert sum(e.id in by_id for e in subset) >= 45
+    assert all(by_id[e.id] == e for e in subset if e.id in by_id)
+    with pytest.raises(ValueError, match=r"negatives='same_topic' takes each replacement sentence from an article "
+                                         r"that gives no example \(a donor\).*set max_examples"):
+        bbc_news(k=2)
 
 
 # ---------------------------------------------------------------------------------------------- PTB
@@ -610,16 +631,20 @@ def test_read_table_quoted_delimiters_are_not_extra_fields(tmp_path):
     assert [e.labels["topic"] for e in ex] == ["a", "b"]
 
 
-def test_generated_nsp_corpus_too_small_names_the_spec():
-    spec = "generated:n=3,negatives=other_topic"
-    with pytest.raises(ValueError, match=rf"corpus '{spec}': n_examples=3 makes a single document .*"
-                                         r"give n >= 5 .* or pairing=consecutive"):
-        load_corpus(spec)
-    for n in range(5, 12):  # from 5 on there are always two documents of different topics
-        assert len(load_corpus(f"generated:n={n},negatives=other_topic")) == n
-    assert len(load_corpus("generated:n=3,pairing=consecutive")) == 3
-    # same-topic negatives (the default) are written from the topic's own templates: one document is enough
+def test_generated_nsp_negatives_need_no_second_document():
+    # negatives are fresh sentences written from a topic's own templates (the document's, or another's for
+    # other_topic), never taken from another document: one document is enough
     assert [e.labels["topic_s2"] for e in load_corpus("generated:n=3")] == ["food"] * 3
+    other = load_corpus("generated:n=3,negatives=other_topic")
+    assert len({e.labels["doc"] for e in other}) == 1
+    assert [e.labels["topic_s2"] != "food" for e in other] == [e.labels["is_next"] == 0 for e in other]
+    assert len(load_corpus("generated:n=3,pairing=consecutive")) == 3
+
+
+def test_generated_redraws_a_sentence_another_document_has():
+    # seed 0 with 200 pairs drew one sentence twice in two documents before the rule (and 1000 pairs six)
+    for n in (200, 1000):
+        assert shared_sentences(generated_corpus(n, k=2)) == {}
 
 
 def test_load_corpus_warns_when_the_corpus_has_fewer_examples_than_n(monkeypatch):

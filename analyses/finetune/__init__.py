@@ -19,15 +19,15 @@ from analyses.finetune._config import PRESETS, SCHEDULES, TrainConfig, preset_co
 from analyses.finetune._experiment import cv_splits, experiment_config, main, run_pooling_experiment
 from analyses.finetune._poolings import POOLINGS, Pooling, get_pooling, pool, pooling_mask
 from analyses.finetune._protocol import (CONDITIONS, PROTOCOL_PRESETS, ProtocolTask, RunSpec, accuracy, compare_runs,
-                                         grouped_split, leak_groups, make_task, run_protocol, shared_sentences,
-                                         training_order)
+                                         grouped_split, leak_groups, make_task, merge_conditions, run_protocol,
+                                         shared_sentences, training_order)
 from analyses.finetune._table import BASELINE, RUN_METRICS, SUMMARY_METRICS, diff_label, seed_document_ci
 from analyses.finetune._train import (PooledClassifier, Task, epoch_batches, finetune, render_examples,
                                       sorted_batches, split_unit, train_test_split, training_inputs)
 
 __all__ = ["BASELINE", "CONDITIONS", "POOLINGS", "PRESETS", "PROTOCOL_PRESETS", "ProtocolTask", "RunSpec", "accuracy",
-           "compare_runs", "grouped_split", "leak_groups", "make_task", "run_protocol", "shared_sentences",
-           "training_order", "RUN_METRICS", "SCHEDULES", "SUMMARY_METRICS", "PooledClassifier",
+           "compare_runs", "grouped_split", "leak_groups", "make_task", "merge_conditions", "run_protocol",
+           "shared_sentences", "training_order", "RUN_METRICS", "SCHEDULES", "SUMMARY_METRICS", "PooledClassifier",
            "Pooling", "Task", "TrainConfig", "cv_splits", "diff_label", "epoch_batches", "experiment_config",
            "finetune", "get_pooling", "main", "pool", "pooling_mask", "preset_config", "render_examples",
            "resolve_autocast", "run_pooling_experiment", "seed_document_ci", "sorted_batches", "split_unit",

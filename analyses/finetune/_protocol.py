@@ -33,7 +33,7 @@ its settings come from the preset (:data:`PROTOCOL_PRESETS`).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -251,6 +251,21 @@ def _frozen(lm, prepared, pooling, config: TrainConfig, device, groups: np.ndarr
     return {"clean": fr["test_pred"]}, {"train_accuracy": fr["train_accuracy"], "C": fr["C"]}
 
 
+def merge_conditions(specs: Sequence[RunSpec]) -> list[RunSpec]:
+    """The distinct runs of ``specs``, in order of first appearance, each evaluated under the union of the
+    conditions asked of it: a run that one question evaluates clean (Q1's pair/[CLS] run) and another also with
+    attention to [SEP] knocked out (Q4's) is trained once; its clean predictions are the same either way.
+
+    >>> [s.conditions for s in merge_conditions([RunSpec("next"), RunSpec("next", conditions=("sep_knockout",))])]
+    [('clean', 'sep_knockout')]
+    """
+    merged: dict[RunSpec, tuple[str, ...]] = {}
+    for spec in specs:
+        run = replace(spec, conditions=("clean",))
+        merged[run] = tuple(dict.fromkeys(merged.get(run, ()) + tuple(spec.conditions)))
+    return [replace(run, conditions=conditions) for run, conditions in merged.items()]
+
+
 def run_protocol(tasks: Mapping[str, ProtocolTask], specs: Sequence[RunSpec], *, model, preset: str = "default",
                  device: str = "auto", out: str | Path | None = None, force: bool = False, split_seed: int = 0,
                  log: Callable[[str], None] | None = None, progress: bool = True,
@@ -275,7 +290,7 @@ def run_protocol(tasks: Mapping[str, ProtocolTask], specs: Sequence[RunSpec], *,
                              f"{leaks[0][:60]!r}")
     lm = _load(model)
     dev = pick_device(device)
-    unique = list(dict.fromkeys(specs))
+    unique = merge_conditions(specs)
     frames = []
     from tqdm.auto import tqdm
 

@@ -148,6 +148,8 @@ class CorpusSettings:
     """``[corpus]``: one corpus spec (:mod:`probing.corpora`) per role; a section reads the ones it names."""
 
     pairs: str = setting("generated:n=200,k=2", check=_corpus_spec)
+    # the same kind of pairs with next-sentence negatives from the same article (Q4: coherence, not topic)
+    pairs_article: str = setting("generated:n=200,k=2,negatives=same_article", check=_corpus_spec)
     groups: str = setting("generated:n=100,k=4,pairing=consecutive", check=_corpus_spec)
     swap: str = setting("generated:n=200,k=2,seed=1,swap=1", check=_corpus_spec)
     # the paper reproductions (probing.study.reproductions)
