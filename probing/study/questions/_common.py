@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 from ...examples import DOC_LABEL, Example
 from ...corpus_pairs import swap_adjacent_words
+from ..sections import Job
 
 #: The derived corpora's keys (the runner extracts their caches like any corpus's).
 SWAPPED = "pairs_swapped"
@@ -30,6 +31,14 @@ DERIVED = {SWAPPED: "the pairs with two adjacent words of sentence 1 swapped",
            REPLACED: "the pairs with sentence 2 replaced by a same-topic sentence of another article"}
 
 _WORD = re.compile(r"\S+")
+
+
+def pairs_job(fmt: str) -> Job:
+    """The cache of the pairs corpus in format ``fmt``, the same job whichever question asks for it, so that it is
+    extracted once: ``pair`` and ``concat`` carry the raw and the norm-based attention summaries (Q2's attention
+    from sentence 1 to sentence 2)."""
+    with_attention = fmt in ("pair", "concat")
+    return Job("pairs", fmt, attention=with_attention, attention_norm=with_attention)
 
 
 def document_subset(examples: Sequence[Example], n: int | None, seed: int = 0) -> list[Example]:
@@ -134,16 +143,14 @@ def derived_pairs(cfg, corpora: dict) -> dict[str, list[Example]]:
 
 
 def protocol_seeds(cfg) -> tuple[int, ...]:
-    """The training seeds of the config's fine-tuning preset (:data:`analyses.finetune.PROTOCOL_PRESETS`)."""
-    from analyses.finetune import PROTOCOL_PRESETS
-
-    return tuple(PROTOCOL_PRESETS[cfg.finetune.preset]["seeds"])
+    """The training seeds of every fine-tuned run (``[finetune] seeds``)."""
+    return tuple(cfg.finetune.seeds)
 
 
 def next_task(cfg, corpora: dict):
     """The ``next`` task: is_next on the pairs corpus (same-topic negatives), one document-grouped split.
 
-    TODO(lead): placeholder until the Q6/Q8 module's definition is merged; Q1 asks for this task by name."""
+    TODO(lead): placeholder with the Q6/Q8 module's name and signature; its definition replaces this one."""
     from analyses.finetune import PROTOCOL_PRESETS, make_task
 
     settings = PROTOCOL_PRESETS[cfg.finetune.preset]
