@@ -379,7 +379,8 @@ def _base(ref: Cache, other: Cache, rep: str, change: str, seed: int) -> dict:
     token = is_token_group(rep)
     return {"analysis": "representation_change", "model": model_label(ref), "corpus": ref.manifest["corpus"]["name"],
             "corpus_b": other.manifest["corpus"]["name"], "format": ref.format_name, "format_b": other.format_name,
-            "role": rep if token else "", "choice": "" if token else rep, "target": "", "change": change, "change_b": "",
+            "role": rep if token else None, "choice": "" if token else rep, "target": "", "change": change,
+            "change_b": "",
             "seed": seed}
 
 

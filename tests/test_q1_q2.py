@@ -144,10 +144,11 @@ def test_q1_answer_when_dropping_sep_moves_less_than_a_swap():
     assert set(decided["measure"]) == {"vs_swap", "vs_replace", "finetuned", "frozen"}
     assert (decided[decided["measure"] == "vs_swap"]["layer"] == 6).all()  # the last layer only
     assert len(decided[decided["measure"] == "vs_swap"]) == 5 and len(decided[decided["measure"] == "vs_replace"]) == 3
-    # a real difference (3.2 points) below the 5-point threshold: said so
+    # a real difference (3.2 points) below the 5-point threshold
     assert a.text.startswith("Not a lot: dropping [SEP] moves last-layer word vectors 0.90% of the way to another "
-                             "input, less than swapping two words does (4.1%; a gap under 5.0 points).")
-    assert "accuracy changes by -0.40 points (CI -1.6 to +0.78)" in a.text and "no difference that matters" in a.text
+                             "input, less than swapping two words does (4.1%).")
+    assert "accuracy without [SEP] changes by -0.40 points (CI -1.6 to +0.78)" in a.text
+    assert "no difference that matters" in a.text
     assert a.words <= MAX_WORDS and a.confidence == "high"
     _, far = _answer(q1, _q1_tables(concat=0.009, swap=0.091, se=0.001))
     assert "less than swapping two words does (9.1%)." in far.text
@@ -162,8 +163,16 @@ def test_q1_answer_cannot_tell_and_without_fine_tuning():
 
 
 def test_q1_answer_when_dropping_sep_moves_more():
-    decided, a = _answer(q1, _q1_tables(concat=0.20, swap=0.04, se=0.005))
-    assert a.text.startswith("Yes: dropping [SEP] moves last-layer word vectors 20.0%") and "more than swapping" in a.text
+    _, a = _answer(q1, _q1_tables(concat=0.20, swap=0.04, se=0.005))
+    assert a.text.startswith("Yes: dropping [SEP] moves last-layer word vectors 20.0%")
+    assert "more than swapping" in a.text
+    # more than a swap, but by less than the 5-point threshold: not a lot
+    _, small = _answer(q1, _q1_tables(concat=0.010, swap=0.005, se=0.0005))
+    assert small.text.startswith("Not a lot: dropping [SEP] moves last-layer word vectors 1.0% of the way to another "
+                                 "input, slightly more than swapping two words does (0.50%).")
+    # about as much as a swap
+    _, same = _answer(q1, _q1_tables(concat=0.010, swap=0.0101, se=0.002))
+    assert "about as much as swapping two words does (1.0%)" in same.text and same.text.startswith("Not a lot")
 
 
 def _q2_tables(pair: float, concat: float, se: float) -> dict:
@@ -177,9 +186,11 @@ def _q2_tables(pair: float, concat: float, se: float) -> dict:
                              "n_groups": 60, "grouping": "document", "n_resamples": 1000})
             base = {"layer": layer, "role": role, "choice": choice, "change": "concat", "change_b": "pair", "n": 500,
                     "n_groups": 60, "grouping": "document", "n_resamples": 1000, "value_a": concat, "value_b": pair}
-            rows.append({**base, "metric": "share_diff", "value": concat - pair, "se": se, "ci_low": concat - pair - 2 * se,
+            rows.append({**base, "metric": "share_diff", "value": concat - pair, "se": se,
+                         "ci_low": concat - pair - 2 * se,
                          "ci_high": concat - pair + 2 * se})
-            rows.append({**base, "metric": "share_ratio", "value": concat / pair, "se": 0.1, "ci_low": concat / pair - 0.2,
+            rows.append({**base, "metric": "share_ratio", "value": concat / pair, "se": 0.1,
+                         "ci_low": concat / pair - 0.2,
                          "ci_high": concat / pair + 0.2})
     dec = pd.DataFrame([{"metric": m, "layer": 6, "format": f, "value": v, "ci_low": v - 0.01, "ci_high": v + 0.01,
                          "se": 0.005, "value_a": 0.71, "value_b": 0.70, "n": 1000, "n_groups": 120,
@@ -209,6 +220,10 @@ def test_q2_answer_yes_and_no():
     assert yes.text.startswith("Yes: ") and "4.0 times" in yes.text
     _, no = _answer(q2, _q2_tables(pair=0.03, concat=0.031, se=0.002))
     assert no.text.startswith("No, not by a difference that matters") and no.confidence == "high"
+    decided, less = _answer(q2, _q2_tables(pair=0.12, concat=0.03, se=0.002))
+    assert less.text.startswith("No, less: ") and "0.2 times as much" in less.text
+    # the asker asks "more": a significant difference the other way reads as the opposite in the decided rows
+    assert decided[decided["measure"] == "interchange"]["verdict"].tolist() == ["No (the opposite)"] * 2
 
 
 def test_evidence_holds_the_numbers_of_the_answer():
@@ -258,4 +273,9 @@ def test_q1_and_q2_run_end_to_end(tmp_path, bert_tokenizer, monkeypatch):
     # layer 0 is a null for sentence 1's words: same token, position and segment in pair, concat and a swap
     s1 = share[(share["role"] == "s1 words") & (share["layer"] == 0)]
     assert np.allclose(s1["value"], 0, atol=1e-6)
+    # the decoding probe is fitted at the last layer only, the layer its row reads
+    assert set(pd.read_csv(tables / f"{q2.DECODING}.csv")["layer"]) == {int(change["layer"].max())}
     assert (out / "figures" / "q1_change.png").exists() and (out / "figures" / "q2_interchange.png").exists()
+    # the pairs' caches carry the norm-based attention summary (Job.attention_norm reaches extraction)
+    attention = pd.read_csv(tables / f"{q2.ATTENTION}.csv")
+    assert set(attention["metric"]) == {"attention_norm_diff"} and "Norm-based attention" in md

@@ -2,7 +2,6 @@
 spread, on constructed data with a known answer (planted moves found, nulls not) and on tiny caches."""
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from analyses.representation_change import (change_comparison, change_summary, example_means, group_mask,
@@ -224,7 +223,8 @@ def test_interchange_finds_a_planted_wall_and_no_effect_where_there_is_none(cach
     df = run_representation_change({"pair": (c["w_pair"], c["w_r_pair"]), "concat": (c["concat"], c["r_concat"])},
                                    {"s1 words": ["pair", "concat"], "mean_s1": ["pair", "concat"]},
                                    comparisons=[("concat", "pair")], n_resamples=R)
-    share = df[df["metric"] == "share"].set_index(["role", "choice", "change", "layer"])
+    assert df.loc[df["choice"] == "mean_s1", "role"].isna().all()  # a token choice has no token role
+    share = df[df["metric"] == "share"].fillna({"role": ""}).set_index(["role", "choice", "change", "layer"])
     for layer in (0, 1, 2):
         assert abs(share.loc[("s1 words", "", "pair", layer), "value"]) < 1e-5
         assert abs(share.loc[("", "mean_s1", "pair", layer), "value"]) < 1e-5

@@ -120,9 +120,10 @@ def finetune_table(ctx: Context) -> pd.DataFrame:
                          n_resamples=ctx.cfg.study.bootstrap_resamples, seed=ctx.cfg.study.seed)
         records.append({"analysis": "finetune_comparison", "model": getattr(ctx.lm, "name", ""),
                         "corpus": ctx.cfg.corpus.pairs, "format": "pair", "format_b": "concat", "layer": pd.NA,
-                        "role": "", "target": TASK, "metric": "accuracy_diff", "value": r["value"],
+                        "role": None, "target": TASK, "metric": "accuracy_diff", "value": r["value"],
                         "ci_low": r["ci_low"], "ci_high": r["ci_high"], "n": r["n_items"], "seed": ctx.cfg.study.seed,
-                        "se": r["se"], "value_a": r["value_b"], "value_b": r["value_a"], "pooling": POOLING,  # a: concat
+                        # value_a: concat, the side the difference starts from
+                        "se": r["se"], "value_a": r["value_b"], "value_b": r["value_a"], "pooling": POOLING,
                         "frozen": frozen, "n_seeds": r["n_seeds"], "n_groups": r["n_groups"], "grouping": "document",
                         "n_resamples": r["n_resamples"],
                         "n_train": int(sel[sel["format"] == "pair"]["n_train"].iloc[0])})
@@ -203,25 +204,25 @@ def answer(T: dict, decided: pd.DataFrame, cfg) -> Answer:
 
         return not_measured("the representation change of Q1")
     x, y, dec, v = words["value_a"], words["value_b"], words["decision"], float(words["value"])
-    gap = f"{_pct(y)}; a gap under {RULES['vs_swap'].number(RULES['vs_swap'].threshold)} points" \
-        if dec == "yes_small" else _pct(y)
     if dec == "inconclusive":
         lead, cmp = "Cannot tell", "and this sample cannot tell that from swapping two words"
     elif dec == "no_difference":
         lead, cmp = "Not a lot", "about as much as swapping two words does"
     elif v < 0:
         lead, cmp = "Not a lot", "less than swapping two words does"
+    elif dec == "yes_small":  # more than a swap, by less than the threshold
+        lead, cmp = "Not a lot", "slightly more than swapping two words does"
     else:
-        lead, cmp = ("Yes" if dec == "yes" else "A little"), "more than swapping two words does"
+        lead, cmp = "Yes", "more than swapping two words does"
     text = (f"{lead}: dropping [SEP] moves last-layer word vectors {_pct(x)} of the way to another input, {cmp} "
-            f"({gap}).")
+            f"({_pct(y)}).")
     conf = [words["confidence"]]
     ft = _row(decided, "finetuned")
     if ft is not None and np.isfinite(ft["ci_low"]):
-        rule = RULES["finetuned"]
-        text += (f" Fine-tuned on next-sentence pairs, accuracy changes by {rule.number(ft['value'], True)} points "
-                 f"(CI {rule.number(ft['ci_low'], True)} to {rule.number(ft['ci_high'], True)}): "
-                 f"{_FT_WORDS[ft['decision']]}.")
+        rule = RULES["finetuned"]  # (+ 0.0 turns an equal accuracy's -0.0 into 0.0)
+        text += (f" Fine-tuned on next-sentence pairs, accuracy without [SEP] changes by "
+                 f"{rule.number(float(ft['value']) + 0.0, True)} points (CI {rule.number(ft['ci_low'], True)} to "
+                 f"{rule.number(ft['ci_high'], True)}): {_FT_WORDS[ft['decision']]}.")
         conf.append(ft["confidence"])
     else:
         text += " Fine-tuned accuracy was not measured in this run."
