@@ -347,7 +347,7 @@ def run_prefix_drift(short_a, short_b, long_a, long_b, *, layers: Sequence[int] 
 
 def run_paired_attention(a, b, *, pairs: Sequence[tuple[str, str]] | None = (("s1 words", "s2 words"),),
                          layers: Sequence[int] | str | None = None, n_resamples: int = 1000, seed: int = 0,
-                         out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
+                         weighting: str = "raw", out: str | Path | None = None, force: bool = False) -> pd.DataFrame:
     """Attention mass in format B minus format A, paired on the same examples (Q2). ``layers``: a layer
     spec (:mod:`probing.layers`) among the layers both caches recorded attention at (default: all).
 
@@ -357,10 +357,14 @@ def run_paired_attention(a, b, *, pairs: Sequence[tuple[str, str]] | None = (("s
     2's words) and each layer, the head mean per example in B minus in A; one row per pair and layer,
     ``metric="attention_diff"``, ``role`` = source, ``target`` = target, ``value_a``/``value_b`` the
     two means, CI over documents, p-value and ``p_holm`` across layers, as in :func:`run_paired_drift`.
+    ``weighting="norm"``: the norm-based weights ||alpha f(x)|| of Kobayashi et al. 2020 (caches extracted with
+    ``--attention-norm``), ``metric="attention_norm_diff"``.
     """
-    from analyses.attention import target_masses
+    from analyses.attention import WEIGHTINGS, target_masses
     from analyses.selection import attention_group_names
 
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {list(WEIGHTINGS)}, got {weighting!r}")
     n_resamples = check_resamples(n_resamples)
     check_comparable(a, b)
     layers_a, layers_b = a.manifest["attention"]["layers"], b.manifest["attention"]["layers"]
@@ -369,11 +373,13 @@ def run_paired_attention(a, b, *, pairs: Sequence[tuple[str, str]] | None = (("s
               "pairs": None if pairs is None else [list(p) for p in pairs], "n_resamples": n_resamples, "seed": seed}
     if layers != [l for l in layers_a if l in layers_b]:
         config["layers"] = layers
+    if weighting != "raw":  # the key of a raw run stays what it was
+        config["weighting"] = weighting
     path, done = stored_table(out, "paired_attention", config, force)
     if done is not None:
         return done
-    ex_a, mass_a, groups_a = a.attention()
-    ex_b, mass_b, groups_b = b.attention()
+    ex_a, mass_a, groups_a = a.attention(weighting)
+    ex_b, mass_b, groups_b = b.attention(weighting)
     common = np.intersect1d(ex_a, ex_b)
     ia = pd.Series(np.arange(len(ex_a)), index=ex_a).reindex(common).to_numpy()
     ib = pd.Series(np.arange(len(ex_b)), index=ex_b).reindex(common).to_numpy()
@@ -390,7 +396,8 @@ def run_paired_attention(a, b, *, pairs: Sequence[tuple[str, str]] | None = (("s
         raise ValueError(f"{a.format_name} and {b.format_name} share no attention groups, layers or examples")
     groups, grouping = cache_groups(a, common)
     base = {"analysis": "paired_attention", "model": model_label(a), "corpus": a.manifest["corpus"]["name"],
-            "format": a.format_name, "format_b": b.format_name, "reference": "", "metric": "attention_diff",
+            "format": a.format_name, "format_b": b.format_name, "reference": "",
+            "metric": "attention_diff" if weighting == "raw" else "attention_norm_diff",
             "seed": seed, "unit": "example"}
     records = []
     for src, tgt in shared:

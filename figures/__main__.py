@@ -18,6 +18,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "pooling": ("figures.pooling", "fine-tuned vs frozen accuracy per pooling choice"),
     "contextuality": ("figures.contextuality", "self-similarity, intra-similarity, MEV vs anisotropy per layer"),
     "interventions": ("figures.interventions", "knockout vs control effects, or the share a patch reproduces"),
+    "change": ("figures.representation_change", "how far representations move under a change of input, per layer"),
 }
 
 

@@ -76,7 +76,7 @@ def test_a_question_module_runs_end_to_end(tmp_path, bert_tokenizer, monkeypatch
     out = report.parent
     md = report.read_text(encoding="utf-8")
     html = (out / "report.html").read_text(encoding="utf-8")
-    # the answers come first, in the asker's words, with the confidence word; the legacy Q2 follows
+    # the answers come first, in the asker's words, with the confidence word; Q2 (its own module) follows
     assert md.index("## Answers") < md.index("## Q1. What changes if I drop the [SEP]?") < md.index("## Q2.")
     answer = re.search(r"\*\*Q1\. What changes if I drop the \[SEP\]\?\*\* \[evidence\]\(#q1\)  \n(.*)\n", md)
     assert answer and "Fine-tuned accuracy changes by" in answer.group(1) and "*(" in answer.group(1)

@@ -30,9 +30,19 @@ def tiny_model_dir(tmp_path_factory, bert_tokenizer):
 def test_quick_study_end_to_end_and_reuse(quick_study):
     """The first run of the session's --quick study (``quick_study``, shared with tests/test_tables.py), then
     its second run, which reuses every cache."""
+    from probing.study.questions import QUESTIONS as MODULES
+
     run, logs = quick_study["first_run"], quick_study["logs"]
     text = (run / "report.md").read_text()
-    for q in QUESTIONS:
+    legacy = [q for q in QUESTIONS if q not in MODULES]
+    # a question module: its answer on the page of answers (the asker's words, the answer, its confidence word),
+    # then its section with the answer, the evidence and the decided rows
+    page = text[text.index("## Answers\n"):text.index(f"## {next(iter(MODULES))}.")]
+    for q, module in MODULES.items():
+        assert re.search(rf"\*\*{q}\. {re.escape(module.asked)}\*\* \[evidence\]\(#{q.lower()}\)  \n.+\*\(", page), q
+        sec = re.search(rf"^## {q}\..*?(?=^## )", text, flags=re.S | re.M).group(0)
+        assert "**Answer.**" in sec and "### Evidence" in sec and "The comparisons behind the answer" in sec, q
+    for q in legacy:
         m = re.search(rf"^## {q}\..*?(?=^## )", text, flags=re.S | re.M)
         assert m, f"section {q} missing"
         if q in MODULES:  # a question module: its plain answer, then its evidence (tests/test_question_runner.py)
@@ -59,8 +69,7 @@ def test_quick_study_end_to_end_and_reuse(quick_study):
         assert re.search(r"\d\.\d{3}", answer), f"{q} verdict has no measured number: {answer}"
         assert re.search(r"\d\.\d{3}", evidence) and "not measured" not in evidence
     # every question's verdict, without its numbers, listed before the first section (and in the HTML)
-    glance = text[text.index("## Answers at a glance"):text.index("## Q1.")]
-    legacy = [q for q in QUESTIONS if q not in MODULES]  # a question module's answer opens the report instead
+    glance = text[text.index("## Answers at a glance"):text.index(f"## {legacy[0]}.")]
     for q in legacy:
         line = next(ln for ln in glance.splitlines() if ln.startswith(f"- **{q}."))
         assert re.search(rf"\*\* .*{opening}", line) and "95% CI" not in line, line
@@ -71,10 +80,11 @@ def test_quick_study_end_to_end_and_reuse(quick_study):
     assert "<h2>Answers at a glance</h2>" in html_text and html_text.count("<li><b>Q") == len(legacy)
     # quick mode is announced in the title and at the top; the unknown model gets a neutral sentence
     assert text.startswith("# ") and "(quick mode)" in text.splitlines()[0]
-    assert text.splitlines()[2].startswith("QUICK MODE")
+    assert text.splitlines()[2].lstrip("*").startswith("QUICK MODE")
     assert "no record of how it was trained" in text
     assert "Quick mode: small samples" in text and "generated template sentences" in text
-    assert "95% CI" in text and "random-pair baseline" in text and "majority baseline" in text
+    # (Q1's and Q2's spread: the distance between the same representation of random pairs of different examples)
+    assert "95% CI" in text and "random pairs of different examples" in text and "majority baseline" in text
     assert "## Provenance" in text and "fingerprint" in text
     # verdicts come from paired rows (none from two marginal intervals)
     for q in QUESTIONS:
@@ -90,18 +100,19 @@ def test_quick_study_end_to_end_and_reuse(quick_study):
     assert set(p3["role"]) == {"cls", "s1 words", "s2 words", "all", "cls and inner words", "inner words",
                                "s1 inner words", "s1 edge words", "s2 inner words", "s2 edge words"}
     assert (p3["k_b"] == 3).all()
-    assert "s1 inner words" in set(pd.read_csv(tables / "paired_q2.csv")["role"])
-    for name in ("paired_q1", "paired_q2", "paired_q3", "paired_q4", "paired_q5", "paired_q6", "paired_q7", "paired_q8",
-                 "q4_knockout_drift", "q4_knockout_probes", "q1_cls_patching"):
+    for name in ("paired_q3", "paired_q4", "paired_q5", "paired_q6", "paired_q7", "paired_q8", "q4_knockout_drift",
+                 "q4_knockout_probes"):
         if name[-2:].upper() not in MODULES:  # a question module writes its own tables
             assert (tables / f"{name}.csv").is_file(), name
+    for name in ("q1_change", "q1_finetune", "q2_interchange", *(f"{q.lower()}_decisions" for q in MODULES)):
+        assert (tables / f"{name}.csv").is_file(), name
     # Q4 gains "does the model use [SEP]?" with the knockout − control numbers of its tables
     q4 = re.search(r"^## Q4\..*?(?=^## )", text, flags=re.S | re.M).group(0)
     assert "Does the model use [SEP]?" in q4 and "knockout − control" in q4
     ko = pd.read_csv(tables / "q4_knockout_probes.csv")
     r = ko[(ko["metric"] == "change_difference") & (ko["mode"] == "transfer") & (ko["target"] == "is_next")].iloc[0]
     assert f"{r['value']:+.3f}" in q4
-    assert "q4_sep_knockout_drift.png" in q4 and "q1_cls_patching.png" in text
+    assert "q4_sep_knockout_drift.png" in q4 and "q1_change.png" in text
     # the bags of words are compared by macro AUC on the same resamples (Q4's is_next per item), Q5 against
     # mean pooling and, for its verdict, against the length-only probe
     p4 = pd.read_csv(tables / "paired_q4.csv")
@@ -167,7 +178,7 @@ def check_stage_table(run: Path, report: str, html: str, logs: list[str]) -> Non
     """Issue 13: one row per stage (extraction, each question's analyses, figures, report) with its wall
     time and peak RSS, in tables/stages.csv, in the report's provenance and printed in the log."""
     stages = pd.read_csv(run / "tables" / "stages.csv")
-    expected = ["extraction"] + [f"analyses {q}" for q in QUESTIONS] + ["figures", "report"]
+    expected = ["extraction", "fine-tuning"] + [f"analyses {q}" for q in QUESTIONS] + ["figures", "report"]
     assert stages["stage"].tolist() == expected
     assert (stages["seconds"] >= 0).all() and (stages["peak_rss_mb"] > 0).all()
     assert (stages["cpu_seconds"] >= 0).all() and stages["cpu_seconds"].sum() > 0
@@ -179,8 +190,10 @@ def check_stage_table(run: Path, report: str, html: str, logs: list[str]) -> Non
     assert "| stage | wall time (s) | peak RSS (MiB) |" in section
     for row in stages.itertuples():
         assert f"| {row.stage} | {row.seconds:.1f} | {row.peak_rss_mb:.0f} |" in section
-        assert f"{row.stage} {row.seconds:.1f} s, {row.peak_rss_mb:.0f} MiB" in html
-    printed = [l for l in logs if re.match(r"\[ *\d+s\] (extraction|analyses Q\d|figures|report|total) ", l)]
+        # the HTML renders the same table
+        assert re.search(rf"<td>{row.stage}</td>\s*<td>{row.seconds:.1f}</td>\s*<td>{row.peak_rss_mb:.0f}</td>", html)
+    printed = [l for l in logs
+               if re.match(r"\[ *\d+s\] (extraction|fine-tuning|analyses Q\d|figures|report|total) +\d", l)]
     assert len(printed) == len(expected) + 1  # and a total row
 
 
@@ -687,9 +700,13 @@ def test_every_section_is_declared_once_with_its_parts():
 
     assert Reproduction is StudySection
     assert tuple(QUESTION_SECTIONS) == QUESTIONS and sections() == QUESTIONS + tuple(PAPERS)
+    from probing.study.questions import QUESTIONS as MODULES, Question
+
     for key, spec in section_specs().items():
         assert spec.key == key and spec.corpora and callable(spec.analyse) and callable(spec.figures)
-        if key in QUESTIONS:
+        if key in MODULES:  # a question module: its own rows, rules and plain answer
+            assert isinstance(spec, Question) and spec.asked and spec.rules and callable(spec.answer)
+        elif key in QUESTIONS:
             assert spec.comparisons is not None and spec.claim is not None
     assert {k for k, s in section_specs().items() if s.about_cls} >= {"Q1", "Q4", "Q6", "Q8"}
 
@@ -698,16 +715,19 @@ def test_study_jobs_union_of_sections():
     from probing.study.sections import Job
     from probing.study import study_jobs
 
-    cfg = load_config(None, overrides={"study.questions": ["Q1", "Q3"], "model.random_init_baseline": False})
+    from probing.study.questions._common import REPLACED, SWAPPED
+
+    cfg = load_config(None, overrides={"study.questions": ["Q1", "Q2", "Q3"], "model.random_init_baseline": False})
     corpora = {"pairs": [], "groups": [], "groups_k2": [], "groups_k3": []}
     jobs = study_jobs(cfg, corpora)
-    assert Job("pairs", "pair", attention=True) in jobs and Job("pairs", "concat_segments") in jobs
+    # Q1 and Q2 read the same pairs caches (with the norm-based attention) and derived corpora: each job once
+    pair = Job("pairs", "pair", attention=True, attention_norm=True)
+    assert jobs.count(pair) == 1 and Job(SWAPPED, "pair") in jobs and Job(REPLACED, "concat") in jobs
     assert {j for j in jobs if j.corpus.startswith("groups_k")} == {
         Job("groups_k2", "multi"), Job("groups_k2", "concat"), Job("groups_k3", "multi"), Job("groups_k3", "concat")}
     assert not any(j.random for j in jobs) and len(jobs) == len(set(jobs))
-    # Q1's patching and middle-[SEP] routes are extractions of `pair` with an intervention
-    assert Job("pairs", "pair", intervention="cls_patch_mid") in jobs
-    assert Job("pairs", "pair", intervention="sep1_all_ko") in jobs
+    # Q1 no longer patches [CLS] nor cuts the middle-[SEP] routes: no intervention
+    assert not any(j.intervention for j in jobs)
     q4 = study_jobs(load_config(None, overrides={"study.questions": ["Q4"]}), corpora)
     assert {j.name for j in q4 if j.intervention} == {"pair@sep_ko", "pair@sep_ko_control"}
 

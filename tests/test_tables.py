@@ -77,7 +77,7 @@ def test_tables_dir_holds_each_named_table_once(study):
     stems = {Path(n).stem for n in names}
     assert not [n for n in names if re.search(r"-[0-9a-f]{16}", n)], names  # no hash-named copies
     assert all(f"{s}.csv" in names and f"{s}.parquet" in names for s in stems), names
-    assert {"drift_q1", "paired_q1", "finetune", "probes_pair"} <= stems
+    assert {"q1_change", "q1_decisions", "finetune", "probes_pair"} <= stems
     # the runners' store: hash-named results, apart from tables/
     assert any(re.fullmatch(r"drift-[0-9a-f]{16}\.csv", n) for n in study["first"]), sorted(study["first"])
 
@@ -90,8 +90,8 @@ def test_second_run_reuses_the_store_and_force_recomputes(study):
     # the named result tables came out identical (stages.* records each run's own times)
     assert results(study["named_again"]) == results(study["named"])
     recomputed = [n for n, t in study["forced"].items() if t != study["first"].get(n)]
-    # Q2 alone, forced: its drift and paired-drift tables again (the store was emptied first)
-    assert any(n.startswith("drift-") for n in recomputed) and any(n.startswith("paired_drift-") for n in recomputed)
+    # Q2 alone, forced: its interchange, decoding and attention tables again (the store was emptied first)
+    assert {n.split("-")[0] for n in recomputed} >= {"representation_change", "format_probes", "paired_attention"}
     assert set(study["forced"]) < set(study["first"]) | set(recomputed)
     assert not [n for n in study["forced"] if n.startswith("finetune_pooling-")]
 
@@ -194,8 +194,8 @@ def test_every_interval_used_the_configs_resamples(study, tables):
     wanted = load_config(study["out"].parent / "study.toml", quick=True).study.bootstrap_resamples
     assert wanted == 100  # the fixture's [quick] value, not its full one (200) nor the default (1,000)
     with_ci = {n: df for n, df in tables.items() if "ci_low" in df.columns and df["ci_low"].notna().any()}
-    assert {"probes_pair", "finetune", "paired_q8", "paired_q4", "drift_q1", "attention",
-            "q4_knockout_probes", "q1_cls_patching"} <= set(with_ci)
+    assert {"probes_pair", "finetune", "paired_q8", "paired_q4", "q1_change", "q1_finetune", "q2_interchange",
+            "attention", "q4_knockout_probes"} <= set(with_ci)
     wrong = {}
     for name, df in with_ci.items():
         assert "n_resamples" in df.columns, f"{name} has intervals but no n_resamples column"

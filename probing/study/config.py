@@ -152,14 +152,21 @@ class CorpusSettings:
     pairs_article: str = setting("generated:n=200,k=2,negatives=same_article", check=_corpus_spec)
     groups: str = setting("generated:n=100,k=4,pairing=consecutive", check=_corpus_spec)
     swap: str = setting("generated:n=200,k=2,seed=1,swap=1", check=_corpus_spec)
+    # sentences that replace sentence 2 of the pairs (Q1's yardstick, Q2's interchange): one-sentence examples
+    # with topic and doc labels; only those of articles the pairs do not hold are used
+    replacements: str = setting("generated:n=300,k=1,seed=7", check=_corpus_spec)
     # the paper reproductions (probing.study.reproductions)
     sentences: str = setting("generated:n=300,k=1", check=_corpus_spec)
     paragraphs: str = setting("generated:n=100,k=4,pairing=consecutive", check=_corpus_spec)
     swap_sentences: str = setting("generated:n=300,k=1,seed=1,swap=1", check=_corpus_spec)
 
+    # examples of the pairs (whole documents, seeded) that the derived corpora hold: two words swapped, sentence 2
+    # replaced (probing.study.questions._common); unset: every example
+    derived_examples: int | None = setting(None, ge=2)
+
     def specs(self) -> dict[str, str]:
-        """Corpus key -> spec, in declaration order."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Corpus key -> spec, in declaration order (the corpus specs only, not ``derived_examples``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("check") is _corpus_spec}
 
 
 @dataclass(frozen=True)

@@ -122,12 +122,12 @@ def extract_all(cfg: StudyConfig, log, progress: bool = True) -> tuple[Caches, d
         # clean caches first: an intervention may read one (a patch's source)
         for intervention in dict.fromkeys(sorted((j.intervention for j in wanted), key=bool)):
             for corpus in dict.fromkeys(j.corpus for j in wanted):
-                for attention in (False, True):
-                    fmts = [j for j in wanted if j.corpus == corpus and j.attention == attention
-                            and j.intervention == intervention]
+                for attention, norm in ((False, False), (True, False), (True, True)):
+                    fmts = [j for j in wanted if j.corpus == corpus and (j.attention or j.attention_norm) == attention
+                            and j.attention_norm == norm and j.intervention == intervention]
                     if not fmts:
                         continue
-                    extra = {}
+                    extra = {"attention_norm": True} if norm else {}
                     if intervention:
                         extra["intervention"] = make_intervention(intervention, lm.n_layers, caches, corpus, random,
                                                                    seed=cfg.study.seed)
@@ -211,6 +211,12 @@ def analyse(cfg: StudyConfig, caches: Caches, corpora: dict, lm, log, stages: St
     for i, s in enumerate(selected):
         ctx.later = tuple(t for later in selected[i + 1:] for t in later.tables)
         with stages.stage(f"analyses {s.key}"):
+            if predictions is not None:  # the protocol's predictions are what a question module reads by that name;
+                # a legacy section that makes its own table of the name (the old Q8's) computes it instead
+                if isinstance(s, Question):
+                    ctx.tables[FINETUNE_TABLE] = predictions
+                elif FINETUNE_TABLE in s.tables and ctx.tables.get(FINETUNE_TABLE) is predictions:
+                    del ctx.tables[FINETUNE_TABLE]
             T.update(s.analyse(ctx))
             if isinstance(s, Question):
                 T[decisions_table(s)] = decide(s.rows(T), s.rules)

@@ -27,13 +27,15 @@ Tables = dict[str, pd.DataFrame]
 class Job:
     """One cache a section needs: ``format`` is a built-in name or ``name=TEMPLATE``; ``intervention``
     names an intervention of :data:`probing.study.question_tables.INTERVENTIONS` applied at extraction (the cache
-    is then known as ``<format>@<intervention>``)."""
+    is then known as ``<format>@<intervention>``); ``attention_norm``: also the norm-based attention summary
+    (``extract(..., attention_norm=True)``, which implies ``attention``)."""
 
     corpus: str
     format: str
     random: bool = False
     attention: bool = False
     intervention: str = ""
+    attention_norm: bool = False
 
     @property
     def format_name(self) -> str:
