@@ -19,7 +19,9 @@ middle, last) and Q8 (poolings, a learning curve). They share one protocol:
   pooled last layer on the same training items instead (the same split, the same pooling): what
   fine-tuning adds.
 * :func:`run_protocol` runs the union of the runs the questions ask for, each once (a run that two
-  questions ask for, such as Q1's pair/[CLS] run, which is Q6's "first" and Q8's [CLS] run, is run once),
+  questions ask for, such as Q1's pair/[CLS] run, which is Q6's "first" and Q8's [CLS] run, is run once;
+  runs that differ only in their evaluation conditions are one run evaluated under all of them, so Q4's
+  knockouts add evaluations, not training; frozen probes of one task and format share one forward pass),
   stores each run's predictions under a key of its spec, its training settings, the task's data and the
   code (a second study reuses them), and returns one table: a row per (run, condition, test item).
 * :func:`compare_runs` gives a paired difference of accuracy between two sets of runs on the same items,
@@ -33,7 +35,7 @@ its settings come from the preset (:data:`PROTOCOL_PRESETS`).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -203,7 +205,55 @@ PREDICTION_COLUMNS = ("run", "task", "format", "pooling", "n_train", "seed", "fr
                       "label", "pred", "correct")
 
 
-def _one_run(spec: RunSpec, task: ProtocolTask, lm, config: TrainConfig, device, split_seed: int) -> pd.DataFrame:
+def merge_conditions(specs: Sequence[RunSpec]) -> list[RunSpec]:
+    """The distinct runs of ``specs`` in first-seen order, where runs that differ only in ``conditions`` are one
+    run evaluated under the union of their conditions (in :data:`CONDITIONS` order): one training, several
+    evaluations.
+
+    >>> [s.conditions for s in merge_conditions([RunSpec("t"), RunSpec("t", conditions=("sep_knockout",))])]
+    [('clean', 'sep_knockout')]
+    """
+    merged: dict[RunSpec, set[str]] = {}
+    for s in specs:
+        merged.setdefault(replace(s, conditions=("clean",)), set()).update(s.conditions)
+    order = list(CONDITIONS)
+    return [replace(s, conditions=tuple(sorted(c, key=order.index))) for s, c in merged.items()]
+
+
+class _FrozenFeatures:
+    """The frozen encoder's pooled last layer for every example of a task in one format, computed once for all
+    the poolings that the frozen runs of ``wanted`` ((task, format) -> poolings) read, and only when a run
+    that is not stored needs them: the frozen probes of one task and format share one forward pass."""
+
+    def __init__(self, wanted: Mapping[tuple[str, str], Sequence[str]]):
+        self.wanted = {k: list(dict.fromkeys(v)) for k, v in wanted.items()}
+        self.done: dict[tuple[str, str], tuple[dict[str, int], dict[str, np.ndarray]]] = {}
+
+    def rows(self, spec: RunSpec, task: ProtocolTask, lm, config: TrainConfig, device,
+             ids: Sequence[str]) -> np.ndarray:
+        """``(len(ids), hidden)``: the features of ``spec.pooling`` for the examples ``ids``."""
+        from analyses.finetune._experiment import frozen_features
+        from analyses.finetune._train import check_pooling, prepare_task
+        from probing.formats import Format
+
+        key = (spec.task, spec.format)
+        if key not in self.done:
+            prepared = prepare_task(list(task.examples), task.label, lm.tokenizer, Format.parse(spec.format),
+                                    lm.model.config, config=config, model_max_length=lm.max_length,
+                                    test_ids=task.test_ids)
+            poolings = [check_pooling(prepared, p) for p in self.wanted.get(key, [spec.pooling])]
+            X = frozen_features(lm, prepared.rendered, poolings, config, device)
+            self.done[key] = ({i: r for r, i in enumerate(prepared.ids)}, X)
+        index, X = self.done[key]
+        if spec.pooling not in X:  # a pooling no declared run asked for
+            self.wanted[key] = [*self.wanted.get(key, []), spec.pooling]
+            del self.done[key]
+            return self.rows(spec, task, lm, config, device, ids)
+        return X[spec.pooling][[index[i] for i in ids]]
+
+
+def _one_run(spec: RunSpec, task: ProtocolTask, lm, config: TrainConfig, device, split_seed: int,
+             features: _FrozenFeatures | None = None) -> pd.DataFrame:
     from analyses.finetune._train import check_pooling, prepare_task, run_with_conditions
     from probing.formats import Format
 
@@ -218,7 +268,9 @@ def _one_run(spec: RunSpec, task: ProtocolTask, lm, config: TrainConfig, device,
     t0 = time.perf_counter()
     if spec.frozen:
         groups = np.asarray([docs[i] for i in prepared.ids])
-        preds, info = _frozen(lm, prepared, pooling, config, device, groups, spec.seed)
+        features = features if features is not None else _FrozenFeatures({})
+        X = features.rows(spec, task, lm, config, device, prepared.ids)
+        preds, info = _frozen(X, prepared, config, groups, spec.seed)
     else:
         interventions = {c: (CONDITIONS[c](lm.n_layers) if CONDITIONS[c] is not None else None)
                          for c in spec.conditions}
@@ -240,13 +292,13 @@ def _one_run(spec: RunSpec, task: ProtocolTask, lm, config: TrainConfig, device,
     return out
 
 
-def _frozen(lm, prepared, pooling, config: TrainConfig, device, groups: np.ndarray,
+def _frozen(X: np.ndarray, prepared, config: TrainConfig, groups: np.ndarray,
             seed: int) -> tuple[dict[str, np.ndarray], dict]:
-    """A logistic-regression probe on the frozen encoder's pooled last layer, fitted on the same training
-    items (its C chosen by inner cross-validation grouped by ``groups``, the items' documents)."""
-    from analyses.finetune._experiment import _frozen_run, frozen_features
+    """A logistic-regression probe on ``X: (n_items, hidden)``, the frozen encoder's pooled last layer of the
+    prepared items, fitted on the same training items (its C chosen by inner cross-validation grouped by
+    ``groups``, the items' documents)."""
+    from analyses.finetune._experiment import _frozen_run
 
-    X = frozen_features(lm, prepared.rendered, [pooling], config, device)[pooling.name]
     fr = _frozen_run(X, prepared, groups, config, seed)
     return {"clean": fr["test_pred"]}, {"train_accuracy": fr["train_accuracy"], "C": fr["C"]}
 
@@ -275,7 +327,12 @@ def run_protocol(tasks: Mapping[str, ProtocolTask], specs: Sequence[RunSpec], *,
                              f"{leaks[0][:60]!r}")
     lm = _load(model)
     dev = pick_device(device)
-    unique = list(dict.fromkeys(specs))
+    unique = merge_conditions(specs)
+    wanted: dict[tuple[str, str], list[str]] = {}
+    for s in unique:
+        if s.frozen:
+            wanted.setdefault((s.task, s.format), []).append(s.pooling)
+    features = _FrozenFeatures(wanted)
     frames = []
     from tqdm.auto import tqdm
 
@@ -287,7 +344,7 @@ def run_protocol(tasks: Mapping[str, ProtocolTask], specs: Sequence[RunSpec], *,
         if done is None:
             if log is not None:
                 log(f"fine-tuning {spec.name}")
-            done = keep_table(_one_run(spec, task, lm, config, dev, split_seed), path)
+            done = keep_table(_one_run(spec, task, lm, config, dev, split_seed, features), path)
         frames.append(done)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=PREDICTION_COLUMNS)
 
@@ -297,10 +354,10 @@ def run_protocol(tasks: Mapping[str, ProtocolTask], specs: Sequence[RunSpec], *,
 
 
 def _correctness(P: pd.DataFrame, where: Mapping[str, Any]) -> pd.DataFrame:
-    """``(items x seeds)`` correctness of the runs selected by ``where`` (column -> value)."""
+    """``(items x seeds)`` correctness of the runs selected by ``where`` (column -> value, or a list of values)."""
     sel = P
     for col, value in where.items():
-        sel = sel[sel[col] == value]
+        sel = sel[sel[col].isin(value) if isinstance(value, (list, tuple, set, frozenset)) else sel[col] == value]
     if sel.empty:
         raise ValueError(f"no predictions match {dict(where)}")
     return sel.pivot_table(index="item", columns="seed", values="correct", aggfunc="mean")
