@@ -142,7 +142,8 @@ def test_q8_null_reads_every_pooling_within_the_threshold():
     P = _predictions(q8.runs(CFG), lambda s: 0.75)
     T = q8.analyse(_ctx(P))
     a = q8.answer(T, _decided(q8.QUESTION, T), CFG)
-    assert "(within ±2.0)" in a.text and "max and sep1 are also within 2.0 points of mean" in a.text
+    assert "[CLS] and mean pooling differ on next-sentence pairs by" in a.text and "; within ±2.0)" in a.text
+    assert "Max and sep1 are also within 2.0 points of mean" in a.text and "With 100 items, they differ by" in a.text
 
 
 def test_q8_leaves_out_curve_sizes_the_split_does_not_reach():

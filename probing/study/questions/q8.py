@@ -124,7 +124,7 @@ def _pts(rule: Rule, value: float) -> str:
 def _verdict(row, rule: Rule) -> str:
     return {"no_difference": f"within ±{rule.number(rule.threshold)}", "yes": f"beyond {rule.number(rule.threshold)}",
             "yes_small": f"real but under {rule.number(rule.threshold)}",
-            "inconclusive": f"interval {rule.interval(row['ci_low'], row['ci_high'])}, undecided",
+            "inconclusive": f"CI {rule.interval(row['ci_low'], row['ci_high'])}, undecided",
             }.get(row["decision"], "not measured")
 
 
@@ -142,10 +142,17 @@ def answer(T: Tables, decided: pd.DataFrame, cfg) -> Answer:
         return not_measured("[CLS] against mean pooling after fine-tuning", preset)
     h = head.iloc[0]
     facts = run_facts(t, h["task"])
-    lead = "[CLS] leads" if h["value"] > 0 else "mean pooling leads"
-    parts = [f"After fine-tuning every weight on all {facts['n_train']} items ({facts['n_seeds']} seeds, "
-             f"{facts.get('epochs', '?')} epoch{'s' if facts.get('epochs') != 1 else ''}), {lead} on "
-             f"{TASK_NAMES.get(h['task'], h['task'])} pairs by {_pts(rule, h['value'])} ({_verdict(h, rule)})."]
+    seeds = f"{facts['n_seeds']} seed{'s' if facts['n_seeds'] != 1 else ''}"
+    epochs = f"{facts.get('epochs', '?')} epoch{'s' if facts.get('epochs') != 1 else ''}"
+    task = f"{TASK_NAMES.get(h['task'], h['task'])} pairs"
+    ci = f"CI {rule.interval(h['ci_low'], h['ci_high'])}"
+    if h["decision"] in ("yes", "yes_small"):
+        lead = "[CLS] leads" if h["value"] > 0 else "mean pooling leads"
+        said = f"{lead} on {task} by {_pts(rule, h['value'])} ({ci}; {_verdict(h, rule)})"
+    else:
+        said = (f"[CLS] and mean pooling differ on {task} by {_pts(rule, h['value'])} ({ci}; "
+                f"{_verdict(h, rule) if h['decision'] == 'no_difference' else 'undecided'})")
+    parts = [f"After fine-tuning every weight on all {facts['n_train']} items ({seeds}, {epochs}), {said}."]
     others = ft[(ft["task"] == h["task"]) & (ft["pooling"] != "cls")]
     if len(others):
         far = others[others["decision"] == "yes"]
@@ -154,15 +161,16 @@ def answer(T: Tables, decided: pd.DataFrame, cfg) -> Answer:
             parts.append(f"Not any token: {w['pooling']} {'trails' if w['value'] < 0 else 'beats'} mean by "
                          f"{_pts(rule, w['value'])}.")
         elif set(others["decision"]) <= {"no_difference", "yes_small"}:
-            parts.append(f"{' and '.join(others['pooling'])} are also within {rule.number(rule.threshold)} points "
-                         "of mean.")
+            parts.append(f"{' and '.join(others['pooling']).capitalize()} are also within "
+                         f"{rule.number(rule.threshold)} points of mean.")
         else:
             parts.append(f"{' and '.join(others['pooling'])} against mean: undecided.")
     curve = decided[(decided["measure"] == "pooling_curve") & (decided["task"] == h["task"])]
     if len(curve):
         c = curve.loc[curve["n_train"].astype(int).idxmin()]
-        who = "[CLS]" if c["value"] > 0 else "mean pooling"
-        parts.append(f"With {int(c['n_train'])} items, {who} leads by {_pts(rule, c['value'])} "
+        who = "[CLS] leads" if c["value"] > 0 else "mean pooling leads"
+        who = who if c["decision"] in ("yes", "yes_small") else "they differ"
+        parts.append(f"With {int(c['n_train'])} items, {who} by {_pts(rule, c['value'])} "
                      f"({_verdict(c, RULES['pooling_curve'])}).")
     confidence = h["confidence"]
     return Answer(" ".join(parts), confidence, preset)
