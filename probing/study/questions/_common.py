@@ -89,6 +89,14 @@ def run_facts(table: pd.DataFrame, task: str) -> dict[str, Any]:
     return out
 
 
+def diff_cell(rule, row) -> str:
+    """A decided row's difference and simultaneous interval in the rule's unit; where both sides predicted every
+    test item alike (no spread, so no interval), says so."""
+    if pd.isna(row["ci_low"]) or pd.isna(row["ci_high"]):
+        return f"{rule.number(row['value'], True)} (every test item predicted alike; no interval)"
+    return f"{rule.number(row['value'], True)} ({rule.interval(row['ci_low'], row['ci_high'])})"
+
+
 def budget_words(facts: dict[str, Any], cfg=None) -> str:
     """The fine-tuning budget in words: ``'675 training items, 1 epoch (43 steps of 16), every weight trained,
     2 seeds'``."""

@@ -24,8 +24,8 @@ from ..answers import Answer, not_measured
 from ..rules import LABELS, Rule
 from ..sections import Context
 from ._base import Question, Tables
-from ._common import (NEXT, TASK_WORDS, budget_words, model_name, preset_words, protocol_preset, protocol_seeds,
-                      run_facts, shared_tasks)
+from ._common import (NEXT, TASK_WORDS, budget_words, diff_cell, model_name, preset_words, protocol_preset,
+                      protocol_seeds, run_facts, shared_tasks)
 
 #: The classification token's positions: format -> the word for it. The first is the reference.
 POSITIONS = {"pair": "first", "cls_mid": "middle", "cls_last": "last"}
@@ -143,7 +143,7 @@ def evidence(T: Tables, decided: pd.DataFrame, cfg) -> str:
         cell = lambda r: (f"{_pct(r['value'])} ({_pct(r['ci_low'])} to {_pct(r['ci_high'])})"  # noqa: E731
                           if r is not None else "–")
         d = by_pos.get(pos)
-        diff = (f"{rule.number(d['value'], True)} ({rule.interval(d['ci_low'], d['ci_high'])})" if d is not None
+        diff = (diff_cell(rule, d) if d is not None
                 else "reference")
         lines.append(f"| {pos} (`{fmt}`) | {cell(a)} | {cell(f)} | {diff} | "
                      f"{LABELS[d['decision']] if d is not None else '–'} |")

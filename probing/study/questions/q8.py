@@ -24,7 +24,7 @@ from ..answers import Answer, not_measured
 from ..rules import LABELS, Rule
 from ..sections import Context
 from ._base import Question, Tables
-from ._common import (NEXT, TASK_WORDS, TOPIC, budget_words, model_name, preset_words, protocol_preset,
+from ._common import (NEXT, TASK_WORDS, TOPIC, budget_words, diff_cell, model_name, preset_words, protocol_preset,
                       protocol_seeds, run_facts, shared_tasks)
 
 REFERENCE = "mean"
@@ -170,8 +170,11 @@ def answer(T: Tables, decided: pd.DataFrame, cfg) -> Answer:
         c = curve.loc[curve["n_train"].astype(int).idxmin()]
         who = "[CLS] leads" if c["value"] > 0 else "mean pooling leads"
         who = who if c["decision"] in ("yes", "yes_small") else "they differ"
-        parts.append(f"With {int(c['n_train'])} items, {who} by {_pts(rule, c['value'])} "
-                     f"({_verdict(c, RULES['pooling_curve'])}).")
+        if c["decision"] == "not_measured":
+            parts.append(f"With {int(c['n_train'])} items, both predict every test item alike.")
+        else:
+            parts.append(f"With {int(c['n_train'])} items, {who} by {_pts(rule, c['value'])} "
+                         f"({_verdict(c, RULES['pooling_curve'])}).")
     confidence = h["confidence"]
     return Answer(" ".join(parts), confidence, preset)
 
@@ -204,7 +207,7 @@ def evidence(T: Tables, decided: pd.DataFrame, cfg) -> str:
                             & (decided["measure"] != "pooling_curve")] if len(decided) else decided
                 if len(d):
                     r = d.iloc[0]
-                    cells += [f"{rule.number(r['value'], True)} ({rule.interval(r['ci_low'], r['ci_high'])})",
+                    cells += [diff_cell(rule, r),
                               LABELS[r["decision"]]]
                 else:
                     cells += ["reference" if p == REFERENCE else "–", "–"]
@@ -218,8 +221,8 @@ def evidence(T: Tables, decided: pd.DataFrame, cfg) -> str:
             for _, r in curve.sort_values("n_train").iterrows():
                 n = int(r["n_train"])
                 lines.append(f"| {n} | {_cell(_acc(t, task, 'cls', n_train=n))} | "
-                             f"{_cell(_acc(t, task, 'mean', n_train=n))} | {rule.number(r['value'], True)} "
-                             f"({rule.interval(r['ci_low'], r['ci_high'])}) | {LABELS[r['decision']]} |")
+                             f"{_cell(_acc(t, task, 'mean', n_train=n))} | {diff_cell(rule, r)} | "
+                             f"{LABELS[r['decision']]} |")
         lines.append("")
     return "\n".join(lines).rstrip()
 
