@@ -109,7 +109,8 @@ def _predictions(acc: dict, n_items=600, seeds=(0, 1, 2), rng_seed=0):
             frames.append(pd.DataFrame({"run": spec.name, "task": spec.task, "format": spec.format,
                                         "pooling": spec.pooling, "n_train": spec.n_train or 500, "seed": s,
                                         "frozen": spec.frozen, "condition": "clean", "item": np.arange(n_items),
-                                        "doc": np.arange(n_items) // 3, "correct": rng.random(n_items) < p,
+                                        "doc": np.arange(n_items) // 3, "label": np.arange(n_items) % 4 == 0,
+                                        "correct": rng.random(n_items) < p,
                                         "epochs": 2, "steps": 64}))
     return pd.concat(frames, ignore_index=True)
 
@@ -123,6 +124,7 @@ def test_a_planted_position_effect_is_found_and_a_null_is_not():
     specs = _position_specs()
     acc = {s: {"pair": 0.75, "cls_mid": 0.75, "cls_last": 0.55}[s.format] if not s.frozen else 0.6 for s in specs}
     T = protocol_table(_predictions(acc), specs, compare="format", reference="pair", n_resamples=300)
+    assert T.loc[T["metric"] == "majority", ["target", "value", "n"]].values.tolist() == [["next", 0.75, 600]]
     acc_rows = T[T["metric"] == "accuracy"].set_index(["format", "condition"])
     assert len(acc_rows) == 6 and (acc_rows["n"] == 600).all()
     assert acc_rows.loc[("cls_last", "fine_tuned"), "value"] == pytest.approx(0.55, abs=0.04)

@@ -22,7 +22,9 @@ if not hasattr(_questions, "__path__"):  # the questions package while questions
 
 from probing.study.questions import _common, q6, q8  # noqa: E402
 
-CFG = StudyConfig().with_values(**{"study.bootstrap_resamples": 300})
+CFG = StudyConfig().with_values(**{"study.bootstrap_resamples": 300,
+                                   "finetune.poolings": ("cls", "mean", "max", "sep1"),
+                                   "finetune.learning_curve": (100, 300), "finetune.pooling_tasks": ("next", "topic")})
 
 
 def _predictions(specs, acc, n_items=1600, base_seed=0):
@@ -38,7 +40,8 @@ def _predictions(specs, acc, n_items=1600, base_seed=0):
             "run": spec.name, "task": spec.task, "format": spec.format, "pooling": spec.pooling, "n_train": n_train,
             "seed": -1 if spec.frozen else spec.seed, "frozen": spec.frozen, "condition": "clean",
             "item": [f"{spec.task}{i}" for i in range(n_items)], "doc": [f"u{i // 4}" for i in range(n_items)],
-            "label": "1", "pred": 1, "correct": u < acc(spec), "epochs": 1 if not spec.frozen else np.nan,
+            "label": np.arange(n_items) % 2, "pred": 1,
+            "correct": u < acc(spec), "epochs": 1 if not spec.frozen else np.nan,
             "steps": int(np.ceil(n_train / 16)) if not spec.frozen else np.nan}))
     return pd.concat(frames, ignore_index=True)
 
@@ -84,6 +87,29 @@ def test_q6_answers_a_null_as_no_difference():
     assert a.text.startswith("Once fine-tuned, position hardly matters") and "within ±2.0 accuracy points" in a.text
 
 
+def test_q6_and_q8_say_so_when_fine_tuning_did_not_learn_the_task():
+    P = _predictions(q6.runs(CFG), lambda s: 0.52)
+    T = q6.analyse(_ctx(P))
+    assert T["q6_position"].query("metric == 'majority'")["value"].tolist() == [0.5]
+    a = q6.answer(T, _decided(q6.QUESTION, T), CFG)
+    assert a.text.startswith("This run cannot tell: fine-tuned at this budget the model barely learnt the task")
+    assert "always guessing the commoner answer scores 50%" in a.text and a.confidence == "low"
+    assert a.words <= MAX_WORDS
+    P = _predictions(q8.runs(CFG), lambda s: 0.52)
+    T = q8.analyse(_ctx(P))
+    a = q8.answer(T, _decided(q8.QUESTION, T), CFG)
+    assert a.text.startswith("This run cannot tell: after fine-tuning every weight on all 700 items (2 seeds, 1 epoch)")
+    assert "nor mean pooling (5" in a.text and a.confidence == "low" and a.words <= MAX_WORDS
+
+
+def test_q8_answers_from_the_task_fine_tuning_learnt():
+    P = _predictions(q8.runs(CFG), lambda s: 0.52 if s.task == "next" else 0.8)
+    T = q8.analyse(_ctx(P))
+    a = q8.answer(T, _decided(q8.QUESTION, T), CFG)
+    assert "[CLS] and mean pooling differ on topic pairs by" in a.text and a.words <= MAX_WORDS
+    assert "On next-sentence pairs neither learnt the task (near chance)." in a.text
+
+
 def test_q6_says_it_cannot_tell_from_a_small_sample():
     P = _predictions(q6.runs(CFG), lambda s: 0.7, n_items=60)
     T = q6.analyse(_ctx(P))
@@ -121,7 +147,7 @@ def test_q8_finds_a_planted_pooling_gap_and_a_learning_curve_lead():
     d = _decided(q8.QUESTION, T)
     fams = d.groupby("family")["m"].first()
     assert fams["Q8 next, fine-tuned on all 700 items: each pooling − mean"] == 3
-    assert fams["Q8 topic, fine-tuned on all 700 items: each pooling − mean"] == 1
+    assert fams["Q8 topic, fine-tuned on all 700 items: each pooling − mean"] == 3
     assert fams["Q8 next, fine-tuned: cls − mean per training size"] == 2
     by = d.set_index(["measure", "task", "pooling", "n_train"])
     assert by.loc[("pooling_finetuned", "next", "max", 700), "decision"] == "yes"
@@ -153,28 +179,36 @@ def test_q8_leaves_out_curve_sizes_the_split_does_not_reach():
     big = [s for s in specs if s.n_train == 5000]
     P = pd.concat([P, _predictions(big, lambda s: 0.7).assign(n_train=700)], ignore_index=True)
     T = q8.analyse(_ctx(P, cfg))
-    assert sorted(set(T["q8_pooling"]["n_train"])) == [100, 700]
+    assert sorted(set(T["q8_pooling"]["n_train"].dropna())) == [100, 700]
 
 
 def test_q8_shares_runs_with_q6_and_reads_the_config():
     cfg = CFG.with_values(**{"finetune.poolings": ("max", "first_word"), "finetune.learning_curve": ()})
     specs = q8.runs(cfg)
     assert q8.poolings(cfg) == ("cls", "mean", "max", "first_word")
-    assert {(s.task, s.pooling) for s in specs} == {("next", p) for p in q8.poolings(cfg)} | {("topic", "cls"),
-                                                                                            ("topic", "mean")}
+    assert {(s.task, s.pooling) for s in specs} == {(t, p) for p in q8.poolings(cfg) for t in ("next", "topic")}
     assert set(q6.runs(CFG)) & set(q8.runs(CFG)) == {s for s in q6.runs(CFG) if s.format == "pair"}
-    assert "learning curve" not in q8.notes(cfg) and "100, 300" in q8.notes(CFG)
+    assert "the learning curve trains" not in q8.notes(cfg) and "100, 300" in q8.notes(CFG)
+    assert "Left out of this run to keep the study's time: a learning curve" in q8.notes(cfg)
+    lean = CFG.with_values(**{"finetune.pooling_tasks": ("next",)})
+    assert {s.task for s in q8.runs(lean)} == {"next"} and set(q8.tasks(lean, _corpora())) == {"next"}
+    assert "the `topic` task" in q8.notes(lean)
 
 
 # ---------------------------------------------------------------------------------------------------
 # The shared tasks and the config
 
 
-def test_shared_tasks_are_leak_free_and_the_same_for_every_question():
-    from analyses.finetune import shared_sentences
+def _corpora():
     from probing.corpora import load_corpus
 
-    corpora = {"pairs": load_corpus("generated:n=120,k=2")}
+    return {"pairs": load_corpus("generated:n=120,k=2")}
+
+
+def test_shared_tasks_are_leak_free_and_the_same_for_every_question():
+    from analyses.finetune import shared_sentences
+
+    corpora = _corpora()
     cfg = load_config("seed_questions", quick=True)
     a, b = q6.tasks(cfg, corpora)["next"], q8.tasks(cfg, corpora)["next"]
     assert a == b and a.label == "is_next" and not shared_sentences(a.examples, a.test_ids)
@@ -191,6 +225,8 @@ def test_finetune_config_keys_are_checked():
     with pytest.raises(StudyError, match="finetune.preset = 'huge': expected one of 'quick', 'default', 'full'"):
         load_config(None, overrides={"finetune.preset": "huge"})
     assert load_config(None, overrides={"finetune.learning_curve": []}).finetune.learning_curve == ()
+    with pytest.raises(StudyError, match="finetune.pooling_tasks = \\['next', 'words'\\]: expected a non-empty list"):
+        load_config(None, overrides={"finetune.pooling_tasks": ["next", "words"]})
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ frozen or not); :func:`protocol_table` reads the protocol's predictions table
 (:func:`analyses.finetune.run_protocol`) back for those runs and writes, per **setting** (task, format, pooling,
 training size, fine-tuned or frozen; the training seeds pooled):
 
+* a ``majority`` row per task: the accuracy of always predicting the most frequent test label (chance);
 * an ``accuracy`` row: the share of test items predicted right, averaged over the seeds, with a two-stage
   bootstrap interval (seeds, then documents: :func:`analyses.finetune.accuracy`);
 * an ``accuracy_diff`` row for each setting against the **reference** of its kind (``compare="format"``: the
@@ -70,6 +71,16 @@ def _interval(r: Mapping[str, Any], n_resamples: int) -> dict[str, Any]:
             "grouping": "document", "n_resamples": n_resamples}
 
 
+def majority(P: pd.DataFrame, task: str) -> dict[str, Any]:
+    """The accuracy of always predicting the most frequent label of ``task``'s test items (chance, the floor a
+    fine-tuned model must clear to have learnt the task): ``value`` and ``n`` (test items)."""
+    items = P[P["task"] == task].drop_duplicates("item")
+    if items.empty:
+        raise ValueError(f"the predictions hold no test item of task {task!r}")
+    shares = items["label"].astype(str).value_counts(normalize=True)
+    return {"value": float(shares.iloc[0]), "n": len(items), "n_groups": int(items["doc"].nunique())}
+
+
 def protocol_table(P: pd.DataFrame, specs: Sequence[RunSpec], *, compare: str, reference: str,
                    analysis: str = "finetune_protocol", model: str = "", corpus: str = "",
                    n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> pd.DataFrame:
@@ -91,6 +102,8 @@ def protocol_table(P: pd.DataFrame, specs: Sequence[RunSpec], *, compare: str, r
         return {"format": fmt, "target": task, "pooling": pooling, "condition": FROZEN if frozen else FINE_TUNED,
                 **_facts(P, where[key])}
 
+    for task in dict.fromkeys(k[0] for k in by_setting):
+        rows.append({**base, "target": task, "metric": "majority", **majority(P, task)})
     for key in by_setting:
         r = accuracy(P, where[key], n_resamples=n_resamples, seed=seed)
         rows.append({**base, **describe(key), "metric": "accuracy", **_interval(r, n_resamples)})

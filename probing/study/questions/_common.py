@@ -89,6 +89,21 @@ def run_facts(table: pd.DataFrame, task: str) -> dict[str, Any]:
     return out
 
 
+def chance(table: pd.DataFrame, task: str) -> float | None:
+    """The accuracy of always guessing ``task``'s most frequent test label (the protocol table's ``majority``
+    row), or None where the table has none."""
+    m = table[(table["metric"] == "majority") & (table["target"] == task)] if "metric" in table else table.iloc[:0]
+    return float(m["value"].iloc[0]) if len(m) else None
+
+
+def learnt(table: pd.DataFrame, row) -> bool:
+    """Whether an ``accuracy`` row of the protocol table clears chance: its 95% interval's lower end lies above
+    the accuracy of always guessing the most frequent test label. A fine-tuned comparison between models that
+    did not learn the task says nothing about the task."""
+    floor = chance(table, row["target"])
+    return floor is None or float(row["ci_low"]) > floor
+
+
 def diff_cell(rule, row) -> str:
     """A decided row's difference and simultaneous interval in the rule's unit; where both sides predicted every
     test item alike (no spread, so no interval), says so."""

@@ -24,8 +24,8 @@ from ..answers import Answer, not_measured
 from ..rules import LABELS, Rule
 from ..sections import Context
 from ._base import Question, Tables
-from ._common import (NEXT, TASK_WORDS, budget_words, diff_cell, model_name, preset_words, protocol_preset,
-                      protocol_seeds, run_facts, shared_tasks)
+from ._common import (NEXT, TASK_WORDS, budget_words, chance, diff_cell, learnt, model_name, preset_words,
+                      protocol_preset, protocol_seeds, run_facts, shared_tasks)
 
 #: The classification token's positions: format -> the word for it. The first is the reference.
 POSITIONS = {"pair": "first", "cls_mid": "middle", "cls_last": "last"}
@@ -105,6 +105,11 @@ def answer(T: Tables, decided: pd.DataFrame, cfg) -> Answer:
              f"{_pct(acc['middle']['value'])} middle, {_pct(acc['last']['value'])} last")
     decisions = set(ft["decision"])
     confidence = min(ft["confidence"], key=["low", "moderate", "high"].index)
+    floor = chance(T[TABLE], NEXT)
+    if not learnt(T[TABLE], acc["first"]):
+        return Answer(f"This run cannot tell: fine-tuned at this budget the model barely learnt the task ({where}; "
+                      f"always guessing the commoner answer scores {_pct(floor)}), so the positions were compared "
+                      "on models near chance.", "low", preset)
     if decisions == {"no_difference"}:
         text = (f"Once fine-tuned, position hardly matters: {where} (both differences within "
                 f"±{rule.show(rule.threshold)}).")

@@ -2,11 +2,13 @@
 
 Real fine-tuning, the way practitioners do it: a fresh copy of the encoder with a linear head on one pooling of
 its last layer, every weight trained, on every training item of a task's fixed split, with several seeds (the
-seed a unit of the interval), on two shared tasks (:mod:`probing.study.questions._common`): ``next`` (a pair
-task, where reading the boundary token ``sep1`` or one position can matter) with the poolings of
-``[finetune] poolings`` (cls, mean, max, sep1), and ``topic`` (a whole-input label) with cls and mean. A learning
-curve repeats cls and mean with fewer training items (``[finetune] learning_curve``), since the answer may
-depend on data size. Beside every fine-tuned setting stands a frozen probe (logistic regression on the frozen
+seed a unit of the interval), on the shared tasks of ``[finetune] pooling_tasks``
+(:mod:`probing.study.questions._common`): ``next`` (a pair task, where reading the boundary token ``sep1`` or
+one position can matter) and ``topic`` (a whole-input label), each with the poolings of ``[finetune] poolings``
+(cls, mean, sep1). A learning curve (``[finetune] learning_curve``, empty by default for the study's time)
+repeats cls and mean with fewer training items, since the answer may depend on data size. The answer reads the
+first task on which fine-tuning cleared chance: at the default budget ``next`` does not (the fine-tuned model
+memorises its 675 training pairs), ``topic`` does. Beside every fine-tuned setting stands a frozen probe (logistic regression on the frozen
 encoder's pooled last layer) fitted on the same training items. Rows, paired per test item with a two-stage
 bootstrap over seeds and documents: each pooling − mean after fine-tuning on all items (one family per task),
 the same for the frozen probes, and cls − mean at each smaller training size. The budget (items, epochs,
@@ -20,15 +22,15 @@ from typing import Callable
 
 import pandas as pd
 
-from ..answers import Answer, not_measured
+from ..answers import MAX_WORDS, Answer, not_measured, word_count
 from ..rules import LABELS, Rule
 from ..sections import Context
 from ._base import Question, Tables
-from ._common import (NEXT, TASK_WORDS, TOPIC, budget_words, diff_cell, model_name, preset_words, protocol_preset,
-                      protocol_seeds, run_facts, shared_tasks)
+from ._common import (NEXT, TASK_WORDS, TOPIC, budget_words, chance, diff_cell, learnt, model_name, preset_words,
+                      protocol_preset, protocol_seeds, run_facts, shared_tasks)
 
 REFERENCE = "mean"
-#: The poolings on ``topic`` and in the learning curve: the question's two.
+#: The poolings of the learning curve: the question's two.
 PAIR = ("cls", "mean")
 TABLE = "q8_pooling"
 TASK_NAMES = {NEXT: "next-sentence", TOPIC: "topic"}
@@ -44,23 +46,29 @@ RULES = {
 
 
 def poolings(cfg) -> tuple[str, ...]:
-    """The poolings on ``next``: ``[finetune] poolings`` with cls and mean always among them."""
+    """The poolings on each task: ``[finetune] poolings`` with cls and mean always among them."""
     return tuple(dict.fromkeys([*PAIR, *cfg.finetune.poolings]))
 
 
 def runs(cfg) -> list:
-    """Fine-tuned runs (every seed) and frozen probes: each pooling on ``next``, cls and mean on ``topic``, both
-    on the whole training split; cls and mean on both tasks at each learning-curve size."""
+    """Fine-tuned runs (every seed) and frozen probes on each task of ``[finetune] pooling_tasks``: each pooling
+    on the whole training split; cls and mean at each learning-curve size."""
     from analyses.finetune import RunSpec
 
-    grid = [(NEXT, p, None) for p in poolings(cfg)] + [(TOPIC, p, None) for p in PAIR]
-    grid += [(t, p, n) for n in cfg.finetune.learning_curve for t in (NEXT, TOPIC) for p in PAIR]
+    tasks = _tasks(cfg)
+    grid = [(t, p, None) for t in tasks for p in poolings(cfg)]
+    grid += [(t, p, n) for n in cfg.finetune.learning_curve for t in tasks for p in PAIR]
     return ([RunSpec(t, "pair", p, n, s) for t, p, n in grid for s in protocol_seeds(cfg)]
             + [RunSpec(t, "pair", p, n, frozen=True) for t, p, n in grid])
 
 
+def _tasks(cfg) -> tuple[str, ...]:
+    """The shared tasks Q8 fine-tunes on (``[finetune] pooling_tasks``), ``next`` first."""
+    return tuple(t for t in (NEXT, TOPIC) if t in cfg.finetune.pooling_tasks)
+
+
 def tasks(cfg, corpora: dict) -> dict:
-    return shared_tasks(cfg, corpora, (NEXT, TOPIC))
+    return shared_tasks(cfg, corpora, _tasks(cfg))
 
 
 def analyse(ctx: Context) -> Tables:
@@ -117,6 +125,10 @@ def _acc(t: pd.DataFrame, task: str, pooling: str, condition: str = "fine_tuned"
     return a.iloc[0] if len(a) else None
 
 
+def _pct(r) -> str:
+    return f"{100 * float(r['value'] if hasattr(r, 'keys') else r):.0f}%"
+
+
 def _pts(rule: Rule, value: float) -> str:
     return f"{rule.number(abs(value))} points"
 
@@ -135,12 +147,16 @@ def answer(T: Tables, decided: pd.DataFrame, cfg) -> Answer:
     t = T[TABLE]
     rule = RULES["pooling_finetuned"]
     ft = decided[decided["measure"] == "pooling_finetuned"]
-    head = ft[(ft["task"] == NEXT) & (ft["pooling"] == "cls")]
-    if head.empty:
-        head = ft[ft["pooling"] == "cls"]
+    head = ft[ft["pooling"] == "cls"]
     if head.empty:
         return not_measured("[CLS] against mean pooling after fine-tuning", preset)
-    h = head.iloc[0]
+    # the first task (next, then topic) on which fine-tuning learnt something: a comparison of models at chance
+    # says nothing about pooling
+    learning = [i for i, r in head.iterrows()
+                if any(learnt(t, a) for a in (_acc(t, r["task"], "cls"), _acc(t, r["task"], REFERENCE))
+                       if a is not None)]
+    h = head.loc[learning[0]] if learning else head.iloc[0]
+    unlearnt = [TASK_NAMES.get(r["task"], r["task"]) for i, r in head.iterrows() if i not in learning]
     facts = run_facts(t, h["task"])
     seeds = f"{facts['n_seeds']} seed{'s' if facts['n_seeds'] != 1 else ''}"
     epochs = f"{facts.get('epochs', '?')} epoch{'s' if facts.get('epochs') != 1 else ''}"
@@ -153,6 +169,14 @@ def answer(T: Tables, decided: pd.DataFrame, cfg) -> Answer:
         said = (f"[CLS] and mean pooling differ on {task} by {_pts(rule, h['value'])} ({ci}; "
                 f"{_verdict(h, rule) if h['decision'] == 'no_difference' else 'undecided'})")
     parts = [f"After fine-tuning every weight on all {facts['n_train']} items ({seeds}, {epochs}), {said}."]
+    if learning and unlearnt:
+        parts.append(f"On {' and '.join(unlearnt)} pairs neither learnt the task (near chance).")
+    cls_acc, mean_acc = _acc(t, h["task"], "cls"), _acc(t, h["task"], REFERENCE)
+    if not learning:
+        return Answer(f"This run cannot tell: after fine-tuning every weight on all {facts['n_train']} items ({seeds}, "
+                      f"{epochs}), neither [CLS] ({_pct(cls_acc)}) nor mean pooling ({_pct(mean_acc)}) learnt the "
+                      f"{task} task (always guessing the commoner answer: {_pct(chance(t, h['task']))}).", "low",
+                      preset)
     others = ft[(ft["task"] == h["task"]) & (ft["pooling"] != "cls")]
     if len(others):
         far = others[others["decision"] == "yes"]
@@ -175,8 +199,9 @@ def answer(T: Tables, decided: pd.DataFrame, cfg) -> Answer:
         else:
             parts.append(f"With {int(c['n_train'])} items, {who} by {_pts(rule, c['value'])} "
                          f"({_verdict(c, RULES['pooling_curve'])}).")
-    confidence = h["confidence"]
-    return Answer(" ".join(parts), confidence, preset)
+    while len(parts) > 1 and word_count(" ".join(parts)) > MAX_WORDS:  # the evidence keeps what is dropped
+        parts.pop()
+    return Answer(" ".join(parts), h["confidence"], preset)
 
 
 def _cell(r) -> str:
@@ -240,18 +265,24 @@ def figures(T: Tables, fig_dir: Path, log: Callable) -> list[Path]:
 
 def notes(cfg) -> str:
     sizes = ", ".join(map(str, cfg.finetune.learning_curve))
-    return (f"Tasks on the `pairs` corpus ({cfg.corpus.pairs}): `next`, {TASK_WORDS[NEXT]}; `topic`, "
-            f"{TASK_WORDS[TOPIC]}. One split per task for every run, grouped by units of two articles of one topic "
-            "and stratified by the label. Each run fine-tunes a fresh copy of the encoder, every weight, with a "
-            f"linear head on one pooling of the last layer ({preset_words(cfg)}); the poolings on `next`: "
-            f"{', '.join(poolings(cfg))}; on `topic`: cls and mean"
+    tasks = "; ".join(f"`{t}`, {TASK_WORDS[t]}" for t in _tasks(cfg))
+    left_out = [w for w, on in (("the `topic` task (`[finetune] pooling_tasks`)", TOPIC not in _tasks(cfg)),
+                                ("a learning curve (`[finetune] learning_curve`)", not sizes)) if on]
+    name = str(cfg.model.name or "all-MiniLM-L6-v2").lower()  # None: the default model
+    mean_trained = "minilm" in name or "sentence-transformers" in name
+    return (f"Tasks on the `pairs` corpus ({cfg.corpus.pairs}): {tasks}. One split per task for every run, grouped "
+            "by units of two articles of one topic and stratified by the label. Each run fine-tunes a fresh copy of "
+            f"the encoder, every weight, with a linear head on one pooling of the last layer ({preset_words(cfg)}); "
+            f"the poolings: {', '.join(poolings(cfg))}"
             + (f"; the learning curve trains cls and mean on the first {sizes} training items of the same order "
                "(smaller sets are prefixes of larger ones) and tests on the same items" if sizes else "")
             + ". Differences are paired per test item, with a two-stage bootstrap over seeds and documents and a "
             "simultaneous (Bonferroni) interval per family. What it does not show: other learning rates or longer "
-            "training (a pooling that learns more slowly may catch up), other tasks, or models pretrained with a "
-            "[CLS] objective (this encoder was trained with mean pooling); the `full` preset (more seeds, epochs, "
-            "a GPU) narrows the intervals.")
+            "training (a pooling that learns more slowly may catch up), other tasks"
+            + (", or models pretrained with a [CLS] objective (this encoder was tuned for mean pooling)"
+               if mean_trained else "")
+            + "; the `full` preset (more seeds and epochs, a GPU) narrows the intervals."
+            + (f" Left out of this run to keep the study's time: {' and '.join(left_out)}." if left_out else ""))
 
 
 QUESTION = Question(
