@@ -34,9 +34,8 @@ RESULT_COLUMNS: tuple[str, ...] = (
 #: writes them as integers, nullable (``Int64``, an empty CSV cell) where some rows have none.
 INTEGER_COLUMNS: frozenset[str] = frozenset({
     "layer", "layer_b", "patch_layer", "head", "k", "k_b", "n", "n_examples", "n_groups", "n_clusters", "n_folds",
-    "n_skipped", "n_train", "n_runs", "groups_needed", "seed", "pretrain_seed", "repeat", "fold", "epoch", "epochs",
-    "steps", "ci_seeds",
-    "n_resamples",
+    "n_skipped", "n_train", "n_runs", "groups_needed", "seed", "pretrain_seed", "repeat", "fold", "epoch", "ci_seeds",
+    "n_resamples", "n_seeds", "m", "epochs", "steps",
 })
 #: The standard columns holding real numbers.
 FLOAT_COLUMNS: tuple[str, ...] = ("value", "ci_low", "ci_high")
@@ -275,9 +274,9 @@ def resamples_arg(value: str) -> int:
 
 def add_output_options(parser, *, resamples: bool = False, seed: bool = True, progress: bool = True) -> None:
     """Add the options every analysis command shares, named as docs/CLI.md says: ``--resamples`` (if
-    asked), ``--seed`` (splits and resampling; unless the command draws nothing at random), ``--out``, ``--force`` and ``--no-progress`` (unless the
-    command does no long work). An ``--out`` that cannot be written is a usage error before anything is
-    computed."""
+    asked), ``--seed`` (splits and resampling; unless the command draws nothing at random), ``--out``,
+    ``--force`` and ``--no-progress`` (unless the command does no long work). An ``--out`` that cannot be
+    written is a usage error before anything is computed."""
     from probing.cli import output_dir_arg
 
     if resamples:

@@ -12,7 +12,7 @@ from probing.corpus_pairs import (
 )
 from probing.examples import Example, Label
 
-__all__ = ["NSP_MIN_GENERATED", "generated_corpus"]
+__all__ = ["MAX_DRAWS", "generated_corpus"]
 
 # Each topic fills the slots of the templates from its own words, so the topic is linearly decodable
 # from a bag of words; names, times and the template words are shared by all topics and carry none.
@@ -149,9 +149,9 @@ def _fill(template: str, words: Mapping[str, tuple], name: str, rng: random.Rand
     return text[0].upper() + text[1:]
 
 
-#: With ``pairing="nsp"``, :func:`generated_corpus` needs a second document; documents hold at most 4
-#: examples, so this many examples always make two (of different topics).
-NSP_MIN_GENERATED = 5
+#: Draws of a template sentence before :func:`generated_corpus` gives up finding one that no other document
+#: of the corpus has (the templates allow thousands of sentences per topic: a collision is rare).
+MAX_DRAWS = 1000
 
 
 def generated_corpus(n_examples: int = 200, k: int = 2, seed: int = 0, pairing: str = "nsp",
@@ -173,8 +173,13 @@ def generated_corpus(n_examples: int = 200, k: int = 2, seed: int = 0, pairing: 
     the same topic with another protagonist (a document not in the corpus: the protagonist's name
     still tells the documents apart); ``"same_article"``, a sentence of the same document at least
     :data:`SAME_ARTICLE_MIN_DISTANCE` sentences from sentence k-1 (drawn among the examples whose
-    document has one); ``"other_topic"``, a sentence of a random document of another topic.
+    document has one); ``"other_topic"``, a fresh sentence of a random other topic.
     Ids are ``"doc0007:1"`` (document, group).
+
+    No sentence belongs to two documents: a drawn sentence that another document already has is drawn
+    again (a rare collision of the templates; corpora without one are unchanged by this rule), and a fresh
+    replacement is one that no document has; so a split or bootstrap by document never puts the same text
+    on both sides.
 
     >>> ex = generated_corpus(n_examples=6, k=2, seed=0)
     >>> len(ex), sum(e.labels["is_next"] for e in ex), ex == generated_corpus(n_examples=6, k=2, seed=0)
@@ -191,12 +196,22 @@ def generated_corpus(n_examples: int = 200, k: int = 2, seed: int = 0, pairing: 
     docs: list[tuple[str, str, list[str]]] = []  # (doc id, topic, sentences)
     rows: list[tuple[str, int]] = []  # (doc index, group)
     protagonists: list[str] = []
+    owner: dict[str, int] = {}  # sentence -> the document that has it
+
+    def fresh(topic: str, name: str, doc: int) -> str:
+        """A template sentence no other document has (drawn again on a collision), now ``doc``'s."""
+        for _ in range(MAX_DRAWS):
+            text = _fill(rng.choice(_TEMPLATES), _TOPIC_WORDS[topic], name, rng)
+            if owner.setdefault(text, doc) == doc:
+                return text
+        raise ValueError(f"generated corpus: no new {topic} sentence in {MAX_DRAWS} draws; use fewer examples")
+
     while len(rows) < n_examples:
         fewest = min(count.values())
         topic = rng.choice([t for t in topics if count[t] == fewest])
         n_groups = min(rng.randint(2, 4), n_examples - len(rows))
         name = rng.choice(_NAMES)
-        sentences = [_fill(rng.choice(_TEMPLATES), _TOPIC_WORDS[topic], name, rng) for _ in range(n_groups * k)]
+        sentences = [fresh(topic, name, len(docs)) for _ in range(n_groups * k)]
         docs.append((f"doc{len(docs):04d}", topic, sentences))
         protagonists.append(name)
         rows.extend((len(docs) - 1, g) for g in range(n_groups))
@@ -207,12 +222,6 @@ def generated_corpus(n_examples: int = 200, k: int = 2, seed: int = 0, pairing: 
     if nsp and negatives == "same_article":
         eligible = [i for i, (d, g) in enumerate(rows) if same_article_candidates(len(docs[d][2]), g * k, k)]
     negs = nsp_negatives(len(rows), rng, eligible) if nsp else set()
-    others = {t: [d for d in docs if d[1] != t] for t in topics}  # other topics' documents
-    if negs and negatives == "other_topic" and not others[docs[0][1]]:
-        raise ValueError(f"n_examples={n_examples} makes a single document (topic {docs[0][1]!r}); "
-                         f"negatives='other_topic' replaces sentences with ones from another topic's document: "
-                         f"give n >= {NSP_MIN_GENERATED} (documents hold at most 4 examples), another negatives= or "
-                         f"pairing=consecutive")
     examples = []
     for i, (d, g) in enumerate(rows):
         doc_id, topic, sentences = docs[d]
@@ -221,14 +230,13 @@ def generated_corpus(n_examples: int = 200, k: int = 2, seed: int = 0, pairing: 
         if k >= 2:
             last_topic = topic
             if i in negs:
-                if negatives == "other_topic":
-                    _, last_topic, source = rng.choice(others[topic])
-                    group[-1] = rng.choice(source)
-                elif negatives == "same_article":
+                if negatives == "same_article":
                     group[-1] = sentences[rng.choice(same_article_candidates(len(sentences), g * k, k))]
-                else:
+                else:  # a fresh sentence (of the topic, or of another), another protagonist, no document's
+                    if negatives == "other_topic":
+                        last_topic = rng.choice([t for t in topics if t != topic])
                     name = rng.choice([x for x in _NAMES if x != protagonists[d]])
-                    group[-1] = _fill(rng.choice(_TEMPLATES), _TOPIC_WORDS[topic], name, rng)
+                    group[-1] = fresh(last_topic, name, -1 - i)  # an owner of its own: no document has it
             labels["is_next"] = int(i not in negs)
             labels.update({f"topic_s{j}": topic for j in range(2, k)})
             labels[f"topic_s{k}"] = last_topic

@@ -100,8 +100,37 @@ def _split_article(path: Path, segmenter) -> list[str]:
     out = []
     for paragraph in (body[0].splitlines() if body else []):
         if paragraph.strip():
-            out.extend(s.strip() for s in segmenter.segment(paragraph) if s.strip())
+            out.extend(attach_punctuation([s.strip() for s in segmenter.segment(paragraph) if s.strip()], paragraph))
     return out
+
+
+def attach_punctuation(segments: Sequence[str], paragraph: str) -> list[str]:
+    """``segments`` with each one that holds no letter or digit joined to the sentence before it (to the one
+    after it at the start of a paragraph): pysbd splits a closing quote off its sentence (``"``, 360 times in
+    BBC News), and such a "sentence" would be the same text in hundreds of articles. The pieces are joined
+    as the paragraph has them (with or without a space).
+
+    >>> attach_punctuation(['He said "no.', '"', 'Then he left.'], 'He said "no." Then he left.')
+    ['He said "no."', 'Then he left.']
+    """
+    out: list[str] = []
+    pending = ""
+    for seg in segments:
+        if not any(c.isalnum() for c in seg):
+            if out:
+                out[-1] = _join(out[-1], seg, paragraph)
+            else:
+                pending = _join(pending, seg, paragraph) if pending else seg
+            continue
+        out.append(_join(pending, seg, paragraph) if pending else seg)
+        pending = ""
+    if pending:  # a paragraph of punctuation only
+        out.append(pending)
+    return out
+
+
+def _join(a: str, b: str, paragraph: str) -> str:
+    return a + b if a + b in paragraph else f"{a} {b}"
 
 
 def bbc_news(k: int = 2, pairing: str = "nsp", max_examples: int | None = None, seed: int = 0,
@@ -119,12 +148,21 @@ def bbc_news(k: int = 2, pairing: str = "nsp", max_examples: int | None = None, 
     Labels: ``topic`` (sentence 1's), ``doc`` (``"business/001"``), ``n_words`` (sentence 1) and, for
     ``k >= 2``, ``is_next`` and ``topic_s<i>`` (the topic of sentence i, i = 2..k); with
     ``pairing="nsp"``, sentence ``k`` of exactly ``n // 2`` seeded examples is replaced
-    (``is_next = 0``) by a random sentence (within ``max_words``) of, by ``negatives``: another
-    article of the same topic (``"same_topic"``, default); the same article, at least
+    (``is_next = 0``) by a random sentence (within ``max_words``) of, by ``negatives``: a donor article
+    of the same topic (``"same_topic"``, default); the same article, at least
     :data:`SAME_ARTICLE_MIN_DISTANCE` sentences from sentence k-1 (``"same_article"``; the negatives
-    are drawn among the examples whose article has such a sentence); a random article of another
+    are drawn among the examples whose article has such a sentence); a donor article of another
     topic (``"other_topic"``). Ids are ``"business/001:0"`` (article, group). Examples come in
     corpus order (topic, file, group).
+
+    No sentence belongs to two documents, so a split or a bootstrap by document never has the same text on
+    both sides: an article that shares a sentence with one already in the corpus (BBC News holds duplicated
+    stories and boilerplate lines such as "Time will tell.") is skipped, and a donor is an article that gives
+    no example, drawn in the topic's visiting order after the articles that do; each document's negatives get
+    donors of their own, and each donor sentence is used once. Donors need articles outside the corpus, so
+    ``same_topic`` and ``other_topic`` negatives need ``max_examples``. (Of the 2,225 articles, 1,931 remain
+    in sorted order; a subset visits them in another order and may keep a duplicate that the full corpus
+    leaves out.) pysbd's split-off closing quotes are joined to their sentence (:func:`attach_punctuation`).
 
     ``max_examples`` (subset): each topic gets an equal quota (``n // n_topics``, the first topics in
     sorted order one more for the remainder); its articles are visited in a seeded random order and
@@ -155,22 +193,51 @@ def bbc_news(k: int = 2, pairing: str = "nsp", max_examples: int | None = None, 
     if k >= 2 and pairing == "nsp" and negatives == "other_topic" and len(chosen) < 2:
         raise ValueError(f"negatives='other_topic' takes replacement sentences from another topic; topics={chosen} "
                          f"has one; use negatives='same_topic' or more topics")
+    if k >= 2 and pairing == "nsp" and negatives != "same_article" and max_examples is None:
+        raise ValueError(f"pairing='nsp', negatives={negatives!r} takes each replacement sentence from an article "
+                         f"that gives no example (a donor), and without max_examples every article gives examples: "
+                         f"set max_examples (e.g. bbc:n=1000), negatives='same_article' or pairing='consecutive'")
     files = {t: sorted((root / t).glob("*.txt")) for t in chosen}
 
     split: dict[Path, list[str]] = {}
+    owner: dict[str, Path] = {}  # sentence -> the article that gave it to the corpus (examples or a donor)
 
-    def groups_of(path: Path) -> list[int]:
-        """Start indices of the kept groups of an article (splitting it on first use)."""
+    def sentences_of(path: Path) -> list[str]:
         if path not in split:
             split[path] = bbc_article_sentences(path)
-        sents = split[path]
-        starts = range(0, len(sents) - k + 1, k)
-        return [s for s in starts if max_words is None or all(n_words(x) <= max_words for x in sents[s:s + k])]
+        return split[path]
+
+    def is_duplicate(path: Path) -> bool:
+        """Whether the article shares a sentence with one already in the corpus (BBC News holds duplicated
+        articles and boilerplate lines): it is then skipped, so no sentence belongs to two documents."""
+        return any(owner.get(x, path) != path for x in sentences_of(path))
+
+    def claim(path: Path) -> None:
+        for x in sentences_of(path):
+            owner.setdefault(x, path)
+
+    def within(x: str) -> bool:
+        return max_words is None or n_words(x) <= max_words
+
+    def groups_of(path: Path) -> list[int]:
+        """Start indices of the kept groups of an article (splitting it on first use); none for a duplicate."""
+        sents = sentences_of(path)
+        if is_duplicate(path):
+            return []
+        return [s for s in range(0, len(sents) - k + 1, k) if all(within(x) for x in sents[s:s + k])]
+
+    def take(path: Path, starts: list[int]) -> list[int]:
+        if starts:
+            claim(path)
+        return starts
 
     taken: list[tuple[str, Path, int]] = []  # (topic, file, group start)
+    order = {t: list(files[t]) for t in chosen}  # the order articles are visited (and donors drawn)
+    cursor = {t: len(files[t]) for t in chosen}
     if max_examples is None:
         for t in chosen:
-            taken.extend((t, p, s) for p in files[t] for s in groups_of(p))
+            for p in files[t]:
+                taken.extend((t, p, s) for s in take(p, groups_of(p)))
     else:
         rng = random.Random(seed)
         order = {t: rng.sample(files[t], len(files[t])) for t in chosen}
@@ -183,7 +250,7 @@ def bbc_news(k: int = 2, pairing: str = "nsp", max_examples: int | None = None, 
                     path = order[t][cursor[t]]
                     cursor[t] += 1
                     need = quota[t] - len(per_topic[t])
-                    per_topic[t].extend((t, path, s) for s in groups_of(path)[:need])
+                    per_topic[t].extend((t, path, s) for s in take(path, groups_of(path)[:need]))
             short = sum(quota[t] - len(per_topic[t]) for t in chosen)
             open_topics = [t for t in chosen if cursor[t] < len(order[t])]
             if short == 0 or not open_topics:
@@ -199,37 +266,17 @@ def bbc_news(k: int = 2, pairing: str = "nsp", max_examples: int | None = None, 
     if not taken:
         raise ValueError(f"no BBC examples left for topics={chosen}, k={k}, max_words={max_words}")
     negs: set[int] = set()
-    pool: dict[str, list[tuple[Path, list[str]]]] = {}
-    ok_words = {path: [max_words is None or n_words(x) <= max_words for x in sents] for path, sents in split.items()}
+    replacement: dict[int, tuple[str, str]] = {}  # negative -> (sentence, its topic)
     if k >= 2 and pairing == "nsp":
         nsp_rng = random.Random(f"bbc-nsp:{seed}")
         eligible = None
         if negatives == "same_article":
             eligible = [i for i, (_, path, start) in enumerate(taken)
-                        if same_article_candidates(len(split[path]), start, k, ok_words[path])]
+                        if same_article_candidates(len(split[path]), start, k, [within(x) for x in split[path]])]
         negs = nsp_negatives(len(taken), nsp_rng, eligible)
-        if negatives == "same_topic" and max_examples is not None:
-            # A subset may have visited one article of a topic: split further articles (in the same
-            # seeded order) until each topic with negatives has another article to draw from.
-            for t in sorted({taken[i][0] for i in negs}):
-                while cursor[t] < len(order[t]) and sum(p.parent.name == t and any(ok_words.get(p, ()))
-                                                        for p in split) < 2:
-                    path = order[t][cursor[t]]
-                    cursor[t] += 1
-                    groups_of(path)
-                    ok_words[path] = [max_words is None or n_words(x) <= max_words for x in split[path]]
-        for path, sents in split.items():  # insertion order is deterministic: the order articles were split
-            ok = [x for x, good in zip(sents, ok_words[path]) if good]
-            if ok:
-                pool.setdefault(path.parent.name, []).append((path, ok))
-        if negatives == "other_topic":
-            pool = {t: [a for u in chosen if u != t for a in pool.get(u, [])] for t in chosen}
-        short_of = [(t, p) for i, (t, p, _) in enumerate(taken)
-                    if i in negs and negatives != "same_article" and not [a for a in pool.get(t, []) if a[0] != p]]
-        if short_of:
-            where = "a topic other than" if negatives == "other_topic" else "another article of topic"
-            raise ValueError(f"pairing='nsp', negatives={negatives!r}: no sentence of {where} {short_of[0][0]!r} "
-                             f"within max_words={max_words}")
+        if negatives != "same_article":
+            replacement = _donor_sentences(taken, sorted(negs), negatives, chosen, order, cursor, sentences_of,
+                                           is_duplicate, claim, within, nsp_rng, max_words)
 
     examples = []
     for i, (topic, path, start) in enumerate(taken):
@@ -240,17 +287,58 @@ def bbc_news(k: int = 2, pairing: str = "nsp", max_examples: int | None = None, 
             last_topic = topic
             if i in negs:
                 if negatives == "same_article":
-                    m = nsp_rng.choice(same_article_candidates(len(split[path]), start, k, ok_words[path]))
-                    group[-1] = split[path][m]
+                    ok = [within(x) for x in split[path]]
+                    group[-1] = split[path][nsp_rng.choice(same_article_candidates(len(split[path]), start, k, ok))]
                 else:
-                    source, sents = nsp_rng.choice([a for a in pool[topic] if a[0] != path])
-                    group[-1] = nsp_rng.choice(sents)
-                    last_topic = source.parent.name
+                    group[-1], last_topic = replacement[i]
             labels["is_next"] = int(i not in negs)
             labels.update({f"topic_s{j}": topic for j in range(2, k)})
             labels[f"topic_s{k}"] = last_topic
         examples.append(Example(f"{doc}:{start // k}", tuple(group), labels))
     return examples
+
+
+def _donor_sentences(taken, negs: list[int], negatives: str, chosen: list[str], order: dict, cursor: dict,
+                     sentences_of, is_duplicate, claim, within, rng: random.Random,
+                     max_words: int | None) -> dict[int, tuple[str, str]]:
+    """The replacement sentence (and its topic) of each negative in ``negs``, from donor articles: articles
+    that give no example to the corpus and share no sentence with one that does, drawn in each topic's
+    visiting order after the last article the examples used. Each document's negatives get donors of their
+    own (never shared with another document), and each donor sentence is used once; so every sentence of the
+    corpus belongs to one document's examples, and a split or bootstrap by document cannot put it on both
+    sides. ``negatives``: ``same_topic`` (donors of the document's topic) or ``other_topic`` (of another
+    topic, tried in a seeded order)."""
+    by_doc: dict[Path, list[int]] = {}
+    for i in negs:
+        by_doc.setdefault(taken[i][1], []).append(i)
+    out: dict[int, tuple[str, str]] = {}
+    for items in by_doc.values():  # documents in corpus order
+        topic = taken[items[0]][0]
+        if negatives == "same_topic":
+            topics = [topic]
+        else:
+            topics = [t for t in chosen if t != topic]
+            rng.shuffle(topics)
+        pool: list[tuple[str, str]] = []
+        while len(pool) < len(items):
+            t = next((t for t in topics if cursor[t] < len(order[t])), None)
+            if t is None:
+                where = "a topic other than" if negatives == "other_topic" else "another article of topic"
+                raise ValueError(f"pairing='nsp', negatives={negatives!r}: no sentence of {where} {topic!r} within "
+                                 f"max_words={max_words} in an article that gives no example (a donor); use fewer "
+                                 f"examples, a larger max_words or negatives='same_article'")
+            donor = order[t][cursor[t]]
+            cursor[t] += 1
+            if is_duplicate(donor):
+                continue
+            usable = [x for x in sentences_of(donor) if within(x)]
+            if not usable:
+                continue
+            claim(donor)
+            rng.shuffle(usable)
+            pool.extend((x, t) for x in usable[:len(items) - len(pool)])
+        out.update(zip(items, pool))
+    return out
 
 
 # --------------------------------------------------------------------------------------------------

@@ -19,6 +19,14 @@ another topic (``other_topic``, the old design, kept as a named option). Their e
 ``topic_s<i>`` (the topic of sentence i, i = 2..k) beside ``topic`` (sentence 1's) and ``doc``.
 PTB has no documents or topics: its replacement is a line at least
 :data:`~probing.corpus_news.PTB_NSP_MIN_DISTANCE` lines away.
+
+No sentence on both sides of a split. A replacement from "another document" must come from a document
+that gives no example of its own (a *donor*: a BBC article outside the corpus, a freshly generated
+sentence), each donor sentence used once, and the readers skip a document that repeats another's
+sentence; so every sentence of a ``generated`` or ``bbc`` corpus belongs to one document's examples
+(:func:`probing.examples.shared_sentences` is empty) and a split or bootstrap by document is leak-free by
+construction. Where a corpus does share sentences (PTB's replacement lines are other examples' lines; a
+user's file), :func:`analyses.stats.table_groups` merges the documents that share one into one group.
 """
 
 from __future__ import annotations

@@ -54,7 +54,8 @@ class Example:
         if not isinstance(self.id, str) or not self.id:
             raise ValueError(f"example id must be a non-empty string, got {self.id!r}")
         if isinstance(self.sentences, str) or not isinstance(self.sentences, Sequence):
-            raise TypeError(f"example {self.id!r}: sentences must be a sequence of strings, got {type(self.sentences).__name__}")
+            raise TypeError(f"example {self.id!r}: sentences must be a sequence of strings, "
+                            f"got {type(self.sentences).__name__}")
         object.__setattr__(self, "sentences", tuple(self.sentences))
         if not self.sentences:
             raise ValueError(f"example {self.id!r} has no sentences")
@@ -89,6 +90,67 @@ def corpus_fingerprint(examples: Iterable[Example]) -> str:
         h.update(json.dumps(ex.to_json(), sort_keys=True, ensure_ascii=False).encode("utf-8"))
         h.update(b"\n")
     return h.hexdigest()
+
+
+def _documents(examples: Sequence[Example]) -> list[str]:
+    return [str(e.labels.get(DOC_LABEL, e.id)) for e in examples]
+
+
+def sentences_across_documents(docs: Sequence[Any], sentences: Sequence[Sequence[str]]) -> dict[str, list[str]]:
+    """Each sentence (whitespace-stripped) that occurs in rows of more than one document, mapped to those
+    documents in order of first occurrence. ``docs[i]`` is row i's document, ``sentences[i]`` its sentences.
+    Such a sentence links its documents: a split or a bootstrap by document would put the same text on both
+    sides, so the corpus readers draw none (:mod:`probing.corpus_pairs`) and the grouping helper
+    (:func:`analyses.stats.table_groups`) merges documents that share one.
+
+    >>> sentences_across_documents(["d1", "d1", "d2"], [("A.", "B."), ("B.", "C."), ("C.", "D.")])
+    {'C.': ['d1', 'd2']}
+    """
+    where: dict[str, list[str]] = {}
+    for doc, row in zip(docs, sentences):
+        for s in row:
+            seen = where.setdefault(s.strip(), [])
+            if str(doc) not in seen:
+                seen.append(str(doc))
+    return {s: d for s, d in where.items() if len(d) > 1}
+
+
+def shared_sentences(examples: Sequence[Example]) -> dict[str, list[str]]:
+    """:func:`sentences_across_documents` of a corpus: the sentences that occur in examples of more than one
+    document (the ``doc`` label; an example without one is its own document), with those documents. Empty for
+    a corpus whose every sentence belongs to one document's examples, which every study corpus must be.
+
+    >>> shared_sentences([Example("a", ("X.", "Y."), {"doc": "d1"}), Example("b", ("Y.", "Z."), {"doc": "d2"})])
+    {'Y.': ['d1', 'd2']}
+    """
+    return sentences_across_documents(_documents(examples), [e.sentences for e in examples])
+
+
+def linked_documents(docs: Sequence[Any], sentences: Sequence[Sequence[str]]) -> list[str]:
+    """Each row's unit of grouping: its document, where documents linked by a shared sentence (directly or
+    through others) become one unit, named after the first of them in row order.
+
+    >>> linked_documents(["d1", "d2", "d3"], [("A.",), ("B.", "A."), ("C.",)])
+    ['d1', 'd1', 'd3']
+    """
+    docs = [str(d) for d in docs]
+    parent: dict[str, str] = {d: d for d in docs}
+
+    def find(d: str) -> str:
+        while parent[d] != d:
+            parent[d] = parent[parent[d]]
+            d = parent[d]
+        return d
+
+    for shared in sentences_across_documents(docs, sentences).values():
+        for other in shared[1:]:
+            a, b = find(shared[0]), find(other)
+            if a != b:
+                parent[b] = a
+    first = {}
+    for d in docs:  # the name of each unit: its first document in row order
+        first.setdefault(find(d), d)
+    return [first[find(d)] for d in docs]
 
 
 #: What :func:`as_examples` takes, for its messages.

@@ -18,10 +18,10 @@ import pytest
 from probing import corpora, corpus_files, corpus_generated, corpus_news, corpus_pairs
 from probing.corpora import CORPORA, describe_corpora, load_corpus, parse_corpus_spec
 from probing.corpus_files import read_table
-from probing.corpus_generated import generated_corpus
+from probing.corpus_generated import _TOPIC_WORDS, generated_corpus
 from probing.corpus_news import bbc_news, ptb
 from probing.corpus_pairs import swap_adjacent_words
-from probing.examples import Example, corpus_fingerprint
+from probing.examples import Example, corpus_fingerprint, shared_sentences
 
 TOPICS = {"sport", "business", "science", "food", "politics"}
 
@@ -92,17 +92,20 @@ def test_generated_nsp_replaces_only_the_last_sentence(negatives):
             continue
         n_neg += 1
         last, own = a.sentences[-1], doc_sentences[a.labels["doc"]]
-        if negatives == "other_topic":
-            assert topic_of[last] != a.labels["topic"] == b.labels["topic_s3"]
-            assert a.labels["topic_s3"] == topic_of[last]
+        if negatives == "other_topic":  # a fresh sentence of another topic, from no document of the corpus
+            assert last not in topic_of and a.labels["topic_s3"] != a.labels["topic"] == b.labels["topic_s3"]
+            words = set(_TOPIC_WORDS[a.labels["topic_s3"]]["agent"]) | set(_TOPIC_WORDS[a.labels["topic_s3"]]["object"])
+            assert any(w in last for w in words)
         elif negatives == "same_topic":  # a fresh sentence of the same topic, from no document of the corpus
-            assert last not in own and topic_of.get(last, a.labels["topic"]) == a.labels["topic"]
+            assert last not in topic_of
             assert a.labels["topic_s3"] == a.labels["topic"]
         else:  # same article, at least 2 sentences from sentence 2
             start = own.index(a.sentences[0])
             assert last in own and abs(own.index(last) - (start + 1)) >= corpus_pairs.SAME_ARTICLE_MIN_DISTANCE
             assert a.labels["topic_s3"] == a.labels["topic"]
     assert n_neg == 200
+    assert shared_sentences(nsp) == {}  # no sentence in two documents
+    assert len({e.sentences[-1] for e in nsp if e.labels["is_next"] == 0}) == 200 or negatives == "same_article"
 
 
 def test_generated_same_topic_negatives_share_sentence_one_topic_in_words():
@@ -209,13 +212,15 @@ def test_read_table_missing_file(tmp_path):
 
 
 def test_read_table_unsupported_suffix(tmp_path):
-    with pytest.raises(ValueError, match=r"data\.xlsx: unsupported file type '\.xlsx'; supported: \.csv, \.tsv, \.jsonl"):
+    with pytest.raises(ValueError,
+                       match=r"data\.xlsx: unsupported file type '\.xlsx'; supported: \.csv, \.tsv, \.jsonl"):
         read_table(_write(tmp_path, "data.xlsx", "x"), ["s"])
 
 
 def test_read_table_missing_columns_lists_available(tmp_path):
     path = _write(tmp_path, "c.csv", "s1,topic\nHello there.,a\n")
-    with pytest.raises(ValueError, match=r"c\.csv: missing column\(s\) \['s2', 'label'\]; available columns: \['s1', 'topic'\]"):
+    with pytest.raises(ValueError,
+                       match=r"c\.csv: missing column\(s\) \['s2', 'label'\]; available columns: \['s1', 'topic'\]"):
         read_table(path, ["s1", "s2"], ["label"])
 
 
@@ -233,7 +238,8 @@ def test_read_table_empty_sentence_names_row(tmp_path):
 
 def test_read_table_non_string_sentence_names_row_and_value(tmp_path):
     path = _write(tmp_path, "c.jsonl", '{"s": "Fine."}\n{"s": 42}\n')
-    with pytest.raises(ValueError, match=r"c\.jsonl: row 1 \(line 2\) \(id '1'\), sentence column 's': expected a string, got int 42"):
+    with pytest.raises(ValueError, match=r"c\.jsonl: row 1 \(line 2\) \(id '1'\), sentence column 's': "
+                                         r"expected a string, got int 42"):
         read_table(path, ["s"])
     nulls = _write(tmp_path, "n.jsonl", '{"s": null}\n')
     with pytest.raises(ValueError, match=r"row 0 \(line 1\).*got NoneType None"):
@@ -254,7 +260,8 @@ def test_read_table_duplicate_ids(tmp_path):
 
 def test_read_table_empty_id_and_label(tmp_path):
     path = _write(tmp_path, "c.csv", "id,s,t\na,One.,x\n,Two.,y\n")
-    with pytest.raises(ValueError, match=r"c\.csv: row 1, id column 'id': id must be a non-empty string or integer, got ''"):
+    with pytest.raises(ValueError,
+                       match=r"c\.csv: row 1, id column 'id': id must be a non-empty string or integer, got ''"):
         read_table(path, ["s"], id_column="id")
     with pytest.raises(ValueError, match=r"c\.csv: label column 'id' is missing in 1 of 2 rows: row 1 \(id '1'\) ''"):
         read_table(path, ["s"], ["id"])
@@ -391,14 +398,27 @@ def test_bbc_negatives_by_option(bbc_dir, negatives):
             assert abs(own.index(e.sentences[1]) - start) >= corpus_pairs.SAME_ARTICLE_MIN_DISTANCE
         else:
             assert e.sentences[1] not in own  # another article of the same topic
-            others = [p for p in (bbc_dir / e.labels["topic"]).glob("*.txt") if p != path]
-            assert others  # (the topic folder holds the source article)
+    assert shared_sentences(ex) == {}  # no sentence in two documents
+    if negatives != "same_article":  # each replacement from a donor: an article that gives no example
+        docs = {e.labels["doc"] for e in ex}
+        donors = {}
+        for e in negs:
+            topic = e.labels["topic_s2"]
+            source = [p for p in (bbc_dir / topic).glob("*.txt")
+                      if e.sentences[1] in corpus_news.bbc_article_sentences(p)]
+            # (BBC News holds duplicated articles: a donor's sentence may be in its duplicate too, never in the corpus)
+            assert source and not any(f"{topic}/{p.stem}" in docs for p in source)
+            donor = frozenset(source)
+            assert donors.setdefault(donor, e.labels["doc"]) == e.labels["doc"]  # a donor serves one document
+        assert len({e.sentences[1] for e in negs}) == len(negs)  # each donor sentence used once
 
 
 def test_bbc_bad_arguments(bbc_dir):
-    with pytest.raises(ValueError, match=r"unknown BBC topic\(s\) \['sport'\]; valid: business, entertainment, politics, sports, tech"):
+    with pytest.raises(ValueError, match=r"unknown BBC topic\(s\) \['sport'\]; "
+                                         r"valid: business, entertainment, politics, sports, tech"):
         bbc_news(topics=["sport"])
-    with pytest.raises(ValueError, match=r"negatives='other_topic' takes replacement sentences from another topic; topics=\['tech'\]"):
+    with pytest.raises(ValueError, match=r"negatives='other_topic' takes replacement sentences from another topic; "
+                                         r"topics=\['tech'\]"):
         bbc_news(topics=["tech"], max_examples=4, negatives="other_topic")
     with pytest.raises(ValueError, match=r"unknown negatives 'x'"):
         bbc_news(max_examples=4, negatives="x")
@@ -407,13 +427,15 @@ def test_bbc_bad_arguments(bbc_dir):
 
 
 def test_bbc_nothing_left_errors(bbc_dir, monkeypatch):
-    # fake splits: business articles give short sentences, tech articles only long ones
-    fake = {"business": ["One two.", "Three four."], "tech": ["word " * 30] * 2}
-    monkeypatch.setattr(corpus_news, "bbc_article_sentences", lambda path, seg=None: fake[path.parent.name])
+    # fake splits: business articles give short sentences, tech articles only long ones (each article its own)
+    fake = {"business": ["One two {}.", "Three four {}."], "tech": ["word " * 30 + "{}."] * 2}
+    monkeypatch.setattr(corpus_news, "bbc_article_sentences",
+                        lambda path, seg=None: [x.format(path.stem) for x in fake[path.parent.name]])
     with pytest.raises(ValueError, match=r"no BBC examples left for topics=\['tech'\], k=2, max_words=5"):
         bbc_news(topics=["tech"], pairing="consecutive", max_words=5, max_examples=3)
     # no nsp replacement exists for the business examples
-    with pytest.raises(ValueError, match=r"negatives='other_topic': no sentence of a topic other than 'business' within max_words=5"):
+    with pytest.raises(ValueError, match=r"negatives='other_topic': no sentence of a topic other than 'business' "
+                                         r"within max_words=5"):
         bbc_news(topics=["business", "tech"], max_words=5, max_examples=4, negatives="other_topic")
 
 
@@ -433,10 +455,16 @@ def test_missing_optional_packages_say_how_to_install(monkeypatch):
 def test_bbc_full_corpus(bbc_dir):
     full = bbc_news(k=2, pairing="consecutive")
     assert full[0].id == "business/001:0" and full[0].sentences[0] == BBC_FIRST_SENTENCE
-    assert len({e.labels["doc"] for e in full}) == 2225
+    # articles that share a sentence with an earlier one (duplicated stories, boilerplate lines) are left out
+    assert len({e.labels["doc"] for e in full}) == 1931 and shared_sentences(full) == {}
     by_id = {e.id: e for e in full}
     subset = bbc_news(k=2, pairing="consecutive", max_examples=50, seed=3)
-    assert all(by_id[e.id] == e for e in subset)
+    # a subset visits articles in another order, so it may keep the duplicate the full corpus leaves out
+    assert sum(e.id in by_id for e in subset) >= 45
+    assert all(by_id[e.id] == e for e in subset if e.id in by_id)
+    with pytest.raises(ValueError, match=r"negatives='same_topic' takes each replacement sentence from an article "
+                                         r"that gives no example \(a donor\).*set max_examples"):
+        bbc_news(k=2)
 
 
 # ---------------------------------------------------------------------------------------------- PTB
@@ -540,7 +568,8 @@ def test_registry_names():
 
 def test_load_corpus_spec_forms(tmp_path):
     assert load_corpus("generated") == generated_corpus()
-    assert load_corpus(" generated:n=50,k=3,seed=2,pairing=consecutive ") == generated_corpus(50, k=3, seed=2, pairing="consecutive")
+    want = generated_corpus(50, k=3, seed=2, pairing="consecutive")
+    assert load_corpus(" generated:n=50,k=3,seed=2,pairing=consecutive ") == want
     assert parse_corpus_spec("ptb:n=200,split=test") == ("ptb", {"max_examples": 200, "split": "test"}, {})
     assert parse_corpus_spec("bbc:k=2,n=1000,pairing=nsp,topics=tech;sports,max_words=40") == (
         "bbc", {"k": 2, "max_examples": 1000, "pairing": "nsp", "topics": ("tech", "sports"), "max_words": 40}, {})
@@ -565,7 +594,8 @@ def test_load_corpus_optional_corpora():
     ("", r"corpus spec must be a non-empty string"),
     ("wiki:n=3", r"unknown corpus 'wiki' in spec 'wiki:n=3'; valid: generated, bbc, ptb, file"),
     ("data.csv", r"unknown corpus 'data.csv'.*for a file, write 'file:path=data.csv,sentences=\.\.\.'"),
-    ("generated:size=3", r"unknown key 'size' for 'generated'; valid: n, k, seed, pairing, negatives, swap, swap_fraction"),
+    ("generated:size=3",
+     r"unknown key 'size' for 'generated'; valid: n, k, seed, pairing, negatives, swap, swap_fraction"),
     ("generated:n=abc", r"bad value 'abc' for 'n' \(number of examples\): not an integer"),
     ("generated:n=1.5", r"bad value '1.5' for 'n'"),
     ("generated:n", r"'n' is not KEY=VALUE"),
@@ -601,16 +631,20 @@ def test_read_table_quoted_delimiters_are_not_extra_fields(tmp_path):
     assert [e.labels["topic"] for e in ex] == ["a", "b"]
 
 
-def test_generated_nsp_corpus_too_small_names_the_spec():
-    spec = "generated:n=3,negatives=other_topic"
-    with pytest.raises(ValueError, match=rf"corpus '{spec}': n_examples=3 makes a single document .*"
-                                         r"give n >= 5 .* or pairing=consecutive"):
-        load_corpus(spec)
-    for n in range(5, 12):  # from 5 on there are always two documents of different topics
-        assert len(load_corpus(f"generated:n={n},negatives=other_topic")) == n
-    assert len(load_corpus("generated:n=3,pairing=consecutive")) == 3
-    # same-topic negatives (the default) are written from the topic's own templates: one document is enough
+def test_generated_nsp_negatives_need_no_second_document():
+    # negatives are fresh sentences written from a topic's own templates (the document's, or another's for
+    # other_topic), never taken from another document: one document is enough
     assert [e.labels["topic_s2"] for e in load_corpus("generated:n=3")] == ["food"] * 3
+    other = load_corpus("generated:n=3,negatives=other_topic")
+    assert len({e.labels["doc"] for e in other}) == 1
+    assert [e.labels["topic_s2"] != "food" for e in other] == [e.labels["is_next"] == 0 for e in other]
+    assert len(load_corpus("generated:n=3,pairing=consecutive")) == 3
+
+
+def test_generated_redraws_a_sentence_another_document_has():
+    # seed 0 with 200 pairs drew one sentence twice in two documents before the rule (and 1000 pairs six)
+    for n in (200, 1000):
+        assert shared_sentences(generated_corpus(n, k=2)) == {}
 
 
 def test_load_corpus_warns_when_the_corpus_has_fewer_examples_than_n(monkeypatch):

@@ -91,7 +91,7 @@ def test_runs_that_differ_only_in_conditions_are_one_run():
     b = RunSpec("next", "pair", "cls", None, 0, ("sep_knockout_control", "clean", "sep_knockout"))
     c = RunSpec("next", "pair", "cls", None, 1)
     merged = merge_conditions([a, c, b, a])
-    assert merged == [RunSpec("next", "pair", "cls", None, 0, ("clean", "sep_knockout", "sep_knockout_control")), c]
+    assert merged == [RunSpec("next", "pair", "cls", None, 0, ("clean", "sep_knockout_control", "sep_knockout")), c]
 
 
 # ---------------------------------------------------------------------------------------------------

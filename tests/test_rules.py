@@ -89,8 +89,16 @@ def test_bad_rows_and_rules_are_refused():
         adjust(pd.DataFrame({"value": [1.0]}))
     with pytest.raises(ValueError, match="threshold"):
         Rule("x", "points", 0.0)
-    r = decide(rows([0.1], [0.0]), {"acc": ACC})  # no standard error: nothing to decide
+    r = decide(rows([0.1], [float("nan")]), {"acc": ACC})  # no standard error: nothing to decide
     assert r["decision"][0] == "not_measured" and not r["significant"][0]
+
+
+def test_every_resample_alike_is_a_measured_value():
+    """se = 0 (every resample gave the same value) is an interval of no width: a measured 0 is no difference,
+    a measured 0.1 a difference, neither "not measured"."""
+    r = decide(rows([0.0, 0.1], [0.0, 0.0]), {"acc": ACC})
+    assert r["decision"].tolist() == ["no_difference", "yes"]
+    assert r["p_adj"].tolist() == [1.0, 0.0] and r["ci_low"].tolist() == [0.0, 0.1]
 
 
 def test_the_display_prints_each_difference_in_its_own_unit():
@@ -102,5 +110,6 @@ def test_the_display_prints_each_difference_in_its_own_unit():
     table = display(decided, rules)
     assert table.columns.tolist() == ["layer", "compared", "difference (simultaneous 95% CI)", "adjusted p",
                                       "decision", "family size"]
-    assert table.loc[0, "difference (simultaneous 95% CI)"] == "+5.0 (+2.8 to +7.2 accuracy points)"  # z(1 - 0.05/4) = 2.24
+    # z(1 - 0.05/4) = 2.24
+    assert table.loc[0, "difference (simultaneous 95% CI)"] == "+5.0 (+2.8 to +7.2 accuracy points)"
     assert table.loc[0, "decision"] == "Yes" and table.loc[1, "decision"] == LABELS["inconclusive"]

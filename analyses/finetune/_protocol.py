@@ -222,21 +222,6 @@ PREDICTION_COLUMNS = ("run", "task", "format", "pooling", "n_train", "seed", "fr
                       "label", "pred", "correct")
 
 
-def merge_conditions(specs: Sequence[RunSpec]) -> list[RunSpec]:
-    """The distinct runs of ``specs`` in first-seen order, where runs that differ only in ``conditions`` are one
-    run evaluated under the union of their conditions (in :data:`CONDITIONS` order): one training, several
-    evaluations.
-
-    >>> [s.conditions for s in merge_conditions([RunSpec("t"), RunSpec("t", conditions=("sep_knockout",))])]
-    [('clean', 'sep_knockout')]
-    """
-    merged: dict[RunSpec, set[str]] = {}
-    for s in specs:
-        merged.setdefault(replace(s, conditions=("clean",)), set()).update(s.conditions)
-    order = list(CONDITIONS)
-    return [replace(s, conditions=tuple(sorted(c, key=order.index))) for s, c in merged.items()]
-
-
 class _FrozenFeatures:
     """The frozen encoder's pooled last layer for every example of a task in one format, computed once for all
     the poolings that the frozen runs of ``wanted`` ((task, format) -> poolings) read, and only when a run
@@ -318,6 +303,21 @@ def _frozen(X: np.ndarray, prepared, config: TrainConfig, groups: np.ndarray,
 
     fr = _frozen_run(X, prepared, groups, config, seed)
     return {"clean": fr["test_pred"]}, {"train_accuracy": fr["train_accuracy"], "C": fr["C"]}
+
+
+def merge_conditions(specs: Sequence[RunSpec]) -> list[RunSpec]:
+    """The distinct runs of ``specs``, in order of first appearance, each evaluated under the union of the
+    conditions asked of it: a run that one question evaluates clean (Q1's pair/[CLS] run) and another also with
+    attention to [SEP] knocked out (Q4's) is trained once; its clean predictions are the same either way.
+
+    >>> [s.conditions for s in merge_conditions([RunSpec("next"), RunSpec("next", conditions=("sep_knockout",))])]
+    [('clean', 'sep_knockout')]
+    """
+    merged: dict[RunSpec, tuple[str, ...]] = {}
+    for spec in specs:
+        run = replace(spec, conditions=("clean",))
+        merged[run] = tuple(dict.fromkeys(merged.get(run, ()) + tuple(spec.conditions)))
+    return [replace(run, conditions=conditions) for run, conditions in merged.items()]
 
 
 def run_protocol(tasks: Mapping[str, ProtocolTask], specs: Sequence[RunSpec], *, model, preset: str = "default",

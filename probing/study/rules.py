@@ -118,8 +118,8 @@ def adjust(rows: pd.DataFrame, alpha: float = ALPHA, power: float = POWER) -> pd
     (simultaneous Bonferroni interval from ``value`` and ``se``), ``p_adj`` (Bonferroni-adjusted two-sided
     p of the same normal approximation), ``significant`` (``p_adj < alpha``, the same as the interval
     excluding 0) and ``mde`` (the smallest difference the family's test detects with ``power``:
-    ``(z(1 − α/2m) + z(power)) · se``). A row with a missing or non-positive ``se`` gets no interval and is
-    not significant.
+    ``(z(1 − α/2m) + z(power)) · se``). A row with a missing or negative ``se`` gets no interval and is
+    not significant; ``se = 0`` (every resample alike) gives an interval of no width.
 
     >>> r = adjust(pd.DataFrame({"family": ["a", "a"], "value": [0.05, 0.0], "se": [0.01, 0.01]}))
     >>> r["significant"].tolist(), round(float(r["ci_low"][0]), 4)
@@ -131,7 +131,9 @@ def adjust(rows: pd.DataFrame, alpha: float = ALPHA, power: float = POWER) -> pd
     out = rows.reset_index(drop=True).copy()
     value = pd.to_numeric(out["value"], errors="coerce").to_numpy(float)
     se = pd.to_numeric(out["se"], errors="coerce").to_numpy(float)
-    ok = np.isfinite(value) & np.isfinite(se) & (se > 0)
+    # se = 0: every resample gave the same value (e.g. a decoder that always falls back to the same answer):
+    # a measured value with an interval of no width, not a missing one
+    ok = np.isfinite(value) & np.isfinite(se) & (se >= 0)
     m = out.groupby("family", sort=False)["family"].transform("size").to_numpy(int)
     z = np.array([_z(alpha, k) for k in m])
     half = np.where(ok, z * se, np.nan)
@@ -139,7 +141,7 @@ def adjust(rows: pd.DataFrame, alpha: float = ALPHA, power: float = POWER) -> pd
     out["ci_low"] = value - half
     out["ci_high"] = value + half
     with np.errstate(divide="ignore", invalid="ignore"):
-        p = 2 * stats.norm.sf(np.abs(value) / se)
+        p = np.where(se > 0, 2 * stats.norm.sf(np.abs(value) / se), np.where(value == 0, 1.0, 0.0))
     out["p_adj"] = np.where(ok, np.minimum(1.0, m * p), np.nan)
     # decided from the interval, the quantity a reader sees; equal to p_adj < alpha up to rounding
     out["significant"] = ok & ((out["ci_low"] > 0) | (out["ci_high"] < 0))

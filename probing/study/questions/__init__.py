@@ -7,10 +7,10 @@ Adding a question is one module here plus its key in :data:`QUESTIONS` and in a 
 
 from __future__ import annotations
 
-from . import q6, q8
+from . import q6, q7, q8
 from ._base import Question
 
 #: The questions answered by a question module, by key, in report order.
-QUESTIONS: dict[str, Question] = {q.key: q for q in (q6.QUESTION, q8.QUESTION)}
+QUESTIONS: dict[str, Question] = {q.key: q for q in (q6.QUESTION, q7.QUESTION, q8.QUESTION)}
 
 __all__ = ["QUESTIONS", "Question"]
