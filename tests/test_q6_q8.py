@@ -92,7 +92,7 @@ def test_q6_and_q8_say_so_when_fine_tuning_did_not_learn_the_task():
     T = q6.analyse(_ctx(P))
     assert T["q6_position"].query("metric == 'majority'")["value"].tolist() == [0.5]
     a = q6.answer(T, _decided(q6.QUESTION, T), CFG)
-    assert a.text.startswith("This run cannot tell: fine-tuned at this budget the model barely learnt the task")
+    assert a.text.startswith("This run cannot tell: fine-tuned at this budget the model did not learn the task")
     assert "always guessing the commoner answer scores 50%" in a.text and a.confidence == "low"
     assert a.words <= MAX_WORDS
     P = _predictions(q8.runs(CFG), lambda s: 0.52)

@@ -107,7 +107,7 @@ def answer(T: Tables, decided: pd.DataFrame, cfg) -> Answer:
     confidence = min(ft["confidence"], key=["low", "moderate", "high"].index)
     floor = chance(T[TABLE], NEXT)
     if not learnt(T[TABLE], acc["first"]):
-        return Answer(f"This run cannot tell: fine-tuned at this budget the model barely learnt the task ({where}; "
+        return Answer(f"This run cannot tell: fine-tuned at this budget the model did not learn the task ({where}; "
                       f"always guessing the commoner answer scores {_pct(floor)}), so the positions were compared "
                       "on models near chance.", "low", preset)
     if decisions == {"no_difference"}:

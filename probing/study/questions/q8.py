@@ -1,18 +1,18 @@
 """Q8: "Is [CLS] better than mean pooling? After fine-tuning, would any token do?"
 
-Real fine-tuning, the way practitioners do it: a fresh copy of the encoder with a linear head on one pooling of
-its last layer, every weight trained, on every training item of a task's fixed split, with several seeds (the
-seed a unit of the interval), on the shared tasks of ``[finetune] pooling_tasks``
-(:mod:`probing.study.questions._common`): ``next`` (a pair task, where reading the boundary token ``sep1`` or
-one position can matter) and ``topic`` (a whole-input label), each with the poolings of ``[finetune] poolings``
-(cls, mean, sep1). A learning curve (``[finetune] learning_curve``, empty by default for the study's time)
-repeats cls and mean with fewer training items, since the answer may depend on data size. The answer reads the
-first task on which fine-tuning cleared chance: at the default budget ``next`` does not (the fine-tuned model
-memorises its 675 training pairs), ``topic`` does. Beside every fine-tuned setting stands a frozen probe
-(logistic regression on the frozen encoder's pooled last layer) fitted on the same training items. Rows,
-paired per test item with a two-stage bootstrap over seeds and documents: each pooling − mean after fine-tuning on all items (one family per task),
-the same for the frozen probes, and cls − mean at each smaller training size. The budget (items, epochs,
-steps, what is trained, seeds) is stated with the answer.
+Real fine-tuning, the way practitioners do it: a fresh copy of the encoder with a linear head on one pooling of its
+last layer, every weight trained, on every training item of a task's fixed split, with several seeds (the seed a
+unit of the interval), on the shared tasks of ``[finetune] pooling_tasks``
+(:mod:`probing.study.questions._common`): ``next`` (a pair task, where reading the boundary token ``sep1`` or one
+position can matter) and ``topic`` (a whole-input label), each with the poolings of ``[finetune] poolings`` (cls,
+mean, sep1). A learning curve (``[finetune] learning_curve``, empty by default for the study's time) repeats cls
+and mean with fewer training items, since the answer may depend on data size. The answer reads the first task on
+which fine-tuning cleared chance: at the default budget ``next`` does not (the fine-tuned model memorises its 675
+training pairs), ``topic`` does. Beside every fine-tuned setting stands a frozen probe (logistic regression on the
+frozen encoder's pooled last layer) fitted on the same training items. Rows, paired per test item with a two-stage
+bootstrap over seeds and documents: each pooling − mean after fine-tuning on all items (one family per task), the
+same for the frozen probes, and cls − mean at each smaller training size. The budget (items, epochs, steps, what is
+trained, seeds) is stated with the answer.
 """
 
 from __future__ import annotations
