@@ -10,7 +10,11 @@ fine-tuning would any token do? The command ``python -m analyses.finetune`` (``p
   probe on the same splits (:func:`run_pooling_experiment`), and the command line;
 * :mod:`analyses.finetune._protocol`: the study's shared fine-tuning protocol: tasks with one leak-free
   split each, runs as data (:class:`RunSpec`) run once (:func:`run_protocol`), paired comparisons over
-  seeds and documents (:func:`compare_runs`).
+  seeds and documents (:func:`compare_runs`);
+* :mod:`analyses.finetune._tasks`: the examples of the protocol's pair tasks (``next``: is a pair coherent;
+  ``topic``), built so that a split keeps every sentence on one side;
+* :mod:`analyses.finetune._protocol_tables`: the protocol's accuracies and paired differences as a tidy table
+  (:func:`protocol_table`).
 """
 
 from __future__ import annotations
@@ -21,12 +25,15 @@ from analyses.finetune._poolings import POOLINGS, Pooling, get_pooling, pool, po
 from analyses.finetune._protocol import (CONDITIONS, PROTOCOL_PRESETS, ProtocolTask, RunSpec, accuracy, compare_runs,
                                          grouped_split, leak_groups, make_task, merge_conditions, run_protocol,
                                          shared_sentences, training_order)
+from analyses.finetune._protocol_tables import protocol_table, run_where
+from analyses.finetune._tasks import article_units, next_sentence_examples, pair_topic_examples
 from analyses.finetune._table import BASELINE, RUN_METRICS, SUMMARY_METRICS, diff_label, seed_document_ci
 from analyses.finetune._train import (PooledClassifier, Task, epoch_batches, finetune, render_examples,
                                       sorted_batches, split_unit, train_test_split, training_inputs)
 
 __all__ = ["BASELINE", "CONDITIONS", "POOLINGS", "PRESETS", "PROTOCOL_PRESETS", "ProtocolTask", "RunSpec", "accuracy",
-           "compare_runs", "grouped_split", "leak_groups", "make_task", "merge_conditions", "run_protocol",
+           "article_units", "compare_runs", "grouped_split", "leak_groups", "make_task", "merge_conditions",
+           "next_sentence_examples", "pair_topic_examples", "protocol_table", "run_protocol", "run_where",
            "shared_sentences", "training_order", "RUN_METRICS", "SCHEDULES", "SUMMARY_METRICS", "PooledClassifier",
            "Pooling", "Task", "TrainConfig", "cv_splits", "diff_label", "epoch_batches", "experiment_config",
            "finetune", "get_pooling", "main", "pool", "pooling_mask", "preset_config", "render_examples",

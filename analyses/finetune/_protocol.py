@@ -19,7 +19,9 @@ middle, last) and Q8 (poolings, a learning curve). They share one protocol:
   pooled last layer on the same training items instead (the same split, the same pooling): what
   fine-tuning adds.
 * :func:`run_protocol` runs the union of the runs the questions ask for, each once (a run that two
-  questions ask for, such as Q1's pair/[CLS] run, which is Q6's "first" and Q8's [CLS] run, is run once),
+  questions ask for, such as Q1's pair/[CLS] run, which is Q6's "first" and Q8's [CLS] run, is run once;
+  runs that differ only in their evaluation conditions are one run evaluated under all of them, so Q4's
+  knockouts add evaluations, not training; frozen probes of one task and format share one forward pass),
   stores each run's predictions under a key of its spec, its training settings, the task's data and the
   code (a second study reuses them), and returns one table: a row per (run, condition, test item).
 * :func:`compare_runs` gives a paired difference of accuracy between two sets of runs on the same items,
@@ -48,12 +50,29 @@ from probing.examples import Example, corpus_fingerprint
 #: Training settings of each preset: ``train`` for :class:`analyses.finetune_config.TrainConfig`, ``seeds``
 #: the training seeds every question's runs use, ``test_fraction`` the share of each task's documents held
 #: out. ``quick`` is for tests and a first look; ``default`` fits the study's time on a 2-core CPU (every
-#: training item, every weight, a few seeds, a short schedule); ``full`` is for a GPU.
+#: training item, every weight, two seeds, one epoch); ``full`` is for a GPU.
+#:
+#: ``default``, measured on the 2-core AVX2 VM (2026-11-28; one torch thread, ``time.process_time()``, the
+#: machine shared at load 14-19, so CPU seconds are an upper bound): one ``next`` run on BBC pairs
+#: (``bbc:n=1000,k=2,max_words=40``: 675 training items, 37.4k tokens, 43 steps of 16, every weight, float32;
+#: then its 325 test items, 17.7k tokens) takes 78 CPU s per epoch (161 CPU s with two); a ``topic`` run
+#: (315 training, 185 test items) 43-45 CPU s. The default study's fine-tuning with seeds [0, 1]: ``next`` in
+#: pair, concat, cls_mid, cls_last (cls) and pair mean, sep1 (12 runs, ~940 CPU s), ``topic`` cls, mean, sep1
+#: (6 runs, ~265), Q4's two knockout evaluations (~30), frozen probes (~100), Q3's intruder runs (~270, its
+#: settings): about 1,600 CPU s, some 13 minutes on two cores: over the 550 s the study gives fine-tuning
+#: (the 20-minute study needs ``[finetune] pooling_tasks``, ``poolings`` or Q1/Q6's formats cut, or a GPU).
+#: ``topic`` learns in one epoch at lr 1e-4 (seed 0: cls 82.2%, mean 81.1% of 185 test items, 5 topics).
+#: Learnability of ``next`` (pair/cls, seed 0, same split, 325 test items):
+#: 1 epoch at lr 5e-5 57.2%, 1e-4 56.6%, 1e-4 with batches of 8 (85 steps) 55.1%; 2 epochs at 1e-4 or 2e-4
+#: (head 2e-3) 55.1% and 54.8% while the training batches reach 73% and 72%: the fine-tuned model memorises
+#: 675 pairs rather than learn coherence, so a second epoch buys nothing here; frozen probes read is_next at
+#: 0.60-0.66 from [SEP]. The questions' answers check that a fine-tuned model cleared chance
+#: (:func:`probing.study.questions._common.learnt`) before comparing.
 PROTOCOL_PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"seeds": (0, 1), "test_fraction": 0.3,
               "train": {"epochs": 2, "lr": 1e-4, "head_lr": 2e-3, "batch_size": 16, "warmup_fraction": 0.1}},
-    "default": {"seeds": (0, 1, 2), "test_fraction": 0.3,
-                "train": {"epochs": 2, "lr": 5e-5, "head_lr": 1e-3, "batch_size": 16, "warmup_fraction": 0.1}},
+    "default": {"seeds": (0, 1), "test_fraction": 0.3,
+                "train": {"epochs": 1, "lr": 1e-4, "head_lr": 2e-3, "batch_size": 16, "warmup_fraction": 0.1}},
     "full": {"seeds": (0, 1, 2, 3, 4), "test_fraction": 0.2,
              "train": {"epochs": 3, "lr": 3e-5, "head_lr": 5e-4, "batch_size": 32, "warmup_fraction": 0.1,
                        "eval_batch_size": 256}},
@@ -203,7 +222,40 @@ PREDICTION_COLUMNS = ("run", "task", "format", "pooling", "n_train", "seed", "fr
                       "label", "pred", "correct")
 
 
-def _one_run(spec: RunSpec, task: ProtocolTask, lm, config: TrainConfig, device, split_seed: int) -> pd.DataFrame:
+class _FrozenFeatures:
+    """The frozen encoder's pooled last layer for every example of a task in one format, computed once for all
+    the poolings that the frozen runs of ``wanted`` ((task, format) -> poolings) read, and only when a run
+    that is not stored needs them: the frozen probes of one task and format share one forward pass."""
+
+    def __init__(self, wanted: Mapping[tuple[str, str], Sequence[str]]):
+        self.wanted = {k: list(dict.fromkeys(v)) for k, v in wanted.items()}
+        self.done: dict[tuple[str, str], tuple[dict[str, int], dict[str, np.ndarray]]] = {}
+
+    def rows(self, spec: RunSpec, task: ProtocolTask, lm, config: TrainConfig, device,
+             ids: Sequence[str]) -> np.ndarray:
+        """``(len(ids), hidden)``: the features of ``spec.pooling`` for the examples ``ids``."""
+        from analyses.finetune._experiment import frozen_features
+        from analyses.finetune._train import check_pooling, prepare_task
+        from probing.formats import Format
+
+        key = (spec.task, spec.format)
+        if key not in self.done:
+            prepared = prepare_task(list(task.examples), task.label, lm.tokenizer, Format.parse(spec.format),
+                                    lm.model.config, config=config, model_max_length=lm.max_length,
+                                    test_ids=task.test_ids)
+            poolings = [check_pooling(prepared, p) for p in self.wanted.get(key, [spec.pooling])]
+            X = frozen_features(lm, prepared.rendered, poolings, config, device)
+            self.done[key] = ({i: r for r, i in enumerate(prepared.ids)}, X)
+        index, X = self.done[key]
+        if spec.pooling not in X:  # a pooling no declared run asked for
+            self.wanted[key] = [*self.wanted.get(key, []), spec.pooling]
+            del self.done[key]
+            return self.rows(spec, task, lm, config, device, ids)
+        return X[spec.pooling][[index[i] for i in ids]]
+
+
+def _one_run(spec: RunSpec, task: ProtocolTask, lm, config: TrainConfig, device, split_seed: int,
+             features: _FrozenFeatures | None = None) -> pd.DataFrame:
     from analyses.finetune._train import check_pooling, prepare_task, run_with_conditions
     from probing.formats import Format
 
@@ -218,7 +270,9 @@ def _one_run(spec: RunSpec, task: ProtocolTask, lm, config: TrainConfig, device,
     t0 = time.perf_counter()
     if spec.frozen:
         groups = np.asarray([docs[i] for i in prepared.ids])
-        preds, info = _frozen(lm, prepared, pooling, config, device, groups, spec.seed)
+        features = features if features is not None else _FrozenFeatures({})
+        X = features.rows(spec, task, lm, config, device, prepared.ids)
+        preds, info = _frozen(X, prepared, config, groups, spec.seed)
     else:
         interventions = {c: (CONDITIONS[c](lm.n_layers) if CONDITIONS[c] is not None else None)
                          for c in spec.conditions}
@@ -240,13 +294,13 @@ def _one_run(spec: RunSpec, task: ProtocolTask, lm, config: TrainConfig, device,
     return out
 
 
-def _frozen(lm, prepared, pooling, config: TrainConfig, device, groups: np.ndarray,
+def _frozen(X: np.ndarray, prepared, config: TrainConfig, groups: np.ndarray,
             seed: int) -> tuple[dict[str, np.ndarray], dict]:
-    """A logistic-regression probe on the frozen encoder's pooled last layer, fitted on the same training
-    items (its C chosen by inner cross-validation grouped by ``groups``, the items' documents)."""
-    from analyses.finetune._experiment import _frozen_run, frozen_features
+    """A logistic-regression probe on ``X: (n_items, hidden)``, the frozen encoder's pooled last layer of the
+    prepared items, fitted on the same training items (its C chosen by inner cross-validation grouped by
+    ``groups``, the items' documents)."""
+    from analyses.finetune._experiment import _frozen_run
 
-    X = frozen_features(lm, prepared.rendered, [pooling], config, device)[pooling.name]
     fr = _frozen_run(X, prepared, groups, config, seed)
     return {"clean": fr["test_pred"]}, {"train_accuracy": fr["train_accuracy"], "C": fr["C"]}
 
@@ -291,6 +345,11 @@ def run_protocol(tasks: Mapping[str, ProtocolTask], specs: Sequence[RunSpec], *,
     lm = _load(model)
     dev = pick_device(device)
     unique = merge_conditions(specs)
+    wanted: dict[tuple[str, str], list[str]] = {}
+    for s in unique:
+        if s.frozen:
+            wanted.setdefault((s.task, s.format), []).append(s.pooling)
+    features = _FrozenFeatures(wanted)
     frames = []
     from tqdm.auto import tqdm
 
@@ -302,7 +361,7 @@ def run_protocol(tasks: Mapping[str, ProtocolTask], specs: Sequence[RunSpec], *,
         if done is None:
             if log is not None:
                 log(f"fine-tuning {spec.name}")
-            done = keep_table(_one_run(spec, task, lm, config, dev, split_seed), path)
+            done = keep_table(_one_run(spec, task, lm, config, dev, split_seed, features), path)
         frames.append(done)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=PREDICTION_COLUMNS)
 
@@ -312,10 +371,10 @@ def run_protocol(tasks: Mapping[str, ProtocolTask], specs: Sequence[RunSpec], *,
 
 
 def _correctness(P: pd.DataFrame, where: Mapping[str, Any]) -> pd.DataFrame:
-    """``(items x seeds)`` correctness of the runs selected by ``where`` (column -> value)."""
+    """``(items x seeds)`` correctness of the runs selected by ``where`` (column -> value, or a list of values)."""
     sel = P
     for col, value in where.items():
-        sel = sel[sel[col] == value]
+        sel = sel[sel[col].isin(value) if isinstance(value, (list, tuple, set, frozenset)) else sel[col] == value]
     if sel.empty:
         raise ValueError(f"no predictions match {dict(where)}")
     return sel.pivot_table(index="item", columns="seed", values="correct", aggfunc="mean")

@@ -107,9 +107,14 @@ def _dtypes():
 
 
 def _presets():
-    from analyses.finetune import PRESETS
+    from analyses.finetune import PRESETS, PROTOCOL_PRESETS
 
-    return tuple(PRESETS)
+    return tuple(p for p in PROTOCOL_PRESETS if p in PRESETS)
+
+
+def _distinct(value: tuple) -> None:
+    if len(set(value)) != len(value):
+        raise ValueError(f"expected distinct values, got {list(value)}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -192,13 +197,22 @@ class ProbeSettings:
 
 @dataclass(frozen=True)
 class FinetuneSettings:
-    """``[finetune]``: Q8's fine-tuning experiment (:func:`analyses.pooling.run_pooling_experiment`)."""
+    """``[finetune]``: the questions' shared fine-tuning protocol (:func:`analyses.finetune.run_protocol`):
+    ``preset`` its training settings (:data:`analyses.finetune.PROTOCOL_PRESETS`), ``seeds`` the training seeds
+    of every run (the seed is a unit of the intervals), ``poolings`` Q8's poolings on each of its tasks,
+    ``learning_curve`` the training sizes of Q8's learning curve below the whole training split (sizes the
+    split does not exceed are left out), ``pooling_tasks`` the shared tasks Q8 fine-tunes on (``next``,
+    ``topic``). ``label`` is the target of the pooling experiment of
+    :func:`analyses.finetune.run_pooling_experiment` (``python -m analyses.finetune``), which reads ``preset``,
+    ``poolings`` and ``seeds`` too (its presets have the same names)."""
 
     preset: str = setting("default", choices=_presets)
     label: str = setting("topic", nonempty=True)
-    poolings: tuple[str, ...] = setting(("cls", "mean", "max", "sep1", "first_word"), nonempty=True,
-                                        check=_poolings)
-    seeds: tuple[int, ...] = setting((0, 1, 2), ge=0, nonempty=True)
+    poolings: tuple[str, ...] = setting(("cls", "mean", "sep1"), nonempty=True, check=_poolings)
+    seeds: tuple[int, ...] = setting((0, 1), ge=0, nonempty=True, check=_distinct)
+    learning_curve: tuple[int, ...] = setting((), ge=2, check=_distinct)
+    pooling_tasks: tuple[str, ...] = setting(("next", "topic"), nonempty=True, choices=lambda: ("next", "topic"),
+                                             check=_distinct)
 
 
 @dataclass(frozen=True)

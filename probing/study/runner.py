@@ -305,10 +305,10 @@ def build_report(cfg: StudyConfig, T: dict, F: dict, caches: Caches, corpora: di
     import torch
     import transformers
 
-    first = next(iter(caches.paths.values()))
+    first = next(iter(caches.paths.values()), None)  # None: the selected questions only fine-tune
     from ..cache import Cache
 
-    manifest = Cache.open(first).manifest
+    manifest = Cache.open(first).manifest if first is not None else None
     skipped: dict[str, int] = {}
     for (c, _, _), p in caches.paths.items():
         skipped[c] = max(skipped.get(c, 0), len(Cache.open(p).manifest["skipped"]))
@@ -321,8 +321,9 @@ def build_report(cfg: StudyConfig, T: dict, F: dict, caches: Caches, corpora: di
         "corpora": "; ".join(f"{k}: {spec} ({len(corpora[k])} examples)" for k, spec in cfg.corpus.specs().items()
                              if k in corpora),
         "examples skipped as too long": skip_counts(skipped, T.get("finetune")),
-        "caches": f"{len(caches.paths)} under {Path(cfg.study.caches).resolve()} "
-                  f"(e.g. {Path(first).name}, corpus fingerprint {manifest['corpus']['fingerprint'][:16]}…)",
+        "caches": (f"{len(caches.paths)} under {Path(cfg.study.caches).resolve()} "
+                   f"(e.g. {Path(first).name}, corpus fingerprint {manifest['corpus']['fingerprint'][:16]}…)"
+                   if first is not None else "none (the selected questions read no hidden-state cache)"),
         "seed": cfg.study.seed,
         "bootstrap resamples": cfg.study.bootstrap_resamples,
         "device": f"{pick_device(cfg.study.device)} (study.device = {cfg.study.device!r})",

@@ -7,10 +7,11 @@ Adding a question is one module here plus its key in :data:`QUESTIONS` and in a 
 
 from __future__ import annotations
 
-from . import q1, q2, q7
+from . import q1, q2, q4, q6, q7, q8
 from ._base import Question
 
 #: The questions answered by a question module, by key, in report order.
-QUESTIONS: dict[str, Question] = {q.key: q for q in (q1.QUESTION, q2.QUESTION, q7.QUESTION)}
+QUESTIONS: dict[str, Question] = {q.key: q for q in (q1.QUESTION, q2.QUESTION, q4.QUESTION, q6.QUESTION,
+                                                     q7.QUESTION, q8.QUESTION)}
 
 __all__ = ["QUESTIONS", "Question"]

@@ -80,14 +80,11 @@ def jobs(cfg, corpora: dict) -> list[Job]:
 
 
 def next_task(cfg, corpora: dict):
-    """The ``next`` task: is_next on the pairs corpus, one document-grouped split.
+    """The shared ``next`` task (:func:`probing.study.questions._common.next_task`): the same task, split and runs
+    as Q1's, Q6's and Q8's, so the knocked-out evaluations are of the runs they train."""
+    from ._common import next_task as shared_next_task
 
-    TODO(lead): the same placeholder as Q1's (probing.study.questions._common.next_task of the Q6/Q8 module
-    replaces it when merged)."""
-    from analyses.finetune import PROTOCOL_PRESETS, make_task
-
-    settings = PROTOCOL_PRESETS[cfg.finetune.preset]
-    return make_task(corpora["pairs"], "is_next", test_fraction=settings["test_fraction"], seed=cfg.study.seed)
+    return shared_next_task(cfg, corpora)
 
 
 def tasks(cfg, corpora: dict) -> dict:

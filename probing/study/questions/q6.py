@@ -1,0 +1,212 @@
+"""Q6: "Why is [CLS] always the first token? Why not the last?"
+
+A model pretrained with [CLS] first and probed frozen with [CLS] moved cannot say why first: it only shows that
+the weights expect it there. What a practitioner can test is whether another position would do once the model
+is trained for it: the shared ``next`` task (:mod:`probing.study.questions._common`) is fine-tuned with the
+classification token first (``pair``: ``[CLS] s1 [SEP] s2 [SEP]``), between the sentences (``cls_mid``:
+``s1 [SEP] [CLS] s2 [SEP]``) and last (``cls_last``: ``s1 [SEP] s2 [SEP] [CLS]``), every weight trained, on the
+same split with the same seeds (and so the same batches), a head on the classification token's last-layer
+state. The rows are fine-tuned accuracy middle − first and last − first, paired per test item with a two-stage
+bootstrap (seeds, then documents), judged against 2 accuracy points. Frozen probes at the three positions on
+the same split stand beside them. Why [CLS] came to be first in pretraining is a question for the pretraining
+study (encoders pretrained with [CLS] last, ``probing.pretrain``); the mechanical convenience of a fixed
+first position is stated as background, not measured.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from ..answers import Answer, not_measured
+from ..rules import LABELS, Rule
+from ..sections import Context
+from ._base import Question, Tables
+from ._common import (NEXT, TASK_WORDS, budget_words, chance, diff_cell, learnt, model_name, preset_words,
+                      protocol_preset, protocol_seeds, run_facts, shared_tasks)
+
+#: The classification token's positions: format -> the word for it. The first is the reference.
+POSITIONS = {"pair": "first", "cls_mid": "middle", "cls_last": "last"}
+REFERENCE = "pair"
+TABLE = "q6_position"
+
+RULES = {
+    "position_finetuned": Rule("fine-tuned accuracy, classification token moved − first", "accuracy points", 0.02,
+                               why="below 2 points practitioners do not change an input format"),
+    "position_frozen": Rule("frozen-probe accuracy, classification token moved − first", "accuracy points", 0.02,
+                            why="the same yardstick as the fine-tuned rows"),
+}
+MEASURE = {"fine_tuned": "position_finetuned", "frozen": "position_frozen"}
+
+BACKGROUND = ("Why first is convenient, mechanically: position 0 is the same index in every input whatever its "
+              "length and whatever padding a batch adds, so a classifier reads `hidden[:, 0]`; the last token's "
+              "index differs per example once a batch is padded, so reading it needs each example's length.")
+
+
+def runs(cfg) -> list:
+    """Fine-tuned runs at each position with every seed, and a frozen probe at each position."""
+    from analyses.finetune import RunSpec
+
+    return ([RunSpec(NEXT, f, "cls", None, s) for f in POSITIONS for s in protocol_seeds(cfg)]
+            + [RunSpec(NEXT, f, "cls", None, frozen=True) for f in POSITIONS])
+
+
+def tasks(cfg, corpora: dict) -> dict:
+    return shared_tasks(cfg, corpora, (NEXT,))
+
+
+def analyse(ctx: Context) -> Tables:
+    from analyses.finetune import protocol_table
+
+    T = protocol_table(ctx.tables["finetune"], runs(ctx.cfg), compare="format", reference=REFERENCE,
+                       analysis="finetune_protocol", model=model_name(ctx), corpus=ctx.cfg.corpus.pairs,
+                       n_resamples=ctx.cfg.study.bootstrap_resamples, seed=ctx.cfg.study.seed)
+    return {TABLE: T}
+
+
+def rows(T: Tables) -> pd.DataFrame:
+    """Moved − first per condition (fine-tuned; frozen), each condition a family of two rows."""
+    t = T.get(TABLE)
+    if t is None or t.empty:
+        return pd.DataFrame()
+    d = t[(t["metric"] == "accuracy_diff") & (t["condition_b"] == t["condition"]) & (t["format_b"] == REFERENCE)]
+    d = d[d["format"].isin(POSITIONS)]
+    out = pd.DataFrame({
+        "measure": d["condition"].map(MEASURE),
+        "family": "Q6 " + d["condition"].str.replace("_", "-") + ": middle − first, last − first",
+        "label": d["format"].map(POSITIONS) + " − first (" + d["condition"].str.replace("_", "-") + ")",
+        "position": d["format"].map(POSITIONS), "condition": d["condition"], "value": d["value"], "se": d["se"],
+        "value_a": d["value_a"], "value_b": d["value_b"], "n_groups": d["n_groups"], "grouping": d["grouping"],
+        "n_resamples": d["n_resamples"],
+    })
+    return out.reset_index(drop=True)
+
+
+def _accuracies(T: Tables, condition: str = "fine_tuned") -> dict[str, pd.Series]:
+    t = T[TABLE]
+    a = t[(t["metric"] == "accuracy") & (t["condition"] == condition)]
+    return {POSITIONS[r["format"]]: r for _, r in a.iterrows() if r["format"] in POSITIONS}
+
+
+def _pct(x: float) -> str:
+    return f"{100 * float(x):.0f}%"
+
+
+def answer(T: Tables, decided: pd.DataFrame, cfg) -> Answer:
+    preset = protocol_preset(cfg)
+    if TABLE not in T or decided is None or decided.empty:
+        return not_measured("fine-tuning with the classification token first, middle and last", preset)
+    ft = decided[decided["condition"] == "fine_tuned"]
+    acc = _accuracies(T)
+    rule = RULES["position_finetuned"]
+    where = (f"next-sentence accuracy is {_pct(acc['first']['value'])} with [CLS] first, "
+             f"{_pct(acc['middle']['value'])} middle, {_pct(acc['last']['value'])} last")
+    decisions = set(ft["decision"])
+    confidence = min(ft["confidence"], key=["low", "moderate", "high"].index)
+    floor = chance(T[TABLE], NEXT)
+    if not learnt(T[TABLE], acc["first"]):
+        return Answer(f"This run cannot tell: fine-tuned at this budget the model did not learn the task ({where}; "
+                      f"always guessing the commoner answer scores {_pct(floor)}), so the positions were compared "
+                      "on models near chance.", "low", preset)
+    if decisions == {"no_difference"}:
+        text = (f"Once fine-tuned, position hardly matters: {where} (both differences within "
+                f"±{rule.show(rule.threshold)}).")
+    elif "yes" in decisions:
+        worst = ft.loc[ft.loc[ft["decision"] == "yes", "value"].abs().idxmax()]
+        side = "loses" if worst["value"] < 0 else "gains"
+        text = (f"Position matters even after fine-tuning: [CLS] {worst['position']} {side} "
+                f"{rule.show(abs(worst['value']))} against first ({where}).")
+    elif decisions <= {"no_difference", "yes_small"}:
+        text = (f"Once fine-tuned, position hardly matters: {where}; any difference is below "
+                f"{rule.show(rule.threshold)}.")
+    else:
+        widest = max(abs(ft["ci_low"]).max(), abs(ft["ci_high"]).max())
+        text = (f"Cannot tell yet whether position matters once fine-tuned: {where}; differences up to "
+                f"{rule.show(widest)} are not ruled out (threshold {rule.number(rule.threshold)}).")
+    return Answer(text, confidence, preset)
+
+
+def evidence(T: Tables, decided: pd.DataFrame, cfg) -> str:
+    if TABLE not in T:
+        return "Not measured in this run."
+    t = T[TABLE]
+    ft, fz = _accuracies(T), _accuracies(T, "frozen")
+    rule = RULES["position_finetuned"]
+    lines = []
+    budget = budget_words(run_facts(t, NEXT), cfg)
+    if budget:
+        lines.append(f"Fine-tuning budget per run: {budget}; the frozen probe is a logistic regression on the "
+                     f"frozen encoder's classification-token state, fitted on the same training items.")
+    lines += ["", "| position | fine-tuned accuracy (95% CI) | frozen probe (95% CI) | fine-tuned − first "
+                  "(simultaneous CI) | decision |", "|---|---|---|---|---|"]
+    by_pos = {r["position"]: r for _, r in decided.iterrows() if r["condition"] == "fine_tuned"} \
+        if decided is not None and not decided.empty else {}
+    for fmt, pos in POSITIONS.items():
+        a, f = ft.get(pos), fz.get(pos)
+        cell = lambda r: (f"{_pct(r['value'])} ({_pct(r['ci_low'])} to {_pct(r['ci_high'])})"  # noqa: E731
+                          if r is not None else "–")
+        d = by_pos.get(pos)
+        diff = (diff_cell(rule, d) if d is not None
+                else "reference")
+        lines.append(f"| {pos} (`{fmt}`) | {cell(a)} | {cell(f)} | {diff} | "
+                     f"{LABELS[d['decision']] if d is not None else '–'} |")
+    chance = _majority(t)
+    if chance:
+        lines += ["", chance]
+    return "\n".join(lines)
+
+
+def _majority(t: pd.DataFrame) -> str:
+    a = t[t["metric"] == "accuracy"]
+    if a.empty:
+        return ""
+    n = int(a["n"].iloc[0])
+    return f"Test items: {n} pairs, half of them coherent (chance 50%), {int(a['n_groups'].iloc[0])} article pairs."
+
+
+def figures(T: Tables, fig_dir: Path, log: Callable) -> list[Path]:
+    from figures.protocol import plot_settings
+
+    from ..sections import safe_plot
+
+    if TABLE not in T:
+        return []
+    return safe_plot(plot_settings, T[TABLE], fig_dir / "q6_position", by="format", names=POSITIONS,
+                     what="next-sentence test accuracy", log=log)
+
+
+def notes(cfg) -> str:
+    return (f"Task `next`: {TASK_WORDS[NEXT]}, on the `pairs` corpus ({cfg.corpus.pairs}); one split for every run, "
+            "grouped by units of two articles of one topic (a negative's sentence 2 comes from the other article of "
+            "its unit) and stratified by the label. Each run fine-tunes a fresh copy of the encoder, every weight, "
+            f"with a linear head on the classification token's last-layer state ({preset_words(cfg)}); only the "
+            "token's position differs between the three formats (the same items, seeds and batch order). "
+            "Differences are paired per test item, with a two-stage bootstrap over seeds and documents and a "
+            "simultaneous (Bonferroni) interval over the two comparisons. What it does not show: why [CLS] came "
+            "to be first in pretraining. The encoder was pretrained with [CLS] first, so a moved token starts "
+            "from weights that never saw it there; fine-tuning shows whether that matters once the model is "
+            "trained for the task. Pretraining with [CLS] last is the pretraining study's question "
+            "(`probing.pretrain`).")
+
+
+QUESTION = Question(
+    key="Q6",
+    asked="Why is [CLS] always the first token? Why not the last?",
+    title="[CLS] first, middle or last",
+    corpora=("pairs",),
+    jobs=lambda cfg, corpora: [],
+    analyse=analyse,
+    rules=RULES,
+    rows=rows,
+    answer=answer,
+    evidence=evidence,
+    figures=figures,
+    notes=notes,
+    tasks=tasks,
+    runs=runs,
+    tables=(TABLE,),
+    about_cls=True,
+    background=BACKGROUND,
+)
