@@ -1,0 +1,210 @@
+"""Q5: with several sentences, does [CLS] hold information about all of them?
+
+Three measurements on inputs of k sentences (the largest k of ``[segments] ks``) in ``multi``
+(``[CLS] s1 [SEP] s2 [SEP] … sk [SEP]``):
+
+* **content per sentence**: a multi-label probe reads the bag of content words of sentence i from [CLS], scored
+  by macro AUC against a probe on the sentences' word counts alone (a longer sentence holds more of any word),
+  on the same items, folds and document resamples;
+* **interchange**: sentence i is replaced by a same-topic sentence of another article; the readout of position i
+  should follow the new sentence (rank its words above the old one's) and the other positions' readouts should
+  stay as they were. That is what "holds sentence i" means causally: the readout tracks the sentence, not the
+  topic or the neighbours;
+* **bertsum's own [CLS]** (``[CLS] s_i [SEP]`` per sentence) for sentence i beside the single [CLS] of ``multi``.
+
+Tables: ``sentence_content`` (shared with Q3) and ``interchange`` (:mod:`probing.study.questions.segments`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from analyses.sentence_content import LENGTH_ONLY, OWN_CLS
+
+from ..answers import Answer, not_measured
+from ..rules import LABELS, Rule
+from ..sections import Context, Job
+from . import segments as seg
+from ._base import Question
+
+RULES: dict[str, Rule] = {
+    "beyond_length": Rule("macro AUC of sentence i's content words, [CLS] − the sentences' lengths alone",
+                          "AUC points", 0.02, direction=1,
+                          why="below 2 AUC points [CLS] would add nothing a reader could use over the lengths"),
+    "follow": Rule("readout of sentence i after sentence i is replaced: macro AUC against the new sentence's words "
+                   "− against the old one's", "AUC points", 0.02, direction=1,
+                   why="a readout that moves less than 2 AUC points towards the new sentence does not follow it"),
+    "stay": Rule("readout of sentence i after another sentence is replaced − on the clean input (macro AUC)",
+                 "AUC points", 0.02, why="a change below 2 AUC points leaves what is read of sentence i as it was"),
+    "own_cls": Rule("macro AUC of sentence i's content words, bertsum's own [CLS] − multi's single [CLS]",
+                    "AUC points", 0.02, why="the same threshold as every AUC comparison here"),
+}
+
+
+def _jobs(cfg, corpora) -> list[Job]:
+    K = seg.largest_k(cfg)
+    return [Job(seg.corpus_key(K), "multi"), Job(seg.corpus_key(K), "bertsum"), *seg.interchange_jobs(cfg)]
+
+
+def analyse(ctx: Context) -> dict[str, pd.DataFrame]:
+    return {"sentence_content": ctx.table("sentence_content", seg.content_table),
+            "interchange": ctx.table("interchange", seg.interchange_table)}
+
+
+def _K(T) -> int | None:
+    lv = seg.content(T, metric="macro_auc", format="multi", choice="cls")
+    return int(lv["k"].max()) if not lv.empty else None
+
+
+def rows(T) -> pd.DataFrame:
+    """Per sentence position at the largest k: [CLS] − length-only; interchange follow and stay; bertsum's own
+    [CLS] − multi's [CLS]; one family each."""
+    parts = []
+    K = _K(T)
+    if K is not None:
+        d = seg.content(T, k=K, metric="macro_auc_diff", format="multi", choice="cls", choice_b=LENGTH_ONLY)
+        parts.append(seg.comparison_rows(d, "beyond_length", "[CLS] − length alone", "[CLS] − length alone"))
+        d = seg.content(T, k=K, metric="macro_auc_diff", format="bertsum", choice=OWN_CLS, format_b="multi")
+        parts.append(seg.comparison_rows(d, "own_cls", "bertsum's own [CLS] − multi's [CLS]",
+                                         "own [CLS] − single [CLS]"))
+    ic = T.get("interchange")
+    if ic is not None and not ic.empty:
+        for metric, measure, label in (("interchange_follow", "follow", "follows the new sentence"),
+                                       ("interchange_stay", "stay", "others stay")):
+            d = ic[(ic["metric"] == metric) & ic["value"].notna()]
+            parts.append(seg.comparison_rows(d, measure, f"interchange: {label}", label))
+    parts = [p for p in parts if not p.empty]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["measure", "family", "value", "se"])
+
+
+def _span(values) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.2f}" if round(lo, 2) == round(hi, 2) else f"{lo:.2f}–{hi:.2f}"
+
+
+def _positions(ps) -> str:
+    ps = sorted(int(p) for p in ps)
+    return ", ".join(map(str, ps[:-1])) + f" and {ps[-1]}" if len(ps) > 1 else str(ps[0])
+
+
+def answer(T, decided: pd.DataFrame, cfg) -> Answer:
+    preset = "quick" if getattr(cfg, "quick", False) else cfg.finetune.preset
+    K = _K(T)
+    if K is None or decided.empty:
+        return not_measured("the content of each sentence read from [CLS]", preset)
+    lv = seg.content(T, k=K, metric="macro_auc", format="multi", choice="cls").set_index("position")["value"]
+    ln = seg.length_only(T, K).set_index("position")["value"]
+    bl = decided[decided["measure"] == "beyond_length"]
+    held = bl[(bl["decision"] == "yes") & (bl["value"] > 0)]["position"]
+    if len(held) == len(bl) and len(bl):
+        head = f"Yes: [CLS] of a {K}-sentence input holds every sentence's content words"
+    elif len(held):
+        head = (f"Partly: [CLS] of a {K}-sentence input holds the content words of sentences {_positions(held)}, "
+                "not measurably of the others")
+    else:
+        head = f"Not measurably: [CLS] of a {K}-sentence input reads no sentence's content words beyond their lengths"
+    text = f"{head} (macro AUC {_span(lv)} by sentence, where lengths alone give {_span(ln)})."
+    fo, st = decided[decided["measure"] == "follow"], decided[decided["measure"] == "stay"]
+    if len(fo):
+        follows = ((fo["decision"] == "yes") & (fo["value"] > 0)).all()
+        stays = st["decision"].isin(["no_difference", "yes_small"]).all() if len(st) else False
+        moved = st[(st["decision"] == "yes")]
+        if follows and stays:
+            text += " Replacing sentence i moves only sentence i's readout, towards the new words."
+        elif follows:
+            text += (" Replacing sentence i moves its readout towards the new words, and also changes other "
+                     f"sentences' readouts (at {len(moved)} of {len(st)} positions).")
+        else:
+            text += " Its readout of a sentence does not reliably follow a replaced sentence."
+    conf = bl["confidence"]
+    order = {"low": 0, "moderate": 1, "high": 2}
+    confidence = min(conf, key=order.get) if len(conf) else "low"
+    return Answer(text, confidence, preset)
+
+
+def evidence(T, decided: pd.DataFrame, cfg) -> str:
+    out = []
+    K = _K(T)
+    if K is not None:
+        lv = seg.content(T, k=K, metric="macro_auc")
+        lv = lv[lv["choice"].isin(["cls", "mean", LENGTH_ONLY, OWN_CLS]) & lv["format"].isin(
+            ["multi", "bertsum", "length"])]
+        piv = lv.assign(what=lv["format"] + " " + lv["choice"]).pivot_table(index="what", columns="position",
+                                                                            values="value").round(3)
+        piv.columns = [f"sentence {p}" for p in piv.columns]
+        out += [f"**Content words of each sentence of a {K}-sentence input** (macro AUC, last layer read; 0.5 = word "
+                "frequency alone; `length length_only`: the sentences' word counts alone; `bertsum own_cls`: the "
+                "[CLS] before that sentence in bertsum):", "", piv.reset_index().to_markdown(index=False), ""]
+        cos = seg.content(T, k=K, metric="cosine", choice=OWN_CLS)
+        if not cos.empty:
+            out += [f"bertsum's own [CLS] of sentences 2–{K} against its first [CLS], mean cosine at the layer read: "
+                    f"{_span(cos['value'])} (1: the same vector)."]
+    ic = T.get("interchange")
+    if ic is not None and not ic.empty:
+        t = ic[["metric", "position", "value", "ci_low", "ci_high", "value_a", "value_b", "n"]].copy()
+        t["metric"] = t["metric"].map({"interchange_follow": "follow: AUC vs new words − vs old words",
+                                       "interchange_stay": "stay: AUC after another is replaced − clean"})
+        out += ["", "**Interchange** (each item has one sentence replaced by a same-topic sentence of an article "
+                "that is no item; the probes of each position were fitted on the clean inputs' training folds):", "",
+                t.round(3).to_markdown(index=False), ""]
+    if not decided.empty:
+        d = decided.copy()
+        d["difference (CI)"] = [f"{RULES[m].number(v, True)} ({RULES[m].number(lo, True)} to "
+                                f"{RULES[m].number(hi, True)})" for m, v, lo, hi in
+                                zip(d["measure"], d["value"], d["ci_low"], d["ci_high"])]
+        d["decision"] = [("No (the opposite)" if lab == "No (the opposite)" else LABELS[x])
+                         for x, lab in zip(d["decision"], d["label"])] if "label" in d else d["decision"]
+        cols = [c for c in ("family", "position", "difference (CI)", "decision", "confidence", "n_groups")
+                if c in d.columns]
+        out += ["**Decided rows** (AUC points; each family's interval simultaneous, Bonferroni):", "",
+                d[cols].to_markdown(index=False), ""]
+    return "\n".join(out)
+
+
+def figures(T, fig_dir: Path, log) -> list[Path]:
+    from figures.sentence_content import plot_content_by_position, plot_interchange
+
+    from ..sections import safe_plot
+
+    out = []
+    if "sentence_content" in T and not T["sentence_content"].empty:
+        out += safe_plot(plot_content_by_position, T["sentence_content"], Path(fig_dir) / "q5_content_by_position",
+                         log=log)
+    if "interchange" in T and not T["interchange"].empty:
+        out += safe_plot(plot_interchange, T["interchange"], Path(fig_dir) / "q5_interchange", log=log)
+    return out
+
+
+def notes(cfg) -> str:
+    s = cfg.segments
+    K = max(s.ks)
+    return (f"Inputs: the first {K} consecutive sentences of the items of corpus.groups ({cfg.corpus.groups}), "
+            f"{100 * s.donor_share:.0f}% of each topic's articles held out as donors. A multi-label probe per "
+            f"sentence position reads the sentence's {cfg.probes.vocab} most frequent content words (stop words and "
+            f"the top frequency band out) from the layer {s.layer} state (-1: the last) of [CLS], scored by macro AUC "
+            "over out-of-fold items (folds and bootstrap grouped by document), against a probe on the sentences' "
+            "word counts alone on the same resamples. Interchange: every item has one sentence replaced (the "
+            "position balanced over the items) by a sentence of the same topic from a held-out article; the clean "
+            "inputs' probes read the replaced inputs of their test folds. Not shown: a probe is a lower bound (more "
+            "may be held non-linearly); what a fine-tuned model's [CLS] holds; other models.")
+
+
+QUESTION = Question(
+    key="Q5",
+    asked="With several sentences, does [CLS] hold information about all of them?",
+    title="With several sentences, does [CLS] hold all of them?",
+    corpora=("groups",),
+    jobs=_jobs,
+    analyse=analyse,
+    rules=RULES,
+    rows=rows,
+    answer=answer,
+    evidence=evidence,
+    figures=figures,
+    notes=notes,
+    derive=seg.derive,
+    tables=("sentence_content", "interchange"),
+    about_cls=True,
+)
