@@ -21,7 +21,7 @@ del _sys
 
 #: The notebook functions, declared once (tests check each against the submodule names).
 API: tuple[str, ...] = ("drift_table", "cka_table", "probe_table", "attention_table", "contextuality_table",
-                        "neighbours_table", "paired_drift_table")
+                        "neighbours_table", "paired_drift_table", "calibration_table")
 __all__ = list(API)
 
 
@@ -90,3 +90,14 @@ def paired_drift_table(ref, a, b, *, layers=None, **options):
     from analyses.paired import run_paired_drift
 
     return run_paired_drift(ref, a, b, layers=layers, **{"progress": False, **options})
+
+
+def calibration_table(path, **options):
+    """Held-out MLM and pair accuracy, attention to [SEP] and anisotropy by layer of the models pretrained by
+    :mod:`probing.pretrain` (a run's directory, or a run set's: every run under it), with the two BERT
+    signatures (:func:`analyses.calibration.calibrate`; options: ``caches``, ``quick``, ``n_resamples``,
+    ``seed``, ``device``, ``corpora``, ``out``). Writes ``calibration.csv`` into ``path`` unless ``out`` says
+    where."""
+    from analyses.calibration import calibrate
+
+    return calibrate(path, **{"progress": False, **options})

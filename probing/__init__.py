@@ -12,6 +12,7 @@ transformers)::
     pair, concat = probing.extract_caches(lm, "generated:n=50,k=2", formats=["pair", "concat"])
     pair = probing.Cache.find("caches", model="all-MiniLM-L6-v2", format="pair", corpus="generated:n=50,k=2")
     analyses.drift_table(pair, concat, layers="-1")             # a DataFrame
+    runs = probing.pretrain_models("pretrain.toml", seeds=[0, 1])  # BERTs pretrained here: model directories
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ API: dict[str, tuple[str, str]] = {
     "Example": ("probing.examples", "Example"),
     "Format": ("probing.formats", "Format"),
     "resolve_layers": ("probing.layers", "resolve_layers"),
+    "pretrain_models": ("probing.api", "pretrain_models"),
 }
 
 __all__ = ["__version__", *API]

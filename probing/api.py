@@ -57,3 +57,27 @@ def extract_caches(model, corpus: str | Sequence[Example] | Sequence[str] | Sequ
     paths = extract(examples, formats, model=model, out=out, corpus_name=corpus_name or "custom", roles=roles,
                     layers=layers, attention=attention, force=force, progress=progress, log=log, **options)
     return [Cache.open(p) for p in paths]
+
+
+def pretrain_models(config, *, force: bool = False, progress: bool = True, log=print, **overrides) -> list:
+    """Pretrain every variant of a :mod:`probing.pretrain` config with each of its seeds and return the run
+    directories (``pathlib.Path``; each loads with :func:`load_model`). ``config``: a TOML file, a parsed TOML
+    document (dict) or a :class:`probing.pretrain.PretrainConfig`; ``overrides``: ``out``, ``preset``, ``seeds``,
+    ``device``, ``threads`` (``[run]``) and ``steps`` (``[train]``), as the command line's options. Finished runs
+    are kept unless ``force``; interrupted ones resume. (Named apart from the subpackage ``probing.pretrain``.)"""
+    from .pretrain import PretrainConfig, load_config, parse_config, pretrain
+
+    sections = {"out": "run", "preset": "run", "seeds": "run", "device": "run", "threads": "run", "steps": "train"}
+    unknown = sorted(set(overrides) - set(sections))
+    if unknown:
+        raise ValueError(f"unknown options {unknown}; valid: {', '.join(sections)}")
+    dotted = {f"{sections[k]}.{k}": v for k, v in overrides.items() if v is not None}
+    if isinstance(config, PretrainConfig):
+        if dotted:
+            raise ValueError("options apply to a config file or dict; change the PretrainConfig itself")
+        cfg = config
+    elif isinstance(config, dict):
+        cfg = parse_config(config, overrides=dotted)
+    else:
+        cfg = load_config(config, overrides=dotted)
+    return pretrain(cfg, force=force, progress=progress, log=log)

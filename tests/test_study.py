@@ -385,7 +385,7 @@ def test_q2_verdict_reads_the_inner_words_and_the_evidence_names_the_edge_words(
     import pandas as pd
 
     from probing.study.question_text import answer_q2
-    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.legacy_questions import QUESTION_SECTIONS
 
     cfg = load_config(None)
     T = {"paired_q2": pd.concat([_drift_rows(0.01, role="s1 words"), _drift_rows(0.0, role="s1 inner words"),
@@ -408,7 +408,7 @@ def test_q2_verdict_reads_the_inner_words_and_the_evidence_names_the_edge_words(
 
 
 def test_question_verdict_is_computed_from_its_table():
-    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.legacy_questions import QUESTION_SECTIONS
 
     cfg = load_config(None)
     q2 = QUESTION_SECTIONS["Q2"]
@@ -448,7 +448,7 @@ def test_q1_verdict_names_the_words_its_rows_compare_with():
     from probing.study.question_tables import _paired_q1
     import inspect
 
-    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.legacy_questions import QUESTION_SECTIONS
 
     v = QUESTION_SECTIONS["Q1"].verdict(
         {"paired_q1": _probe_rows(-0.05, metric="normalised_drift_diff_roles", role="cls", role_b="words")}, load_config(None))
@@ -464,7 +464,7 @@ def test_q1_verdict_names_the_words_its_rows_compare_with():
     ("Q8", "paired_q8", {"target": "topic"}, "mean pooling"),
 ])
 def test_probe_question_verdicts_follow_their_paired_rows(key, table, extra, words):
-    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.legacy_questions import QUESTION_SECTIONS
 
     cfg = load_config(None)
     spec = QUESTION_SECTIONS[key]
@@ -485,7 +485,7 @@ def test_probe_question_verdicts_follow_their_paired_rows(key, table, extra, wor
 def test_q8_asks_whether_cls_is_better_so_mean_pooling_ahead_answers_no():
     """Q8 is one-sided ("Is [CLS] better than mean pooling?"): mean pooling significantly ahead is a No,
     not a Yes about some difference; [CLS] ahead is a Yes."""
-    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.legacy_questions import QUESTION_SECTIONS
 
     cfg = load_config(None)
     spec = QUESTION_SECTIONS["Q8"]
@@ -512,7 +512,7 @@ def _finetune_rows(diffs: dict, half: float = 0.01) -> "pd.DataFrame":
 def test_q8_second_part_asks_whether_any_token_does_after_fine_tuning():
     """"After fine-tuning, would any token do?" is decided from the fine-tuned pooling − mean rows, per
     pooling, beside the frozen verdict."""
-    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.legacy_questions import QUESTION_SECTIONS
 
     cfg = load_config(None)
     spec = QUESTION_SECTIONS["Q8"]
@@ -577,7 +577,7 @@ def _finetune_table(n_frozen: int = 50):
 
 def test_q8_reads_the_same_split_fine_tuning_layout():
     from probing.study.question_figures import q8_same_items
-    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.legacy_questions import QUESTION_SECTIONS
     from probing.study import skip_counts
 
     t = q8_same_items(_finetune_table())
@@ -661,7 +661,7 @@ def test_knockout_probe_verdict_leaves_out_layers_where_the_clean_probe_is_at_it
 
 
 def test_every_section_is_declared_once_with_its_parts():
-    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.legacy_questions import QUESTION_SECTIONS
     from probing.study.reproductions import PAPERS, Reproduction
     from probing.study.sections import StudySection
     from probing.study import section_specs, sections
@@ -709,13 +709,14 @@ def test_model_facts_and_caveats():
     assert model_facts("sentence-transformers/all-MiniLM-L6-v2").nsp is False
     s = model_sentence("all-MiniLM-L6-v2")
     assert "mean pooling" in s and "contrastive" in s and "--model bert-base-uncased" in s
-    assert "bert-base-uncased" in cls_caveat("all-MiniLM-L6-v2")
+    assert "download" in s and "local" in s  # a Hugging Face id needs a download or a local copy: say so
+    assert "BERT" in cls_caveat("all-MiniLM-L6-v2") and "next-sentence" in cls_caveat("all-MiniLM-L6-v2")
     assert cls_caveat("bert-base-uncased") == "" and "next-sentence prediction" in model_sentence("bert-base-uncased")
     assert "no record" in model_sentence("/tmp/tiny") and "/tmp/tiny" in cls_caveat("/tmp/tiny")
 
 
 def test_limits_and_protocol_text_come_from_the_config():
-    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.legacy_questions import QUESTION_SECTIONS
     from probing.study.reproductions import PAPERS
     from probing.study import run_limits
 
@@ -827,7 +828,7 @@ def test_per_item_predictions_are_released_once_no_later_table_reads_them(monkey
     """Q8's paired table runs before its fine-tuning, and the items go before the fine-tuning starts;
     a released item table asked for again is computed again, not a KeyError."""
     from probing.study import question_tables as QT
-    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.legacy_questions import QUESTION_SECTIONS
     from probing.study.sections import Context
 
     calls, seen = [], {}
@@ -879,7 +880,7 @@ def test_q3_verdict_has_a_part_for_cls_and_one_for_the_inner_words_each_over_its
     layers 1-L: [CLS]'s growth is decided on its own scale, not pooled with ~40 words per [CLS]."""
     import pandas as pd
 
-    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.legacy_questions import QUESTION_SECTIONS
 
     cfg = load_config(None)
     q3 = QUESTION_SECTIONS["Q3"]
@@ -983,7 +984,7 @@ def test_q7_asks_whether_what_cls_holds_of_the_content_words_is_learned():
     is not measured."""
     from analyses.stats import holm
     from probing.study.question_rows import CLS_AUC_VS_RANDOM_FAMILY, _q7_untrained_rows
-    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.legacy_questions import QUESTION_SECTIONS
 
     cfg, q7 = load_config(None), QUESTION_SECTIONS["Q7"]
 
@@ -1012,7 +1013,7 @@ def test_q7_asks_whether_what_cls_holds_of_the_content_words_is_learned():
 
 def test_q7_answers_content_length_and_word_order_each_by_the_rules():
     """Q7 asks whether the input can be recovered: one verdict per part, each from its own rows."""
-    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.legacy_questions import QUESTION_SECTIONS
 
     cfg = load_config(None)
     q7 = QUESTION_SECTIONS["Q7"]
@@ -1052,7 +1053,7 @@ def test_q7_evidence_lists_only_its_own_choices_against_length():
     """probes_pair also holds Q4's sep1/sep2 − length-only rows; Q7 (about [CLS]) lists only [CLS] and mean."""
     import pandas as pd
 
-    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.legacy_questions import QUESTION_SECTIONS
 
     T = _q7_tables(content=0.05, length=0.2, order=0.0)
     cls = T["probes_pair"][T["probes_pair"]["choice_b"].eq("length_only")]
@@ -1092,7 +1093,7 @@ def test_q5_verdict_reads_the_macro_auc_against_length_not_the_thresholded_f1():
     worse: Q5 says so, with the documents its interval resampled. A sentence whose AUC above 0.5 is all
     length (sentence 3: 0.62 against the length-only probe's 0.62) is not held; Holm runs over the
     positions at the last layer, recomputed from the rows' p-values."""
-    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.legacy_questions import QUESTION_SECTIONS
 
     T = {"probes_q5": _q5_table([(0.75, 0.55, 0.07), (0.70, 0.56, 0.0), (0.62, 0.62, 0.0)])}
     v = QUESTION_SECTIONS["Q5"].verdict(T, load_config(None))
@@ -1122,7 +1123,7 @@ def test_q4_answers_coherence_and_each_sentences_content_words_against_cls():
     words at every layer is found, sentence 1's null one is not, and layer 0 is never read."""
     import pandas as pd
 
-    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.legacy_questions import QUESTION_SECTIONS
 
     rows = []
     for layer in range(0, 4):
@@ -1195,7 +1196,7 @@ def test_q4_first_says_what_sep_holds_against_its_own_baselines():
     against the majority baseline, each sentence's content words against the length-only probe), before the
     comparisons with [CLS]. A planted is_next signal and a planted sentence-2 advantage over length are found;
     null ones are not; layer 0 is never read."""
-    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.legacy_questions import QUESTION_SECTIONS
 
     q4, cfg = QUESTION_SECTIONS["Q4"], load_config(None)
     T = {"probes_pair": _q4_baseline_table(0.1, {1: 0.0, 2: 0.05})}
@@ -1235,7 +1236,7 @@ def test_q4_coherence_is_read_against_lengths_where_they_beat_the_majority():
     never reads the length-only rows."""
     from probing.study.question_rows import _q4_rows, _q4_sep_next_rows
     from probing.study.question_tables import FAMILIES
-    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.legacy_questions import QUESTION_SECTIONS
 
     def paired(sep_minus_length: float) -> pd.DataFrame:
         rows = []
@@ -1276,7 +1277,7 @@ def test_q4_asks_whether_the_content_at_sep_is_learned():
     parts are left out."""
     from analyses.stats import holm
     from probing.study.question_rows import SEP_AUC_VS_RANDOM_FAMILY, _q4_sep_untrained_rows
-    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.legacy_questions import QUESTION_SECTIONS
 
     q4, cfg = QUESTION_SECTIONS["Q4"], load_config(None)
     T = {"probes_pair": _q4_baseline_table(0.1, {1: 0.2, 2: 0.2}, untrained={1: 0.0, 2: 0.2})}
@@ -1383,7 +1384,7 @@ def test_q4_asks_whether_the_coherence_at_sep_is_learned(trained, random_, found
     these rows."""
     from probing.study.question_rows import _q4_rows, _q4_sep_next_untrained_rows
     from probing.study.question_tables import FAMILIES, _paired_q4
-    from probing.study.questions import QUESTION_SECTIONS
+    from probing.study.legacy_questions import QUESTION_SECTIONS
     from probing.study.sections import Context
 
     cfg = load_config(None, overrides={"study.bootstrap_resamples": 300})

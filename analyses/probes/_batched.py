@@ -242,7 +242,7 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
             items = _items_table(outer, per_items[0], y, groups, multilabel, per_items[1] if L > 1 else None)
             out[key] = _result(multilabel, per_label[0], list(chosen[b, 0]), n, n_groups, control,
                                list(chosen[b, 1]) if L > 1 else None, confidence, items, n_resamples, seed,
-                               _item_matrices(outer, per_items[0], n))
+                               _item_matrices(outer, per_items[0], n), grid=tuple(Cs_arr))
         return out
 
     jobs = list(zip(batches, prepared))

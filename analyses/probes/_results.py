@@ -46,7 +46,7 @@ class ProbeResult:
     ``majority_baseline_macro_auc`` and ``chance_micro_f1``; with a control task
     ``control_<metric>`` and ``selectivity`` = ``<metric> - control_<metric>`` per fold.
     ``chosen_Cs: (n_splits,)`` is the C picked by the inner CV in each outer fold
-    (``control_chosen_Cs`` for the control probe).
+    (``control_chosen_Cs`` for the control probe); ``grid``: the Cs it chose among (empty when unknown).
 
     ``items``: one row per item (every item is tested exactly once), columns ``item`` (position in
     the inputs), ``group``, ``fold``, ``y_true`` / ``y_pred`` (single-label), ``num`` / ``den``
@@ -78,6 +78,7 @@ class ProbeResult:
     n_resamples: int = PROBE_RESAMPLES
     seed: int = 0
     item_scores: np.ndarray | None = field(default=None, compare=False, repr=False)
+    grid: tuple[float, ...] = ()
     item_truth: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
@@ -257,7 +258,7 @@ def _items_table(outer, fold_items: list[dict[str, np.ndarray]], y: np.ndarray, 
 def _result(multilabel: bool, fold_dicts: list[dict[str, float]], chosen: list[float], n: int, n_groups: int,
             control: list[float] | None, control_Cs: list[float] | None, confidence: float,
             items: pd.DataFrame | None = None, n_resamples: int = PROBE_RESAMPLES, seed: int = 0,
-            matrices: Mapping[str, np.ndarray] | None = None) -> ProbeResult:
+            matrices: Mapping[str, np.ndarray] | None = None, grid: Sequence[float] = ()) -> ProbeResult:
     metric = "micro_f1" if multilabel else "accuracy"
     folds = {k: np.array([d[k] for d in fold_dicts]) for k in fold_dicts[0]}
     if control is not None:
@@ -266,7 +267,23 @@ def _result(multilabel: bool, fold_dicts: list[dict[str, float]], chosen: list[f
     return ProbeResult(metric=metric, folds=folds, chosen_Cs=np.asarray(chosen), n=n, n_groups=n_groups,
                        control_chosen_Cs=None if control_Cs is None else np.asarray(control_Cs),
                        confidence=confidence, items=items, n_resamples=n_resamples, seed=seed,
-                       item_scores=(matrices or {}).get("scores"), item_truth=(matrices or {}).get("truth"))
+                       item_scores=(matrices or {}).get("scores"), item_truth=(matrices or {}).get("truth"),
+                       grid=tuple(float(c) for c in grid))
+
+
+def edge_share(chosen, grid: Sequence[float]) -> float:
+    """The share of the C choices ``chosen`` at the smallest or the largest C of ``grid``: a grid that is too narrow
+    shows itself by choices piled at an end (the best C may lie beyond it). NaN when ``grid`` has fewer than two Cs
+    (nothing was chosen).
+
+    >>> edge_share([0.1, 1.0, 1.0, 10.0], (0.1, 1.0, 10.0))
+    0.5
+    """
+    if len(grid) < 2:
+        return math.nan
+    lo, hi = min(grid), max(grid)
+    chosen = np.asarray(chosen, dtype=np.float64)
+    return float(np.mean(np.isclose(chosen, lo) | np.isclose(chosen, hi)))
 
 
 def probe_rows(result: ProbeResult, *, analysis: str = "probe", model: str | None = None,
@@ -279,10 +296,11 @@ def probe_rows(result: ProbeResult, *, analysis: str = "probe", model: str | Non
     (on the primary metric's row: :attr:`ProbeResult.mde`, the smallest difference from the majority
     baseline this sample detects; NaN on other rows), ``n_folds``, ``n_groups``, and the C the inner
     CV chose over the outer folds as numbers: ``chosen_C`` (median), ``chosen_C_min``,
-    ``chosen_C_max``. ``seed`` is stored as an int. Feed to :func:`analyses.results.make_table`."""
+    ``chosen_C_max``, and ``C_edge_share``: the share of those choices at either end of the grid (:func:`edge_share`;
+    NaN without a grid of two or more Cs). ``seed`` is stored as an int. Feed to :func:`analyses.results.make_table`."""
     chosen = np.asarray(result.chosen_Cs, dtype=np.float64)
     picked = {"chosen_C": float(np.median(chosen)), "chosen_C_min": float(chosen.min()),
-              "chosen_C_max": float(chosen.max())}
+              "chosen_C_max": float(chosen.max()), "C_edge_share": edge_share(chosen, result.grid)}
     rows = []
     for name, (value, lo, hi) in result.summary().items():
         rows.append({"analysis": analysis, "model": model, "corpus": corpus, "format": format, "layer": layer,
@@ -354,6 +372,6 @@ def cross_validate_probe(X: Any, y: Any, groups: Any = None, n_splits: int = 5, 
         control = [d["micro_f1" if multilabel else "accuracy"] for d in control_dicts]
     items = _items_table(splits, fold_items, y, groups, multilabel, control_items)
     return _result(multilabel, fold_dicts, chosen, X.shape[0], n_groups, control, control_Cs, confidence,
-                   items, n_resamples, seed, _item_matrices(splits, fold_items, X.shape[0]))
+                   items, n_resamples, seed, _item_matrices(splits, fold_items, X.shape[0]), grid=Cs)
 
 

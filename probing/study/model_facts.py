@@ -69,9 +69,15 @@ def model_sentence(name: str) -> str:
                 "as facts about this model only.")
     s = f"Model: {name}, {facts.description}."
     if not facts.nsp:
-        s += (f" What its [CLS] and [SEP] do is not evidence about BERT's; a claim about BERT needs a BERT "
-              f"checkpoint: the same config with `--model {BERT_CHECKPOINT}`.")
+        s += (f" What its [CLS] and [SEP] do is not evidence about BERT's: for BERT, run the same config with "
+              f"{HOW_TO_RUN_BERT}.")
     return s
+
+
+#: How a reader runs a study on BERT itself, said once: a Hugging Face id needs a download (or a local copy).
+HOW_TO_RUN_BERT = (f"`--model {BERT_CHECKPOINT}` (downloaded from the Hugging Face hub on first use, or a local "
+                   f"directory holding a copy) or with a BERT pretrained here with next-sentence prediction "
+                   f"(`python -m probing.pretrain`, docs/PRETRAIN.md)")
 
 
 def cls_caveat(name: str) -> str:
@@ -82,5 +88,5 @@ def cls_caveat(name: str) -> str:
                 "to another model.")
     if facts.nsp:
         return ""
-    return (f"{name} is {facts.description}: its [CLS]/[SEP] findings do not carry over to BERT; run the same "
-            f"config with `--model {BERT_CHECKPOINT}` for BERT.")
+    return (f"These [CLS]/[SEP] findings are about {name}, which was never trained with next-sentence prediction; "
+            "they do not carry over to BERT (the model line at the top says how to run BERT).")

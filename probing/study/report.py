@@ -80,6 +80,40 @@ class Section:
     glance: str = ""  # the verdict without its numbers, for the answers at a glance
 
 
+@dataclass
+class QuestionSection:
+    """One question of the report: the asker's words, the plain answer, then (collapsible in HTML) the evidence
+    (markdown), figures, the decided comparison rows, background and notes, and this run's limits."""
+
+    key: str
+    asked: str
+    title: str
+    anchor: str
+    answer: Any  # probing.study.answers.Answer
+    evidence: str = ""
+    figures: list[Path] = field(default_factory=list)
+    rows: pd.DataFrame | None = None
+    notes: str = ""
+    limits: str = ""
+    background: str = ""
+
+
+@dataclass
+class ReportDocument:
+    """A report before it is written: the title, the model in a line, the quick-mode notice, the questions
+    (answered first, on one page), the other sections (paper reproductions, and questions not yet answered by
+    a question module), how to read the report, and the provenance."""
+
+    title: str
+    model_line: str
+    notice: str = ""
+    questions: list[QuestionSection] = field(default_factory=list)
+    sections: list[Section] = field(default_factory=list)
+    intro: str = ""  # the other sections' introduction (their interval and rule paragraphs)
+    how_to_read: str = ""
+    provenance: dict = field(default_factory=dict)
+
+
 #: The heading of the list of every section's verdict without its numbers, after the introduction.
 GLANCE = "Answers at a glance"
 GLANCE_NOTE = "Each section below gives the numbers, the evidence and what the answer does not show."
@@ -106,8 +140,8 @@ def glance_sections(sections: list[Section]) -> list[Section]:
     return glance if len(glance) > 1 else []
 
 
-def render_markdown(title: str, intro: str, sections: list[Section], provenance: dict, out: Path) -> str:
-    parts = [f"# {title}", "", intro, ""]
+def _sections_markdown(intro: str, sections: list[Section], out: Path) -> list[str]:
+    parts = [intro, ""] if intro else []
     glance = glance_sections(sections)
     if glance:
         parts += [f"## {GLANCE}", "", f"*{GLANCE_NOTE}*", ""]
@@ -128,12 +162,55 @@ def render_markdown(title: str, intro: str, sections: list[Section], provenance:
             parts += [f"*{s.comparison_caption}*", "", _md_table(s.comparison), ""]
         if s.notes or s.limits:
             parts += [f"**What this shows and does not show.** {' '.join(t for t in (s.notes, s.limits) if t)}", ""]
-    parts += ["## Provenance", ""]
+    return parts
+
+
+def _provenance_markdown(provenance: dict) -> list[str]:
+    parts = ["## Provenance", ""]
     for k, v in provenance.items():
         if isinstance(v, StageSummary):
             parts += ["", f"**{k}** (peak RSS: {v.methods}; also in tables/stages.csv):", "", _md_table(v.display()), ""]
         else:
             parts.append(f"- **{k}**: {v}")
+    return parts
+
+
+def _question_markdown(q: QuestionSection, out: Path) -> list[str]:
+    parts = [f'<a id="{q.anchor}"></a>', "", f"## {q.key}. {q.asked}", "", f"**Answer.** {q.answer.line()}", ""]
+    if q.background:
+        parts += [f"*Background.* {q.background}", ""]
+    if q.evidence:
+        parts += ["### Evidence", "", q.evidence, ""]
+    for f in q.figures:
+        parts += [f"![{f.stem}]({f.relative_to(out).as_posix()})", ""]
+    if q.rows is not None and not q.rows.empty:
+        parts += ["*The comparisons behind the answer, each decided by the rules of "
+                  "[How to read this report](#how-to-read):*", "", _md_table(q.rows), ""]
+    if q.notes or q.limits:
+        parts += ["### What this shows and does not show", "", " ".join(t for t in (q.notes, q.limits) if t), ""]
+    return parts
+
+
+def render_markdown(doc: ReportDocument, out: Path) -> str:
+    """The report as Markdown: the answers first (one page), then each question's evidence, the other sections,
+    how to read the report, and the provenance."""
+    from .answers import PageItem, answer_page
+
+    parts = [f"# {doc.title}", ""]
+    if doc.notice:
+        parts += [f"**{doc.notice}**", ""]
+    if doc.questions:
+        items = [PageItem(q.key, q.asked, q.answer, q.anchor) for q in doc.questions]
+        parts += [answer_page(doc.model_line, items), ""]
+    else:
+        parts += [doc.model_line, ""]
+    for q in doc.questions:
+        parts += _question_markdown(q, out)
+    if doc.sections:
+        parts += _sections_markdown(doc.intro, doc.sections, out)
+    if doc.how_to_read:
+        parts += ['<a id="how-to-read"></a>', "", "## How to read this report", "", doc.how_to_read, ""]
+    parts += _provenance_markdown(doc.provenance)
     return "\n".join(parts) + "\n"
 
 
@@ -189,15 +266,22 @@ def _figure_html(path: Path, fallback: str) -> str:
             f"<figcaption>{_inline(caption)}</figcaption></figure>")
 
 
-def render_html(title: str, intro: str, sections: list[Section], provenance: dict) -> str:
+def _md_html(text: str) -> str:
+    """Report markdown (paragraphs, lists, tables, code spans, links) as HTML (python-markdown)."""
+    import markdown
+
+    return markdown.markdown(text, extensions=["tables"], output_format="html")
+
+
+def _sections_html(intro: str, sections: list[Section]) -> list[str]:
     e = _inline
-    body = [f"<h1>{e(title)}</h1>"] + [f"<p>{e(p)}</p>" for p in intro.split("\n\n")]
+    body = [f"<p>{e(p)}</p>" for p in intro.split("\n\n")] if intro else []
     glance = glance_sections(sections)
     if glance:
         body += [f"<h2>{e(GLANCE)}</h2>", f"<p><i>{e(GLANCE_NOTE)}</i></p>", "<ul>"]
         body += [f"<li><b>{e(s.title)}</b> {e(s.glance)}.</li>" for s in glance] + ["</ul>"]
     for s in sections:
-        body.append(f"<h2>{e(s.title)}</h2>")
+        body.append(f'<h2 id="{_slug(s.title)}">{e(s.title)}</h2>')
         if s.verdict:
             body += [f"<p><b>Answer.</b> {e(s.verdict)}</p>", f"<p><b>Evidence.</b> {e(s.answer)}</p>"]
         else:
@@ -214,16 +298,91 @@ def render_html(title: str, intro: str, sections: list[Section], provenance: dic
         if s.notes or s.limits:
             text = " ".join(t for t in (s.notes, s.limits) if t)
             body.append(f"<p><b>What this shows and does not show.</b> {e(text)}</p>")
-    body += ["<h2>Provenance</h2>", "<ul>"] + [f"<li><b>{e(k)}</b>: {e(str(v))}</li>" for k, v in provenance.items()]
-    body.append("</ul>")
+    return body
+
+
+def _slug(title: str) -> str:
+    """An HTML anchor for a section title: lower-case words joined by hyphens.
+
+    >>> _slug("Jawahar et al. 2019: what BERT's layers hold")
+    'jawahar-et-al-2019-what-bert-s-layers-hold'
+    """
+    import re
+
+    return "-".join(re.findall(r"[a-z0-9]+", title.lower()))
+
+
+def _question_html(q: QuestionSection) -> list[str]:
+    from .answers import CONFIDENCE_WORDS
+
+    e = _inline
+    body = [f'<section id="{q.anchor}"><h2>{e(q.key)}. {e(q.asked)}</h2>',
+            f'<p class="answer"><b>Answer.</b> {_md_html(q.answer.text).removeprefix("<p>").removesuffix("</p>")} '
+            f"<i>({e(CONFIDENCE_WORDS[q.answer.confidence])})</i></p>"]
+    if q.background:
+        body.append(f"<p><i>Background.</i> {e(q.background)}</p>")
+    inner = []
+    if q.evidence:
+        inner.append(_md_html(q.evidence))
+    n = len(q.figures)
+    for i, f in enumerate(q.figures, 1):
+        inner.append(_figure_html(f, f"{q.key}: figure {i} of {n}" if n > 1 else q.key))
+    if q.rows is not None and not q.rows.empty:
+        inner += ['<p><i>The comparisons behind the answer, each decided by the rules of '
+                  '<a href="#how-to-read">How to read this report</a>:</i></p>', _html_table(q.rows)]
+    if q.notes or q.limits:
+        inner += ["<h3>What this shows and does not show</h3>", _md_html(" ".join(t for t in (q.notes, q.limits) if t))]
+    body += [f"<details><summary>Evidence, figures and notes for {e(q.key)}</summary>", *inner, "</details>",
+             "</section>"]
+    return body
+
+
+def render_html(doc: ReportDocument) -> str:
+    """The report as one HTML page: a table of contents, the answers first, each question with an anchor and its
+    evidence collapsible, the other sections, how to read the report, the provenance; figures inline."""
+    from .answers import CONFIDENCE_WORDS
+
+    e = _inline
+    body = [f"<h1>{e(doc.title)}</h1>"]
+    if doc.notice:
+        body.append(f'<p class="notice"><b>{e(doc.notice)}</b></p>')
+    toc = [f'<li><a href="#{q.anchor}">{e(q.key)}. {e(q.title)}</a></li>' for q in doc.questions]
+    toc += [f'<li><a href="#{_slug(s.title)}">{e(s.title)}</a></li>' for s in doc.sections]
+    toc += ['<li><a href="#how-to-read">How to read this report</a></li>' if doc.how_to_read else "",
+            '<li><a href="#provenance">Provenance</a></li>']
+    body += ['<nav><h2>Contents</h2><ol>', *[t for t in toc if t], "</ol></nav>"]
+    if doc.questions:
+        body += ['<section id="answers"><h2>Answers</h2>', f"<p>{_md_html(doc.model_line)}</p>", "<dl>"]
+        for q in doc.questions:
+            body += [f'<dt><a href="#{q.anchor}">{e(q.key)}. {e(q.asked)}</a></dt>',
+                     f"<dd>{_md_html(q.answer.text).removeprefix('<p>').removesuffix('</p>')} "
+                     f"<i>({e(CONFIDENCE_WORDS[q.answer.confidence])})</i></dd>"]
+        body += ["</dl></section>"]
+    else:
+        body.append(f"<p>{e(doc.model_line)}</p>")
+    for q in doc.questions:
+        body += _question_html(q)
+    body += _sections_html(doc.intro, doc.sections)
+    if doc.how_to_read:
+        body += ['<section id="how-to-read"><h2>How to read this report</h2>', _md_html(doc.how_to_read), "</section>"]
+    body += ['<section id="provenance"><h2>Provenance</h2><ul>']
+    for k, v in doc.provenance.items():
+        if isinstance(v, StageSummary):
+            body += [f"</ul><p><b>{e(k)}</b> (peak RSS: {e(v.methods)}; also in tables/stages.csv):</p>",
+                     _html_table(v.display()), "<ul>"]
+        else:
+            body.append(f"<li><b>{e(k)}</b>: {e(str(v))}</li>")
+    body.append("</ul></section>")
     # text at a readable measure, figures up to the wider page (each at its natural width, never shrunk below it
     # except to fit the window)
     style = ("body{font-family:sans-serif;max-width:75em;margin:2em auto;padding:0 1em;line-height:1.45}"
-             "p,ul,h1,h2{max-width:60em}figure{margin:1em 0}img{max-width:100%;height:auto}"
+             "p,ul,ol,dl,h1,h2,h3{max-width:60em}figure{margin:1em 0}img{max-width:100%;height:auto}"
              "figcaption{font-size:90%;color:#444}code{font-size:95%;background:#f3f3f3;padding:0 2px}"
              "table{border-collapse:collapse;font-size:90%}td,th{padding:2px 8px;border-bottom:1px solid #ddd;"
-             "text-align:left}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             "text-align:left}dt{font-weight:bold;margin-top:.8em}dd{margin-left:1.5em}"
+             "details{margin:.5em 0 1.5em}summary{cursor:pointer;color:#245}nav ol{columns:2}"
+             ".notice{background:#fff4d6;padding:.5em}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(doc.title)}</title>"
             f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
 
 

@@ -174,10 +174,11 @@ def confidence(row, rule: Rule) -> Confidence:
 
 def decide(rows: pd.DataFrame, rules: dict[str, Rule], alpha: float = ALPHA) -> pd.DataFrame:
     """Adjust ``rows`` per family (:func:`adjust`) and decide each under the rule of its ``measure``:
-    adds ``decision``, ``label`` (the words of :data:`LABELS`; in a one-sided question a significant row
+    adds ``decision``, ``verdict`` (the words of :data:`LABELS`; in a one-sided question a significant row
     the other way reads "No (the opposite)") and ``confidence``. An unknown measure is a ValueError naming it."""
     if rows is None or len(rows) == 0:
-        return pd.DataFrame(columns=[*ROW_COLUMNS, "ci_low", "ci_high", "p_adj", "significant", "decision"])
+        return pd.DataFrame(columns=[*ROW_COLUMNS, "ci_low", "ci_high", "p_adj", "significant", "decision", "verdict",
+                                     "confidence"])
     unknown = sorted(set(rows["measure"]) - set(rules))
     if unknown:
         raise ValueError(f"comparison rows name measure(s) {unknown} without a rule; rules: {sorted(rules)}")
@@ -192,8 +193,34 @@ def decide(rows: pd.DataFrame, rules: dict[str, Rule], alpha: float = ALPHA) -> 
         decisions.append(d)
         labels.append(label)
         conf.append(confidence(row, rule) if d != "not_measured" else "low")
-    out["decision"], out["label"], out["confidence"] = decisions, labels, conf
+    out["decision"], out["verdict"], out["confidence"] = decisions, labels, conf
     return out
+
+
+#: Columns that tell a question's rows apart, shown before the compared quantity where present.
+FACETS = ("k", "position", "layer", "pooling", "format", "n_train", "task", "condition", "representation")
+
+
+def display(decided: pd.DataFrame, rules: dict[str, Rule]) -> pd.DataFrame:
+    """The decided rows as a report prints them: the facets, what was compared (``label``), the difference with
+    its simultaneous interval in the rule's unit, the adjusted p, the decision and the family's size."""
+    if decided is None or len(decided) == 0:
+        return pd.DataFrame()
+    out = pd.DataFrame({c: decided[c] for c in FACETS if c in decided.columns and decided[c].notna().any()})
+    if "label" in decided.columns:
+        out["compared"] = decided["label"].astype(str)
+    cells = []
+    for _, r in decided.iterrows():
+        rule = rules[r["measure"]]
+        if pd.isna(r["ci_low"]):
+            cells.append("–")
+        else:
+            cells.append(f"{rule.number(r['value'], signed=True)} ({rule.interval(r['ci_low'], r['ci_high'])})")
+    out["difference (simultaneous 95% CI)"] = cells
+    out["adjusted p"] = [format_p(p).removeprefix("p ").removeprefix("= ") for p in decided["p_adj"]]
+    out["decision"] = decided["verdict"].to_numpy()
+    out["family size"] = decided["m"].to_numpy()
+    return out.reset_index(drop=True)
 
 
 def format_p(p: float) -> str:

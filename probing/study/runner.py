@@ -29,12 +29,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import pandas as pd
 
-from ..examples import Example
+from ..examples import Example, corpus_fingerprint
 from .config import (CONFIG_DIR, DEFAULT_CONFIG, QUESTIONS, RESOLVED, StudyConfig, StudyError,  # noqa: F401
                      config_path, load_config, packaged_configs, resolved_lines, section_specs, sections,
                      write_resolved)
 from .question_tables import make_intervention
+from .questions import Question
 from .sections import Context, Job, StudySection, prefix
+from .rules import decide
 from .stages import Stages
 
 if TYPE_CHECKING:
@@ -85,7 +87,18 @@ def load_corpora(cfg: StudyConfig) -> tuple[dict[str, list[Example]], dict[str, 
         for k in range(2, K + 1):
             corpora[f"groups_k{k}"] = prefix(corpora["groups"], k)
             names[f"groups_k{k}"] = f"{specs['groups']} (first {k} sentences)"
+    for q in _questions(cfg):  # corpora a question derives from these (two words swapped, sentence 2 replaced, ...)
+        for name, examples in q.derive(cfg, corpora).items():
+            if name in corpora and corpus_fingerprint(corpora[name]) != corpus_fingerprint(examples):
+                raise StudyError(f"{q.key} derives corpus {name!r}, which another question derives differently")
+            corpora[name] = list(examples)
+            names.setdefault(name, f"{name} (derived by {q.key})")
     return corpora, names
+
+
+def _questions(cfg: StudyConfig) -> list[Question]:
+    """The selected sections that are question modules (:class:`probing.study.questions.Question`)."""
+    return [s for s in _selected(cfg) if isinstance(s, Question)]
 
 
 def extract_all(cfg: StudyConfig, log, progress: bool = True) -> tuple[Caches, dict[str, list[Example]], Any]:
@@ -149,6 +162,37 @@ RESULTS_DIR = ".results"
 _STORED = re.compile(r"[a-z0-9_]+-[0-9a-f]{16}(\.predictions)?\.(csv|parquet)")
 
 
+#: The study's table of fine-tuning predictions (:func:`analyses.finetune.run_protocol`): one row per run,
+#: evaluation condition and test item; the questions' fine-tuned comparisons read it.
+FINETUNE_TABLE = "finetune"
+
+
+def decisions_table(q: Question) -> str:
+    """The name of a question's decided comparison rows in the study's tables (``q1_decisions``)."""
+    return f"{q.key.lower()}_decisions"
+
+
+def finetune_all(cfg: StudyConfig, corpora: dict, lm, out: Path, log, progress: bool = True) -> pd.DataFrame | None:
+    """Every fine-tuning run the selected questions ask for, each once (:func:`analyses.finetune.run_protocol`,
+    stored runs reused): the predictions table, or None when no question fine-tunes. A task that two questions
+    declare must be the same task (the same examples, label and split)."""
+    from analyses.finetune import run_protocol
+
+    tasks: dict = {}
+    specs = []
+    for q in _questions(cfg):
+        for name, task in q.tasks(cfg, corpora).items():
+            if name in tasks and tasks[name] != task:
+                raise StudyError(f"{q.key} declares fine-tuning task {name!r} differently from another question")
+            tasks[name] = task
+        specs += q.runs(cfg)
+    if not specs:
+        return None
+    log(f"fine-tuning: {len(dict.fromkeys(specs))} runs ({cfg.finetune.preset} preset)")
+    return run_protocol(tasks, specs, model=lm, preset=cfg.finetune.preset, device=cfg.study.device, out=out,
+                        split_seed=cfg.study.seed, log=log, progress=progress)
+
+
 def analyse(cfg: StudyConfig, caches: Caches, corpora: dict, lm, log, stages: Stages | None = None,
             progress: bool = True) -> dict[str, pd.DataFrame]:
     """Every selected section's tables (a table two sections share is computed once, in the stage of the
@@ -159,11 +203,17 @@ def analyse(cfg: StudyConfig, caches: Caches, corpora: dict, lm, log, stages: St
     stages = stages if stages is not None else Stages()
     ctx = Context(cfg=cfg, caches=caches, corpora=corpora, lm=lm, out=results_dir(cfg), log=log, progress=progress)
     T: dict[str, pd.DataFrame] = {}
+    with stages.stage("fine-tuning"):
+        predictions = finetune_all(cfg, corpora, lm, ctx.out, log, progress)
+    if predictions is not None:
+        T[FINETUNE_TABLE] = ctx.tables[FINETUNE_TABLE] = predictions
     selected = _selected(cfg)
     for i, s in enumerate(selected):
         ctx.later = tuple(t for later in selected[i + 1:] for t in later.tables)
         with stages.stage(f"analyses {s.key}"):
             T.update(s.analyse(ctx))
+            if isinstance(s, Question):
+                T[decisions_table(s)] = decide(s.rows(T), s.rules)
     tables = _tables_dir(cfg)
     stale = [p for p in tables.glob("*") if _STORED.fullmatch(p.name)] if tables.is_dir() else []
     for p in stale:  # hash-named copies an older version stored beside the named tables
@@ -200,28 +250,43 @@ def run_limits(cfg: StudyConfig, corpora: dict, spec: StudySection, model_name: 
     return " ".join(parts)
 
 
-@dataclass
-class ReportDocument:
-    """A report before it is written: title, introduction, sections and provenance (key -> value)."""
+def question_section(q: Question, cfg: StudyConfig, T: dict, F: dict, corpora: dict, model_name: str):
+    """A question's part of the report: its answer (from its decided rows), evidence, figures, the decided rows as
+    a table, notes and this run's limits. A question whose tables this run did not produce says "not measured"."""
+    from dataclasses import replace
 
-    title: str
-    intro: str
-    sections: list
-    provenance: dict
+    from .answers import not_measured
+    from .report import QuestionSection
+    from .rules import display
+
+    decided = T.get(decisions_table(q))
+    preset = "quick" if cfg.quick else cfg.finetune.preset
+    try:
+        answer = replace(q.answer(T, decided, cfg), preset=preset)
+        evidence = q.evidence(T, decided, cfg)
+    except KeyError as err:  # a table the question reads was not made in this run
+        answer, evidence = not_measured(f"the table {err} is missing", preset), ""
+    return QuestionSection(q.key, q.asked, q.title, q.anchor, answer, evidence, F.get(q.key, []),
+                           display(decided, q.rules) if decided is not None else None, q.notes(cfg),
+                           run_limits(cfg, corpora, q, model_name), q.background)
 
 
-def build_report(cfg: StudyConfig, T: dict, F: dict, caches: Caches, corpora: dict, lm) -> ReportDocument:
-    """Every section's verdict, evidence, figures and tables, the introduction and the provenance (all
-    but the run's total time and its stage table, which :func:`run_study` adds once this is done)."""
+def build_report(cfg: StudyConfig, T: dict, F: dict, caches: Caches, corpora: dict, lm):
+    """The report (:class:`probing.study.report.ReportDocument`): each question's answer (on the one page of
+    answers), evidence, figures and decided rows; the other sections with their verdicts; how to read it; the
+    provenance (all but the run's total time and its stage table, which :func:`run_study` adds)."""
     from .. import __version__
     from ..models import pick_device
-    from .model_facts import model_sentence
-    from .report import Section, describe_intervals, machine, quick_notice
+    from .report import ReportDocument, Section, describe_intervals, machine, quick_notice
+    from .rules import describe
     from .verdicts import describe_rules
 
     out = Path(cfg.study.out)
-    sections_ = []
+    questions, sections_ = [], []
     for spec in _selected(cfg):
+        if isinstance(spec, Question):
+            questions.append(question_section(spec, cfg, T, F, corpora, lm.name))
+            continue
         t = spec.table(T)
         verdict = spec.verdict(T, cfg)
         comparison = spec.comparison_table(T)
@@ -242,6 +307,8 @@ def build_report(cfg: StudyConfig, T: dict, F: dict, caches: Caches, corpora: di
     for (c, _, _), p in caches.paths.items():
         skipped[c] = max(skipped.get(c, 0), len(Cache.open(p).manifest["skipped"]))
     provenance = {
+        "command": " ".join(sys.argv) if sys.argv and sys.argv[0] else "run_study() from Python",
+        "code": code_revision(),
         "model": f"{lm.name} (fingerprint {lm.fingerprint[:16]}…, {lm.n_layers} layers, hidden {lm.hidden_size})",
         "random-init baseline": (f"same architecture, seed {cfg.model.random_init_seed}"
                                  if cfg.model.random_init_baseline else "not run"),
@@ -258,25 +325,53 @@ def build_report(cfg: StudyConfig, T: dict, F: dict, caches: Caches, corpora: di
         "machine": machine(),
         "tables": str((out / "tables").resolve()),
     }
-    quick = cfg.quick
-    title = cfg.study.title or f"probing study '{cfg.study.name}': what input formatting does to {lm.name}"
-    if quick:
+    title = cfg.study.title or f"What input formatting does to {lm.name}: the study '{cfg.study.name}'"
+    if cfg.quick:
         title += " (quick mode)"
-    intro = [quick_notice(cfg, corpora, T)] if quick else []
-    intro += [model_sentence(lm.name),
-              "Every number below was computed by this run from the result tables in tables/. "
-              + describe_intervals(T),
-              describe_rules()]
-    return ReportDocument(title, "\n\n".join(p for p in intro if p), sections_, provenance)
+    rules = {f"{q.key}:{k}": r for q in _questions(cfg) for k, r in q.rules.items()}
+    how = [describe(rules)] if rules else []
+    how.append("Every number was computed by this run from the result tables in tables/. " + describe_intervals(T))
+    legacy = [describe_rules()] if sections_ and any(not isinstance(s, Question) and s.key.startswith("Q")
+                                                     for s in _selected(cfg)) else []
+    return ReportDocument(title=title, model_line=model_line(lm.name),
+                          notice=quick_notice(cfg, corpora, T) if cfg.quick else "", questions=questions,
+                          sections=sections_, intro="\n\n".join(legacy), how_to_read="\n\n".join(how),
+                          provenance=provenance)
 
 
-def write_report(doc: ReportDocument, out: Path) -> Path:
+def model_line(name: str) -> str:
+    """What the model is, in one line, with how to run the study on another (a download or a local copy)."""
+    from .model_facts import model_sentence
+
+    return model_sentence(name)
+
+
+def code_revision() -> str:
+    """The toolkit's version and, in a git checkout, its commit (and whether the tree had changes)."""
+    import subprocess
+
+    from .. import __version__
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "", ""
+    if not commit:
+        return f"probing {__version__} (not a git checkout)"
+    return f"probing {__version__}, commit {commit}" + (" with uncommitted changes" if dirty else "")
+
+
+def write_report(doc, out: Path) -> Path:
     """Write ``<out>/report.md`` and ``<out>/report.html``; returns the Markdown path."""
     from ..cache_writer import atomic_write
     from .report import render_html, render_markdown
 
-    md = render_markdown(doc.title, doc.intro, doc.sections, doc.provenance, out)
-    html = render_html(doc.title, doc.intro, doc.sections, doc.provenance)
+    md = render_markdown(doc, out)
+    html = render_html(doc)
     for name, text in (("report.md", md), ("report.html", html)):  # whole or not at all, under the umask
         atomic_write(out / name, lambda tmp, text=text: Path(tmp).write_text(text, encoding="utf-8"))
     return out / "report.md"

@@ -1,0 +1,15 @@
+"""The seed questions, one module each (``q1.py`` ... ``q8.py``), each declaring a
+:class:`~probing.study.questions._base.Question`; :data:`QUESTIONS` lists them in report order.
+
+Adding a question is one module here plus its key in :data:`QUESTIONS` and in a study config's
+``[study] questions``.
+"""
+
+from __future__ import annotations
+
+from ._base import Question
+
+#: The questions answered by a question module, by key, in report order.
+QUESTIONS: dict[str, Question] = {}
+
+__all__ = ["QUESTIONS", "Question"]
