@@ -18,7 +18,7 @@ import pandas as pd
 from analyses.sentence_content import SEGMENT_FORMATS
 
 from ..answers import Answer, not_measured
-from ..rules import LABELS, Rule
+from ..rules import Rule
 from ..sections import Context
 from . import segments as seg
 from ._base import Question
@@ -77,31 +77,41 @@ def _accuracies(T) -> pd.DataFrame:
     return ft[ft["metric"] == "accuracy"]
 
 
-def _frozen_sentence(T, decided: pd.DataFrame, cfg) -> str:
+def _where(df: pd.DataFrame | None, **eq) -> pd.DataFrame:
+    """Rows of ``df`` whose columns equal the given values (empty when ``df`` is None or lacks a column)."""
+    if df is None or df.empty or any(c not in df.columns for c in eq):
+        return pd.DataFrame(columns=list(df.columns) if df is not None else [])
+    for c, v in eq.items():
+        df = df[df[c] == v]
+    return df
+
+
+def _frozen_sentence(T, decided: pd.DataFrame | None) -> str:
     """One short sentence on the frozen readout: [CLS] of multi against concat over every k and position."""
-    d = decided[(decided["measure"] == "content") & (decided.get("pooling") == "cls")
-                & (decided.get("format_b") == "concat")] if not decided.empty else decided
+    d = _where(decided, measure="content", pooling="cls", format_b="concat")
     lv = seg.content(T, metric="macro_auc", format="multi", choice="cls")
     if d.empty or lv.empty:
         return ""
     ks = sorted(lv["k"].unique())
     span = f"k = {ks[0]} to {ks[-1]}" if len(ks) > 1 else f"k = {ks[0]}"
-    same = d["decision"].isin(["no_difference", "yes_small"]).all()
-    if same:
+    if d["decision"].isin(["no_difference", "yes_small"]).all():
         return f"Frozen, its [CLS] reads each sentence's content words as well as concat's at {span}."
     worse = (d["decision"] == "yes") & (d["value"] < 0)
     if worse.any():
-        return f"Frozen, its [CLS] reads some sentences' content words less well than concat's ({int(worse.sum())} " \
-               f"of {len(d)} positions, {span})."
-    return f"Frozen, its [CLS] reads each sentence's content words at least as well as concat's at {span}."
+        return (f"Frozen, its [CLS] reads some sentences' content words less well than concat's ({int(worse.sum())} "
+                f"of {len(d)} positions, {span}).")
+    better = (d["decision"] == "yes") & (d["value"] > 0)
+    if better.any():
+        return f"Frozen, its [CLS] reads some sentences' content words better than concat's ({span})."
+    return f"Frozen, its [CLS] reads each sentence's content words about as well as concat's ({span}; not all decided)."
 
 
 def answer(T, decided: pd.DataFrame, cfg) -> Answer:
     preset = "quick" if getattr(cfg, "quick", False) else cfg.finetune.preset
     acc = _accuracies(T)
     tuned = acc[~acc["frozen"].astype(bool)].set_index("format") if not acc.empty else acc
-    ft = decided[decided["measure"] == "finetuned"] if not decided.empty else decided
-    frozen = _frozen_sentence(T, decided, cfg)
+    ft = _where(decided, measure="finetuned")
+    frozen = _frozen_sentence(T, decided)
     k = cfg.segments.finetune_k
     if "multi" not in tuned.index:
         if frozen:
@@ -113,7 +123,7 @@ def answer(T, decided: pd.DataFrame, cfg) -> Answer:
         text = (f"Cannot tell: {task}, `[CLS] s1 [SEP] s2 [SEP] …` scored {_pct(m['value'])}, no better than "
                 f"chance (50%), so this run did not learn the task. {frozen}")
         return Answer(text.strip(), "low", preset)
-    vs = ft[ft["format_b"] == "concat"] if "format_b" in ft.columns else ft.iloc[0:0]
+    vs = _where(ft, format_b="concat")
     if vs.empty or "concat" not in tuned.index:
         return Answer(f"Yes, it works: {task}, `[CLS] s1 [SEP] s2 [SEP] …` scores {_pct(m['value'])} (chance: "
                       f"50%). {frozen}".strip(), "moderate", preset)
@@ -150,17 +160,6 @@ def evidence(T, decided: pd.DataFrame, cfg) -> str:
         out += [f"**The intruder task** ({cfg.segments.finetune_k} sentences; chance 50%): accuracy on the same test "
                 "items, 95% CI over training seeds and documents (a frozen probe: documents only).", "",
                 _table(t), ""]
-    if not decided.empty:
-        d = decided.copy()
-        rule = {m: RULES[m] for m in d["measure"].unique()}
-        d["difference (CI)"] = [f"{rule[m].number(v, True)} ({rule[m].number(lo, True)} to "
-                                f"{rule[m].number(hi, True)}) {rule[m].unit}"
-                                for m, v, lo, hi in zip(d["measure"], d["value"], d["ci_low"], d["ci_high"])]
-        d["decision"] = d["decision"].map(LABELS)
-        cols = [c for c in ("family", "k", "position", "difference (CI)", "decision", "confidence", "n_groups")
-                if c in d.columns]
-        out += ["**Decided rows** (each family's interval simultaneous, Bonferroni; thresholds under How to read "
-                "this report):", "", _table(d[cols].fillna("–")), ""]
     lv = seg.content(T, metric="macro_auc")
     if not lv.empty:
         lv = lv[lv["choice"].isin(["cls", "mean", "length_only"])]

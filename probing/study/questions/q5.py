@@ -24,7 +24,7 @@ import pandas as pd
 from analyses.sentence_content import LENGTH_ONLY, OWN_CLS
 
 from ..answers import Answer, not_measured
-from ..rules import LABELS, Rule
+from ..rules import Rule
 from ..sections import Context, Job
 from . import segments as seg
 from ._base import Question
@@ -92,7 +92,7 @@ def _positions(ps) -> str:
 def answer(T, decided: pd.DataFrame, cfg) -> Answer:
     preset = "quick" if getattr(cfg, "quick", False) else cfg.finetune.preset
     K = _K(T)
-    if K is None or decided.empty:
+    if K is None or decided is None or decided.empty:
         return not_measured("the content of each sentence read from [CLS]", preset)
     lv = seg.content(T, k=K, metric="macro_auc", format="multi", choice="cls").set_index("position")["value"]
     ln = seg.length_only(T, K).set_index("position")["value"]
@@ -149,17 +149,6 @@ def evidence(T, decided: pd.DataFrame, cfg) -> str:
         out += ["", "**Interchange** (each item has one sentence replaced by a same-topic sentence of an article "
                 "that is no item; the probes of each position were fitted on the clean inputs' training folds):", "",
                 t.round(3).to_markdown(index=False), ""]
-    if not decided.empty:
-        d = decided.copy()
-        d["difference (CI)"] = [f"{RULES[m].number(v, True)} ({RULES[m].number(lo, True)} to "
-                                f"{RULES[m].number(hi, True)})" for m, v, lo, hi in
-                                zip(d["measure"], d["value"], d["ci_low"], d["ci_high"])]
-        d["decision"] = [("No (the opposite)" if lab == "No (the opposite)" else LABELS[x])
-                         for x, lab in zip(d["decision"], d["label"])] if "label" in d else d["decision"]
-        cols = [c for c in ("family", "position", "difference (CI)", "decision", "confidence", "n_groups")
-                if c in d.columns]
-        out += ["**Decided rows** (AUC points; each family's interval simultaneous, Bonferroni):", "",
-                d[cols].to_markdown(index=False), ""]
     return "\n".join(out)
 
 
