@@ -9,8 +9,8 @@
 # 3. the probe and CKA benchmarks on the GPU.
 # Each step has its own time limit (seconds, environment variables below) and the script goes on past a
 # failed step; its exit status is the number of failed steps.
-# A rehearsal on any machine (tests/test_benchmarks.py runs one on the CPU, so that a GPU session's few
-# minutes are not lost to a broken command): DEVICE=cpu, STEPS (a comma list of the step names below),
+# A rehearsal on any machine (tests/test_benchmarks.py runs one on the CPU, so that the few minutes of a
+# lent GPU machine are not lost to a broken command): DEVICE=cpu, STEPS (a comma list of the step names below),
 # small N_CLS and N_ALL, and EXTRACT_ARGS, PROBE_ARGS, CKA_ARGS appended to those commands. DTYPE (default
 # bfloat16): the compute dtype of the two bert-base-size steps; a CPU rehearsal passes float32, since a CPU
 # without bfloat16 hardware emulates it (the base-size [CLS]+[SEP] step took 126 s in bfloat16 and 31 s in

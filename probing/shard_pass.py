@@ -66,7 +66,7 @@ class HostStaging:
     """Page-locked host memory, allocated once and grown as needed, that a batch's gathered states are
     copied into from a GPU. ``.cpu()`` would allocate new pageable memory for every batch, and the copy
     into it runs at a fraction of the bus rate (page faults, and the driver's staging through its own
-    pinned buffer): session 7 measured 1.5 GB/s for all tokens of bert-base on an H200. The returned
+    pinned buffer): 1.5 GB/s for all tokens of bert-base on an H200 (56b7e45, 2026-11-26). The returned
     array is a view of the buffer, valid until the next call, so the caller copies it out first (one batch
     at a time on a GPU: :func:`run_shard` scatters it into the shard before the next batch runs).
     On the CPU (or without CUDA) it is the tensor's own memory, as ``.cpu()`` gives."""

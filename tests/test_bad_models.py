@@ -324,6 +324,6 @@ def test_every_baseline_goes_through_check_comparable():
     root = Path(__file__).resolve().parents[1]
     sources = [p for d in ("probing", "analyses", "figures") for p in (root / d).rglob("*.py")]
     users = sorted(str(p.relative_to(root)) for p in sources if "random_cache=" in p.read_text(encoding="utf-8"))
-    assert users == ["analyses/probe_runner.py", "probing/study/question_tables.py", "probing/study/reproductions.py"]
-    runner = (root / "analyses" / "probe_runner.py").read_text(encoding="utf-8")
+    assert users[0] == "analyses/probes/_runner.py" and all(u.startswith("probing/study/") for u in users[1:])
+    runner = (root / "analyses" / "probes" / "_runner.py").read_text(encoding="utf-8")
     assert runner.count("check_comparable(cache, random_cache, random_baseline=True)") == 1

@@ -524,7 +524,7 @@ def test_calibration_table(trained, tmp_path):
     paragraphs = [Example(f"p{i}", tuple(" ".join(rng.choice(words) for _ in range(4)) + " ." for _ in range(4)),
                           {"doc": f"d{i // 2}"}) for i in range(40)]
     sentences = [Example(f"s{i}", (" ".join(rng.choice(words) for _ in range(8)) + " .",), {}) for i in range(60)]
-    table = analyses.calibration_table(trained, caches=tmp_path / "caches", n_resamples=50,
+    table = analyses.calibration_table(trained, caches=tmp_path / "caches", n_resamples=100,
                                        corpora={"paragraphs": paragraphs, "sentences": sentences}, log=lambda *a: None)
     assert (trained / "calibration.csv").is_file()
     again = read_table(trained / "calibration.csv")

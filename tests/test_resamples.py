@@ -147,18 +147,18 @@ def test_probe_result_refuses_too_few_resamples():
 def test_study_config_refuses_too_few_at_load():
     from probing.study.runner import StudyError, load_config
 
-    assert load_config(None, overrides={"study.bootstrap_resamples": 100})["study"]["bootstrap_resamples"] == 100
+    assert load_config(None, overrides={"study.bootstrap_resamples": 100}).study.bootstrap_resamples == 100
     for bad in (1, 99, 0):
         with pytest.raises(StudyError, match=rf"study.bootstrap_resamples = {bad}: a 95% interval needs at least 100"):
             load_config(None, overrides={"study.bootstrap_resamples": bad})
-    with pytest.raises(StudyError, match="study.bootstrap_resamples = 'many': give a whole number"):
+    with pytest.raises(StudyError, match="study.bootstrap_resamples = 'many': expected an integer >= 100"):
         load_config(None, overrides={"study.bootstrap_resamples": "many"})
     # every packaged config, quick or not, asks for enough
     from probing.study.runner import packaged_configs
 
     for name in packaged_configs():
         for quick in (False, True):
-            assert load_config(name, quick=quick)["study"]["bootstrap_resamples"] >= MIN_RESAMPLES
+            assert load_config(name, quick=quick).study.bootstrap_resamples >= MIN_RESAMPLES
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ def _base(hint):
 
 #: A value outside each checked field's range, where a bound or a registry does not say it.
 SPECIAL = {"study.device": "gpu", "study.questions": ["Q1", "Q9"], "corpus.pairs": "nosuch:n=3",
-           "papers.clark_format": "[CLS] {1", "finetune.poolings": ["cls", "sep"]}
+           "papers.clark_format": "[CLS] {1", "finetune.poolings": ["cls", "sep"], "study.bootstrap_resamples": 99}
 
 
 def _wrong_type(hint):
@@ -176,8 +176,9 @@ def test_unknown_sections_and_moved_keys(text, first, tmp_path, no_work, capsys)
     ('"probes.folds" = "five"', "error: config: [quick] probes.folds = 'five': expected an integer >= 2"),
     ('"probes.fold" = 3', "error: config: [quick] unknown key probes.fold; did you mean probes.folds?"),
     ('folds = 3', "error: config: [quick] unknown key folds; did you mean probes.folds?"),
-    ('"study.bootstrap_resamples" = 20', "error: config: [quick] study.bootstrap_resamples = 20: expected an integer "
-                                         ">= 100"),
+    ('"study.bootstrap_resamples" = 20', "error: config: [quick] study.bootstrap_resamples = 20: a 95% interval "
+                                         "needs at least 100 resamples (5 of them outside it; fewer give an interval of no "
+                                         "width that can exclude its own estimate)"),
 ])
 def test_the_quick_table_is_checked_with_or_without_quick(entry, first, quick, tmp_path, no_work, capsys):
     """A typo in [quick] is found on a full run too, not only when --quick finally reads it."""

@@ -75,14 +75,14 @@ class TrainConfig:
         dropout replays the draws of the forward pass), so the same gradients, the same run, with less
         memory and more time. Above 1 it needs transformers' ``activation_checkpointing_enable``
         (transformers >= 5; older versions checkpoint every layer, with a warning). 0 in every preset since
-        session 21 (2 in "default" from session 8): ``run_pooling_experiment(load_corpus("bbc:n=1000,k=2,
+        afc0a39, 2026-11-27 (2 in "default" from 7bc1802): ``run_pooling_experiment(load_corpus("bbc:n=1000,k=2,
         max_words=40"), "topic", ["cls", "mean", "max"], [0], model=load_model(), preset="default",
         run_folds=1, checkpoint_every=0|1|2)`` (2-core VM, two torch threads, alternated): peak RSS
         1,413 / 1,421 MiB with none, 1,177 / 1,163 MiB with every layer, 1,283 / 1,311 MiB with every
         second; 24.3-26.6 s, 35.8-36.3 s and 28.3-32.1 s; the table (but its ``seconds``) and the
         predictions byte-identical. Each fine-tuning run held about 650 MiB above the process before it
         with none, and the study's peak is Q8's fine-tuning; every layer cost the study 40-50 s, every
-        second layer half of that for half the memory. On the AVX2-only VM of sessions 19-21 (float32
+        second layer half of that for half the memory. On the AVX2-only VM of 2026-11-27 (f02dfc7 on; float32
         training, no autocast) every second layer cost more: the same call, alternated, took 64.6 / 67.2 s
         with none against 77.7 / 81.4 s (peak 1,413 / 1,416 against 1,252 / 1,256 MiB), the tables equal
         but for ``seconds``. There the study missed its 10 minutes by 320 s while its peak stayed 375 MiB
@@ -193,8 +193,8 @@ TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in fields(TrainConfig))
 #: * measured in the timed full study of 2026-11-25 (idle, fresh clone): 151 s wall, 294 CPU s, the runs
 #:   one at a time on two torch threads; with ``num_threads=2`` (two single-threaded workers, the same
 #:   results) an earlier full study took 131 s, but each run in flight holds about 650 MB, which took the
-#:   study's peak to 2.7 GB (benchmarks/RESULTS.md, "Single-threaded workers");
-#: * on an AMD EPYC VM with AVX2 only (session 19; 2-thread 2048^3 matmul 129-145 GFLOP/s), where "auto"
+#:   study's peak to 2.7 GB (docs/CHANGES.md, 2026-11-25, "Single-threaded workers");
+#: * on an AMD EPYC VM with AVX2 only (f02dfc7, 2026-11-27; 2-thread 2048^3 matmul 129-145 GFLOP/s), where "auto"
 #:   leaves autocast off: 365 s wall, 710 CPU s in the full study (fresh clone, no other job);
 #: * peak RSS of ``/usr/bin/time -v python -m analyses.finetune --corpus bbc:n=1000,k=2,max_words=40
 #:   --targets topic --poolings cls,max --run-folds 1 --no-progress --force``: 1,432,736 kB

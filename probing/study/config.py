@@ -148,7 +148,7 @@ class StudySettings:
     out: str = setting("runs/study", nonempty=True)
     caches: str = setting("caches", nonempty=True)
     seed: int = setting(0, ge=0)
-    bootstrap_resamples: int = setting(1000, check=_resamples)
+    bootstrap_resamples: int = setting(1000, check=_resamples, expect=f"an integer >= {MIN_BOOTSTRAP_RESAMPLES}")
     questions: tuple[str, ...] = setting(QUESTIONS, nonempty=True, check=_questions)
     title: str | None = setting(None)
     device: str = setting("auto", check=_device_name)
