@@ -8,8 +8,10 @@ Adding a question is one module here plus its key in :data:`QUESTIONS` and in a 
 from __future__ import annotations
 
 from ._base import Question
+from .q3 import QUESTION as Q3
+from .q5 import QUESTION as Q5
 
 #: The questions answered by a question module, by key, in report order.
-QUESTIONS: dict[str, Question] = {}
+QUESTIONS: dict[str, Question] = {q.key: q for q in (Q3, Q5)}
 
 __all__ = ["QUESTIONS", "Question"]

@@ -134,18 +134,15 @@ def answer(T, decided: pd.DataFrame, cfg) -> Answer:
     interval = f"CI {rule.number(r['ci_low'], True)} to {rule.number(r['ci_high'], True)}"
     head = {"no_difference": "Yes, it works as well as one long segment",
             "yes_small": "Yes, it works as well as one long segment",
-            "inconclusive": "Yes, it works",
+            "inconclusive": "Yes, it works", "not_measured": "Yes, it works",
             "yes": "Yes, and better than one long segment" if r["value"] > 0 else "It works, but worse than one long "
                    "segment"}[r["decision"]]
     tail = {"no_difference": "within ±2 points", "yes_small": "a real but small difference",
-            "inconclusive": "too uncertain to call"}.get(r["decision"], interval)
+            "inconclusive": "too uncertain to call", "not_measured": "no spread to judge it by"}.get(r["decision"],
+                                                                                                   interval)
     text = (f"{head}: {task}, `[CLS] s1 [SEP] s2 [SEP] …` scores {_pct(m['value'])}, `[CLS] s1 s2 … [SEP]` "
             f"{_pct(c['value'])} ({diff}, {tail}). {frozen}")
     return Answer(text.strip(), r["confidence"], preset)
-
-
-def _table(df: pd.DataFrame) -> str:
-    return df.to_markdown(index=False) if not df.empty else ""
 
 
 def evidence(T, decided: pd.DataFrame, cfg) -> str:
@@ -159,7 +156,7 @@ def evidence(T, decided: pd.DataFrame, cfg) -> str:
             columns={"n": "test items", "n_seeds": "seeds", "n_groups": "documents"})
         out += [f"**The intruder task** ({cfg.segments.finetune_k} sentences; chance 50%): accuracy on the same test "
                 "items, 95% CI over training seeds and documents (a frozen probe: documents only).", "",
-                _table(t), ""]
+                seg.md_table(t), ""]
     lv = seg.content(T, metric="macro_auc")
     if not lv.empty:
         lv = lv[lv["choice"].isin(["cls", "mean", "length_only"])]
@@ -167,8 +164,7 @@ def evidence(T, decided: pd.DataFrame, cfg) -> str:
             index="what", columns=["k", "position"], values="value").round(3)
         piv.columns = [f"k={k} s{p}" for k, p in piv.columns]
         out += ["**Content words of sentence i** (frozen, last layer read; macro AUC, 0.5 = frequency alone; "
-                "`length length_only`: the sentences' word counts alone):", "", piv.reset_index().to_markdown(
-                    index=False), ""]
+                "`length length_only`: the sentences' word counts alone):", "", seg.md_table(piv.reset_index()), ""]
     return "\n".join(out)
 
 

@@ -85,8 +85,11 @@ def _span(values) -> str:
 
 
 def _positions(ps) -> str:
+    """``'sentence 2'``, ``'sentences 1 and 3'``, ``'sentences 1, 2 and 4'``."""
     ps = sorted(int(p) for p in ps)
-    return ", ".join(map(str, ps[:-1])) + f" and {ps[-1]}" if len(ps) > 1 else str(ps[0])
+    if len(ps) == 1:
+        return f"sentence {ps[0]}"
+    return "sentences " + ", ".join(map(str, ps[:-1])) + f" and {ps[-1]}"
 
 
 def answer(T, decided: pd.DataFrame, cfg) -> Answer:
@@ -101,7 +104,7 @@ def answer(T, decided: pd.DataFrame, cfg) -> Answer:
     if len(held) == len(bl) and len(bl):
         head = f"Yes: [CLS] of a {K}-sentence input holds every sentence's content words"
     elif len(held):
-        head = (f"Partly: [CLS] of a {K}-sentence input holds the content words of sentences {_positions(held)}, "
+        head = (f"Partly: [CLS] of a {K}-sentence input holds the content words of {_positions(held)}, "
                 "not measurably of the others")
     else:
         head = f"Not measurably: [CLS] of a {K}-sentence input reads no sentence's content words beyond their lengths"
@@ -113,9 +116,12 @@ def answer(T, decided: pd.DataFrame, cfg) -> Answer:
         moved = st[(st["decision"] == "yes")]
         if follows and stays:
             text += " Replacing sentence i moves only sentence i's readout, towards the new words."
-        elif follows:
+        elif follows and len(moved):
             text += (" Replacing sentence i moves its readout towards the new words, and also changes other "
                      f"sentences' readouts (at {len(moved)} of {len(st)} positions).")
+        elif follows:
+            text += (" Replacing sentence i moves its readout towards the new words; whether the other sentences' "
+                     "readouts stay could not be told.")
         else:
             text += " Its readout of a sentence does not reliably follow a replaced sentence."
     conf = bl["confidence"]
@@ -136,20 +142,34 @@ def evidence(T, decided: pd.DataFrame, cfg) -> str:
         piv.columns = [f"sentence {p}" for p in piv.columns]
         out += [f"**Content words of each sentence of a {K}-sentence input** (macro AUC, last layer read; 0.5 = word "
                 "frequency alone; `length length_only`: the sentences' word counts alone; `bertsum own_cls`: the "
-                "[CLS] before that sentence in bertsum):", "", piv.reset_index().to_markdown(index=False), ""]
+                "[CLS] before that sentence in bertsum):", "", seg.md_table(piv.reset_index()), ""]
         cos = seg.content(T, k=K, metric="cosine", choice=OWN_CLS)
         if not cos.empty:
-            out += [f"bertsum's own [CLS] of sentences 2–{K} against its first [CLS], mean cosine at the layer read: "
-                    f"{_span(cos['value'])} (1: the same vector)."]
+            gap = 1 - cos["value"]
+            out += [(f"bertsum's own [CLS] of sentences 2–{K} against its first [CLS]: 1 − cosine "
+                     f"{gap.min():.2g}–{gap.max():.2g} at the layer read (0: the same direction)."), ""]
     ic = T.get("interchange")
     if ic is not None and not ic.empty:
-        t = ic[["metric", "position", "value", "ci_low", "ci_high", "value_a", "value_b", "n"]].copy()
-        t["metric"] = t["metric"].map({"interchange_follow": "follow: AUC vs new words − vs old words",
-                                       "interchange_stay": "stay: AUC after another is replaced − clean"})
-        out += ["", "**Interchange** (each item has one sentence replaced by a same-topic sentence of an article "
-                "that is no item; the probes of each position were fitted on the clean inputs' training folds):", "",
-                t.round(3).to_markdown(index=False), ""]
+        out += ["**Interchange** (each item has one sentence replaced by a same-topic sentence of an article "
+                "that is no item; the probes of each position were fitted on the clean inputs' training folds). "
+                "*Follows*: the readout of sentence i on the items where i was replaced, scored against the new "
+                "sentence's words − against the old one's. *Stays*: the readout of sentence i on the items where "
+                "another sentence was replaced − on the same items clean (macro AUC):", "", seg.md_table(
+                    _interchange_display(ic)), ""]
     return "\n".join(out)
+
+
+def _interchange_display(ic: pd.DataFrame) -> pd.DataFrame:
+    """The interchange rows as the evidence prints them: one line per (test, sentence i)."""
+    rows = []
+    for _, r in ic.sort_values(["metric", "position"]).iterrows():
+        follow = r["metric"] == "interchange_follow"
+        rows.append({"test": "follows" if follow else "stays", "sentence i": int(r["position"]),
+                     "AUC": (f"{r['value_a']:.3f} (new words) vs {r['value_b']:.3f} (old)" if follow
+                             else f"{r['value_a']:.3f} (other replaced) vs {r['value_b']:.3f} (clean)"),
+                     "difference (95% CI)": f"{r['value']:+.3f} ({r['ci_low']:+.3f} to {r['ci_high']:+.3f})",
+                     "items": int(r["n"]) if pd.notna(r["n"]) else "–"})
+    return pd.DataFrame(rows)
 
 
 def figures(T, fig_dir: Path, log) -> list[Path]:

@@ -242,6 +242,13 @@ def comparison_rows(df: pd.DataFrame, measure: str, family: str, label: str) -> 
     return out.reset_index(drop=True)
 
 
+def md_table(df: pd.DataFrame) -> str:
+    """``df`` as a markdown table, the report's own way (no ``tabulate`` needed; "" when empty)."""
+    from ..report import _md_table
+
+    return _md_table(df) if not df.empty else ""
+
+
 def describe_format(kind: str) -> str:
     return SEGMENT_FORMATS.get(kind, kind)
 
