@@ -118,7 +118,7 @@ def answer(T, decided: pd.DataFrame, cfg) -> Answer:
             return Answer(f"Not fine-tuned in this run. {frozen}", "low", preset)
         return not_measured("the fine-tuned intruder task and the content readouts", preset)
     m = tuned.loc["multi"]
-    task = f"fine-tuned to spot the sentence that does not belong among {k}"
+    task = f"fine-tuned to tell whether one of {k} sentences comes from another article"
     if not float(m["ci_low"]) > 0.5:
         text = (f"Cannot tell: {task}, `[CLS] s1 [SEP] s2 [SEP] …` scored {_pct(m['value'])}, no better than "
                 f"chance (50%), so this run did not learn the task. {frozen}")
@@ -137,9 +137,8 @@ def answer(T, decided: pd.DataFrame, cfg) -> Answer:
             "inconclusive": "Yes, it works", "not_measured": "Yes, it works",
             "yes": "Yes, and better than one long segment" if r["value"] > 0 else "It works, but worse than one long "
                    "segment"}[r["decision"]]
-    tail = {"no_difference": "within ±2 points", "yes_small": "a real but small difference",
-            "inconclusive": "too uncertain to call", "not_measured": "no spread to judge it by"}.get(r["decision"],
-                                                                                                   interval)
+    tail = {"yes_small": f"{interval}: real but small", "inconclusive": f"{interval}: too uncertain to call",
+            "not_measured": "no spread to judge it by"}.get(r["decision"], interval)
     text = (f"{head}: {task}, `[CLS] s1 [SEP] s2 [SEP] …` scores {_pct(m['value'])}, `[CLS] s1 s2 … [SEP]` "
             f"{_pct(c['value'])} ({diff}, {tail}). {frozen}")
     return Answer(text.strip(), r["confidence"], preset)
