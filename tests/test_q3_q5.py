@@ -195,3 +195,35 @@ def test_groups_corpus_shorter_than_the_largest_k_is_refused(cfg):
     with pytest.raises(StudyError, match=r"^config: segments.ks = \[2, 3, 5\] and segments.finetune_k = 4 need "
                                          r"examples of 5 sentences; corpus.groups .* has examples of 2"):
         seg.derive(cfg, {"groups": groups})
+
+
+# ---------------------------------------------------------------------------------------------------
+# End to end
+
+
+@pytest.mark.slow
+def test_q3_and_q5_run_end_to_end_in_a_quick_study(tmp_path, bert_tokenizer):
+    import re
+
+    from probing.study.answers import word_count
+    from probing.study.runner import run_study
+
+    from .conftest import make_tiny_bert, quick_study_config
+
+    model_dir = tmp_path / "tiny-model"
+    make_tiny_bert(bert_tokenizer, max_position_embeddings=128).save_pretrained(model_dir)
+    bert_tokenizer.save_pretrained(model_dir)
+    report = run_study(quick_study_config(tmp_path, model_dir), quick=True,
+                       overrides={"study.questions": ["Q3", "Q5"]}, log=lambda *a: None)
+    md = report.read_text(encoding="utf-8")
+    tables = report.parent / "tables"
+    for key, asked in (("Q3", q3.QUESTION.asked), ("Q5", q5.QUESTION.asked)):
+        line = re.search(rf"\*\*{key}\. {re.escape(asked)}\*\* \[evidence\]\(#{key.lower()}\)  \n(.*)\n", md)
+        assert line and "*(" in line.group(1) and word_count(line.group(1).rsplit(" *(", 1)[0]) <= MAX_WORDS
+        assert (tables / f"{key.lower()}_decisions.csv").is_file()
+    P = pd.read_csv(tables / "finetune.csv")
+    assert set(P["task"]) == {"intruder"} and set(P["format"]) == {"multi", "concat", "control3"}
+    content = pd.read_csv(tables / "sentence_content.csv")
+    assert set(content["k"]) == {2, 3} and {"multi", "concat", "control", "bertsum"} <= set(content["format"])
+    assert set(pd.read_csv(tables / "interchange.csv")["metric"]) == {"interchange_follow", "interchange_stay"}
+    assert "drift" not in md[md.index("## Q3."):md.index("## Q5.")]
