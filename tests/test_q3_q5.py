@@ -141,7 +141,8 @@ def _q5_tables(held: float, follow: float, stay: float, K: int = 3, se: float = 
     position (standard errors small enough to decide)."""
     rows = []
     for p in range(1, K + 1):
-        rows += [{"k": K, "position": p, "format": "multi", "choice": "cls", "metric": "macro_auc", "value": 0.5 + held},
+        rows += [{"k": K, "position": p, "format": "multi", "choice": "cls", "metric": "macro_auc",
+                  "value": 0.5 + held},
                  {"k": K, "position": p, "format": "length", "choice": "length_only", "metric": "macro_auc",
                   "value": 0.5},
                  {"k": K, "position": p, "format": "multi", "choice": "cls", "choice_b": "length_only",

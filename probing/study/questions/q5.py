@@ -145,9 +145,9 @@ def evidence(T, decided: pd.DataFrame, cfg) -> str:
                 "[CLS] before that sentence in bertsum):", "", seg.md_table(piv.reset_index()), ""]
         cos = seg.content(T, k=K, metric="cosine", choice=OWN_CLS)
         if not cos.empty:
-            gap = 1 - cos["value"]
+            lo, hi = (f"{g:.2g}" for g in (1 - cos["value"].max(), 1 - cos["value"].min()))
             out += [(f"bertsum's own [CLS] of sentences 2–{K} against its first [CLS]: 1 − cosine "
-                     f"{gap.min():.2g}–{gap.max():.2g} at the layer read (0: the same direction)."), ""]
+                     f"{lo if lo == hi else f'{lo}–{hi}'} at the layer read (0: the same direction)."), ""]
     ic = T.get("interchange")
     if ic is not None and not ic.empty:
         out += ["**Interchange** (each item has one sentence replaced by a same-topic sentence of an article "
