@@ -178,7 +178,14 @@ def test_q5_answer_does_not_claim_others_move_when_it_cannot_tell(cfg):
 def test_q5_answer_null_reads_nothing_beyond_length(cfg):
     T = _q5_tables(held=0.0, follow=0.0, stay=0.0)
     a = q5.answer(T, decide(q5.rows(T), q5.RULES), cfg)
-    assert a.text.startswith("Not measurably") and "does not reliably follow" in a.text
+    assert a.text.startswith("Not measurably") and "does not follow when that sentence is replaced" in a.text
+
+
+def test_q5_answer_an_underpowered_interchange_is_not_a_no(cfg):
+    T = _q5_tables(held=0.2, follow=0.1, stay=0.0, se=0.08)
+    a = q5.answer(T, decide(q5.rows(T), q5.RULES), cfg)
+    assert "Whether that readout follows a replaced sentence could not be told (30 replaced items per sentence)" \
+        in a.text and "does not follow" not in a.text
 
 
 def test_q5_answer_names_the_one_sentence_held():

@@ -122,8 +122,12 @@ def answer(T, decided: pd.DataFrame, cfg) -> Answer:
         elif follows:
             text += (" Replacing sentence i moves its readout towards the new words; whether the other sentences' "
                      "readouts stay could not be told.")
+        elif (fo["decision"] == "no_difference").any() or ((fo["decision"] == "yes") & (fo["value"] < 0)).any():
+            text += " But its readout of a sentence does not follow when that sentence is replaced."
         else:
-            text += " Its readout of a sentence does not reliably follow a replaced sentence."
+            n = int(fo["n"].min()) if "n" in fo.columns and fo["n"].notna().any() else None
+            text += (" Whether that readout follows a replaced sentence could not be told"
+                     + (f" ({n} replaced items per sentence)." if n else "."))
     conf = bl["confidence"]
     order = {"low": 0, "moderate": 1, "high": 2}
     confidence = min(conf, key=order.get) if len(conf) else "low"

@@ -234,7 +234,7 @@ def comparison_rows(df: pd.DataFrame, measure: str, family: str, label: str) -> 
     ``label``, ``value``, ``se``, the facets ``k`` and ``position``, ``n_groups``, ``grouping``, ``n_resamples``."""
     if df.empty:
         return pd.DataFrame(columns=["measure", "family", "label", "value", "se", "k", "position"])
-    out = df[[c for c in ("k", "position", "value", "se", "value_a", "value_b", "n_groups", "grouping",
+    out = df[[c for c in ("k", "position", "value", "se", "value_a", "value_b", "n", "n_groups", "grouping",
                           "n_resamples") if c in df.columns]].copy()
     out.insert(0, "label", label)
     out.insert(0, "family", family)
