@@ -155,15 +155,20 @@ def interchange_rows(clean: Mapping[int, np.ndarray], swapped: Mapping[int, np.n
       AUC of ``swapped[i]`` − of ``clean[i]`` (the readout of the clean input), both against ``old[i]``: zero
       when replacing another sentence leaves what is read of sentence i as it was.
 
-    Each on its own subset's document resamples (``groups``), shared by the two AUCs it compares."""
+    Each on its own subset's document resamples (``groups``), shared by the two AUCs it compares. Then, per
+    metric, ``<metric>_mean`` (no ``position``): the mean over the positions of the two AUCs and of their
+    difference, every position's AUCs on one joint draw of the documents, so the mean's interval pools the
+    items of every position (one replaced sentence per item leaves each position a k-th of the items)."""
     replaced = np.asarray(replaced)
     groups = np.asarray(groups)
     rows = []
+    sides = {}
     for i in sorted(clean):
         for metric, take, a, b in (
                 ("interchange_follow", replaced == i, (swapped[i], new[i]), (swapped[i], old[i])),
                 ("interchange_stay", (replaced != i) & (replaced != 0), (swapped[i], old[i]), (clean[i], old[i]))):
             idx = np.flatnonzero(take)
+            sides.setdefault(metric, []).append((idx, a, b))
             row = {"position": i, "metric": metric, "n": len(idx)}
             if len(idx) < 2:
                 rows.append({**row, "value": math.nan})
@@ -173,6 +178,18 @@ def interchange_rows(clean: Mapping[int, np.ndarray], swapped: Mapping[int, np.n
             db = auc_draws(b[1][idx], b[0][idx], codes, times)
             rows.append({**row, **paired_auc_difference(da, db), "n_groups": int(codes.max()) + 1,
                          "n_resamples": n_resamples})
+    codes, times = group_draws(groups, n_resamples, seed)
+    for metric, parts in sides.items():
+        parts = [(idx, a, b) for idx, a, b in parts if len(idx) >= 2]
+        if not parts:
+            continue
+        da = [auc_draws(a[1][idx], a[0][idx], codes[idx], times) for idx, a, _ in parts]
+        db = [auc_draws(b[1][idx], b[0][idx], codes[idx], times) for idx, _, b in parts]
+        mean = [(float(np.nanmean([d[0] for d in ds])), np.nanmean(np.stack([d[1] for d in ds]), axis=0))
+                for ds in (da, db)]
+        used = np.unique(np.concatenate([idx for idx, _, _ in parts]))
+        rows.append({"metric": f"{metric}_mean", "n": len(used), **paired_auc_difference(*mean),
+                     "n_groups": len(np.unique(codes[used])), "n_resamples": n_resamples})
     return rows
 
 
@@ -382,6 +399,6 @@ def run_interchange(clean: Cache, swapped: Cache, *, choice: str = "cls", layer:
     meta = {"analysis": "interchange", "model": model_label(clean), "corpus": clean.manifest["corpus"]["name"],
             "format": clean.format_name, "choice": choice, "layer": layer_, "k": k, "grouping": grouping,
             "seed": int(seed)}
-    rows = [{**meta, "target": f"bow_s{r['position']}", **r}
+    rows = [{**meta, "target": f"bow_s{r['position']}" if "position" in r else "bow_every_sentence", **r}
             for r in interchange_rows(S_clean, S_swap, old, new, replaced, groups, n_resamples, seed)]
     return keep_table(make_table(rows), path)

@@ -136,7 +136,8 @@ def test_q3_without_tables_is_not_measured(cfg):
 # Q5's rows and answer
 
 
-def _q5_tables(held: float, follow: float, stay: float, K: int = 3, se: float = 0.005) -> dict:
+def _q5_tables(held: float, follow: float, stay: float, K: int = 3, se: float = 0.005,
+               mean_se: float | None = None) -> dict:
     """Q5's tables with [CLS] − length-only ``held``, interchange follow ``follow`` and stay ``stay`` at every
     position (standard errors small enough to decide)."""
     rows = []
@@ -154,6 +155,11 @@ def _q5_tables(held: float, follow: float, stay: float, K: int = 3, se: float = 
     ic = [{"metric": m, "position": p, "value": v, "se": se, "ci_low": v - 0.02, "ci_high": v + 0.02,
            "value_a": 0.6 + v, "value_b": 0.6, "n": 30, "n_groups": 40, "grouping": "document", "n_resamples": 200}
           for p in range(1, K + 1) for m, v in (("interchange_follow", follow), ("interchange_stay", stay))]
+    if mean_se is not None:  # the mean over sentences, its interval pooling every sentence's items
+        ic += [{"metric": f"{m}_mean", "value": v, "se": mean_se, "ci_low": v - 2 * mean_se,
+                "ci_high": v + 2 * mean_se, "value_a": 0.6 + v, "value_b": 0.6, "n": 90, "n_groups": 40,
+                "grouping": "document", "n_resamples": 200}
+               for m, v in (("interchange_follow", follow), ("interchange_stay", stay))]
     return {"sentence_content": pd.DataFrame(rows), "interchange": pd.DataFrame(ic)}
 
 
@@ -173,6 +179,18 @@ def test_q5_answer_does_not_claim_others_move_when_it_cannot_tell(cfg):
     T = _q5_tables(held=0.2, follow=0.15, stay=0.0, se=0.02)
     a = q5.answer(T, decide(q5.rows(T), q5.RULES), cfg)
     assert "whether the other sentences' readouts stay could not be told" in a.text and "also changes" not in a.text
+
+
+def test_q5_answer_reads_the_mean_over_sentences_where_the_positions_alone_cannot_tell(cfg):
+    T = _q5_tables(held=0.2, follow=0.1, stay=0.0, se=0.08, mean_se=0.004)
+    decided = decide(q5.rows(T), q5.RULES)
+    assert (decided["pooled"] == True).sum() == 2  # noqa: E712
+    a = q5.answer(T, decided, cfg)
+    assert "Replacing sentence i moves only sentence i's readout" in a.text
+    T = _q5_tables(held=0.2, follow=0.1, stay=0.0, se=0.08, mean_se=0.06)
+    a = q5.answer(T, decide(q5.rows(T), q5.RULES), cfg)
+    assert "could not be told (90 items with a sentence replaced)" in a.text
+    assert "| follows | mean of all | 0.700 (new words) vs 0.600 (old) |" in q5.evidence(T, None, cfg)
 
 
 def test_q5_answer_null_reads_nothing_beyond_length(cfg):

@@ -175,12 +175,20 @@ def test_a_readout_that_follows_its_sentence_is_found_and_others_stay():
     assert all(r["ci_low"] > 0.2 for r in follow)  # the readout ranks the new words, not the old ones
     assert all(r["ci_low"] < 0.03 and r["ci_high"] > -0.03 and abs(r["value"]) < 0.03 for r in stay)
     assert all(r["n"] > 100 for r in follow) and all(r["n"] > 200 for r in stay)
+    # the mean over positions pools every position's items: the same answer, a narrower interval
+    (fm,) = [r for r in rows if r["metric"] == "interchange_follow_mean"]
+    (sm,) = [r for r in rows if r["metric"] == "interchange_stay_mean"]
+    assert "position" not in fm and fm["value"] == pytest.approx(np.mean([r["value"] for r in follow]))
+    assert fm["ci_low"] > 0.2 and fm["se"] < min(r["se"] for r in follow) and fm["n"] == sum(r["n"] for r in follow)
+    assert abs(sm["value"]) < 0.03 and sm["ci_low"] < 0 < sm["ci_high"] and sm["se"] < max(r["se"] for r in stay)
 
 
 def test_a_readout_stuck_on_the_old_input_does_not_follow():
     rows = _interchange_world(stuck=True)
     follow = [r for r in rows if r["metric"] == "interchange_follow"]
     assert all(r["ci_high"] < 0 for r in follow)  # it still reads the old sentence
+    (fm,) = [r for r in rows if r["metric"] == "interchange_follow_mean"]
+    assert fm["ci_high"] < 0
 
 
 def test_paired_auc_difference_of_identical_scores_is_zero():
@@ -273,8 +281,11 @@ def test_interchange_table_has_follow_and_stay_per_position(segment_caches, tmp_
     caches, swapped, _ = segment_caches
     df = run_interchange(caches[(3, "multi")], swapped, vocab=6, n_splits=3, max_iter=50, n_resamples=100,
                          out=tmp_path)
-    assert sorted(df["metric"].unique()) == ["interchange_follow", "interchange_stay"]
-    assert sorted(df["position"].unique()) == [1, 2, 3] and (df["analysis"] == "interchange").all()
+    assert sorted(df["metric"].unique()) == ["interchange_follow", "interchange_follow_mean", "interchange_stay",
+                                             "interchange_stay_mean"]
+    assert sorted(df["position"].dropna().unique()) == [1, 2, 3] and (df["analysis"] == "interchange").all()
+    assert df[df["metric"].str.endswith("_mean")]["position"].isna().all()
+    df = df[df["position"].notna()]
     follow = df[df["metric"] == "interchange_follow"]
     stay = df[df["metric"] == "interchange_stay"]
     assert follow["n"].sum() == len(swapped.examples)  # every item has exactly one sentence replaced

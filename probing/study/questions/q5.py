@@ -75,6 +75,9 @@ def rows(T) -> pd.DataFrame:
                                        ("interchange_stay", "stay", "others stay")):
             d = ic[(ic["metric"] == metric) & ic["value"].notna()]
             parts.append(seg.comparison_rows(d, measure, f"interchange: {label}", label))
+            d = ic[(ic["metric"] == f"{metric}_mean") & ic["value"].notna()]
+            parts.append(seg.comparison_rows(d, measure, f"interchange, mean over sentences: {label}",
+                                             f"{label} (mean over sentences)").assign(pooled=True))
     parts = [p for p in parts if not p.empty]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["measure", "family", "value", "se"])
 
@@ -90,6 +93,15 @@ def _positions(ps) -> str:
     if len(ps) == 1:
         return f"sentence {ps[0]}"
     return "sentences " + ", ".join(map(str, ps[:-1])) + f" and {ps[-1]}"
+
+
+def _interchange(decided: pd.DataFrame, measure: str) -> pd.DataFrame:
+    """The decided rows of an interchange measure the answer reads: the mean over sentences where there is one
+    (its interval pools every sentence's items), else the rows per sentence."""
+    d = decided[decided["measure"] == measure]
+    if "pooled" in d.columns and (d["pooled"] == True).any():  # noqa: E712 (NaN in the per-sentence rows)
+        return d[d["pooled"] == True]  # noqa: E712
+    return d
 
 
 def answer(T, decided: pd.DataFrame, cfg) -> Answer:
@@ -109,7 +121,7 @@ def answer(T, decided: pd.DataFrame, cfg) -> Answer:
     else:
         head = f"Not measurably: [CLS] of a {K}-sentence input reads no sentence's content words beyond their lengths"
     text = f"{head} (macro AUC {_span(lv)} by sentence, where lengths alone give {_span(ln)})."
-    fo, st = decided[decided["measure"] == "follow"], decided[decided["measure"] == "stay"]
+    fo, st = _interchange(decided, "follow"), _interchange(decided, "stay")
     if len(fo):
         follows = ((fo["decision"] == "yes") & (fo["value"] > 0)).all()
         stays = st["decision"].isin(["no_difference", "yes_small"]).all() if len(st) else False
@@ -126,8 +138,9 @@ def answer(T, decided: pd.DataFrame, cfg) -> Answer:
             text += " But its readout of a sentence does not follow when that sentence is replaced."
         else:
             n = int(fo["n"].min()) if "n" in fo.columns and fo["n"].notna().any() else None
-            text += (" Whether that readout follows a replaced sentence could not be told"
-                     + (f" ({n} replaced items per sentence)." if n else "."))
+            pooled = "pooled" in fo.columns and (fo["pooled"] == True).any()  # noqa: E712
+            items = f" ({n} items with a sentence replaced)." if pooled else f" ({n} replaced items per sentence)."
+            text += " Whether that readout follows a replaced sentence could not be told" + (items if n else ".")
     conf = bl["confidence"]
     order = {"low": 0, "moderate": 1, "high": 2}
     confidence = min(conf, key=order.get) if len(conf) else "low"
@@ -167,8 +180,9 @@ def _interchange_display(ic: pd.DataFrame) -> pd.DataFrame:
     """The interchange rows as the evidence prints them: one line per (test, sentence i)."""
     rows = []
     for _, r in ic.sort_values(["metric", "position"]).iterrows():
-        follow = r["metric"] == "interchange_follow"
-        rows.append({"test": "follows" if follow else "stays", "sentence i": int(r["position"]),
+        follow = r["metric"].startswith("interchange_follow")
+        rows.append({"test": "follows" if follow else "stays",
+                     "sentence i": int(r["position"]) if pd.notna(r["position"]) else "mean of all",
                      "AUC": (f"{r['value_a']:.3f} (new words) vs {r['value_b']:.3f} (old)" if follow
                              else f"{r['value_a']:.3f} (other replaced) vs {r['value_b']:.3f} (clean)"),
                      "difference (95% CI)": f"{r['value']:+.3f} ({r['ci_low']:+.3f} to {r['ci_high']:+.3f})",
