@@ -205,7 +205,7 @@ def _facet(col: pd.Series) -> pd.Series:
     """A facet column as printed: whole numbers as integers and '–' where a row has none (a column of counts with
     a gap is read as floats, which would print as ``2.000``)."""
     num = pd.to_numeric(col, errors="coerce")
-    if col.dtype.kind == "f" and ((num.dropna() % 1) == 0).all():
+    if col.dtype.kind in "fiu" and ((num.dropna() % 1) == 0).all():
         return pd.Series(["–" if pd.isna(v) else str(int(v)) for v in num], index=col.index, dtype=object)
     return col
 

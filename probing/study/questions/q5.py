@@ -140,7 +140,11 @@ def answer(T, decided: pd.DataFrame, cfg) -> Answer:
             n = int(fo["n"].min()) if "n" in fo.columns and fo["n"].notna().any() else None
             pooled = "pooled" in fo.columns and (fo["pooled"] == True).any()  # noqa: E712
             items = f" ({n} items with a sentence replaced)." if pooled else f" ({n} replaced items per sentence)."
-            text += " Whether that readout follows a replaced sentence could not be told" + (items if n else ".")
+            if stays:
+                text += " Replacing one sentence leaves what is read of the others as it was"
+                text += "; whether the replaced one's readout follows could not be told" + (items if n else ".")
+            else:
+                text += " Whether that readout follows a replaced sentence could not be told" + (items if n else ".")
     conf = bl["confidence"]
     order = {"low": 0, "moderate": 1, "high": 2}
     confidence = min(conf, key=order.get) if len(conf) else "low"
