@@ -3,8 +3,9 @@
 Reads the attention summaries a cache recorded at extraction (``python -m probing.extract
 --attention``): for each example, layer and head, the attention mass flowing from each token group
 (``[CLS]``, each ``[SEP]``, the words of each sentence) to each other group. This module turns them
-into a tidy table: mass from each source group (and from all tokens together, weighted by group size) to ``[CLS]``, to each ``[SEP]``, to all ``[SEP]``s, to
-its own sentence, to other sentences and to each sentence, per layer (averaged over heads, with a 95%
+into a tidy table: mass from each source group (and from all tokens together, weighted by group size)
+to ``[CLS]``, to each ``[SEP]``, to all ``[SEP]``s, to its own sentence, to other sentences and to
+each sentence, per layer (averaged over heads, with a 95%
 cluster-bootstrap CI over documents, or examples when the corpus has no ``doc`` label; columns
 ``grouping`` and ``n_groups``) and per head (mean only).
 
@@ -161,7 +162,8 @@ def run_attention(cache: Cache, *, n_resamples: int = 1000, seed: int = 0, per_h
                   progress: bool = False) -> pd.DataFrame:
     """Tidy table of attention mass (metric ``attention_mass``): role = source group, target = target
     group, both named in the token-choice grammar (``cls``, ``sep1`` = the [SEP] after sentence 1,
-    ``s1 words``; ``all tokens``, ``all [SEP]``, ``own sentence``, ``other sentences``); ``head`` column: ``"mean"`` for the head average (with CI) or the head number (no CI).
+    ``s1 words``; ``all tokens``, ``all [SEP]``, ``own sentence``, ``other sentences``); ``head``
+    column: ``"mean"`` for the head average (with CI) or the head number (no CI).
     ``weighting="norm"``: the norm-based weights ||alpha f(x)|| of Kobayashi et al. 2020, normalised per
     query (:mod:`probing.attention_norm`; extract with ``--attention-norm``), metric ``attention_norm_mass``.
     The CI resamples documents when the corpus has a ``doc`` label, else examples (``grouping``,

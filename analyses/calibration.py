@@ -27,7 +27,7 @@ from typing import Callable, Mapping, Sequence
 
 import pandas as pd
 
-from analyses.results import cli_error, make_table, write_table
+from analyses.results import cli_error, make_table, resamples_arg, write_table
 from probing.examples import Example
 
 __all__ = ["CORPORA", "RULES", "calibrate", "calibrate_run", "find_runs", "main"]
@@ -50,11 +50,12 @@ RULES: dict[str, str] = {
     "anisotropy_growth": ("the mean cosine of random words at the last layer has a 95% CI above the embedding "
                           "layer's (Ethayarajh 2019: anisotropy grows with depth)"),
 }
-TRAINING_RECORD = "training.json"
 
 
 def find_runs(path: str | Path) -> list[Path]:
     """``path`` if it is a finished run (it holds ``training.json``), else every finished run under it, sorted."""
+    from probing.pretrain import TRAINING_RECORD
+
     path = Path(path)
     if (path / TRAINING_RECORD).is_file():
         return [path]
@@ -72,7 +73,7 @@ def _sep_share(cache) -> tuple[float, int]:
     """Mean over examples of (#[SEP] / #tokens): the mass uniform attention puts on the [SEP]s."""
     tokens = cache.tokens
     per = tokens.groupby("example")["role"].agg(lambda r: float((r.astype(str) == "sep").mean()))
-    return float(per.mean()), int(len(per))
+    return float(per.mean()), len(per)
 
 
 def calibrate_run(run: str | Path, *, caches: str | Path = "caches", quick: bool = False, n_resamples: int = 1000,
@@ -85,11 +86,13 @@ def calibrate_run(run: str | Path, *, caches: str | Path = "caches", quick: bool
     (e.g. for a model whose inputs are shorter than the defaults' 100-odd tokens)."""
     from analyses.attention import run_attention
     from analyses.contextuality import run_contextuality
+    from analyses.stats import check_resamples
     from probing.api import extract_caches
     from probing.formats import Format
     from probing.models import load_model, pick_device
-    from probing.pretrain import Variant, pretraining_template
+    from probing.pretrain import TRAINING_RECORD, Variant, pretraining_template
 
+    n_resamples = check_resamples(n_resamples)  # before the model is loaded or a cache written
     run = Path(run)
     record = json.loads((run / TRAINING_RECORD).read_text(encoding="utf-8"))
     v = record["variant"]
@@ -155,16 +158,25 @@ def calibrate_run(run: str | Path, *, caches: str | Path = "caches", quick: bool
 
 def calibrate(path: str | Path, *, out: str | Path | None = None, **options) -> pd.DataFrame:
     """The calibration table of every finished run at or under ``path`` (:func:`find_runs`), written to
-    ``out`` (default ``<path>/calibration.csv`` and ``.parquet``); ``options`` go to :func:`calibrate_run`."""
+    ``out`` (default ``<path>/calibration.csv`` and ``.parquet``); ``options`` go to :func:`calibrate_run`. Too few
+    resamples or an ``out`` whose directory cannot be written are refused before any run is read."""
+    from analyses.stats import check_resamples
+    from probing.cli import check_output_dir
+
     runs = find_runs(path)
+    out = Path(out) if out is not None else Path(path) / "calibration.csv"
+    check_output_dir(out.parent, None)
+    if "n_resamples" in options:
+        check_resamples(options["n_resamples"])
     table = pd.concat([calibrate_run(r, **options) for r in runs], ignore_index=True)
     if "signature" in table.columns:
         table["signature"] = table["signature"].astype("boolean")
-    write_table(table, Path(out) if out is not None else Path(path) / "calibration.csv")
+    write_table(table, out)
     return table
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from analyses.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
     from probing.cli import ArgumentParser, int_at_least
 
     p = ArgumentParser(prog="python -m analyses.calibration",
@@ -175,7 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--table", default=None, help="the CSV to write (default: PATH/calibration.csv)")
     p.add_argument("--quick", action="store_true", help="small generated corpora: a smoke test, not evidence")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda")
-    p.add_argument("--resamples", type=int_at_least(1), default=1000, help="bootstrap resamples (default 1000)")
+    p.add_argument("--resamples", type=resamples_arg, default=DEFAULT_RESAMPLES,
+                   help=f"bootstrap resamples of every interval, at least {MIN_RESAMPLES} "
+                        f"(default {DEFAULT_RESAMPLES})")
     p.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the resampling (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     args = p.parse_args(argv)
@@ -191,7 +205,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = table[table["metric"].isin(["mlm_accuracy", "pair_accuracy", "sep_parking", "anisotropy_growth"])]
     print(summary[["model", "metric", "layer", "value", "ci_low", "ci_high", "signature"]].to_string(index=False))
     return 0
-
 
 
 if __name__ == "__main__":

@@ -57,7 +57,8 @@ def middle_layers(n_layers: int) -> tuple[int, ...]:
     return tuple(range(n_layers // 3 + 1, -(-2 * n_layers // 3) + 1))
 
 
-def sep_knockouts(n_layers: int, layers: Sequence[int] | None = None, seed: int = 0) -> tuple[Intervention, Intervention]:
+def sep_knockouts(n_layers: int, layers: Sequence[int] | None = None,
+                  seed: int = 0) -> tuple[Intervention, Intervention]:
     """The Q4 pair: every token may not attend to any [SEP] at ``layers`` (default
     :func:`middle_layers`), and its control of the same size on random word tokens."""
     layers = tuple(layers) if layers is not None else middle_layers(n_layers)

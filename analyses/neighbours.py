@@ -187,7 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         diff = df[df["metric"] == "knn_accuracy_diff"]
         if not diff.empty:
             with pd.option_context("display.width", 160, "display.precision", 4):
-                print(diff[["layer", "choice", "choice_b", "value", "ci_low", "ci_high", "p_holm"]].to_string(index=False))
+                cols = ["layer", "choice", "choice_b", "value", "ci_low", "ci_high", "p_holm"]
+                print(diff[cols].to_string(index=False))
     print(table_lines(*tables))
     return 0
 

@@ -365,8 +365,8 @@ def run_paired_attention(a, b, *, pairs: Sequence[tuple[str, str]] | None = (("s
     check_comparable(a, b)
     layers_a, layers_b = a.manifest["attention"]["layers"], b.manifest["attention"]["layers"]
     layers = resolve_layers(layers, int(a.manifest["model"]["n_layers"]), stored=[l for l in layers_a if l in layers_b])
-    config = {"a": cache_identity(a), "b": cache_identity(b), "pairs": None if pairs is None else [list(p) for p in pairs],
-              "n_resamples": n_resamples, "seed": seed}
+    config = {"a": cache_identity(a), "b": cache_identity(b),
+              "pairs": None if pairs is None else [list(p) for p in pairs], "n_resamples": n_resamples, "seed": seed}
     if layers != [l for l in layers_a if l in layers_b]:
         config["layers"] = layers
     path, done = stored_table(out, "paired_attention", config, force)

@@ -274,9 +274,9 @@ def resamples_arg(value: str) -> int:
 
 def add_output_options(parser, *, resamples: bool = False, seed: bool = True, progress: bool = True) -> None:
     """Add the options every analysis command shares, named as docs/CLI.md says: ``--resamples`` (if
-    asked), ``--seed`` (splits and resampling; unless the command draws nothing at random), ``--out``, ``--force`` and ``--no-progress`` (unless the
-    command does no long work). An ``--out`` that cannot be written is a usage error before anything is
-    computed."""
+    asked), ``--seed`` (splits and resampling; unless the command draws nothing at random), ``--out``,
+    ``--force`` and ``--no-progress`` (unless the command does no long work). An ``--out`` that cannot be
+    written is a usage error before anything is computed."""
     from probing.cli import output_dir_arg
 
     if resamples:

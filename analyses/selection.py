@@ -50,8 +50,8 @@ TOKEN_CHOICES: dict[str, str] = {
     "pos<k>": "the token at position k",
 }
 _PATTERNS: dict[str, str] = {
-    "cls": r"cls", "sep<i>": r"sep(\d+)", "sep<i>_<j>": r"sep(\d+)_(\d+)", "sep_last": r"sep_last", "lit<i>": r"lit(\d+)",
-    "mean": r"mean", "max": r"max",
+    "cls": r"cls", "sep<i>": r"sep(\d+)", "sep<i>_<j>": r"sep(\d+)_(\d+)", "sep_last": r"sep_last",
+    "lit<i>": r"lit(\d+)", "mean": r"mean", "max": r"max",
     "first_word": r"first_word", "mean_s<i>": r"mean_s(\d+)", "pos<k>": r"pos(\d+)",
 }
 

@@ -34,7 +34,8 @@ DEVICES = ("numpy", "cpu", "cuda")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--n", type=int, default=20_000, help="items for the in-memory comparison (default 20000)")
     p.add_argument("--d", type=int, default=768, help="features per layer (default 768)")
@@ -129,9 +130,12 @@ def gram_form_cka(X, Y, K, L, debiased: bool) -> float:
             zero_diag(G)
     if is_torch:
         import torch
-        dot = lambda a, b: float(torch.dot(a.reshape(-1), b.reshape(-1)))
+
+        def dot(a, b):
+            return float(torch.dot(a.reshape(-1), b.reshape(-1)))
     else:
-        dot = lambda a, b: float(np.dot(a.ravel(), b.ravel()))
+        def dot(a, b):
+            return float(np.dot(a.ravel(), b.ravel()))
     return dot(K, L) / math.sqrt(dot(K, K) * dot(L, L))
 
 

@@ -15,13 +15,14 @@ Tokens/s counts real (unpadded) tokens through the model. The extractor's rate i
 GFLOP/s and set against a large matrix product timed in the same run: on the CPU float32
 (``--matmul-size``, default 2048 x 2048 x 2048) with the same thread count, timed before and after each of
 ``--repeats`` extractor runs, each run set against the mean of the two timings around it and the median
-of those ratios printed; on a GPU bfloat16 8192 x 8192 x 8192, before and after. The cache's bytes per second are set against
-the disk's, measured in the same run and directory the way the cache writer writes (files of one shard,
-``--shard-mb``, each fsynced): with all tokens of every layer stored the disk, not the model, is the
-limit. ``--naive-examples`` times the naive loop on the first pairs only (on a GPU it copies every
-hidden state of every layer to the host, slow for a large corpus); ``--profile`` prints where the
-extractor's main thread spends its time, in a run of its own before the timed ones. ``benchmarks/gpu_check.sh`` runs the GPU cases. Model FLOPs per example of n real tokens, from the model's config (L layers, hidden d,
-intermediate i):
+of those ratios printed; on a GPU bfloat16 8192 x 8192 x 8192, before and after. The cache's bytes per
+second are set against the disk's, measured in the same run and directory the way the cache writer writes
+(files of one shard, ``--shard-mb``, each fsynced): with all tokens of every layer stored the disk, not
+the model, is the limit. ``--naive-examples`` times the naive loop on the first pairs only (on a GPU it
+copies every hidden state of every layer to the host, slow for a large corpus); ``--profile`` prints where
+the extractor's main thread spends its time, in a run of its own before the timed ones.
+``benchmarks/gpu_check.sh`` runs the GPU cases. Model FLOPs per example of n real tokens, from the
+model's config (L layers, hidden d, intermediate i):
 
     dense: n x 2L(4d² + 2di)   (Q, K, V and output projections, the two feed-forward matrices)
     attention: 4Ln²d           (QKᵀ and attention x V, n² d multiply-adds each, over real tokens only)
@@ -166,7 +167,9 @@ def main(argv=None) -> int:
     p.add_argument("--naive-examples", type=int, default=None,
                    help="time the naive loop on the first N pairs only (default: all; its rate is per token)")
     p.add_argument("--shard-mb", type=float, default=256.0, help="extractor shard size, MiB (default 256)")
-    p.add_argument("--profile", action="store_true", help="also print the extractor's top functions (cProfile), from a run of its own before the timed ones")
+    p.add_argument("--profile", action="store_true",
+                   help="also print the extractor's top functions (cProfile), "
+                        "from a run of its own before the timed ones")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--matmul-size", type=int, default=2048, help="square float32 matmul for the reference rate")
     p.add_argument("--matmul-seconds", type=float, default=2.0,
@@ -254,7 +257,8 @@ def main(argv=None) -> int:
         per_example = [lengths[e.sentences[0]] + lengths[e.sentences[1]] + 3 for e in examples]
         n_ext = sum(per_example)
         if sum(per_example[:len(naive_examples)]) != n_naive:
-            raise SystemExit(f"token counts differ: extractor {sum(per_example[:len(naive_examples)])}, naive {n_naive}")
+            raise SystemExit(f"token counts differ: extractor {sum(per_example[:len(naive_examples)])}, "
+                             f"naive {n_naive}")
         # the disk's own rate, measured in the same directory the same way (shard-sized files, fsync each)
         disk = disk_write_rate(root / "disk", max(int(size_mb * 2**20), 2**28), int(args.shard_mb * 2**20))
     finally:

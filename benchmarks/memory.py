@@ -248,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
                     "corpora, each run in a fresh subprocess; PASS if max/min over sizes stays within the "
                     "tolerance.",
     )
-    p.add_argument("--sizes", default="1000,10000,100000", help="comma list of corpus sizes (default 1000,10000,100000)")
+    p.add_argument("--sizes", default="1000,10000,100000",
+                   help="comma list of corpus sizes (default 1000,10000,100000)")
     p.add_argument("--model", default="tiny",
                    help="'tiny' (default: a small random-init BERT from a config in a temp dir, MiniLM tokenizer) "
                         "or a model name/path such as all-MiniLM-L6-v2 (slow on CPU at 100k)")

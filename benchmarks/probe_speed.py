@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> None:
 
     features, y, groups, strength = planted_features(args.n_items, args.dim, args.layers, args.token_choices,
                                                      args.classes, args.items_per_example, args.seed)
-    common = dict(n_splits=args.folds, seed=args.seed, Cs=args.Cs, inner_splits=args.inner_folds, max_iter=args.max_iter,
-                  control_types=groups if args.control else None)
+    common = dict(n_splits=args.folds, seed=args.seed, Cs=args.Cs, inner_splits=args.inner_folds,
+                  max_iter=args.max_iter, control_types=groups if args.control else None)
     print(f"{len(features)} feature sets ({args.layers} layers x {args.token_choices} token choices), "
           f"n={args.n_items}, d={args.dim}, {args.classes} classes, {args.folds} outer x {args.inner_folds} "
           f"inner folds, {len(args.Cs)} Cs{', with control task' if args.control else ''}")
@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"sklearn loop ({args.sklearn_workers} thread(s)): {t_ref:.1f} s")
     print(f"batched torch ({device}, {args.dtype}, {args.threads} worker(s)): {t_fast:.1f} s")
     print(f"speed-up: {t_ref / t_fast:.2f}x")
-    print(f"|accuracy difference|: mean {diffs.mean():.4f}, max {diffs.max():.4f}; same C chosen in {same_C:.1%} of folds")
+    print(f"|accuracy difference|: mean {diffs.mean():.4f}, max {diffs.max():.4f}; "
+          f"same C chosen in {same_C:.1%} of folds")
     print("load average (1, 5, 15 min) at the end: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 

@@ -79,7 +79,8 @@ def plot_contextuality(df: pd.DataFrame, out_stem: str | Path, format: str | Non
         if m in adj:
             _line(ax_adj, d[d["metric"] == m], data_color(i), ADJUSTED[m])
     ax_adj.axhline(0.0, color="#000000", linewidth=0.8, linestyle=":", label="0 = no more than random words")
-    ax_raw.set_ylim(min(0.0, float(np.nanmin(d.loc[d["metric"].isin([BASELINE] + raw), "ci_low"].fillna(0)))) - 0.03, 1.03)
+    lowest = float(np.nanmin(d.loc[d["metric"].isin([BASELINE] + raw), "ci_low"].fillna(0)))
+    ax_raw.set_ylim(min(0.0, lowest) - 0.03, 1.03)
     for ax in (ax_raw, ax_adj):
         layer_ticks(ax, d["layer"].dropna())
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1, fontsize=8, frameon=False)

@@ -23,9 +23,9 @@ from typing import Any, Sequence
 import pandas as pd
 
 from figures import style
-from figures.common import (add_note, interval_note, base_parser, ci_band, comma_list, data_color, layer_ticks, legend_right,
-                            nan_cells, numeric, one_source, order_roles, panel_grid, run_cli, select, share_ylim,
-                            suptitle, table_layers, title_for)
+from figures.common import (add_note, interval_note, base_parser, ci_band, comma_list, data_color, layer_ticks,
+                            legend_right, nan_cells, numeric, one_source, order_roles, panel_grid, run_cli, select,
+                            share_ylim, suptitle, table_layers, title_for)
 
 # --------------------------------------------------------------------------------------------------
 # Drift
@@ -53,8 +53,9 @@ def _baseline_curve(metric: str, base: pd.DataFrame) -> tuple[str, Any] | None:
     b = base.groupby("layer", sort=True)[["value", "ci_low", "ci_high"]].mean()
     x = b.index.to_numpy(dtype=float)
     if metric.startswith("drift"):
-        return "random-pair baseline, all tokens (1 − mean cos)", (x, 1 - b["value"].to_numpy(), 1 - b["ci_high"].to_numpy(),
-                                                       1 - b["ci_low"].to_numpy())
+        return "random-pair baseline, all tokens (1 − mean cos)", (x, 1 - b["value"].to_numpy(),
+                                                                   1 - b["ci_high"].to_numpy(),
+                                                                   1 - b["ci_low"].to_numpy())
     if metric.startswith("cosine"):
         return "random-pair baseline, all tokens (mean cos)", (x, b["value"].to_numpy(), b["ci_low"].to_numpy(),
                                                    b["ci_high"].to_numpy())
@@ -229,7 +230,8 @@ def plot_drift_by_k(df: pd.DataFrame, out: str | Path, roles: Sequence[str] = ("
         legend_right(axes[mi, -1], title="role group")
     pairs = sorted({f"{a} → {b}" for a, b in zip(d["format"].astype(str), d["format_b"].astype(str))})
     suptitle(fig, title_for(d, f"Drift with k segments ({', '.join(pairs)})"))
-    add_note(fig, [interval_note(d[d["metric"] != "anisotropy_baseline"]) + " Symmetric-log y axis: linear below 0.001."])
+    add_note(fig, [interval_note(d[d["metric"] != "anisotropy_baseline"])
+                   + " Symmetric-log y axis: linear below 0.001."])
     return style.save(fig, out)
 
 

@@ -152,7 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         df = read_table(args.table)
         kinds = [k for k in KINDS if k in set(df["analysis"])]
         if len(kinds) != 1:
-            raise ValueError(f"{args.table}: expected rows of one of {list(KINDS)}, found {sorted(set(df['analysis']))}")
+            raise ValueError(f"{args.table}: expected rows of one of {list(KINDS)}, "
+                             f"found {sorted(set(df['analysis']))}")
         paths = KINDS[kinds[0]](df, args.out)
     except (OSError, ValueError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)

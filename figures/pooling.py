@@ -1,9 +1,9 @@
 """Q8: is [CLS] better than mean pooling, and after fine-tuning would any token do?
 
 ``plot_pooling`` draws, per pooling choice, the fine-tuned test accuracy (every run a dot) from
-:mod:`analyses.finetune._experiment` (``analysis="finetune_pooling"``: ``pooling`` names the pooling, ``metric="test_accuracy"``
-per run, ``"test_accuracy_mean"`` per pooling; tables written before that column existed named it
-``role`` and are read too) beside the frozen accuracy of the same token choice.
+:mod:`analyses.finetune._experiment` (``analysis="finetune_pooling"``: ``pooling`` names the pooling,
+``metric="test_accuracy"`` per run, ``"test_accuracy_mean"`` per pooling; tables written before that
+column existed named it ``role`` and are read too) beside the frozen accuracy of the same token choice.
 Tables of the current protocol carry their own frozen probe on the same splits
 (``"frozen_test_accuracy_mean"``): both bars are then out-of-fold accuracies on identical test items
 with 95% cluster-bootstrap CIs over the table's ``grouping`` (``n_runs`` runs each), and a ``frozen_df``

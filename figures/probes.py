@@ -25,9 +25,9 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from figures import style
-from figures.common import (MARKERS, add_note, interval_note, base_parser, ci_band, data_color, layer_ticks, legend_right,
-                            nan_cells, numeric, one_source, order_roles, panel_grid, run_cli, select, share_ylim,
-                            suptitle, table_layers, title_for, comma_list, one_value)
+from figures.common import (MARKERS, add_note, interval_note, base_parser, ci_band, data_color, layer_ticks,
+                            legend_right, nan_cells, numeric, one_source, order_roles, panel_grid, run_cli, select,
+                            share_ylim, suptitle, table_layers, title_for, comma_list, one_value)
 
 #: Metric -> axis label.
 PROBE_LABELS: dict[str, str] = {

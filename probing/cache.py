@@ -313,7 +313,8 @@ class Cache:
         ``weighting="norm"``: the norm-based weights of ``--attention-norm`` (probing.attention_norm).
         All of it in memory: :meth:`attention_chunks` reads it a few examples at a time."""
         examples, groups, maps = self._attention_maps(weighting)
-        # filled shard by shard from their memory maps: one copy of the summaries, not the shards plus their concatenation
+        # filled shard by shard from their memory maps: one copy of the summaries, not the shards plus their
+        # concatenation
         out = np.empty((len(examples),) + maps[0].shape[1:], dtype=np.result_type(*maps))
         k = 0
         for m in maps:

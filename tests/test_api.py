@@ -108,5 +108,6 @@ def test_probe_table(two_caches, tiny_bert):
 
 def test_layer_errors_name_the_spec(two_caches):
     _, (pair, concat) = two_caches
-    with pytest.raises(ValueError, match=r"--layers '1': layer\(s\) \[1\] are not stored; the cache holds layers \[0, 2\]"):
+    with pytest.raises(ValueError,
+                       match=r"--layers '1': layer\(s\) \[1\] are not stored; the cache holds layers \[0, 2\]"):
         analyses.drift_table(pair, concat, layers="1")

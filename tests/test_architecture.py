@@ -410,7 +410,7 @@ def test_console_unknown_command_is_an_error():
     assert done.stderr.startswith("error: unknown command 'sideways'")
 
 
-# ---------------------------------------------------------------------------------------------------- import side effects
+# ---------------------------------------------------------------------------------- import side effects
 
 
 def test_importing_the_figures_changes_no_global_state(tmp_path):

@@ -180,7 +180,8 @@ CASES = [
      "study.bootstrap_resamples = 1: a 95% interval needs at least 100"),
     ("study-quick-too-few-resamples", "probing.study", "{root}/quick_few.toml --quick --out {out}",
      "study.bootstrap_resamples = 50: a 95% interval needs at least 100"),
-    ("attention-negative-seed", "analyses.attention", "{cache} --seed -1 --out {out}", "--seed: '-1': must be at least 0"),
+    ("attention-negative-seed", "analyses.attention", "{cache} --seed -1 --out {out}",
+     "--seed: '-1': must be at least 0"),
     ("interventions-patching-one-layer", "analyses.interventions",
      "patching {cache} {cache} {cache} --layers 1,2 --out {out}", "--layers '1,2' names 2 layers [1, 2]"),
     ("extract-negative-init-seed", EX, GEN + " --model {model} --random-init --init-seed -1",
@@ -190,13 +191,14 @@ CASES = [
     ("figures-unknown-kind", "figures.__main__", "sideways {root}/table.csv --out {out}", "'sideways'"),
     ("figures-not-a-result-table", "figures.cka", "{root}/table.csv --out {out}", "no rows with analysis='cka'"),
     ("pooling-corpus-too-small", "analyses.finetune",
-     "--corpus generated:n=3,negatives=other_topic --model {model} --out {out}", "corpus 'generated:n=3,negatives=other_topic'"),
+     "--corpus generated:n=3,negatives=other_topic --model {model} --out {out}",
+     "corpus 'generated:n=3,negatives=other_topic'"),
     ("pooling-out-is-a-file", "analyses.finetune", "--corpus generated:n=20 --model {model} --out {root}/a-file",
      "a-file' is a file"),
     ("pooling-two-targets", "analyses.finetune", "--corpus generated:n=20 --targets topic,is_next --model {model} "
      "--out {out}", "exactly one label"),
-    ("pooling-old-sep-name", "analyses.finetune", "--corpus generated:n=20 --poolings cls,sep --model {model} --out {out}",
-     "'sep'"),
+    ("pooling-old-sep-name", "analyses.finetune",
+     "--corpus generated:n=20 --poolings cls,sep --model {model} --out {out}", "'sep'"),
     ("pooling-run-folds-over-folds", "analyses.finetune", "--corpus generated:n=20 --folds 3 --run-folds 4 "
      "--model {model} --out {out}", "run_folds=4"),
     ("pooling-bad-Cs", "analyses.finetune", "--corpus generated:n=20 --Cs 0.1,x --model {model} --out {out}", "'x'"),
@@ -216,7 +218,8 @@ CASES = [
     ("figures-interventions-missing-table", "figures.interventions", "{root}/nope.csv --out {out}/fig", "nope.csv"),
     # the console script
     ("console-unknown-command", "probing.study.console", "nosuchcommand", "'nosuchcommand'"),
-    ("console-extract-bad-roles", "probing.study.console", "extract " + GEN + " --model {model} --roles bogus", "['bogus']"),
+    ("console-extract-bad-roles", "probing.study.console", "extract " + GEN + " --model {model} --roles bogus",
+     "['bogus']"),
 ]
 
 

@@ -13,7 +13,7 @@ COMMANDS: dict[str, bool] = {
     "probing.extract": True, "probing.study.runner": True,
     "analyses.drift": True, "analyses.cka": True, "analyses.probes": True, "analyses.attention": True,
     "analyses.contextuality": True, "analyses.neighbours": True, "analyses.paired": True,
-    "analyses.interventions": True, "analyses.finetune": True,
+    "analyses.interventions": True, "analyses.finetune": True, "probing.pretrain": True, "analyses.calibration": True,
     "figures.drift": False, "figures.cka": False, "figures.probes": False, "figures.attention": False,
     "figures.pooling": False, "figures.contextuality": False, "figures.interventions": False,
 }
@@ -71,7 +71,8 @@ def test_interventions_has_both_subcommands_checked():
     found = parsers("analyses.interventions")
     assert set(found) == {"analyses.interventions", "analyses.interventions knockout",
                           "analyses.interventions patching"}
-    assert {"--choices", "--targets", "--layers", "--folds", "--no-progress"} <= options(found["analyses.interventions knockout"])
+    knockout = options(found["analyses.interventions knockout"])
+    assert {"--choices", "--targets", "--layers", "--folds", "--no-progress"} <= knockout
 
 
 def test_docs_cli_is_generated_from_the_parsers():

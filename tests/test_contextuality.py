@@ -273,7 +273,8 @@ def test_end_to_end_table_against_literal_loops(tiny_caches, tmp_path, monkeypat
         for layer in (0, 1, 2):
             base = v.loc[(layer, "anisotropy_baseline"), "value"]
             for col in ("value", "ci_low", "ci_high"):
-                assert v.loc[(layer, f"{raw}_adjusted"), col] == pytest.approx(v.loc[(layer, raw), col] - base, abs=1e-12)
+                want = v.loc[(layer, raw), col] - base
+                assert v.loc[(layer, f"{raw}_adjusted"), col] == pytest.approx(want, abs=1e-12)
     # MEV adjusted: the mean over types of MEV(w) - MEV(as many random words from different examples)
     words, _ = word_table(cache.tokens)
     _, codes, _, _ = choose_contexts(words["type"].to_numpy(dtype=object), words["example"].to_numpy(), 5, 1000)
@@ -290,7 +291,8 @@ def test_end_to_end_table_against_literal_loops(tiny_caches, tmp_path, monkeypat
 
     for layer in (0, 2):
         X = cache.states(layer, words["first_row"].to_numpy()).astype(np.float64)
-        sel, sel_codes, _, _ = choose_contexts(words["type"].to_numpy(dtype=object), words["example"].to_numpy(), 5, 1000)
+        sel, sel_codes, _, _ = choose_contexts(words["type"].to_numpy(dtype=object), words["example"].to_numpy(), 5,
+                                               1000)
         want = np.mean([PCA(n_components=1).fit(X[sel][sel_codes == k]).explained_variance_ratio_[0]
                         for k in range(sel_codes.max() + 1)])
         assert v.loc[(layer, "mev_centred"), "value"] == pytest.approx(want, abs=1e-6)
@@ -352,7 +354,8 @@ def test_cli_summary_and_errors(tiny_caches, tmp_path, capsys):
     assert f"table: {table}" in out
     assert ctx.main([str(nowords.path), "--out", str(tmp_path / "r")]) == 2
     assert "no word tokens" in capsys.readouterr().err
-    assert ctx.main([str(cache.path), "--min-contexts", "99", "--max-contexts", "99", "--out", str(tmp_path / "r")]) == 2
+    argv = [str(cache.path), "--min-contexts", "99", "--max-contexts", "99", "--out", str(tmp_path / "r")]
+    assert ctx.main(argv) == 2
     assert "no word type occurs" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         ctx.main(["--help"])

@@ -209,13 +209,15 @@ def test_read_table_missing_file(tmp_path):
 
 
 def test_read_table_unsupported_suffix(tmp_path):
-    with pytest.raises(ValueError, match=r"data\.xlsx: unsupported file type '\.xlsx'; supported: \.csv, \.tsv, \.jsonl"):
+    with pytest.raises(ValueError,
+                       match=r"data\.xlsx: unsupported file type '\.xlsx'; supported: \.csv, \.tsv, \.jsonl"):
         read_table(_write(tmp_path, "data.xlsx", "x"), ["s"])
 
 
 def test_read_table_missing_columns_lists_available(tmp_path):
     path = _write(tmp_path, "c.csv", "s1,topic\nHello there.,a\n")
-    with pytest.raises(ValueError, match=r"c\.csv: missing column\(s\) \['s2', 'label'\]; available columns: \['s1', 'topic'\]"):
+    with pytest.raises(ValueError,
+                       match=r"c\.csv: missing column\(s\) \['s2', 'label'\]; available columns: \['s1', 'topic'\]"):
         read_table(path, ["s1", "s2"], ["label"])
 
 
@@ -233,7 +235,8 @@ def test_read_table_empty_sentence_names_row(tmp_path):
 
 def test_read_table_non_string_sentence_names_row_and_value(tmp_path):
     path = _write(tmp_path, "c.jsonl", '{"s": "Fine."}\n{"s": 42}\n')
-    with pytest.raises(ValueError, match=r"c\.jsonl: row 1 \(line 2\) \(id '1'\), sentence column 's': expected a string, got int 42"):
+    with pytest.raises(ValueError, match=r"c\.jsonl: row 1 \(line 2\) \(id '1'\), sentence column 's': "
+                                         r"expected a string, got int 42"):
         read_table(path, ["s"])
     nulls = _write(tmp_path, "n.jsonl", '{"s": null}\n')
     with pytest.raises(ValueError, match=r"row 0 \(line 1\).*got NoneType None"):
@@ -254,7 +257,8 @@ def test_read_table_duplicate_ids(tmp_path):
 
 def test_read_table_empty_id_and_label(tmp_path):
     path = _write(tmp_path, "c.csv", "id,s,t\na,One.,x\n,Two.,y\n")
-    with pytest.raises(ValueError, match=r"c\.csv: row 1, id column 'id': id must be a non-empty string or integer, got ''"):
+    with pytest.raises(ValueError,
+                       match=r"c\.csv: row 1, id column 'id': id must be a non-empty string or integer, got ''"):
         read_table(path, ["s"], id_column="id")
     with pytest.raises(ValueError, match=r"c\.csv: label column 'id' is missing in 1 of 2 rows: row 1 \(id '1'\) ''"):
         read_table(path, ["s"], ["id"])
@@ -396,9 +400,11 @@ def test_bbc_negatives_by_option(bbc_dir, negatives):
 
 
 def test_bbc_bad_arguments(bbc_dir):
-    with pytest.raises(ValueError, match=r"unknown BBC topic\(s\) \['sport'\]; valid: business, entertainment, politics, sports, tech"):
+    with pytest.raises(ValueError, match=r"unknown BBC topic\(s\) \['sport'\]; "
+                                         r"valid: business, entertainment, politics, sports, tech"):
         bbc_news(topics=["sport"])
-    with pytest.raises(ValueError, match=r"negatives='other_topic' takes replacement sentences from another topic; topics=\['tech'\]"):
+    with pytest.raises(ValueError, match=r"negatives='other_topic' takes replacement sentences from another topic; "
+                                         r"topics=\['tech'\]"):
         bbc_news(topics=["tech"], max_examples=4, negatives="other_topic")
     with pytest.raises(ValueError, match=r"unknown negatives 'x'"):
         bbc_news(max_examples=4, negatives="x")
@@ -413,7 +419,8 @@ def test_bbc_nothing_left_errors(bbc_dir, monkeypatch):
     with pytest.raises(ValueError, match=r"no BBC examples left for topics=\['tech'\], k=2, max_words=5"):
         bbc_news(topics=["tech"], pairing="consecutive", max_words=5, max_examples=3)
     # no nsp replacement exists for the business examples
-    with pytest.raises(ValueError, match=r"negatives='other_topic': no sentence of a topic other than 'business' within max_words=5"):
+    with pytest.raises(ValueError, match=r"negatives='other_topic': no sentence of a topic other than 'business' "
+                                         r"within max_words=5"):
         bbc_news(topics=["business", "tech"], max_words=5, max_examples=4, negatives="other_topic")
 
 
@@ -540,7 +547,8 @@ def test_registry_names():
 
 def test_load_corpus_spec_forms(tmp_path):
     assert load_corpus("generated") == generated_corpus()
-    assert load_corpus(" generated:n=50,k=3,seed=2,pairing=consecutive ") == generated_corpus(50, k=3, seed=2, pairing="consecutive")
+    want = generated_corpus(50, k=3, seed=2, pairing="consecutive")
+    assert load_corpus(" generated:n=50,k=3,seed=2,pairing=consecutive ") == want
     assert parse_corpus_spec("ptb:n=200,split=test") == ("ptb", {"max_examples": 200, "split": "test"}, {})
     assert parse_corpus_spec("bbc:k=2,n=1000,pairing=nsp,topics=tech;sports,max_words=40") == (
         "bbc", {"k": 2, "max_examples": 1000, "pairing": "nsp", "topics": ("tech", "sports"), "max_words": 40}, {})
@@ -565,7 +573,8 @@ def test_load_corpus_optional_corpora():
     ("", r"corpus spec must be a non-empty string"),
     ("wiki:n=3", r"unknown corpus 'wiki' in spec 'wiki:n=3'; valid: generated, bbc, ptb, file"),
     ("data.csv", r"unknown corpus 'data.csv'.*for a file, write 'file:path=data.csv,sentences=\.\.\.'"),
-    ("generated:size=3", r"unknown key 'size' for 'generated'; valid: n, k, seed, pairing, negatives, swap, swap_fraction"),
+    ("generated:size=3",
+     r"unknown key 'size' for 'generated'; valid: n, k, seed, pairing, negatives, swap, swap_fraction"),
     ("generated:n=abc", r"bad value 'abc' for 'n' \(number of examples\): not an integer"),
     ("generated:n=1.5", r"bad value '1.5' for 'n'"),
     ("generated:n", r"'n' is not KEY=VALUE"),

@@ -21,10 +21,10 @@ import torch
 from probing.cache import Cache, CacheError, align, find_caches
 from probing.examples import Example
 from probing.extract import ExtractError, extract
-from probing.formats import BUILTIN_FORMATS, Format, FormatError
+from probing.formats import BUILTIN_FORMATS, FormatError
 from probing.models import prepare_model
 
-from .conftest import make_tiny_bert, sample_examples
+from .conftest import sample_examples
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -312,10 +312,10 @@ def _counting(real, asked: list):
 
 
 def test_sentences_tokenized_while_planning_render_as_tokenized_per_shard(tiny_bert, tmp_path):
-    """SentenceTokens: the counts planning uses equal those of the whole corpus tokenized at once, and every shard laid out from the
-    stored tokens equals the shard tokenized on its own (ids, keys, word texts), for shards within one chunk
-    and across several, in every built-in format family; its directory goes on close, and on a bad sentence
-    before anything is returned."""
+    """SentenceTokens: the counts planning uses equal those of the whole corpus tokenized at once, and every
+    shard laid out from the stored tokens equals the shard tokenized on its own (ids, keys, word texts), for
+    shards within one chunk and across several, in every built-in format family; its directory goes on close,
+    and on a bad sentence before anything is returned."""
     from probing.formats import FormatError, parse_formats
     from probing.planning import SentenceTokens, _fill_token_counts, layout_shard, plan, sentence_lengths
 
@@ -327,7 +327,8 @@ def test_sentences_tokenized_while_planning_render_as_tokenized_per_shard(tiny_b
         where = tokens.dir
         assert where.parent == tmp_path and where.exists()
         whole = np.zeros_like(tokens.counts)
-        _fill_token_counts(whole, data, sentence_lengths(tiny_bert.tokenizer, list({s for e in data for s in e.sentences})))
+        unique = list({s for e in data for s in e.sentences})
+        _fill_token_counts(whole, data, sentence_lengths(tiny_bert.tokenizer, unique))
         np.testing.assert_array_equal(tokens.counts, whole)
         for fmt in parse_formats(["pair", "concat", "bertsum", "single2"]):
             p = plan(tiny_bert, fmt, data, tokens.counts, **opts)
@@ -440,7 +441,6 @@ def test_kill_9_then_rerun_is_byte_identical(tmp_path):
     files_a = sorted(p.relative_to(clean) for p in clean.rglob("*") if p.is_file())
     files_b = sorted(p.relative_to(killed) for p in killed.rglob("*") if p.is_file())
     assert files_a == files_b
-    n_total = len(json.loads((clean / files_a[0]).read_text())["shards"]) if files_a[0].name == "manifest.json" else None
     for rel in files_a:
         assert (clean / rel).read_bytes() == (killed / rel).read_bytes(), rel
     manifest = json.loads(next(clean.glob("*/*/manifest.json")).read_text())
@@ -549,7 +549,8 @@ def test_token_table_is_what_rendering_each_example_gives(tmp_path, tiny_bert, f
             "token_id", "word_text"]
     got = cache.tokens[cols]
     assert [tuple(x) for x in got.itertuples(index=False)] == rows
-    assert (got["word_text"][got["role"] != "word"] == "").all() and (got["word_text"][got["role"] == "word"] != "").all()
+    is_word = got["role"] == "word"
+    assert (got["word_text"][~is_word] == "").all() and (got["word_text"][is_word] != "").all()
 
 
 def test_shard_hashes_are_remembered_only_for_unchanged_files(tmp_path, tiny_bert, examples, monkeypatch):

@@ -284,7 +284,10 @@ def test_drift_facets_format_pairs_and_splits_many_roles(tmp_path, figs):
     plot_drift(drift_table(k=5), tmp_path / "k5", normalised=False)
     special, words = visible_axes(figs[1])
     assert special.get_title().endswith("special tokens") and words.get_title().endswith("words")
-    data = lambda ax: [ln.get_label() for ln in ax.get_lines() if not ln.get_label().startswith("random")]
+
+    def data(ax):
+        return [ln.get_label() for ln in ax.get_lines() if not ln.get_label().startswith("random")]
+
     assert data(special) == ["cls", "sep1", "sep2", "sep3", "sep4", "sep5"]
     assert data(words) == ["s1 words", "s2 words", "s3 words", "s4 words", "s5 words", "all"]
 
@@ -303,7 +306,8 @@ def test_drift_overlay_puts_every_format_pair_in_one_panel(tmp_path, figs):
     np.testing.assert_allclose(line_by_label(main_ax, "s2 words: single → concat").get_ydata(), want)
     # the baseline drawn is the mean of the pairs' baselines
     base = df[df.metric == "anisotropy_baseline"].groupby("layer")["value"].mean()
-    np.testing.assert_allclose(line_by_label(main_ax, "random-pair baseline, all tokens (1 − mean cos)").get_ydata(), 1 - base)
+    baseline = line_by_label(main_ax, "random-pair baseline, all tokens (1 − mean cos)")
+    np.testing.assert_allclose(baseline.get_ydata(), 1 - base)
 
 
 def test_drift_by_k(tmp_path, figs):
@@ -723,7 +727,8 @@ def test_clis_run_on_csv(tmp_path, capsys, figs):
     printed = capsys.readouterr().out.split()
     assert printed == [str(tmp_path / "figs" / f"{n}.{ext}") for *_, n in runs for ext in ("png", "pdf")]
     drift_ax = visible_axes(figs[0])[0]
-    assert [ln.get_label() for ln in drift_ax.get_lines()] == ["cls", "s1 words", "random-pair baseline, all tokens (mean cos)"]
+    assert [ln.get_label() for ln in drift_ax.get_lines()] == ["cls", "s1 words",
+                                                               "random-pair baseline, all tokens (mean cos)"]
     assert figs[1].axes[0].get_ylabel() == "layer in pair (cls)  (0 = embeddings)"
     assert figs[3].axes[0].get_title().endswith("from s2 words")
     legend = [t.get_text() for t in figs[4].axes[0].get_legend().get_texts()]
@@ -780,7 +785,8 @@ def test_drift_cli_overlay_and_by_k(tmp_path, figs):
         d["k"] = k
         frames.append(d)
     csv = write_table(pd.concat(frames, ignore_index=True), tmp_path / "k.csv")
-    assert drift.main([str(csv), "--by-k", "--layers", "2,4", "--choices", "cls,all", "--out", str(tmp_path / "k")]) == 0
+    argv = [str(csv), "--by-k", "--layers", "2,4", "--choices", "cls,all", "--out", str(tmp_path / "k")]
+    assert drift.main(argv) == 0
     axes = visible_axes(figs[1])
     assert [ax.get_title() for ax in axes[:2]] == ["layer 2", "layer 4"]
     assert [ln.get_label() for ln in axes[0].get_lines()][:2] == ["cls", "all"]
@@ -857,10 +863,12 @@ def _knockout_table(normalised: bool) -> "pd.DataFrame":
     rows = []
     for role, raw, norm in (("cls", 1e-6, [float("nan"), 0.04, 0.02]), ("word", 0.01, [0.0, -0.001, -0.002])):
         for layer in range(3):
-            base = {"analysis": "intervention_drift", "model": "m", "corpus": "c", "intervention": "knockout all->sep@1",
-                    "role": role, "layer": layer}
-            rows += [{**base, "metric": "drift_treated", "value": raw * layer, "ci_low": 0.0, "ci_high": 2 * raw * layer},
-                     {**base, "metric": "drift_control", "value": raw * layer / 2, "ci_low": 0.0, "ci_high": raw * layer}]
+            base = {"analysis": "intervention_drift", "model": "m", "corpus": "c",
+                    "intervention": "knockout all->sep@1", "role": role, "layer": layer}
+            rows += [{**base, "metric": "drift_treated", "value": raw * layer, "ci_low": 0.0,
+                      "ci_high": 2 * raw * layer},
+                     {**base, "metric": "drift_control", "value": raw * layer / 2, "ci_low": 0.0,
+                      "ci_high": raw * layer}]
             if normalised:
                 v = norm[layer]
                 rows.append({**base, "metric": "normalised_drift_difference", "value": v, "ci_low": v - 0.001,

@@ -179,7 +179,10 @@ def test_concurrent_fine_tuning_runs_equal_one_at_a_time(tiny):
         pd.testing.assert_frame_equal(p1, pred)
         pd.testing.assert_frame_equal(one[cols], df[cols])
     other, _ = run_pooling_experiment(ex, "kind", ["cls", "mean"], [2, 3], num_threads=2, **kw)
-    losses = lambda df: df[df.metric == "train_loss_epoch"]["value"].to_numpy()
+
+    def losses(df):
+        return df[df.metric == "train_loss_epoch"]["value"].to_numpy()
+
     assert not np.array_equal(losses(one), losses(other))  # other seeds: other draws
 
 

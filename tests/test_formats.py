@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 
@@ -79,7 +81,10 @@ def test_keys_of_words_and_specials(bert_tokenizer):
 def test_final_sep_has_the_same_key_in_pair_and_concat(bert_tokenizer):
     ex = Example("x", ("One.", "Two."))
     a, b = _render(Format.parse("pair"), ex, bert_tokenizer), _render(Format.parse("concat"), ex, bert_tokenizer)
-    key = lambda r: {(ro, s, i) for ro, s, i in zip(r.role, r.sentence.tolist(), r.index.tolist()) if ro == "sep"}
+
+    def key(r):
+        return {(ro, s, i) for ro, s, i in zip(r.role, r.sentence.tolist(), r.index.tolist()) if ro == "sep"}
+
     assert key(b) == {("sep", 2, 0)}
     assert key(b) < key(a)
 
@@ -100,7 +105,8 @@ def test_roberta_style_tokenizer_uses_its_own_specials(roberta_tokenizer):
 
 def test_custom_formats_parse():
     f = Format.parse("swap=[CLS] {2} [SEP] <1> {1} [SEP]")
-    assert f.name == "swap" and [k for k, _, _ in f.expand(2)] == ["special", "sentence", "special", "sentence", "special"]
+    assert f.name == "swap"
+    assert [k for k, _, _ in f.expand(2)] == ["special", "sentence", "special", "sentence", "special"]
     g = Format.parse("[CLS] {1} [SEP]")
     assert g.name.startswith("custom-")
     assert [f.name for f in parse_formats(["pair", "concat"])] == ["pair", "concat"]
@@ -119,7 +125,7 @@ def test_custom_formats_parse():
     ("{1} ( {i} )", "not both"),
 ])
 def test_malformed_templates_are_clear_errors(template, message):
-    with pytest.raises(FormatError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)").replace("{", r"\{").replace("}", r"\}")):
+    with pytest.raises(FormatError, match=re.escape(message)):
         Format("bad", template)
 
 
@@ -212,7 +218,8 @@ def test_count_tokens_equals_the_tokenized_lengths_and_checks_the_same(bert_toke
 
     ex = sample_examples(12)
     sentences = list(dict.fromkeys(s for e in ex for s in e.sentences)) + ["naïve café [SEP] 1,234.5 x"]
-    assert count_tokens(bert_tokenizer, sentences) == [len(t.ids) for t in tokenize_sentences(bert_tokenizer, sentences)]
+    want = [len(t.ids) for t in tokenize_sentences(bert_tokenizer, sentences)]
+    assert count_tokens(bert_tokenizer, sentences) == want
     assert count_tokens(bert_tokenizer, []) == []
     for bad in ("", "   "):
         for f in (count_tokens, tokenize_sentences):
@@ -352,7 +359,8 @@ def test_a_tokenizer_class_with_its_own_encoding_takes_the_transformers_call(ber
     tok = Prefixing.from_pretrained(bert_tokenizer.name_or_path)
     assert F._backend(tok) is None and F._backend(bert_tokenizer) is not None
     ids, _, _ = F._encode(tok, ["hello there"], offsets=False)
-    assert ids == bert_tokenizer(["zebra hello there"], add_special_tokens=False)["input_ids"]  # the class's own call ran
+    # the class's own call ran
+    assert ids == bert_tokenizer(["zebra hello there"], add_special_tokens=False)["input_ids"]
     assert ids != bert_tokenizer(["hello there"], add_special_tokens=False)["input_ids"]
 
 

@@ -177,7 +177,10 @@ def test_frozen_and_fine_tuned_pooling_on_the_gpu(bert_tokenizer):
     ex = keyword_examples(36)
     cpu = run_pooling_experiment(ex, "kind", ["cls", "mean"], [0], device="cpu", **kw)
     gpu = run_pooling_experiment(ex, "kind", ["cls", "mean"], [0], device="cuda", **kw)
-    frozen = lambda df: df[df.metric == "frozen_test_accuracy"].sort_values(["pooling", "fold"]).value.to_numpy()
+
+    def frozen(df):
+        return df[df.metric == "frozen_test_accuracy"].sort_values(["pooling", "fold"]).value.to_numpy()
+
     np.testing.assert_allclose(frozen(gpu), frozen(cpu), atol=1 / 12 + 1e-9)  # at most one test item of 12 moves
     acc = gpu[gpu.metric == "test_accuracy"]
     assert len(acc) == 2 * 3 and acc.value.between(0, 1).all()

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyses.interventions import (cls_patches, fraction_closed, group_spread, knockout_drift, knockout_probes, middle_layers,
-                                    middle_sep_knockouts,
+from analyses.interventions import (cls_patches, fraction_closed, group_spread, knockout_drift, knockout_probes,
+                                    middle_layers, middle_sep_knockouts,
                                     per_example_drift, PROBE_MODES, probe_correctness, probe_correctness_modes,
                                     q1_patching,
                                     q4_sep_knockout, sep_knockouts)
@@ -301,8 +301,8 @@ def test_command_line(runs, tmp_path, capsys):
     assert "drift_difference" in printed and "change_difference" in printed
     first = set((tmp_path / "results").glob("intervention_probes-*.csv"))
     assert main(["knockout", str(runs["clean"].path), str(runs["ko"].path), str(runs["control"].path),
-                 "--groups", "cls", "--targets", "topic", "--probe-layers", "1-2", "--Cs", "0.1,1", "--inner-folds", "2",
-                 "--resamples", "100", "--out", out]) == 0
+                 "--groups", "cls", "--targets", "topic", "--probe-layers", "1-2", "--Cs", "0.1,1",
+                 "--inner-folds", "2", "--resamples", "100", "--out", out]) == 0
     # the second call's table only (the first one's default grid reaches C = 10)
     (second,) = set((tmp_path / "results").glob("intervention_probes-*.csv")) - first
     stored = pd.read_csv(second)

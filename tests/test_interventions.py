@@ -34,18 +34,23 @@ def _literal_forward(model, r, mask_of_layer):
     example with no padding; ``mask_of_layer(l)`` gives the (T, T) bool cells masked at layer l."""
     ids = torch.from_numpy(r.input_ids)[None]
     types = torch.from_numpy(r.token_type_ids)[None]
+
+    def lin(m, x):
+        return x @ m.weight.double().T + m.bias.double()
+
+    def ln(m, x):
+        return torch.nn.functional.layer_norm(x, x.shape[-1:], m.weight.double(), m.bias.double(), m.eps)
+
     with torch.no_grad():
         h = model.embeddings(input_ids=ids, token_type_ids=types)[0].double()
         states = [h]
         for l, block in enumerate(model.encoder.layer, start=1):
             sa, heads = block.attention.self, model.config.num_attention_heads
             d = h.shape[-1] // heads
-            lin = lambda m, x: x @ m.weight.double().T + m.bias.double()
             q, k, v = (lin(m, h).reshape(-1, heads, d).transpose(0, 1) for m in (sa.query, sa.key, sa.value))
             scores = q @ k.transpose(1, 2) / d ** 0.5
             scores = scores.masked_fill(torch.from_numpy(mask_of_layer(l))[None], float("-inf"))
             ctx = (scores.softmax(-1) @ v).transpose(0, 1).reshape(-1, heads * d)
-            ln = lambda m, x: torch.nn.functional.layer_norm(x, x.shape[-1:], m.weight.double(), m.bias.double(), m.eps)
             a = ln(block.attention.output.LayerNorm, lin(block.attention.output.dense, ctx) + h)
             inter = torch.nn.functional.gelu(lin(block.intermediate.dense, a))
             h = ln(block.output.LayerNorm, lin(block.output.dense, inter) + a)
@@ -212,7 +217,8 @@ def test_patching_cls_of_concat_into_pair(tmp_path, tiny_bert, examples):
 
 def test_patch_keys_missing_from_the_source_is_an_error_before_writing(tmp_path, tiny_bert, examples):
     concat = _run(examples, "concat", tiny_bert, tmp_path / "src")
-    with pytest.raises(InterventionError, match=r"token sep \(sentence 1, index 0\) of format 'pair' has no counterpart"):
+    with pytest.raises(InterventionError,
+                       match=r"token sep \(sentence 1, index 0\) of format 'pair' has no counterpart"):
         _run(examples, "pair", tiny_bert, tmp_path / "out", Intervention(patches=(Patch("sep1", 2, str(concat.path)),)))
     assert not (tmp_path / "out").exists()
 
@@ -220,7 +226,8 @@ def test_patch_keys_missing_from_the_source_is_an_error_before_writing(tmp_path,
 def test_ablation_sets_zero_or_the_clean_mean(tmp_path, tiny_bert, examples):
     clean = _run(examples, "pair", tiny_bert, tmp_path)
     zero = _run(examples, "pair", tiny_bert, tmp_path, Intervention(ablations=(Ablate("sep", 1),)))
-    mean = _run(examples, "pair", tiny_bert, tmp_path, Intervention(ablations=(Ablate("sep", 1, "mean", str(clean.path)),)))
+    mean = _run(examples, "pair", tiny_bert, tmp_path,
+                Intervention(ablations=(Ablate("sep", 1, "mean", str(clean.path)),)))
     seps = clean.rows(role="sep")
     assert not zero.states(1, seps).any()
     want = clean.states(1, seps).astype(np.float64).mean(0)
@@ -244,8 +251,9 @@ def test_norm_based_attention_equals_a_literal_per_head_computation(tmp_path, ti
     e = 3
     r = _rendered(tiny_bert, "pair", examples[e])
     with torch.no_grad():
-        o = model(input_ids=torch.from_numpy(r.input_ids)[None], token_type_ids=torch.from_numpy(r.token_type_ids)[None],
-                  output_hidden_states=True, output_attentions=True)
+        o = model(input_ids=torch.from_numpy(r.input_ids)[None],
+                  token_type_ids=torch.from_numpy(r.token_type_ids)[None], output_hidden_states=True,
+                  output_attentions=True)
     gid = [f"s{s}" if role == "word" else f"{role}{oc}" for role, s, oc in zip(r.role, r.sentence, r.occurrence)]
     for l, block in enumerate(model.encoder.layer, start=1):
         x = o.hidden_states[l - 1][0].double()

@@ -88,7 +88,6 @@ def test_remote_code_is_off_by_default(monkeypatch):
 
 
 def test_slow_tokenizer_is_rejected(bert_tokenizer):
-    from transformers import BertTokenizer
 
     class Slow:
         is_fast = False

@@ -334,7 +334,8 @@ def test_paired_attention_pair_vs_concat(doc_caches):
 def prefix_caches(tmp_path, tiny_bert):
     from .conftest import sample_examples
 
-    full = [Example(e.id, e.sentences, {**e.labels, "doc": f"d{i // 2}"}) for i, e in enumerate(sample_examples(24, k=4))]
+    full = [Example(e.id, e.sentences, {**e.labels, "doc": f"d{i // 2}"})
+            for i, e in enumerate(sample_examples(24, k=4))]
     out = {}
     for k in (2, 4):
         part = [Example(e.id, e.sentences[:k], e.labels) for e in full]
@@ -357,7 +358,8 @@ def test_prefix_drift_known_answers(prefix_caches):
     # that role: the same rows, seed and pairs), so the p-value is the raw row's; none for the pooled "all",
     # nor at layer 0 for [CLS] (one vector for every input)
     norm = both[both["metric"] == "normalised_drift_growth"]
-    assert set(norm["role"]) == {"cls", "s1 words", "s2 words"} and 0 not in set(norm.loc[norm["role"] == "cls", "layer"])
+    assert set(norm["role"]) == {"cls", "s1 words", "s2 words"}
+    assert 0 not in set(norm.loc[norm["role"] == "cls", "layer"])
     d_short = run_drift(sm, sc, n_resamples=100, n_pairs=100, progress=False)
     for role in ("cls", "s1 words"):
         n_ = norm[norm["role"] == role].set_index("layer")
@@ -442,7 +444,7 @@ def test_prefix_drift_refuses_other_documents(prefix_caches, tmp_path, tiny_bert
 
     from .conftest import sample_examples
 
-    (sm, sc), (lm, lc) = prefix_caches[2], prefix_caches[4]
+    (sm, sc), (lm, _) = prefix_caches[2], prefix_caches[4]
     with pytest.raises(IncomparableCaches, match="more sentences"):
         check_prefix(lm, sm)  # the long one is no prefix of the short one
     other = [Example(e.id, (e.sentences[0], "Another second sentence.", *e.sentences[2:]), e.labels)

@@ -264,7 +264,8 @@ def test_table_has_every_run_and_summaries(tiny):
     # that depend on no pooling; no cell packs two values ("cls − mean")
     assert df.role.isna().all()
     baselines = df.metric.isin(["best_constant", "majority_baseline", "chance"])
-    assert (df.condition[baselines] == "baseline").all() and df.pooling[baselines | (df.metric == "n_skipped")].isna().all()
+    assert (df.condition[baselines] == "baseline").all()
+    assert df.pooling[baselines | (df.metric == "n_skipped")].isna().all()
     assert set(df.pooling.dropna()) == set(POOLS) and set(df.pooling_b.dropna()) == set(POOLS)
     assert set(df.condition.dropna()) | set(df.condition_b.dropna()) <= {"fine_tuned", "frozen", "baseline", ""}
     assert df.pooling_b.notna().eq(df.metric == "accuracy_diff").all()
@@ -285,7 +286,8 @@ def test_table_has_every_run_and_summaries(tiny):
     fz = pred[pred.condition == "frozen"].groupby(["pooling", "example"])["correct"].mean()
     for p in POOLS:
         assert diff.loc[(p, "fine_tuned", p, "frozen"), "value"] == pytest.approx((ft.loc[p] - fz.loc[p]).mean())
-    assert diff.loc[("cls", "frozen", "mean", "frozen"), "value"] == pytest.approx((fz.loc["cls"] - fz.loc["mean"]).mean())
+    assert diff.loc[("cls", "frozen", "mean", "frozen"), "value"] == pytest.approx(
+        (fz.loc["cls"] - fz.loc["mean"]).mean())
     assert diff.loc[("cls", "fine_tuned", "mean", "fine_tuned"), "value"] == pytest.approx(
         (ft.loc["cls"] - ft.loc["mean"]).mean())
     assert len(diff) == len(POOLS) + 2 * (len(POOLS) - 1)
@@ -300,11 +302,13 @@ def test_table_has_every_run_and_summaries(tiny):
     for p in POOLS:
         a = per_seed.loc[p].unstack("seed")
         want = seed_document_ci(a.to_numpy(float), None, docs.loc[a.index].to_numpy())
-        assert (summ.loc[p, "ci_low"], summ.loc[p, "ci_high"]) == pytest.approx(want[1:3]) and summ.loc[p, "ci_seeds"] == 2
+        assert (summ.loc[p, "ci_low"], summ.loc[p, "ci_high"]) == pytest.approx(want[1:3])
+        assert summ.loc[p, "ci_seeds"] == 2
     assert df.loc[df.metric == "frozen_test_accuracy_mean", "ci_seeds"].isna().all()
     with_ft = diff.index.get_level_values("condition") == "fine_tuned"
     assert (diff.loc[with_ft, "ci_seeds"] == 2).all() and diff.loc[~with_ft, "ci_seeds"].isna().all()
-    a, b = per_seed.loc["cls"].unstack("seed"), per_seed.loc["mean"].unstack("seed").loc[per_seed.loc["cls"].unstack("seed").index]
+    a = per_seed.loc["cls"].unstack("seed")
+    b = per_seed.loc["mean"].unstack("seed").loc[a.index]
     want = seed_document_ci(a.to_numpy(float), b.to_numpy(float), docs.loc[a.index].to_numpy())
     got = diff.loc[("cls", "fine_tuned", "mean", "fine_tuned")]
     assert (got["ci_low"], got["ci_high"], got["se"]) == pytest.approx(want[1:])
@@ -524,8 +528,9 @@ def test_figure_draws_frozen_and_fine_tuned_from_the_same_splits(tiny, tmp_path,
     assert any(t.startswith("fine-tuned (2 runs;") for t in labels), labels
     # a separate probe table does not replace the same-split probe
     probes = pd.DataFrame({"analysis": "probe", "model": "tiny-bert", "corpus": df.corpus.iloc[0], "format": "pair",
-                           "format_b": "", "layer": 2, "choice": ["cls", "mean"], "target": "kind", "metric": "accuracy",
-                           "value": [0.11, 0.12], "ci_low": 0.1, "ci_high": 0.13, "n": 24, "seed": 0})
+                           "format_b": "", "layer": 2, "choice": ["cls", "mean"], "target": "kind",
+                           "metric": "accuracy", "value": [0.11, 0.12], "ci_low": 0.1, "ci_high": 0.13, "n": 24,
+                           "seed": 0})
     F.plot_pooling(df, tmp_path / "q8b", frozen_df=probes)
     bars = [p.get_height() for p in seen["fig"].axes[0].patches]
     assert 0.11 not in bars and 0.12 not in bars

@@ -92,27 +92,58 @@ def trained(tmp_path_factory, text_file) -> Path:
 
 @pytest.mark.parametrize("raw, message", [
     ({"trian": {}}, "unknown section [trian]; did you mean [train]?"),
-    ({"train": {"stpes": 3}}, "[train]: unknown key 'stpes'; did you mean 'steps'?"),
-    ({"variant": {"cls_postion": "last"}}, "[variant]: unknown key 'cls_postion'; did you mean 'cls_position'?"),
-    ({"train": {"steps": "3"}}, "[train] steps = '3': Input should be a valid integer"),
-    ({"train": {"steps": 0}}, "[train] steps = 0: Input should be greater than or equal to 1"),
-    ({"train": {"mask_prob": 1.5}}, "[train] mask_prob = 1.5: Input should be less than 1"),
-    ({"variant": {"objective": "nsp"}}, "[variant] objective = 'nsp': Input should be 'mlm', 'mlm+nsp' or 'mlm+sop'"),
-    ({"variant": {"sep": "no"}}, "[variant] sep = 'no': Input should be a valid boolean"),
-    ({"run": {"seeds": [1, 1]}}, "[run]: seeds must be distinct"),
-    ({"run": {"preset": "huge"}}, "[run] preset = 'huge': Input should be 'test', 'tiny', 'small' or 'base'"),
-    ({"corpus": {"sources": ["files"]}}, "sources names 'files' but files is empty"),
-    ({"corpus": {"sources": ["wiki"]}}, "[corpus] sources = ['wiki']: Input should be 'bbc', 'ptb' or 'files'"),
-    ({"model": {"hidden": 100, "heads": 3}}, "hidden (100) must be a multiple of heads (3)"),
-    ({"train": {"autocast": "yes"}}, "[train] autocast = 'yes': Input should be a valid boolean or 'auto'"),
+    ({"train": {"stpes": 3}}, "unknown key train.stpes; did you mean train.steps?"),
+    ({"variant": {"cls_postion": "last"}}, "unknown key variant.cls_postion; did you mean variant.cls_position?"),
+    ({"train": {"device": "cpu"}}, "unknown key train.device; did you mean run.device?"),
+    ({"train": {"steps": "3"}}, "train.steps = '3': expected an integer >= 1"),
+    ({"train": {"steps": 0}}, "train.steps = 0: expected an integer >= 1"),
+    ({"train": {"mask_prob": 1.5}}, "train.mask_prob = 1.5: expected a number > 0 and < 1"),
+    ({"variant": {"objective": "nsp"}}, "variant.objective = 'nsp': expected one of 'mlm', 'mlm+nsp', 'mlm+sop'"),
+    ({"variant": {"sep": "no"}}, "variant.sep = 'no': expected true or false"),
+    ({"run": {"seeds": [1, 1]}}, "run.seeds = [1, 1]: expected distinct values; repeated: 1"),
+    ({"run": {"preset": "huge"}}, "run.preset = 'huge': expected one of 'test', 'tiny', 'small', 'base'"),
+    ({"run": {"device": "gpu"}}, "run.device = 'gpu': expected 'auto', 'cpu', 'cuda' or 'cuda:N'"),
+    ({"corpus": {"sources": ["files"]}}, "corpus.sources = ['files'] names 'files' but corpus.files is empty"),
+    ({"corpus": {"sources": ["wiki"]}}, ("corpus.sources = ['wiki']: expected a non-empty list of strings among "
+                                         "'bbc', 'ptb', 'files'")),
+    ({"model": {"hidden": 100, "heads": 3}}, "model.hidden = 100: expected a multiple of model.heads (3)"),
+    ({"model": {"max_length": 5000}}, "model.max_length = 5000: expected an integer >= 16 and <= 4096"),
+    ({"train": {"autocast": "yes"}}, "train.autocast = 'yes': expected true or false or 'auto'"),
     ({"variants": [{"objective": "mlm+nsp"}]}, "variants repeat"),
-    ({"variants": [{"segmnts": False}]}, "[[variants]] entry 1: unknown key 'segmnts'; did you mean 'segments'?"),
+    ({"variants": [{"segmnts": False}]}, ("[[variants]] entry 1: unknown key variants.segmnts; did you mean "
+                                          "variants.segments?")),
+    ({"variants": {"objective": "mlm"}}, "variants = {'objective': 'mlm'}: expected an array of tables [[variants]]"),
 ])
 def test_bad_configs_are_refused_with_the_key_and_value(raw, message):
     with pytest.raises(ConfigError) as err:
         parse_config(raw, source="config x.toml")
-    assert str(err.value).startswith("config x.toml: ")
-    assert message in str(err.value)
+    assert str(err.value).startswith(f"config x.toml: {message}")
+
+
+def test_overrides_and_configs_built_in_code_are_checked():
+    """The command line's options are checked as the file's keys are, and so is a config built in code (a
+    dataclass checks nothing when constructed) before pretraining reads it."""
+    from probing.pretrain import PretrainConfig, RunConfig, check_config, pretrain
+
+    with pytest.raises(ConfigError, match=r"^config: override run\.seeds = \[-1\]: expected a non-empty list of "
+                                          r"integers >= 0$"):
+        parse_config({}, overrides={"run.seeds": [-1]})
+    with pytest.raises(ConfigError, match=r"^config: override unknown key run\.seed; did you mean run\.seeds\?$"):
+        parse_config({}, overrides={"run.seed": [1]})
+    built = PretrainConfig(run=RunConfig(seeds=[2, 2]))
+    with pytest.raises(ConfigError, match=r"^config: run\.seeds = \[2, 2\]: expected distinct values; repeated: 2$"):
+        pretrain(built, **QUIET)
+    assert check_config(PretrainConfig(run=RunConfig(seeds=[2, 3]))).run.seeds == (2, 3)  # a list read as a tuple
+    assert check_config(parse_config({})) == parse_config({})
+
+
+def test_every_preset_fits_the_schema():
+    from probing.pretrain import PRESETS
+
+    for name in PRESETS:
+        cfg = parse_config({"run": {"preset": name}})
+        assert (cfg.model.layers, cfg.train.steps) == (PRESETS[name]["model"]["layers"],
+                                                       PRESETS[name]["train"]["steps"])
 
 
 def test_config_presets_and_variants():
@@ -134,8 +165,7 @@ def test_the_command_refuses_a_bad_config_and_writes_nothing(tmp_path, capsys):
     bad = write_toml(tmp_path / "bad.toml", {"run": {"out": str(out)}, "train": {"stpes": 10}})
     assert main([str(bad)]) == 2
     err = capsys.readouterr().err
-    assert err.splitlines()[0].startswith(f"error: config {str(bad)!r}: [train]: unknown key 'stpes'; did you mean "
-                                          f"'steps'?")
+    assert err.splitlines()[0] == f"error: config {str(bad)!r}: unknown key train.stpes; did you mean train.steps?"
     broken = tmp_path / "broken.toml"
     broken.write_text("[run\n")
     assert main([str(broken)]) == 2
@@ -556,6 +586,29 @@ def test_calibration_refuses_a_path_without_runs(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_calibration_refuses_too_few_resamples_and_an_unwritable_table_before_any_work(tmp_path, capsys):
+    """Refused before a run's record is read, a model loaded or a cache written (the record here is empty, so
+    reading it would fail otherwise)."""
+    from analyses.calibration import calibrate, main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "training.json").write_text("{}")
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(SystemExit) as done:
+        main([str(run), "--resamples", "50", "--caches", str(tmp_path / "caches")])
+    assert done.value.code == 2
+    assert capsys.readouterr().err.splitlines()[0] == ("error: python -m analyses.calibration: argument --resamples: "
+                                                        "'50': a 95% interval needs at least 100 resamples (5 of them "
+                                                        "outside it; fewer give an interval of no width that can "
+                                                        "exclude its own estimate)")
+    with pytest.raises(ValueError, match="needs at least 100 resamples"):
+        calibrate(run, n_resamples=50, caches=tmp_path / "caches")
+    assert main([str(run), "--table", str(tmp_path / "a-file" / "t.csv"), "--caches", str(tmp_path / "caches")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {str(tmp_path / 'a-file')!r}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "run"] and os.listdir(run) == ["training.json"]
+
+
 # ---------------------------------------------------------------------------------------------------- benchmark
 
 
@@ -574,7 +627,7 @@ def test_the_benchmark_prints_tokens_per_second_and_the_matmul_share():
 def test_load_config_reads_a_file(tmp_path, text_file):
     cfg = load_config(write_toml(tmp_path / "c.toml", config_dict(text_file, tmp_path / "o", steps=9)),
                       overrides={"run.seeds": [3, 4]})
-    assert cfg.train.steps == 9 and cfg.run.seeds == [3, 4] and cfg.corpus.documents == "blank_line"
+    assert cfg.train.steps == 9 and cfg.run.seeds == (3, 4) and cfg.corpus.documents == "blank_line"
 
 
 def test_doctests():

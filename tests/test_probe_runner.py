@@ -270,7 +270,8 @@ def test_document_grouping_items_and_length_baseline(doc_caches, tmp_path):
     own = run_probes(c, ("cls", "mean"), ("bow_s1",), length_baseline=True, length_versus=("mean",), **kw)
     om = own[own["metric"] == "macro_auc_diff"].reset_index(drop=True)
     assert set(om["choice"]) == {"mean"} and len(om) == n_layers
-    pd.testing.assert_frame_equal(om, auc[auc["choice"] == "mean"].reset_index(drop=True)[om.columns], check_dtype=False)
+    pd.testing.assert_frame_equal(om, auc[auc["choice"] == "mean"].reset_index(drop=True)[om.columns],
+                                  check_dtype=False)
     with pytest.raises(ValueError, match=r"length_versus \['sep1'\] are not among the choices"):
         run_probes(c, ("cls", "mean"), ("bow_s1",), length_baseline=True, length_versus=("sep1",), **kw)
     # stored beside the result (only when asked), read back

@@ -471,14 +471,16 @@ def test_sklearn_estimator_conventions():
     assert binary.coef_.shape == (1, 4) and set(binary.predict(X)) <= {"no", "yes"}
 
 
-@parametrize_with_checks([LinearProbe(Cs=(1.0,), max_iter=200), LinearProbe(Cs=(0.1, 1.0), inner_splits=2, max_iter=200)])
+@parametrize_with_checks([LinearProbe(Cs=(1.0,), max_iter=200),
+                          LinearProbe(Cs=(0.1, 1.0), inner_splits=2, max_iter=200)])
 def test_scikit_learn_estimator_checks(estimator, check):
     """scikit-learn's own conventions (cloning, input validation, n_features_in_, sparse refusal,
     pickling round trips by sklearn's checks, ...), with one C and with an inner CV."""
     check(estimator)
 
 
-@pytest.mark.parametrize("splitter", [GroupKFold(n_splits=3), StratifiedKFold(n_splits=3, shuffle=True, random_state=0)])
+@pytest.mark.parametrize("splitter", [GroupKFold(n_splits=3),
+                                      StratifiedKFold(n_splits=3, shuffle=True, random_state=0)])
 def test_pipeline_and_grid_search_with_any_splitter(splitter):
     X, y, groups = planted(n=120, d=5, strength=1.5)
     pipe = Pipeline([("scale", StandardScaler()), ("probe", LinearProbe(inner_splits=2))])

@@ -96,3 +96,28 @@ def test_no_work_counter_in_docs_or_code():
                 if WORK_COUNTER.search(line):
                     found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:100]}")
     assert not found, "cite a commit and a date instead:\n" + "\n".join(found)
+
+
+def test_the_bad_input_paragraph_is_checked_against_the_tests():
+    """docs/EXTRACTION.md's paragraph of what is refused (the README points to it) names only refusals the
+    tests hold: each kind of input it lists has a case in tests/test_bad_input.py's matrix, each spelling of a
+    missing cell it quotes is one the loader refuses, and each test file it cites exists."""
+    from probing.examples import MISSING_TEXT
+
+    from .test_bad_input import CASES
+
+    doc = (ROOT / "docs" / "EXTRACTION.md").read_text(encoding="utf-8")
+    para = doc[doc.index("Bad input of every command"):]
+    para = para[:para.index("\n\n")]
+    ids = [c[0] for c in CASES]
+    listed = {"a missing or malformed corpus file": "corpus-missing-file", "more or fewer fields": "corpus-short-row",
+              "a corpus too small": "corpus-too-small", "unknown format": "format-unknown-name",
+              "role": "roles-unknown", "layer": "layers-out-of-range", "device": "device-unknown",
+              "dtype": "dtype-unknown", "an `--out` that cannot be written": "out-through-a-file",
+              "a directory that is not a cache": "cka-not-a-cache"}
+    for words, case in listed.items():
+        assert words in para and case in ids, (words, case)
+    for spelling in re.findall(r"`([^`]+)`", para[para.index("spells as missing"):para.index("what pandas")]):
+        assert spelling in MISSING_TEXT, spelling
+    for cited in re.findall(r"`(tests/[a-z_]+\.py)`", para):
+        assert (ROOT / cited).is_file(), cited

@@ -102,5 +102,6 @@ def test_the_display_prints_each_difference_in_its_own_unit():
     table = display(decided, rules)
     assert table.columns.tolist() == ["layer", "compared", "difference (simultaneous 95% CI)", "adjusted p",
                                       "decision", "family size"]
-    assert table.loc[0, "difference (simultaneous 95% CI)"] == "+5.0 (+2.8 to +7.2 accuracy points)"  # z(1 - 0.05/4) = 2.24
+    # z(1 - 0.05/4) = 2.24
+    assert table.loc[0, "difference (simultaneous 95% CI)"] == "+5.0 (+2.8 to +7.2 accuracy points)"
     assert table.loc[0, "decision"] == "Yes" and table.loc[1, "decision"] == LABELS["inconclusive"]

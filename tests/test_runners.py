@@ -16,8 +16,8 @@ from probing.extract import extract
 def caches(tmp_path, tiny_bert):
     from .conftest import sample_examples
 
-    paths = extract(sample_examples(12, k=2), ["pair", "concat", "single"], model=tiny_bert, out=tmp_path / "c", attention=True,
-                    progress=False, log=lambda *a: None)
+    paths = extract(sample_examples(12, k=2), ["pair", "concat", "single"], model=tiny_bert, out=tmp_path / "c",
+                    attention=True, progress=False, log=lambda *a: None)
     return [Cache.open(p) for p in paths]
 
 
@@ -66,7 +66,8 @@ def test_drift_rejects_different_models(tmp_path, bert_tokenizer, caches):
     from .conftest import make_tiny_bert
 
     other = prepare_model(make_tiny_bert(bert_tokenizer, seed=1), bert_tokenizer, name="tiny-bert")
-    (p,) = extract(list(Cache.open(caches[0].path).examples.pipe(_to_examples)), ["concat"], model=other, out=tmp_path / "o", progress=False, log=lambda *a: None)
+    (p,) = extract(list(Cache.open(caches[0].path).examples.pipe(_to_examples)), ["concat"], model=other,
+                   out=tmp_path / "o", progress=False, log=lambda *a: None)
     with pytest.raises(ValueError, match="different models"):
         run_drift(caches[0], Cache.open(p), progress=False)
 

@@ -82,8 +82,8 @@ def test_streaming_equals_cached(lm, tmp_path, fa, fb, k, batch_tokens):
         warnings.simplefilter("ignore")  # the zero-variance warning of [CLS] at layer 0
         cached_cka = run_cka_formats(a, b, choices + words)
     out = stream_compare(examples, a.manifest["format"]["name"] + "=" + a.manifest["format"]["template"],
-                         fb + "=" + b.manifest["format"]["template"], model=lm, choices=choices, word_groups=True, n_resamples=100,
-                         batch_tokens=batch_tokens, progress=False)
+                         fb + "=" + b.manifest["format"]["template"], model=lm, choices=choices, word_groups=True,
+                         n_resamples=100, batch_tokens=batch_tokens, progress=False)
     _compare_drift(cached_drift, out["drift"])
     _compare_cka(cached_cka, out["cka"])
     if k == 3:

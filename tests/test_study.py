@@ -39,7 +39,8 @@ def test_quick_study_end_to_end_and_reuse(quick_study):
         opening = r"(Yes|No measurable difference|Inconclusive|Only in|No)"
         if q == "Q4":  # six parts: coherence and each sentence's content words, against [SEP]'s baselines, then [CLS]
             parts = [f"\\[SEP\\] against {against}: {what} — {opening}" for against in ("its baselines", "\\[CLS\\]")
-                     for what in ("coherence \\(is_next\\)", "content words of sentence 1", "content words of sentence 2")]
+                     for what in ("coherence \\(is_next\\)", "content words of sentence 1",
+                                  "content words of sentence 2")]
             assert re.match(".* ".join(parts), answer), answer
         elif q == "Q3":  # two parts: [CLS] and the inner words of sentences 1-2, each over its own spread
             assert re.match(rf"\[CLS\] — {opening}.* Inner words of sentences 1–2 — {opening}", answer), answer
@@ -78,7 +79,8 @@ def test_quick_study_end_to_end_and_reuse(quick_study):
     tables = run / "tables"
     p3 = pd.read_csv(tables / "paired_q3.csv")
     assert set(p3["role"]) == {"cls", "s1 words", "s2 words", "all", "cls and inner words", "inner words",
-                               "s1 inner words", "s1 edge words", "s2 inner words", "s2 edge words"} and (p3["k_b"] == 3).all()
+                               "s1 inner words", "s1 edge words", "s2 inner words", "s2 edge words"}
+    assert (p3["k_b"] == 3).all()
     assert "s1 inner words" in set(pd.read_csv(tables / "paired_q2.csv")["role"])
     for name in ("paired_q1", "paired_q2", "paired_q3", "paired_q4", "paired_q5", "paired_q6", "paired_q7", "paired_q8",
                  "q4_knockout_drift", "q4_knockout_probes", "q1_cls_patching"):
@@ -414,7 +416,8 @@ def test_question_verdict_is_computed_from_its_table():
     q2 = QUESTION_SECTIONS["Q2"]
     big = q2.verdict({"paired_q2": _drift_rows(0.05)}, cfg)
     # layer 0 (sentence 1's words embedded alike in every format: 0 by construction) is not read
-    assert big.decision == "yes" and big.sentence.startswith("Yes, in every layer: sentence 1's inner words move further")
+    assert big.decision == "yes"
+    assert big.sentence.startswith("Yes, in every layer: sentence 1's inner words move further")
     assert "+0.050" in big.sentence and "provisional" not in big.sentence and "40 documents" in big.sentence
     small = q2.verdict({"paired_q2": _drift_rows(0.01)}, cfg)
     assert small.decision == "yes_small" and "+0.010" in small.sentence
@@ -451,7 +454,8 @@ def test_q1_verdict_names_the_words_its_rows_compare_with():
     from probing.study.legacy_questions import QUESTION_SECTIONS
 
     v = QUESTION_SECTIONS["Q1"].verdict(
-        {"paired_q1": _probe_rows(-0.05, metric="normalised_drift_diff_roles", role="cls", role_b="words")}, load_config(None))
+        {"paired_q1": _probe_rows(-0.05, metric="normalised_drift_diff_roles", role="cls", role_b="words")},
+        load_config(None))
     assert "the words of both sentences" in v.sentence and "sentence 1" not in v.sentence
     assert 'versus=' not in inspect.getsource(_paired_q1)  # the study keeps run_role_contrast's default: every word
 
@@ -519,7 +523,9 @@ def test_q8_second_part_asks_whether_any_token_does_after_fine_tuning():
     frozen = _probe_rows(-0.05, target="topic")
     same = spec.verdict({"paired_q8": frozen, "finetune": _finetune_rows({"cls": 0.002, "first_word": -0.004})},
                         cfg).sentence
-    assert same.startswith("Frozen — No, in any layer") and " After fine-tuning — No measurable difference at any "         "pooling: after fine-tuning, every pooling reads topic as well as mean pooling" in same
+    assert same.startswith("Frozen — No, in any layer")
+    assert (" After fine-tuning — No measurable difference at any "
+            "pooling: after fine-tuning, every pooling reads topic as well as mean pooling") in same
     worse = spec.verdict({"paired_q8": frozen, "finetune": _finetune_rows({"cls": 0.002, "first_word": -0.05})},
                          cfg).sentence
     assert ("After fine-tuning — Only in pooling first_word (no measurable difference at pooling cls): after "
@@ -653,11 +659,13 @@ def test_knockout_probe_verdict_leaves_out_layers_where_the_clean_probe_is_at_it
     s = knockout_text({"q4_knockout_probes": probes})
     assert "is_next ([CLS], layers 3, 6; clean accuracy 0.520 to 0.630, majority baseline 0.500)" in s, s
     assert "lowers the accuracy more than the control" in s and "-0.050" in s
-    assert "Left out of the verdict: layer 6, where the clean probe's CI reaches its majority baseline (0.520 at layer 6)" in s
+    assert ("Left out of the verdict: layer 6, where the clean probe's CI reaches its majority baseline "
+            "(0.520 at layer 6)") in s
     assert "at layer 6" not in s.split("Left out")[0]  # the verdict itself is over layer 3 only
     at_chance = pd.DataFrame(rows(6, 0.52, 0.49, 0.002))
     assert ("no verdict: the clean probe's CI reaches its majority baseline at every probed layer, so a knockout has "
-            "nothing to lower (knockout − control at layer 6: +0.002") in knockout_text({"q4_knockout_probes": at_chance})
+            "nothing to lower (knockout − control at layer 6: +0.002"
+            ) in knockout_text({"q4_knockout_probes": at_chance})
 
 
 def test_every_section_is_declared_once_with_its_parts():
@@ -687,7 +695,8 @@ def test_study_jobs_union_of_sections():
         Job("groups_k2", "multi"), Job("groups_k2", "concat"), Job("groups_k3", "multi"), Job("groups_k3", "concat")}
     assert not any(j.random for j in jobs) and len(jobs) == len(set(jobs))
     # Q1's patching and middle-[SEP] routes are extractions of `pair` with an intervention
-    assert Job("pairs", "pair", intervention="cls_patch_mid") in jobs and Job("pairs", "pair", intervention="sep1_all_ko") in jobs
+    assert Job("pairs", "pair", intervention="cls_patch_mid") in jobs
+    assert Job("pairs", "pair", intervention="sep1_all_ko") in jobs
     q4 = study_jobs(load_config(None, overrides={"study.questions": ["Q4"]}), corpora)
     assert {j.name for j in q4 if j.intervention} == {"pair@sep_ko", "pair@sep_ko_control"}
 
@@ -725,7 +734,8 @@ def test_limits_and_protocol_text_come_from_the_config():
     text = run_limits(cfg, corpora, QUESTION_SECTIONS["Q3"], "all-MiniLM-L6-v2")
     assert "60 examples of generated template sentences (generated:n=60,k=4,pairing=consecutive)" in text
     assert "Quick mode" in text
-    assert "news" not in QUESTION_SECTIONS["Q3"].note_text(cfg) and "article" not in QUESTION_SECTIONS["Q3"].note_text(cfg)
+    q3_note = QUESTION_SECTIONS["Q3"].note_text(cfg)
+    assert "news" not in q3_note and "article" not in q3_note
     full = load_config("seed_questions")
     assert "BBC News" in QUESTION_SECTIONS["Q3"].note_text(full)
     assert "Quick mode" not in run_limits(full, corpora, QUESTION_SECTIONS["Q3"], "x")
@@ -816,11 +826,12 @@ def test_clark_verdict_names_the_layers_above_one_half():
     mass = [0.2, 0.3, 0.62, 0.7, 0.66, 0.35, 0.495]
     a = pd.DataFrame([{"analysis": "attention", "layer": L, "head": "mean", "role": "all tokens", "target": t,
                        "metric": "attention_mass", "value": v if t == "all [SEP]" else 0.05,
-                       "ci_low": (v if t == "all [SEP]" else 0.05) - 0.02, "ci_high": (v if t == "all [SEP]" else 0.05) + 0.02}
+                       "ci_low": (v if t == "all [SEP]" else 0.05) - 0.02,
+                       "ci_high": (v if t == "all [SEP]" else 0.05) + 0.02}
                       for L, v in enumerate(mass) for t in ("all [SEP]", "cls")])
     v = PAPERS["clark2019"].verdict({"clark2019_attention": a}, load_config(None))
-    assert v.sentence.startswith("Only in layers 2–4 (the opposite at layers 0–1, 5; no measurable difference at layer 6): "
-                                  "more than 0.5 of the attention")
+    assert v.sentence.startswith("Only in layers 2–4 (the opposite at layers 0–1, 5; "
+                                 "no measurable difference at layer 6): more than 0.5 of the attention")
     assert "at layer 3: +0.200" in v.sentence
 
 
@@ -895,13 +906,15 @@ def test_q3_verdict_has_a_part_for_cls_and_one_for_the_inner_words_each_over_its
     assert "paired per example" in cls_part and "40 documents" in cls_part and "provisional" not in v.sentence
     assert words_part.startswith("No measurable difference"), words_part  # the edge words' growth is not read
     table, caption = q3.comparison_table(T)
-    assert list(table["layer"]) == [1, 2, 1, 2] and list(table["part"]) == ["[CLS]"] * 2 + ["Inner words of sentences 1–2"] * 2
+    assert list(table["layer"]) == [1, 2, 1, 2]
+    assert list(table["part"]) == ["[CLS]"] * 2 + ["Inner words of sentences 1–2"] * 2
     # each part's multiple-comparison family named after it, "[CLS]" as it is written
     assert "[CLS]: Holm over layers; inner words of sentences 1–2: Holm over layers" in caption, caption
     # the other way round: words grow, [CLS] does not
     T = {"paired_q3": pd.concat([_q3_rows("cls", 0.0, 1e-5), _q3_rows("inner words", 0.05, 0.9)], ignore_index=True)}
     v = q3.verdict(T, cfg)
-    assert v.sentence.startswith("[CLS] — No measurable difference") and "Inner words of sentences 1–2 — Yes" in v.sentence
+    assert v.sentence.startswith("[CLS] — No measurable difference")
+    assert "Inner words of sentences 1–2 — Yes" in v.sentence
     # the raw or pooled rows alone decide nothing, nor the marginal table
     raw = {"paired_q3": pd.concat([_q3_rows("cls", 0.3, 1e-5, "drift_growth"),
                                    _q3_rows("cls and inner words", 0.3, 1e-5, "drift_growth")], ignore_index=True)}
@@ -1242,9 +1255,9 @@ def test_q4_coherence_is_read_against_lengths_where_they_beat_the_majority():
         rows = []
         for layer in (1, 2):
             for b, v in (("choice=length_only", sep_minus_length), ("choice=cls", 0.0)):
-                rows.append({"analysis": "probe_comparison", "target": "is_next", "metric": "difference", "layer": layer,
-                             "condition_a": "choice=sep1", "condition_b": b, "value": v, "ci_low": v - 0.02,
-                             "ci_high": v + 0.02, "p_value": 0.001 if abs(v) > 0.02 else 0.8,
+                rows.append({"analysis": "probe_comparison", "target": "is_next", "metric": "difference",
+                             "layer": layer, "condition_a": "choice=sep1", "condition_b": b, "value": v,
+                             "ci_low": v - 0.02, "ci_high": v + 0.02, "p_value": 0.001 if abs(v) > 0.02 else 0.8,
                              "p_holm": 0.002 if abs(v) > 0.02 else 1.0, "mde": 0.03, "n": 1000, "n_groups": 124,
                              "grouping": "document",
                              "family": FAMILIES["Q4_next_length"] if b.endswith("length_only") else FAMILIES["Q4"]})
@@ -1303,7 +1316,8 @@ def test_q4_asks_whether_the_content_at_sep_is_learned():
             "0.580 to 0.620) with random weights") in q4.answer(T)
     # no random-init run (random_init_baseline = false): the parts say so, the evidence is silent
     plain = {"probes_pair": _q4_baseline_table(0.1, {1: 0.2, 2: 0.2})}
-    assert "[SEP] against random weights: content words of sentence 1 — Not measured." in q4.verdict(plain, cfg).sentence
+    not_measured = "[SEP] against random weights: content words of sentence 1 — Not measured."
+    assert not_measured in q4.verdict(plain, cfg).sentence
     assert "with random weights" not in q4.answer(plain)
     assert _q4_sep_untrained_rows(1)(plain) is None
 
@@ -1437,7 +1451,7 @@ def test_q4_evidence_gives_the_random_weight_sep_on_is_next():
 def test_q8_notes_say_what_the_cis_leave_out():
     """Q8's CIs resample test documents only; the notes say that training randomness is not in them, with one
     seed and with several."""
-    from probing.study.questions import _q8_notes
+    from probing.study.legacy_questions import _q8_notes
 
     cfg = load_config(None, overrides={"finetune.poolings": ["cls", "mean"], "finetune.seeds": [0]})
     one = _q8_notes(cfg)

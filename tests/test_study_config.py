@@ -14,8 +14,9 @@ import pytest
 import torch
 
 import probing.study.runner as runner
+from probing import schema
 from probing.study import config as C
-from probing.study.config import (CONFIG_DIR, SCHEMA, StudyConfig, StudyError, load_config, packaged_configs,
+from probing.study.config import (SCHEMA, StudyConfig, StudyError, load_config, packaged_configs,
                                   to_toml, toml_value)
 
 
@@ -53,7 +54,7 @@ def _fields():
 
 
 def _base(hint):
-    inner = C._optional(hint)
+    inner = schema.optional(hint)
     return inner if inner is not None else hint
 
 
@@ -109,7 +110,7 @@ def test_every_field_is_checked_and_its_default_passes():
     assert {k for k, _, kind in BAD_VALUES if kind == "type"} == set(C.dotted_keys())
     for section, name, hint, meta in _fields():
         default = getattr(SCHEMA[section](), name)
-        assert C.check_value(default, hint, meta) == default, (section, name)
+        assert schema.check_value(default, hint, meta) == default, (section, name)
         if meta.keys() & {"ge", "gt", "choices", "check", "nonempty"}:
             assert any(k == f"{section}.{name}" for k, _, kind in BAD_VALUES if kind == "range"), (section, name)
 
@@ -177,9 +178,9 @@ def test_unknown_sections_and_moved_keys(text, first, tmp_path, no_work, capsys)
     ('"probes.folds" = "five"', "error: config: [quick] probes.folds = 'five': expected an integer >= 2"),
     ('"probes.fold" = 3', "error: config: [quick] unknown key probes.fold; did you mean probes.folds?"),
     ('folds = 3', "error: config: [quick] unknown key folds; did you mean probes.folds?"),
-    ('"study.bootstrap_resamples" = 20', "error: config: [quick] study.bootstrap_resamples = 20: a 95% interval "
-                                         "needs at least 100 resamples (5 of them outside it; fewer give an interval of no "
-                                         "width that can exclude its own estimate)"),
+    ('"study.bootstrap_resamples" = 20', ("error: config: [quick] study.bootstrap_resamples = 20: a 95% interval "
+                                          "needs at least 100 resamples (5 of them outside it; fewer give an "
+                                          "interval of no width that can exclude its own estimate)")),
 ])
 def test_the_quick_table_is_checked_with_or_without_quick(entry, first, quick, tmp_path, no_work, capsys):
     """A typo in [quick] is found on a full run too, not only when --quick finally reads it."""

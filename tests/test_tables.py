@@ -156,8 +156,8 @@ def test_no_cell_holds_a_stringified_structure(tables):
 
 #: What ``role`` holds in every table: a stored token role or a group of them (docs/TABLES.md), never a
 #: token choice (``mean``, ``max``, ``sep1`` as a choice), a pooling or a difference of two.
-ROLE = re.compile(r"cls|sep|word|words|all|sep\d+|s\d+ (inner |edge )?words|inner words|cls and inner words|\[CLS\]|\[SEP\](#\d+)?"
-                  r"|all tokens")
+ROLE = re.compile(r"cls|sep|word|words|all|sep\d+|s\d+ (inner |edge )?words|inner words|cls and inner words"
+                  r"|\[CLS\]|\[SEP\](#\d+)?|all tokens")
 
 
 @pytest.mark.slow

@@ -50,7 +50,8 @@ def test_rules_on_constructed_rows_and_their_sentences():
     assert v.decision == "no_difference" and "could detect >= 0.012" in v.sentence
     weak = _row(0.02, 0.05, mde=0.07)
     v = summarise(pd.DataFrame([weak]), CLAIM)
-    assert v.decision == "inconclusive" and v.sentence.startswith("Inconclusive: this sample could only detect >= 0.070")
+    assert v.decision == "inconclusive"
+    assert v.sentence.startswith("Inconclusive: this sample could only detect >= 0.070")
     # the CI excludes 0 but Holm says no: not significant; it reaches 0.09, so a relevant difference is open
     assert decide(_row(0.05, 0.04, p_holm=0.2, mde=0.01)) == "inconclusive"
     v = summarise(pd.DataFrame([_row(0.01, 0.009, p_holm=0.2, mde=0.01)]), CLAIM)
@@ -63,8 +64,8 @@ def test_rules_on_constructed_rows_and_their_sentences():
 def test_layers_subset_gives_only_in_layers():
     rows = pd.DataFrame([{"layer": L, **_row(v, 0.005)} for L, v in enumerate([0.0, 0.001, 0.05, 0.06, 0.04, 0.0])])
     v = summarise(rows, CLAIM)
-    assert v.decision == "yes" and v.sentence.startswith("Only in layers 2–4 (no measurable difference at layers 0–1, 5): "
-                                                          "B is higher than A")
+    assert v.decision == "yes"
+    assert v.sentence.startswith("Only in layers 2–4 (no measurable difference at layers 0–1, 5): B is higher than A")
     assert "at layer 3: +0.060" in v.sentence
     mixed = rows.assign(value=[0.0, -0.05, 0.05, 0.06, 0.04, 0.0])
     mixed = mixed.assign(ci_low=mixed["value"] - 0.005, ci_high=mixed["value"] + 0.005)
@@ -182,8 +183,8 @@ def test_one_sided_question_answered_the_other_way_is_no():
     v = summarise(below, up)
     assert v.sentence.startswith("No, in any layer: less than half goes to [SEP]")
     mixed = pd.DataFrame([{"layer": 1, **_row(-0.45, 0.01, p_holm=0.001)}, {"layer": 2, **_row(0.0, 0.01)}])
-    assert summarise(mixed, up).sentence.startswith("No (the opposite at layer 1; no measurable difference at layer 2): "
-                                                    "less than half")
+    assert summarise(mixed, up).sentence.startswith("No (the opposite at layer 1; "
+                                                    "no measurable difference at layer 2): less than half")
     above = pd.DataFrame([{"layer": l, **_row(0.2, 0.01, p_holm=0.001)} for l in range(1, 4)])
     assert summarise(above, up).sentence.startswith("Yes, in every layer: more than half goes to [SEP]")
     two_sided = Claim(**{**up.__dict__, "direction": 0})

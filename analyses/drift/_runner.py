@@ -95,7 +95,8 @@ def run_drift(a: Cache, b: Cache, *, layers: Sequence[int] | None = None, subwor
     clusters, grouping = cache_groups(a, examples)
     if subword == "mean":
         is_word = is_role(tok, "word")
-        word_key = pd.MultiIndex.from_frame(tok[["example", "sentence", "index"]]).factorize()[0] if len(tok) else np.zeros(0, int)
+        word_key = (pd.MultiIndex.from_frame(tok[["example", "sentence", "index"]]).factorize()[0] if len(tok)
+                    else np.zeros(0, int))
         word_key = np.where(is_word, word_key, -1 - np.arange(len(tok)))  # specials: their own "word"
     records = []
     for layer in tqdm(layers, desc=f"drift {a.format_name} vs {b.format_name}", disable=not progress,
@@ -167,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"1 - cos (mean) between {a.format_name} and {b.format_name}:")
         print(summary_table(df).to_string())
         base = df[(df["metric"] == "anisotropy_baseline") & (df["role"] == "all")].set_index("layer")["value"]
-        print("anisotropy baseline (mean cos of random pairs of all tokens):", ", ".join(f"L{k}: {v:.3f}" for k, v in base.items()))
+        print("anisotropy baseline (mean cos of random pairs of all tokens):",
+              ", ".join(f"L{k}: {v:.3f}" for k, v in base.items()))
     print(table_lines(df))
     return 0

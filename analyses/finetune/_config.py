@@ -177,7 +177,8 @@ TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in fields(TrainConfig))
 #:   the wall times, 826 s and 716 s, say nothing): 81.4 s before, 65.1 s after (-20%); the
 #:   predictions are identical. The same call with ``["cls"]``, old and new interleaved at load
 #:   2.3-6.5: 48.4 and 48.5 CPU s before, 35.7 and 32.1 after; the fine-tuning run itself 43.0 s
-#:   before and 25.5 s after (wall, the last pair; the new one had a core to itself). A training step (16 pairs of ~53 tokens, forward and backward) is
+#:   before and 25.5 s after (wall, the last pair; the new one had a core to itself). A training step
+#:   (16 pairs of ~53 tokens, forward and backward) is
 #:   about 1.07 CPU s on one thread, about 52 GFLOP/s, so the 15 runs x 24 steps need about 385 CPU
 #:   s of training alone: about 200 s on two idle cores whatever the implementation. Scaled from
 #:   the 299 s, the stage now takes about 240 s idle (an estimate from the ratio, not a timed run).

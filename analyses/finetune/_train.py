@@ -255,7 +255,8 @@ def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]
 def _param_groups(clf: "PooledClassifier", config: TrainConfig) -> list[dict]:
     """AdamW groups: (encoder, head) x (decayed, not decayed: biases and LayerNorm weights)."""
     groups = []
-    for module, lr in ((clf.encoder, config.lr), (clf.head, config.head_lr if config.head_lr is not None else config.lr)):
+    head_lr = config.head_lr if config.head_lr is not None else config.lr
+    for module, lr in ((clf.encoder, config.lr), (clf.head, head_lr)):
         decay, no_decay = [], []
         for name, p in module.named_parameters():
             if p.requires_grad:
@@ -342,7 +343,9 @@ class Stream:
 def _alone(seed: int, device: torch.device):
     """A run on its own: torch's generators (the device's too) seeded for the run and restored afterwards;
     yields the context each draw runs in (nothing more to do: the run is the only one drawing)."""
-    devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    devices = []
+    if device.type == "cuda":
+        devices = [device.index if device.index is not None else torch.cuda.current_device()]
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         yield contextlib.nullcontext

@@ -93,7 +93,8 @@ def _probe_many_results(features, y, groups, *, n_splits, seed, Cs, inner_splits
     y, multilabel = _check_y(y, shapes[names[0]])
     for k, shape in shapes.items():
         if shape[0] != n:
-            raise ValueError(f"features[{k!r}] and y differ in n_items: features[{k!r}].shape={shape}, y.shape={y.shape}")
+            raise ValueError(f"features[{k!r}] and y differ in n_items: "
+                             f"features[{k!r}].shape={shape}, y.shape={y.shape}")
     groups = _check_groups(groups, n)
     n_groups = _check_n_groups(groups, n_splits, "n_splits")
     Cs_arr = _check_Cs(Cs)

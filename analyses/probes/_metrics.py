@@ -371,7 +371,8 @@ def control_labels(y: Any, types: Any, seed: int = 0) -> np.ndarray:
     y = np.asarray(y)
     types = np.asarray(types)
     if types.shape != (y.shape[0],):
-        raise ValueError(f"types must be (n_items,) = ({y.shape[0]},); got types.shape={types.shape}, y.shape={y.shape}")
+        raise ValueError(f"types must be (n_items,) = ({y.shape[0]},); "
+                         f"got types.shape={types.shape}, y.shape={y.shape}")
     _, inverse = np.unique(types, return_inverse=True)
     donors = np.random.default_rng(seed).integers(0, y.shape[0], size=inverse.max() + 1)
     return y[donors][inverse.ravel()]

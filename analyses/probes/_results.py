@@ -337,9 +337,9 @@ def cross_validate_probe(X: Any, y: Any, groups: Any = None, n_splits: int = 5, 
     majority baseline (most frequent training-fold label scored on the test fold); multi-label ->
     micro-F1 (threshold 0.5, pooled the same way) and macro ROC AUC (over labels with both values in
     the test fold; mean and t-interval over folds), with the baselines of :func:`_evaluate_fold`.
-    The per-item out-of-fold predictions are kept in ``result.items``. With ``control_types: (n_items,)`` the same probe is also fit, on the
-    same folds, to :func:`control_labels` ``(y, control_types, seed)`` and ``control_<metric>`` and
-    ``selectivity`` (Hewitt & Liang 2019) are added.
+    The per-item out-of-fold predictions are kept in ``result.items``. With ``control_types: (n_items,)``
+    the same probe is also fit, on the same folds, to :func:`control_labels` ``(y, control_types, seed)``
+    and ``control_<metric>`` and ``selectivity`` (Hewitt & Liang 2019) are added.
     """
     check_resamples(n_resamples, confidence)  # before any fit
     X = _check_X(X).astype(np.float64, copy=False)

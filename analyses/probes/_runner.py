@@ -1,9 +1,10 @@
 """Probe runner: read caches, build targets, fit every (layer x token choice) probe, write tidy tables.
 
     python -m analyses.probes CACHE --choices cls,mean,sep1 --targets topic,length,bow_s1 \
-        [--layers 0,3,-1 | 2-4 | all] [--folds 5] [--inner-folds 2] [--Cs 0.003,0.01,0.1] [--bow-Cs 0.1] [--max-iter 300] \
-        [--seed 0] [--resamples 1000] [--threads 1] [--device cpu] [--no-progress] \
-        [--random-cache CACHE_OF_RANDOM_INIT_MODEL] [--length-baseline] [--versus mean] [--items] --out results [--force]
+        [--layers 0,3,-1 | 2-4 | all] [--folds 5] [--inner-folds 2] [--Cs 0.003,0.01,0.1] [--bow-Cs 0.1] \
+        [--max-iter 300] [--seed 0] [--resamples 1000] [--threads 1] [--device cpu] [--no-progress] \
+        [--random-cache CACHE_OF_RANDOM_INIT_MODEL] [--length-baseline] [--versus mean] [--items] \
+        --out results [--force]
 
 (``python -m analyses.probes._runner`` is the same command.) The flags carry the study's ``[probes]``
 settings one to one: ``folds``, ``inner_splits`` (``--inner-folds``), ``Cs``, ``bow_Cs``,
@@ -40,9 +41,10 @@ probe's comes as ``macro_auc_diff`` rows (on the same document resamples), and w
 choice) minus that choice's at the same layer. With ``random_versus`` (token choices, and ``random_cache``) each
 of those choices' macro AUC on a multi-label target minus the same choice's on the random-init model, on
 the same resamples of the same items (``model_kind = trained``, ``model_kind_b = random_init``): is what a
-token holds learned, or what any encoder of this architecture would give? With ``items=True`` the per-item out-of-fold predictions come
-back as a second table (stored beside the result with ``out``): :data:`ITEM_KEYS` + ``example``,
-``token``, ``group``, ``fold``, ``y_true``, ``y_pred``, ``correct``, ``num``, ``den``, ...; file ``probe_items-<key>``, the result's key);
+token holds learned, or what any encoder of this architecture would give? With ``items=True`` the
+per-item out-of-fold predictions come back as a second table (stored beside the result with ``out``):
+:data:`ITEM_KEYS` + ``example``, ``token``, ``group``, ``fold``, ``y_true``, ``y_pred``, ``correct``,
+``num``, ``den``, ...; file ``probe_items-<key>``, the result's key);
 :func:`compare_probes` turns two sets of its rows into paired differences.
 """
 
@@ -298,8 +300,8 @@ def run_probes(cache: Cache, choices: Sequence[str] = ("cls", "mean"), targets: 
                inner_splits: int = 3, max_iter: int = 1000, bow_Cs: Sequence[float] | None = None,
                length_baseline: bool = False, length_versus: Sequence[str] | None = None,
                versus: str | None = None, random_versus: Sequence[str] | None = None, items: bool = False,
-               num_threads: int | None = None, batch_mb: float | None = None, n_resamples: int = PROBE_RESAMPLES, out: str | Path | None = None,
-               force: bool = False, progress: bool = True):
+               num_threads: int | None = None, batch_mb: float | None = None, n_resamples: int = PROBE_RESAMPLES,
+               out: str | Path | None = None, force: bool = False, progress: bool = True):
     """Probes for every layer x token choice x target, on ``cache`` and optionally ``random_cache``.
 
     ``Cs`` is the grid the inner CV chooses C from; ``bow_Cs``, if given, replaces it for the
@@ -480,12 +482,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "largest tensors (default 256); smaller holds fewer feature sets at once, which lowers the "
                         "peak on a large corpus and costs time; results agree up to the optimiser's tolerance")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
-                   help="torch (default): all probes batched, on the GPU when present; sklearn: one CV per probe (reference)")
+                   help="torch (default): all probes batched, on the GPU when present; "
+                        "sklearn: one CV per probe (reference)")
     p.add_argument("--items", action="store_true",
                    help="also store the per-item out-of-fold predictions (probe_items-<key>, for compare_probes)")
     add_output_options(p, resamples=True)
     args = p.parse_args(argv)
-    flat = (lambda lists: None if lists is None else [c for part in lists for c in part])
+
+    def flat(lists):
+        return None if lists is None else [c for part in lists for c in part]
+
     try:
         cache = Cache.open(args.cache)
         rnd = Cache.open(args.random_cache) if args.random_cache else None
@@ -497,7 +503,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         length_baseline=args.length_baseline, versus=args.versus,
                         random_versus=split_list(args.random_versus) if args.random_versus else None,
                         items=args.items, num_threads=args.threads,
-                        batch_mb=args.batch_mb, n_resamples=args.resamples, out=args.out, force=args.force, progress=not args.no_progress)
+                        batch_mb=args.batch_mb, n_resamples=args.resamples, out=args.out, force=args.force,
+                        progress=not args.no_progress)
         written = list(df) if args.items else [df]
         df = written[0]
     except CLI_ERRORS as err:

@@ -448,7 +448,8 @@ def _lbfgs(problems: _Problems, theta0, *, max_iter: int, tol: float, history: i
             ok = torch.isfinite(fs) & (fs <= f0 + 1e-4 * a * d0)
             step[idx], ft[idx], accepted[idx] = a, fs, ok
             hit, rows_ok = idx[ok.view(-1)], ok.view(-1)
-            new_theta[hit], new_g[hit], new_f[hit], new_gmax[hit] = trial[rows_ok], gs[rows_ok], fs[rows_ok], gms[rows_ok]
+            new_theta[hit], new_g[hit] = trial[rows_ok], gs[rows_ok]
+            new_f[hit], new_gmax[hit] = fs[rows_ok], gms[rows_ok]
         s, yv = torch.sub(new_theta, theta, out=S[pos]), torch.sub(new_g, g, out=Yh[pos])
         sy, yy = dot(s, yv), dot(yv, yv)
         valid = (sy > eps * yy) & (yy > 0)

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as _sps
 
-from analyses.stats._intervals import RNG_KW, bootstrap_ci, check_confidence, check_resamples, check_values, group_codes
+from analyses.stats._intervals import bootstrap_ci, check_confidence, check_resamples, check_values, group_codes
 
 
 #: The difference in accuracy the study's headline comparisons should be able to detect (issue 11).

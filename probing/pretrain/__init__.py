@@ -12,8 +12,9 @@ command) with ``training.json`` beside it. The command::
 docs/PRETRAIN.md describes the keys, the presets and the files.
 """
 
+from ._cli import main
 from ._config import (CLS_POSITIONS, OBJECTIVES, PRESETS, SOURCES, ConfigError, CorpusConfig, ModelConfig,
-                      PretrainConfig, RunConfig, TrainConfig, Variant, load_config, parse_config)
+                      PretrainConfig, RunConfig, TrainConfig, Variant, check_config, load_config, parse_config)
 from ._data import Corpus, Document, pretraining_format, pretraining_template, read_corpus
 from ._model import HEADS_FILE, load_pretraining_model
 from ._train import RUN_RECORD, TRAINING_RECORD, evaluate, pretrain, run_dir
@@ -21,6 +22,6 @@ from ._train import RUN_RECORD, TRAINING_RECORD, evaluate, pretrain, run_dir
 __all__ = [
     "CLS_POSITIONS", "Corpus", "ConfigError", "CorpusConfig", "Document", "HEADS_FILE", "ModelConfig", "OBJECTIVES",
     "PRESETS", "PretrainConfig", "RUN_RECORD", "RunConfig", "SOURCES", "TRAINING_RECORD", "TrainConfig", "Variant",
-    "evaluate", "load_config", "load_pretraining_model", "parse_config", "pretrain", "pretraining_format",
-    "pretraining_template", "read_corpus", "run_dir",
+    "check_config", "evaluate", "load_config", "load_pretraining_model", "main", "parse_config", "pretrain",
+    "pretraining_format", "pretraining_template", "read_corpus", "run_dir",
 ]

@@ -1,20 +1,20 @@
 """The pretraining config: a TOML file read into declared, checked dataclasses (one per section).
 
-Every choice is declared once, as a ``Literal``: validation, the command line's ``choices`` and dispatch read
-the same declaration. A section's missing keys come from the preset (``[run] preset``), then from the
-dataclass defaults; an unknown section or key is refused with the closest known name.
+The schema is declared as the study's is (:mod:`probing.schema`): each field its type, default and range
+(:func:`probing.schema.setting`), every choice once, as a ``Literal`` that validation, the command line's
+``choices`` and dispatch read. A section's missing keys come from the preset (``[run] preset``), then from the
+dataclass defaults; an unknown section or key is refused with the closest known name, a bad value with the key,
+the value and what was expected; a check across keys of one section is the section's ``__post_init__``.
 """
 
 from __future__ import annotations
 
-import difflib
 import sys
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
-from pydantic import ConfigDict, Field, ValidationError, model_validator
-from pydantic.dataclasses import dataclass
+from ..schema import Schema, device_name, setting
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -23,7 +23,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 __all__ = [
     "CLS_POSITIONS", "ConfigError", "CorpusConfig", "ModelConfig", "OBJECTIVES", "PRESETS", "PretrainConfig",
-    "RunConfig", "SOURCES", "TrainConfig", "Variant", "load_config", "parse_config",
+    "RunConfig", "SOURCES", "TrainConfig", "Variant", "check_config", "load_config", "parse_config",
 ]
 
 Objective = Literal["mlm", "mlm+nsp", "mlm+sop"]
@@ -41,16 +41,18 @@ CLS_POSITIONS: tuple[str, ...] = get_args(ClsPosition)
 SOURCES: tuple[str, ...] = get_args(Source)
 PRESET_NAMES: tuple[str, ...] = get_args(Preset)
 
-_STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
-PositiveInt = Annotated[int, Field(ge=1)]
-Seed = Annotated[int, Field(ge=0)]
-
 
 class ConfigError(ValueError):
     """A pretraining config is malformed: unknown section or key, wrong type, value out of range."""
 
 
-@dataclass(config=_STRICT)
+def _distinct(value: tuple) -> None:
+    repeated = sorted({v for v in value if value.count(v) > 1})
+    if repeated:
+        raise ValueError(f"expected distinct values; repeated: {', '.join(map(repr, repeated))}")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """``[run]``: where the runs go and how many.
 
@@ -61,20 +63,14 @@ class RunConfig:
         (unset: torch's default); a CPU run is bit-for-bit reproducible for a given thread count.
     """
 
-    out: str = "runs/pretrain"
-    preset: Preset = "tiny"
-    seeds: Annotated[list[Seed], Field(min_length=1)] = Field(default_factory=lambda: [0])
-    device: str = "auto"
-    threads: PositiveInt | None = None
-
-    @model_validator(mode="after")
-    def _distinct_seeds(self):
-        if len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds must be distinct, got {self.seeds}")
-        return self
+    out: str = setting("runs/pretrain", nonempty=True)
+    preset: Preset = setting("tiny")
+    seeds: tuple[int, ...] = setting((0,), ge=0, nonempty=True, check=_distinct)
+    device: str = setting("auto", check=device_name)
+    threads: int | None = setting(None, ge=1)
 
 
-@dataclass(config=_STRICT)
+@dataclass(frozen=True)
 class CorpusConfig:
     """``[corpus]``: the offline text.
 
@@ -91,25 +87,22 @@ class CorpusConfig:
         documents whatever the seed or variant; PTB uses its ``valid`` split instead).
     """
 
-    sources: Annotated[list[Source], Field(min_length=1)] = Field(default_factory=lambda: ["bbc"])
-    files: list[str] = Field(default_factory=list)
-    documents: Literal["file", "blank_line"] = "file"
-    sentences: Literal["pysbd", "lines"] = "pysbd"
-    max_documents: PositiveInt | None = None
-    heldout_fraction: Annotated[float, Field(gt=0, le=0.5)] = 0.05
+    sources: tuple[Source, ...] = setting(("bbc",), nonempty=True, check=_distinct)
+    files: tuple[str, ...] = setting(())
+    documents: Literal["file", "blank_line"] = setting("file")
+    sentences: Literal["pysbd", "lines"] = setting("pysbd")
+    max_documents: int | None = setting(None, ge=1)
+    heldout_fraction: float = setting(0.05, gt=0, le=0.5)
 
-    @model_validator(mode="after")
-    def _files_and_sources(self):
-        if len(set(self.sources)) != len(self.sources):
-            raise ValueError(f"sources must be distinct, got {self.sources}")
+    def __post_init__(self):
         if "files" in self.sources and not self.files:
-            raise ValueError("sources names 'files' but files is empty; give files = [\"PATH\", ...]")
+            raise ValueError(f"corpus.sources = {list(self.sources)} names 'files' but corpus.files is empty; "
+                             f"give files = [\"PATH\", ...]")
         if self.files and "files" not in self.sources:
-            raise ValueError(f"files is given but sources {self.sources} does not name 'files'")
-        return self
+            raise ValueError(f"corpus.files is given but corpus.sources = {list(self.sources)} does not name 'files'")
 
 
-@dataclass(config=_STRICT)
+@dataclass(frozen=True)
 class ModelConfig:
     """``[model]``: the BERT architecture (Devlin et al. 2019) trained from scratch.
 
@@ -122,28 +115,26 @@ class ModelConfig:
     of the residual stream and MLM sat at the unigram plateau for hundreds of steps (docs/PRETRAIN.md).
     """
 
-    layers: PositiveInt = 2
-    hidden: PositiveInt = 128
-    heads: PositiveInt = 2
-    intermediate: PositiveInt = 512
-    max_length: Annotated[int, Field(ge=16, le=4096)] = 128
-    vocab_size: Annotated[int, Field(ge=100, le=200_000)] = 4000
-    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
-    init_std: Annotated[float, Field(gt=0, le=1)] | None = None
+    layers: int = setting(2, ge=1)
+    hidden: int = setting(128, ge=1)
+    heads: int = setting(2, ge=1)
+    intermediate: int = setting(512, ge=1)
+    max_length: int = setting(128, ge=16, le=4096)
+    vocab_size: int = setting(4000, ge=100, le=200_000)
+    dropout: float = setting(0.1, ge=0, lt=1)
+    init_std: float | None = setting(None, gt=0, le=1)
 
     @property
     def initializer_range(self) -> float:
         """The standard deviation the weights are drawn with (``init_std``, or its width-scaled default)."""
         return self.init_std if self.init_std is not None else 0.02 * (768 / self.hidden) ** 0.5
 
-    @model_validator(mode="after")
-    def _heads_divide_hidden(self):
+    def __post_init__(self):
         if self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
-        return self
+            raise ValueError(f"model.hidden = {self.hidden}: expected a multiple of model.heads ({self.heads})")
 
 
-@dataclass(config=_STRICT)
+@dataclass(frozen=True)
 class TrainConfig:
     """``[train]``: the optimisation, equal for every variant of a run set.
 
@@ -157,21 +148,21 @@ class TrainConfig:
     natively (:func:`probing.models.native_bfloat16`). grad_clip: largest gradient norm (BERT's 1.0).
     """
 
-    steps: PositiveInt = 3000
-    batch_size: PositiveInt = 32
-    lr: Annotated[float, Field(gt=0, le=1)] = 1e-3
-    warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.06
-    weight_decay: Annotated[float, Field(ge=0, le=1)] = 0.01
-    mask_prob: Annotated[float, Field(gt=0, lt=1)] = 0.15
-    short_seq_prob: Annotated[float, Field(ge=0, le=1)] = 0.1
-    checkpoint_every: PositiveInt = 200
-    log_every: PositiveInt = 20
-    eval_pairs: PositiveInt = 2000
-    autocast: bool | Literal["auto"] = "auto"
-    grad_clip: Annotated[float, Field(gt=0)] = 1.0
+    steps: int = setting(3000, ge=1)
+    batch_size: int = setting(32, ge=1)
+    lr: float = setting(1e-3, gt=0, le=1)
+    warmup_fraction: float = setting(0.06, ge=0, lt=1)
+    weight_decay: float = setting(0.01, ge=0, le=1)
+    mask_prob: float = setting(0.15, gt=0, lt=1)
+    short_seq_prob: float = setting(0.1, ge=0, le=1)
+    checkpoint_every: int = setting(200, ge=1)
+    log_every: int = setting(20, ge=1)
+    eval_pairs: int = setting(2000, ge=1)
+    autocast: bool | Literal["auto"] = setting("auto")
+    grad_clip: float = setting(1.0, gt=0)
 
 
-@dataclass(config=_STRICT)
+@dataclass(frozen=True)
 class Variant:
     """``[variant]`` (and each ``[[variants]]`` entry): the one thing a run set changes between runs.
 
@@ -181,10 +172,10 @@ class Variant:
     (``false``: type_vocab_size 1, every token_type_id 0).
     """
 
-    objective: Objective = "mlm+nsp"
-    cls_position: ClsPosition = "first"
-    sep: bool = True
-    segments: bool = True
+    objective: Objective = setting("mlm+nsp")
+    cls_position: ClsPosition = setting("first")
+    sep: bool = setting(True)
+    segments: bool = setting(True)
 
     @property
     def name(self) -> str:
@@ -198,23 +189,21 @@ class Variant:
         return self.objective != "mlm"
 
 
-@dataclass(config=ConfigDict(extra="forbid", strict=True))
+@dataclass(frozen=True)
 class PretrainConfig:
     """A whole config: ``[run]``, ``[corpus]``, ``[model]``, ``[train]`` and the variants (``[variant]``, then
     each ``[[variants]]`` entry: ``[variant]`` with that entry's keys changed)."""
 
-    run: RunConfig
-    corpus: CorpusConfig
-    model: ModelConfig
-    train: TrainConfig
-    variants: list[Variant]
+    run: RunConfig = field(default_factory=RunConfig)
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    variants: tuple[Variant, ...] = (Variant(),)
 
-    @model_validator(mode="after")
-    def _distinct_variants(self):
+    def __post_init__(self):
         names = [v.name for v in self.variants]
         if len(set(names)) != len(names):
             raise ValueError(f"variants repeat: {names}; each [[variants]] entry must change [variant]")
-        return self
 
     def to_json(self) -> dict[str, Any]:
         return {"run": asdict(self.run), "corpus": asdict(self.corpus), "model": asdict(self.model),
@@ -244,79 +233,46 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                        "checkpoint_every": 1000, "log_every": 50, "eval_pairs": 4000}},
 }
 
-_SECTIONS: dict[str, type] = {"run": RunConfig, "corpus": CorpusConfig, "model": ModelConfig, "train": TrainConfig,
-                              "variant": Variant}
-_TOP = (*_SECTIONS, "variants")
-
-
-def _known(cls: type) -> list[str]:
-    return [f.name for f in fields(cls)]
-
-
-def _unknown(where: str, key: str, known: list[str] | tuple[str, ...]) -> ConfigError:
-    close = difflib.get_close_matches(key, known, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return ConfigError(f"{where}: unknown key {key!r}{hint} (known: {', '.join(known)})")
-
-
-def _build(cls: type, values: dict[str, Any], where: str):
-    """``cls(**values)``, every pydantic complaint turned into one ConfigError line naming the key and value."""
-    if not isinstance(values, dict):
-        raise ConfigError(f"{where} must be a table, got {type(values).__name__} {values!r}")
-    known = _known(cls)
-    for key in values:
-        if key not in known:
-            raise _unknown(where, key, known)
-    try:
-        return cls(**values)
-    except ValidationError as err:
-        errors = err.errors()
-        if not errors[0]["loc"]:  # a check across keys (model_validator)
-            raise ConfigError(f"{where}: {errors[0]['msg'].removeprefix('Value error, ')}") from None
-        key = str(errors[0]["loc"][0])
-        # a union (``autocast``: a boolean or "auto") reports one complaint per alternative: say them together
-        said = list(dict.fromkeys(e["msg"] for e in errors if e["loc"] and str(e["loc"][0]) == key))
-        said = [said[0], *(m.removeprefix("Input should be ") for m in said[1:])]
-        raise ConfigError(f"{where} {key} = {values.get(key)!r}: {' or '.join(said)}") from None
+#: The tables of a config file and the dataclass of each (``[[variants]]``: entries of ``[variant]``'s keys).
+SCHEMA: dict[str, type] = {"run": RunConfig, "corpus": CorpusConfig, "model": ModelConfig, "train": TrainConfig,
+                           "variant": Variant}
+_CHECKER = Schema(SCHEMA, ConfigError, also=("variants",))
 
 
 def parse_config(raw: dict[str, Any], *, source: str = "config",
                  overrides: dict[str, Any] | None = None) -> PretrainConfig:
     """A checked :class:`PretrainConfig` from a parsed TOML document ``raw``; ``overrides`` maps dotted keys
     (``"train.steps"``, ``"run.seeds"``) to values that replace the file's (the command line's options).
-    Raises :class:`ConfigError` naming ``source``, the section, the key and the value."""
-    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
-    for section in raw:
-        if section not in _TOP:
-            close = difflib.get_close_matches(section, _TOP, n=1)
-            hint = f"; did you mean [{close[0]}]?" if close else ""
-            raise ConfigError(f"{source}: unknown section [{section}]{hint} (known: {', '.join(_TOP)})")
-    for dotted, value in (overrides or {}).items():
-        section, _, key = dotted.partition(".")
-        if section not in _SECTIONS or key not in _known(_SECTIONS[section]):
-            raise ConfigError(f"{source}: override {dotted!r} names no known key")
-        raw.setdefault(section, {})[key] = value
-    run = _build(RunConfig, raw.get("run", {}), f"{source}: [run]")
-    preset = PRESETS[run.preset]
-    model = _build(ModelConfig, {**preset["model"], **raw.get("model", {})}, f"{source}: [model]")
-    train = _build(TrainConfig, {**preset["train"], **raw.get("train", {})}, f"{source}: [train]")
-    corpus = _build(CorpusConfig, raw.get("corpus", {}), f"{source}: [corpus]")
-    base = raw.get("variant", {})
-    _build(Variant, base, f"{source}: [variant]")
-    extra = raw.get("variants", [])
+    Raises :class:`ConfigError` naming ``source``, the key and the value."""
+    check = _CHECKER.at(source)
+    raw = dict(raw)
+    extra = raw.pop("variants", [])
+    tables = check.read(raw)
+    for (section, key), value in check.dotted(overrides or {}, "override ").items():
+        tables.setdefault(section, {})[key] = value
     if not isinstance(extra, list):
-        raise ConfigError(f"{source}: variants must be an array of tables ([[variants]]), got {extra!r}")
-    variants = [_build(Variant, base, f"{source}: [variant]")]
-    for i, changes in enumerate(extra, 1):
-        where = f"{source}: [[variants]] entry {i}"
-        if not isinstance(changes, dict):
-            raise ConfigError(f"{where} must be a table, got {changes!r}")
-        _build(Variant, changes, where)  # the entry's own keys and types, named as the entry's
-        variants.append(_build(Variant, {**base, **changes}, where))
-    try:
-        return PretrainConfig(run=run, corpus=corpus, model=model, train=train, variants=variants)
-    except ValidationError as err:
-        raise ConfigError(f"{source}: {err.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+        raise ConfigError(f"{source}: variants = {extra!r}: expected an array of tables [[variants]]")
+    changes = [check.table("variant", entry, f"[[variants]] entry {i}: ", name="variants")
+               for i, entry in enumerate(extra, 1)]
+    run = check.build(RunConfig, tables.get("run", {}))
+    preset = PRESETS[run.preset]
+    parts = {"run": run}
+    for section, cls in (("model", ModelConfig), ("train", TrainConfig)):
+        values = {**check.table(section, preset[section], f"preset {run.preset!r}: "), **tables.get(section, {})}
+        parts[section] = check.build(cls, values)
+    parts["corpus"] = check.build(CorpusConfig, tables.get("corpus", {}))
+    base = tables.get("variant", {})
+    variants = (Variant(**base), *(Variant(**{**base, **entry}) for entry in changes))
+    return check.build(PretrainConfig, {**parts, "variants": variants})
+
+
+def check_config(cfg: PretrainConfig, *, source: str = "config") -> PretrainConfig:
+    """``cfg`` with every value checked as :func:`parse_config` checks a file's (for a config built in code:
+    a dataclass checks nothing when constructed); raises :class:`ConfigError` naming the key and the value."""
+    check = _CHECKER.at(source)
+    parts = {section: check.rebuilt(section, getattr(cfg, section)) for section in ("run", "corpus", "model", "train")}
+    variants = tuple(check.rebuilt("variant", v, f"variants entry {i}: ") for i, v in enumerate(cfg.variants))
+    return check.build(PretrainConfig, {**parts, "variants": variants})
 
 
 def load_config(path: str | Path, *, overrides: dict[str, Any] | None = None) -> PretrainConfig:

@@ -200,9 +200,9 @@ def read_corpus(cfg: CorpusConfig) -> Corpus:
         heldout += own_heldout
     n_train, n_heldout = (sum(len(d.sentences) >= 2 for d in docs) for docs in (train, heldout))
     if n_train < 2 or n_heldout < 2:
-        raise ValueError(f"[corpus] sources {cfg.sources}: {n_train} training and {n_heldout} held-out documents of "
-                         f"at least two sentences; pretraining needs 2 of each (a negative comes from another "
-                         f"document): give more text, or a larger heldout_fraction")
+        raise ValueError(f"[corpus] sources {list(cfg.sources)}: {n_train} training and {n_heldout} held-out "
+                         f"documents of at least two sentences; pretraining needs 2 of each (a negative comes from "
+                         f"another document): give more text, or a larger heldout_fraction")
     return Corpus(tuple(train), tuple(heldout), _fingerprint(train, heldout))
 
 

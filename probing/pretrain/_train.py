@@ -28,7 +28,7 @@ from probing.cache_writer import write_json
 from probing.models import native_bfloat16, pick_device
 
 from ._checkpoint import clear_checkpoints, find_checkpoint, load_checkpoint, save_checkpoint
-from ._config import ConfigError, ModelConfig, PretrainConfig, TrainConfig, Variant
+from ._config import ConfigError, ModelConfig, PretrainConfig, TrainConfig, Variant, check_config
 from ._data import (SPECIALS_BUDGET, Corpus, Layout, epoch_instances, heldout_instances, make_batch, read_corpus,
                     tokenize_documents)
 from ._model import build_model, pretraining_logits, save_model_dir
@@ -350,9 +350,11 @@ def pretrain(cfg: PretrainConfig, *, force: bool = False, progress: bool = True,
 
     Nothing is written before the corpus is read and the output directory checked: a missing corpus package
     (ImportError), a pattern matching no file (FileNotFoundError) and an unwritable ``[run] out`` (ValueError)
-    leave the disk as it was."""
+    leave the disk as it was; so does a config built in code with a value its schema refuses (ConfigError,
+    :func:`check_config`)."""
     from probing.cli import check_output_dir
 
+    cfg = check_config(cfg)
     check_output_dir(cfg.run.out, "[run] out")
     corpus = read_corpus(cfg.corpus)
     device = pick_device(cfg.run.device)

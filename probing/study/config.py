@@ -4,7 +4,8 @@ A study config is a TOML file of tables ``[study]``, ``[model]``, ``[corpus]``, 
 ``[finetune]``, ``[segments]`` and ``[papers]``, and a ``[quick]`` table of dotted keys that ``--quick`` applies.
 Each table
 is one frozen dataclass below, and each of its fields declares its type, default and range
-(:func:`setting`). :func:`load_config` checks every key and value against them: the file's, the ``[quick]``
+(:func:`probing.schema.setting`, the one schema mechanism, pretraining's config too). :func:`load_config` checks
+every key and value against them (:class:`probing.schema.Schema`): the file's, the ``[quick]``
 table's (also when ``--quick`` is not given, so a typo there is found on a full run) and the command
 line's overrides, before a corpus is loaded or a model touched. A misspelt key or a value of the wrong type
 fails in a second with the key, the value and what was expected, not after minutes of extraction.
@@ -15,19 +16,15 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
-import numbers
 import os
-import re
 import sys
-import types
-import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from analyses.stats import MIN_RESAMPLES
 
+from ..schema import Schema, device_name, setting
 from .legacy_questions import QUESTION_SECTIONS
 from .questions import QUESTIONS as NEW_QUESTIONS
 
@@ -65,25 +62,7 @@ def sections() -> tuple[str, ...]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Declaring a field
-
-
-def setting(default: Any, *, ge: float | None = None, gt: float | None = None, nonempty: bool = False,
-            choices: Callable[[], Any] | None = None, check: Callable[[Any], None] | None = None,
-            expect: str | None = None) -> Any:
-    """A config field: its default, and what a value must be beyond its type. ``ge``/``gt``: a lower bound
-    (of each element, for a list); ``nonempty``: a string or list may not be empty; ``choices``: a function
-    giving the allowed values (called when checking, so the registries load only then); ``check``: a
-    function raising ValueError with the reason a (typed) value is refused; ``expect``: what to say a
-    value must be, where the type and bounds do not say it."""
-    given = {"ge": ge, "gt": gt, "nonempty": nonempty, "choices": choices, "check": check, "expect": expect}
-    meta = {k: v for k, v in given.items() if v is not None and v is not False}
-    return field(default=default, metadata=meta)
-
-
-def _device_name(value: str) -> None:
-    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value):
-        raise ValueError("expected 'auto', 'cpu', 'cuda' or 'cuda:N' (or 'mps')")
+# Checks of single fields (the types and ranges are declared with probing.schema.setting)
 
 
 def _resamples(value: int) -> None:
@@ -151,7 +130,7 @@ class StudySettings:
     bootstrap_resamples: int = setting(1000, check=_resamples, expect=f"an integer >= {MIN_BOOTSTRAP_RESAMPLES}")
     questions: tuple[str, ...] = setting(QUESTIONS, nonempty=True, check=_questions)
     title: str | None = setting(None)
-    device: str = setting("auto", check=_device_name)
+    device: str = setting("auto", check=device_name)
 
 
 @dataclass(frozen=True)
@@ -299,135 +278,13 @@ def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-# ---------------------------------------------------------------------------------------------------
-# Checking values against the declared types
-
-
-class _Refused(Exception):
-    """A value is not what its field declares; ``reason`` says what was expected."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
-_TYPE_WORDS = {bool: ("true or false", "true or false values"), int: ("an integer", "integers"),
-               float: ("a number", "numbers"), str: ("a string", "strings")}
-
-
-def _optional(hint: Any) -> Any | None:
-    """The ``X`` of ``X | None``, else None."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        return args[0] if len(args) == 1 else None
-    return None
-
-
-def _bounds(meta: Mapping[str, Any]) -> str:
-    return "".join(f" {op} {meta[k]:g}" for k, op in (("ge", ">="), ("gt", ">")) if k in meta)
-
-
-def expected(hint: Any, meta: Mapping[str, Any]) -> str:
-    """What a value of a field must be, in words: ``'an integer >= 100'``, ``'a non-empty list of numbers > 0'``."""
-    if "expect" in meta:
-        return meta["expect"]
-    inner = _optional(hint)
-    if inner is not None:
-        return expected(inner, meta) + " (or leave the key out)"
-    choices = f" among {', '.join(map(repr, meta['choices']()))}" if "choices" in meta else ""
-    if typing.get_origin(hint) is tuple:
-        words = _TYPE_WORDS[typing.get_args(hint)[0]][1]
-        return f"a {'non-empty ' if meta.get('nonempty') else ''}list of {words}{_bounds(meta)}{choices}"
-    if choices:
-        return f"one of {', '.join(map(repr, meta['choices']()))}"
-    word = _TYPE_WORDS[hint][0]
-    if hint is str and meta.get("nonempty"):
-        word = "a non-empty string"
-    return word + _bounds(meta)
-
-
-def _scalar(value: Any, hint: type, meta: Mapping[str, Any]) -> Any:
-    if hint is bool:
-        ok = isinstance(value, bool)
-    elif hint is int:
-        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-        value = int(value) if ok else value
-    elif hint is float:
-        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-        value = float(value) if ok else value
-    else:
-        ok = isinstance(value, str)
-    if ok and hint in (int, float):
-        ok = value >= meta.get("ge", -math.inf) and value > meta.get("gt", -math.inf)
-    if ok and "choices" in meta:
-        ok = value in meta["choices"]()
-    if not ok:
-        raise _Refused("expected " + expected(meta.get("_hint", hint), meta))
-    return value
-
-
-def check_value(value: Any, hint: Any, meta: Mapping[str, Any]) -> Any:
-    """``value`` as the field of type ``hint`` holds it (a list as a tuple, an integer as a float where a number
-    is declared), or :class:`_Refused` with the reason."""
-    meta = {**meta, "_hint": hint}
-    inner = _optional(hint)
-    if inner is not None:
-        if value is None:
-            return None
-        hint = inner
-    if typing.get_origin(hint) is tuple:
-        if not isinstance(value, (list, tuple)) or (meta.get("nonempty") and not value):
-            raise _Refused("expected " + expected(meta["_hint"], meta))
-        value = tuple(_scalar(v, typing.get_args(hint)[0], meta) for v in value)
-    else:
-        value = _scalar(value, hint, meta)
-        if hint is str and meta.get("nonempty") and not value.strip():
-            raise _Refused("expected " + expected(meta["_hint"], meta))
-    if "check" in meta:
-        try:
-            meta["check"](value)
-        except ValueError as err:
-            raise _Refused(str(err)) from None
-    return value
-
-
-def _fields(section: str) -> dict[str, Any]:
-    cls = SCHEMA[section]
-    hints = typing.get_type_hints(cls)
-    return {f.name: (hints[f.name], f.metadata) for f in fields(cls)}
+#: The checker of a study config's tables (:mod:`probing.schema`): ``[quick]`` is read apart (dotted keys).
+CHECKER = Schema(SCHEMA, StudyError, also=("quick",))
 
 
 def dotted_keys() -> list[str]:
     """Every ``section.key`` of the schema."""
-    return [f"{s}.{f.name}" for s, cls in SCHEMA.items() for f in fields(cls)]
-
-
-def suggestion(dotted: str) -> str:
-    """``'; did you mean probes.folds?'`` for ``probes.fold``, or ``''``. Tried in turn: a key of the same table
-    that differs by a letter or two, the same key in another table (``extract.device`` -> ``study.device``), a
-    less close key of the same table, a close key anywhere."""
-    section, _, key = dotted.rpartition(".")
-    own = [k for k in dotted_keys() if k.startswith(f"{section}.")]
-    close = (difflib.get_close_matches(dotted, own, n=1, cutoff=0.8)
-             or [k for k in dotted_keys() if k.endswith(f".{key}")][:1]
-             or difflib.get_close_matches(dotted, own, n=1) or difflib.get_close_matches(dotted, dotted_keys(), n=1))
-    return f"; did you mean {close[0]}?" if close else ""
-
-
-def _unknown_key(dotted: str, where: str) -> StudyError:
-    hint = suggestion(dotted)
-    section = dotted.partition(".")[0]
-    if not hint and section in SCHEMA:
-        hint = f"; known: {', '.join(_fields(section))}"
-    return StudyError(f"config: {where}unknown key {dotted}{hint}")
-
-
-def _checked(section: str, key: str, value: Any, where: str) -> Any:
-    hint, meta = _fields(section)[key]
-    try:
-        return check_value(value, hint, meta)
-    except _Refused as refused:
-        raise StudyError(f"config: {where}{section}.{key} = {value!r}: {refused.reason}") from None
+    return CHECKER.keys()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -452,36 +309,6 @@ def config_path(config: str | os.PathLike) -> Path:
                      f"packaged: {', '.join(packaged_configs())}")
 
 
-def _tables(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The file's tables, every section and key checked against :data:`SCHEMA` (unknown ones refused with a
-    suggestion)."""
-    out: dict[str, dict[str, Any]] = {}
-    for section, values in raw.items():
-        if section not in SCHEMA:
-            close = difflib.get_close_matches(section, [*SCHEMA, "quick"], n=1)
-            raise StudyError(f"config: unknown section [{section}]"
-                             + (f"; did you mean [{close[0]}]?" if close else "")
-                             + f"; known: {', '.join(SCHEMA)}, quick")
-        if not isinstance(values, dict):
-            raise StudyError(f"config: {section} = {values!r}: expected a table [{section}]")
-        for key, value in values.items():
-            if key not in _fields(section):
-                raise _unknown_key(f"{section}.{key}", "")
-            out.setdefault(section, {})[key] = _checked(section, key, value, "")
-    return out
-
-
-def _dotted(values: Mapping[str, Any], where: str) -> dict[tuple[str, str], Any]:
-    """Dotted ``section.key`` overrides, each key and value checked as a file's."""
-    out = {}
-    for dotted, value in values.items():
-        section, _, key = str(dotted).partition(".")
-        if section not in SCHEMA or key not in _fields(section):
-            raise _unknown_key(str(dotted), where)
-        out[(section, key)] = _checked(section, key, value, where)
-    return out
-
-
 def load_config(path: str | os.PathLike | None, quick: bool = False, overrides: Mapping[str, Any] | None = None,
                 trust_remote_code: bool = False) -> StudyConfig:
     """Read a TOML study config over the schema's defaults; ``quick`` applies its ``[quick]`` table, then
@@ -501,11 +328,11 @@ def load_config(path: str | os.PathLike | None, quick: bool = False, overrides: 
     quick_table = raw.pop("quick", {})
     if not isinstance(quick_table, dict):
         raise StudyError(f"config: quick = {quick_table!r}: expected a table [quick] of \"section.key\" = value")
-    tables = _tables(raw)
-    later = _dotted(quick_table, "[quick] ")
+    tables = CHECKER.read(raw)
+    later = CHECKER.dotted(quick_table, "[quick] ")
     if not quick:
         later = {}
-    later.update(_dotted(overrides or {}, "override "))
+    later.update(CHECKER.dotted(overrides or {}, "override "))
     for (section, key), value in later.items():
         tables.setdefault(section, {})[key] = value
     try:

@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "paired": ("analyses.paired", "paired differences between two conditions on the same items"),
     "interventions": ("analyses.interventions", "effects of knockouts, ablations and patches"),
     "pooling": ("analyses.finetune", "fine-tune with different pooling choices"),
+    "pretrain": ("probing.pretrain", "pretrain BERT-architecture encoders from scratch, one choice changed at a time"),
+    "calibration": ("analyses.calibration", "does a model pretrained here behave like BERT? (MLM, [SEP], anisotropy)"),
     "figures": ("figures.__main__", "draw a figure from a result table"),
 }
 

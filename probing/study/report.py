@@ -169,7 +169,8 @@ def _provenance_markdown(provenance: dict) -> list[str]:
     parts = ["## Provenance", ""]
     for k, v in provenance.items():
         if isinstance(v, StageSummary):
-            parts += ["", f"**{k}** (peak RSS: {v.methods}; also in tables/stages.csv):", "", _md_table(v.display()), ""]
+            parts += ["", f"**{k}** (peak RSS: {v.methods}; also in tables/stages.csv):", "",
+                      _md_table(v.display()), ""]
         else:
             parts.append(f"- **{k}**: {v}")
     return parts

@@ -74,16 +74,24 @@ def _clark_mass(T) -> pd.DataFrame:
     return a[a["target"].isin(["cls", "all [SEP]"])]
 
 
+def _first_sep_mass(T) -> tuple[str, pd.DataFrame]:
+    """The first [SEP]'s group and its head-mean attention mass to all [SEP]s, per layer (the table and the
+    answer both report it)."""
+    a = T.get("clark2019_attention")
+    first = _first_sep(a)
+    return first, pick(a, head="mean", role=first, target="all [SEP]")
+
+
 def _clark_table(T):
     a = _clark_mass(T)
     if a.empty:
         return None
     t = a.pivot_table(index="layer", columns="target", values="value", sort=True)
-    first = _first_sep(T.get("clark2019_attention"))
-    sep = pick(T.get("clark2019_attention"), head="mean", role=first, target="all [SEP]")
+    first, sep = _first_sep_mass(T)
     if not sep.empty:
         t[f"{first} → all [SEP]"] = sep.set_index("layer")["value"]
-    return t.reset_index(), "attention mass from all tokens (mean over query tokens and heads), and from the first [SEP] to the [SEP]s"
+    return t.reset_index(), ("attention mass from all tokens (mean over query tokens and heads), "
+                             "and from the first [SEP] to the [SEP]s")
 
 
 #: Clark et al.'s headline: "over half of the attention in layers 6-10 goes to [SEP]".
@@ -117,8 +125,7 @@ def _clark_answer(T):
          + (f"layers {', '.join(map(str, over))}" if over else "no layer") + ". ")
     ctop = cls.loc[cls["value"].idxmax()]
     s += f"Attention to [CLS] is highest at layer {int(ctop['layer'])} ({ctop['value']:.3f}). "
-    own = pick(T.get("clark2019_attention"), head="mean", role=_first_sep(T.get("clark2019_attention")),
-               target="all [SEP]")
+    _, own = _first_sep_mass(T)
     if not own.empty:
         s += (f"From the first [SEP], {own['value'].min():.3f}–{own['value'].max():.3f} of the attention goes to the "
               f"[SEP]s (range over layers). ")
@@ -267,8 +274,9 @@ def _rg_figures(T, fig, log):
         out += safe_plot(plot_probes, k, fig / "reimers2019_knn", target=t,
                           metric="knn_accuracy", choices=list(REIMERS_CHOICES),
                           heading=f"Nearest neighbour (cosine) agrees on {t!r}",
-                          band_note="Bands: 95% bootstrap CIs over documents (examples without them). Neighbours from the same document are "
-                                    "excluded.", chance_label="chance (a random neighbour)", log=log)
+                          band_note="Bands: 95% bootstrap CIs over documents (examples without them). "
+                                    "Neighbours from the same document are excluded.",
+                          chance_label="chance (a random neighbour)", log=log)
     return out
 
 
@@ -408,7 +416,8 @@ def _jw_answer(T):
         best = g.loc[g["value"].idxmax()]
         base = one(tr, target=t, metric=_jw_baseline(t), layer=int(best["layer"]))
         parts.append(f"{name} is best read at layer {int(best['layer'])} "
-                     f"({fmt((best['value'], best['ci_low'], best['ci_high']))}; majority {fmt(base[0] if base else None)})")
+                     f"({fmt((best['value'], best['ci_low'], best['ci_high']))}; "
+                     f"majority {fmt(base[0] if base else None)})")
     s = "From [CLS]: " + "; ".join(parts) + "."
     rnd = pick(p, model_kind="random_init", choice="cls", target="length6", metric="accuracy")
     trn = tr[(tr["target"] == "length6") & (tr["metric"] == "accuracy")]
@@ -479,9 +488,9 @@ PAPERS: dict[str, StudySection] = {s.key: s for s in (
         answer=_jw_answer, about_cls=True,
         notes="Protocol: single sentences, [CLS] (and mean pooling) of every layer, for the trained and a randomly "
               "initialised model. Tasks stand in for SentEval's: SentLen = sentence length in 6 equal-count bins, WC "
-              "= a multi-label bag of the most frequent words (SentEval: which one of 1000 mid-frequency words), scored "
-              "by its macro AUC (0.5: the words' frequencies alone; micro-F1 at a 0.5 threshold is in the tables), "
-              "BShift = two adjacent words swapped in half of the sentences. Probes are linear (the paper used "
-              "SentEval's MLP), with grouped cross-validation (the report's introduction says how the CIs were "
+              "= a multi-label bag of the most frequent words (SentEval: which one of 1000 mid-frequency words), "
+              "scored by its macro AUC (0.5: the words' frequencies alone; micro-F1 at a 0.5 threshold is in the "
+              "tables), BShift = two adjacent words swapped in half of the sentences. Probes are linear (the paper "
+              "used SentEval's MLP), with grouped cross-validation (the report's introduction says how the CIs were "
               "computed, from the tables)."),
 )}
