@@ -259,5 +259,6 @@ def test_q3_and_q5_run_end_to_end_in_a_quick_study(tmp_path, bert_tokenizer):
     assert set(P["task"]) == {"intruder"} and set(P["format"]) == {"multi", "concat", "control3"}
     content = pd.read_csv(tables / "sentence_content.csv")
     assert set(content["k"]) == {2, 3} and {"multi", "concat", "control", "bertsum"} <= set(content["format"])
-    assert set(pd.read_csv(tables / "interchange.csv")["metric"]) == {"interchange_follow", "interchange_stay"}
+    assert set(pd.read_csv(tables / "interchange.csv")["metric"]) == {
+        "interchange_follow", "interchange_stay", "interchange_follow_mean", "interchange_stay_mean"}
     assert "drift" not in md[md.index("## Q3."):md.index("## Q5.")]
