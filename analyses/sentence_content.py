@@ -27,6 +27,7 @@ Metrics are pure functions of arrays (:func:`auc_draws`, :func:`paired_auc_diffe
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -185,8 +186,10 @@ def interchange_rows(clean: Mapping[int, np.ndarray], swapped: Mapping[int, np.n
             continue
         da = [auc_draws(a[1][idx], a[0][idx], codes[idx], times) for idx, a, _ in parts]
         db = [auc_draws(b[1][idx], b[0][idx], codes[idx], times) for idx, _, b in parts]
-        mean = [(float(np.nanmean([d[0] for d in ds])), np.nanmean(np.stack([d[1] for d in ds]), axis=0))
-                for ds in (da, db)]
+        with warnings.catch_warnings():  # a resample where no position has an AUC stays NaN (dropped below)
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean = [(float(np.nanmean([d[0] for d in ds])), np.nanmean(np.stack([d[1] for d in ds]), axis=0))
+                    for ds in (da, db)]
         used = np.unique(np.concatenate([idx for idx, _, _ in parts]))
         rows.append({"metric": f"{metric}_mean", "n": len(used), **paired_auc_difference(*mean),
                      "n_groups": len(np.unique(codes[used])), "n_resamples": n_resamples})
