@@ -35,7 +35,7 @@ RESULT_COLUMNS: tuple[str, ...] = (
 INTEGER_COLUMNS: frozenset[str] = frozenset({
     "layer", "layer_b", "patch_layer", "head", "k", "k_b", "n", "n_examples", "n_groups", "n_clusters", "n_folds",
     "n_skipped", "n_train", "n_runs", "groups_needed", "seed", "pretrain_seed", "repeat", "fold", "epoch", "ci_seeds",
-    "n_resamples", "n_seeds", "m", "epochs", "steps",
+    "n_resamples", "n_seeds", "m", "epochs", "steps", "position",
 })
 #: The standard columns holding real numbers.
 FLOAT_COLUMNS: tuple[str, ...] = ("value", "ci_low", "ci_high")

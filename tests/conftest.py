@@ -132,6 +132,10 @@ preset = "quick"
 poolings = ["cls", "mean"]
 seeds = [0, 1]
 
+[segments]
+ks = [2, 3]                       # the groups corpus has 3 sentences
+finetune_k = 3
+
 [quick]
 "study.bootstrap_resamples" = 100
 """)

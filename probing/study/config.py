@@ -1,7 +1,8 @@
 """The study config: one declared schema, checked before any work.
 
 A study config is a TOML file of tables ``[study]``, ``[model]``, ``[corpus]``, ``[extract]``, ``[probes]``,
-``[finetune]``, ``[recovery]`` and ``[papers]``, and a ``[quick]`` table of dotted keys that ``--quick`` applies. Each table
+``[finetune]``, ``[recovery]``, ``[segments]`` and ``[papers]``, and a ``[quick]`` table of dotted keys that
+``--quick`` applies. Each table
 is one frozen dataclass below, and each of its fields declares its type, default and range
 (:func:`probing.schema.setting`, the one schema mechanism, pretraining's config too). :func:`load_config` checks
 every key and value against them (:class:`probing.schema.Schema`): the file's, the ``[quick]``
@@ -226,6 +227,41 @@ class RecoverySettings:
     pairs_per_sentence: int = setting(5, ge=1)
 
 
+def _segment_ks(value: tuple[int, ...]) -> None:
+    if len(set(value)) != len(value):
+        raise ValueError(f"expected distinct numbers of sentences, got {list(value)}")
+
+
+def _share(value: float) -> None:
+    if not 0 < value < 1:
+        raise ValueError("expected a share between 0 and 1 (exclusive)")
+
+
+def _segment_formats(value: tuple[str, ...]) -> None:
+    from analyses.sentence_content import SEGMENT_FORMATS
+
+    bad = [v for v in value if v not in SEGMENT_FORMATS]
+    if bad or len(set(value)) != len(value):
+        raise ValueError(f"expected distinct formats among {', '.join(SEGMENT_FORMATS)}, got {list(value)}")
+
+
+@dataclass(frozen=True)
+class SegmentSettings:
+    """``[segments]``: inputs of k sentences (Q3 and Q5), the first k sentences of the ``groups`` corpus's
+    examples. ``ks``: the k of the frozen content readouts (the largest is also Q5's: its interchange and
+    bertsum's per-sentence [CLS]); ``layer``: the layer they read (-1: the last); ``donor_share``: the share of
+    each topic's documents held out of the items, whose sentences replace sentences (Q5's interchange, Q3's
+    intruders); ``finetune_k``: sentences per example of Q3's fine-tuned intruder task, and
+    ``finetune_formats`` the formats it is fine-tuned in (``control``: a comma where each inner [SEP] was)."""
+
+    ks: tuple[int, ...] = setting((2, 3, 5), ge=2, nonempty=True, check=_segment_ks)
+    layer: int = setting(-1)
+    donor_share: float = setting(0.15, check=_share)
+    finetune_k: int = setting(4, ge=2)
+    finetune_formats: tuple[str, ...] = setting(("multi", "concat", "control"), nonempty=True,
+                                                check=_segment_formats)
+
+
 @dataclass(frozen=True)
 class PaperSettings:
     """``[papers]``: options of the paper reproductions (:mod:`probing.study.reproductions`)."""
@@ -240,7 +276,7 @@ class PaperSettings:
 #: The tables of a config file, by name, and the dataclass of each (``[quick]`` is the dotted overrides).
 SCHEMA: dict[str, type] = {"study": StudySettings, "model": ModelSettings, "corpus": CorpusSettings,
                            "extract": ExtractSettings, "probes": ProbeSettings, "finetune": FinetuneSettings,
-                           "recovery": RecoverySettings, "papers": PaperSettings}
+                           "recovery": RecoverySettings, "segments": SegmentSettings, "papers": PaperSettings}
 
 
 @dataclass(frozen=True)
@@ -254,6 +290,7 @@ class StudyConfig:
     probes: ProbeSettings = field(default_factory=ProbeSettings)
     finetune: FinetuneSettings = field(default_factory=FinetuneSettings)
     recovery: RecoverySettings = field(default_factory=RecoverySettings)
+    segments: SegmentSettings = field(default_factory=SegmentSettings)
     papers: PaperSettings = field(default_factory=PaperSettings)
     quick: bool = False
 

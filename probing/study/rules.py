@@ -203,12 +203,21 @@ def decide(rows: pd.DataFrame, rules: dict[str, Rule], alpha: float = ALPHA) -> 
 FACETS = ("k", "position", "layer", "pooling", "format", "n_train", "task", "condition", "representation")
 
 
+def _facet(col: pd.Series) -> pd.Series:
+    """A facet column as printed: whole numbers as integers and '–' where a row has none (a column of counts with
+    a gap is read as floats, which would print as ``2.000``)."""
+    num = pd.to_numeric(col, errors="coerce")
+    if col.dtype.kind in "fiu" and ((num.dropna() % 1) == 0).all():
+        return pd.Series(["–" if pd.isna(v) else str(int(v)) for v in num], index=col.index, dtype=object)
+    return col
+
+
 def display(decided: pd.DataFrame, rules: dict[str, Rule]) -> pd.DataFrame:
     """The decided rows as a report prints them: the facets, what was compared (``label``), the difference with
     its simultaneous interval in the rule's unit, the adjusted p, the decision and the family's size."""
     if decided is None or len(decided) == 0:
         return pd.DataFrame()
-    out = pd.DataFrame({c: decided[c] for c in FACETS if c in decided.columns and decided[c].notna().any()})
+    out = pd.DataFrame({c: _facet(decided[c]) for c in FACETS if c in decided.columns and decided[c].notna().any()})
     if "label" in decided.columns:
         out["compared"] = decided["label"].astype(str)
     cells = []
