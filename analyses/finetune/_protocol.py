@@ -47,10 +47,11 @@ from analyses.stats import DEFAULT_RESAMPLES, check_resamples
 from analyses.results import keep_table, stored_table
 from probing.examples import Example, corpus_fingerprint
 
-#: Training settings of each preset: ``train`` for :class:`analyses.finetune_config.TrainConfig`, ``seeds``
-#: the training seeds every question's runs use, ``test_fraction`` the share of each task's documents held
-#: out. ``quick`` is for tests and a first look; ``default`` fits the study's time on a 2-core CPU (every
-#: training item, every weight, two seeds, one epoch); ``full`` is for a GPU.
+#: Training settings of each preset: ``train`` for :class:`analyses.finetune_config.TrainConfig`,
+#: ``test_fraction`` the share of each task's documents held out (the training seeds are the study's
+#: ``[finetune] seeds``, one source for every question). ``quick`` is for tests and a first look; ``default``
+#: fits the study's time on a 2-core CPU (every training item, every weight, one epoch); ``full`` is for a GPU
+#: (with ``[finetune] seeds`` of five seeds, say).
 #:
 #: ``default``, measured on the 2-core AVX2 VM (2026-11-28; one torch thread, ``time.process_time()``, the
 #: machine shared at load 14-19, so CPU seconds are an upper bound): one ``next`` run on BBC pairs
@@ -69,11 +70,11 @@ from probing.examples import Example, corpus_fingerprint
 #: 0.60-0.66 from [SEP]. The questions' answers check that a fine-tuned model cleared chance
 #: (:func:`probing.study.questions._common.learnt`) before comparing.
 PROTOCOL_PRESETS: dict[str, dict[str, Any]] = {
-    "quick": {"seeds": (0, 1), "test_fraction": 0.3,
+    "quick": {"test_fraction": 0.3,
               "train": {"epochs": 2, "lr": 1e-4, "head_lr": 2e-3, "batch_size": 16, "warmup_fraction": 0.1}},
-    "default": {"seeds": (0, 1), "test_fraction": 0.3,
+    "default": {"test_fraction": 0.3,
                 "train": {"epochs": 1, "lr": 1e-4, "head_lr": 2e-3, "batch_size": 16, "warmup_fraction": 0.1}},
-    "full": {"seeds": (0, 1, 2, 3, 4), "test_fraction": 0.2,
+    "full": {"test_fraction": 0.2,
              "train": {"epochs": 3, "lr": 3e-5, "head_lr": 5e-4, "batch_size": 32, "warmup_fraction": 0.1,
                        "eval_batch_size": 256}},
 }

@@ -210,7 +210,7 @@ class FinetuneSettings:
     preset: str = setting("default", choices=_presets)
     label: str = setting("topic", nonempty=True)
     poolings: tuple[str, ...] = setting(("cls", "mean", "sep1"), nonempty=True, check=_poolings)
-    seeds: tuple[int, ...] = setting((0, 1), ge=0, nonempty=True, check=_distinct)
+    seeds: tuple[int, ...] = setting((0,), ge=0, nonempty=True, check=_distinct)
     learning_curve: tuple[int, ...] = setting((), ge=2, check=_distinct)
     pooling_tasks: tuple[str, ...] = setting(("next", "topic"), nonempty=True, choices=lambda: ("next", "topic"),
                                              check=_distinct)

@@ -193,7 +193,7 @@ def notes(cfg) -> str:
             f"excluded); one document-grouped split ({_pct(p['test_fraction'])} of the documents tested, no "
             f"sentence on both sides), every weight trainable, a linear head on [CLS], {tr['epochs']} epochs, "
             f"batch {tr['batch_size']}, learning rate {tr['lr']:g} (head {tr['head_lr']:g}), seeds "
-            f"{list(p['seeds'])} (the `{cfg.finetune.preset}` preset); formats {kinds}. The comparisons are paired "
+            f"{list(seg.protocol_seeds(cfg))} (`[finetune] seeds`; the `{cfg.finetune.preset}` preset); formats {kinds}. The comparisons are paired "
             "on the same test items; their intervals resample the seeds, then the documents. A frozen logistic "
             "probe on the same split shows what fine-tuning adds. Frozen readouts: a multi-label probe per "
             f"sentence position reads the sentence's {cfg.probes.vocab} most frequent content words from [CLS] and "

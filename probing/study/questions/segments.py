@@ -140,9 +140,10 @@ def finetune_kinds(cfg) -> tuple[str, ...]:
 
 
 def protocol_seeds(cfg) -> tuple[int, ...]:
-    from analyses.finetune import PROTOCOL_PRESETS
+    """The training seeds of Q3's runs: every question's (``[finetune] seeds``)."""
+    from ._common import protocol_seeds as shared
 
-    return tuple(PROTOCOL_PRESETS[cfg.finetune.preset]["seeds"])
+    return shared(cfg)
 
 
 def tasks(cfg, corpora: dict) -> dict:
