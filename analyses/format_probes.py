@@ -58,7 +58,8 @@ def format_differences(results: Mapping[tuple[str, int], object], formats: Seque
     return rows
 
 
-def run_format_probes(caches: Mapping[str, Cache], choice: str, target: str, *, layers: Sequence[int] | str | None = None,
+def run_format_probes(caches: Mapping[str, Cache], choice: str, target: str, *,
+                      layers: Sequence[int] | str | None = None,
                       n_splits: int = 5, seed: int = 0, vocab: int = 50, Cs: Sequence[float] | None = None,
                       bow_Cs: Sequence[float] | None = None, inner_splits: int = 3, max_iter: int = 1000,
                       device: str | None = None, num_threads: int | None = None, batch_mb: float | None = None,

@@ -509,7 +509,8 @@ def _recovery_rows(cache, embeddings, swapped, rows_sw, random_cache, random_swa
         raise ValueError(f"{cache.path}: its sentences hold no content word (stop words aside) to decode")
     Y = presence(sentences, vocabulary)
     c = Y.sum(axis=1)
-    for metric, value, count in (("vocabulary_size", len(vocabulary), n), ("sentences_with_vocabulary", (c > 0).mean(), n),
+    for metric, value, count in (("vocabulary_size", len(vocabulary), n),
+                                 ("sentences_with_vocabulary", (c > 0).mean(), n),
                                  ("vocabulary_words_per_sentence", c[c > 0].mean() if (c > 0).any() else np.nan,
                                   int((c > 0).sum()))):
         rows.append({**base, "model": models["trained"], "model_kind": "", "target": "content_words", "metric": metric,

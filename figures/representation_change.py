@@ -5,7 +5,8 @@ yardsticks, Q2's interchange in two formats).
 ``plot_change`` draws one panel per representation (a token group or a token choice), x = layer, y = the mean
 share in percent (0 = unchanged, 100 = as far as another input), one line per change with its bootstrap band.
 
-CLI: ``python -m figures change TABLE.csv --out figs/change [--representations words,cls] [--changes concat,swap_words]``.
+CLI: ``python -m figures change TABLE.csv --out figs/change [--representations words,cls]
+[--changes concat,swap_words]``.
 """
 
 from __future__ import annotations

@@ -255,7 +255,7 @@ def test_the_private_name_check_can_fail(tmp_path):
     hits = foreign_private_imports(probe, "analyses.drift._runner")
     assert [h.split(" ")[1] for h in hits] == ["analyses.probes._solver", "analyses.probes._solver.feature_basis",
                                                "analyses.results._hidden", "analyses.stats._stats"]
-    study = foreign_private_imports(probe, "probing.study.legacy_questions")
+    study = foreign_private_imports(probe, "probing.study.questions.q1")
     assert "analyses.drift._metrics.rowwise_cosine" in {h.split(" ")[1] for h in study}
     assert family("analyses.probes._solver") == "analyses.probes" and family("figures.drift") is None
 

@@ -9,7 +9,6 @@ import typing
 from pathlib import Path
 from types import SimpleNamespace
 
-import pandas as pd
 import pytest
 import torch
 
@@ -285,18 +284,15 @@ def test_the_study_writes_its_resolved_config(quick_study):
 
 def test_device_and_seed_reach_extraction_probes_and_finetuning(monkeypatch, tmp_path):
     import analyses.finetune
-    import analyses.probes
     import probing.extract
     import probing.models
-    from analyses.probes import ITEM_KEYS
-    from probing.study import question_tables as QT
-    from probing.study.sections import Context
+    from probing.study.shared import probe_kw
 
     seen = {}
     monkeypatch.setattr(runner, "run_study", lambda config, **kw: seen.update(kw))
     assert runner.main(["seed_questions", "--quick", "--device", "cpu", "--out", str(tmp_path / "run")]) == 0
     cfg = load_config("seed_questions", quick=True, overrides={**seen["overrides"], "study.seed": 7,
-                                                               "study.questions": ["Q4"],
+                                                               "study.questions": ["Q1", "Q4"],
                                                                "model.random_init_baseline": False})
     assert cfg.study.device == "cpu"
 
@@ -308,24 +304,15 @@ def test_device_and_seed_reach_extraction_probes_and_finetuning(monkeypatch, tmp
 
     monkeypatch.setattr(probing.extract, "extract", extract)
     monkeypatch.setattr(probing.models, "load_model", lambda *a, **kw: SimpleNamespace(n_layers=6))
-    runner.extract_all(cfg, log=lambda *a: None, progress=False)
+    _, corpora, lm = runner.extract_all(cfg, log=lambda *a: None, progress=False)
     assert extracted and {kw["device"] for kw in extracted} == {"cpu"}
-    controls = [k for kw in extracted if kw.get("intervention") is not None
-                for k in kw["intervention"].knockouts if k.control]
-    assert controls and {k.seed for k in controls} == {7}  # the knockout control's random word keys
-
-    probed = []
-
-    def run_probes(cache, *args, **kw):
-        probed.append(kw)
-        return pd.DataFrame({"value": [0.5]}), pd.DataFrame(columns=[*ITEM_KEYS, "example", "token"])
-
+    # the probes of the paper reproductions take the study's device, seed and resamples
+    kw = probe_kw(cfg, tmp_path)
+    assert (kw["device"], kw["seed"], kw["n_resamples"], kw["n_splits"]) == ("cpu", 7, 200, cfg.probes.folds)
+    # the fine-tuning stage: the device, the split's seed and every question's training seeds
     tuned = []
-    monkeypatch.setattr(analyses.probes, "run_probes", run_probes)
-    monkeypatch.setattr(analyses.finetune, "run_pooling_experiment", lambda *a, **kw: (tuned.append(kw), 0)[1])
-    caches = SimpleNamespace(get=lambda *a: None, has=lambda *a: False)
-    ctx = Context(cfg=cfg, caches=caches, corpora={"pairs": []}, lm=None, out=tmp_path, log=lambda *a: None)
-    QT._probes_q7(ctx)
-    QT._finetune(ctx)
-    assert [(kw["device"], kw["seed"]) for kw in probed] == [("cpu", 7)]
-    assert [(kw["device"], kw["seed"]) for kw in tuned] == [("cpu", 7)]
+    monkeypatch.setattr(analyses.finetune, "run_protocol", lambda tasks, specs, **kw: tuned.append((specs, kw)))
+    runner.finetune_all(cfg, corpora, lm, tmp_path, log=lambda *a: None, progress=False)
+    (specs, kw), = tuned
+    assert (kw["device"], kw["split_seed"]) == ("cpu", 7)
+    assert {s.seed for s in specs if not s.frozen} == set(cfg.finetune.seeds)

@@ -288,21 +288,3 @@ def test_each_verdict_has_a_headline_without_its_numbers():
     wide = summarise(pd.DataFrame([_row(0.0, 0.2)]), CLAIM)
     assert wide.decision == "inconclusive" and wide.short == "Inconclusive, on B − A"
     assert summarise(None, CLAIM).short == "Not measured"
-
-
-
-def test_answers_at_a_glance_need_two_sections(tmp_path):
-    """The report lists the short verdicts only where there are at least two (one section would repeat its
-    answer), in Markdown and HTML alike, before the first section."""
-    from probing.study.report import Section, render_html, render_markdown
-
-    a = Section("Q1. One?", "evidence", verdict="Yes: long (numbers).", glance="Yes: long")
-    b = Section("Q2. Two?", "evidence", verdict="No: x (numbers).", glance="No: x")
-    c = Section("Paper", "evidence")  # a verdict without a short form is not listed
-    md = render_markdown("t", "intro", [a, b, c], {}, tmp_path)
-    assert md.index("## Answers at a glance") < md.index("## Q1. One?")
-    assert "- **Q1. One?** Yes: long." in md and "- **Q2. Two?** No: x." in md and "- **Paper**" not in md
-    assert "<li><b>Q2. Two?</b> No: x.</li>" in render_html("t", "intro", [a, b, c], {})
-    for one in ([a], [a, c]):
-        assert "Answers at a glance" not in render_markdown("t", "intro", one, {}, tmp_path)
-        assert "Answers at a glance" not in render_html("t", "intro", one, {})

@@ -25,7 +25,6 @@ from typing import Any, Mapping
 from analyses.stats import MIN_RESAMPLES
 
 from ..schema import Schema, device_name, setting
-from .legacy_questions import QUESTION_SECTIONS
 from .questions import QUESTIONS as NEW_QUESTIONS
 
 if sys.version_info >= (3, 11):
@@ -41,19 +40,18 @@ class StudyError(ValueError):
 #: The study configs shipped inside the package (package data), found by name.
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = "seed_questions"
-QUESTIONS = tuple(dict.fromkeys([*QUESTION_SECTIONS, *NEW_QUESTIONS]))
+QUESTIONS = tuple(NEW_QUESTIONS)
 #: The fewest bootstrap resamples a study may ask for (:data:`analyses.stats.MIN_RESAMPLES`, the one floor):
 #: below it a 95% percentile interval rests on a handful of draws in each tail.
 MIN_BOOTSTRAP_RESAMPLES = MIN_RESAMPLES
 
 
 def section_specs() -> dict:
-    """Every declared section by key: the questions Q1-Q8 (a :class:`probing.study.questions.Question` where a
-    question module answers it, else the :class:`probing.study.sections.StudySection` of
-    :mod:`probing.study.legacy_questions`), then the paper reproductions."""
+    """Every declared section by key: the questions Q1-Q8 (each a :class:`probing.study.questions.Question`
+    of its module), then the paper reproductions."""
     from .reproductions import PAPERS
 
-    return {**{k: NEW_QUESTIONS.get(k, QUESTION_SECTIONS.get(k)) for k in QUESTIONS}, **PAPERS}
+    return {**NEW_QUESTIONS, **PAPERS}
 
 
 def sections() -> tuple[str, ...]:

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from .model_facts import model_facts
-from .question_tables import probe_kw
+from .shared import probe_kw
 from .report import fmt, last_layer, one, pick
 from .sections import Context, Job, StudySection, Tables, corpus_text, safe_plot
 from .verdicts import Claim, difference_rows, ranges, summarise

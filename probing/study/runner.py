@@ -33,7 +33,7 @@ from ..examples import Example, corpus_fingerprint
 from .config import (CONFIG_DIR, DEFAULT_CONFIG, QUESTIONS, RESOLVED, StudyConfig, StudyError,  # noqa: F401
                      config_path, load_config, packaged_configs, resolved_lines, section_specs, sections,
                      write_resolved)
-from .question_tables import make_intervention
+from .shared import make_intervention
 from .questions import Question
 from .sections import Context, Job, StudySection, prefix
 from .rules import decide
@@ -176,7 +176,7 @@ def finetune_all(cfg: StudyConfig, corpora: dict, lm, out: Path, log, progress: 
     """Every fine-tuning run the selected questions ask for, each once (:func:`analyses.finetune.run_protocol`,
     stored runs reused): the predictions table, or None when no question fine-tunes. A task that two questions
     declare must be the same task (the same examples, label and split)."""
-    from analyses.finetune import run_protocol
+    from analyses.finetune import merge_conditions, run_protocol
 
     tasks: dict = {}
     specs = []
@@ -188,7 +188,7 @@ def finetune_all(cfg: StudyConfig, corpora: dict, lm, out: Path, log, progress: 
         specs += q.runs(cfg)
     if not specs:
         return None
-    log(f"fine-tuning: {len(dict.fromkeys(specs))} runs ({cfg.finetune.preset} preset)")
+    log(f"fine-tuning: {len(merge_conditions(specs))} runs ({cfg.finetune.preset} preset)")
     return run_protocol(tasks, specs, model=lm, preset=cfg.finetune.preset, device=cfg.study.device, out=out,
                         split_seed=cfg.study.seed, log=log, progress=progress)
 

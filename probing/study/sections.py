@@ -26,7 +26,7 @@ Tables = dict[str, pd.DataFrame]
 @dataclass(frozen=True)
 class Job:
     """One cache a section needs: ``format`` is a built-in name or ``name=TEMPLATE``; ``intervention``
-    names an intervention of :data:`probing.study.question_tables.INTERVENTIONS` applied at extraction (the cache
+    names an intervention of :data:`probing.study.shared.INTERVENTIONS` applied at extraction (the cache
     is then known as ``<format>@<intervention>``); ``attention_norm``: also the norm-based attention summary
     (``extract(..., attention_norm=True)``, which implies ``attention``)."""
 

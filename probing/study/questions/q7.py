@@ -237,8 +237,8 @@ def evidence(T: dict, decided: pd.DataFrame, cfg) -> str:
         lines.append(f"| {name} | {base} | " + " | ".join(cells) + " |")
     lines += ["", _readings(decided)]
     header = ("| layer | content [CLS] | content mean | minimal pairs [CLS] | minimal pairs mean | BShift [CLS] |")
-    lines += ["", ("**Every layer** (trained model; layer 0 is the input embeddings, where [CLS] is the same vector for "
-                   "every sentence):"), "", header, "|---|---|---|---|---|---|"]
+    lines += ["", ("**Every layer** (trained model; layer 0 is the input embeddings, where [CLS] is the same "
+                   "vector for every sentence):"), "", header, "|---|---|---|---|---|---|"]
     tabs = [_by_layer(df, t, m, "trained") for t, m in (("content_words", "r_precision"),
                                                           ("minimal_pairs", "accuracy"), ("bshift", "accuracy"))]
     cols = [(0, "cls"), (0, "mean"), (1, "cls"), (1, "mean"), (2, "cls")]
@@ -270,14 +270,15 @@ def _readings(decided: pd.DataFrame) -> str:
         more = "more" if float(training["value"]) > 0 else "fewer"
         out.append(f"The trained [CLS] gives back {more} content words than the same architecture with random "
                    f"weights ({training['value_a']:.3f} against {training['value_b']:.3f}; difference "
-                   f"{training['value']:+.3f}, simultaneous CI {training['ci_low']:+.3f} to {training['ci_high']:+.3f}): "
+                   f"{training['value']:+.3f}, simultaneous CI {training['ci_low']:+.3f} to "
+                   f"{training['ci_high']:+.3f}): "
                    f"random encoders keep much of their input (Wieting & Kiela 2019), and "
                    f"training to compare sentences need not keep every word.")
     return " ".join(out)
 
 
-#: The Jawahar et al. (2019) reproduction's BShift from [CLS] on all-MiniLM-L6-v2 (docs/reproductions/jawahar2019_probing,
-#: its table of [CLS] probe scores per layer): the best layer and its accuracy.
+#: The Jawahar et al. (2019) reproduction's BShift from [CLS] on all-MiniLM-L6-v2
+#: (docs/reproductions/jawahar2019_probing, its table of [CLS] probe scores per layer): the best layer and its accuracy.
 JAWAHAR_BSHIFT = (3, 0.568)
 
 
@@ -298,8 +299,9 @@ def _reconcile(df: pd.DataFrame, layer: int, minimal: pd.DataFrame, bshift: pd.D
         verdict = "Neither shows word order clearly on these sentences; both are lower bounds."
     jl, jv = JAWAHAR_BSHIFT
     return (f"**Against the Jawahar et al. (2019) reproduction** (docs/reproductions/jawahar2019_probing: on "
-            f"all-MiniLM-L6-v2, BShift from [CLS] peaks at {jv:.3f}, layer {jl}, on 2000 BBC sentences). Asked its way "
-            f"here (one vector, swapped for half of the sentences or not), [CLS] scores {_ci(b_best)} at its best layer "
+            f"all-MiniLM-L6-v2, BShift from [CLS] peaks at {jv:.3f}, layer {jl}, on 2000 BBC sentences). Asked its "
+            f"way here (one vector, swapped for half of the sentences or not), [CLS] scores {_ci(b_best)} at its best "
+            f"layer "
             f"({bl}) and {bshift.loc[layer, 'cls']:.3f} at the last; the minimal pairs {_ci(m_best)} at layer {ml} "
             f"and {minimal.loc[layer, 'cls']:.3f} at the last. {verdict} Minimal pairs score higher because they "
             f"show both orders of the same sentence: the decoder needs only the direction in which a swap moves the "
