@@ -46,8 +46,7 @@ from typing import Any, Hashable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from analyses.probes import STOP_WORDS, probe_many_results
-from analyses.probes._vocabulary import words_of
+from analyses.probes import STOP_WORDS, edge_share, probe_many_results, words_of
 from analyses.results import cache_identity, keep_table, make_table, model_label, stored_table
 from analyses.stats import DEFAULT_RESAMPLES, cache_groups, check_resamples, paired_difference
 
@@ -142,8 +141,6 @@ def probe_items(features: Mapping[Hashable, Any], y: np.ndarray, groups: np.ndar
     ``n``, ``n_groups``, ``chosen_C`` (median over the outer folds) and ``C_edge_share`` (the share of outer folds
     whose inner CV chose the smallest or largest C of the grid; NaN with a one-value grid); ``chosen``: each feature
     set's C per outer fold."""
-    from analyses.probes._results import edge_share
-
     results = probe_many_results(features, y, groups, n_splits=n_splits, seed=seed, Cs=Cs, inner_splits=inner_splits,
                                  max_iter=max_iter, n_resamples=n_resamples, device=device)
     frames, rows, chosen = [], [], {}

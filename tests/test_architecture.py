@@ -59,7 +59,12 @@ def imported_names(path: Path, module: str) -> set[str]:
                 prefix = ".".join(base + ([node.module] if node.module else []))
             else:
                 prefix = node.module
-            out.add(prefix)
+            # ``from pkg import submodule`` imports the submodule (its package is imported first, as for any
+            # submodule, which is not an edge of its own); ``from pkg import name`` reads the package
+            folder = ROOT.joinpath(*prefix.split("."))
+            if not all((folder / f"{a.name}.py").is_file() or (folder / a.name / "__init__.py").is_file()
+                       for a in node.names):
+                out.add(prefix)
             out.update(f"{prefix}.{alias.name}" for alias in node.names)
     return out
 

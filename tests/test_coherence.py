@@ -143,7 +143,7 @@ def test_q4_answer_reports_what_sep_adds_when_it_adds_something():
     assert "At layer 6" in a.text and "at 80%; word overlap and lengths alone reach 70%" in a.text
     assert "encoded apart 75%" in a.text
     assert "adds +6.0 points" in a.text and a.confidence == "high"
-    assert "costs the fine-tuned model 5.0 points more than a control knockout" in a.text
+    assert "knocking out attention to [SEP] moves accuracy -5.0 points against a control" in a.text
     ev = QUESTION.evidence(T, decided, None)
     assert "| the middle [SEP] | 80% (77%–83%) |" in ev and "knocked out" in ev
 
@@ -191,7 +191,7 @@ def test_q4_knockout_table_reads_a_drop_only_under_the_sep_knockout():
             rows.append(pd.DataFrame({"task": "next", "format": "pair", "pooling": "cls", "frozen": False,
                                       "n_train": None, "seed": seed, "condition": cond, "item": np.arange(n),
                                       "doc": np.arange(n) // 5, "correct": correct}))
-    ctx = SimpleNamespace(tables={"finetune": pd.concat(rows, ignore_index=True)}, lm=None,
+    ctx = SimpleNamespace(tables={"finetune_predictions": pd.concat(rows, ignore_index=True)}, lm=None,
                           cfg=SimpleNamespace(finetune=SimpleNamespace(seeds=[0, 1]), corpus=SimpleNamespace(pairs="x"),
                                               study=SimpleNamespace(bootstrap_resamples=200, seed=0)))
     K = knockout_table(ctx).set_index(["condition", "condition_b"])
@@ -225,7 +225,7 @@ def test_q4_runs_end_to_end_through_the_study_runner(tmp_path, bert_tokenizer, m
     md = report.read_text(encoding="utf-8")
     answer = re.search(r"\*\*Q4\. What does the output at \[SEP\] capture\?\*\* \[evidence\]\(#q4\)  \n(.*)\n", md)
     assert answer and "the middle [SEP] tells a true next sentence" in answer.group(1), md[:2000]
-    P = pd.read_csv(out / "tables" / "finetune.csv")
+    P = pd.read_csv(out / "tables" / "finetune_predictions.csv")
     assert set(P["condition"]) == set(("clean", "sep_knockout", "sep_knockout_control")) and P["run"].nunique() == 1
     probes = pd.read_csv(out / "tables" / "q4_coherence_probes.csv")
     assert set(probes["negatives"]) == {"same_topic", "same_article"}

@@ -53,7 +53,7 @@ def _predictions(cfg, accuracies: dict[str, float], n_items: int = 120, n_docs: 
 
 
 def _intruder(cfg, accuracies, n_items: int = 120):
-    ctx = SimpleNamespace(cfg=cfg, tables={"finetune": _predictions(cfg, accuracies, n_items)})
+    ctx = SimpleNamespace(cfg=cfg, tables={"finetune_predictions": _predictions(cfg, accuracies, n_items)})
     return seg.intruder_table(ctx)
 
 
@@ -255,7 +255,7 @@ def test_q3_and_q5_run_end_to_end_in_a_quick_study(tmp_path, bert_tokenizer):
         line = re.search(rf"\*\*{key}\. {re.escape(asked)}\*\* \[evidence\]\(#{key.lower()}\)  \n(.*)\n", md)
         assert line and "*(" in line.group(1) and word_count(line.group(1).rsplit(" *(", 1)[0]) <= MAX_WORDS
         assert (tables / f"{key.lower()}_decisions.csv").is_file()
-    P = pd.read_csv(tables / "finetune.csv")
+    P = pd.read_csv(tables / "finetune_predictions.csv")
     assert set(P["task"]) == {"intruder"} and set(P["format"]) == {"multi", "concat", "control3"}
     content = pd.read_csv(tables / "sentence_content.csv")
     assert set(content["k"]) == {2, 3} and {"multi", "concat", "control", "bertsum"} <= set(content["format"])

@@ -22,7 +22,7 @@ if not hasattr(_questions, "__path__"):  # the questions package while questions
 
 from probing.study.questions import _common, q6, q8  # noqa: E402
 
-CFG = StudyConfig().with_values(**{"study.bootstrap_resamples": 300,
+CFG = StudyConfig().with_values(**{"study.bootstrap_resamples": 300, "finetune.seeds": (0, 1),
                                    "finetune.poolings": ("cls", "mean", "max", "sep1"),
                                    "finetune.learning_curve": (100, 300), "finetune.pooling_tasks": ("next", "topic")})
 
@@ -47,7 +47,7 @@ def _predictions(specs, acc, n_items=1600, base_seed=0):
 
 
 def _ctx(P, cfg=CFG):
-    return SimpleNamespace(cfg=cfg, tables={"finetune": P}, lm=SimpleNamespace(name="tiny"), log=print)
+    return SimpleNamespace(cfg=cfg, tables={"finetune_predictions": P}, lm=SimpleNamespace(name="tiny"), log=print)
 
 
 def _decided(question, T):
@@ -62,7 +62,7 @@ def test_q6_finds_a_planted_cost_of_the_last_position():
     P = _predictions(q6.runs(CFG), lambda s: 0.55 if s.format == "cls_last" and not s.frozen else 0.75)
     T = q6.analyse(_ctx(P))
     d = _decided(q6.QUESTION, T)
-    by = d.set_index(["position", "condition"])
+    by = d.set_index(["cls_position", "condition"])
     assert set(by.index) == {(p, c) for p in ("middle", "last") for c in ("fine_tuned", "frozen")}
     assert by.loc[("last", "fine_tuned"), "decision"] == "yes" and by.loc[("last", "fine_tuned"), "m"] == 2
     assert by.loc[("last", "fine_tuned"), "value"] == pytest.approx(-0.2, abs=0.03)
@@ -246,7 +246,7 @@ def test_q6_and_q8_end_to_end_on_a_tiny_model(tmp_path, tiny_bert):
     specs = q6.runs(cfg) + q8.runs(cfg)
     P = run_protocol(tasks, specs, model=tiny_bert, preset="quick", device="cpu", out=tmp_path, progress=False,
                      epochs=1)
-    ctx = SimpleNamespace(cfg=cfg, tables={"finetune": P}, lm=tiny_bert, log=print)
+    ctx = SimpleNamespace(cfg=cfg, tables={"finetune_predictions": P}, lm=tiny_bert, log=print)
     for question in (q6, q8):
         T = question.analyse(ctx)
         d = _decided(question.QUESTION, T)

@@ -37,7 +37,7 @@ def _question(calls: list):
     def analyse(ctx):
         calls.append("analyse")
         cache = ctx.caches.get("pairs_s2", "pair")
-        P = ctx.tables["finetune"]
+        P = ctx.tables["finetune_predictions"]
         row = compare_runs(P, {"format": "pair"}, {"format": "concat"}, n_resamples=ctx.cfg.study.bootstrap_resamples)
         return {"q1_toy": pd.DataFrame([{**row, "n_tokens": len(cache.tokens)}])}
 
@@ -88,7 +88,7 @@ def test_a_question_module_runs_end_to_end(tmp_path, bert_tokenizer, monkeypatch
     assert html.index('id="answers"') < html.index('<section id="q1">')
     assert "<details><summary>Evidence, figures and notes for Q1</summary>" in html
     # the shared runs ran once each, and their predictions and the decided rows are tables of the study
-    P = pd.read_csv(out / "tables" / "finetune.csv")
+    P = pd.read_csv(out / "tables" / "finetune_predictions.csv")
     assert P["run"].nunique() == 4 and set(P["format"]) == {"pair", "concat"}
     decided = pd.read_csv(out / "tables" / "q1_decisions.csv")
     assert decided.loc[0, "decision"] in ("yes", "yes_small", "no_difference", "inconclusive")

@@ -77,9 +77,9 @@ def test_tables_dir_holds_each_named_table_once(study):
     stems = {Path(n).stem for n in names}
     assert not [n for n in names if re.search(r"-[0-9a-f]{16}", n)], names  # no hash-named copies
     assert all(f"{s}.csv" in names and f"{s}.parquet" in names for s in stems), names
-    assert {"q1_change", "q1_decisions", "finetune", "probes_pair"} <= stems
+    assert {"q1_change", "q1_decisions", "finetune_predictions", "q8_pooling"} <= stems
     # the runners' store: hash-named results, apart from tables/
-    assert any(re.fullmatch(r"drift-[0-9a-f]{16}\.csv", n) for n in study["first"]), sorted(study["first"])
+    assert any(re.fullmatch(r"[a-z_]+-[0-9a-f]{16}\.csv", n) for n in study["first"]), sorted(study["first"])
 
 
 @pytest.mark.slow
@@ -194,8 +194,9 @@ def test_every_interval_used_the_configs_resamples(study, tables):
     wanted = load_config(study["out"].parent / "study.toml", quick=True).study.bootstrap_resamples
     assert wanted == 100  # the fixture's [quick] value, not its full one (200) nor the default (1,000)
     with_ci = {n: df for n, df in tables.items() if "ci_low" in df.columns and df["ci_low"].notna().any()}
-    assert {"probes_pair", "finetune", "paired_q8", "paired_q4", "q1_change", "q1_finetune", "q2_interchange",
-            "attention", "q4_knockout_probes"} <= set(with_ci)
+    assert {"q1_change", "q1_finetune", "q2_interchange", "q2_attention", "q3_intruder", "q4_coherence_paired",
+            "q4_knockout", "q6_position", "q7_recovery", "q8_pooling", "sentence_content", "interchange",
+            *(f"q{i}_decisions" for i in range(1, 9))} <= set(with_ci)
     wrong = {}
     for name, df in with_ci.items():
         assert "n_resamples" in df.columns, f"{name} has intervals but no n_resamples column"

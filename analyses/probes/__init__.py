@@ -75,16 +75,16 @@ from analyses.probes._compare import ITEM_KEYS, compare_probes
 from analyses.probes._estimator import MDL_FRACTIONS, LinearProbe, mdl_online_codelength
 from analyses.probes._metrics import (DEFAULT_CS, DTYPES, GROUPINGS, SELECT_BY, SelectBy, control_labels,
                                       fold_macro_auc, make_splits)
-from analyses.probes._results import (ITEM_METRICS, PROBE_RESAMPLES, ProbeResult, cross_validate_probe, probe_rows,
-                                      probe_table)
+from analyses.probes._results import (ITEM_METRICS, PROBE_RESAMPLES, ProbeResult, cross_validate_probe, edge_share,
+                                      probe_rows, probe_table)
 from analyses.probes._runner import (batch_elements, example_target, is_multilabel, main, run_probes,
                                      topic_mismatch)
-from analyses.probes._vocabulary import STOP_WORDS, content_vocabulary, function_vocabulary, presence
+from analyses.probes._vocabulary import STOP_WORDS, content_vocabulary, function_vocabulary, presence, words_of
 from analyses.stats import fold_t_interval
 
 __all__ = ["DEFAULT_CS", "DTYPES", "GROUPINGS", "ITEM_KEYS", "ITEM_METRICS", "MDL_FRACTIONS", "PROBE_RESAMPLES",
            "SELECT_BY", "STOP_WORDS", "LinearProbe", "ProbeResult", "SelectBy", "batch_elements", "compare_probes",
-           "content_vocabulary", "control_labels", "cross_validate_probe", "example_target", "fold_macro_auc",
-           "fold_t_interval", "function_vocabulary", "is_multilabel", "make_splits", "main", "mdl_online_codelength",
-           "presence", "probe_many", "probe_many_results", "probe_rows", "probe_table", "run_probes",
-           "topic_mismatch"]
+           "content_vocabulary", "control_labels", "cross_validate_probe", "edge_share", "example_target",
+           "fold_macro_auc", "fold_t_interval", "function_vocabulary", "is_multilabel", "make_splits", "main",
+           "mdl_online_codelength", "presence", "probe_many", "probe_many_results", "probe_rows", "probe_table",
+           "run_probes", "topic_mismatch", "words_of"]

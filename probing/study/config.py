@@ -25,16 +25,13 @@ from typing import Any, Mapping
 from analyses.stats import MIN_RESAMPLES
 
 from ..schema import Schema, device_name, setting
+from .errors import StudyError
 from .questions import QUESTIONS as NEW_QUESTIONS
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
-
-
-class StudyError(ValueError):
-    """A study config is malformed."""
 
 
 #: The study configs shipped inside the package (package data), found by name.

@@ -164,7 +164,7 @@ _STORED = re.compile(r"[a-z0-9_]+-[0-9a-f]{16}(\.predictions)?\.(csv|parquet)")
 
 #: The study's table of fine-tuning predictions (:func:`analyses.finetune.run_protocol`): one row per run,
 #: evaluation condition and test item; the questions' fine-tuned comparisons read it.
-FINETUNE_TABLE = "finetune"
+FINETUNE_TABLE = "finetune_predictions"
 
 
 def decisions_table(q: Question) -> str:
@@ -211,12 +211,8 @@ def analyse(cfg: StudyConfig, caches: Caches, corpora: dict, lm, log, stages: St
     for i, s in enumerate(selected):
         ctx.later = tuple(t for later in selected[i + 1:] for t in later.tables)
         with stages.stage(f"analyses {s.key}"):
-            if predictions is not None:  # the protocol's predictions are what a question module reads by that name;
-                # a legacy section that makes its own table of the name (the old Q8's) computes it instead
-                if isinstance(s, Question):
-                    ctx.tables[FINETUNE_TABLE] = predictions
-                elif FINETUNE_TABLE in s.tables and ctx.tables.get(FINETUNE_TABLE) is predictions:
-                    del ctx.tables[FINETUNE_TABLE]
+            if predictions is not None:  # the protocol's predictions, read by the question modules by that name
+                ctx.tables[FINETUNE_TABLE] = predictions
             T.update(s.analyse(ctx))
             if isinstance(s, Question):
                 T[decisions_table(s)] = decide(s.rows(T), s.rules)

@@ -42,7 +42,8 @@ class Question:
     - ``jobs(cfg, corpora) -> [Job]``: the caches it needs.
     - ``tasks(cfg, corpora) -> {name: ProtocolTask}`` and ``runs(cfg) -> [RunSpec]``: the fine-tuning it asks of the
       shared protocol (a task of the same name must be the same task in every question that declares it).
-    - ``analyse(ctx) -> {table: DataFrame}``: its tables; the protocol's predictions are ``ctx.tables["finetune"]``.
+    - ``analyse(ctx) -> {table: DataFrame}``: its tables; the protocol's predictions are
+      ``ctx.tables["finetune_predictions"]``.
     - ``rows(T) -> DataFrame``: the comparison rows (``measure``, ``family``, ``value``, ``se``, ``label`` and a
       facet column where there are several), decided by ``rules`` (measure -> :class:`Rule`).
     - ``answer(T, decided, cfg) -> Answer``: the plain answer; ``evidence(T, decided, cfg) -> str``: markdown.

@@ -106,7 +106,7 @@ def finetune_table(ctx: Context) -> pd.DataFrame:
     from analyses.finetune import compare_runs
     from analyses.results import make_table
 
-    P = ctx.tables.get("finetune")
+    P = ctx.tables.get("finetune_predictions")
     if P is None or P.empty:
         return pd.DataFrame()
     full = P[P["run"].astype(str).str.contains("/nall/", regex=False)]

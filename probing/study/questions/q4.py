@@ -134,7 +134,7 @@ def knockout_table(ctx: Context) -> pd.DataFrame:
     from analyses.finetune import compare_runs
     from analyses.results import make_table
 
-    P = ctx.tables.get("finetune")
+    P = ctx.tables.get("finetune_predictions")
     if P is None or P.empty:
         return pd.DataFrame()
     base = {"task": TASK, "format": FORMAT, "pooling": POOLING}
@@ -239,10 +239,7 @@ def answer(T: dict, decided: pd.DataFrame, cfg) -> Answer:
     ko = _row(decided, "knockout")
     if ko is not None and ko["decision"] != "not_measured":
         v = float(ko["value"])
-        text += (f" Knocking out attention to [SEP] costs the fine-tuned model {100 * -v:.1f} points more than a "
-                 f"control knockout." if v < 0 else
-                 f" Knocking out attention to [SEP] changes fine-tuned accuracy by {_pts(v)} points against a "
-                 f"control knockout.")
+        text += f" Fine-tuned, knocking out attention to [SEP] moves accuracy {_pts(v)} points against a control."
     return Answer(text, beyond["confidence"])
 
 

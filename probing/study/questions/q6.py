@@ -60,7 +60,7 @@ def tasks(cfg, corpora: dict) -> dict:
 def analyse(ctx: Context) -> Tables:
     from analyses.finetune import protocol_table
 
-    T = protocol_table(ctx.tables["finetune"], runs(ctx.cfg), compare="format", reference=REFERENCE,
+    T = protocol_table(ctx.tables["finetune_predictions"], runs(ctx.cfg), compare="format", reference=REFERENCE,
                        analysis="finetune_protocol", model=model_name(ctx), corpus=ctx.cfg.corpus.pairs,
                        n_resamples=ctx.cfg.study.bootstrap_resamples, seed=ctx.cfg.study.seed)
     return {TABLE: T}
@@ -77,7 +77,7 @@ def rows(T: Tables) -> pd.DataFrame:
         "measure": d["condition"].map(MEASURE),
         "family": "Q6 " + d["condition"].str.replace("_", "-") + ": middle − first, last − first",
         "label": d["format"].map(POSITIONS) + " − first (" + d["condition"].str.replace("_", "-") + ")",
-        "position": d["format"].map(POSITIONS), "condition": d["condition"], "value": d["value"], "se": d["se"],
+        "cls_position": d["format"].map(POSITIONS), "condition": d["condition"], "value": d["value"], "se": d["se"],
         "value_a": d["value_a"], "value_b": d["value_b"], "n_groups": d["n_groups"], "grouping": d["grouping"],
         "n_resamples": d["n_resamples"],
     })
@@ -116,7 +116,7 @@ def answer(T: Tables, decided: pd.DataFrame, cfg) -> Answer:
     elif "yes" in decisions:
         worst = ft.loc[ft.loc[ft["decision"] == "yes", "value"].abs().idxmax()]
         side = "loses" if worst["value"] < 0 else "gains"
-        text = (f"Position matters even after fine-tuning: [CLS] {worst['position']} {side} "
+        text = (f"Position matters even after fine-tuning: [CLS] {worst['cls_position']} {side} "
                 f"{rule.show(abs(worst['value']))} against first ({where}).")
     elif decisions <= {"no_difference", "yes_small"}:
         text = (f"Once fine-tuned, position hardly matters: {where}; any difference is below "
@@ -141,7 +141,7 @@ def evidence(T: Tables, decided: pd.DataFrame, cfg) -> str:
                      f"frozen encoder's classification-token state, fitted on the same training items.")
     lines += ["", "| position | fine-tuned accuracy (95% CI) | frozen probe (95% CI) | fine-tuned − first "
                   "(simultaneous CI) | decision |", "|---|---|---|---|---|"]
-    by_pos = {r["position"]: r for _, r in decided.iterrows() if r["condition"] == "fine_tuned"} \
+    by_pos = {r["cls_position"]: r for _, r in decided.iterrows() if r["condition"] == "fine_tuned"} \
         if decided is not None and not decided.empty else {}
     for fmt, pos in POSITIONS.items():
         a, f = ft.get(pos), fz.get(pos)

@@ -74,7 +74,7 @@ def tasks(cfg, corpora: dict) -> dict:
 def analyse(ctx: Context) -> Tables:
     from analyses.finetune import protocol_table
 
-    P = ctx.tables["finetune"]
+    P = ctx.tables["finetune_predictions"]
     return {TABLE: protocol_table(P, _measured(runs(ctx.cfg), P), compare="pooling", reference=REFERENCE,
                                   analysis="finetune_protocol", model=model_name(ctx), corpus=ctx.cfg.corpus.pairs,
                                   n_resamples=ctx.cfg.study.bootstrap_resamples, seed=ctx.cfg.study.seed)}

@@ -50,7 +50,7 @@ def items_and_donors(cfg, groups: list) -> tuple[list, list]:
     the examples have at least the largest k of ``[segments] ks`` (and ``finetune_k``) sentences."""
     from probing.corpus_replace import hold_out_documents
 
-    from ..config import StudyError
+    from ..errors import StudyError
 
     need = max(largest_k(cfg), cfg.segments.finetune_k)
     have = min((e.n_sentences for e in groups), default=0)
@@ -180,7 +180,7 @@ def intruder_table(ctx: Context) -> pd.DataFrame:
     from analyses.finetune import accuracy, compare_runs
     from analyses.results import make_table
 
-    P = ctx.tables.get("finetune")
+    P = ctx.tables.get("finetune_predictions")
     if P is None or "task" not in getattr(P, "columns", ()):
         return make_table([])
     P = P[(P["task"] == INTRUDER) & (P["condition"] == "clean")]
