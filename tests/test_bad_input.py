@@ -92,8 +92,6 @@ CASES = [
      "blank.csv: row 1 (id '1'), sentence column 's1' is empty"),
     ("corpus-unknown-key", EX, "--corpus generated:size=3 --model {model}", "unknown key 'size'"),
     ("corpus-bad-value", EX, "--corpus generated:n=abc --model {model}", "bad value 'abc' for 'n'"),
-    ("corpus-too-small", EX, "--corpus generated:n=3,negatives=other_topic --model {model}",
-     "corpus 'generated:n=3,negatives=other_topic': n_examples=3"),
     ("corpus-unknown-name", EX, "--corpus wiki:n=3 --model {model}", "unknown corpus 'wiki'"),
     ("corpus-unknown-topic", EX, "--corpus bbc:n=10,topics=cooking --model {model}", "['cooking']"),
     # formats
@@ -190,9 +188,10 @@ CASES = [
     ("figures-missing-table", "figures.drift", "{root}/no-table.csv --out {out}", "no-table.csv"),
     ("figures-unknown-kind", "figures.__main__", "sideways {root}/table.csv --out {out}", "'sideways'"),
     ("figures-not-a-result-table", "figures.cka", "{root}/table.csv --out {out}", "no rows with analysis='cka'"),
-    ("pooling-corpus-too-small", "analyses.finetune",
+    # three generated pairs hold one topic: nothing to classify
+    ("pooling-corpus-one-class", "analyses.finetune",
      "--corpus generated:n=3,negatives=other_topic --model {model} --out {out}",
-     "corpus 'generated:n=3,negatives=other_topic'"),
+     "label 'topic' has a single class ['food'] over all 3 examples"),
     ("pooling-out-is-a-file", "analyses.finetune", "--corpus generated:n=20 --model {model} --out {root}/a-file",
      "a-file' is a file"),
     ("pooling-two-targets", "analyses.finetune", "--corpus generated:n=20 --targets topic,is_next --model {model} "

@@ -1,18 +1,16 @@
 """No sentence on both sides of a split: every corpus of the packaged study config (its default and its
 ``[quick]`` specs) has no sentence in examples of two documents, so the study's document-grouped splits and
-bootstraps are leak-free by construction (probing.corpus_pairs); where a corpus does share one, the grouping
-helper merges the documents and the fine-tuning protocol refuses a split that divides them."""
+bootstraps are leak-free by construction (probing.corpus_pairs); where a corpus does share one,
+``shared_sentences`` names it and the fine-tuning protocol keeps the documents that share it on one side."""
 
 from __future__ import annotations
 
 import importlib.util
 
-import numpy as np
-import pandas as pd
 import pytest
 
 from analyses.finetune import make_task, shared_sentences as split_leaks
-from analyses.stats import example_groups, table_groups
+from analyses.stats import example_groups
 from probing.corpora import load_corpus
 from probing.examples import Example, linked_documents, shared_sentences
 from probing.study.config import load_config
@@ -59,18 +57,6 @@ def test_shared_sentences_name_the_sentence_and_its_documents():
     loose = [Example("a", (" One. ",)), Example("b", ("One.",))]
     assert shared_sentences(loose) == {"One.": ["a", "b"]}
     assert linked_documents(["x", "y", "z", "w"], [("A.",), ("B.",), ("B.", "C."), ("C.",)]) == ["x", "y", "y", "y"]
-
-
-def test_grouping_merges_documents_that_share_a_sentence():
-    groups, grouping = example_groups(LEAKY)
-    assert grouping == "document" and list(groups) == ["d1", "d1", "d3", "d3"]
-    table = pd.DataFrame({"example_id": [e.id for e in LEAKY], "label_doc": [e.labels["doc"] for e in LEAKY],
-                          "sentence_1": [e.sentences[0] for e in LEAKY], "sentence_2": [e.sentences[1] for e in LEAKY]})
-    groups, _ = table_groups(table)
-    assert list(groups) == ["d1", "d1", "d3", "d3"]
-    # without documents, examples that share a sentence are one group (PTB's negatives reuse other lines)
-    groups, grouping = table_groups(table.drop(columns="label_doc"))
-    assert grouping == "example" and list(groups) == [0, 0, 2, 3] and groups.dtype == np.int64
 
 
 def test_protocol_keeps_documents_that_share_a_sentence_on_one_side():

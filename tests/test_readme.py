@@ -39,8 +39,17 @@ def test_python_blocks_are_found():
 
 
 def test_readme_has_the_answers_section():
+    """The README's answers at a glance are the regenerated report's, word for word: one line per question."""
     text = README.read_text(encoding="utf-8")
     assert "\n## Answers at a glance\n" in text and "docs/seed_questions/report.md" in text
+    glance = text[text.index("\n## Answers at a glance\n"):]
+    glance = glance[:glance.index("\n## ", 5)]
+    report = (ROOT / "docs" / "seed_questions" / "report.md").read_text(encoding="utf-8")
+    page = report[report.index("## Answers\n"):report.index("\n## Q1.")]
+    answers = re.findall(r"^- \*\*(Q\d)\. .+\*\*  \n  (.+)$", glance, flags=re.M)
+    assert [q for q, _ in answers] == [f"Q{i}" for i in range(1, 9)], answers
+    for q, answer in answers:
+        assert f"\n{answer}\n" in page, (q, answer)
 
 
 @pytest.mark.pretrained
@@ -111,7 +120,7 @@ def test_the_bad_input_paragraph_is_checked_against_the_tests():
     para = para[:para.index("\n\n")]
     ids = [c[0] for c in CASES]
     listed = {"a missing or malformed corpus file": "corpus-missing-file", "more or fewer fields": "corpus-short-row",
-              "a corpus too small": "corpus-too-small", "unknown format": "format-unknown-name",
+              "unknown format": "format-unknown-name",
               "role": "roles-unknown", "layer": "layers-out-of-range", "device": "device-unknown",
               "dtype": "dtype-unknown", "an `--out` that cannot be written": "out-through-a-file",
               "a directory that is not a cache": "cka-not-a-cache"}

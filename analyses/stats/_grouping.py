@@ -24,8 +24,7 @@ import numpy as np
 import pandas as pd
 
 from probing.cache import Cache
-from probing.examples import (DOC_LABEL, Example, first_few, linked_documents, missing_label,
-                              sentences_across_documents)
+from probing.examples import DOC_LABEL, Example, first_few, missing_label
 
 #: The grouping names a table may record, declared once.
 GROUPINGS: tuple[str, ...] = ("document", "example")
@@ -40,16 +39,12 @@ def table_groups(examples: pd.DataFrame, name: str = "the corpus") -> tuple[np.n
     cache) and the examples: grouping them by example would ignore the declared documents unnoticed.
     Feed ``groups`` to :func:`analyses.probes.make_splits`: its outer splits are a pure function of
     ``(y, groups, n_splits, seed)``, so any model evaluated on them (frozen probes, fine-tuning) sees the
-    same test items. Groups that share a sentence (the same text, whitespace-stripped, in the ``sentence_<i>``
-    columns a cache stores) are one group, named after the first (:func:`_merge_linked`).
+    same test items.
 
     >>> table_groups(pd.DataFrame({"doc": ["a", "a", "b"]}, index=[4, 5, 6]))
     (array(['a', 'a', 'b'], dtype=object), 'document')
     >>> table_groups(pd.DataFrame({"topic": ["x", "y"]}, index=[4, 5]))
     (array([4, 5]), 'example')
-    >>> table_groups(pd.DataFrame({"doc": ["a", "b", "c"], "sentence_1": ["X.", "Y.", "Z."],
-    ...                            "sentence_2": ["W.", "X.", "V."]}))
-    (array(['a', 'a', 'c'], dtype=object), 'document')
     """
     col = next((c for c in (f"label_{DOC_LABEL}", DOC_LABEL) if c in examples.columns), None)
     if col is not None and len(examples):
@@ -63,49 +58,23 @@ def table_groups(examples: pd.DataFrame, name: str = "the corpus") -> tuple[np.n
                 f"({first_few(repr(i) for i in ids[missing])}): every split and bootstrap groups by document, "
                 f"and examples without one cannot be placed; give every example its document, or leave the "
                 f"{DOC_LABEL!r} label out of the corpus to group by example")
-        return _merge_linked(examples, docs.to_numpy(dtype=object)), "document"
-    return _merge_linked(examples, examples.index.to_numpy()), "example"
-
-
-def _merge_linked_examples(examples: Sequence[Example], groups: np.ndarray) -> np.ndarray:
-    rows = [e.sentences for e in examples]
-    if len(groups) < 2 or not sentences_across_documents(groups, rows):
-        return groups
-    return np.asarray(linked_documents(groups, rows), dtype=object)
-
-
-def _merge_linked(examples: pd.DataFrame, groups: np.ndarray) -> np.ndarray:
-    """``groups`` with the groups that share a sentence (the table's ``sentence_<i>`` columns) merged into one,
-    named after the first of them (:func:`probing.examples.linked_documents`): the same text on both sides of a
-    split or in two bootstrap groups would leak. The study's corpora share none (their readers draw no sentence
-    into two documents), so this changes nothing there; a user's corpus, or PTB's next-sentence negatives
-    (lines of other examples), are grouped by what actually leaks."""
-    cols = sorted((c for c in examples.columns if c.startswith("sentence_") and c[9:].isdigit()),
-                  key=lambda c: int(c[9:]))
-    if not cols or len(groups) < 2:
-        return groups
-    rows = [[s for s in row if isinstance(s, str) and s.strip()] for row in examples[cols].itertuples(index=False)]
-    if not sentences_across_documents(groups, rows):
-        return groups
-    names = linked_documents(groups, rows)
-    original = dict(zip((str(g) for g in groups), groups))
-    return np.asarray([original[n] for n in names], dtype=groups.dtype)
+        return docs.to_numpy(dtype=object), "document"
+    return examples.index.to_numpy(), "example"
 
 
 def example_groups(examples: Sequence[Example], name: str = "the corpus") -> tuple[np.ndarray, str]:
     """``(groups (n,) object, grouping)`` for a list of examples, by the rule of :func:`table_groups`:
     each example's ``doc`` label and ``"document"`` when the examples have one, its id and ``"example"``
-    when none has (groups that share a sentence merged); some with and some without is a ValueError naming
-    ``name`` and the examples."""
+    when none has; some with and some without is a ValueError naming ``name`` and the examples."""
     docs = [e.labels.get(DOC_LABEL) for e in examples]
     if all(d is None for d in docs):
-        return _merge_linked_examples(examples, np.asarray([e.id for e in examples], dtype=object)), "example"
+        return np.asarray([e.id for e in examples], dtype=object), "example"
     missing = [e.id for e, d in zip(examples, docs) if missing_label(d) or (isinstance(d, str) and not d.strip())]
     if missing:
         raise ValueError(f"{name}: the {DOC_LABEL!r} label is missing for {len(missing)} of {len(examples)} examples "
                          f"({first_few(repr(i) for i in missing)}): every split and bootstrap groups by document; "
                          f"give every example its document, or leave the label out to group by example")
-    return _merge_linked_examples(examples, np.asarray(docs, dtype=object)), "document"
+    return np.asarray(docs, dtype=object), "document"
 
 
 def cache_groups(cache: Cache, examples: np.ndarray | None = None) -> tuple[np.ndarray, str]:
