@@ -150,11 +150,11 @@ def answer(T: Tables, decided: pd.DataFrame, cfg) -> Answer:
     head = ft[ft["pooling"] == "cls"]
     if head.empty:
         return not_measured("[CLS] against mean pooling after fine-tuning", preset)
-    # the first task (next, then topic) on which fine-tuning learnt something: a comparison of models at chance
-    # says nothing about pooling
+    # the first task (next, then topic) on which both compared poolings learnt the task: a comparison with a
+    # model at chance says nothing about pooling
     learning = [i for i, r in head.iterrows()
-                if any(learnt(t, a) for a in (_acc(t, r["task"], "cls"), _acc(t, r["task"], REFERENCE))
-                       if a is not None)]
+                if all(a is not None and learnt(t, a)
+                       for a in (_acc(t, r["task"], "cls"), _acc(t, r["task"], REFERENCE)))]
     h = head.loc[learning[0]] if learning else head.iloc[0]
     unlearnt = [TASK_NAMES.get(r["task"], r["task"]) for i, r in head.iterrows() if i not in learning]
     facts = run_facts(t, h["task"])
