@@ -67,6 +67,42 @@ def test_units_pair_articles_of_one_topic_and_take_an_odd_one_into_a_triple():
     assert article_units(raw, seed=0) == units and article_units(raw, seed=1) != units
 
 
+@pytest.mark.parametrize("n_docs", [24, 15])
+def test_other_topic_negatives_come_from_an_article_of_another_topic(n_docs):
+    raw = _pairs(n_docs=n_docs, topics=("a", "b", "c"))
+    units = article_units(raw, negatives="other_topic")
+    topic = {e.labels["doc"]: e.labels["topic"] for e in raw}
+    names = set(units.values())
+    assert sorted(len(n.split("+")) for n in names) == [2] * (n_docs // 2 - 1) + [2 + n_docs % 2]
+    assert all(len({topic[d] for d in n.split("+")}) >= 2 for n in names)
+    ex = next_sentence_examples(raw, negatives="other_topic")
+    article_of = {s: e.labels["doc"] for e in raw for s in e.sentences[:1]}
+    article_of.update({e.sentences[1]: e.labels["doc"] for e in raw if e.labels["is_next"] == 1})
+    for e, r in zip(ex, raw):
+        if r.labels["is_next"] == 1:
+            assert e.sentences == r.sentences and e.labels["topic_s2"] == e.labels["topic"]
+        else:  # sentence 2 from the unit's other article, whose topic is the recorded topic_s2, not sentence 1's
+            source = article_of[e.sentences[1]]
+            assert source in e.labels["doc"].split("+") and source != r.labels["doc"]
+            assert e.labels["topic_s2"] == topic[source] != e.labels["topic"]
+    task = make_task(ex, "is_next", 0.3, 0)
+    assert shared_sentences(ex, task.test_ids) == []
+    # the same-topic task is unchanged by the option's existence: its negatives keep sentence 1's topic
+    same = next_sentence_examples(raw)
+    assert all(e.labels["topic_s2"] == e.labels["topic"] for e in same)
+
+
+def test_other_topic_units_refuse_a_topic_holding_half_the_articles():
+    raw = _pairs(n_docs=12, topics=("a", "b"))
+    article_units(raw, negatives="other_topic")  # 6 of 12: every unit still pairs a with b
+    extra = [Example(f"x{i}:0", (f"Extra {i} one.", f"Extra {i} two."), {"doc": f"x{i}", "topic": "a", "is_next": 1})
+             for i in range(2)]
+    with pytest.raises(ValueError, match="topic 'a' holds 8 of 14 articles"):
+        article_units(raw + extra, negatives="other_topic")
+    with pytest.raises(ValueError, match="unknown negatives 'random'"):
+        article_units(raw, negatives="random")
+
+
 def test_topic_task_holds_the_coherent_pairs():
     ex = pair_topic_examples(_pairs())
     assert ex and all(e.labels["is_next"] == 1 for e in ex)

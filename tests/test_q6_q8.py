@@ -227,6 +227,9 @@ def test_finetune_config_keys_are_checked():
     assert load_config(None, overrides={"finetune.learning_curve": []}).finetune.learning_curve == ()
     with pytest.raises(StudyError, match="finetune.pooling_tasks = \\['next', 'words'\\]: expected a non-empty list"):
         load_config(None, overrides={"finetune.pooling_tasks": ["next", "words"]})
+    assert load_config(None).finetune.negatives == "other_topic"
+    with pytest.raises(StudyError, match="finetune.negatives = 'random': expected one of 'same_topic', 'other_topic'"):
+        load_config(None, overrides={"finetune.negatives": "random"})
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -102,6 +102,12 @@ def _dtypes():
     return tuple(DTYPES)
 
 
+def _negatives():
+    from analyses.finetune import NEGATIVES
+
+    return NEGATIVES
+
+
 def _presets():
     from analyses.finetune import PRESETS, PROTOCOL_PRESETS
 
@@ -198,7 +204,9 @@ class FinetuneSettings:
     of every run (the seed is a unit of the intervals), ``poolings`` Q8's poolings on each of its tasks,
     ``learning_curve`` the training sizes of Q8's learning curve below the whole training split (sizes the
     split does not exceed are left out), ``pooling_tasks`` the shared tasks Q8 fine-tunes on (``next``,
-    ``topic``). ``label`` is the target of the pooling experiment of
+    ``topic``), ``negatives`` where the ``next`` task's negatives take sentence 2 from
+    (:data:`analyses.finetune.NEGATIVES`: ``other_topic`` as in BERT's next-sentence prediction, ``same_topic`` for
+    coherence alone). ``label`` is the target of the pooling experiment of
     :func:`analyses.finetune.run_pooling_experiment` (``python -m analyses.finetune``), which reads ``preset``,
     ``poolings`` and ``seeds`` too (its presets have the same names)."""
 
@@ -209,6 +217,7 @@ class FinetuneSettings:
     learning_curve: tuple[int, ...] = setting((), ge=2, check=_distinct)
     pooling_tasks: tuple[str, ...] = setting(("next", "topic"), nonempty=True, choices=lambda: ("next", "topic"),
                                              check=_distinct)
+    negatives: str = setting("other_topic", choices=_negatives)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ from ..answers import Answer
 from ..rules import Rule
 from ..sections import Context, Job, corpus_text, safe_plot
 from ._base import Question
-from ._common import DERIVED, REPLACED, SWAPPED, derived_pairs, next_task, pairs_job, protocol_seeds
+from ._common import (DERIVED, NEXT, REPLACED, SWAPPED, derived_pairs, next_task, pairs_job, protocol_seeds,
+                      task_words)
 
 KEY = "Q1"
 ASKED = ("We fine-tune on the same task with `[CLS] s1 [SEP] s2 [SEP]` or `[CLS] s1 s2 [SEP]`: what is the "
@@ -308,8 +309,8 @@ def notes(cfg) -> str:
             f"pairs ({corpus_text(c.pairs)} sentences): sentence 1 with two adjacent words swapped, and sentence 2 "
             f"replaced by a sentence of the same topic from an article the pairs do not hold ({c.replacements}). "
             f"The comparison rows are paired per example and corrected together per family. The fine-tuned part "
-            f"trains [CLS] pooling with every weight on `next` (is sentence 2 the next sentence; negatives from "
-            f"another article of the same topic) in each format, seeds {', '.join(map(str, protocol_seeds(cfg)))}, "
+            f"trains [CLS] pooling with every weight on `next` ({task_words(cfg, NEXT)}) in each format, seeds "
+            f"{', '.join(map(str, protocol_seeds(cfg)))}, "
             f"on one document-grouped split, with frozen probes on the same split. It does not show how a model "
             f"fine-tuned in one format would move its own vectors, nor other tasks than `next`.")
 

@@ -24,8 +24,8 @@ from ..answers import Answer, not_measured
 from ..rules import LABELS, Rule
 from ..sections import Context
 from ._base import Question, Tables
-from ._common import (NEXT, TASK_WORDS, budget_words, chance, diff_cell, learnt, model_name, preset_words,
-                      protocol_preset, protocol_seeds, run_facts, shared_tasks)
+from ._common import (NEXT, budget_words, chance, diff_cell, learnt, model_name, preset_words, task_words,
+                      unit_words, protocol_preset, protocol_seeds, run_facts, shared_tasks)
 
 #: The classification token's positions: format -> the word for it. The first is the reference.
 POSITIONS = {"pair": "first", "cls_mid": "middle", "cls_last": "last"}
@@ -178,11 +178,10 @@ def figures(T: Tables, fig_dir: Path, log: Callable) -> list[Path]:
 
 
 def notes(cfg) -> str:
-    return (f"Task `next`: {TASK_WORDS[NEXT]}, on the `pairs` corpus ({cfg.corpus.pairs}); one split for every run, "
-            "grouped by units of two articles of one topic (a negative's sentence 2 comes from the other article of "
-            "its unit) and stratified by the label. Each run fine-tunes a fresh copy of the encoder, every weight, "
-            f"with a linear head on the classification token's last-layer state ({preset_words(cfg)}); only the "
-            "token's position differs between the three formats (the same items, seeds and batch order). "
+    return (f"Task `next`: {task_words(cfg, NEXT)}, on the `pairs` corpus ({cfg.corpus.pairs}); one split for every "
+            f"run, {unit_words(cfg)} and stratified by the label. Each run fine-tunes a fresh copy of the encoder, "
+            f"every weight, with a linear head on the classification token's last-layer state ({preset_words(cfg)}); "
+            "only the token's position differs between the three formats (the same items, seeds and batch order). "
             "Differences are paired per test item, with a two-stage bootstrap over seeds and documents and a "
             "simultaneous (Bonferroni) interval over the two comparisons. What it does not show: why [CLS] came "
             "to be first in pretraining. The encoder was pretrained with [CLS] first, so a moved token starts "

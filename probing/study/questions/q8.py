@@ -26,8 +26,8 @@ from ..answers import MAX_WORDS, Answer, not_measured, word_count
 from ..rules import LABELS, Rule
 from ..sections import Context
 from ._base import Question, Tables
-from ._common import (NEXT, TASK_WORDS, TOPIC, budget_words, chance, diff_cell, learnt, model_name, preset_words,
-                      protocol_preset, protocol_seeds, run_facts, shared_tasks)
+from ._common import (NEXT, TOPIC, budget_words, chance, diff_cell, learnt, model_name, preset_words, task_words,
+                      unit_words, protocol_preset, protocol_seeds, run_facts, shared_tasks)
 
 REFERENCE = "mean"
 #: The poolings of the learning curve: the question's two.
@@ -219,7 +219,7 @@ def evidence(T: Tables, decided: pd.DataFrame, cfg) -> str:
     lines = []
     for task in dict.fromkeys(t["target"]):
         facts = run_facts(t, task)
-        lines += [f"**{TASK_NAMES.get(task, task)}** ({TASK_WORDS.get(task, task)}). Fine-tuning budget per run: "
+        lines += [f"**{TASK_NAMES.get(task, task)}** ({task_words(cfg, task)}). Fine-tuning budget per run: "
                   f"{budget_words(facts, cfg)}. Frozen probe: logistic regression on the frozen encoder's pooled "
                   "last layer, fitted on the same training items.", "",
                   "| pooling | fine-tuned accuracy (95% CI) | frozen probe (95% CI) | fine-tuned − mean "
@@ -265,15 +265,15 @@ def figures(T: Tables, fig_dir: Path, log: Callable) -> list[Path]:
 
 def notes(cfg) -> str:
     sizes = ", ".join(map(str, cfg.finetune.learning_curve))
-    tasks = "; ".join(f"`{t}`, {TASK_WORDS[t]}" for t in _tasks(cfg))
+    tasks = "; ".join(f"`{t}`, {task_words(cfg, t)}" for t in _tasks(cfg))
     left_out = [w for w, on in (("the `topic` task (`[finetune] pooling_tasks`)", TOPIC not in _tasks(cfg)),
                                 ("a learning curve (`[finetune] learning_curve`)", not sizes)) if on]
     name = str(cfg.model.name or "all-MiniLM-L6-v2").lower()  # None: the default model
     mean_trained = "minilm" in name or "sentence-transformers" in name
     return (f"Tasks on the `pairs` corpus ({cfg.corpus.pairs}): {tasks}. One split per task for every run, grouped "
-            "by units of two articles of one topic and stratified by the label. Each run fine-tunes a fresh copy of "
-            f"the encoder, every weight, with a linear head on one pooling of the last layer ({preset_words(cfg)}); "
-            f"the poolings: {', '.join(poolings(cfg))}"
+            f"{unit_words(cfg).removeprefix('grouped ')} and stratified by the label. Each run fine-tunes a fresh "
+            f"copy of the encoder, every weight, with a linear head on one pooling of the last layer "
+            f"({preset_words(cfg)}); the poolings: {', '.join(poolings(cfg))}"
             + (f"; the learning curve trains cls and mean on the first {sizes} training items of the same order "
                "(smaller sets are prefixes of larger ones) and tests on the same items" if sizes else "")
             + ". Differences are paired per test item, with a two-stage bootstrap over seeds and documents and a "
