@@ -447,6 +447,7 @@ def run_study(config: str | os.PathLike | None, *, quick: bool = False, force_an
     report = write_report(doc, out)
     write_resolved(cfg, out, source)
     write_stages(stages, out)
+    write_answers(doc, out, lm.name)
     for line in stages.lines(total):
         log(line)
     log(f"run time {doc.provenance['run time']}")
@@ -471,6 +472,38 @@ def write_stages(stages: Stages, out: Path) -> Path:
     return write_table(stages.table(), out / "tables" / "stages.csv")
 
 
+def write_answers(doc, out: Path, model: str) -> Path:
+    """The report's answers as ``<out>/tables/answers.csv`` (one row per question), which a comparison of models
+    reads (:mod:`probing.study.across`)."""
+    from analyses.results import write_table
+
+    from .across import ANSWERS, answers_table
+
+    return write_table(answers_table(doc, model), out / "tables" / f"{ANSWERS}.csv")
+
+
+def run_models(config: str | os.PathLike | None, models: Sequence[str], *, quick: bool = False,
+               overrides: dict[str, Any] | None = None, log=print, **kw: Any) -> Path:
+    """The study once per model, each into ``<out>/<model>/`` (:func:`probing.study.across.unique_slugs`), then
+    which answers hold on every model (:func:`probing.study.across.write_comparison`); returns ``models.md``."""
+    from .across import unique_slugs, write_comparison
+
+    if len(models) < 2 or len(set(models)) != len(models):
+        raise StudyError(f"--model: comparing models needs at least two different ones, got {list(models)}")
+    base = dict(overrides or {})
+    cfg = load_config(config, quick=quick, overrides=base, trust_remote_code=kw.get("trust_remote_code", False))
+    out = Path(cfg.study.out)
+    runs = {}
+    for name, slug in zip(models, unique_slugs(models)):
+        log(f"model {name} -> {out / slug}")
+        run_study(config, quick=quick, overrides={**base, "model.name": name, "study.out": str(out / slug)}, log=log,
+                  **kw)
+        runs[name] = out / slug
+    path = write_comparison(runs, out)
+    log(f"which answers hold on every model: {path}")
+    return path
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from ..cli import ArgumentParser, check_output_dir
 
@@ -484,7 +517,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help=f"a packaged config's name ({', '.join(packaged_configs())}) or a path to a TOML file "
                         f"(default {DEFAULT_CONFIG})")
     p.add_argument("--quick", action="store_true", help="the config's [quick] settings: a small run in minutes")
-    p.add_argument("--model", default=None, help="override [model] name (a Hugging Face id or local path)")
+    p.add_argument("--model", action="append", default=None,
+                   help="override [model] name (a Hugging Face id or local path); given several times, the study runs "
+                        "once per model into <out>/<model>/ and <out>/models.md says which answers hold on every one")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow the model's own code to run (off by default; a config cannot switch it on)")
     p.add_argument("--out", default=None, help="override [study] out")
@@ -497,8 +532,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-progress", action="store_true", help="no progress bars (the stage log lines stay)")
     args = p.parse_args(argv)
     overrides: dict[str, Any] = {}
-    if args.model:
-        overrides["model.name"] = args.model
+    models = list(dict.fromkeys(args.model or []))
+    if len(models) == 1:
+        overrides["model.name"] = models[0]
     if args.out:
         overrides["study.out"] = args.out
     if args.caches:
@@ -514,8 +550,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(args.config, quick=args.quick, overrides=overrides, trust_remote_code=args.trust_remote_code)
         check_output_dir(cfg.study.out, "--out (study.out)")
         check_output_dir(cfg.study.caches, "--caches (study.caches)")
-        run_study(args.config, quick=args.quick, force_analyses=args.force, overrides=overrides,
-                  trust_remote_code=args.trust_remote_code, progress=not args.no_progress)
+        if len(models) > 1:
+            run_models(args.config, models, quick=args.quick, force_analyses=args.force, overrides=overrides,
+                       trust_remote_code=args.trust_remote_code, progress=not args.no_progress)
+        else:
+            run_study(args.config, quick=args.quick, force_analyses=args.force, overrides=overrides,
+                      trust_remote_code=args.trust_remote_code, progress=not args.no_progress)
     except (StudyError, ModelLoadError, CacheError, ValueError, ImportError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
