@@ -80,6 +80,7 @@ def test_slugs_and_findings():
     assert finding("inconclusive", 3.0) == "cannot tell" and finding("yes", -1e-9) == "yes −"
     assert model_slug("bert-base-uncased") == "bert-base-uncased"
     assert unique_slugs(["/r/why/mlm/seed0", "/r/why/nsp/seed0"]) == ["mlm_seed0", "nsp_seed0"]
+    assert unique_slugs(["/a/mlm/seed0", "/b/mlm/seed0"]) == ["a_mlm_seed0", "b_mlm_seed0"]
     assert len(set(unique_slugs(["x/seed0", "./x/seed0"]))) == 2
 
 

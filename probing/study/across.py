@@ -44,11 +44,14 @@ def model_slug(name: str) -> str:
     """A directory name for a model: a local path's last part, a hub id with ``/`` as ``--``.
 
     >>> model_slug("sentence-transformers/all-MiniLM-L6-v2"), model_slug("/runs/why/mlm+nsp.first/seed0/")
-    ('sentence-transformers--all-MiniLM-L6-v2', 'seed0')
+    ('sentence-transformers--all-MiniLM-L6-v2', 'mlm+nsp.first_seed0')
     """
     text = str(name).rstrip("/\\")
     p = Path(text)
-    base = p.name if (p.is_absolute() or text.startswith(".") or p.exists()) else text.replace("/", "--")
+    local = p.is_absolute() or text.startswith(".") or p.exists()
+    base = p.name if local else text.replace("/", "--")
+    if local and re.fullmatch(r"seed\d+", base) and p.parent.name:  # a pretraining run: its variant too
+        base = f"{p.parent.name}_{base}"
     slug = re.sub(r"[^A-Za-z0-9._+-]+", "_", base).strip("._") or "model"
     return slug
 
