@@ -21,6 +21,9 @@ second are set against the disk's, measured in the same run and directory the wa
 the model, is the limit. ``--naive-examples`` times the naive loop on the first pairs only (on a GPU it
 copies every hidden state of every layer to the host, slow for a large corpus); ``--profile`` prints where
 the extractor's main thread spends its time, in a run of its own before the timed ones.
+The fast tokenizer's own rate on the same pairs (all cores, in the same run) is the third ceiling: with
+``--random-init-size tiny`` the model costs almost nothing, so the extractor's rate against it is the share of
+the tokenizer's speed the host path keeps (planning, batching, gathering, hashing and writing).
 ``benchmarks/gpu_check.sh`` runs the GPU cases. Model FLOPs per example of n real tokens, from the
 model's config (L layers, hidden d, intermediate i):
 
@@ -129,6 +132,22 @@ def disk_write_rate(directory: Path, total_bytes: int, file_bytes: int) -> float
     rate = written / (time.perf_counter() - t0)
     shutil.rmtree(directory, ignore_errors=True)
     return rate
+
+
+def tokenizer_rate(tokenizer, examples, batch: int = 1024, repeats: int = 3) -> tuple[float, int]:
+    """The fast tokenizer's own rate on the pairs (tokens/s, the median of ``repeats`` passes): batches of
+    ``batch`` pairs encoded with the special tokens, no padding, on all cores (the Rust tokenizer's threads;
+    ``TOKENIZERS_PARALLELISM`` as set). What no extractor can exceed: each pair is tokenized at least once."""
+    firsts = [e.sentences[0] for e in examples]
+    seconds = [e.sentences[1] for e in examples]
+    times, n = [], 0
+    for _ in range(repeats):
+        t0, n = time.perf_counter(), 0
+        for i in range(0, len(examples), batch):
+            enc = tokenizer(firsts[i:i + batch], seconds[i:i + batch], add_special_tokens=True, truncation=False)
+            n += sum(len(ids) for ids in enc["input_ids"])
+        times.append(time.perf_counter() - t0)
+    return n / float(np.median(times)), n
 
 
 def random_model(size: str, tokenizer, device, dtype):
@@ -264,6 +283,7 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rate = n_ext / t_ext
+    tok_rate, tok_n = tokenizer_rate(lm.tokenizer, examples)
     how = (f"{torch.get_num_threads()} single-threaded workers" if device.type == "cpu" else str(device))
     print(f"extractor    : {n_ext} tokens in {t_ext:7.2f}s = {rate:12,.0f} tokens/s "
           f"(roles {args.roles}, {args.dtype}, batches of {batch_tokens} tokens and at most {args.max_batch} examples, "
@@ -271,6 +291,9 @@ def main(argv=None) -> int:
           + (f"; the median of {len(runs)} runs: " + ", ".join(f"{w:.2f}s" for w, _ in runs) if len(runs) > 1 else "")
           + ")")
     print(f"ratio extractor / naive = {rate / naive_rate:.2f}x")
+    host = " (the host path: the goal is >= 60% on the CPU's cores)" if args.random_init_size == "tiny" else ""
+    print(f"tokenizer alone: {tok_n} tokens at {tok_rate:12,.0f} tokens/s (fast tokenizer, batches of 1,024 pairs, "
+          f"all cores); extractor = {rate / tok_rate:.0%} of it{host}")
     print(f"cache written at {size_mb / t_ext:,.0f} MiB/s; the disk in the same run (shard-sized files, fsync each) "
           f"{disk / 2**20:,.0f} MiB/s: {size_mb * 2**20 / t_ext / disk:.0%} of the disk's rate")
     flops = model_flops(lm.config, per_example)

@@ -76,6 +76,18 @@ def test_written_comparison_and_refusals(tmp_path):
         compare({"A": a, "C": tmp_path / "c"})
 
 
+def test_the_command_compares_finished_studies(tmp_path, capsys):
+    from probing.study.across import main
+
+    a = _run(tmp_path, "a", [("yes", 0.5)], [("decoding", "yes", 0.3)], layers=(6,))
+    b = _run(tmp_path, "b", [("yes", 0.4)], [("decoding", "yes", 0.3)], layers=(2,))
+    assert main([str(a), str(b), "--out", str(tmp_path / "cmp")]) == 0
+    text = (tmp_path / "cmp" / "models.md").read_text(encoding="utf-8")
+    assert "answer on a" in text and "[report](../a/report.md)" in text and "holds: all 1 rows alike" in text
+    assert main([str(a), "--out", str(tmp_path / "one")]) == 2
+    assert "error: comparing models needs at least two runs" in capsys.readouterr().err
+
+
 def test_slugs_and_findings():
     assert finding("inconclusive", 3.0) == "cannot tell" and finding("yes", -1e-9) == "yes −"
     assert model_slug("bert-base-uncased") == "bert-base-uncased"

@@ -80,6 +80,8 @@ def test_gpu_check_runs_each_extraction_on_a_baseline_tree_too(tmp_path):
     for log in (now, before):
         assert re.search(r"extractor\s+: \d+ tokens in .* tokens/s", log)
     assert "baseline tree code" in before and "baseline tree code" not in now
+    # the third ceiling, the fast tokenizer alone on the same pairs, and the host path's share of it
+    assert re.search(r"tokenizer alone: \d+ tokens at +[\d,]+ tokens/s .*extractor = \d+% of it \(the host path", now)
     assert "== extract-cls-sep.baseline: skipped" in run.stdout  # STEPS filters the baseline runs too
     bad_logs = tmp_path / "bad"
     bad = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], cwd=ROOT, capture_output=True, text=True,

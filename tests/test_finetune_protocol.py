@@ -108,3 +108,24 @@ def test_runs_are_run_once_stored_and_evaluated_under_each_condition(tmp_path, t
                          progress=False, epochs=1)
     assert len(calls) == 3  # every run reused from the store
     pd.testing.assert_frame_equal(P[["run", "condition", "item", "pred"]], again[["run", "condition", "item", "pred"]])
+
+
+def test_items_longer_than_the_model_are_left_out_of_train_and_test_alike(tmp_path, bert_tokenizer):
+    """A model with fewer positions than some items (a small model pretrained here at 128 tokens): the protocol
+    leaves those items out of every run, as the study's extraction does, instead of stopping the study."""
+    from probing.models import prepare_model
+
+    from .conftest import make_tiny_bert
+
+    lm = prepare_model(make_tiny_bert(bert_tokenizer, max_position_embeddings=64), bert_tokenizer, name="short")
+    def long(i):  # a sentence of its own (a shared one would tie the items into one unit)
+        return " ".join([f"word{i}"] * 30) + "."
+
+    ex = [Example(e.id, (long(i), e.sentences[1]) if i % 7 == 0 else e.sentences, e.labels)
+          for i, e in enumerate(sample_examples(40, k=2))]
+    too_long = {e.id for e in ex if e.sentences[0].startswith("word")}
+    task = make_task(ex, "topic", 0.3)
+    P = run_protocol({"t": task}, [RunSpec("t", "pair", "cls", None, 0)], model=lm, preset="quick", device="cpu",
+                     out=tmp_path, progress=False, epochs=1)
+    assert set(P["item"]) == set(task.test_ids) - too_long and too_long & set(task.test_ids)
+    assert set(P["n_train"]) == {len(ex) - len(task.test_ids) - len(too_long - set(task.test_ids))}

@@ -51,7 +51,9 @@ from probing.examples import Example, corpus_fingerprint
 #: ``test_fraction`` the share of each task's documents held out (the training seeds are the study's
 #: ``[finetune] seeds``, one source for every question). ``quick`` is for tests and a first look; ``default``
 #: fits the study's time on a 2-core CPU (every training item, every weight, one epoch); ``full`` is for a GPU
-#: (with ``[finetune] seeds`` of five seeds, say).
+#: (with ``[finetune] seeds`` of five seeds, say). Every preset leaves out an item longer than the model's
+#: ``max_length`` in the run's format (``on_overflow="skip"``, as the study's extraction does, from train and test
+#: alike); comparisons pair the test items both runs predicted.
 #:
 #: ``default``, measured on the 2-core AVX2 VM (2026-11-28; one torch thread, ``time.process_time()``, the
 #: machine shared at load 14-19, so CPU seconds are an upper bound): one ``next`` run on BBC pairs
@@ -73,11 +75,14 @@ from probing.examples import Example, corpus_fingerprint
 #: (:func:`probing.study.questions._common.learnt`) before comparing.
 PROTOCOL_PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"test_fraction": 0.3,
-              "train": {"epochs": 2, "lr": 1e-4, "head_lr": 2e-3, "batch_size": 16, "warmup_fraction": 0.1}},
+              "train": {"epochs": 2, "lr": 1e-4, "head_lr": 2e-3, "batch_size": 16, "warmup_fraction": 0.1,
+                        "on_overflow": "skip"}},
     "default": {"test_fraction": 0.3,
-                "train": {"epochs": 1, "lr": 1e-4, "head_lr": 2e-3, "batch_size": 16, "warmup_fraction": 0.1}},
+                "train": {"epochs": 1, "lr": 1e-4, "head_lr": 2e-3, "batch_size": 16, "warmup_fraction": 0.1,
+                          "on_overflow": "skip"}},
     "full": {"test_fraction": 0.2,
              "train": {"epochs": 3, "lr": 3e-5, "head_lr": 5e-4, "batch_size": 32, "warmup_fraction": 0.1,
+                       "on_overflow": "skip",
                        "eval_batch_size": 256}},
 }
 

@@ -185,9 +185,12 @@ def _task(kept: Sequence[Example], rendered: list[Rendered], label: str, train: 
 
 def prepare_task(examples: Sequence[Example], label: str, tokenizer, fmt: Format, model_config, *,
                  config: TrainConfig, model_max_length: int, test_ids: Iterable[str] | None = None) -> Task:
-    """Render every example in ``fmt`` (:func:`render_examples`), and split by the fixed hash split."""
+    """Render every example in ``fmt`` (:func:`render_examples`), and split by the fixed hash split (or by
+    ``test_ids``, less the examples skipped as too long)."""
     kept, rendered, skipped, _ = render_examples(examples, label, tokenizer, fmt, model_config, config=config,
                                                  model_max_length=model_max_length)
+    if test_ids is not None:
+        test_ids = set(test_ids) - set(skipped)
     train, test = train_test_split(kept, test_fraction=config.test_fraction, seed=config.seed,
                                    split_group=config.split_group, test_ids=test_ids,
                                    max_train=config.max_train)

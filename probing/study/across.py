@@ -16,7 +16,9 @@ is no finding to hold or to break, so a row with one is counted apart (``undecid
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -208,9 +210,40 @@ def write_comparison(runs: Mapping[str, str | Path], out: str | Path) -> Path:
     out = Path(out)
     summary, rows = compare(runs)
     names = list(runs)
-    slugs = [Path(runs[n]).name for n in names]
+    slugs = [Path(os.path.relpath(Path(runs[n]).resolve(), out.resolve())).as_posix() for n in names]
     write_table(summary, out / "tables" / f"{SUMMARY}.csv")
     write_table(rows, out / "tables" / f"{ROWS}.csv")
     text = render(summary, rows, names, slugs)
     atomic_write(out / "models.md", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return out / "models.md"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m probing.study.across RUN RUN [...] --out DIR``: compare finished studies."""
+    from ..cli import ArgumentParser
+
+    p = ArgumentParser(prog="python -m probing.study.across",
+                       description="Which answers hold on every model: compare finished studies of one config run on "
+                                   "different models (each output directory holds tables/answers.csv and the "
+                                   "questions' decisions) and write DIR/models.md, DIR/tables/models.csv and "
+                                   "models_rows.csv. `python -m probing.study CONFIG --model A --model B` runs the "
+                                   "studies and this comparison in one command.")
+    p.add_argument("runs", nargs="+", help="two or more study output directories")
+    p.add_argument("--out", required=True, help="where models.md and tables/ go")
+    args = p.parse_args(argv)
+    try:
+        runs: dict[str, Path] = {}
+        for d in args.runs:
+            answers = Path(d) / "tables" / f"{ANSWERS}.csv"
+            model = str(pd.read_csv(answers)["model"].iloc[0]) if answers.is_file() else Path(d).name
+            runs[model if model not in runs else f"{model} ({d})"] = Path(d)
+        path = write_comparison(runs, args.out)
+    except (ValueError, OSError, KeyError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
