@@ -360,15 +360,23 @@ def adjacent_pairs(words: pd.DataFrame, per_sentence: int, seed: int = 0) -> tup
     return first, first + 1
 
 
-def _vectors(cache: Cache, layer: int, choice: str, n: int) -> np.ndarray:
+def _vectors(cache: Cache, layer: int, choice: str, keep: np.ndarray) -> np.ndarray:
+    """The ``choice`` vectors at ``layer`` of the examples ``keep`` (corpus indices, sorted), in that order."""
     key = (str(cache.path), layer, choice)
     if key not in _POOLED:
         _POOLED[key] = pooled(cache, layer, choice)
     ex, X = _POOLED[key]
-    if len(ex) != n or (np.asarray(ex) != np.arange(n)).any():
-        raise ValueError(f"{cache.path}: choice {choice!r} gives a vector for {len(ex)} of {n} examples; every "
-                         "sentence needs one")
-    return X
+    at = pd.Series(np.arange(len(ex)), index=np.asarray(ex))
+    missing = np.setdiff1d(keep, np.asarray(ex))
+    if len(missing):
+        raise ValueError(f"{cache.path}: choice {choice!r} gives no vector for {len(missing)} of the {len(keep)} "
+                         f"examples read (e.g. example {int(missing[0])})")
+    return X[at[keep].to_numpy()]
+
+
+def _stored(cache: Cache) -> np.ndarray:
+    """Corpus indices of the examples a cache holds (sorted): all but those skipped as too long."""
+    return np.unique(cache.tokens["example"].to_numpy())
 
 
 def _interval(values: np.ndarray, groups: np.ndarray, n_resamples: int, seed: int) -> dict:
@@ -480,8 +488,17 @@ def _recovery_rows(cache, embeddings, swapped, rows_sw, random_cache, random_swa
                    folds, inner_splits, n_resamples, seed, layers, last, progress) -> list[dict]:
     from analyses.probes import content_vocabulary, presence
 
-    n = len(cache.examples)
+    # the examples every model holds (a model with fewer positions than a sentence skips it at extraction)
+    keep = _stored(cache)
+    if random_cache is not None:
+        keep = np.intersect1d(keep, _stored(random_cache))
+    if len(keep) < 2:
+        raise ValueError(f"{cache.path}: fewer than two sentences stored; nothing to decode")
+    n = len(keep)
+    pos = np.full(len(cache.examples), -1)
+    pos[keep] = np.arange(n)
     groups, grouping = cache_groups(cache)
+    groups = groups[keep]
     outer = grouped_folds(groups, folds, seed)
     base = {"analysis": "recovery", "corpus": cache.manifest["corpus"]["name"], "format": cache.format_name,
             "seed": seed, "grouping": grouping, "n_resamples": n_resamples, "n_folds": folds}
@@ -503,7 +520,7 @@ def _recovery_rows(cache, embeddings, swapped, rows_sw, random_cache, random_swa
 
     bar = tqdm(total=3, desc="recovery", disable=not progress, file=sys.stderr, delay=1)
     # content words
-    sentences = cache.examples["sentence_1"].astype(str).tolist()
+    sentences = cache.examples["sentence_1"].astype(str).to_numpy()[keep].tolist()
     vocabulary = content_vocabulary(sentences, vocab)
     if not vocabulary:
         raise ValueError(f"{cache.path}: its sentences hold no content word (stop words aside) to decode")
@@ -520,7 +537,7 @@ def _recovery_rows(cache, embeddings, swapped, rows_sw, random_cache, random_swa
     cells += [("random_init", random_cache, ch, last) for ch in choices if random_cache is not None]
     got, freq = {}, None
     for kind, source, ch, layer in cells:
-        dec, freq, chosen = content_scores(_vectors(source, layer, ch, n), Y, groups, outer, **fit)
+        dec, freq, chosen = content_scores(_vectors(source, layer, ch, keep), Y, groups, outer, **fit)
         got[kind, ch, layer] = dec
         add("content_words", "r_precision", kind, ch, layer, "ridge", dec, groups, chosen)
     add("content_words", "r_precision", "", "", pd.NA, "frequency", freq, groups)
@@ -537,13 +554,14 @@ def _recovery_rows(cache, embeddings, swapped, rows_sw, random_cache, random_swa
     # word order
     words = sentence_words(cache.tokens, embeddings)
     first, second = adjacent_pairs(words, per_sentence, seed)
+    item = pos[words["example"].to_numpy()[first]]
+    first, second, item = first[item >= 0], second[item >= 0], item[item >= 0]
     if len(first) == 0:
         raise ValueError(f"{cache.path}: no two adjacent words of letters in any sentence: no word order to decode")
     vec = words.attrs["vectors"]
-    item = words["example"].to_numpy()[first]
-    vectors = {("trained", ch): _vectors(cache, last, ch, n) for ch in choices}
+    vectors = {("trained", ch): _vectors(cache, last, ch, keep) for ch in choices}
     if random_cache is not None:
-        vectors.update({("random_init", ch): _vectors(random_cache, last, ch, n) for ch in choices})
+        vectors.update({("random_init", ch): _vectors(random_cache, last, ch, keep) for ch in choices})
     names = {f"{k}/{ch}": (k, ch) for k, ch in vectors}
     res = order_scores(vec[first], vec[second], item, {name: vectors[key] for name, key in names.items()}, groups,
                        outer, **fit)
@@ -561,18 +579,23 @@ def _recovery_rows(cache, embeddings, swapped, rows_sw, random_cache, random_swa
     bar.update()
     # minimal pairs and BShift
     if swapped is not None:
-        g_sw = groups[rows_sw]
-        folds_sw = _restrict(outer, rows_sw)
         shown = np.random.default_rng(seed).random(len(rows_sw)) < 0.5
         sources = [("trained", cache, swapped)]
         if random_swapped is not None:
             sources.append(("random_init", random_cache, random_swapped))
-        m = len(swapped.examples)
+        # the swapped copies every model holds whose original is read too
+        held = _stored(swapped)
+        if random_swapped is not None:
+            held = np.intersect1d(held, _stored(random_swapped))
+        held = held[pos[rows_sw[held]] >= 0]
+        rows_kept, shown = pos[rows_sw[held]], shown[held]
+        g_sw = groups[rows_kept]
+        folds_sw = _restrict(outer, rows_kept)
         correct_by = {}
         for kind, orig, sw in sources:
             for ch in choices:
                 for layer in (layers if kind == "trained" else [last]):
-                    X, Xs = _vectors(orig, layer, ch, n)[rows_sw], _vectors(sw, layer, ch, m)
+                    X, Xs = _vectors(orig, layer, ch, keep)[rows_kept], _vectors(sw, layer, ch, held)
                     correct, chosen = minimal_pair_scores(X, Xs, g_sw, folds_sw, **fit)
                     correct_by[kind, ch, layer] = correct
                     add("minimal_pairs", "accuracy", kind, ch, layer, "ridge", correct, g_sw, chosen)

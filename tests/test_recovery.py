@@ -268,3 +268,40 @@ def test_q7_rows_answer_evidence_and_figure_from_the_tiny_table(tiny_caches, tmp
     assert "| content words (R-precision) |" in md and "Jawahar" in md and "| 2 |" in md
     pngs = q7.figures(T, tmp_path / "fig", print)
     assert [p.name for p in pngs] == ["q7_recovery.png"] and pngs[0].stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_run_recovery_reads_the_sentences_a_short_model_kept(tmp_path, bert_tokenizer):
+    """A model with fewer positions than some sentences (one pretrained here at 128 tokens): extraction skips them,
+    and the decoders read the sentences every cache holds instead of refusing the run."""
+    from probing.cache import Cache
+    from probing.corpora import load_corpus
+    from probing.examples import Example
+    from probing.extract import extract
+    from probing.models import load_model
+    from probing.study.questions.q7 import swapped_copy
+
+    model_dir = tmp_path / "tiny"
+    make_tiny_bert(bert_tokenizer).save_pretrained(model_dir)  # 64 positions
+    bert_tokenizer.save_pretrained(model_dir)
+    ex = load_corpus("generated:n=90,k=1")
+    long = {3, 40, 77}
+    ex = [Example(e.id, (" ".join(f"token{i} word{j}" for j in range(40)) + ".",) if i in long else e.sentences,
+                  e.labels) for i, e in enumerate(ex)]
+    caches = {}
+    for rnd in (False, True):
+        lm = load_model(str(model_dir), random_init=rnd, seed=1)
+        for name, corpus in (("orig", ex), ("swapped", swapped_copy(ex))):
+            path = extract(corpus, ["single"], model=lm, out=tmp_path / "caches", corpus_name=f"short-{name}",
+                           on_overflow="skip", progress=False, log=lambda s: None)[0]
+            caches[name, rnd] = Cache.open(path)
+    assert len(np.unique(caches["orig", False].tokens["example"])) == 87
+    embeddings = load_model(str(model_dir)).model.get_input_embeddings().weight.detach().numpy()
+    T = run_recovery(caches["orig", False], embeddings=embeddings, swapped=caches["swapped", False],
+                     random_cache=caches["orig", True], random_swapped=caches["swapped", True], vocab=15, folds=3,
+                     inner_splits=2, n_resamples=100)
+    assert set(T["target"]) == {"content_words", "word_order", "minimal_pairs", "bshift"}
+    # the sentences read: the 87 held (the vocabulary's counts), of which those holding a vocabulary word are scored
+    assert T.loc[T["metric"] == "vocabulary_size", "n"].tolist() == [87]
+    scored = T[T["metric"].isin(["r_precision", "accuracy"])]
+    assert len(scored) and (scored["n"] <= 87).all() and scored["value"].notna().all()
