@@ -162,6 +162,18 @@ def test_q1_answer_cannot_tell_and_without_fine_tuning():
     assert not (decided["measure"] == "finetuned").any()
 
 
+def test_q1_answer_says_when_the_fine_tuned_models_did_not_learn():
+    T = _q1_tables(concat=0.009, swap=0.041, se=0.001, ft=(0.02, 0.02))
+    T[q1.FINETUNE_TABLE]["learnt"] = [False, True]
+    T[q1.FINETUNE_TABLE]["chance"] = 0.51
+    _, a = _answer(q1, T)
+    assert ("did not both clear chance (pair 80.0%, concat 82.0%, always guessing the commoner answer 51.0%), so this "
+            "run cannot compare them.") in a.text
+    assert "changes by" not in a.text and a.confidence == "low" and a.words <= MAX_WORDS
+    T[q1.FINETUNE_TABLE]["learnt"] = [True, True]  # models that learnt: the difference is read
+    assert "changes by +2.0 points" in _answer(q1, T)[1].text
+
+
 def test_q1_answer_when_dropping_sep_moves_more():
     _, a = _answer(q1, _q1_tables(concat=0.20, swap=0.04, se=0.005))
     assert a.text.startswith("Yes: dropping [SEP] moves last-layer word vectors 20.0%")

@@ -104,7 +104,8 @@ def change_table(ctx: Context) -> pd.DataFrame:
 def finetune_table(ctx: Context) -> pd.DataFrame:
     """Accuracy concat − pair on the same test items of ``next``, fine-tuned (every training item, the seeds) and
     frozen probes: one ``accuracy_diff`` row each (:func:`analyses.finetune.compare_runs`)."""
-    from analyses.finetune import compare_runs
+    from analyses.finetune import accuracy, compare_runs
+    from analyses.finetune._protocol_tables import majority
     from analyses.results import make_table
 
     P = ctx.tables.get("finetune_predictions")
@@ -117,8 +118,10 @@ def finetune_table(ctx: Context) -> pd.DataFrame:
         sel = full[full["frozen"].astype(str).str.lower() == str(frozen).lower()]
         if not {"pair", "concat"} <= set(sel["format"].astype(str)):
             continue
-        r = compare_runs(sel, {**base, "format": "pair"}, {**base, "format": "concat"},
-                         n_resamples=ctx.cfg.study.bootstrap_resamples, seed=ctx.cfg.study.seed)
+        kw = {"n_resamples": ctx.cfg.study.bootstrap_resamples, "seed": ctx.cfg.study.seed}
+        r = compare_runs(sel, {**base, "format": "pair"}, {**base, "format": "concat"}, **kw)
+        floor = majority(sel, TASK)["value"]
+        learnt = all(accuracy(sel, {**base, "format": f}, **kw)["ci_low"] > floor for f in ("pair", "concat"))
         records.append({"analysis": "finetune_comparison", "model": getattr(ctx.lm, "name", ""),
                         "corpus": ctx.cfg.corpus.pairs, "format": "pair", "format_b": "concat", "layer": pd.NA,
                         "role": None, "target": TASK, "metric": "accuracy_diff", "value": r["value"],
@@ -126,7 +129,7 @@ def finetune_table(ctx: Context) -> pd.DataFrame:
                         # value_a: concat, the side the difference starts from
                         "se": r["se"], "value_a": r["value_b"], "value_b": r["value_a"], "pooling": POOLING,
                         "frozen": frozen, "n_seeds": r["n_seeds"], "n_groups": r["n_groups"], "grouping": "document",
-                        "n_resamples": r["n_resamples"],
+                        "n_resamples": r["n_resamples"], "chance": floor, "learnt": learnt,
                         "n_train": int(sel[sel["format"] == "pair"]["n_train"].iloc[0])})
     return make_table(records)
 
@@ -219,7 +222,15 @@ def answer(T: dict, decided: pd.DataFrame, cfg) -> Answer:
             f"({_pct(y)}).")
     conf = [words["confidence"]]
     ft = _row(decided, "finetuned")
-    if ft is not None and np.isfinite(ft["ci_low"]):
+    runs = T.get(FINETUNE_TABLE)
+    tuned = runs[runs["frozen"].astype(str).str.lower() == "false"] if runs is not None and len(runs) else None
+    if ft is not None and tuned is not None and len(tuned) and "learnt" in tuned and not tuned["learnt"].iloc[0]:
+        t = tuned.iloc[0]  # value_a: concat, value_b: pair
+        text += (f" Fine-tuned on next-sentence pairs, the two formats did not both clear chance (pair "
+                 f"{_pct(t['value_b'])}, concat {_pct(t['value_a'])}, always guessing the commoner answer "
+                 f"{_pct(t['chance'])}), so this run cannot compare them.")
+        conf.append("low")
+    elif ft is not None and np.isfinite(ft["ci_low"]):
         rule = RULES["finetuned"]  # (+ 0.0 turns an equal accuracy's -0.0 into 0.0)
         text += (f" Fine-tuned on next-sentence pairs, accuracy without [SEP] changes by "
                  f"{rule.number(float(ft['value']) + 0.0, True)} points (CI {rule.number(ft['ci_low'], True)} to "
