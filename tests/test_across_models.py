@@ -25,8 +25,9 @@ def _run(root: Path, name: str, q1: list[tuple], q2: list[tuple], layers=(3, 6))
                      "label": "[CLS]: concat − pair", "n": 100 + layer, "value": value, "se": 0.1,
                      "decision": decision, "verdict": decision, "confidence": "high"})
     pd.DataFrame(rows).to_csv(tables / "q1_decisions.csv", index=False)
-    pd.DataFrame([{"measure": m, "family": "Q2", "label": m, "pooling": "mean", "value": v, "se": 0.1,
-                   "decision": d, "verdict": d, "confidence": "low"} for m, d, v in q2]).to_csv(
+    pd.DataFrame([{"measure": m, "family": "Q2", "label": m, "pooling": "mean" if m != "attention" else None,
+                   "value": v, "se": 0.1, "decision": d, "verdict": d, "confidence": "low"}  # an empty facet too
+                  for m, d, v in q2]).to_csv(
         tables / "q2_decisions.csv", index=False)
     return root / name
 
@@ -50,7 +51,7 @@ def test_findings_match_by_rank_and_a_planted_disagreement_is_found(tmp_path):
     assert summary.set_index("question").loc["Q1", "answer_1"] == "b says one"
     text = render(summary, rows, ["A", "B"], ["a", "b"])
     assert "holds: all 2 rows alike" in text and "1 of 3 rows alike; 1 differ; 1 undecided" in text
-    assert "| Q2 | decoding | yes + | yes − |" in text
+    assert "| Q2 | decoding (pooling mean) | yes + | yes − |" in text
 
 
 def test_a_row_missing_on_one_model_is_counted_apart(tmp_path):
@@ -86,6 +87,11 @@ def test_the_command_compares_finished_studies(tmp_path, capsys):
     assert "answer on a" in text and "[report](../a/report.md)" in text and "holds: all 1 rows alike" in text
     assert main([str(a), "--out", str(tmp_path / "one")]) == 2
     assert "error: comparing models needs at least two runs" in capsys.readouterr().err
+    assert main([str(a), str(b), "--out", str(tmp_path / "named"), "--names", "first,second"]) == 0
+    assert "answer on first" in (tmp_path / "named" / "models.md").read_text(encoding="utf-8")
+    with pytest.raises(SystemExit):
+        main([str(a), str(b), "--out", str(tmp_path / "bad"), "--names", "only-one"])
+    assert "--names: give 2 different names" in capsys.readouterr().err and not (tmp_path / "bad").exists()
 
 
 def test_slugs_and_findings():

@@ -338,6 +338,23 @@ def test_the_last_position_head_reads_the_last_token():
 
 
 @pytest.mark.slow
+def test_a_pretrained_directory_tells_the_report_how_it_was_trained(trained, tmp_path):
+    from probing.study.model_facts import cls_caveat, model_facts, model_sentence
+
+    facts = model_facts(str(trained))
+    record = json.loads((trained / "training.json").read_text())
+    assert facts is not None and facts.nsp == (record["variant"]["objective"] == "mlm+nsp")
+    s = model_sentence(str(trained))
+    assert "pretrained here" in s and f"{record['model']['layers']} layers" in s and "not BERT itself" in s
+    assert f"held-out MLM accuracy {record['heldout']['mlm_accuracy']:.2f}" in s
+    assert (cls_caveat(str(trained)) == "") == facts.nsp  # an NSP model's findings need no "not BERT's" caveat
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "training.json").write_text("{not json")
+    assert model_facts(str(broken)) is None and "no record" in model_sentence(str(broken))
+
+
+@pytest.mark.slow
 def test_a_test_run_learns_on_heldout_text(trained, text_file):
     """Held-out MLM loss below the unigram entropy of the held-out tokens (what knowing their frequencies alone
     gives), and NSP accuracy whose 95% interval excludes chance; the saved heads give the same numbers again."""

@@ -106,12 +106,16 @@ def _rows(tables: Path) -> pd.DataFrame:
         if "layer" in d.columns:
             ranks = {v: i for i, v in enumerate(sorted(d["layer"].dropna().unique()))}
             d["layer"] = d["layer"].map(lambda v: f"layer rank {ranks[v]}" if v in ranks else "")
-        d["key"] = d[keys].astype(str).agg(" | ".join, axis=1)
+        cells = d[keys].apply(lambda col: col.map(lambda v: "" if pd.isna(v) else str(v)))  # a facet may be empty
+        d["key"] = cells.agg(" | ".join, axis=1)
+        facets = [c for c in keys if c not in ("measure", "label")]
+        d["facets"] = cells[facets].apply(lambda r: ", ".join(f"{c} {v}" for c, v in r.items() if v), axis=1) \
+            if facets else ""
         d["question"] = m.group(1).upper()
         d["finding"] = [finding(a, b) for a, b in zip(d["decision"], d["value"])]
-        frames.append(d[["question", "key", "label", "finding"]])
+        frames.append(d[["question", "key", "label", "facets", "finding"]])
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
-        columns=["question", "key", "label", "finding"])
+        columns=["question", "key", "label", "facets", "finding"])
 
 
 def compare(runs: Mapping[str, str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -137,7 +141,7 @@ def compare(runs: Mapping[str, str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]
         rows.append(r.drop_duplicates(["question", "key"]))
     merged = rows[0]
     for i, r in enumerate(rows[1:], start=1):
-        merged = merged.merge(r.drop(columns="label"), on=["question", "key"], how="outer")
+        merged = merged.merge(r.drop(columns=["label", "facets"]), on=["question", "key"], how="outer")
     findings = [f"finding_{i}" for i in range(len(names))]
     everywhere = merged[findings].notna().all(axis=1)
     matched = merged[everywhere].copy()
@@ -195,7 +199,8 @@ def render(summary: pd.DataFrame, rows: pd.DataFrame, names: Sequence[str], slug
         lines += ["", "## Rows that differ", "", "| question | row | " + " | ".join(names) + " |",
                   "|---|---|" + "---|" * len(names)]
         for _, r in differ.iterrows():
-            lines.append(f"| {r['question']} | {r['label']} | "
+            row = r["label"] + (f" ({r['facets']})" if r["facets"] else "")
+            lines.append(f"| {r['question']} | {row} | "
                          + " | ".join(str(r[f"finding_{i}"]) for i in range(len(names))) + " |")
     return "\n".join(lines) + "\n"
 
@@ -230,12 +235,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    "studies and this comparison in one command.")
     p.add_argument("runs", nargs="+", help="two or more study output directories")
     p.add_argument("--out", required=True, help="where models.md and tables/ go")
+    p.add_argument("--names", default=None,
+                   help="comma list, one name per run, for the table's columns (default: each run's model)")
     args = p.parse_args(argv)
+    names = [n.strip() for n in args.names.split(",")] if args.names else None
+    if names is not None and (len(names) != len(args.runs) or len(set(names)) != len(names) or "" in names):
+        p.error(f"--names: give {len(args.runs)} different names, one per run, got {args.names!r}")
     try:
         runs: dict[str, Path] = {}
-        for d in args.runs:
+        for i, d in enumerate(args.runs):
             answers = Path(d) / "tables" / f"{ANSWERS}.csv"
             model = str(pd.read_csv(answers)["model"].iloc[0]) if answers.is_file() else Path(d).name
+            model = names[i] if names else model
             runs[model if model not in runs else f"{model} ({d})"] = Path(d)
         path = write_comparison(runs, args.out)
     except (ValueError, OSError, KeyError) as err:

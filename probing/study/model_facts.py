@@ -3,13 +3,15 @@
 :data:`MODEL_FACTS` is the one declaration, keyed by the model's name without its organisation
 (``sentence-transformers/all-MiniLM-L6-v2`` and ``all-MiniLM-L6-v2`` are the same entry),
 lower-cased. A model not listed (a local path, a random-init test model) gets a neutral sentence
-that claims nothing about its training.
+that claims nothing about its training, unless it is a directory written by ``probing.pretrain``, whose
+``training.json`` records how it was pretrained (:func:`pretrained_here`).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 #: The checkpoint a claim about BERT's own [CLS]/[SEP] needs, named in every caveat.
 BERT_CHECKPOINT = "bert-base-uncased"
@@ -58,7 +60,36 @@ def model_facts(name: str | None) -> ModelFacts | None:
     """
     if not name:
         return None
-    return MODEL_FACTS.get(PurePosixPath(str(name).replace("\\", "/")).name.lower())
+    return pretrained_here(name) or MODEL_FACTS.get(PurePosixPath(str(name).replace("\\", "/")).name.lower())
+
+
+#: The pretraining objectives in words (``probing.pretrain``'s ``[variant] objective``).
+_OBJECTIVES = {"mlm": "masked language modelling alone", "mlm+nsp": "masked language modelling and next-sentence "
+               "prediction on [CLS]", "mlm+sop": "masked language modelling and sentence-order prediction on [CLS]"}
+
+
+def pretrained_here(name: str) -> ModelFacts | None:
+    """The facts of a model directory written by ``python -m probing.pretrain`` (its ``training.json``), or None
+    for any other name."""
+    record = Path(str(name)) / "training.json"
+    try:
+        r = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else None
+        if r is None:
+            return None
+        v, m, held = r["variant"], r["model"], r["heldout"]
+        layout = (f"[CLS] {v['cls_position']}, {'a' if v['sep'] else 'no'} [SEP] between the segments, "
+                  f"{'with' if v['segments'] else 'without'} segment embeddings")
+        scores = f"held-out MLM accuracy {held['mlm_accuracy']:.2f}"
+        if "pair_accuracy" in held:
+            scores += f", sentence-pair accuracy {held['pair_accuracy']:.2f}"
+        text = (f"a BERT-architecture encoder pretrained here (`probing.pretrain`, the `{r['preset']}` preset: "
+                f"{m['layers']} layers, hidden {m['hidden']}, {r['tokens_seen']:,} training tokens, seed {r['seed']}) "
+                f"with {_OBJECTIVES.get(v['objective'], v['objective'])}; {layout}; {scores}")
+        if r["preset"] != "base":
+            text += "; a small stand-in for BERT, not BERT itself"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not a record this version can read: claim nothing
+    return ModelFacts(text, nsp=v["objective"] == "mlm+nsp")
 
 
 def model_sentence(name: str) -> str:
