@@ -92,6 +92,15 @@ def finding(decision: str, value: float) -> str:
     return f"{decision} {'+' if float(value) >= 0 else '−'}"
 
 
+def _cell(v: Any) -> str:
+    """A facet's value as text: empty where there is none, a whole number without its ``.0``."""
+    if pd.isna(v):
+        return ""
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
 def _rows(tables: Path) -> pd.DataFrame:
     """Every decided row of a run's ``tables/``, keyed by what it measures (module docstring)."""
     frames = []
@@ -105,8 +114,10 @@ def _rows(tables: Path) -> pd.DataFrame:
         keys = [c for c in d.columns if c not in STAT_COLUMNS]
         if "layer" in d.columns:
             ranks = {v: i for i, v in enumerate(sorted(d["layer"].dropna().unique()))}
-            d["layer"] = d["layer"].map(lambda v: f"layer rank {ranks[v]}" if v in ranks else "")
-        cells = d[keys].apply(lambda col: col.map(lambda v: "" if pd.isna(v) else str(v)))  # a facet may be empty
+            last = len(ranks) - 1
+            d["layer"] = d["layer"].map(lambda v: "" if v not in ranks else "last" if ranks[v] == last
+                                        else f"{ranks[v] + 1} of {last + 1}")
+        cells = d[keys].apply(lambda col: col.map(_cell))
         d["key"] = cells.agg(" | ".join, axis=1)
         facets = [c for c in keys if c not in ("measure", "label")]
         d["facets"] = cells[facets].apply(lambda r: ", ".join(f"{c} {v}" for c, v in r.items() if v), axis=1) \
