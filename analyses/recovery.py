@@ -57,6 +57,7 @@ from analyses.results import (
 from analyses.selection import pooled
 from analyses.stats import cache_groups, check_resamples
 from probing.cache import Cache, check_comparable, describe_model
+from probing.workers import cpu_workers, thread_map
 
 #: The L2 strengths tried, per training item (the features are standardised, so ``alpha / n`` is on a fixed
 #: scale); the inner cross-validation picks one per decoder and outer fold, and the table reports how often
@@ -536,8 +537,11 @@ def _recovery_rows(cache, embeddings, swapped, rows_sw, random_cache, random_swa
     cells = [("trained", cache, ch, layer) for ch in choices for layer in layers]
     cells += [("random_init", random_cache, ch, last) for ch in choices if random_cache is not None]
     got, freq = {}, None
-    for kind, source, ch, layer in cells:
-        dec, freq, chosen = content_scores(_vectors(source, layer, ch, keep), Y, groups, outer, **fit)
+    # the cells' decoders are independent: read their vectors here, fit them side by side on every core (one BLAS
+    # thread each, the caller's limit); results come back in the cells' order, so the table does not depend on it
+    inputs = [_vectors(source, layer, ch, keep) for _, source, ch, layer in cells]
+    scored = thread_map(lambda X: content_scores(X, Y, groups, outer, **fit), inputs, cpu_workers(None))
+    for (kind, _, ch, layer), (dec, freq, chosen) in zip(cells, scored):
         got[kind, ch, layer] = dec
         add("content_words", "r_precision", kind, ch, layer, "ridge", dec, groups, chosen)
     add("content_words", "r_precision", "", "", pd.NA, "frequency", freq, groups)

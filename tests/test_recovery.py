@@ -305,3 +305,20 @@ def test_run_recovery_reads_the_sentences_a_short_model_kept(tmp_path, bert_toke
     assert T.loc[T["metric"] == "vocabulary_size", "n"].tolist() == [87]
     scored = T[T["metric"].isin(["r_precision", "accuracy"])]
     assert len(scored) and (scored["n"] <= 87).all() and scored["value"].notna().all()
+
+
+@pytest.mark.slow
+def test_run_recovery_gives_the_same_table_on_one_worker_and_on_two(tiny_caches, tmp_path):
+    """The content decoders of the layers and choices run side by side in workers (one per torch thread); the
+    table is the one a single worker computes, value for value."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        tables = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            tables.append(_run(tiny_caches, tmp_path / f"t{threads}", choices=("cls", "mean")))
+    finally:
+        torch.set_num_threads(before)
+    pd.testing.assert_frame_equal(tables[0], tables[1])
