@@ -10,7 +10,7 @@ import pytest
 
 #: module with a ``main(argv)`` -> whether its work is long (it must take --no-progress).
 COMMANDS: dict[str, bool] = {
-    "probing.extract": True, "probing.study.runner": True,
+    "probing.extract": True, "probing.study.runner": True, "probing.study.across": False,
     "analyses.drift": True, "analyses.cka": True, "analyses.probes": True, "analyses.attention": True,
     "analyses.contextuality": True, "analyses.neighbours": True, "analyses.paired": True,
     "analyses.interventions": True, "analyses.finetune": True, "probing.pretrain": True, "analyses.calibration": True,

@@ -25,17 +25,17 @@ from analyses.finetune._poolings import POOLINGS, Pooling, get_pooling, pool, po
 from analyses.finetune._protocol import (CONDITIONS, PROTOCOL_PRESETS, ProtocolTask, RunSpec, accuracy, compare_runs,
                                          grouped_split, leak_groups, make_task, merge_conditions, run_protocol,
                                          shared_sentences, training_order)
-from analyses.finetune._protocol_tables import protocol_table, run_where
+from analyses.finetune._protocol_tables import majority, protocol_table, run_where
 from analyses.finetune._tasks import NEGATIVES, article_units, next_sentence_examples, pair_topic_examples
 from analyses.finetune._table import BASELINE, RUN_METRICS, SUMMARY_METRICS, diff_label, seed_document_ci
 from analyses.finetune._train import (PooledClassifier, Task, epoch_batches, finetune, render_examples,
                                       sorted_batches, split_unit, train_test_split, training_inputs)
 
 __all__ = ["BASELINE", "CONDITIONS", "NEGATIVES", "POOLINGS", "PRESETS", "PROTOCOL_PRESETS", "ProtocolTask", "RunSpec",
-           "accuracy", "article_units", "compare_runs", "grouped_split", "leak_groups", "make_task", "merge_conditions",
-           "next_sentence_examples", "pair_topic_examples", "protocol_table", "run_protocol", "run_where",
-           "shared_sentences", "training_order", "RUN_METRICS", "SCHEDULES", "SUMMARY_METRICS", "PooledClassifier",
-           "Pooling", "Task", "TrainConfig", "cv_splits", "diff_label", "epoch_batches", "experiment_config",
-           "finetune", "get_pooling", "main", "pool", "pooling_mask", "preset_config", "render_examples",
-           "resolve_autocast", "run_pooling_experiment", "seed_document_ci", "sorted_batches", "split_unit",
-           "train_test_split", "training_inputs"]
+           "accuracy", "article_units", "compare_runs", "grouped_split", "leak_groups", "majority", "make_task",
+           "merge_conditions", "next_sentence_examples", "pair_topic_examples", "protocol_table", "run_protocol",
+           "run_where", "shared_sentences", "training_order", "RUN_METRICS", "SCHEDULES", "SUMMARY_METRICS",
+           "PooledClassifier", "Pooling", "Task", "TrainConfig", "cv_splits", "diff_label", "epoch_batches",
+           "experiment_config", "finetune", "get_pooling", "main", "pool", "pooling_mask", "preset_config",
+           "render_examples", "resolve_autocast", "run_pooling_experiment", "seed_document_ci", "sorted_batches",
+           "split_unit", "train_test_split", "training_inputs"]

@@ -13,6 +13,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "extract": ("probing.extract", "cache hidden states under input formats"),
     "study": ("probing.study", "run a whole study (TOML config): extract, analyse, figures, report"),
+    "across": ("probing.study.across", "which answers hold on every model: compare finished studies"),
     "drift": ("analyses.drift", "cosine drift between two formats' caches"),
     "cka": ("analyses.cka", "CKA between formats, layers and token roles"),
     "probes": ("analyses.probes", "linear probes on cached states"),

@@ -532,7 +532,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-progress", action="store_true", help="no progress bars (the stage log lines stay)")
     args = p.parse_args(argv)
     overrides: dict[str, Any] = {}
-    models = list(dict.fromkeys(args.model or []))
+    models = [m for m in dict.fromkeys(args.model or []) if m]  # an empty --model is no override
     if len(models) == 1:
         overrides["model.name"] = models[0]
     if args.out:

@@ -104,8 +104,7 @@ def change_table(ctx: Context) -> pd.DataFrame:
 def finetune_table(ctx: Context) -> pd.DataFrame:
     """Accuracy concat − pair on the same test items of ``next``, fine-tuned (every training item, the seeds) and
     frozen probes: one ``accuracy_diff`` row each (:func:`analyses.finetune.compare_runs`)."""
-    from analyses.finetune import accuracy, compare_runs
-    from analyses.finetune._protocol_tables import majority
+    from analyses.finetune import accuracy, compare_runs, majority
     from analyses.results import make_table
 
     P = ctx.tables.get("finetune_predictions")
