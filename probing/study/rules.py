@@ -54,6 +54,17 @@ POWER = 0.8
 
 Decision = Literal["yes", "yes_small", "no_difference", "inconclusive", "not_measured"]
 Confidence = Literal["high", "moderate", "low"]
+#: The confidence levels from the weakest to the strongest.
+LEVELS: tuple[Confidence, ...] = ("low", "moderate", "high")
+
+
+def weakest(levels) -> Confidence:
+    """The weakest of some confidence levels: an answer built from several findings is as sure as its least sure.
+
+    >>> weakest(["high", "low", "moderate"])
+    'low'
+    """
+    return min(levels, key=LEVELS.index)
 #: The opening words of each decision, the one declaration every table and sentence uses.
 LABELS: dict[str, str] = {
     "yes": "Yes",

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..answers import Answer
-from ..rules import Rule
+from ..rules import Rule, weakest
 from ..sections import Context, Job, corpus_text, safe_plot
 from ._base import Question
 from ._common import (DERIVED, NEXT, REPLACED, SWAPPED, derived_pairs, next_task, pairs_job, protocol_seeds,
@@ -184,7 +184,6 @@ def _pct(x: float) -> str:
     return f"{x:.1f}%" if abs(x) >= 1 else f"{x:.2f}%"
 
 
-_ORDER = {"low": 0, "moderate": 1, "high": 2}
 #: How the fine-tuned difference reads, by decision.
 _FT_WORDS = {"yes": "a difference that matters", "yes_small": "real but below 2 points",
              "no_difference": "no difference that matters", "inconclusive": "too uncertain to tell",
@@ -237,7 +236,7 @@ def answer(T: dict, decided: pd.DataFrame, cfg) -> Answer:
         conf.append(ft["confidence"])
     else:
         text += " Fine-tuned accuracy was not measured in this run."
-    return Answer(text, min(conf, key=lambda c: _ORDER[c]))
+    return Answer(text, weakest(conf))
 
 
 def _cell(r) -> str:

@@ -21,7 +21,7 @@ from typing import Callable
 import pandas as pd
 
 from ..answers import Answer, not_measured
-from ..rules import LABELS, Rule
+from ..rules import LABELS, Rule, weakest
 from ..sections import Context
 from ._base import Question, Tables
 from ._common import (NEXT, budget_words, chance, diff_cell, learnt, model_name, preset_words, task_words,
@@ -104,7 +104,7 @@ def answer(T: Tables, decided: pd.DataFrame, cfg) -> Answer:
     where = (f"next-sentence accuracy is {_pct(acc['first']['value'])} with [CLS] first, "
              f"{_pct(acc['middle']['value'])} middle, {_pct(acc['last']['value'])} last")
     decisions = set(ft["decision"])
-    confidence = min(ft["confidence"], key=["low", "moderate", "high"].index)
+    confidence = weakest(ft["confidence"])
     floor = chance(T[TABLE], NEXT)
     if not learnt(T[TABLE], acc["first"]):
         return Answer(f"This run cannot tell: fine-tuned at this budget the model did not learn the task ({where}; "

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ..answers import Answer
-from ..rules import Rule
+from ..rules import Rule, weakest
 from ..sections import Context, Job, corpus_text, safe_plot
 from ._base import Question
 
@@ -169,7 +169,6 @@ def _row(decided: pd.DataFrame, measure: str, pooling: str):
     return d.iloc[0] if len(d) else None
 
 
-_ORDER = {"low": 0, "moderate": 1, "high": 2}
 
 
 def _found(r) -> bool:
@@ -198,7 +197,7 @@ def answer(T: dict, decided: pd.DataFrame, cfg) -> Answer:
         conf.append(minimal["confidence"])
     else:
         text += "."
-    return Answer(text, min(conf, key=lambda c: _ORDER[c]))
+    return Answer(text, weakest(conf))
 
 
 def _ci(r) -> str:
