@@ -6,7 +6,10 @@
 # 2. extraction throughput of a bert-base-size random-init model in bfloat16, [CLS]+[SEP] and all tokens,
 #    and of a one-layer model on the GPU: the host path's own rate (tokenizing, laying out, batching), the
 #    most any model's extraction can reach on this machine;
-# 3. the probe and CKA benchmarks on the GPU.
+# 3. the probe and CKA benchmarks on the GPU;
+# 4. the why study (python -m probing.study.why, docs/WHY.md) with the `small` pretraining preset: its report goes to
+#    $OUT/why_questions (copy it to docs/why_questions); WHY_STEPS pretraining steps per run (default 1000),
+#    WHY_CONFIG the config (default why_questions) and WHY_ARGS appended to the command.
 # Each step has its own time limit (seconds, environment variables below) and the script goes on past a
 # failed step; its exit status is the number of failed steps.
 # A rehearsal on any machine (tests/test_benchmarks.py runs one on the CPU, so that the few minutes of a
@@ -34,10 +37,11 @@ N_CLS=${N_CLS:-20000}       # pairs for the [CLS]+[SEP] extraction
 N_ALL=${N_ALL:-5000}        # pairs for the all-tokens extraction (about 0.6 MB of cache per pair)
 DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bfloat16}
-STEPS=${STEPS:-tests,extract-cls-sep,extract-host-path,extract-all,probes,cka}
+STEPS=${STEPS:-tests,extract-cls-sep,extract-host-path,extract-all,probes,cka,why}
 read -r -a EXTRACT_EXTRA <<< "${EXTRACT_ARGS:-}"
 read -r -a PROBE_EXTRA <<< "${PROBE_ARGS:-}"
 read -r -a CKA_EXTRA <<< "${CKA_ARGS:-}"
+read -r -a WHY_EXTRA <<< "${WHY_ARGS:-}"
 failed=0
 step() {  # step NAME LIMIT_S COMMAND...  (NAME.baseline: the same step on BASELINE_TREE's code)
   local name=$1 limit=$2; shift 2
@@ -68,5 +72,8 @@ extract extract-all "${T_ALL:-150}" --random-init-size base --device "$DEVICE" \
   --dtype "$DTYPE" --corpus "generated:n=$N_ALL,k=2" --roles all --batch-tokens 65536 --max-batch 4096 --naive-examples 2000 --repeats 1
 step probes "${T_PROBE:-120}" $PY benchmarks/probe_speed.py --device "$DEVICE" "${PROBE_EXTRA[@]}"
 step cka "${T_CKA:-120}" $PY benchmarks/cka_speed.py --device "$DEVICE" "${CKA_EXTRA[@]}"
+TAIL=12 step why "${T_WHY:-420}" $PY -m probing.study.why "${WHY_CONFIG:-why_questions}" --preset "${WHY_PRESET:-small}" \
+  --steps "${WHY_STEPS:-1000}" --device "$DEVICE" --out "$OUT/why_questions" --pretrain-out "$OUT/why-pretrain" \
+  --no-progress "${WHY_EXTRA[@]}"
 echo "== failed steps: $failed"
 exit $failed

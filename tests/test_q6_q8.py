@@ -77,6 +77,15 @@ def test_q6_finds_a_planted_cost_of_the_last_position():
     assert "| last (`cls_last`) |" in ev and "700 training items, 1 epoch (44 steps of 16)" in ev and "2 seeds" in ev
 
 
+def test_q6_says_when_only_the_first_position_learnt_the_task():
+    """A moved [CLS] at chance is not "position matters once fine-tuned": that model did not learn the task."""
+    P = _predictions(q6.runs(CFG), lambda s: 0.5 if s.format in ("cls_mid", "cls_last") and not s.frozen else 0.75)
+    T = q6.analyse(_ctx(P))
+    a = q6.answer(T, _decided(q6.QUESTION, T), CFG)
+    assert a.text.startswith("At this budget only [CLS] first learnt the task")
+    assert "with [CLS] middle and last no better than always guessing (50%)" in a.text and a.words <= MAX_WORDS
+
+
 def test_q6_answers_a_null_as_no_difference():
     P = _predictions(q6.runs(CFG), lambda s: 0.7)
     T = q6.analyse(_ctx(P))

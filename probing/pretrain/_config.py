@@ -146,6 +146,8 @@ class TrainConfig:
     log_every: steps per point of the loss curve. eval_pairs: held-out pairs evaluated at the end.
     autocast: bfloat16 autocast of forward and loss; ``auto``: only where the device computes bfloat16
     natively (:func:`probing.models.native_bfloat16`). grad_clip: largest gradient norm (BERT's 1.0).
+    snapshots: steps (0: the initial weights) at which the model is also written as a model directory
+    ``<run>/step<k>/``, to measure how a representation forms during pretraining; changes no number.
     """
 
     steps: int = setting(3000, ge=1)
@@ -160,6 +162,12 @@ class TrainConfig:
     eval_pairs: int = setting(2000, ge=1)
     autocast: bool | Literal["auto"] = setting("auto")
     grad_clip: float = setting(1.0, gt=0)
+    snapshots: tuple[int, ...] = setting((), ge=0, check=_distinct)
+
+    def __post_init__(self) -> None:
+        late = [k for k in self.snapshots if k > self.steps]
+        if late:
+            raise ValueError(f"snapshots {late} lie beyond steps = {self.steps}")
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,12 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
+
+from probing.heldout import is_heldout, unit
 
 from probing.corpus_news import PTB_NSP_MIN_DISTANCE
 from probing.corpus_pairs import INSTALL_HINT
@@ -39,7 +41,7 @@ from ._config import CorpusConfig, Variant
 
 __all__ = [
     "Batch", "Corpus", "Document", "Instance", "Layout", "SPECIALS_BUDGET", "check_sources", "epoch_instances",
-    "heldout_instances", "make_batch", "pretraining_format", "pretraining_template", "read_corpus",
+    "heldout_instances", "is_heldout", "make_batch", "pretraining_format", "pretraining_template", "read_corpus",
 ]
 
 #: Special tokens in the longest pretraining layout ([CLS] A [SEP] B [SEP]): the text budget is the rest.
@@ -104,9 +106,7 @@ def _expand(pattern: str) -> list[Path]:
     return sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
 
 
-def _unit(text: str, salt: str) -> float:
-    """A fixed pseudo-random number in [0, 1) for ``text``: the same on every machine and run."""
-    return int(hashlib.sha256(f"{salt}:{text}".encode()).hexdigest()[:15], 16) / 16 ** 15
+_unit = unit
 
 
 def _split_sentences(text_lines: Sequence[str], how: str) -> list[str]:
@@ -150,11 +150,14 @@ def _read_files(cfg: CorpusConfig) -> list[Document]:
     return docs
 
 
-def _read_bbc() -> list[Document]:
+def _read_bbc(keep: Callable[[str], bool] | None = None) -> list[Document]:
+    """BBC News articles as documents (``keep``: only those whose id it accepts; the others are not split)."""
     from probing.corpus_news import bbc_article_paths, bbc_article_sentences
 
     docs = []
     for path in bbc_article_paths():
+        if keep is not None and not keep(f"bbc/{path.parent.name}/{path.stem}"):
+            continue
         sentences = bbc_article_sentences(path)
         if sentences:
             docs.append(Document(f"bbc/{path.parent.name}/{path.stem}", tuple(sentences)))
@@ -177,6 +180,19 @@ def _fingerprint(train: Sequence[Document], heldout: Sequence[Document]) -> str:
     return h.hexdigest()
 
 
+def _bbc_needed(cfg: CorpusConfig) -> Callable[[str], bool] | None:
+    """With ``max_documents``, the BBC ids a corpus keeps (held out, or among the first training ids in the hashed
+    order), known from the file names alone: the other articles need not be split into sentences (pysbd is slow)."""
+    if cfg.max_documents is None:
+        return None
+    from probing.corpus_news import bbc_article_paths
+
+    ids = [f"bbc/{p.parent.name}/{p.stem}" for p in bbc_article_paths()]
+    train = sorted((i for i in ids if not is_heldout(i, cfg.heldout_fraction)), key=lambda i: _unit(i, "order"))
+    wanted = set(train[:cfg.max_documents])
+    return lambda i: i in wanted or is_heldout(i, cfg.heldout_fraction)
+
+
 def read_corpus(cfg: CorpusConfig) -> Corpus:
     """The training and held-out documents of ``cfg`` (:class:`probing.pretrain.CorpusConfig` says how each
     source becomes documents). Held out: documents whose id hashes below ``heldout_fraction`` (PTB: its
@@ -190,9 +206,9 @@ def read_corpus(cfg: CorpusConfig) -> Corpus:
         if source == "ptb":
             own_train, own_heldout = _read_ptb("train"), _read_ptb("valid")
         else:
-            docs = _read_bbc() if source == "bbc" else _read_files(cfg)
-            own_heldout = [d for d in docs if _unit(d.id, "heldout") < cfg.heldout_fraction]
-            own_train = [d for d in docs if _unit(d.id, "heldout") >= cfg.heldout_fraction]
+            docs = _read_bbc(_bbc_needed(cfg)) if source == "bbc" else _read_files(cfg)
+            own_heldout = [d for d in docs if is_heldout(d.id, cfg.heldout_fraction)]
+            own_train = [d for d in docs if not is_heldout(d.id, cfg.heldout_fraction)]
         if cfg.max_documents is not None and len(own_train) > cfg.max_documents:
             keep = set(sorted((d.id for d in own_train), key=lambda i: _unit(i, "order"))[:cfg.max_documents])
             own_train = [d for d in own_train if d.id in keep]

@@ -34,7 +34,8 @@ from ._data import (SPECIALS_BUDGET, Corpus, Layout, epoch_instances, heldout_in
 from ._model import build_model, pretraining_logits, save_model_dir
 from ._tokenizer import TOKENIZER_RECORD, load_tokenizer, read_record, train_tokenizer
 
-__all__ = ["RUN_RECORD", "TRAINING_RECORD", "evaluate", "pretrain", "run_dir", "train_run", "train_step"]
+__all__ = ["RUN_RECORD", "TRAINING_RECORD", "evaluate", "pretrain", "run_dir", "snapshot_dir", "train_run",
+           "train_step"]
 
 #: Written when a run finishes (its presence means the run is complete); see docs/PRETRAIN.md.
 TRAINING_RECORD = "training.json"
@@ -212,7 +213,8 @@ def make_optimizer(model, train: TrainConfig):
 
 def _identity(cfg: PretrainConfig, variant: Variant, seed: int, corpus: Corpus, tokenizer_sha: str) -> dict:
     """What defines a run (written to ``run.json``): a directory holding a run with another identity is refused."""
-    train = {k: v for k, v in asdict(cfg.train).items() if k != "checkpoint_every"}  # changes no number
+    # checkpoints and snapshots change no number
+    train = {k: v for k, v in asdict(cfg.train).items() if k not in ("checkpoint_every", "snapshots")}
     return {"variant": asdict(variant), "seed": seed, "model": asdict(cfg.model), "train": train,
             "corpus": {"sources": list(cfg.corpus.sources), "fingerprint": corpus.fingerprint},
             "tokenizer_sha256": tokenizer_sha}
@@ -262,6 +264,11 @@ def train_run(cfg: PretrainConfig, variant: Variant, seed: int, corpus: Corpus, 
         state["wall"] = wall_before + time.perf_counter() - started
         save_checkpoint(directory, model, optimizer, scheduler, state)
 
+    def snapshot() -> None:
+        if state["step"] in train.snapshots and not (snapshot_dir(directory, state["step"]) / "config.json").is_file():
+            _write_model_dir(snapshot_dir(directory, state["step"]), model, tokenizer, seed)
+
+    snapshot()
     bar = tqdm(total=train.steps, initial=state["step"], disable=not progress, desc=f"{variant.name} seed {seed}",
                unit="step", dynamic_ncols=True)
     while state["step"] < train.steps:
@@ -297,6 +304,7 @@ def train_run(cfg: PretrainConfig, variant: Variant, seed: int, corpus: Corpus, 
                 state["window"] = {"n": 0, "loss": 0.0, "mlm": 0.0, "pair": 0.0}
                 bar.set_postfix(loss=f"{point['loss']:.3f}", refresh=False)
             bar.update(1)
+            snapshot()
             if state["step"] % train.checkpoint_every == 0 or state["step"] == train.steps:
                 checkpoint()
             if state["step"] == train.steps:
@@ -324,16 +332,28 @@ def train_run(cfg: PretrainConfig, variant: Variant, seed: int, corpus: Corpus, 
     return directory
 
 
-def _finish(directory: Path, model, tokenizer, seed: int, record: dict) -> None:
-    """Write the model directory's files beside the run's records, ``training.json`` last, then drop the
-    checkpoint: a kill before the last rename leaves the checkpoint, from which the run writes them again."""
+def snapshot_dir(directory: str | os.PathLike, step: int) -> Path:
+    """Where a run writes its snapshot at ``step`` (``[train] snapshots``): ``<run>/step<step>``."""
+    return Path(directory) / f"step{step}"
+
+
+def _write_model_dir(directory: Path, model, tokenizer, seed: int) -> None:
+    """The model directory's files, each renamed into ``directory`` from a staging folder, ``config.json`` last
+    (so a directory with ``config.json`` is complete). The model is put back in training mode."""
     staging = directory / ".final.tmp"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     save_model_dir(model, tokenizer, staging, seed)
-    for path in sorted(staging.iterdir()):
+    model.train()
+    for path in sorted(staging.iterdir(), key=lambda p: p.name == "config.json"):
         os.replace(path, directory / path.name)
     staging.rmdir()
+
+
+def _finish(directory: Path, model, tokenizer, seed: int, record: dict) -> None:
+    """Write the model directory's files beside the run's records, ``training.json`` last, then drop the
+    checkpoint: a kill before the last rename leaves the checkpoint, from which the run writes them again."""
+    _write_model_dir(directory, model, tokenizer, seed)
     write_json(directory / TRAINING_RECORD, record)
     clear_checkpoints(directory)
 

@@ -344,6 +344,11 @@ def config_path(config: str | os.PathLike) -> Path:
     name = path.name.removesuffix(".toml")
     if str(config) in (name, f"{name}.toml") and (CONFIG_DIR / f"{name}.toml").is_file():
         return CONFIG_DIR / f"{name}.toml"
+    from probing.study.why.config import CONFIG_DIR as WHY_DIR
+
+    if str(config) in (name, f"{name}.toml") and (WHY_DIR / f"{name}.toml").is_file():
+        raise StudyError(f"{name!r} is the why study's config, which pretrains models: run "
+                         f"python -m probing.study.why {name} (docs/WHY.md)")
     raise StudyError(f"config {str(config)!r} is neither a file nor a packaged config; "
                      f"packaged: {', '.join(packaged_configs())}")
 

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "interventions": ("analyses.interventions", "effects of knockouts, ablations and patches"),
     "pooling": ("analyses.finetune", "fine-tune with different pooling choices"),
     "pretrain": ("probing.pretrain", "pretrain BERT-architecture encoders from scratch, one choice changed at a time"),
+    "why": ("probing.study.why", "the why study: pretrain variants, measure each, answer why [CLS] is first and more"),
     "calibration": ("analyses.calibration", "does a model pretrained here behave like BERT? (MLM, [SEP], anisotropy)"),
     "figures": ("figures.__main__", "draw a figure from a result table"),
 }

@@ -239,7 +239,8 @@ def answer(T: dict, decided: pd.DataFrame, cfg) -> Answer:
     ko = _row(decided, "knockout")
     if ko is not None and ko["decision"] != "not_measured":
         v = float(ko["value"])
-        text += f" Fine-tuned, knocking out attention to [SEP] moves accuracy {_pts(v)} points against a control."
+        text += (f" Fine-tuned, knocking out attention to [SEP] moves accuracy {_pts(v)} points against a control "
+                 f"(CI {_pts(ko['ci_low'])} to {_pts(ko['ci_high'])}).")
     return Answer(text, beyond["confidence"])
 
 

@@ -116,8 +116,14 @@ def answer(T: Tables, decided: pd.DataFrame, cfg) -> Answer:
     elif "yes" in decisions:
         worst = ft.loc[ft.loc[ft["decision"] == "yes", "value"].abs().idxmax()]
         side = "loses" if worst["value"] < 0 else "gains"
-        text = (f"Position matters even after fine-tuning: [CLS] {worst['cls_position']} {side} "
-                f"{rule.show(abs(worst['value']))} against first ({where}).")
+        unlearnt = [pos for pos in ("middle", "last") if pos in acc and not learnt(T[TABLE], acc[pos])]
+        if unlearnt and worst["value"] < 0:
+            text = (f"At this budget only [CLS] first learnt the task: {where}, with [CLS] "
+                    f"{' and '.join(unlearnt)} no better than always guessing ({_pct(floor)}); "
+                    f"[CLS] {worst['cls_position']} {side} {rule.show(abs(worst['value']))}.")
+        else:
+            text = (f"Position matters even after fine-tuning: [CLS] {worst['cls_position']} {side} "
+                    f"{rule.show(abs(worst['value']))} against first ({where}).")
     elif decisions <= {"no_difference", "yes_small"}:
         text = (f"Once fine-tuned, position hardly matters: {where}; any difference is below "
                 f"{rule.show(rule.threshold)}.")

@@ -1,0 +1,366 @@
+"""The why study: pretraining variants measured on the same held-out text, the pretraining seed a unit of every
+interval (docs/WHY.md).
+
+Each pretrained model (variant x seed, and the reference variant's snapshots) goes through the seed questions'
+fine-tuning protocol (:func:`analyses.finetune.run_protocol`) on one document-grouped split of BBC pairs drawn
+from the articles the pretraining held out: frozen probes (a logistic regression on the frozen last layer at a
+token) and fine-tuned runs (every weight), each predicting the same test items. The predictions of all models
+form one table whose ``seed`` column is the *pretraining* seed, so :func:`analyses.finetune.compare_runs`
+resamples pretraining seeds, then test documents: what a comparison says holds across pretrainings, not for
+one.
+
+The four questions, each a family of comparison rows decided by :mod:`probing.study.rules`:
+
+* ``first``: why is [CLS] first? A model pretrained with the classification token last against the reference
+  (first), each fine-tuned and probed with the token at its own position and at the other's.
+* ``nsp``: what does next-sentence prediction put into [CLS] and [SEP]? The reference (MLM + NSP) and MLM +
+  SOP against MLM alone: frozen probes at [CLS], the middle [SEP] and the mean of the tokens for ``next``
+  (other-topic negatives), ``next_article`` (same-article negatives) and ``topic``.
+* ``sep``: does dropping [SEP] matter more to a model pretrained with it? ``pair`` against ``concat_segments``
+  (the same tokens without the middle [SEP]) on the reference and on a model pretrained without it: each
+  model's change and the difference of the two changes.
+* ``learning``: how does [CLS] learn? Frozen [CLS] probes on the reference's snapshots, from its initial
+  weights to the end of pretraining.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from probing.study.rules import LABELS, Rule, display, weakest
+
+from .config import WhyConfig
+
+__all__ = ["QUESTIONS", "RULES", "WhyResult", "comparison_rows", "model_runs", "specs_for"]
+
+#: The questions in the askers' words (the threads the toolkit's questions come from).
+QUESTIONS: dict[str, str] = {
+    "first": "Why is [CLS] always the first token? Why not the last?",
+    "nsp": "What does next-sentence prediction put into [CLS] and [SEP]?",
+    "sep": "Does dropping [SEP] matter more to a model that was pretrained with it?",
+    "learning": "How does [CLS] learn to represent the sequence?",
+}
+
+RULES: dict[str, Rule] = {
+    "finetuned": Rule("fine-tuned accuracy difference", "accuracy points", 0.02,
+                      why="below 2 points practitioners do not change a format or a pretraining (the seed "
+                          "questions' Q6 yardstick)"),
+    "frozen": Rule("frozen-probe accuracy difference", "accuracy points", 0.02,
+                   why="the same yardstick as the fine-tuned rows"),
+}
+
+#: Tasks: name -> (the [why] corpus key, the label).
+TASKS = {"next": ("pairs", "is_next"), "topic": ("pairs", "topic"), "next_article": ("pairs_article", "is_next")}
+TASK_WORDS = {"next": "is_next (other-topic negatives)", "next_article": "is_next (same-article negatives)",
+              "topic": "topic"}
+#: Where the classification token is read: format -> words.
+POSITION = {"pair": "first", "cls_last": "last"}
+TOKENS = {"cls": "[CLS]", "sep1": "the middle [SEP]", "mean": "the mean of the tokens"}
+
+
+@dataclass(frozen=True)
+class Model:
+    """One pretrained model of the study: its role (``reference`` or a key of :data:`probing.study.why.ROLES`), the
+    pretraining seed, the snapshot step (None: the finished run) and its directory."""
+
+    role: str
+    seed: int
+    step: int | None
+    path: Path
+
+
+def specs_for(role: str, snapshot: bool = False):
+    """The protocol runs of a model in ``role`` (module docstring)."""
+    from analyses.finetune import RunSpec
+
+    frozen = [RunSpec(t, "pair", "cls", frozen=True) for t in TASKS]
+    if snapshot:
+        return frozen
+    if role in ("reference", "mlm", "sop"):
+        frozen += [RunSpec(t, "pair", p, frozen=True) for t in TASKS for p in ("sep1", "mean")]
+    tuned = []
+    if role in ("reference", "last"):
+        frozen += [RunSpec(t, "cls_last", "cls", frozen=True) for t in TASKS]
+        tuned += [RunSpec("next", "pair", "cls"), RunSpec("next", "cls_last", "cls")]
+    if role in ("reference", "nosep"):
+        frozen += [RunSpec("next", "concat_segments", "cls", frozen=True)]
+        tuned += [RunSpec("next", "pair", "cls"), RunSpec("next", "concat_segments", "cls")]
+    return list(dict.fromkeys(frozen + tuned))
+
+
+def model_runs(cfg: WhyConfig) -> list[Model]:
+    """Every model the study measures, finished runs and snapshots; the directories need not exist yet."""
+    from probing.pretrain._train import run_dir, snapshot_dir
+
+    from .config import ROLES
+
+    out = cfg.pretrain.run.out
+    roles = [("reference", cfg.reference)] + [(r, cfg.variant(r)) for r in ROLES if cfg.variant(r) is not None]
+    models = [Model(role, seed, None, run_dir(out, v, seed)) for role, v in roles for seed in cfg.pretrain.run.seeds]
+    models += [Model("reference", seed, step, snapshot_dir(run_dir(out, cfg.reference, seed), step))
+               for seed in cfg.pretrain.run.seeds for step in sorted(cfg.pretrain.train.snapshots)]
+    return models
+
+
+def _tasks(cfg: WhyConfig):
+    from analyses.finetune import make_task
+    from probing.corpora import load_corpus
+
+    held = cfg.pretrain.corpus.heldout_fraction
+    corpora = {key: load_corpus(f"{getattr(cfg.why, key)},pretrain_heldout={held}")
+               for key in ("pairs", "pairs_article")}
+    return {name: make_task(corpora[key], label) for name, (key, label) in TASKS.items()}
+
+
+def predictions(cfg: WhyConfig, models: list[Model], *, force: bool = False, progress: bool = True,
+                log: Callable[[str], None] = print) -> pd.DataFrame:
+    """Every model's protocol predictions in one table, ``seed`` the pretraining seed, with ``role`` and ``step``
+    (the pretraining step: the run's last for a finished run)."""
+    from analyses.finetune import run_protocol
+
+    tasks = _tasks(cfg)
+    frames = []
+    final = cfg.pretrain.train.steps
+    for m in models:
+        log(f"measuring {m.role} seed {m.seed}" + (f" at step {m.step}" if m.step is not None else ""))
+        P = run_protocol(tasks, specs_for(m.role, m.step is not None), model=str(m.path),
+                         preset=cfg.why.finetune_preset, device=cfg.why.device, out=Path(cfg.why.out) / ".results",
+                         force=force, progress=progress, log=None, epochs=cfg.why.epochs, lr=cfg.why.lr,
+                         head_lr=cfg.why.head_lr)
+        P = P.assign(role=m.role, step=final if m.step is None else m.step, seed=m.seed)
+        frames.append(P)
+    return pd.concat(frames, ignore_index=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# comparisons
+
+def _where(role: str, task: str, fmt: str, pooling: str, frozen: bool, step: int) -> dict:
+    return {"role": role, "task": task, "format": fmt, "pooling": pooling, "frozen": frozen, "step": step}
+
+
+def _row(P, a: dict, b: dict, *, question: str, label: str, n_resamples: int, **facets) -> dict | None:
+    from analyses.finetune import compare_runs
+
+    if not (_has(P, a) and _has(P, b)):
+        return None
+    c = compare_runs(P, a, b, n_resamples=n_resamples)
+    kind = "frozen" if a["frozen"] else "finetuned"
+    return {"question": question, "family": f"{question}/{kind}", "measure": kind, "label": label,
+            "representation": "frozen probe" if a["frozen"] else "fine-tuned", **facets,
+            "value": c["value"], "se": c["se"], "value_a": c["value_a"], "value_b": c["value_b"],
+            "n_items": c["n_items"], "n_seeds": c["n_seeds"], "n_groups": c["n_groups"]}
+
+
+def _has(P: pd.DataFrame, where: dict) -> bool:
+    return not _items_by_seed(P, where).empty
+
+
+def _items_by_seed(P: pd.DataFrame, where: dict) -> pd.DataFrame:
+    """``(items x pretraining seeds)`` correctness of the runs ``where`` selects."""
+    sel = np.ones(len(P), bool)
+    for k, v in where.items():
+        sel &= (P[k] == v).to_numpy()
+    return P[sel].pivot_table(index="item", columns="seed", values="correct", aggfunc="mean")
+
+
+def _interaction(P, a0: dict, a1: dict, b0: dict, b1: dict, *, question: str, label: str, n_resamples: int,
+                 **facets) -> dict | None:
+    """``(a1 − a0) − (b1 − b0)``: how much more one model's accuracy changes than another's, paired by item and
+    pretraining seed, with the two-stage bootstrap (:func:`analyses.finetune.seed_document_ci`)."""
+    from analyses.finetune import seed_document_ci
+
+    if not all(_has(P, w) for w in (a0, a1, b0, b1)):
+        return None
+    parts = [_items_by_seed(P, w) for w in (a0, a1, b0, b1)]
+    items = parts[0].index
+    for p in parts[1:]:
+        items = items.intersection(p.index)
+    parts = [p.loc[items].to_numpy(float) for p in parts]
+    if len({p.shape[1] for p in parts}) != 1:
+        return None
+    A, B = parts[1] - parts[0], parts[3] - parts[2]
+    docs = P.drop_duplicates("item").set_index("item").loc[items, "doc"].to_numpy()
+    value, _, _, se = seed_document_ci(A, B, docs, n_resamples=n_resamples)
+    kind = "frozen" if a0["frozen"] else "finetuned"
+    return {"question": question, "family": f"{question}/{kind}", "measure": kind, "label": label,
+            "representation": "frozen probe" if a0["frozen"] else "fine-tuned", **facets, "value": value, "se": se,
+            "value_a": float(A.mean()), "value_b": float(B.mean()), "n_items": len(items), "n_seeds": A.shape[1],
+            "n_groups": len(np.unique(docs))}
+
+
+def comparison_rows(P: pd.DataFrame, final_step: int, n_resamples: int = 1000) -> pd.DataFrame:
+    """The comparison rows of the four questions (module docstring), before decisions."""
+    rows: list[dict | None] = []
+    R = n_resamples
+    end = final_step
+    for frozen in (False, True):
+        tasks = ("next", "topic") if frozen else ("next",)
+        for task in tasks:
+            ref_first = _where("reference", task, "pair", "cls", frozen, end)
+            ref_last = _where("reference", task, "cls_last", "cls", frozen, end)
+            last_last = _where("last", task, "cls_last", "cls", frozen, end)
+            last_first = _where("last", task, "pair", "cls", frozen, end)
+            rows += [
+                _row(P, ref_first, last_last, question="first", task=task, n_resamples=R,
+                     label="pretrained last, read last − pretrained first, read first"),
+                _row(P, ref_first, ref_last, question="first", task=task, n_resamples=R,
+                     label="pretrained first: read last − read first"),
+                _row(P, last_last, last_first, question="first", task=task, n_resamples=R,
+                     label="pretrained last: read first − read last"),
+            ]
+        a0 = _where("reference", "next", "pair", "cls", frozen, end)
+        a1 = _where("reference", "next", "concat_segments", "cls", frozen, end)
+        b0 = _where("nosep", "next", "pair", "cls", frozen, end)
+        b1 = _where("nosep", "next", "concat_segments", "cls", frozen, end)
+        rows += [
+            _row(P, a0, a1, question="sep", task="next", n_resamples=R,
+                 label="pretrained with [SEP]: without − with"),
+            _row(P, b0, b1, question="sep", task="next", n_resamples=R,
+                 label="pretrained without [SEP]: without − with"),
+            _interaction(P, a0, a1, b0, b1, question="sep", task="next", n_resamples=R,
+                         label="change of the model pretrained with [SEP] − of the one without"),
+        ]
+    for other, words in (("reference", "MLM + NSP − MLM"), ("sop", "MLM + SOP − MLM")):
+        for pooling in TOKENS:
+            for task in TASKS:
+                rows.append(_row(P, _where("mlm", task, "pair", pooling, True, end),
+                                 _where(other, task, "pair", pooling, True, end), question="nsp", task=task,
+                                 pooling=pooling, label=words, n_resamples=R))
+    steps = sorted(set(P.loc[P["role"] == "reference", "step"]))
+    for task in TASKS:
+        for step in steps[1:]:
+            rows.append(_row(P, _where("reference", task, "pair", "cls", True, steps[0]),
+                             _where("reference", task, "pair", "cls", True, step), question="learning", task=task,
+                             step=int(step), label=f"step {step} − step {steps[0]}", n_resamples=R))
+    return pd.DataFrame([r for r in rows if r is not None])
+
+
+def accuracy_table(P: pd.DataFrame, n_resamples: int = 1000) -> pd.DataFrame:
+    """Accuracy of every (role, step, task, format, pooling, frozen) over pretraining seeds and test items, with
+    the two-stage bootstrap interval."""
+    from analyses.finetune import accuracy
+
+    rows = []
+    keys = ["role", "step", "task", "format", "pooling", "frozen"]
+    for values, _ in P.groupby(keys, sort=True):
+        where = dict(zip(keys, values))
+        a = accuracy(P, where, n_resamples=n_resamples)
+        rows.append({**where, "accuracy": a["value"], "ci_low": a["ci_low"], "ci_high": a["ci_high"],
+                     "n_items": a["n_items"], "n_seeds": a["n_seeds"]})
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# answers
+
+def _pts(x: float) -> str:
+    return f"{x * 100:+.1f}"
+
+
+def _pick(rows: pd.DataFrame, **where) -> pd.Series | None:
+    sel = rows
+    for k, v in where.items():
+        if k not in sel.columns:
+            return None
+        sel = sel[sel[k] == v]
+    return None if sel.empty else sel.iloc[0]
+
+
+def _ci(r: pd.Series) -> str:
+    return f"CI {_pts(r['ci_low'])} to {_pts(r['ci_high'])}"
+
+
+def answers(rows: pd.DataFrame, acc: pd.DataFrame) -> dict[str, tuple[str, str]]:
+    """Question -> (answer text, confidence word), each from the decided rows."""
+    out: dict[str, tuple[str, str]] = {}
+    own = _pick(rows, question="first", representation="fine-tuned", task="next",
+                label="pretrained last, read last − pretrained first, read first")
+    moved = _pick(rows, question="first", representation="fine-tuned", task="next",
+                  label="pretrained first: read last − read first")
+    if own is None:
+        out["first"] = ("Not measured: the config pretrains no model with [CLS] last.", "low")
+    else:
+        text = (f"Fine-tuned on next-sentence pairs, a model pretrained with [CLS] last and read there scores "
+                f"{_pts(own['value'])} points against BERT's layout ({_ci(own)}: {LABELS[own['decision']].lower()})")
+        if moved is not None:
+            text += (f"; moving [CLS] of a first-pretrained model to the end changes {_pts(moved['value'])} points "
+                     f"({LABELS[moved['decision']].lower()})")
+        out["first"] = (text + ".", weakest([own["confidence"]] + ([moved["confidence"]] if moved is not None else [])))
+    parts, confs = [], []
+    for pooling in ("cls", "sep1"):
+        r = _pick(rows, question="nsp", label="MLM + NSP − MLM", task="next", pooling=pooling)
+        if r is not None:
+            parts.append(f"{TOKENS[pooling]} {_pts(r['value'])} points ({_ci(r)})")
+            confs.append(r["confidence"])
+    topic = _pick(rows, question="nsp", label="MLM + NSP − MLM", task="topic", pooling="cls")
+    if parts:
+        text = ("Against MLM alone, next-sentence prediction changes what a frozen probe reads of is_next from "
+                + " and ".join(parts))
+        if topic is not None:
+            text += f"; of the topic from [CLS] {_pts(topic['value'])} points"
+        out["nsp"] = (text + ".", weakest(confs))
+    else:
+        out["nsp"] = ("Not measured: the config pretrains no MLM-only model.", "low")
+    ref = _pick(rows, question="sep", representation="fine-tuned", label="pretrained with [SEP]: without − with")
+    inter = _pick(rows, question="sep", representation="fine-tuned",
+                  label="change of the model pretrained with [SEP] − of the one without")
+    nos = _pick(rows, question="sep", representation="fine-tuned", label="pretrained without [SEP]: without − with")
+    if ref is None or inter is None or nos is None:
+        out["sep"] = ("Not measured: the config pretrains no model without [SEP].", "low")
+    else:
+        out["sep"] = (f"Fine-tuned without the middle [SEP], a model pretrained with it changes {_pts(ref['value'])} "
+                      f"points, one pretrained without {_pts(nos['value'])}; the difference, {_pts(inter['value'])} "
+                      f"points ({_ci(inter)}), is {LABELS[inter['decision']].lower()}.", inter["confidence"])
+    learn = acc[(acc["role"] == "reference") & (acc["format"] == "pair") & (acc["pooling"] == "cls") & acc["frozen"]]
+    if learn["step"].nunique() < 2:
+        out["learning"] = ("Not measured: the config keeps no snapshots ([pretrain.train] snapshots).", "low")
+    else:
+        bits = []
+        for task in ("topic", "next"):
+            t = learn[learn["task"] == task].sort_values("step")
+            path = " → ".join(f"{a * 100:.0f}%" for a in t["accuracy"])
+            bits.append(f"{TASK_WORDS[task].split(' (')[0]} {path}")
+        steps = "/".join(str(int(s)) for s in sorted(learn["step"].unique()))
+        final = _pick(rows, question="learning", task="topic", step=int(learn["step"].max()))
+        conf = final["confidence"] if final is not None else "low"
+        out["learning"] = (f"Frozen [CLS] readouts at steps {steps}: " + "; ".join(bits) + ".", conf)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the run
+
+@dataclass
+class WhyResult:
+    out: Path
+    predictions: pd.DataFrame
+    rows: pd.DataFrame
+    accuracy: pd.DataFrame
+    answers: dict[str, tuple[str, str]]
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def pretraining_records(models: list[Model]) -> pd.DataFrame:
+    """One row per finished run: variant, seed, steps, tokens seen, held-out MLM and pair accuracy, wall time."""
+    rows = []
+    for m in models:
+        if m.step is not None:
+            continue
+        rec = json.loads((m.path / "training.json").read_text(encoding="utf-8"))
+        h = rec["heldout"]
+        rows.append({"role": m.role, "variant": rec["variant"]["name"], "seed": m.seed, "steps": rec["steps"],
+                     "tokens_seen": rec["tokens_seen"], "mlm_accuracy": h["mlm_accuracy"],
+                     "mlm_loss": h["mlm_loss"], "unigram_entropy": h["unigram_entropy"],
+                     "pair_accuracy": h.get("pair_accuracy", float("nan")), "wall_seconds": rec["wall_seconds"],
+                     "device": rec["device_name"], "threads": rec["torch_threads"]})
+    return pd.DataFrame(rows)
+
+
+__all__ += ["accuracy_table", "answers", "predictions", "pretraining_records", "display"]
