@@ -141,12 +141,14 @@ def _planted(n_docs=40, per_doc=5, seeds=(0, 1), moved_loss=0.25, nsp_gain=0.0, 
                 frames.append(pd.DataFrame({"role": role, "task": "next", "format": fmt, "pooling": "cls",
                                             "frozen": frozen, "step": 700, "seed": seed,
                                             "item": [i for i, _ in items], "doc": [d for _, d in items],
+                                            "label": np.arange(len(items)) % 2,
                                             "correct": rng.random(len(items)) < p}))
             for role, gain in (("mlm", 0.0), ("reference", nsp_gain), ("sop", 0.0)):
                 for pooling in ("cls", "sep1", "mean"):
                     frames.append(pd.DataFrame({"role": role, "task": "next", "format": "pair", "pooling": pooling,
                                                 "frozen": True, "step": 700, "seed": seed,
                                                 "item": [i for i, _ in items], "doc": [d for _, d in items],
+                                                "label": np.arange(len(items)) % 2,
                                                 "correct": rng.random(len(items)) < 0.6 + (gain if pooling == "cls"
                                                                                            else 0)}))
     P = pd.concat(frames, ignore_index=True)
@@ -178,6 +180,26 @@ def test_a_planted_nsp_gain_is_found_and_a_null_is_not():
         r = rows[(rows["question"] == "nsp") & (rows["label"] == "MLM + NSP − MLM") & (rows["pooling"] == "cls")]
         assert len(r) == 1
         assert (r["decision"].iloc[0] == "yes") == found
+
+
+def test_answers_say_so_when_no_model_learnt_the_task():
+    """Models at chance give "cannot tell at this scale", not a comparison; learnt ones give the comparison."""
+    from probing.study.rules import decide
+    from probing.study.why import RULES, comparison_rows
+    from probing.study.why.study import accuracy_table, answers
+
+    learnt = _planted()
+    rows = decide(comparison_rows(learnt, 700, n_resamples=200), RULES)
+    a = answers(rows, accuracy_table(learnt, n_resamples=200))
+    assert a["first"][0].startswith("Fine-tuned on next-sentence pairs, a model pretrained with [CLS] last")
+    flat = learnt.assign(correct=np.random.default_rng(3).random(len(learnt)) < 0.5)
+    rows = decide(comparison_rows(flat, 700, n_resamples=200), RULES)
+    acc = accuracy_table(flat, n_resamples=200)
+    assert (acc["chance"] == 0.5).all() and not acc["learnt"].any()
+    a = answers(rows, acc)
+    for key in ("first", "nsp", "sep"):
+        assert a[key][0].startswith("Cannot tell at this scale") and a[key][1] == "low", a[key]
+        assert "against 50% for always guessing" in a[key][0]
 
 
 def test_the_seed_is_a_unit_of_the_interval():

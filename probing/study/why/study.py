@@ -56,9 +56,10 @@ RULES: dict[str, Rule] = {
 }
 
 #: Tasks: name -> (the [why] corpus key, the label).
-TASKS = {"next": ("pairs", "is_next"), "topic": ("pairs", "topic"), "next_article": ("pairs_article", "is_next")}
+TASKS = {"next": ("pairs", "is_next"), "topic": ("pairs", "topic"), "topic_s2": ("pairs", "topic_s2"),
+         "next_article": ("pairs_article", "is_next")}
 TASK_WORDS = {"next": "is_next (other-topic negatives)", "next_article": "is_next (same-article negatives)",
-              "topic": "topic"}
+              "topic": "topic (of sentence 1)", "topic_s2": "topic of sentence 2 (another topic in the negatives)"}
 #: Where the classification token is read: format -> words.
 POSITION = {"pair": "first", "cls_last": "last"}
 TOKENS = {"cls": "[CLS]", "sep1": "the middle [SEP]", "mean": "the mean of the tokens"}
@@ -248,13 +249,24 @@ def accuracy_table(P: pd.DataFrame, n_resamples: int = 1000) -> pd.DataFrame:
     from analyses.finetune import accuracy
 
     rows = []
+    chance = chance_levels(P)
     keys = ["role", "step", "task", "format", "pooling", "frozen"]
     for values, _ in P.groupby(keys, sort=True):
         where = dict(zip(keys, values))
         a = accuracy(P, where, n_resamples=n_resamples)
         rows.append({**where, "accuracy": a["value"], "ci_low": a["ci_low"], "ci_high": a["ci_high"],
-                     "n_items": a["n_items"], "n_seeds": a["n_seeds"]})
-    return pd.DataFrame(rows)
+                     "chance": chance[where["task"]], "n_items": a["n_items"], "n_seeds": a["n_seeds"]})
+    out = pd.DataFrame(rows)
+    if len(out):
+        out["learnt"] = out["ci_low"] > out["chance"]
+    return out
+
+
+def chance_levels(P: pd.DataFrame) -> dict[str, float]:
+    """Task -> the accuracy of always guessing its most frequent test label (the floor a model must clear)."""
+    items = P.drop_duplicates(["task", "item"])
+    return {task: float(g["label"].astype(str).value_counts(normalize=True).iloc[0]) for task, g in
+            items.groupby("task")}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -277,6 +289,23 @@ def _ci(r: pd.Series) -> str:
     return f"CI {_pts(r['ci_low'])} to {_pts(r['ci_high'])}"
 
 
+def _own(acc: pd.DataFrame, models: list[tuple[str, str]], poolings=("cls",), **where) -> pd.DataFrame:
+    """The accuracy rows of each (role, format) in ``models`` at the end of pretraining, ``poolings``, ``where``."""
+    sel = acc[(acc["step"] == acc["step"].max()) & acc["pooling"].isin(poolings)]
+    for k, v in where.items():
+        sel = sel[sel[k] == v]
+    keep = [any(r == role and f == fmt for role, fmt in models) for r, f in zip(sel["role"], sel["format"])]
+    return sel[keep]
+
+
+def _unlearnt(who: str, accs: pd.DataFrame) -> str:
+    """The answer when no model of a comparison cleared chance."""
+    got = f"{accs['accuracy'].min() * 100:.0f}–{accs['accuracy'].max() * 100:.0f}%" if len(accs) > 2 else \
+        " and ".join(f"{a * 100:.0f}%" for a in accs["accuracy"])
+    return (f"Cannot tell at this scale: {who} beat chance ({got} against {accs['chance'].iloc[0] * 100:.0f}% "
+            "for always guessing).")
+
+
 def answers(rows: pd.DataFrame, acc: pd.DataFrame) -> dict[str, tuple[str, str]]:
     """Question -> (answer text, confidence word), each from the decided rows."""
     out: dict[str, tuple[str, str]] = {}
@@ -284,8 +313,12 @@ def answers(rows: pd.DataFrame, acc: pd.DataFrame) -> dict[str, tuple[str, str]]
                 label="pretrained last, read last − pretrained first, read first")
     moved = _pick(rows, question="first", representation="fine-tuned", task="next",
                   label="pretrained first: read last − read first")
+    own_acc = _own(acc, [("reference", "pair"), ("last", "cls_last")], task="next", frozen=False)
     if own is None:
         out["first"] = ("Not measured: the config pretrains no model with [CLS] last.", "low")
+    elif not own_acc["learnt"].any():
+        out["first"] = (_unlearnt("fine-tuned on next-sentence pairs, neither the [CLS]-first nor the [CLS]-last "
+                                  "model", own_acc), "low")
     else:
         text = (f"Fine-tuned on next-sentence pairs, a model pretrained with [CLS] last and read there scores "
                 f"{_pts(own['value'])} points against BERT's layout ({_ci(own)}: {LABELS[own['decision']].lower()})")
@@ -299,12 +332,16 @@ def answers(rows: pd.DataFrame, acc: pd.DataFrame) -> dict[str, tuple[str, str]]
         if r is not None:
             parts.append(f"{TOKENS[pooling]} {_pts(r['value'])} points ({_ci(r)})")
             confs.append(r["confidence"])
-    topic = _pick(rows, question="nsp", label="MLM + NSP − MLM", task="topic", pooling="cls")
-    if parts:
+    topic = _pick(rows, question="nsp", label="MLM + NSP − MLM", task="topic_s2", pooling="cls")
+    nsp_acc = _own(acc, [("reference", "pair"), ("mlm", "pair")], poolings=tuple(TOKENS), task="next", frozen=True)
+    if parts and not nsp_acc["learnt"].any():
+        out["nsp"] = (_unlearnt("a frozen probe reads is_next neither from the MLM + NSP nor from the MLM-only "
+                                "model's [CLS], [SEP] or mean", nsp_acc), "low")
+    elif parts:
         text = ("Against MLM alone, next-sentence prediction changes what a frozen probe reads of is_next from "
                 + " and ".join(parts))
         if topic is not None:
-            text += f"; of the topic from [CLS] {_pts(topic['value'])} points"
+            text += f"; sentence 2's topic from [CLS] {_pts(topic['value'])} points"
         out["nsp"] = (text + ".", weakest(confs))
     else:
         out["nsp"] = ("Not measured: the config pretrains no MLM-only model.", "low")
@@ -312,8 +349,12 @@ def answers(rows: pd.DataFrame, acc: pd.DataFrame) -> dict[str, tuple[str, str]]
     inter = _pick(rows, question="sep", representation="fine-tuned",
                   label="change of the model pretrained with [SEP] − of the one without")
     nos = _pick(rows, question="sep", representation="fine-tuned", label="pretrained without [SEP]: without − with")
+    sep_acc = _own(acc, [("reference", "pair"), ("nosep", "concat_segments")], task="next", frozen=False)
     if ref is None or inter is None or nos is None:
         out["sep"] = ("Not measured: the config pretrains no model without [SEP].", "low")
+    elif not sep_acc["learnt"].any():
+        out["sep"] = (_unlearnt("fine-tuned on next-sentence pairs, neither the model pretrained with [SEP] nor "
+                                "the one without", sep_acc), "low")
     else:
         out["sep"] = (f"Fine-tuned without the middle [SEP], a model pretrained with it changes {_pts(ref['value'])} "
                       f"points, one pretrained without {_pts(nos['value'])}; the difference, {_pts(inter['value'])} "
@@ -327,6 +368,9 @@ def answers(rows: pd.DataFrame, acc: pd.DataFrame) -> dict[str, tuple[str, str]]
             t = learn[learn["task"] == task].sort_values("step")
             path = " → ".join(f"{a * 100:.0f}%" for a in t["accuracy"])
             bits.append(f"{TASK_WORDS[task].split(' (')[0]} {path}")
+        floor = ", ".join(f"{TASK_WORDS[t].split(' (')[0]} {learn.loc[learn['task'] == t, 'chance'].iloc[0] * 100:.0f}%"
+                          for t in ("topic", "next") if (learn["task"] == t).any())
+        bits.append(f"chance: {floor}")
         steps = "/".join(str(int(s)) for s in sorted(learn["step"].unique()))
         final = _pick(rows, question="learning", task="topic", step=int(learn["step"].max()))
         conf = final["confidence"] if final is not None else "low"
