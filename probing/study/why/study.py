@@ -335,8 +335,8 @@ def answers(rows: pd.DataFrame, acc: pd.DataFrame) -> dict[str, tuple[str, str]]
     topic = _pick(rows, question="nsp", label="MLM + NSP − MLM", task="topic_s2", pooling="cls")
     nsp_acc = _own(acc, [("reference", "pair"), ("mlm", "pair")], poolings=tuple(TOKENS), task="next", frozen=True)
     if parts and not nsp_acc["learnt"].any():
-        out["nsp"] = (_unlearnt("a frozen probe reads is_next neither from the MLM + NSP nor from the MLM-only "
-                                "model's [CLS], [SEP] or mean", nsp_acc), "low")
+        out["nsp"] = (_unlearnt("no frozen probe of is_next on the MLM + NSP or the MLM-only model ([CLS], the "
+                                "middle [SEP], the mean)", nsp_acc), "low")
     elif parts:
         text = ("Against MLM alone, next-sentence prediction changes what a frozen probe reads of is_next from "
                 + " and ".join(parts))
@@ -364,17 +364,21 @@ def answers(rows: pd.DataFrame, acc: pd.DataFrame) -> dict[str, tuple[str, str]]
         out["learning"] = ("Not measured: the config keeps no snapshots ([pretrain.train] snapshots).", "low")
     else:
         bits = []
-        for task in ("topic", "next"):
+        short = {"topic": "topic", "next": "is_next", "next_article": "coherence"}
+        for task in short:
             t = learn[learn["task"] == task].sort_values("step")
             path = " → ".join(f"{a * 100:.0f}%" for a in t["accuracy"])
-            bits.append(f"{TASK_WORDS[task].split(' (')[0]} {path}")
-        floor = ", ".join(f"{TASK_WORDS[t].split(' (')[0]} {learn.loc[learn['task'] == t, 'chance'].iloc[0] * 100:.0f}%"
-                          for t in ("topic", "next") if (learn["task"] == t).any())
+            bits.append(f"{short[task]} {path}")
+        floor = ", ".join(f"{short[t]} {learn.loc[learn['task'] == t, 'chance'].iloc[0] * 100:.0f}%"
+                          for t in short if (learn["task"] == t).any())
         bits.append(f"chance: {floor}")
         steps = "/".join(str(int(s)) for s in sorted(learn["step"].unique()))
         final = _pick(rows, question="learning", task="topic", step=int(learn["step"].max()))
         conf = final["confidence"] if final is not None else "low"
-        out["learning"] = (f"Frozen [CLS] readouts at steps {steps}: " + "; ".join(bits) + ".", conf)
+        lead = (f"Frozen [CLS] readouts at steps {steps}: " if learn["learnt"].any() else
+                f"Cannot tell at this scale: [CLS]'s frozen readouts stay at chance through pretraining "
+                f"(steps {steps}: ")
+        out["learning"] = (lead + "; ".join(bits) + ("." if learn["learnt"].any() else ")."), conf)
     return out
 
 
