@@ -120,7 +120,9 @@ def write_report(cfg, result: WhyResult, models, command: str = "") -> Path:
               "## Provenance", "",
               f"- command: `{command or 'python -m probing.study.why'}`",
               f"- commit {_git_commit()}, {datetime.date.today().isoformat()}, {machine()}",
-              "- time: " + ", ".join(f"{k} {v:.0f} s" for k, v in result.seconds.items()),
+              "- time of this invocation (pretraining and fine-tuning runs found finished are reused, not timed "
+              "again; each pretraining run's own time is in the table above): "
+              + ", ".join(f"{k} {v:.0f} s" for k, v in result.seconds.items()),
               f"- pretraining runs: `{cfg.pretrain.run.out}`; results: `{out}`", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
