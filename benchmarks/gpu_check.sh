@@ -9,7 +9,9 @@
 # 3. the probe and CKA benchmarks on the GPU;
 # 4. the why study (python -m probing.study.why, docs/WHY.md) with the `small` pretraining preset: its report goes to
 #    $OUT/why_questions (copy it to docs/why_questions); WHY_STEPS pretraining steps per run (default 1000),
-#    WHY_CONFIG the config (default why_questions) and WHY_ARGS appended to the command.
+#    WHY_CONFIG the config (default why_questions) and WHY_ARGS appended to the command. Steps 1-3 and step 4
+#    each fit one 10-minute call of a lent machine, not both: run `STEPS=why bash benchmarks/gpu_check.sh` as its
+#    own call.
 # Each step has its own time limit (seconds, environment variables below) and the script goes on past a
 # failed step; its exit status is the number of failed steps.
 # A rehearsal on any machine (tests/test_benchmarks.py runs one on the CPU, so that the few minutes of a

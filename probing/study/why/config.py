@@ -111,7 +111,7 @@ def parse_why_config(raw: dict[str, Any], *, source: str = "config",
     why = check.build(WhySettings, tables.get("why", {}))
     pretrain = parse_config(pre, source=f"{source} [pretrain]", overrides=pre_over)
     ref = pretrain.variants[0]
-    if ref != Variant(**{**vars(ref), "objective": "mlm+nsp", "cls_position": "first", "sep": True, "segments": True}):
+    if ref != Variant("mlm+nsp", "first", True, True):
         raise ConfigError(f"{source}: [pretrain.variant] must be BERT's (mlm+nsp, [CLS] first, [SEP], segments), the "
                           f"reference every question compares with; got {ref.name}")
     return WhyConfig(why, pretrain)
