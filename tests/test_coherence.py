@@ -140,10 +140,10 @@ def test_q4_answer_reports_what_sep_adds_when_it_adds_something():
     assert decided.groupby("family").size().max() == 2     # a comparison's layers on one corpus
     a = QUESTION.answer(T, decided, None)
     assert a.words <= 60, a.text
-    assert "At layer 6" in a.text and "at 80%; word overlap and lengths alone reach 70%" in a.text
+    assert "At layer 6" in a.text and "at 80%; word overlap and lengths reach 70%" in a.text
     assert "encoded apart 75%" in a.text
     assert "adds +6.0 points" in a.text and a.confidence == "high"
-    assert "knocking out attention to [SEP] moves accuracy -5.0 points against a control (CI -7" in a.text
+    assert "A knockout of attention to [SEP] moves fine-tuned accuracy -5.0 points against a control (CI -7" in a.text
     ev = QUESTION.evidence(T, decided, None)
     assert "| the middle [SEP] | 80% (77%–83%) |" in ev and "knocked out" in ev
 

@@ -283,6 +283,10 @@ def test_the_gpu_scripts_why_step_runs_a_small_study_that_a_second_run_reuses(tm
         assert word_count(text) <= MAX_WORDS and conf in ("high", "moderate", "low")
         assert f'<a id="{key}"></a>' in report and "Not measured" not in text
     assert set(result.predictions["seed"]) == {0, 1}
+    content = result.predictions[result.predictions["task"].isin(["content_s1", "content_s2"])]
+    assert set(content["role"]) == {"reference", "mlm"} and set(content["pooling"]) == {"cls", "frequency"}
+    assert content["correct"].between(0, 1).all() and set(content["step"]) == {0, 8, 16}
+    assert (result.rows["measure"] == "content").any()
     assert set(result.predictions.loc[result.predictions["role"] == "reference", "step"]) == {0, 8, 16}
     again = pd.read_csv(out / "tables" / "why_rows.csv")
     pd.testing.assert_frame_equal(again[["label", "value", "se"]], rows[["label", "value", "se"]])

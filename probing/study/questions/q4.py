@@ -232,14 +232,14 @@ def answer(T: dict, decided: pd.DataFrame, cfg) -> Answer:
     elif beyond["decision"] == "no_difference":
         adds = f"beyond these it adds nothing that matters ({_pts(beyond['value'])} points, {ci})"
     else:
-        adds = f"whether it adds anything beyond these is open ({_pts(beyond['value'])} points, {ci})"
+        adds = f"whether it adds more is open ({_pts(beyond['value'])} points, {ci})"
     text = (f"At layer {layer}, the middle [SEP] tells a true next sentence from a same-topic one at "
-            f"{_pct(sep_acc)}; word overlap and lengths alone reach {_pct(text_acc)}, the cosine of the two "
-            f"sentences encoded apart {_pct(apart_acc)}; {adds}.")
+            f"{_pct(sep_acc)}; word overlap and lengths reach {_pct(text_acc)}, the sentences' cosine encoded apart "
+            f"{_pct(apart_acc)}; {adds}.")
     ko = _row(decided, "knockout")
     if ko is not None and ko["decision"] != "not_measured":
         v = float(ko["value"])
-        text += (f" Fine-tuned, knocking out attention to [SEP] moves accuracy {_pts(v)} points against a control "
+        text += (f" A knockout of attention to [SEP] moves fine-tuned accuracy {_pts(v)} points against a control "
                  f"(CI {_pts(ko['ci_low'])} to {_pts(ko['ci_high'])}).")
     return Answer(text, beyond["confidence"])
 

@@ -94,7 +94,9 @@ def write_report(cfg, result: WhyResult, models, command: str = "") -> Path:
         view = _accuracy_view(result.accuracy, key)
         if not view.empty:
             lines += ["Accuracy on the held-out test items (mean over pretraining seeds; 95% interval over seeds and "
-                      "documents):", "", _md_table(view), ""]
+                      "documents; for `content_s1` and `content_s2` the share of a sentence's content words read back, "
+                      "R-precision, with `frequency` the decoder that knows word frequencies only):", "",
+                      _md_table(view), ""]
         rows = result.rows[result.rows["question"] == key] if len(result.rows) else result.rows
         if len(rows):
             shown = display(rows, RULES)

@@ -53,13 +53,24 @@ RULES: dict[str, Rule] = {
                           "questions' Q6 yardstick)"),
     "frozen": Rule("frozen-probe accuracy difference", "accuracy points", 0.02,
                    why="the same yardstick as the fine-tuned rows"),
+    "content": Rule("difference in the share of content words read back (R-precision)", "points", 0.02,
+                    why="2 points of the words a decoder recovers, the accuracy rows' yardstick"),
 }
 
 #: Tasks: name -> (the [why] corpus key, the label).
 TASKS = {"next": ("pairs", "is_next"), "topic": ("pairs", "topic"), "topic_s2": ("pairs", "topic_s2"),
          "next_article": ("pairs_article", "is_next")}
 TASK_WORDS = {"next": "is_next (other-topic negatives)", "next_article": "is_next (same-article negatives)",
-              "topic": "topic (of sentence 1)", "topic_s2": "topic of sentence 2 (another topic in the negatives)"}
+              "topic": "topic (of sentence 1)", "topic_s2": "topic of sentence 2 (another topic in the negatives)",
+              "content_s1": "the content words of sentence 1 read back (R-precision; yardstick: word frequency alone)",
+              "content_s2": "the content words of sentence 2 read back"}
+#: Content readouts (the seed questions' Q5 and Q7 decoder, :mod:`analyses.recovery`): task -> the sentence whose
+#: content words (the :data:`CONTENT_VOCAB` most frequent of the pairs) are read back from the frozen [CLS],
+#: scored per item by R-precision, cross-fitted over :data:`CONTENT_FOLDS` document-grouped folds; the
+#: frequency-only decoder (pooling ``frequency``) is its yardstick.
+CONTENT = {"content_s1": 0, "content_s2": 1}
+CONTENT_VOCAB = 100
+CONTENT_FOLDS = 5
 #: Where the classification token is read: format -> words.
 POSITION = {"pair": "first", "cls_last": "last"}
 TOKENS = {"cls": "[CLS]", "sep1": "the middle [SEP]", "mean": "the mean of the tokens"}
@@ -119,6 +130,55 @@ def _tasks(cfg: WhyConfig):
     return {name: make_task(corpora[key], label) for name, (key, label) in TASKS.items()}
 
 
+def cls_vectors(model: str, examples, fmt: str, device: str = "auto") -> tuple[list[str], np.ndarray]:
+    """The frozen last-layer [CLS] of each example in ``fmt`` (examples longer than the model's positions are left
+    out): ``(ids, (n, hidden) float64)``."""
+    import torch
+
+    from analyses.finetune import (TrainConfig, get_pooling, pool, render_examples, sorted_batches,
+                                   training_inputs)
+    from probing.forward import last_hidden
+    from probing.models import load_model, pick_device
+
+    lm = load_model(model)
+    dev = pick_device(device)
+    kept, rendered, _, _ = render_examples(examples, "doc", lm.tokenizer, fmt, lm.model.config,
+                                           config=TrainConfig(on_overflow="skip"), model_max_length=lm.max_length)
+    cls = get_pooling("cls")
+    X = np.zeros((len(rendered), int(lm.model.config.hidden_size)))
+    model = lm.model.to(dev).eval()
+    with torch.inference_mode():
+        for part in sorted_batches(np.asarray([len(r) for r in rendered]), 64):
+            inputs, mask = training_inputs([rendered[i] for i in part], lm, cls, dev)
+            X[part] = pool(last_hidden(model, inputs).float(), mask, cls.reduce).double().cpu().numpy()
+    return [e.id for e in kept], X
+
+
+def content_predictions(model: str, examples, fmt: str = "pair", device: str = "auto") -> pd.DataFrame:
+    """Per item and content task (:data:`CONTENT`), the cross-fitted R-precision of the decoder on the frozen
+    [CLS] (``pooling`` ``cls``) and of the frequency-only decoder (``frequency``), in the prediction table's
+    columns (``correct``: the score; items without a vocabulary word left out)."""
+    from analyses.probes import content_vocabulary, presence
+    from analyses.recovery import content_scores, grouped_folds
+
+    ids, X = cls_vectors(model, examples, fmt, device)
+    by_id = {e.id: e for e in examples}
+    kept = [by_id[i] for i in ids]
+    docs = np.asarray([str(e.labels.get("doc", e.id)) for e in kept])
+    folds = grouped_folds(docs, CONTENT_FOLDS, 0)
+    frames = []
+    for task, k in CONTENT.items():
+        sentences = [e.sentences[k] for e in examples]  # the vocabulary is the corpus's, the same for every model
+        Y = presence([e.sentences[k] for e in kept], content_vocabulary(sentences, CONTENT_VOCAB)).astype(float)
+        decoder, frequency, _ = content_scores(X, Y, docs, folds)
+        for pooling, score in (("cls", decoder), ("frequency", frequency)):
+            ok = np.isfinite(score)
+            frames.append(pd.DataFrame({"task": task, "format": fmt, "pooling": pooling, "frozen": True,
+                                        "item": np.asarray(ids)[ok], "doc": docs[ok], "label": "",
+                                        "correct": score[ok]}))
+    return pd.concat(frames, ignore_index=True)
+
+
 def predictions(cfg: WhyConfig, models: list[Model], *, force: bool = False, progress: bool = True,
                 log: Callable[[str], None] = print) -> pd.DataFrame:
     """Every model's protocol predictions in one table, ``seed`` the pretraining seed, with ``role`` and ``step``
@@ -134,9 +194,15 @@ def predictions(cfg: WhyConfig, models: list[Model], *, force: bool = False, pro
                          preset=cfg.why.finetune_preset, device=cfg.why.device, out=Path(cfg.why.out) / ".results",
                          force=force, progress=progress, log=None, epochs=cfg.why.epochs, lr=cfg.why.lr,
                          head_lr=cfg.why.head_lr)
+        if m.role in ("reference", "mlm", "sop"):
+            P = pd.concat([P, content_predictions(str(m.path), tasks["topic"].examples, "pair", cfg.why.device)],
+                          ignore_index=True)
         P = P.assign(role=m.role, step=final if m.step is None else m.step, seed=m.seed)
         frames.append(P)
-    return pd.concat(frames, ignore_index=True)
+    out = pd.concat(frames, ignore_index=True)
+    # one type per column (a content score beside a right-or-wrong prediction; labels of several tasks)
+    return out.assign(correct=out["correct"].astype(float), label=out["label"].astype(str),
+                      pred=out["pred"].astype(str))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -152,7 +218,7 @@ def _row(P, a: dict, b: dict, *, question: str, label: str, n_resamples: int, **
     if not (_has(P, a) and _has(P, b)):
         return None
     c = compare_runs(P, a, b, n_resamples=n_resamples)
-    kind = "frozen" if a["frozen"] else "finetuned"
+    kind = "content" if a["task"] in CONTENT else "frozen" if a["frozen"] else "finetuned"
     return {"question": question, "family": f"{question}/{kind}", "measure": kind, "label": label,
             "representation": "frozen probe" if a["frozen"] else "fine-tuned", **facets,
             "value": c["value"], "se": c["se"], "value_a": c["value_a"], "value_b": c["value_b"],
@@ -230,12 +296,12 @@ def comparison_rows(P: pd.DataFrame, final_step: int, n_resamples: int = 1000) -
         ]
     for other, words in (("reference", "MLM + NSP − MLM"), ("sop", "MLM + SOP − MLM")):
         for pooling in TOKENS:
-            for task in TASKS:
+            for task in [*TASKS, *CONTENT]:
                 rows.append(_row(P, _where("mlm", task, "pair", pooling, True, end),
                                  _where(other, task, "pair", pooling, True, end), question="nsp", task=task,
                                  pooling=pooling, label=words, n_resamples=R))
     steps = sorted(set(P.loc[P["role"] == "reference", "step"]))
-    for task in TASKS:
+    for task in [*TASKS, *CONTENT]:
         for step in steps[1:]:
             rows.append(_row(P, _where("reference", task, "pair", "cls", True, steps[0]),
                              _where("reference", task, "pair", "cls", True, step), question="learning", task=task,
@@ -263,10 +329,16 @@ def accuracy_table(P: pd.DataFrame, n_resamples: int = 1000) -> pd.DataFrame:
 
 
 def chance_levels(P: pd.DataFrame) -> dict[str, float]:
-    """Task -> the accuracy of always guessing its most frequent test label (the floor a model must clear)."""
+    """Task -> the accuracy of always guessing its most frequent test label (the floor a model must clear); for a
+    content task, the frequency-only decoder's mean R-precision."""
     items = P.drop_duplicates(["task", "item"])
-    return {task: float(g["label"].astype(str).value_counts(normalize=True).iloc[0]) for task, g in
-            items.groupby("task")}
+    out = {task: float(g["label"].astype(str).value_counts(normalize=True).iloc[0]) for task, g in
+           items.groupby("task") if task not in CONTENT}
+    for task in CONTENT:  # the frequency-only decoder's mean score
+        freq = P[(P["task"] == task) & (P["pooling"] == "frequency")]
+        if len(freq):
+            out[task] = float(freq["correct"].mean())
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -342,6 +414,9 @@ def answers(rows: pd.DataFrame, acc: pd.DataFrame) -> dict[str, tuple[str, str]]
                 + " and ".join(parts))
         if topic is not None:
             text += f"; sentence 2's topic from [CLS] {_pts(topic['value'])} points"
+        words = _pick(rows, question="nsp", label="MLM + NSP − MLM", task="content_s2", pooling="cls")
+        if words is not None:
+            text += f", its content words {_pts(words['value'])}"
         out["nsp"] = (text + ".", weakest(confs))
     else:
         out["nsp"] = ("Not measured: the config pretrains no MLM-only model.", "low")
@@ -364,7 +439,7 @@ def answers(rows: pd.DataFrame, acc: pd.DataFrame) -> dict[str, tuple[str, str]]
         out["learning"] = ("Not measured: the config keeps no snapshots ([pretrain.train] snapshots).", "low")
     else:
         bits = []
-        short = {"topic": "topic", "next": "is_next", "next_article": "coherence"}
+        short = {"topic": "topic", "next": "is_next", "next_article": "coherence", "content_s1": "content"}
         for task in short:
             t = learn[learn["task"] == task].sort_values("step")
             path = " → ".join(f"{a * 100:.0f}%" for a in t["accuracy"])
