@@ -200,6 +200,17 @@ def test_answers_say_so_when_no_model_learnt_the_task():
     for key in ("first", "nsp", "sep"):
         assert a[key][0].startswith("Cannot tell at this scale") and a[key][1] == "low", a[key]
         assert "against 50% for always guessing" in a[key][0]
+    # a planted content gap (MLM alone keeps 20 points more of sentence 1's words in [CLS]) is still reported
+    base = flat[(flat["role"] == "mlm") & (flat["pooling"] == "cls")].drop_duplicates(["seed", "item"])
+    rng = np.random.default_rng(4)
+    content = pd.concat([base.assign(role=role, task="content_s1", correct=np.clip(rng.normal(mu, 0.05, len(base)),
+                                                                                   0, 1))
+                         for role, mu in (("mlm", 0.4), ("reference", 0.2))]
+                        + [base.assign(task="content_s1", pooling="frequency", correct=0.1)], ignore_index=True)
+    both = pd.concat([flat, content], ignore_index=True)
+    rows = decide(comparison_rows(both, 700, n_resamples=200), RULES)
+    a = answers(rows, accuracy_table(both, n_resamples=200))
+    assert "But MLM + NSP leaves fewer of sentence 1's content words readable from [CLS]" in a["nsp"][0]
 
 
 def test_the_seed_is_a_unit_of_the_interval():

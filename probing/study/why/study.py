@@ -321,7 +321,7 @@ def accuracy_table(P: pd.DataFrame, n_resamples: int = 1000) -> pd.DataFrame:
         where = dict(zip(keys, values))
         a = accuracy(P, where, n_resamples=n_resamples)
         rows.append({**where, "accuracy": a["value"], "ci_low": a["ci_low"], "ci_high": a["ci_high"],
-                     "chance": chance[where["task"]], "n_items": a["n_items"], "n_seeds": a["n_seeds"]})
+                     "chance": chance.get(where["task"], float("nan")), "n_items": a["n_items"], "n_seeds": a["n_seeds"]})
     out = pd.DataFrame(rows)
     if len(out):
         out["learnt"] = out["ci_low"] > out["chance"]
@@ -406,9 +406,17 @@ def answers(rows: pd.DataFrame, acc: pd.DataFrame) -> dict[str, tuple[str, str]]
             confs.append(r["confidence"])
     topic = _pick(rows, question="nsp", label="MLM + NSP − MLM", task="topic_s2", pooling="cls")
     nsp_acc = _own(acc, [("reference", "pair"), ("mlm", "pair")], poolings=tuple(TOKENS), task="next", frozen=True)
+    content = _pick(rows, question="nsp", label="MLM + NSP − MLM", task="content_s1", pooling="cls")
     if parts and not nsp_acc["learnt"].any():
-        out["nsp"] = (_unlearnt("no frozen probe of is_next on the MLM + NSP or the MLM-only model ([CLS], the "
-                                "middle [SEP], the mean)", nsp_acc), "low")
+        text = _unlearnt("no frozen probe of is_next on the MLM + NSP or the MLM-only model ([CLS], the middle "
+                         "[SEP], the mean)", nsp_acc)
+        conf = "low"
+        if content is not None:
+            more = ("fewer" if content["value"] < 0 else "more") if content["decision"] in ("yes", "yes_small") \
+                else "about as many"
+            text += (f" But MLM + NSP leaves {more} of sentence 1's content words readable from [CLS] than MLM "
+                     f"alone ({_pts(content['value'])} points, {_ci(content)}).")
+        out["nsp"] = (text, conf)
     elif parts:
         text = ("Against MLM alone, next-sentence prediction changes what a frozen probe reads of is_next from "
                 + " and ".join(parts))
