@@ -48,7 +48,8 @@ def _git_commit() -> str:
 def _accuracy_view(acc: pd.DataFrame, question: str) -> pd.DataFrame:
     if question == "first":
         sel = acc[acc["role"].isin(["reference", "last"]) & acc["format"].isin(["pair", "cls_last"])
-                  & (acc["pooling"] == "cls") & (acc["step"] == acc["step"].max())]
+                  & (acc["pooling"] == "cls") & (acc["step"] == acc["step"].max())
+                  & acc["task"].isin(["next", "topic", "next_article"])]
     elif question == "nsp":
         sel = acc[acc["role"].isin(["reference", "mlm", "sop"]) & (acc["format"] == "pair") & acc["frozen"]
                   & (acc["step"] == acc["step"].max())]

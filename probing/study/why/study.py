@@ -321,7 +321,8 @@ def accuracy_table(P: pd.DataFrame, n_resamples: int = 1000) -> pd.DataFrame:
         where = dict(zip(keys, values))
         a = accuracy(P, where, n_resamples=n_resamples)
         rows.append({**where, "accuracy": a["value"], "ci_low": a["ci_low"], "ci_high": a["ci_high"],
-                     "chance": chance.get(where["task"], float("nan")), "n_items": a["n_items"], "n_seeds": a["n_seeds"]})
+                     "chance": chance.get(where["task"], float("nan")), "n_items": a["n_items"],
+                     "n_seeds": a["n_seeds"]})
     out = pd.DataFrame(rows)
     if len(out):
         out["learnt"] = out["ci_low"] > out["chance"]
