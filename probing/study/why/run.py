@@ -19,13 +19,15 @@ def run_why(cfg: WhyConfig, *, force: bool = False, progress: bool = True, comma
             log: Callable[[str], None] = print) -> WhyResult:
     """Pretrain (or reuse) every run of ``cfg``, measure each model and write ``<out>/report.md`` and
     ``<out>/tables/``."""
-    from probing.pretrain import pretrain
+    from probing.pretrain import TRAINING_RECORD, pretrain
 
     seconds = {}
     t0 = time.perf_counter()
-    pretrain(cfg.pretrain, progress=progress, log=log)
-    seconds["pretraining"] = time.perf_counter() - t0
     models = model_runs(cfg)
+    finished = all((m.path / ("config.json" if m.step is not None else TRAINING_RECORD)).is_file() for m in models)
+    if not finished:  # reading the corpus (pysbd) alone takes half a minute: only when a run is left to train
+        pretrain(cfg.pretrain, progress=progress, log=log)
+    seconds["pretraining"] = time.perf_counter() - t0
     missing = [str(m.path) for m in models if not (m.path / "config.json").is_file()]
     if missing:
         raise FileNotFoundError(f"the pretraining left no model at {missing[:3]}: a run writes its snapshots while it "

@@ -33,6 +33,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from probing.study.report import pick
 from probing.study.rules import LABELS, Rule, display, weakest
 
 from .config import WhyConfig
@@ -231,10 +232,7 @@ def _has(P: pd.DataFrame, where: dict) -> bool:
 
 def _items_by_seed(P: pd.DataFrame, where: dict) -> pd.DataFrame:
     """``(items x pretraining seeds)`` correctness of the runs ``where`` selects."""
-    sel = np.ones(len(P), bool)
-    for k, v in where.items():
-        sel &= (P[k] == v).to_numpy()
-    return P[sel].pivot_table(index="item", columns="seed", values="correct", aggfunc="mean")
+    return pick(P, **where).pivot_table(index="item", columns="seed", values="correct", aggfunc="mean")
 
 
 def _interaction(P, a0: dict, a1: dict, b0: dict, b1: dict, *, question: str, label: str, n_resamples: int,
@@ -350,11 +348,7 @@ def _pts(x: float) -> str:
 
 
 def _pick(rows: pd.DataFrame, **where) -> pd.Series | None:
-    sel = rows
-    for k, v in where.items():
-        if k not in sel.columns:
-            return None
-        sel = sel[sel[k] == v]
+    sel = pick(rows, **where)
     return None if sel.empty else sel.iloc[0]
 
 
