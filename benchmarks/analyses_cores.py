@@ -4,8 +4,11 @@ Runs the question analyses of a finished study twice from its caches, once pinne
 affinity and every thread pool set to 1) and once on the machine's cores, each into a fresh output directory that
 holds only the study's stored fine-tuning runs (so fine-tuning is read back, not redone, and every analysis is
 computed), and prints each stage's wall time from the two runs' ``tables/stages.csv`` and the ratio of their
-totals. The scale issue's goal: the analysis stages Q1-Q7 together at least 1.6x faster on the 2-core machine with
-two cores than with one (6x on a 16-core GPU machine).
+analysis totals. On one core the sections run one after another; on several, the study forks them into
+single-threaded workers (:mod:`probing.study.parallel`) and then reads their tables back, and both passes
+count; the run on several cores orders its sections by the one-core run's stage times, as a study run again in
+its output directory does. The scale issue's goal: the analysis stages Q1-Q7 together at least 1.6x faster on
+the 2-core machine with two cores than with one (6x on a 16-core GPU machine).
 
     python -m probing.study seed_questions --out runs/seed_questions --caches caches   # once
     python benchmarks/analyses_cores.py --study runs/seed_questions --caches caches
@@ -25,18 +28,25 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from probing.study.parallel import WORKER_SUFFIX  # noqa: E402
 GOAL = 1.6
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS")
 
 
-def run(study: Path, caches: Path, config: str, questions: str, cores: list[int], work: Path) -> dict[str, float]:
-    """One run of the analyses on ``cores``: ``{stage: wall seconds}`` from its stages table."""
+def run(study: Path, caches: Path, config: str, questions: str, cores: list[int], work: Path,
+        costs: Path | None = None) -> dict[str, float]:
+    """One run of the analyses on ``cores``: ``{stage: wall seconds}`` from its stages table. ``costs``: a stage
+    table put where the run looks for its last one, so that its workers start the longest sections first."""
     import pandas as pd
 
     out = work / f"cores{len(cores)}"
     (out / ".results").mkdir(parents=True)
     for f in (study / ".results").glob("finetune_run-*"):
         shutil.copy2(f, out / ".results" / f.name)
+    if costs is not None:
+        (out / "tables").mkdir()
+        shutil.copy2(costs, out / "tables" / "stages.csv")
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="true" if len(cores) > 1 else "false",
                **{v: str(len(cores)) for v in THREAD_VARIABLES})
     cmd = [sys.executable, "-m", "probing.study", config, "--out", str(out), "--caches", str(caches), "--questions",
@@ -49,6 +59,12 @@ def run(study: Path, caches: Path, config: str, questions: str, cores: list[int]
     stages = pd.read_csv(out / "tables" / "stages.csv").set_index("stage")["seconds"].to_dict()
     stages["(whole run)"] = time.perf_counter() - t0
     return stages
+
+
+def analyses_seconds(stages: dict[str, float]) -> float:
+    """The analyses' wall time in one run's stage table: the workers' pass (``analyses, N workers``) and the
+    runner's pass over the sections (``analyses Q1`` ...); not the workers' own rows, which overlap the pass."""
+    return sum(v for k, v in stages.items() if k.startswith("analyses") and not k.endswith(WORKER_SUFFIX))
 
 
 def main(argv=None) -> int:
@@ -65,16 +81,19 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="probing-cores-"))
     try:
         one = run(study, caches, args.config, args.questions, available[:1], work)
-        many = run(study, caches, args.config, args.questions, available, work)
+        # the workers take the sections longest first by the costs the one-core run has just measured
+        many = run(study, caches, args.config, args.questions, available, work,
+                   costs=work / "cores1" / "tables" / "stages.csv")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    keys = [f"analyses {q.strip()}" for q in args.questions.split(",")]
     print(f"machine: {os.uname().machine}, {len(available)} cores available; study {study}, questions {args.questions}")
-    print(f"{'stage':<16}{'1 core s':>10}{f'{len(available)} cores s':>12}{'ratio':>8}")
-    for k in keys + ["(whole run)"]:
-        if k in one and k in many:
-            print(f"{k:<16}{one[k]:>10.1f}{many[k]:>12.1f}{one[k] / max(many[k], 1e-9):>8.2f}")
-    t1, tn = sum(one.get(k, 0.0) for k in keys), sum(many.get(k, 0.0) for k in keys)
+    width = max(len(k) for k in [*one, *many])
+    print(f"{'stage':<{width}}{'1 core s':>10}{f'{len(available)} cores s':>12}")
+    for k in dict.fromkeys([*one, *many]):
+        if k.startswith("analyses") or k == "(whole run)":
+            a, b = (f"{d[k]:.1f}" if k in d else "-" for d in (one, many))
+            print(f"{k:<{width}}{a:>10}{b:>12}")
+    t1, tn = analyses_seconds(one), analyses_seconds(many)
     ratio = t1 / tn
     print(f"analyses together: {t1:.1f} s on 1 core, {tn:.1f} s on {len(available)}: {ratio:.2f}x "
           f"(goal >= {GOAL}x on 2 cores) {'PASS' if ratio >= GOAL else 'FAIL'}")

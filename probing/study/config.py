@@ -137,6 +137,7 @@ class StudySettings:
     questions: tuple[str, ...] = setting(QUESTIONS, nonempty=True, check=_questions)
     title: str | None = setting(None)
     device: str = setting("auto", check=device_name)
+    threads: int | None = setting(None, ge=1)
 
 
 @dataclass(frozen=True)

@@ -208,6 +208,7 @@ def analyse(cfg: StudyConfig, caches: Caches, corpora: dict, lm, log, stages: St
     if predictions is not None:
         T[FINETUNE_TABLE] = ctx.tables[FINETUNE_TABLE] = predictions
     selected = _selected(cfg)
+    _analyse_in_workers(cfg, selected, ctx, stages)
     for i, s in enumerate(selected):
         ctx.later = tuple(t for later in selected[i + 1:] for t in later.tables)
         with stages.stage(f"analyses {s.key}"):
@@ -225,6 +226,24 @@ def analyse(cfg: StudyConfig, caches: Caches, corpora: dict, lm, log, stages: St
     for name, df in T.items():
         write_table(df, tables / f"{name}.csv")
     return T
+
+
+def _analyse_in_workers(cfg: StudyConfig, selected: list[StudySection], ctx: Context, stages: Stages) -> None:
+    """On the CPU with more than one core (``study.threads``), the sections' analyses first run side by side in
+    forked single-threaded workers that fill the result store (:mod:`probing.study.parallel`); the runner's pass
+    over the sections then reads their tables back. Longest first, by this output's last stage table."""
+    from ..models import pick_device
+    from .parallel import WORKER_RSS, analyse_in_workers, can_fork, default_workers, previous_costs
+
+    workers = cfg.study.threads or default_workers()
+    if workers < 2 or len(selected) < 2 or not can_fork(pick_device(cfg.study.device).type):
+        return
+    costs = previous_costs(_tables_dir(cfg) / "stages.csv")
+    ctx.log(f"analyses: {len(selected)} sections in up to {workers} worker processes")
+    runs, row = analyse_in_workers(selected, ctx, workers, ctx.log, costs)
+    stages.add(f"analyses, {workers} workers", **row)
+    for run in runs:
+        stages.add(run.stage, run.seconds, run.cpu_seconds, run.peak_rss_mb, WORKER_RSS)
 
 
 def draw_figures(cfg: StudyConfig, T: dict[str, pd.DataFrame], log) -> dict[str, list[Path]]:
@@ -505,7 +524,7 @@ def run_models(config: str | os.PathLike | None, models: Sequence[str], *, quick
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ..cli import ArgumentParser, check_output_dir
+    from ..cli import ArgumentParser, check_output_dir, int_at_least
 
     p = ArgumentParser(
         prog="python -m probing.study",
@@ -528,6 +547,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default=None,
                    help="override [study] device, the one device of extraction, probes and fine-tuning: 'auto' "
                         "(CUDA if available), 'cpu', 'cuda', 'cuda:1', ...")
+    p.add_argument("--threads", type=int_at_least(1), default=None,
+                   help="override [study] threads: CPU: the questions' analyses run side by side in this many "
+                        "single-threaded worker processes (default: one per core; 1: one after another)")
     p.add_argument("--force", action="store_true", help="recompute the analyses (caches are still reused)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (the stage log lines stay)")
     args = p.parse_args(argv)
@@ -543,6 +565,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides["study.questions"] = [q.strip() for q in args.questions.split(",")]
     if args.device is not None:
         overrides["study.device"] = args.device
+    if args.threads is not None:
+        overrides["study.threads"] = args.threads
     from ..cache import CacheError
     from ..models import ModelLoadError
 

@@ -86,6 +86,11 @@ class Stages:
                               "peak_rss_mb": peak if peak is not None else max_rss_mb(),
                               "rss_method": PER_STAGE if peak is not None else SINCE_START})
 
+    def add(self, name: str, seconds: float, cpu_seconds: float, peak_rss_mb: float, rss_method: str) -> None:
+        """A row measured elsewhere (the analyses' worker processes, :mod:`probing.study.parallel`)."""
+        self.rows.append({"stage": name, "seconds": seconds, "cpu_seconds": cpu_seconds, "peak_rss_mb": peak_rss_mb,
+                          "rss_method": rss_method})
+
     def table(self) -> pd.DataFrame:
         """One row per stage, in the order they ran: ``stage, seconds, cpu_seconds, peak_rss_mb, rss_method``."""
         return pd.DataFrame(self.rows, columns=["stage", "seconds", "cpu_seconds", "peak_rss_mb", "rss_method"])
