@@ -182,16 +182,71 @@ def test_a_planted_nsp_gain_is_found_and_a_null_is_not():
         assert (r["decision"].iloc[0] == "yes") == found
 
 
+def _shares(ref_shift: float, n_docs=40, per_doc=4, seeds=(0, 1), rng_seed=0) -> pd.DataFrame:
+    """Representation shares of every measure for the reference and the model pretrained without [SEP]: each about
+    0.10 with noise, the reference's ``drop_sep_s1`` ``ref_shift`` higher."""
+    from probing.study.why.representation import GAINS, MEASURES
+
+    rng = np.random.default_rng(rng_seed)
+    items = [(f"d{d}:{i}", f"d{d}") for d in range(n_docs) for i in range(per_doc)]
+    frames = []
+    for role in ("reference", "nosep"):
+        for seed in seeds:
+            for measure in [*MEASURES, *GAINS]:
+                shift = ref_shift if (role == "reference" and measure == "drop_sep_s1") else 0.0
+                frames.append(pd.DataFrame({"role": role, "seed": seed, "measure": measure,
+                                            "item": [i for i, _ in items], "doc": [d for _, d in items],
+                                            "value": 0.10 + shift + rng.normal(0, 0.05, len(items))}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_a_planted_representation_difference_between_models_is_found_and_a_null_is_not():
+    from probing.study.rules import decide
+    from probing.study.why import RULES
+    from probing.study.why.representation import representation_rows
+
+    for shift, found in ((0.15, True), (0.0, False)):
+        values, rows = representation_rows(_shares(shift), n_resamples=300)
+        rows = decide(rows, RULES).set_index("task")
+        assert set(rows["measure"]) == {"representation"} and (rows["n_seeds"] == 2).all()
+        r = rows.loc["drop_sep_s1"]
+        assert (r["decision"] == "yes") == found and abs(r["value"] - shift) < 0.03
+        assert not (rows.drop(index="drop_sep_s1")["decision"] == "yes").any()  # no other measure was planted
+        ref = values.set_index(["role", "measure"]).loc[("reference", "drop_sep_s1")]
+        assert ref["ci_low"] < 0.10 + shift < ref["ci_high"] and ref["n_seeds"] == 2
+
+
+def test_the_interchange_replaces_sentence_2_from_the_other_half_of_the_documents():
+    from probing.corpus_generated import generated_corpus
+    from probing.study.why.representation import measured_pairs
+
+    examples = [e for e in generated_corpus(n_examples=200, k=2, seed=3)]
+    measured, replaced = measured_pairs(examples, max_examples=60)
+    docs = {str(e.labels.get("doc", e.id)) for e in measured}
+    assert 0 < len(measured) <= 60 and [e.id for e in replaced] == [e.id for e in measured]
+    own = {s for e in examples if str(e.labels.get("doc", e.id)) in docs for s in e.sentences}
+    for a, b in zip(measured, replaced):
+        assert b.sentences[0] == a.sentences[0] and b.sentences[1] != a.sentences[1]
+        assert b.sentences[1] not in own and b.labels["s2_doc"] not in docs  # lent by an unmeasured document
+
+
 def test_answers_say_so_when_no_model_learnt_the_task():
     """Models at chance give "cannot tell at this scale", not a comparison; learnt ones give the comparison."""
     from probing.study.rules import decide
     from probing.study.why import RULES, comparison_rows
     from probing.study.why.study import accuracy_table, answers
 
+    from probing.study.answers import word_count
+    from probing.study.why.report import MAX_WORDS
+    from probing.study.why.representation import representation_rows
+
     learnt = _planted()
-    rows = decide(comparison_rows(learnt, 700, n_resamples=200), RULES)
+    moved = representation_rows(_shares(0.15), n_resamples=200)[1]
+    rows = decide(pd.concat([comparison_rows(learnt, 700, n_resamples=200), moved], ignore_index=True), RULES)
     a = answers(rows, accuracy_table(learnt, n_resamples=200))
     assert a["first"][0].startswith("Fine-tuned on next-sentence pairs, a model pretrained with [CLS] last")
+    assert "Dropping [SEP] moves sentence 1's last-layer words 25% of the way to another input" in a["sep"][0]
+    assert all(word_count(text) <= MAX_WORDS for text, _ in a.values()), a
     flat = learnt.assign(correct=np.random.default_rng(3).random(len(learnt)) < 0.5)
     rows = decide(comparison_rows(flat, 700, n_resamples=200), RULES)
     acc = accuracy_table(flat, n_resamples=200)
@@ -207,10 +262,15 @@ def test_answers_say_so_when_no_model_learnt_the_task():
                                                                                    0, 1))
                          for role, mu in (("mlm", 0.4), ("reference", 0.2))]
                         + [base.assign(task="content_s1", pooling="frequency", correct=0.1)], ignore_index=True)
-    both = pd.concat([flat, content], ignore_index=True)
-    rows = decide(comparison_rows(both, 700, n_resamples=200), RULES)
+    # and a planted word-order gain (MLM + NSP tells 90% of the minimal pairs apart, MLM alone 50%)
+    order = pd.concat([base.assign(role=role, task="order_s1", correct=rng.random(len(base)) < p)
+                       for role, p in (("mlm", 0.5), ("reference", 0.9))], ignore_index=True)
+    both = pd.concat([flat, content, order], ignore_index=True)
+    rows = decide(pd.concat([comparison_rows(both, 700, n_resamples=200), moved], ignore_index=True), RULES)
     a = answers(rows, accuracy_table(both, n_resamples=200))
-    assert "But MLM + NSP leaves fewer of sentence 1's content words readable from [CLS]" in a["nsp"][0]
+    assert "But MLM + NSP leaves fewer of sentence 1's content words in [CLS]" in a["nsp"][0]
+    assert "Word order: +" in a["nsp"][0] and "Dropping [SEP] moves" in a["sep"][0]
+    assert all(word_count(text) <= MAX_WORDS for text, _ in a.values()), a
 
 
 def test_the_seed_is_a_unit_of_the_interval():
@@ -285,6 +345,15 @@ def test_the_gpu_scripts_why_step_runs_a_small_study_that_a_second_run_reuses(tm
     assert set(rows["question"]) == {"first", "nsp", "sep", "learning"} and (rows["n_seeds"] == 2).all()
     for name in ("why_accuracy.csv", "why_pretraining.csv"):
         assert len(pd.read_csv(out / "tables" / name)) > 0
+    from probing.study.why.representation import GAINS, MEASURES
+
+    shares = pd.read_csv(out / "tables" / "why_representation.csv")
+    assert set(shares["measure"]) == set(MEASURES) | set(GAINS) and (shares["n_seeds"] == 2).all()
+    assert {"reference", "nosep", "mlm"} <= set(shares["role"]) and shares["value"].notna().all()
+    moved = shares[shares["measure"].str.startswith(("drop_sep", "interchange_pair", "interchange_concat"))]
+    assert (moved["value"] > 0).all()  # dropping a token or replacing a sentence moves every model's vectors
+    assert (rows["measure"] == "representation").sum() == len(MEASURES) + len(GAINS)
+    assert "How far each model's last-layer vectors move" in report
     cfg = load_why_config(cfg_file, overrides={"why.out": str(out), "pretrain.run.out": str(logs / "why-pretrain"),
                                                "pretrain.run.preset": "test", "pretrain.train.steps": 16,
                                                "why.device": "cpu"})

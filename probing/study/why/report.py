@@ -31,7 +31,11 @@ EVIDENCE = {
            "from another topic, as NSP posed it; `next_article`: from the same article (coherence alone).",
     "sep": "`pair` (`[CLS] s1 [SEP] s2 [SEP]`) against `concat_segments` (`[CLS] s1 s2 [SEP]`, the same tokens and "
            "segment ids without the middle [SEP]), on the reference and on a model pretrained without the middle "
-           "[SEP]: each model's change, and how much more the first changes than the second.",
+           "[SEP]: each model's change, and how much more the first changes than the second. Beside the accuracies, "
+           "the seed questions' Q1 and Q2 on each model's last layer: how far dropping the middle [SEP] moves "
+           "sentence 1's words, sentence 2's words and [CLS], and how far sentence 1's words move when sentence 2 "
+           "is replaced by a same-topic sentence of another held-out article, with and without the [SEP] (each as "
+           "a share of the way to another input: 1 − cos over the spread between two different examples).",
     "learning": "Frozen [CLS] probes on the reference variant's weights at its snapshots, from the initial "
                 "(random) weights to the end of pretraining, each step compared with the first.",
 }
@@ -75,6 +79,7 @@ def write_report(cfg, result: WhyResult, models, command: str = "") -> Path:
     records = pretraining_records(models)
     result.rows.to_csv(tables / "why_rows.csv", index=False)
     result.accuracy.to_csv(tables / "why_accuracy.csv", index=False)
+    result.shares.to_csv(tables / "why_representation.csv", index=False)
     records.to_csv(tables / "why_pretraining.csv", index=False)
     result.predictions.to_parquet(tables / "why_predictions.parquet", index=False)
     arch = cfg.pretrain.model
@@ -98,6 +103,15 @@ def write_report(cfg, result: WhyResult, models, command: str = "") -> Path:
                       "documents; for `content_s1` and `content_s2` the share of a sentence's content words read back, "
                       "R-precision, with `frequency` the decoder that knows word frequencies only):", "",
                       _md_table(view), ""]
+        if key == "sep" and len(result.shares):
+            sh = result.shares
+            lines += ["How far each model's last-layer vectors move (mean share of the way to another input over "
+                      "the held-out pairs, 95% interval over pretraining seeds and documents):", "",
+                      _md_table(pd.DataFrame({
+                          "model": sh["role"], "what moves": sh["what"],
+                          "share": [f"{v * 100:.1f}% ({lo * 100:.1f}–{hi * 100:.1f})" for v, lo, hi in
+                                    zip(sh["value"], sh["ci_low"], sh["ci_high"])],
+                          "items": sh["n_items"], "seeds": sh["n_seeds"]})), ""]
         rows = result.rows[result.rows["question"] == key] if len(result.rows) else result.rows
         if len(rows):
             shown = display(rows, RULES)

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+
+import pandas as pd
 from typing import Callable
 
 from probing.study.rules import decide
 
 from .config import WhyConfig
 from .report import write_report
-from .study import RULES, WhyResult, accuracy_table, answers, comparison_rows, model_runs, predictions
+from .representation import measured_pairs, representation_predictions, representation_rows
+from .study import (RULES, WhyResult, accuracy_table, answers, comparison_rows, measuring_tasks, model_runs,
+                    predictions)
 
 __all__ = ["run_why"]
 
@@ -36,11 +40,18 @@ def run_why(cfg: WhyConfig, *, force: bool = False, progress: bool = True, comma
     t1 = time.perf_counter()
     P = predictions(cfg, models, force=force, progress=progress, log=log)
     seconds["measuring"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    measured, replaced = measured_pairs(measuring_tasks(cfg)["topic"].examples)
+    R = representation_predictions(models, measured, replaced, Path(cfg.why.out) / "caches", device=cfg.why.device,
+                                   progress=progress, log=log)
+    shares, representation = representation_rows(R, cfg.why.bootstrap_resamples)
+    seconds["representations"] = time.perf_counter() - t1
     t2 = time.perf_counter()
-    rows = decide(comparison_rows(P, cfg.pretrain.train.steps, cfg.why.bootstrap_resamples), RULES)
+    rows = decide(pd.concat([comparison_rows(P, cfg.pretrain.train.steps, cfg.why.bootstrap_resamples),
+                             representation], ignore_index=True), RULES)
     acc = accuracy_table(P, cfg.why.bootstrap_resamples)
     seconds["comparisons"] = time.perf_counter() - t2
-    result = WhyResult(Path(cfg.why.out), P, rows, acc, answers(rows, acc), seconds)
+    result = WhyResult(Path(cfg.why.out), P, rows, acc, answers(rows, acc), seconds, shares)
     write_report(cfg, result, models, command=command)
     return result
 

@@ -56,15 +56,24 @@ RULES: dict[str, Rule] = {
                    why="the same yardstick as the fine-tuned rows"),
     "content": Rule("difference in the share of content words read back (R-precision)", "points", 0.02,
                     why="2 points of the words a decoder recovers, the accuracy rows' yardstick"),
+    "representation": Rule("difference in how far the same last-layer vectors move", "points of the way to another "
+                           "input", 0.05, why="5% of the distance between two different inputs, the seed questions' "
+                                              "Q1 yardstick"),
 }
 
 #: Tasks: name -> (the [why] corpus key, the label).
 TASKS = {"next": ("pairs", "is_next"), "topic": ("pairs", "topic"), "topic_s2": ("pairs", "topic_s2"),
          "next_article": ("pairs_article", "is_next")}
+#: Word order (the seed questions' Q7 minimal pairs, :func:`analyses.recovery.minimal_pair_scores`): task -> what
+#: is read. From the frozen [CLS] of a pair and of the same pair with two adjacent words of sentence 1 swapped, a
+#: decoder cross-fitted over the same folds tells which is the original (per item right or wrong; chance 50%).
+ORDER = {"order_s1": "the original pair told from its copy with two adjacent words of sentence 1 swapped, from "
+                     "[CLS] (minimal pairs; chance 50%)"}
+ORDER_CHANCE = 0.5
 TASK_WORDS = {"next": "is_next (other-topic negatives)", "next_article": "is_next (same-article negatives)",
               "topic": "topic (of sentence 1)", "topic_s2": "topic of sentence 2 (another topic in the negatives)",
               "content_s1": "the content words of sentence 1 read back (R-precision; yardstick: word frequency alone)",
-              "content_s2": "the content words of sentence 2 read back"}
+              "content_s2": "the content words of sentence 2 read back", **ORDER}
 #: Content readouts (the seed questions' Q5 and Q7 decoder, :mod:`analyses.recovery`): task -> the sentence whose
 #: content words (the :data:`CONTENT_VOCAB` most frequent of the pairs) are read back from the frozen [CLS],
 #: scored per item by R-precision, cross-fitted over :data:`CONTENT_FOLDS` document-grouped folds; the
@@ -121,7 +130,8 @@ def model_runs(cfg: WhyConfig) -> list[Model]:
     return models
 
 
-def _tasks(cfg: WhyConfig):
+def measuring_tasks(cfg: WhyConfig):
+    """The tasks every model is measured on (:data:`TASKS`), from the articles the pretraining held out."""
     from analyses.finetune import make_task
     from probing.corpora import load_corpus
 
@@ -160,7 +170,8 @@ def content_predictions(model: str, examples, fmt: str = "pair", device: str = "
     [CLS] (``pooling`` ``cls``) and of the frequency-only decoder (``frequency``), in the prediction table's
     columns (``correct``: the score; items without a vocabulary word left out)."""
     from analyses.probes import content_vocabulary, presence
-    from analyses.recovery import content_scores, grouped_folds
+    from analyses.recovery import content_scores, grouped_folds, minimal_pair_scores
+    from probing.study.questions._common import swap_in_every_example
 
     ids, X = cls_vectors(model, examples, fmt, device)
     by_id = {e.id: e for e in examples}
@@ -177,6 +188,12 @@ def content_predictions(model: str, examples, fmt: str = "pair", device: str = "
             frames.append(pd.DataFrame({"task": task, "format": fmt, "pooling": pooling, "frozen": True,
                                         "item": np.asarray(ids)[ok], "doc": docs[ok], "label": "",
                                         "correct": score[ok]}))
+    swapped_ids, X_swapped = cls_vectors(model, swap_in_every_example(kept, seed=0), fmt, device)
+    both, a, b = np.intersect1d(np.asarray(ids), np.asarray(swapped_ids), return_indices=True)
+    pair_docs = docs[a]
+    correct, _ = minimal_pair_scores(X[a], X_swapped[b], pair_docs, grouped_folds(pair_docs, CONTENT_FOLDS, 0))
+    frames.append(pd.DataFrame({"task": "order_s1", "format": fmt, "pooling": "cls", "frozen": True, "item": both,
+                                "doc": pair_docs, "label": "", "correct": correct}))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -186,7 +203,7 @@ def predictions(cfg: WhyConfig, models: list[Model], *, force: bool = False, pro
     (the pretraining step: the run's last for a finished run)."""
     from analyses.finetune import run_protocol
 
-    tasks = _tasks(cfg)
+    tasks = measuring_tasks(cfg)
     frames = []
     final = cfg.pretrain.train.steps
     for m in models:
@@ -294,12 +311,12 @@ def comparison_rows(P: pd.DataFrame, final_step: int, n_resamples: int = 1000) -
         ]
     for other, words in (("reference", "MLM + NSP − MLM"), ("sop", "MLM + SOP − MLM")):
         for pooling in TOKENS:
-            for task in [*TASKS, *CONTENT]:
+            for task in [*TASKS, *CONTENT, *ORDER]:
                 rows.append(_row(P, _where("mlm", task, "pair", pooling, True, end),
                                  _where(other, task, "pair", pooling, True, end), question="nsp", task=task,
                                  pooling=pooling, label=words, n_resamples=R))
     steps = sorted(set(P.loc[P["role"] == "reference", "step"]))
-    for task in [*TASKS, *CONTENT]:
+    for task in [*TASKS, *CONTENT, *ORDER]:
         for step in steps[1:]:
             rows.append(_row(P, _where("reference", task, "pair", "cls", True, steps[0]),
                              _where("reference", task, "pair", "cls", True, step), question="learning", task=task,
@@ -332,7 +349,8 @@ def chance_levels(P: pd.DataFrame) -> dict[str, float]:
     content task, the frequency-only decoder's mean R-precision."""
     items = P.drop_duplicates(["task", "item"])
     out = {task: float(g["label"].astype(str).value_counts(normalize=True).iloc[0]) for task, g in
-           items.groupby("task") if task not in CONTENT}
+           items.groupby("task") if task not in CONTENT and task not in ORDER}
+    out.update({task: ORDER_CHANCE for task in ORDER if (items["task"] == task).any()})
     for task in CONTENT:  # the frequency-only decoder's mean score
         freq = P[(P["task"] == task) & (P["pooling"] == "frequency")]
         if len(freq):
@@ -345,6 +363,15 @@ def chance_levels(P: pd.DataFrame) -> dict[str, float]:
 
 def _pts(x: float) -> str:
     return f"{x * 100:+.1f}"
+
+
+def _share(x: float) -> str:
+    """A share of the way to another input in percent: one decimal below 10%.
+
+    >>> _share(0.00107), _share(0.4028)
+    ('0.1%', '40%')
+    """
+    return f"{x * 100:.1f}%" if abs(x) < 0.1 else f"{x * 100:.0f}%"
 
 
 def _pick(rows: pd.DataFrame, **where) -> pd.Series | None:
@@ -403,14 +430,17 @@ def answers(rows: pd.DataFrame, acc: pd.DataFrame) -> dict[str, tuple[str, str]]
     nsp_acc = _own(acc, [("reference", "pair"), ("mlm", "pair")], poolings=tuple(TOKENS), task="next", frozen=True)
     content = _pick(rows, question="nsp", label="MLM + NSP − MLM", task="content_s1", pooling="cls")
     if parts and not nsp_acc["learnt"].any():
-        text = _unlearnt("no frozen probe of is_next on the MLM + NSP or the MLM-only model ([CLS], the middle "
-                         "[SEP], the mean)", nsp_acc)
+        text = _unlearnt("no frozen is_next probe ([CLS], middle [SEP], mean) of the MLM + NSP or MLM-only models",
+                         nsp_acc)
         conf = "low"
         if content is not None:
             more = ("fewer" if content["value"] < 0 else "more") if content["decision"] in ("yes", "yes_small") \
                 else "about as many"
-            text += (f" But MLM + NSP leaves {more} of sentence 1's content words readable from [CLS] than MLM "
-                     f"alone ({_pts(content['value'])} points, {_ci(content)}).")
+            text += (f" But MLM + NSP leaves {more} of sentence 1's content words in [CLS] than MLM alone "
+                     f"({_pts(content['value'])} points, {_ci(content)}).")
+        order = _pick(rows, question="nsp", label="MLM + NSP − MLM", task="order_s1", pooling="cls")
+        if order is not None and order["decision"] in ("yes", "yes_small"):
+            text += f" Word order: {_pts(order['value'])} points ({_ci(order)})."
         out["nsp"] = (text, conf)
     elif parts:
         text = ("Against MLM alone, next-sentence prediction changes what a frozen probe reads of is_next from "
@@ -431,18 +461,27 @@ def answers(rows: pd.DataFrame, acc: pd.DataFrame) -> dict[str, tuple[str, str]]
     if ref is None or inter is None or nos is None:
         out["sep"] = ("Not measured: the config pretrains no model without [SEP].", "low")
     elif not sep_acc["learnt"].any():
-        out["sep"] = (_unlearnt("fine-tuned on next-sentence pairs, neither the model pretrained with [SEP] nor "
-                                "the one without", sep_acc), "low")
+        out["sep"] = (_unlearnt("fine-tuned, neither the model pretrained with [SEP] nor the one without",
+                                sep_acc), "low")
     else:
         out["sep"] = (f"Fine-tuned without the middle [SEP], a model pretrained with it changes {_pts(ref['value'])} "
-                      f"points, one pretrained without {_pts(nos['value'])}; the difference, {_pts(inter['value'])} "
-                      f"points ({_ci(inter)}), is {LABELS[inter['decision']].lower()}.", inter["confidence"])
+                      f"points, one pretrained without {_pts(nos['value'])}: {_pts(inter['value'])} points apart "
+                      f"({_ci(inter)}; {LABELS[inter['decision']].lower()}).", inter["confidence"])
+    moved = _pick(rows, question="sep", measure="representation", task="drop_sep_s1")
+    cls = _pick(rows, question="sep", measure="representation", task="drop_sep_cls")
+    if moved is not None and cls is not None and ref is not None:
+        text, conf = out["sep"]
+        out["sep"] = (text + f" Dropping [SEP] moves sentence 1's last-layer words {_share(moved['value_a'])} of the "
+                      f"way to another input after pretraining with it, {_share(moved['value_b'])} without; [CLS] "
+                      f"{_share(cls['value_a'])} and {_share(cls['value_b'])} ({LABELS[cls['decision']].lower()}).",
+                      weakest([conf, moved["confidence"], cls["confidence"]]))
     learn = acc[(acc["role"] == "reference") & (acc["format"] == "pair") & (acc["pooling"] == "cls") & acc["frozen"]]
     if learn["step"].nunique() < 2:
         out["learning"] = ("Not measured: the config keeps no snapshots ([pretrain.train] snapshots).", "low")
     else:
         bits = []
-        short = {"topic": "topic", "next": "is_next", "next_article": "coherence", "content_s1": "content"}
+        short = {"topic": "topic", "next": "is_next", "next_article": "coherence", "content_s1": "content",
+                 "order_s1": "word order"}
         for task in short:
             t = learn[learn["task"] == task].sort_values("step")
             path = " → ".join(f"{a * 100:.0f}%" for a in t["accuracy"])
@@ -471,6 +510,8 @@ class WhyResult:
     accuracy: pd.DataFrame
     answers: dict[str, tuple[str, str]]
     seconds: dict[str, float] = field(default_factory=dict)
+    #: each model's representation shares (:func:`probing.study.why.representation.representation_rows`)
+    shares: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def pretraining_records(models: list[Model]) -> pd.DataFrame:
