@@ -41,6 +41,15 @@ EVIDENCE = {
 }
 
 
+def _pct(x: float, sign: str = "%") -> str:
+    """A share in percent, with two decimals below 1% (a move of 0.04% is not 0.0%).
+
+    >>> _pct(0.00107), _pct(0.1594), _pct(-0.0006, "")
+    ('0.11%', '15.9%', '-0.06')
+    """
+    return f"{x * 100:.2f}{sign}" if abs(x) < 0.01 else f"{x * 100:.1f}{sign}"
+
+
 def _git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -109,7 +118,7 @@ def write_report(cfg, result: WhyResult, models, command: str = "") -> Path:
                       "the held-out pairs, 95% interval over pretraining seeds and documents):", "",
                       _md_table(pd.DataFrame({
                           "model": sh["role"], "what moves": sh["what"],
-                          "share": [f"{v * 100:.1f}% ({lo * 100:.1f}–{hi * 100:.1f})" for v, lo, hi in
+                          "share": [f"{_pct(v)} ({_pct(lo, '')}–{_pct(hi, '')})" for v, lo, hi in
                                     zip(sh["value"], sh["ci_low"], sh["ci_high"])],
                           "items": sh["n_items"], "seeds": sh["n_seeds"]})), ""]
         rows = result.rows[result.rows["question"] == key] if len(result.rows) else result.rows
