@@ -78,6 +78,17 @@ def test_workers_run_each_group_once_on_one_thread_and_a_failure_is_left_to_the_
     assert all(r.stage == "analyses " + "+".join(r.keys) + WORKER_SUFFIX for r in runs)
 
 
+def test_a_worker_killed_by_a_signal_is_reported_and_the_others_finish(tmp_path):
+    import signal
+
+    logs: list[str] = []
+    killed = SimpleNamespace(key="Q4", tables=(), analyse=lambda ctx: os.kill(os.getpid(), signal.SIGKILL))
+    runs, _ = analyse_in_workers([killed, _section("Q6")], _ctx(tmp_path, logs), workers=2, log=logs.append)
+    status = {r.keys: r.status for r in runs}
+    assert status == {("Q4",): -signal.SIGKILL, ("Q6",): 0} and (tmp_path / "Q6.txt").exists()
+    assert any(f"the worker for Q4 failed (exit status {-signal.SIGKILL})" in line for line in logs)
+
+
 def test_no_fork_where_cuda_is_the_device():
     assert not can_fork("cuda")
     assert can_fork("cpu") == hasattr(os, "fork")

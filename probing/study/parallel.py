@@ -24,6 +24,7 @@ bound. The stage row says which (:data:`PSS_SAMPLED`, :data:`RSS_BOUND`).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -187,6 +188,17 @@ def check_shards(cache_dirs, workers: int) -> int:
     return len(files)
 
 
+def _wait_any(running: dict) -> tuple[int, int, "os.struct_rusage"]:
+    """The first of the ``running`` workers to end: ``(pid, wait status, its resource usage)``. Only these pids
+    are waited for, so a child process that other code of the runner started is left to that code."""
+    while True:
+        for pid in running:
+            done, status, usage = os.wait4(pid, os.WNOHANG)
+            if done == pid:
+                return pid, status, usage
+        time.sleep(0.05)
+
+
 def _child(job: list, ctx, log: Callable[[str], None]) -> int:
     """What a forked worker runs: its sections' analyses with one thread of each pool; the exit status."""
     try:
@@ -234,9 +246,7 @@ def analyse_in_workers(sections: Sequence, ctx, workers: int, log: Callable[[str
                 if pid == 0:  # the worker
                     os._exit(_child(job, ctx, log))
                 running[pid] = (job, time.perf_counter())
-            pid, status, usage = os.wait4(-1, 0)
-            if pid not in running:
-                continue
+            pid, status, usage = _wait_any(running)
             job, began = running.pop(pid)
             ended = time.perf_counter()
             peak = usage.ru_maxrss / 1024  # kB on Linux
@@ -249,7 +259,13 @@ def analyse_in_workers(sections: Sequence, ctx, workers: int, log: Callable[[str
                     "the runner instead")
             else:
                 log(f"analyses {'+'.join(run.keys)} done in a worker: {run.seconds:.1f} s")
-    finally:
+    finally:  # interrupted (Ctrl-C, an error here): no worker outlives the pass
+        for pid in running:
+            try:
+                os.kill(pid, signal.SIGTERM)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
         sampler.stopped.set()
         sampler.join()
     seconds = time.perf_counter() - start
