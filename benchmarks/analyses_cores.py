@@ -35,7 +35,7 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 
 
 def run(study: Path, caches: Path, config: str, questions: str, cores: list[int], work: Path,
-        costs: Path | None = None) -> dict[str, float]:
+        costs: Path | None = None, device: str | None = None, quick: bool = False) -> dict[str, float]:
     """One run of the analyses on ``cores``: ``{stage: wall seconds}`` from its stages table. ``costs``: a stage
     table put where the run looks for its last one, so that its workers start the longest sections first."""
     import pandas as pd
@@ -50,7 +50,7 @@ def run(study: Path, caches: Path, config: str, questions: str, cores: list[int]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="true" if len(cores) > 1 else "false",
                **{v: str(len(cores)) for v in THREAD_VARIABLES})
     cmd = [sys.executable, "-m", "probing.study", config, "--out", str(out), "--caches", str(caches), "--questions",
-           questions, "--no-progress"]
+           questions, "--no-progress"] + (["--device", device] if device else []) + (["--quick"] if quick else [])
     t0 = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                           preexec_fn=lambda: os.sched_setaffinity(0, cores))
@@ -73,6 +73,10 @@ def main(argv=None) -> int:
     p.add_argument("--caches", required=True, help="the study's cache directory")
     p.add_argument("--config", default="seed_questions", help="the study's config (default seed_questions)")
     p.add_argument("--questions", default="Q1,Q2,Q3,Q4,Q5,Q6,Q7", help="the analyses timed (default Q1-Q7)")
+    p.add_argument("--quick", action="store_true", help="the study was run with --quick (its [quick] settings)")
+    p.add_argument("--device", default=None,
+                   help="the study's --device for both runs (default: the config's); on a GPU machine 'cpu' times "
+                        "the analyses on its cores (the study forks no workers where CUDA is in use)")
     args = p.parse_args(argv)
     study, caches = Path(args.study), Path(args.caches)
     if not (study / ".results").is_dir() or not caches.is_dir():
@@ -80,10 +84,10 @@ def main(argv=None) -> int:
     available = sorted(os.sched_getaffinity(0))
     work = Path(tempfile.mkdtemp(prefix="probing-cores-"))
     try:
-        one = run(study, caches, args.config, args.questions, available[:1], work)
+        one = run(study, caches, args.config, args.questions, available[:1], work, device=args.device, quick=args.quick)
         # the workers take the sections longest first by the costs the one-core run has just measured
         many = run(study, caches, args.config, args.questions, available, work,
-                   costs=work / "cores1" / "tables" / "stages.csv")
+                   costs=work / "cores1" / "tables" / "stages.csv", device=args.device, quick=args.quick)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"machine: {os.uname().machine}, {len(available)} cores available; study {study}, questions {args.questions}")

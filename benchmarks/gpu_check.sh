@@ -12,6 +12,11 @@
 #    WHY_CONFIG the config (default why_questions) and WHY_ARGS appended to the command. Steps 1-3 and step 4
 #    each fit one 10-minute call of a lent machine, not both: run `STEPS=why bash benchmarks/gpu_check.sh` as its
 #    own call.
+# 5. the default study on the GPU from empty caches (python -m probing.study, its stage table in
+#    $OUT/study/tables/stages.csv; STUDY_CONFIG, default seed_questions, and STUDY_ARGS appended), then its
+#    analyses on one core against all of them (benchmarks/analyses_cores.py --device cpu: where CUDA is in use
+#    the study forks no analysis workers, so the cores are measured on the CPU path; ANALYSES_ARGS appended).
+#    Not in the default STEPS: `STEPS=study,analyses-cores bash benchmarks/gpu_check.sh` is a call of its own.
 # Each step has its own time limit (seconds, environment variables below) and the script goes on past a
 # failed step; its exit status is the number of failed steps.
 # A rehearsal on any machine (tests/test_benchmarks.py runs one on the CPU, so that the few minutes of a
@@ -44,6 +49,8 @@ read -r -a EXTRACT_EXTRA <<< "${EXTRACT_ARGS:-}"
 read -r -a PROBE_EXTRA <<< "${PROBE_ARGS:-}"
 read -r -a CKA_EXTRA <<< "${CKA_ARGS:-}"
 read -r -a WHY_EXTRA <<< "${WHY_ARGS:-}"
+read -r -a STUDY_EXTRA <<< "${STUDY_ARGS:-}"
+read -r -a ANALYSES_EXTRA <<< "${ANALYSES_ARGS:-}"
 failed=0
 step() {  # step NAME LIMIT_S COMMAND...  (NAME.baseline: the same step on BASELINE_TREE's code)
   local name=$1 limit=$2; shift 2
@@ -77,5 +84,9 @@ step cka "${T_CKA:-120}" $PY benchmarks/cka_speed.py --device "$DEVICE" "${CKA_E
 TAIL=12 step why "${T_WHY:-420}" $PY -m probing.study.why "${WHY_CONFIG:-why_questions}" --preset "${WHY_PRESET:-small}" \
   --steps "${WHY_STEPS:-1000}" --device "$DEVICE" --out "$OUT/why_questions" --pretrain-out "$OUT/why-pretrain" \
   --no-progress "${WHY_EXTRA[@]}"
+TAIL=26 step study "${T_STUDY:-300}" $PY -m probing.study "${STUDY_CONFIG:-seed_questions}" --device "$DEVICE" \
+  --out "$OUT/study" --caches "$OUT/study-caches" --no-progress "${STUDY_EXTRA[@]}"
+TAIL=20 step analyses-cores "${T_CORES:-300}" $PY benchmarks/analyses_cores.py --study "$OUT/study" \
+  --caches "$OUT/study-caches" --config "${STUDY_CONFIG:-seed_questions}" --device cpu "${ANALYSES_EXTRA[@]}"
 echo "== failed steps: $failed"
 exit $failed

@@ -60,6 +60,29 @@ def test_gpu_check_rehearses_on_the_cpu(tmp_path):
     assert re.search(r"CKA\[0, 0\] = [\d.]+", cka)
 
 
+def test_gpu_checks_study_steps_rehearse_on_the_cpu(tmp_path, bert_tokenizer):
+    """The `study` and `analyses-cores` steps: a study from empty caches (here the tiny model's quick study, two
+    questions), then its analyses timed on one core and on all of them from its stored fine-tuning runs."""
+    from .conftest import make_tiny_bert, quick_study_config
+
+    model_dir = tmp_path / "tiny-model"
+    make_tiny_bert(bert_tokenizer, max_position_embeddings=128).save_pretrained(model_dir)
+    bert_tokenizer.save_pretrained(model_dir)
+    cfg = quick_study_config(tmp_path, model_dir)
+    logs = tmp_path / "logs"
+    env = _env(DEVICE="cpu", STEPS="study,analyses-cores", OUT=str(logs), PYTHON=sys.executable, STUDY_CONFIG=str(cfg),
+               STUDY_ARGS="--quick --questions Q2,Q4", ANALYSES_ARGS="--quick --questions Q2,Q4")
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and "== failed steps: 0" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]
+    assert (logs / "study" / "report.md").is_file() and (logs / "study" / "tables" / "stages.csv").is_file()
+    assert "--device cpu" in (logs / "study.log").read_text().splitlines()[0]
+    cores = (logs / "analyses-cores.log").read_text()
+    assert re.search(r"analyses together: [\d.]+ s on 1 core, [\d.]+ s on \d+: [\d.]+x", cores), cores[-2000:]
+    if len(os.sched_getaffinity(0)) > 1:  # the run on every core forked its workers
+        assert re.search(r"analyses, \d+ workers", cores), cores[-2000:]
+
+
 def test_gpu_check_runs_each_extraction_on_a_baseline_tree_too(tmp_path):
     """BASELINE_TREE: each extraction step also runs on that folder's code, right after the current code's,
     logged as <step>.baseline.log (rehearsed on the CPU with the one-layer model); a folder without the
