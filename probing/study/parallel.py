@@ -11,8 +11,8 @@ sections are computed again in the runner's pass, and the failure is logged), an
 is exactly the serial run.
 
 The work is forked, not spawned: a worker starts with the runner's corpora, caches, model and fine-tuning
-predictions already in memory (shared with the runner until written), and nothing is pickled. Forking is not
-done where CUDA is in use (a forked process cannot use it), nor where the platform has no ``os.fork``.
+predictions already in memory (shared with the runner until written), and nothing is pickled. Forking is done on
+Linux only, and not where CUDA is in use (a forked process cannot use it).
 
 Memory: the processes share the pages they inherit, so their summed RSS counts those pages several times.
 While the workers run, a thread samples the proportional set size (Pss, ``/proc/<pid>/smaps_rollup``, Linux
@@ -63,8 +63,9 @@ class WorkerRun:
 
 
 def can_fork(device: str) -> bool:
-    """Whether the analyses may be forked: a platform with ``os.fork``, and not where CUDA is in use."""
-    if not hasattr(os, "fork"):
+    """Whether the analyses may be forked: on Linux (macOS's system libraries are not safe to use in a forked
+    child of a threaded process, and Windows has no fork), and not where CUDA is in use."""
+    if not (sys.platform.startswith("linux") and hasattr(os, "fork")):
         return False
     if device != "cpu":
         return False
