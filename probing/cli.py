@@ -80,6 +80,21 @@ def positive_floats(value: str) -> list[float]:
     return out
 
 
+def seed_list(value: str) -> list[int]:
+    """An argparse ``type``: ``"0,1,2"`` -> ``[0, 1, 2]``, integers >= 0, at least one (``--train-seeds``).
+
+    >>> seed_list("0, 1,2")
+    [0, 1, 2]
+    """
+    try:
+        seeds = [int(s) for s in value.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of integers") from None
+    if not seeds or any(s < 0 for s in seeds):
+        raise argparse.ArgumentTypeError(f"{value!r}: give seeds >= 0, e.g. 0,1,2")
+    return seeds
+
+
 def positive_float(value: str) -> float:
     """An argparse ``type``: one positive finite number."""
     numbers = positive_floats(value)

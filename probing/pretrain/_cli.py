@@ -11,21 +11,9 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from probing.cli import ArgumentParser, int_at_least, output_dir_arg
+from probing.cli import ArgumentParser, int_at_least, output_dir_arg, seed_list
 
 from ._config import PRESET_NAMES
-
-
-def _seeds(value: str) -> list[int]:
-    import argparse
-
-    try:
-        seeds = [int(s) for s in value.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of integers") from None
-    if not seeds or any(s < 0 for s in seeds):
-        raise argparse.ArgumentTypeError(f"{value!r}: give seeds >= 0, e.g. 0,1,2")
-    return seeds
 
 
 def build_parser() -> ArgumentParser:
@@ -35,7 +23,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("config", help="a TOML config ([run], [corpus], [model], [train], [variant], [[variants]])")
     p.add_argument("--out", type=output_dir_arg, default=None, help="the run set's directory (config: [run] out)")
     p.add_argument("--preset", choices=PRESET_NAMES, default=None, help="sizes and steps (config: [run] preset)")
-    p.add_argument("--train-seeds", type=_seeds, default=None,
+    p.add_argument("--train-seeds", type=seed_list, default=None,
                    help="pretraining seeds, e.g. 0,1,2 (config: [run] seeds)")
     p.add_argument("--steps", type=int_at_least(1), default=None, help="optimizer steps (config: [train] steps)")
     p.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:1 (config: [run] device)")

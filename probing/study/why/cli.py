@@ -9,18 +9,10 @@ from typing import Sequence
 __all__ = ["main"]
 
 
-def _seeds(text: str) -> list[int]:
-    try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise ValueError(f"--train-seeds {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
-    if not seeds:
-        raise ValueError(f"--train-seeds {text!r}: expected at least one seed")
-    return seeds
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    from probing.cli import ArgumentParser, check_output_dir
+    from argparse import ArgumentTypeError
+
+    from probing.cli import ArgumentParser, check_output_dir, seed_list
 
     from .config import packaged_configs
 
@@ -58,7 +50,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.steps is not None:
             overrides["pretrain.train.steps"] = args.steps
         if args.train_seeds is not None:
-            overrides["pretrain.run.seeds"] = _seeds(args.train_seeds)
+            try:
+                overrides["pretrain.run.seeds"] = seed_list(args.train_seeds)
+            except ArgumentTypeError as err:  # a usage error reported like the config's own
+                raise ValueError(f"--train-seeds {err}") from None
         if args.device is not None:
             overrides["why.device"] = args.device
             overrides["pretrain.run.device"] = args.device

@@ -38,10 +38,11 @@ def run_why(cfg: WhyConfig, *, force: bool = False, progress: bool = True, comma
                                 f"trains, so a run finished before [pretrain.train] snapshots was set has none (delete "
                                 f"the run's directory to train it again)")
     t1 = time.perf_counter()
-    P = predictions(cfg, models, force=force, progress=progress, log=log)
+    tasks = measuring_tasks(cfg)  # read once: the protocol's tasks and the representation measures' pairs
+    P = predictions(cfg, models, force=force, progress=progress, log=log, tasks=tasks)
     seconds["measuring"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    measured, replaced = measured_pairs(measuring_tasks(cfg)["topic"].examples)
+    measured, replaced = measured_pairs(tasks["topic"].examples)
     R = representation_predictions(models, measured, replaced, Path(cfg.why.out) / "caches", device=cfg.why.device,
                                    progress=progress, log=log)
     shares, representation = representation_rows(R, cfg.why.bootstrap_resamples)

@@ -198,12 +198,13 @@ def content_predictions(model: str, examples, fmt: str = "pair", device: str = "
 
 
 def predictions(cfg: WhyConfig, models: list[Model], *, force: bool = False, progress: bool = True,
-                log: Callable[[str], None] = print) -> pd.DataFrame:
+                log: Callable[[str], None] = print, tasks: dict | None = None) -> pd.DataFrame:
     """Every model's protocol predictions in one table, ``seed`` the pretraining seed, with ``role`` and ``step``
-    (the pretraining step: the run's last for a finished run)."""
+    (the pretraining step: the run's last for a finished run). ``tasks``: :func:`measuring_tasks` of ``cfg``, read
+    here when not given."""
     from analyses.finetune import run_protocol
 
-    tasks = measuring_tasks(cfg)
+    tasks = tasks if tasks is not None else measuring_tasks(cfg)
     frames = []
     final = cfg.pretrain.train.steps
     for m in models:
