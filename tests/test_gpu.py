@@ -184,3 +184,37 @@ def test_frozen_and_fine_tuned_pooling_on_the_gpu(bert_tokenizer):
     np.testing.assert_allclose(frozen(gpu), frozen(cpu), atol=1 / 12 + 1e-9)  # at most one test item of 12 moves
     acc = gpu[gpu.metric == "test_accuracy"]
     assert len(acc) == 2 * 3 and acc.value.between(0, 1).all()
+
+
+def test_pretraining_on_the_gpu_copies_batches_without_waiting_and_learns(tmp_path):
+    """A batch copied through pinned memory without a sync holds what the CPU batch holds; a test-preset run
+    on the GPU (losses read back only at log points) finishes, with a falling loss and its device recorded."""
+    import json
+
+    from probing.pretrain import Variant, parse_config, pretrain
+    from probing.pretrain._data import Instance, Layout, make_batch
+    from probing.pretrain._tokenizer import train_tokenizer
+    from probing.pretrain._train import non_special_ids
+
+    from .test_pretrain import config_dict, topic_text
+
+    tok = train_tokenizer((f"w{i} w{i + 1} w{i + 2} ." for i in range(200)), 300, max_length=32)
+    rng = np.random.default_rng(0)
+    ids = non_special_ids(tok)
+    insts = [Instance(rng.choice(ids.numpy(), 9), rng.choice(ids.numpy(), 12), i % 2, 0) for i in range(8)]
+    batch = make_batch(insts, Layout(Variant(), tok), mask_prob=0.15, mask_id=tok.mask_token_id,
+                       random_ids=ids, generator=torch.Generator().manual_seed(0))
+    on_gpu = batch.to("cuda", non_blocking=True)
+    torch.cuda.synchronize()
+    for name in ("input_ids", "token_type_ids", "attention_mask", "labels", "pair_labels", "cls_index"):
+        assert torch.equal(getattr(on_gpu, name).cpu(), getattr(batch, name)), name
+
+    text = tmp_path / "topics.txt"
+    text.write_text(topic_text(n_docs=120))
+    raw = config_dict(text, tmp_path / "runs", steps=60, log_every=10, checkpoint_every=30)
+    raw["run"]["device"] = "cuda"
+    (run,) = pretrain(parse_config(raw), progress=False, log=lambda *a: None)
+    record = json.loads((run / "training.json").read_text())
+    assert record["device"] == "cuda" and record["steps"] == 60
+    curve = [p["loss"] for p in record["loss_curve"]]
+    assert len(curve) == 6 and curve[-1] < curve[0]

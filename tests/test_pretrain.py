@@ -250,6 +250,9 @@ def test_each_variant_lays_out_what_its_config_says(small_corpus, variant):
         b_at = start + la + (1 if variant.sep else 0)
         assert ids[b_at:b_at + lb] == inst.b.tolist()
         assert n == la + lb + 2 + (1 if variant.sep else 0)
+        x, t, w, c = layout(inst)  # the batch's row is the pair's own layout, padded
+        assert ids == x.tolist() and types == t.tolist() and c == cls_at
+        assert w[(batch.labels[i, :n] != -100).numpy()].all()  # masks fall on words only
         if variant.segments:  # segment 0 up to the end of A (and its [SEP]), 1 from B on
             assert types[:b_at] == [0] * b_at and types[b_at:] == [1] * (n - b_at)
         else:

@@ -394,6 +394,7 @@ class Layout:
         self.items = self.format.expand(2)
         self.specials = special_token_ids(tokenizer, self.format)
         self.pad_id = int(tokenizer.pad_token_id)
+        self.n_specials = sum(kind == "special" for kind, _, _ in self.items)
 
     def __call__(self, inst: Instance) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """(input ids, token type ids, is-word mask, index of [CLS])."""
@@ -411,6 +412,30 @@ class Layout:
             words.append(np.full(len(part), kind == "sentence"))
         return np.concatenate(ids), np.concatenate(types), np.concatenate(words), cls_index
 
+    def length(self, inst: Instance) -> int:
+        return self.n_specials + len(inst.a) + len(inst.b)
+
+    def write(self, inst: Instance, ids: np.ndarray, types: np.ndarray, words: np.ndarray) -> int:
+        """Write the pair into a padded row (``ids``, ``types``, ``words``: 1-D views, at least :meth:`length`
+        long) as :meth:`__call__` lays it out; return the index of [CLS]. A batch's rows are written this way:
+        slices of its arrays, no array per part."""
+        pos, cls_index = 0, -1
+        for kind, value, segment in self.items:
+            if kind == "special":
+                if value == "CLS":
+                    cls_index = pos
+                ids[pos] = self.specials[value]
+                n = 1
+            else:
+                part = inst.a if value == 1 else inst.b
+                n = len(part)
+                ids[pos:pos + n] = part
+                words[pos:pos + n] = True
+            if self.variant.segments and segment:
+                types[pos:pos + n] = segment
+            pos += n
+        return cls_index
+
 
 @dataclass
 class Batch:
@@ -425,9 +450,14 @@ class Batch:
     cls_index: torch.Tensor  # (batch,) int64
     n_tokens: int  # real (unpadded) tokens
 
-    def to(self, device) -> "Batch":
-        return Batch(*(t.to(device) for t in (self.input_ids, self.token_type_ids, self.attention_mask, self.labels,
-                                              self.pair_labels, self.cls_index)), self.n_tokens)
+    def to(self, device, non_blocking: bool = False) -> "Batch":
+        """The batch on ``device``. ``non_blocking`` to a GPU: copied through pinned memory without waiting for
+        the work already queued there, so the next batch is laid out while the GPU computes this one."""
+        device = torch.device(device)
+        pin = non_blocking and device.type == "cuda"
+        return Batch(*((t.pin_memory() if pin else t).to(device, non_blocking=non_blocking)
+                       for t in (self.input_ids, self.token_type_ids, self.attention_mask, self.labels,
+                                 self.pair_labels, self.cls_index)), self.n_tokens)
 
 
 def make_batch(instances: Sequence[Instance], layout: Layout, *, mask_prob: float, mask_id: int,
@@ -437,18 +467,14 @@ def make_batch(instances: Sequence[Instance], layout: Layout, *, mask_prob: floa
     vocabulary), 10% stay (Devlin et al. 2019). The draws are made over the pairs' text tokens in order (A, then
     B, pair after pair), never over padded positions, so every layout of the same pairs masks the same tokens.
     Every draw comes from ``generator``."""
-    rows = [layout(inst) for inst in instances]
-    T = max(len(r[0]) for r in rows)
-    B = len(rows)
-    ids = torch.full((B, T), layout.pad_id, dtype=torch.long)
-    types = torch.zeros((B, T), dtype=torch.long)
-    mask = torch.zeros((B, T), dtype=torch.long)
-    words = torch.zeros((B, T), dtype=torch.bool)
-    for i, (x, t, w, _) in enumerate(rows):
-        ids[i, :len(x)] = torch.from_numpy(x)
-        types[i, :len(x)] = torch.from_numpy(t)
-        mask[i, :len(x)] = 1
-        words[i, :len(x)] = torch.from_numpy(w)
+    lengths = np.fromiter((layout.length(inst) for inst in instances), dtype=np.int64, count=len(instances))
+    B, T = len(instances), int(lengths.max())
+    ids_np = np.full((B, T), layout.pad_id, dtype=np.int64)
+    types_np = np.zeros((B, T), dtype=np.int64)
+    words_np = np.zeros((B, T), dtype=bool)
+    cls_index = [layout.write(inst, ids_np[i], types_np[i], words_np[i]) for i, inst in enumerate(instances)]
+    ids, types, words = torch.from_numpy(ids_np), torch.from_numpy(types_np), torch.from_numpy(words_np)
+    mask = (torch.arange(T) < torch.from_numpy(lengths)[:, None]).long()
     n = int(words.sum())
     chosen, how = torch.rand(n, generator=generator) < mask_prob, torch.rand(n, generator=generator)
     pick = random_ids[torch.randint(len(random_ids), (n,), generator=generator)]
@@ -459,4 +485,4 @@ def make_batch(instances: Sequence[Instance], layout: Layout, *, mask_prob: floa
     inputs = ids.clone()
     inputs[words] = torch.where(chosen & (how >= 0.8) & (how < 0.9), pick, replaced)
     return Batch(inputs, types, mask, labels, torch.tensor([inst.label for inst in instances], dtype=torch.long),
-                 torch.tensor([r[3] for r in rows], dtype=torch.long), int(mask.sum()))
+                 torch.tensor(cls_index, dtype=torch.long), int(mask.sum()))

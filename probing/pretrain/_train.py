@@ -260,7 +260,21 @@ def train_run(cfg: PretrainConfig, variant: Variant, seed: int, corpus: Corpus, 
     budget = arch.max_length - SPECIALS_BUDGET
     started, wall_before = time.perf_counter(), state["wall"]
 
+    pending: list[torch.Tensor] = []  # each step's losses, still on the device: one sync per log point
+
+    def fold() -> None:
+        """Add the pending steps' losses to the window, in step order, as Python floats (a step's float() of
+        each loss, added one after another): the same sums whenever they are read."""
+        w = state["window"]
+        for loss, mlm, pair in torch.stack(pending).tolist() if pending else ():
+            w["n"] += 1
+            w["loss"] += loss
+            w["mlm"] += mlm
+            w["pair"] += pair
+        pending.clear()
+
     def checkpoint() -> None:
+        fold()
         state["wall"] = wall_before + time.perf_counter() - started
         save_checkpoint(directory, model, optimizer, scheduler, state)
 
@@ -282,7 +296,7 @@ def train_run(cfg: PretrainConfig, variant: Variant, seed: int, corpus: Corpus, 
             gen = torch.Generator().manual_seed(_seed_int(seed, "mask", state["step"]))
             batch = make_batch(instances[b * train.batch_size:(b + 1) * train.batch_size], layout,
                                mask_prob=train.mask_prob, mask_id=tokenizer.mask_token_id, random_ids=random_ids,
-                               generator=gen).to(device)
+                               generator=gen).to(device, non_blocking=True)
             loss, mlm, pair = train_step(model, batch, optimizer, scheduler, grad_clip=train.grad_clip,
                                          autocast=autocast)
             state["step"] += 1
@@ -290,12 +304,11 @@ def train_run(cfg: PretrainConfig, variant: Variant, seed: int, corpus: Corpus, 
             state["epochs"] = state["epoch"] + state["batch"] / n_batches
             state["tokens"] += batch.n_tokens
             state["sequences"] += len(batch.pair_labels)
-            w = state["window"]
-            w["n"] += 1
-            w["loss"] += float(loss)
-            w["mlm"] += float(mlm)
-            w["pair"] += 0.0 if pair is None else float(pair)
+            pending.append(torch.stack([loss.float(), mlm.float(), torch.zeros_like(mlm, dtype=torch.float32)
+                                        if pair is None else pair.float()]))
             if state["step"] % train.log_every == 0 or state["step"] == train.steps:
+                fold()
+                w = state["window"]
                 point = {"step": state["step"], "tokens": state["tokens"], "loss": w["loss"] / w["n"],
                          "mlm_loss": w["mlm"] / w["n"], "lr": scheduler.get_last_lr()[0]}
                 if variant.pair_head:
