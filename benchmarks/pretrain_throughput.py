@@ -11,7 +11,17 @@ m masked tokens):
              + m x 2(d² + dV) (the MLM head, on the masked positions only) + the pair head (negligible)
     training = 3 x forward (the backward pass costs twice the forward)
 
-Embeddings, biases, layer norms, softmax, GELU and the optimizer are left out. On the CPU the reference is a
+Embeddings, biases, layer norms, softmax, GELU and the optimizer are left out.
+
+The step alone leaves out what a run does around it. ``--loop-steps N`` (default 10; 0 leaves it out) also times
+the runs' own loop (``probing.pretrain._train.train_run``: each epoch's pairs, the batches laid out and masked,
+copied to the device, the steps, the losses) on a synthetic corpus of random words: two runs of N and 2N steps,
+the difference of their recorded wall times over N steps, so what a run pays once (the first epoch's pairs)
+cancels. Checkpoints are left out of these runs: a fsync'd write of the model and optimizer, once every
+``checkpoint_every`` steps (500 in the `small` preset), whose time varies with the disk by seconds. It prints the
+loop's time a step against the step's alone.
+
+On the CPU the reference is a
 float32 ``--matmul-size``³ product on the same threads, timed before and after the steps (their mean); on a GPU
 a float32 8192³ product, and a bfloat16 one beside it when the step runs under bfloat16 autocast.
 
@@ -56,6 +66,41 @@ def step_flops(config, lengths: np.ndarray, n_masked: int) -> float:
     return 3.0 * forward
 
 
+def loop_seconds_per_step(preset: str, objective: str, train_over: dict, device, n: int) -> float:
+    """Seconds a step of ``train_run``'s loop takes (module docstring): runs of ``n`` and ``2n`` steps on random
+    words, the difference of their walls over ``n``."""
+    import json
+    import tempfile
+    from unittest import mock
+
+    from probing.pretrain import parse_config
+    from probing.pretrain._data import Corpus, Document, tokenize_documents
+    from probing.pretrain._train import train_run
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a bar per saved model directory
+    rng = np.random.default_rng(1)
+    walls = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for steps in (n, 2 * n):
+            cfg = parse_config({"run": {"preset": preset, "out": f"{tmp}/{steps}", "device": str(device)},
+                                "train": {**train_over, "steps": steps, "checkpoint_every": steps,
+                                          "log_every": min(steps, 25), "eval_pairs": 8},
+                                "variant": {"objective": objective}})
+            tok = synthetic_tokenizer(cfg.model.vocab_size, cfg.model.max_length)
+            tok.save_pretrained(f"{tmp}/{steps}/tokenizer")
+            n_docs = max(4 * cfg.train.batch_size, 400)
+            docs = tuple(Document(f"d{d}", tuple(" ".join(f"w{k}" for k in rng.integers(0, 1000, rng.integers(10, 21)))
+                                                   for _ in range(12))) for d in range(n_docs))
+            corpus = Corpus(docs[:-20], docs[-20:], "synthetic")
+            tokens, heldout = tokenize_documents(tok, corpus.train), tokenize_documents(tok, corpus.heldout)
+            with mock.patch("probing.pretrain._train.save_checkpoint"):  # module docstring: no checkpoints
+                run = train_run(cfg, cfg.variants[0], 0, corpus, tok, tokens, heldout, device=device,
+                                progress=False, log=lambda *a: None)
+            walls.append(json.loads((run / "training.json").read_text(encoding="utf-8"))["wall_seconds"])
+    return (walls[1] - walls[0]) / n
+
+
 def gpu_matmul_tflops(device, dtype, size: int = 8192, reps: int = 10) -> float:
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
@@ -82,6 +127,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=None, help="default: the preset's")
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    p.add_argument("--loop-steps", type=int, default=10,
+                   help="also time the runs' own loop: runs of N and 2N steps (0: leave it out)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--autocast", default="auto", choices=["auto", "on", "off"])
@@ -135,6 +182,10 @@ def main(argv=None) -> int:
     rate = flops / seconds / 1e9
     print(f"pretraining: {tokens} tokens in {seconds:.2f}s = {tokens / seconds:,.0f} tokens/s, "
           f"{seconds / args.steps * 1e3:.1f} ms a step, {rate:.1f} GFLOP/s (model FLOPs)")
+    if args.loop_steps > 0:
+        loop = loop_seconds_per_step(args.preset, args.objective, train_over, device, args.loop_steps)
+        print(f"the runs' loop: {loop * 1e3:.1f} ms a step (runs of {args.loop_steps} and {2 * args.loop_steps} "
+              f"steps on random words); the step alone is {seconds / args.steps / loop:.0%} of it")
     if device.type == "cpu":
         after = matmul_gflops(args.matmul_size, args.matmul_seconds)[0]
         ref = (before + after) / 2

@@ -236,6 +236,7 @@ def test_each_variant_lays_out_what_its_config_says(small_corpus, variant):
     layout = Layout(variant, tok)
     batch = make_batch(insts[:12], layout, mask_prob=0.15, mask_id=tok.mask_token_id,
                        random_ids=torch.arange(5, len(tok)), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(batch.labels.flatten()[batch.masked], batch.labels[batch.labels != -100])  # row-major
     for i, inst in enumerate(insts[:12]):
         n = int(batch.attention_mask[i].sum())
         ids = torch.where(batch.labels[i] != -100, batch.labels[i], batch.input_ids[i])[:n].tolist()  # unmasked
@@ -636,12 +637,15 @@ def test_calibration_refuses_too_few_resamples_and_an_unwritable_table_before_an
 def test_the_benchmark_prints_tokens_per_second_and_the_matmul_share():
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pretrain_throughput.py"), "--preset", "test",
                            "--steps", "3", "--warmup", "1", "--threads", "1", "--matmul-size", "256",
-                           "--matmul-seconds", "0.2"], env=_env(), capture_output=True, text=True, timeout=600)
+                           "--matmul-seconds", "0.2", "--loop-steps", "3"], env=_env(), capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     import re
 
     assert re.search(r"pretraining: \d+ tokens in [\d.]+s = [\d,]+ tokens/s", done.stdout)
     assert re.search(r"pretraining [\d.]+ GFLOP/s = \d+% of the float32 matmul rate", done.stdout)
+    assert re.search(r"the runs' loop: -?[\d.]+ ms a step \(runs of 3 and 6 steps on random words\); the step alone "
+                     r"is -?\d+% of it", done.stdout)
 
 
 def test_load_config_reads_a_file(tmp_path, text_file):

@@ -448,6 +448,7 @@ class Batch:
     labels: torch.Tensor  # (batch, seq) int64
     pair_labels: torch.Tensor  # (batch,) int64
     cls_index: torch.Tensor  # (batch,) int64
+    masked: torch.Tensor  # (n_masked,) int64: the flat (row-major) positions where labels != -100
     n_tokens: int  # real (unpadded) tokens
 
     def to(self, device, non_blocking: bool = False) -> "Batch":
@@ -457,7 +458,7 @@ class Batch:
         pin = non_blocking and device.type == "cuda"
         return Batch(*((t.pin_memory() if pin else t).to(device, non_blocking=non_blocking)
                        for t in (self.input_ids, self.token_type_ids, self.attention_mask, self.labels,
-                                 self.pair_labels, self.cls_index)), self.n_tokens)
+                                 self.pair_labels, self.cls_index, self.masked)), self.n_tokens)
 
 
 def make_batch(instances: Sequence[Instance], layout: Layout, *, mask_prob: float, mask_id: int,
@@ -485,4 +486,5 @@ def make_batch(instances: Sequence[Instance], layout: Layout, *, mask_prob: floa
     inputs = ids.clone()
     inputs[words] = torch.where(chosen & (how >= 0.8) & (how < 0.9), pick, replaced)
     return Batch(inputs, types, mask, labels, torch.tensor([inst.label for inst in instances], dtype=torch.long),
-                 torch.tensor(cls_index, dtype=torch.long), int(mask.sum()))
+                 torch.tensor(cls_index, dtype=torch.long), torch.nonzero(labels.flatten() != -100).flatten(),
+                 int(mask.sum()))

@@ -53,10 +53,11 @@ def build_model(arch: ModelConfig, variant: Variant, tokenizer, seed: int):
 
 def pretraining_logits(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
     """MLM logits ``(n_masked, vocab)`` at the positions where ``batch.labels != -100`` (row-major order), and the
-    pair head's logits ``(batch, 2)`` read at ``batch.cls_index`` (None for an ``mlm`` model)."""
+    pair head's logits ``(batch, 2)`` read at ``batch.cls_index`` (None for an ``mlm`` model). The positions come
+    laid out (``batch.masked``): on a GPU no step waits for a mask's size."""
     seq = model.bert(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                      token_type_ids=batch.token_type_ids).last_hidden_state
-    mlm = model.cls.predictions(seq[batch.labels != -100])
+    mlm = model.cls.predictions(seq.flatten(0, 1)[batch.masked])
     if not hasattr(model.cls, "seq_relationship"):
         return mlm, None
     pooler = model.bert.pooler

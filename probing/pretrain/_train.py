@@ -117,7 +117,7 @@ def _losses(model, batch, autocast: bool) -> tuple[torch.Tensor, torch.Tensor, t
     ctx = torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16) if autocast else nullcontext()
     with ctx:
         mlm_logits, pair_logits = pretraining_logits(model, batch)
-    targets = batch.labels[batch.labels != -100]
+    targets = batch.labels.flatten()[batch.masked]
     mlm = (torch.nn.functional.cross_entropy(mlm_logits.float(), targets) if len(targets)
            else mlm_logits.float().sum() * 0.0)
     pair = None if pair_logits is None else torch.nn.functional.cross_entropy(pair_logits.float(), batch.pair_labels)
@@ -170,7 +170,7 @@ def evaluate(model, tokenizer, variant: Variant, heldout_tokens, heldout_docs, t
         batch = make_batch(pairs[i:i + EVAL_BATCH], layout, mask_prob=train.mask_prob, mask_id=tokenizer.mask_token_id,
                            random_ids=ids, generator=gen).to(device)
         _, mlm, _, logits = _losses(model, batch, autocast)
-        t = batch.labels[batch.labels != -100]
+        t = batch.labels.flatten()[batch.masked]
         loss_sum += float(mlm) * len(t)
         correct += int((logits.argmax(-1) == t).sum())
         n += len(t)
