@@ -30,8 +30,9 @@ def _env(**extra) -> dict:
                     reason="needs bash and coreutils' timeout")
 def test_gpu_check_rehearses_on_the_cpu(tmp_path):
     logs = tmp_path / "logs"
-    env = _env(DEVICE="cpu", DTYPE="float32", STEPS="extract-cls-sep,extract-host-path,extract-all,probes,cka",
-               N_CLS="40", N_ALL="20",
+    env = _env(DEVICE="cpu", DTYPE="float32", STEPS="extract-cls-sep,extract-host-path,extract-all,probes,cka,pretrain",
+               N_CLS="40", N_ALL="20", WHY_PRESET="test",
+               PRETRAIN_ARGS="--matmul-size 256 --matmul-seconds 0.2 --steps 3 --loop-steps 3",
                OUT=str(logs), PYTHON=sys.executable, EXTRACT_ARGS="--matmul-size 256 --matmul-seconds 0.2 --repeats 2",
                PROBE_ARGS="--n-items 300 --dim 32 --layers 2 --Cs 0.1,1 --folds 2 --inner-folds 2",
                CKA_ARGS="--n 400 --d 16 --layers 2 --stream-n 2000 --stream-batch 500")
@@ -58,6 +59,9 @@ def test_gpu_check_rehearses_on_the_cpu(tmp_path):
     cka = (logs / "cka.log").read_text()
     assert re.search(r"max \|Gram - toolkit\| = [\d.e+-]+", cka)
     assert re.search(r"CKA\[0, 0\] = [\d.]+", cka)
+    pretrain = (logs / "pretrain.log").read_text()
+    assert "preset test " in pretrain and "device cpu" in pretrain
+    assert re.search(r"the runs' loop: -?[\d.]+ ms a step \(runs of 3 and 6 steps", pretrain)
 
 
 def test_gpu_checks_study_steps_rehearse_on_the_cpu(tmp_path, bert_tokenizer):
