@@ -21,7 +21,9 @@
 #    the study forks no analysis workers, so the cores are measured on the CPU path; ANALYSES_ARGS appended):
 #    STEPS=study,analyses-cores.
 # Each step has its own time limit (seconds, environment variables below) and the script goes on past a
-# failed step; its exit status is the number of failed steps.
+# failed step; its exit status is the number of failed steps. PACK=1: everything under $OUT (the logs, the why
+# report, the study's report and tables; not the pretraining runs or the caches) ends in one file,
+# $OUT/gpu_check.tar.gz, for a machine that sends back only a few files.
 # A rehearsal on any machine (tests/test_benchmarks.py runs one on the CPU, so that the few minutes of a
 # lent GPU machine are not lost to a broken command): DEVICE=cpu, STEPS (a comma list of the step names below),
 # small N_CLS and N_ALL, and EXTRACT_ARGS, PROBE_ARGS, CKA_ARGS, PRETRAIN_ARGS appended to those commands. DTYPE
@@ -114,4 +116,8 @@ TAIL=26 step study "${T_STUDY:-300}" $PY -m probing.study "${STUDY_CONFIG:-seed_
 TAIL=20 step analyses-cores "${T_CORES:-300}" $PY benchmarks/analyses_cores.py --study "$OUT/study" \
   --caches "$OUT/study-caches" --config "${STUDY_CONFIG:-seed_questions}" --device cpu "${ANALYSES_EXTRA[@]}"
 echo "== failed steps: $failed"
+if [ -n "${PACK:-}" ]; then  # one file back from a machine that returns few: logs, reports and stage tables
+  tar -czf "${TMPDIR:-/tmp}/gpu_check.tar.gz" -C "$OUT" --exclude=why-pretrain --exclude=study-caches . &&
+    find "$OUT" -mindepth 1 -delete && mv "${TMPDIR:-/tmp}/gpu_check.tar.gz" "$OUT/" && echo "packed into $OUT/gpu_check.tar.gz"
+fi
 exit $failed

@@ -164,3 +164,17 @@ def test_the_gpu_kit_carries_the_default_model_and_the_corpus_for_a_bare_machine
     (line,) = [x for x in found.stdout.splitlines() if x.startswith("found ")]
     _, path, n = line.split()
     assert path.startswith(str(site)) and int(n) == 2225
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_gpu_check_packs_its_output_into_one_file(tmp_path):
+    import tarfile
+
+    logs = tmp_path / "logs"
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], cwd=ROOT, capture_output=True, text=True,
+                         env=_env(DEVICE="cpu", STEPS="none", OUT=str(logs), PACK="1", TMPDIR=str(tmp_path),
+                                  PYTHON=sys.executable), timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert [p.name for p in logs.iterdir()] == ["gpu_check.tar.gz"]
+    with tarfile.open(logs / "gpu_check.tar.gz") as tar:
+        assert "./env.log" in tar.getnames()
