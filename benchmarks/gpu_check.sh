@@ -14,7 +14,8 @@
 # 5. why: the why study (python -m probing.study.why, docs/WHY.md) with the `small` pretraining preset: its report
 #    goes to $OUT/why_questions (copy it to docs/why_questions); WHY_STEPS pretraining steps per run (default 1000),
 #    WHY_CONFIG the config (default why_questions) and WHY_ARGS appended to the command. Its ten runs took 37-56 s
-#    each at bf8480f, seven of ten within 440 s; the pretraining loop has waited on the host less since.
+#    each at bf8480f one after another, seven of ten within 440 s; the pretraining loop has waited on the host less
+#    since, and benchmarks/why_split.sh pretrains one process per seed of WHY_SEEDS_APART (default 0,1) side by side.
 # 6. study, analyses-cores: the default study on the GPU from empty caches (python -m probing.study, its stage
 #    table in $OUT/study/tables/stages.csv; STUDY_CONFIG, default seed_questions, and STUDY_ARGS appended), then its
 #    analyses on one core against all of them (benchmarks/analyses_cores.py --device cpu: where CUDA is in use
@@ -108,7 +109,7 @@ step probes "${T_PROBE:-110}" $PY benchmarks/probe_speed.py --device "$DEVICE" "
 step cka "${T_CKA:-70}" $PY benchmarks/cka_speed.py --device "$DEVICE" "${CKA_EXTRA[@]}"
 step pretrain "${T_PRETRAIN:-90}" $PY benchmarks/pretrain_throughput.py --preset "${WHY_PRESET:-small}" \
   --device "$DEVICE" --steps 20 --loop-steps 100 "${PRETRAIN_EXTRA[@]}"
-TAIL=12 step why "${T_WHY:-540}" $PY -m probing.study.why "${WHY_CONFIG:-why_questions}" --preset "${WHY_PRESET:-small}" \
+TAIL=12 step why "${T_WHY:-540}" env SEEDS="${WHY_SEEDS_APART:-0,1}" PYTHON="$PY" bash benchmarks/why_split.sh "${WHY_CONFIG:-why_questions}" --preset "${WHY_PRESET:-small}" \
   --steps "${WHY_STEPS:-1000}" --device "$DEVICE" --out "$OUT/why_questions" --pretrain-out "$OUT/why-pretrain" \
   --no-progress "${WHY_EXTRA[@]}"
 TAIL=26 step study "${T_STUDY:-300}" $PY -m probing.study "${STUDY_CONFIG:-seed_questions}" --device "$DEVICE" \

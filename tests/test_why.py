@@ -337,6 +337,9 @@ def test_the_gpu_scripts_why_step_runs_a_small_study_that_a_second_run_reuses(tm
     run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0 and "== failed steps: 0" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]
+    log = (logs / "why.log").read_text()
+    assert log.count("the study reuses them") == 2  # benchmarks/why_split.sh: a pretraining process per seed
+    assert "seed0: 16 steps" in log and "seed1: 16 steps" in log
     out = logs / "why_questions"
     report = (out / "report.md").read_text()
     assert report.splitlines()[2].startswith("**These answers come from the `test` pretraining preset**")

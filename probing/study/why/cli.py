@@ -33,6 +33,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads of the pretraining")
     p.add_argument("--force", action="store_true", help="fine-tune and probe again (finished pretraining is kept)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--pretrain-only", action="store_true",
+                   help="pretrain (or reuse) the runs and stop, no measurement and no report: several such commands "
+                        "side by side, one per --train-seeds, share a GPU, then the study reuses their runs "
+                        "(benchmarks/why_split.sh)")
     args = p.parse_args(argv)
     from probing.pretrain._config import ConfigError
 
@@ -65,6 +69,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if args.pretrain_only:
+        from probing.pretrain import pretrain
+
+        runs = pretrain(cfg.pretrain, progress=not args.no_progress)
+        print(f"pretrained {len(runs)} run(s) under {cfg.pretrain.run.out}; the study reuses them")
+        return 0
     given = argv if argv is not None else sys.argv[1:]
     command = "python -m probing.study.why " + " ".join(shlex.quote(a) for a in given)
     result = run_why(cfg, force=args.force, progress=not args.no_progress, command=command.strip())
