@@ -325,7 +325,7 @@ def test_the_last_position_head_reads_the_last_token():
     ids = torch.randint(5, 50, (2, 8))
     mask = torch.tensor([[1] * 8, [1] * 5 + [0] * 3])
     batch = Batch(ids, torch.zeros_like(ids), mask, torch.full_like(ids, -100), torch.tensor([0, 1]),
-                  torch.tensor([7, 4]), int(mask.sum()))
+                  torch.tensor([7, 4]), torch.zeros(0, dtype=torch.long), int(mask.sum()))
     with torch.no_grad():
         _, pair = pretraining_logits(model, batch)
         seq = model.bert(input_ids=ids, attention_mask=mask).last_hidden_state
