@@ -82,8 +82,10 @@ def hold_out_documents(examples: Sequence[Example], fraction: float, seed: int =
 class _Dealer:
     """Donor sentences of each topic dealt in a seeded order, again from the start when exhausted."""
 
-    def __init__(self, donors: Sequence[Example], label: str, seed: int):
+    def __init__(self, donors: Sequence[Example], label: str, seed: int, other: bool = False):
         _check_labels(donors, label)
+        self.other = other
+        self.picker = random.Random(f"dealer-other:{seed}")
         pools: dict[str, list[tuple[str, str]]] = defaultdict(list)
         seen: set[str] = set()
         for e in donors:
@@ -97,8 +99,15 @@ class _Dealer:
         self.label = label
 
     def deal(self, example: Example, avoid: set[str]) -> tuple[str, str]:
-        """A donor sentence of ``example``'s topic from another document, not one of ``avoid``."""
+        """A donor sentence of ``example``'s topic from another document, not one of ``avoid``; with ``other``, of
+        a topic other than ``example``'s, drawn (seeded) among the donors' other topics."""
         topic = str(example.labels[self.label])
+        if self.other:
+            others = [t for t in self.pools if t != topic]
+            if not others:
+                raise ValueError(f"no donor sentence of a {self.label} other than {topic!r} (example "
+                                 f"{example.id!r}); the donors hold {sorted(self.pools)}")
+            topic = self.picker.choice(others)
         pool = self.pools.get(topic)
         if not pool:
             raise ValueError(f"no donor sentence of {self.label} {topic!r} (example {example.id!r}); hold out more "
@@ -121,11 +130,11 @@ def _fresh(examples: Sequence[Example]) -> None:
 
 
 def replace_sentences(examples: Sequence[Example], positions: Sequence[int], donors: Sequence[Example],
-                      seed: int = 0, label: str = "topic") -> list[Example]:
+                      seed: int = 0, label: str = "topic", other: bool = False) -> list[Example]:
     """Each example with sentence ``positions[j]`` (1-based; 0: none) replaced by a sentence of a donor document
-    of the same ``label`` value (:func:`hold_out_documents`). Ids are kept (so a cache of the replaced corpus
-    pairs with the original's item by item); labels ``replaced`` (the position, 0 for none) and ``replaced_doc``
-    (the donor's document, "" for none) are added.
+    of the same ``label`` value (:func:`hold_out_documents`; ``other``: of another value). Ids are kept (so a
+    cache of the replaced corpus pairs with the original's item by item); labels ``replaced`` (the position, 0
+    for none) and ``replaced_doc`` (the donor's document, "" for none) are added.
 
     >>> ex = [Example("a", ("one.", "two."), {"doc": "1", "topic": "t"})]
     >>> donor = [Example("b", ("three.",), {"doc": "2", "topic": "t"})]
@@ -138,7 +147,7 @@ def replace_sentences(examples: Sequence[Example], positions: Sequence[int], don
         raise ValueError(f"{len(positions)} positions for {len(examples)} examples")
     _check_labels(examples, label)
     _fresh(examples)
-    dealer = _Dealer(donors, label, seed)
+    dealer = _Dealer(donors, label, seed, other)
     out = []
     for e, p in zip(examples, positions):
         p = int(p)
@@ -179,12 +188,13 @@ def balanced_positions(n: int, k: int, seed: int = 0, first: int = 1) -> list[in
 
 
 def intruder_examples(examples: Sequence[Example], k: int, donors: Sequence[Example], seed: int = 0,
-                      label: str = "topic") -> list[Example]:
+                      label: str = "topic", other: bool = False) -> list[Example]:
     """The intruder task: the first ``k`` sentences of each example (consecutive sentences of one article); in
     exactly half of them (seeded) one sentence at a position 2..k (balanced over the positions) is replaced by a
-    donor sentence of the same ``label`` value (:func:`replace_sentences`). Labels ``intruded`` (1/0) and
-    ``intruder_position`` (0 for none) are added; ids and the other labels are kept. Sentence 1 is never the
-    intruder: a sentence is an intruder with respect to the ones before it."""
+    donor sentence of the same ``label`` value (:func:`replace_sentences`), or with ``other`` of another value (a
+    sentence of another topic). Labels ``intruded`` (1/0) and ``intruder_position`` (0 for none) are added; ids
+    and the other labels are kept. Sentence 1 is never the intruder: a sentence is an intruder with respect to
+    the ones before it."""
     examples = list(examples)
     if isinstance(k, bool) or not isinstance(k, int) or k < 2:
         raise ValueError(f"the intruder task needs k >= 2 sentences, got k={k!r}")
@@ -199,7 +209,7 @@ def intruder_examples(examples: Sequence[Example], k: int, donors: Sequence[Exam
         positions[j] = p
     prefixes = [Example(e.id, e.sentences[:k], e.labels) for e in examples]
     out = []
-    for e in replace_sentences(prefixes, positions, donors, seed, label):
+    for e in replace_sentences(prefixes, positions, donors, seed, label, other=other):
         labels = {key: v for key, v in e.labels.items() if key not in ("replaced", "replaced_doc")}
         p = int(e.labels["replaced"])
         out.append(Example(e.id, e.sentences, {**labels, "intruded": int(p > 0), "intruder_position": p}))

@@ -133,6 +133,26 @@ def test_q6_runs_every_position_with_every_seed_and_a_frozen_probe_each():
     assert "pretraining study" in q6.notes(CFG) and "position 0" in q6.QUESTION.background
 
 
+def test_q6_runs_and_answers_the_positions_the_config_names():
+    cfg = CFG.with_values(**{"finetune.positions": ("first", "last")})
+    specs = q6.runs(cfg)
+    assert {s.format for s in specs} == {"pair", "cls_last"} and len(specs) == 2 * 2 + 2
+    P = _predictions(specs, lambda s: 0.5 if s.format == "cls_last" and not s.frozen else 0.75)
+    T = q6.analyse(_ctx(P, cfg))
+    d = _decided(q6.QUESTION, T)
+    assert set(d["cls_position"]) == {"last"} and d["family"].str.endswith(": last − first").all()
+    a = q6.answer(T, d, cfg)
+    assert a.text.startswith("At this budget only [CLS] first learnt the task") and "middle" not in a.text
+    assert re.search(r"7\d% with \[CLS\] first, \d\d% last,", a.text)
+    assert "with [CLS] last no better than always guessing" in a.text
+    ev = q6.evidence(T, d, cfg)
+    assert "| last (`cls_last`) |" in ev and "cls_mid" not in ev and "last (`cls_last`)" in q6.notes(cfg)
+    with pytest.raises(StudyError, match="finetune.positions = \\['last'\\]: expected 'first'"):
+        load_config(None, overrides={"finetune.positions": ["last"]})
+    with pytest.raises(StudyError, match="finetune.positions"):
+        load_config(None, overrides={"finetune.positions": ["first", "end"]})
+
+
 def test_q6_without_its_table_is_not_measured():
     assert q6.answer({}, pd.DataFrame(), CFG).text.startswith("Not measured")
     assert q6.rows({}).empty
@@ -189,6 +209,26 @@ def test_q8_leaves_out_curve_sizes_the_split_does_not_reach():
     P = pd.concat([P, _predictions(big, lambda s: 0.7).assign(n_train=700)], ignore_index=True)
     T = q8.analyse(_ctx(P, cfg))
     assert sorted(set(T["q8_pooling"]["n_train"].dropna())) == [100, 700]
+
+
+def test_q8_reads_any_token_from_topic_when_next_runs_cls_and_mean_only():
+    cfg = CFG.with_values(**{"finetune.poolings": ("cls", "mean", "sep1"), "finetune.next_poolings": ("cls", "mean"),
+                             "finetune.learning_curve": ()})
+    specs = q8.runs(cfg)
+    assert {s.pooling for s in specs if s.task == "next"} == {"cls", "mean"}
+    assert {s.pooling for s in specs if s.task == "topic"} == {"cls", "mean", "sep1"}
+    assert q8.poolings(cfg, "next") == ("cls", "mean") and q8.poolings(cfg) == ("cls", "mean", "sep1")
+    P = _predictions(specs, lambda s: 0.75)
+    T = q8.analyse(_ctx(P, cfg))
+    a = q8.answer(T, _decided(q8.QUESTION, T), cfg)
+    assert "differ on next-sentence pairs by" in a.text and "Sep1 on topic is also within 2.0 points of mean" in a.text
+    planted = _predictions(specs, lambda s: 0.6 if s.pooling == "sep1" and not s.frozen else 0.75)
+    T = q8.analyse(_ctx(planted, cfg))
+    a = q8.answer(T, _decided(q8.QUESTION, T), cfg)
+    assert re.search(r"Not any token on topic: sep1 trails mean by 1[3-7]\.\d points\.", a.text)
+    assert "cls, mean on `next`; cls, mean, sep1 on `topic`" in q8.notes(cfg)
+    with pytest.raises(StudyError, match="finetune.next_poolings"):
+        load_config(None, overrides={"finetune.next_poolings": ["cls", "nope"]})
 
 
 def test_q8_shares_runs_with_q6_and_reads_the_config():

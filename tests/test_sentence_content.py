@@ -87,6 +87,28 @@ def test_intruders_in_exactly_half_never_sentence_one():
         intruder_examples(items, 5, donors)
 
 
+def test_intruders_of_another_topic_come_from_another_topic_and_the_same_examples_otherwise():
+    items, donors = hold_out_documents(_groups(), 0.25)
+    topic_of = {s: e.labels["topic"] for e in donors for s in e.sentences}
+    same = intruder_examples(items, 3, donors, seed=0)
+    other = intruder_examples(items, 3, donors, seed=0, other=True)
+    assert [e.labels["intruder_position"] for e in same] == [e.labels["intruder_position"] for e in other]
+    for e, s, o in zip(items, same, other):
+        p = o.labels["intruder_position"]
+        if not p:
+            assert o.sentences == s.sentences == e.sentences[:3]
+            continue
+        assert topic_of[s.sentences[p - 1]] == e.labels["topic"]  # same_topic: the item's own topic
+        assert topic_of[o.sentences[p - 1]] != e.labels["topic"]  # other_topic: never the item's
+        assert o.sentences[:p - 1] + o.sentences[p:] == e.sentences[:p - 1] + e.sentences[p:3]
+    # every other topic supplies intruders, not one
+    assert len({topic_of[o.sentences[o.labels["intruder_position"] - 1]] for o in other
+                if o.labels["intruded"]}) == len({e.labels["topic"] for e in donors})
+    one = [e for e in donors if e.labels["topic"] == donors[0].labels["topic"]]
+    with pytest.raises(ValueError, match="no donor sentence of a topic other than"):
+        intruder_examples([e for e in items if e.labels["topic"] == one[0].labels["topic"]], 3, one, other=True)
+
+
 # ---------------------------------------------------------------------------------------------------
 # The control format
 

@@ -292,9 +292,18 @@ def test_study_jobs_union_of_sections():
     # Q1 and Q2 read the same pairs caches (with the norm-based attention) and derived corpora: each job once
     pair = Job("pairs", "pair", attention=True, attention_norm=True)
     assert jobs.count(pair) == 1 and Job(SWAPPED, "pair") in jobs and Job(REPLACED, "concat") in jobs
-    # the union of the questions' jobs, each once, in the order first asked
-    own = [j for q in ("Q1", "Q2", "Q3") for j in MODULES[q].jobs(cfg, corpora)]
-    assert jobs == list(dict.fromkeys(own)) and len(jobs) == len(set(jobs))
+    # the union of the questions' jobs, one extraction per cache, in the order first asked: a cache asked for
+    # with and without attention is extracted once, with it (Q4 reads the pairs without, Q1 and Q2 with)
+    cfg = load_config(None, overrides={"study.questions": ["Q1", "Q2", "Q3", "Q4"],
+                                       "model.random_init_baseline": False})
+    jobs = study_jobs(cfg, corpora)
+    own = [j for q in ("Q1", "Q2", "Q3", "Q4") for j in MODULES[q].jobs(cfg, corpora)]
+    key = lambda j: (j.corpus, j.format, j.random, j.intervention)  # noqa: E731
+    assert Job("pairs", "pair") in own and Job("pairs", "pair") not in jobs
+    assert [key(j) for j in jobs] == list(dict.fromkeys(key(j) for j in own))
+    served = {key(j): j for j in jobs}
+    assert all(served[key(j)].attention >= j.attention and served[key(j)].attention_norm >= j.attention_norm
+               for j in own)
     assert not any(j.random for j in jobs) and not any(j.intervention for j in jobs)
 
 

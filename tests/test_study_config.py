@@ -60,7 +60,7 @@ def _base(hint):
 #: A value outside each checked field's range, where a bound or a registry does not say it.
 SPECIAL = {"study.device": "gpu", "study.questions": ["Q1", "Q9"], "corpus.pairs": "nosuch:n=3",
            "papers.clark_format": "[CLS] {1", "finetune.poolings": ["cls", "sep"], "study.bootstrap_resamples": 99,
-           "segments.donor_share": 1.5}
+           "segments.donor_share": 1.5, "finetune.next_poolings": ["cls", "sep"]}
 
 
 def _wrong_type(hint):

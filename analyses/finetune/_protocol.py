@@ -62,8 +62,9 @@ from probing.examples import Example, corpus_fingerprint
 #: (315 training, 185 test items) 43-45 CPU s. The default study's fine-tuning with seeds [0, 1]: ``next`` in
 #: pair, concat, cls_mid, cls_last (cls) and pair mean, sep1 (12 runs, ~940 CPU s), ``topic`` cls, mean, sep1
 #: (6 runs, ~265), Q4's two knockout evaluations (~30), frozen probes (~100), Q3's intruder runs (~270, its
-#: settings): about 1,600 CPU s, some 13 minutes on two cores: over the 550 s the study gives fine-tuning
-#: (the 20-minute study needs ``[finetune] pooling_tasks``, ``poolings`` or Q1/Q6's formats cut, or a GPU).
+#: settings): about 1,600 CPU s, some 13 minutes on two cores: over the 550 s the study gives fine-tuning, so
+#: the packaged study runs its two seeds without Q6's middle position, Q8's sep1 on ``next`` and the learning
+#: curve (``[finetune] positions``, ``next_poolings``, ``learning_curve``; docs/STUDY.md has its time).
 #: ``topic`` learns in one epoch at lr 1e-4 (seed 0: cls 82.2%, mean 81.1% of 185 test items, 5 topics).
 #: Learnability of ``next`` with same-topic negatives (``[finetune] negatives = "same_topic"``; pair/cls, seed 0,
 #: same split, 325 test items): 1 epoch at lr 5e-5 57.2%, 1e-4 56.6%, 1e-4 with batches of 8 (85 steps) 55.1%;

@@ -87,6 +87,12 @@ def _poolings(value: tuple[str, ...]) -> None:
         get_pooling(name)
 
 
+def _positions(value: tuple[str, ...]) -> None:
+    _distinct(value)
+    if "first" not in value or len(value) < 2:
+        raise ValueError(f"expected 'first' (the reference) and at least one other position, got {list(value)}")
+
+
 def _questions(value: tuple[str, ...]) -> None:
     known = sections()
     bad = [q for q in value if q not in known]
@@ -207,7 +213,9 @@ class FinetuneSettings:
     split does not exceed are left out), ``pooling_tasks`` the shared tasks Q8 fine-tunes on (``next``,
     ``topic``), ``negatives`` where the ``next`` task's negatives take sentence 2 from
     (:data:`analyses.finetune.NEGATIVES`: ``other_topic`` as in BERT's next-sentence prediction, ``same_topic`` for
-    coherence alone). ``label`` is the target of the pooling experiment of
+    coherence alone), ``next_poolings`` Q8's poolings on ``next`` when they differ from ``poolings`` (empty: the
+    same), ``positions`` the classification token's positions Q6 fine-tunes (``first``, ``middle``, ``last``;
+    ``first`` is the reference). ``label`` is the target of the pooling experiment of
     :func:`analyses.finetune.run_pooling_experiment` (``python -m analyses.finetune``), which reads ``preset``,
     ``poolings`` and ``seeds`` too (its presets have the same names)."""
 
@@ -219,6 +227,9 @@ class FinetuneSettings:
     pooling_tasks: tuple[str, ...] = setting(("next", "topic"), nonempty=True, choices=lambda: ("next", "topic"),
                                              check=_distinct)
     negatives: str = setting("other_topic", choices=_negatives)
+    next_poolings: tuple[str, ...] = setting((), check=_poolings)
+    positions: tuple[str, ...] = setting(("first", "middle", "last"), nonempty=True,
+                                         choices=lambda: ("first", "middle", "last"), check=_positions)
 
 
 @dataclass(frozen=True)
@@ -257,7 +268,9 @@ class SegmentSettings:
     bertsum's per-sentence [CLS]); ``layer``: the layer they read (-1: the last); ``donor_share``: the share of
     each topic's documents held out of the items, whose sentences replace sentences (Q5's interchange, Q3's
     intruders); ``finetune_k``: sentences per example of Q3's fine-tuned intruder task, and
-    ``finetune_formats`` the formats it is fine-tuned in (``control``: a comma where each inner [SEP] was)."""
+    ``finetune_formats`` the formats it is fine-tuned in (``control``: a comma where each inner [SEP] was);
+    ``intruders``: where an intruder comes from, a held-out article of another topic (``other_topic``) or of the
+    item's own topic (``same_topic``: coherence alone, which one epoch on a few hundred items does not teach)."""
 
     ks: tuple[int, ...] = setting((2, 3, 5), ge=2, nonempty=True, check=_segment_ks)
     layer: int = setting(-1)
@@ -265,6 +278,7 @@ class SegmentSettings:
     finetune_k: int = setting(4, ge=2)
     finetune_formats: tuple[str, ...] = setting(("multi", "concat", "control"), nonempty=True,
                                                 check=_segment_formats)
+    intruders: str = setting("other_topic", choices=lambda: ("other_topic", "same_topic"))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import platform
 import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -69,7 +69,26 @@ def _selected(cfg: StudyConfig) -> list[StudySection]:
 def study_jobs(cfg: StudyConfig, corpora: dict[str, list[Example]]) -> list[Job]:
     """The caches the config's sections need (:class:`probing.study.sections.Job`), without repeats;
     ``corpora`` as :func:`load_corpora` returns them (Q3/Q5 read its ``groups_k<k>`` prefixes)."""
-    return list(dict.fromkeys(j for s in _selected(cfg) for j in s.jobs(cfg, corpora)))
+    return merge_jobs(j for s in _selected(cfg) for j in s.jobs(cfg, corpora))
+
+
+def merge_jobs(jobs) -> list[Job]:
+    """``jobs`` with those of one cache merged: the same corpus, format, weights and intervention are one
+    extraction, keeping attention (and the norm-based attention) if any of them asks for it. A cache with
+    attention holds everything one without it does, and the analyses find a cache by its corpus and format
+    name, so one extraction serves both (two would cost a second pass over the corpus, ~30 s for the default
+    study's pairs, for a cache nothing reads). Order: where each cache was first asked for.
+
+    >>> [(j.format, j.attention) for j in merge_jobs([Job("c", "pair"), Job("c", "pair", attention=True)])]
+    [('pair', True)]
+    """
+    merged: dict[tuple, Job] = {}
+    for j in jobs:
+        key = (j.corpus, j.format, j.random, j.intervention)
+        have = merged.get(key)
+        merged[key] = j if have is None else replace(
+            have, attention=have.attention or j.attention, attention_norm=have.attention_norm or j.attention_norm)
+    return list(merged.values())
 
 
 def load_corpora(cfg: StudyConfig) -> tuple[dict[str, list[Example]], dict[str, str]]:

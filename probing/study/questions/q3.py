@@ -6,7 +6,9 @@ ordinary ',' where each inner [SEP] stood (same length, same segments), paired o
 seed and the document as units; and, frozen, whether each sentence's content words can still be read from
 [CLS] and from mean pooling as k grows, in each format, on the same items. The task, ``intruder``: k
 consecutive sentences of one article; in half the examples one sentence (position 2..k) is replaced by a
-sentence of another article of the same topic; is there an intruder? (:mod:`probing.study.questions.segments`.)
+sentence of a held-out article of another topic (``[segments] intruders``; ``same_topic`` asks for coherence
+alone, which the default budget does not teach); is there an intruder?
+(:mod:`probing.study.questions.segments`.)
 """
 
 from __future__ import annotations
@@ -106,6 +108,20 @@ def _frozen_sentence(T, decided: pd.DataFrame | None) -> str:
     return f"Frozen, its [CLS] reads each sentence's content words about as well as concat's ({span}; not all decided)."
 
 
+def _source(cfg) -> str:
+    """Where an intruder comes from, in the answer's words."""
+    return "another topic" if cfg.segments.intruders == "other_topic" else "another article"
+
+
+def _intruder_words(cfg) -> str:
+    if cfg.segments.intruders == "other_topic":
+        return ("a sentence of an article of another topic that is no item, as BERT's next-sentence negatives came "
+                "from other documents: a sentence never sits in two items; `[segments] intruders = \"same_topic\"` "
+                "asks for coherence alone, which one epoch on a few hundred items does not teach")
+    return ("a same-topic sentence of an article that is no item, so sentence-level leaks and topic cues are "
+            "excluded")
+
+
 def answer(T, decided: pd.DataFrame, cfg) -> Answer:
     preset = "quick" if getattr(cfg, "quick", False) else cfg.finetune.preset
     acc = _accuracies(T)
@@ -118,7 +134,7 @@ def answer(T, decided: pd.DataFrame, cfg) -> Answer:
             return Answer(f"Not fine-tuned in this run. {frozen}", "low", preset)
         return not_measured("the fine-tuned intruder task and the content readouts", preset)
     m = tuned.loc["multi"]
-    task = f"fine-tuned to tell whether one of {k} sentences comes from another article"
+    task = f"fine-tuned to tell whether one of {k} sentences comes from {_source(cfg)}"
     if not float(m["ci_low"]) > 0.5:
         text = (f"Cannot tell: {task}, `[CLS] s1 [SEP] s2 [SEP] …` scored {_pct(m['value'])}, no better than "
                 f"chance (50%), so this run did not learn the task. {frozen}")
@@ -189,10 +205,9 @@ def notes(cfg) -> str:
     kinds = ", ".join(f"`{k}` ({SEGMENT_FORMATS[k]})" for k in seg.finetune_kinds(cfg))
     return (f"Fine-tuning: the intruder task of {s.finetune_k} consecutive sentences from the items of corpus.groups "
             f"({cfg.corpus.groups}), {_pct(s.donor_share)} of each topic's articles held out to supply the intruders "
-            f"(a same-topic sentence of an article that is no item, so sentence-level leaks and topic cues are "
-            f"excluded); one document-grouped split ({_pct(p['test_fraction'])} of the documents tested, no "
-            f"sentence on both sides), every weight trainable, a linear head on [CLS], {tr['epochs']} epochs, "
-            f"batch {tr['batch_size']}, learning rate {tr['lr']:g} (head {tr['head_lr']:g}), seeds "
+            f"({_intruder_words(cfg)}); one document-grouped split ({_pct(p['test_fraction'])} of the documents "
+            f"tested, no sentence on both sides), every weight trainable, a linear head on [CLS], {tr['epochs']} "
+            f"epochs, batch {tr['batch_size']}, learning rate {tr['lr']:g} (head {tr['head_lr']:g}), seeds "
             f"{list(seg.protocol_seeds(cfg))} (`[finetune] seeds`; the `{cfg.finetune.preset}` preset); "
             f"formats {kinds}. "
             "The comparisons are paired "

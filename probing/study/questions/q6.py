@@ -6,11 +6,12 @@ is trained for it: the shared ``next`` task (:mod:`probing.study.questions._comm
 classification token first (``pair``: ``[CLS] s1 [SEP] s2 [SEP]``), between the sentences (``cls_mid``:
 ``s1 [SEP] [CLS] s2 [SEP]``) and last (``cls_last``: ``s1 [SEP] s2 [SEP] [CLS]``), every weight trained, on the
 same split with the same seeds (and so the same batches), a head on the classification token's last-layer
-state. The rows are fine-tuned accuracy middle − first and last − first, paired per test item with a two-stage
-bootstrap (seeds, then documents), judged against 2 accuracy points. Frozen probes at the three positions on
-the same split stand beside them. Why [CLS] came to be first in pretraining is a question for the pretraining
-study (encoders pretrained with [CLS] last, ``probing.pretrain``); the mechanical convenience of a fixed
-first position is stated as background, not measured.
+state; ``[finetune] positions`` says which of the three run (the packaged study: first and last, what the
+asker named, for its time). The rows are fine-tuned accuracy middle − first and last − first, paired per test
+item with a two-stage bootstrap (seeds, then documents), judged against 2 accuracy points. Frozen probes at the
+same positions on the same split stand beside them. Why [CLS] came to be first in pretraining is a question for
+the pretraining study (encoders pretrained with [CLS] last, ``probing.pretrain``); the mechanical convenience of
+a fixed first position is stated as background, not measured.
 """
 
 from __future__ import annotations
@@ -45,12 +46,17 @@ BACKGROUND = ("Why first is convenient, mechanically: position 0 is the same ind
               "index differs per example once a batch is padded, so reading it needs each example's length.")
 
 
+def positions(cfg) -> dict[str, str]:
+    """The positions of ``[finetune] positions``: format -> the word for it, first (the reference) first."""
+    return {f: w for f, w in POSITIONS.items() if w in cfg.finetune.positions}
+
+
 def runs(cfg) -> list:
-    """Fine-tuned runs at each position with every seed, and a frozen probe at each position."""
+    """Fine-tuned runs at each position of ``[finetune] positions`` with every seed, and a frozen probe at each."""
     from analyses.finetune import RunSpec
 
-    return ([RunSpec(NEXT, f, "cls", None, s) for f in POSITIONS for s in protocol_seeds(cfg)]
-            + [RunSpec(NEXT, f, "cls", None, frozen=True) for f in POSITIONS])
+    return ([RunSpec(NEXT, f, "cls", None, s) for f in positions(cfg) for s in protocol_seeds(cfg)]
+            + [RunSpec(NEXT, f, "cls", None, frozen=True) for f in positions(cfg)])
 
 
 def tasks(cfg, corpora: dict) -> dict:
@@ -75,7 +81,8 @@ def rows(T: Tables) -> pd.DataFrame:
     d = d[d["format"].isin(POSITIONS)]
     out = pd.DataFrame({
         "measure": d["condition"].map(MEASURE),
-        "family": "Q6 " + d["condition"].str.replace("_", "-") + ": middle − first, last − first",
+        "family": "Q6 " + d["condition"].str.replace("_", "-") + ": " + ", ".join(
+            f"{w} − first" for f, w in POSITIONS.items() if f != REFERENCE and f in set(d["format"])),
         "label": d["format"].map(POSITIONS) + " − first (" + d["condition"].str.replace("_", "-") + ")",
         "cls_position": d["format"].map(POSITIONS), "condition": d["condition"], "value": d["value"], "se": d["se"],
         "value_a": d["value_a"], "value_b": d["value_b"], "n_groups": d["n_groups"], "grouping": d["grouping"],
@@ -97,12 +104,13 @@ def _pct(x: float) -> str:
 def answer(T: Tables, decided: pd.DataFrame, cfg) -> Answer:
     preset = protocol_preset(cfg)
     if TABLE not in T or decided is None or decided.empty:
-        return not_measured("fine-tuning with the classification token first, middle and last", preset)
+        return not_measured("fine-tuning with the classification token first and moved", preset)
     ft = decided[decided["condition"] == "fine_tuned"]
     acc = _accuracies(T)
     rule = RULES["position_finetuned"]
+    moved = [w for w in POSITIONS.values() if w != "first" and w in acc]
     where = (f"next-sentence accuracy is {_pct(acc['first']['value'])} with [CLS] first, "
-             f"{_pct(acc['middle']['value'])} middle, {_pct(acc['last']['value'])} last")
+             + ", ".join(f"{_pct(acc[w]['value'])} {w}" for w in moved))
     decisions = set(ft["decision"])
     confidence = weakest(ft["confidence"])
     floor = chance(T[TABLE], NEXT)
@@ -111,7 +119,8 @@ def answer(T: Tables, decided: pd.DataFrame, cfg) -> Answer:
                       f"always guessing the commoner answer scores {_pct(floor)}), so the positions were compared "
                       "on models near chance.", "low", preset)
     if decisions == {"no_difference"}:
-        text = (f"Once fine-tuned, position hardly matters: {where} (both differences within "
+        both = "both differences" if len(moved) > 1 else "the difference"
+        text = (f"Once fine-tuned, position hardly matters: {where} ({both} within "
                 f"±{rule.show(rule.threshold)}).")
     elif "yes" in decisions:
         worst = ft.loc[ft.loc[ft["decision"] == "yes", "value"].abs().idxmax()]
@@ -149,7 +158,7 @@ def evidence(T: Tables, decided: pd.DataFrame, cfg) -> str:
                   "(simultaneous CI) | decision |", "|---|---|---|---|---|"]
     by_pos = {r["cls_position"]: r for _, r in decided.iterrows() if r["condition"] == "fine_tuned"} \
         if decided is not None and not decided.empty else {}
-    for fmt, pos in POSITIONS.items():
+    for fmt, pos in positions(cfg).items():
         a, f = ft.get(pos), fz.get(pos)
         cell = lambda r: (f"{_pct(r['value'])} ({_pct(r['ci_low'])} to {_pct(r['ci_high'])})"  # noqa: E731
                           if r is not None else "–")
@@ -187,9 +196,11 @@ def notes(cfg) -> str:
     return (f"Task `next`: {task_words(cfg, NEXT)}, on the `pairs` corpus ({cfg.corpus.pairs}); one split for every "
             f"run, {unit_words(cfg)} and stratified by the label. Each run fine-tunes a fresh copy of the encoder, "
             f"every weight, with a linear head on the classification token's last-layer state ({preset_words(cfg)}); "
-            "only the token's position differs between the three formats (the same items, seeds and batch order). "
-            "Differences are paired per test item, with a two-stage bootstrap over seeds and documents and a "
-            "simultaneous (Bonferroni) interval over the two comparisons. What it does not show: why [CLS] came "
+            f"positions: {', '.join(f'{w} (`{f}`)' for f, w in positions(cfg).items())} "
+            "(`[finetune] positions`); only the token's position differs between the formats (the same items, seeds "
+            "and batch order). Differences are paired per test item, with a two-stage bootstrap over seeds and "
+            "documents and a simultaneous (Bonferroni) interval over the comparisons with first. What it does not "
+            "show: why [CLS] came "
             "to be first in pretraining. The encoder was pretrained with [CLS] first, so a moved token starts "
             "from weights that never saw it there; fine-tuning shows whether that matters once the model is "
             "trained for the task. Pretraining with [CLS] last is the pretraining study's question "

@@ -45,9 +45,13 @@ RULES = {
 }
 
 
-def poolings(cfg) -> tuple[str, ...]:
-    """The poolings on each task: ``[finetune] poolings`` with cls and mean always among them."""
-    return tuple(dict.fromkeys([*PAIR, *cfg.finetune.poolings]))
+def poolings(cfg, task: str | None = None) -> tuple[str, ...]:
+    """The poolings on ``task`` (None: on any task): ``[finetune] poolings``, on ``next`` ``[finetune]
+    next_poolings`` where given, with cls and mean always among them."""
+    given = (cfg.finetune.next_poolings if task == NEXT and cfg.finetune.next_poolings else
+             cfg.finetune.poolings if task is not None else
+             [*cfg.finetune.poolings, *(cfg.finetune.next_poolings if NEXT in _tasks(cfg) else ())])
+    return tuple(dict.fromkeys([*PAIR, *given]))
 
 
 def runs(cfg) -> list:
@@ -56,7 +60,7 @@ def runs(cfg) -> list:
     from analyses.finetune import RunSpec
 
     tasks = _tasks(cfg)
-    grid = [(t, p, None) for t in tasks for p in poolings(cfg)]
+    grid = [(t, p, None) for t in tasks for p in poolings(cfg, t)]
     grid += [(t, p, n) for n in cfg.finetune.learning_curve for t in tasks for p in PAIR]
     return ([RunSpec(t, "pair", p, n, s) for t, p, n in grid for s in protocol_seeds(cfg)]
             + [RunSpec(t, "pair", p, n, frozen=True) for t, p, n in grid])
@@ -178,17 +182,24 @@ def answer(T: Tables, decided: pd.DataFrame, cfg) -> Answer:
                       f"{task} task (always guessing the commoner answer: {_pct(chance(t, h['task']))}).", "low",
                       preset)
     others = ft[(ft["task"] == h["task"]) & (ft["pooling"] != "cls")]
+    if others.empty:  # "would any token do" from the next task that ran other poolings and learnt
+        for i in learning:
+            o = ft[(ft["task"] == head.loc[i, "task"]) & (ft["pooling"] != "cls")]
+            if len(o):
+                others = o
+                break
     if len(others):
+        on = "" if others["task"].iloc[0] == h["task"] else f" on {TASK_NAMES.get(others['task'].iloc[0], '')}"
         far = others[others["decision"] == "yes"]
         if len(far):
             w = far.loc[far["value"].abs().idxmax()]
-            parts.append(f"Not any token: {w['pooling']} {'trails' if w['value'] < 0 else 'beats'} mean by "
+            parts.append(f"Not any token{on}: {w['pooling']} {'trails' if w['value'] < 0 else 'beats'} mean by "
                          f"{_pts(rule, w['value'])}.")
         elif set(others["decision"]) <= {"no_difference", "yes_small"}:
-            parts.append(f"{' and '.join(others['pooling']).capitalize()} are also within "
-                         f"{rule.number(rule.threshold)} points of mean.")
+            parts.append(f"{' and '.join(others['pooling']).capitalize()}{on} {'is' if len(others) == 1 else 'are'}"
+                         f" also within {rule.number(rule.threshold)} points of mean.")
         else:
-            parts.append(f"{' and '.join(others['pooling'])} against mean: undecided.")
+            parts.append(f"{' and '.join(others['pooling'])} against mean{on}: undecided.")
     curve = decided[(decided["measure"] == "pooling_curve") & (decided["task"] == h["task"])]
     if len(curve):
         c = curve.loc[curve["n_train"].astype(int).idxmin()]
@@ -273,7 +284,8 @@ def notes(cfg) -> str:
     return (f"Tasks on the `pairs` corpus ({cfg.corpus.pairs}): {tasks}. One split per task for every run, grouped "
             f"{unit_words(cfg).removeprefix('grouped ')} and stratified by the label. Each run fine-tunes a fresh "
             f"copy of the encoder, every weight, with a linear head on one pooling of the last layer "
-            f"({preset_words(cfg)}); the poolings: {', '.join(poolings(cfg))}"
+            f"({preset_words(cfg)}); the poolings: "
+            + "; ".join(f"{', '.join(poolings(cfg, t))} on `{t}`" for t in _tasks(cfg))
             + (f"; the learning curve trains cls and mean on the first {sizes} training items of the same order "
                "(smaller sets are prefixes of larger ones) and tests on the same items" if sizes else "")
             + ". Differences are paired per test item, with a two-stage bootstrap over seeds and documents and a "

@@ -3,8 +3,9 @@ interchange tables, and Q3's fine-tuned intruder task.
 
 * Items and donors: whole documents of the ``groups`` corpus, ``[segments] donor_share`` of each topic's, are
   held out as donors (:func:`probing.corpus_replace.hold_out_documents`); every other example is an item. A
-  sentence that replaces another (the interchange, the intruders) always comes from a donor of the same topic,
-  so it is as plausible as the one it replaces and never sits in two items.
+  sentence that replaces another in the interchange comes from a donor of the same topic, so it is as plausible
+  as the one it replaces; an intruder from a donor of another topic (``[segments] intruders``). Either never sits
+  in two items.
 * Derived corpora (:func:`derive`): ``segments_k<k>``, the first k sentences of the items, for each k of
   ``[segments] ks``; ``segments_swap``, the items at the largest k with one sentence each replaced (the position
   balanced over 1..k; :func:`probing.corpus_replace.replace_sentences`).
@@ -148,13 +149,15 @@ def protocol_seeds(cfg) -> tuple[int, ...]:
 
 def tasks(cfg, corpora: dict) -> dict:
     """``{"intruder": task}``: the first ``finetune_k`` sentences of each item, one sentence (position 2..k)
-    replaced by a donor's in half of them (:func:`probing.corpus_replace.intruder_examples`), split once
+    replaced by a donor's (of another topic, or of the item's with ``[segments] intruders = "same_topic"``) in half
+    of them (:func:`probing.corpus_replace.intruder_examples`), split once
     (document-grouped, stratified by the label: :func:`analyses.finetune.make_task`)."""
     from analyses.finetune import PROTOCOL_PRESETS, make_task
     from probing.corpus_replace import intruder_examples
 
     items, donors = items_and_donors(cfg, corpora["groups"])
-    examples = intruder_examples(items, cfg.segments.finetune_k, donors, cfg.study.seed)
+    examples = intruder_examples(items, cfg.segments.finetune_k, donors, cfg.study.seed,
+                                 other=cfg.segments.intruders == "other_topic")
     return {INTRUDER: make_task(examples, "intruded", PROTOCOL_PRESETS[cfg.finetune.preset]["test_fraction"],
                                 cfg.study.seed)}
 
