@@ -143,9 +143,30 @@ def test_q4_answer_reports_what_sep_adds_when_it_adds_something():
     assert "At layer 6" in a.text and "at 80%; word overlap and lengths reach 70%" in a.text
     assert "encoded apart 75%" in a.text
     assert "adds +6.0 points" in a.text and a.confidence == "high"
-    assert "A knockout of attention to [SEP] moves fine-tuned accuracy -5.0 points against a control (CI -7" in a.text
+    assert ("Knocking out attention to [SEP] moves fine-tuned next-sentence accuracy -5.0 points against a control "
+            "(CI -7") in a.text
     ev = QUESTION.evidence(T, decided, None)
     assert "| the middle [SEP] | 80% (77%–83%) |" in ev and "knocked out" in ev
+
+
+def test_q4_knockout_is_read_on_the_first_task_the_models_learnt():
+    from probing.study.questions.q4 import QUESTION
+
+    T = _tables(beyond=0.06, se=0.01)
+    ko = T["q4_knockout"]
+    T["q4_knockout"] = pd.concat([ko.assign(target="next", learnt=False, chance=0.5),
+                                  ko.assign(target="topic", learnt=True, chance=0.22, value=ko["value"] / 5)],
+                                 ignore_index=True)
+    decided = _decided(T)
+    assert set(decided[decided["measure"] == "knockout"]["family"]) == {"knockout (next)", "knockout (topic)"}
+    a = QUESTION.answer(T, decided, None)
+    assert "Knocking out attention to [SEP] moves fine-tuned topic accuracy -1.0 points" in a.text and a.words <= 60
+    ev = QUESTION.evidence(T, decided, None)
+    assert "- Fine-tuned `next`" in ev and "- Fine-tuned `topic`" in ev and "always guessing the commoner" in ev
+    T["q4_knockout"]["learnt"] = False
+    a = QUESTION.answer(T, _decided(T), None)
+    assert a.text.endswith("Whether a fine-tuned model uses [SEP] is open: none learnt next-sentence or topic pairs.")
+    assert a.words <= 60
 
 
 def test_q4_answer_says_nothing_that_matters_for_a_null_and_open_when_unsure():
@@ -167,7 +188,8 @@ def test_q4_asks_the_protocol_for_knockouts_merged_with_a_clean_run():
     cfg = load_config("seed_questions", quick=True)
     specs = QUESTION.runs(cfg)
     assert [s.conditions for s in specs] == [("clean", "sep_knockout", "sep_knockout_control")] * len(specs)
-    assert [(s.task, s.format, s.pooling) for s in specs] == [("next", "pair", "cls")] * len(cfg.finetune.seeds)
+    assert [(s.task, s.format, s.pooling) for s in specs] == [(t, "pair", "cls") for t in cfg.finetune.format_tasks
+                                                              for _ in cfg.finetune.seeds]
     clean = RunSpec("next", "pair", "cls", seed=specs[0].seed)
     merged = merge_conditions([clean, specs[0]])
     assert merged == [specs[0]]
@@ -190,9 +212,10 @@ def test_q4_knockout_table_reads_a_drop_only_under_the_sep_knockout():
             correct = (rng.random(n) < p).astype(int)
             rows.append(pd.DataFrame({"task": "next", "format": "pair", "pooling": "cls", "frozen": False,
                                       "n_train": None, "seed": seed, "condition": cond, "item": np.arange(n),
-                                      "doc": np.arange(n) // 5, "correct": correct}))
+                                      "doc": np.arange(n) // 5, "label": np.arange(n) % 2, "correct": correct}))
     ctx = SimpleNamespace(tables={"finetune_predictions": pd.concat(rows, ignore_index=True)}, lm=None,
-                          cfg=SimpleNamespace(finetune=SimpleNamespace(seeds=[0, 1]), corpus=SimpleNamespace(pairs="x"),
+                          cfg=SimpleNamespace(finetune=SimpleNamespace(seeds=[0, 1], format_tasks=["next", "topic"]),
+                                              corpus=SimpleNamespace(pairs="x"),
                                               study=SimpleNamespace(bootstrap_resamples=200, seed=0)))
     K = knockout_table(ctx).set_index(["condition", "condition_b"])
     assert K.loc[("sep_knockout", "sep_knockout_control"), "value"] == pytest.approx(-0.28, abs=0.05)
@@ -201,6 +224,8 @@ def test_q4_knockout_table_reads_a_drop_only_under_the_sep_knockout():
     assert abs(control["value"]) < 0.06 and control["ci_low"] < 0.02
     assert control["value"] == pytest.approx(control["value_a"] - control["value_b"])
     assert int(K["n_seeds"].iloc[0]) == 2
+    # models at 90% against always guessing (50%) learnt the task; a task without runs has no rows
+    assert K["learnt"].all() and K["chance"].eq(0.5).all() and set(K["target"]) == {"next"}
 
 
 @pytest.mark.slow
@@ -226,7 +251,9 @@ def test_q4_runs_end_to_end_through_the_study_runner(tmp_path, bert_tokenizer, m
     answer = re.search(r"\*\*Q4\. What does the output at \[SEP\] capture\?\*\* \[evidence\]\(#q4\)  \n(.*)\n", md)
     assert answer and "the middle [SEP] tells a true next sentence" in answer.group(1), md[:2000]
     P = pd.read_csv(out / "tables" / "finetune_predictions.csv")
-    assert set(P["condition"]) == set(("clean", "sep_knockout", "sep_knockout_control")) and P["run"].nunique() == 1
+    # one run per task of [finetune] format_tasks (quick: one seed), each evaluated under the three conditions
+    assert set(P["condition"]) == set(("clean", "sep_knockout", "sep_knockout_control"))
+    assert sorted(P["run"].unique()) == ["next/pair/cls/nall/seed0", "topic/pair/cls/nall/seed0"]
     probes = pd.read_csv(out / "tables" / "q4_coherence_probes.csv")
     assert set(probes["negatives"]) == {"same_topic", "same_article"}
     assert {"sep1", "lit1", "cls", "text", "apart", "baselines"} <= set(probes["features"])

@@ -167,11 +167,30 @@ def test_q1_answer_says_when_the_fine_tuned_models_did_not_learn():
     T[q1.FINETUNE_TABLE]["learnt"] = [False, True]
     T[q1.FINETUNE_TABLE]["chance"] = 0.51
     _, a = _answer(q1, T)
-    assert ("did not both clear chance (pair 80.0%, concat 82.0%, always guessing the commoner answer 51.0%), so this "
-            "run cannot compare them.") in a.text
+    assert ("Fine-tuned on next-sentence pairs, the two formats did not both clear chance (next-sentence: pair 80.0%, "
+            "concat 82.0%, always guessing the commoner answer 51.0%), so this run cannot compare them.") in a.text
     assert "changes by" not in a.text and a.confidence == "low" and a.words <= MAX_WORDS
     T[q1.FINETUNE_TABLE]["learnt"] = [True, True]  # models that learnt: the difference is read
     assert "changes by +2.0 points" in _answer(q1, T)[1].text
+
+
+def test_q1_answer_reads_the_first_task_both_formats_learnt():
+    """next at chance, topic learnt: the answer reads topic and says next was not learnt; one family per task."""
+    T = _q1_tables(concat=0.009, swap=0.041, se=0.001, ft=(0.02, 0.02))
+    nxt = T[q1.FINETUNE_TABLE].assign(target="next", learnt=[False, True], chance=0.51)
+    topic = T[q1.FINETUNE_TABLE].assign(target="topic", learnt=True, chance=0.22, value=-0.05, value_a=0.75,
+                                        value_b=0.80, se=0.005)
+    T[q1.FINETUNE_TABLE] = pd.concat([nxt, topic], ignore_index=True)
+    decided, a = _answer(q1, T)
+    tuned = decided[decided["measure"] == "finetuned"]
+    assert set(tuned["family"]) == {"Q1: fine-tuned accuracy on next, concat − pair",
+                                    "Q1: fine-tuned accuracy on topic, concat − pair"}
+    assert ("Fine-tuned on topic pairs (next-sentence pairs were not learnt), accuracy without [SEP] changes by "
+            "-5.0 points") in a.text and "a difference that matters" in a.text and a.words <= MAX_WORDS
+    from probing.study.config import StudyConfig
+
+    ev = q1.evidence(T, decided, StudyConfig())
+    assert "**The fine-tuned model, `next`.**" in ev and "**The fine-tuned model, `topic`.**" in ev
 
 
 def test_q1_answer_when_dropping_sep_moves_more():

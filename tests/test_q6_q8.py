@@ -24,7 +24,8 @@ from probing.study.questions import _common, q6, q8  # noqa: E402
 
 CFG = StudyConfig().with_values(**{"study.bootstrap_resamples": 300, "finetune.seeds": (0, 1),
                                    "finetune.poolings": ("cls", "mean", "max", "sep1"),
-                                   "finetune.learning_curve": (100, 300), "finetune.pooling_tasks": ("next", "topic")})
+                                   "finetune.learning_curve": (100, 300), "finetune.pooling_tasks": ("next", "topic"),
+                                   "finetune.format_tasks": ("next",)})
 
 
 def _predictions(specs, acc, n_items=1600, base_seed=0):
@@ -151,6 +152,28 @@ def test_q6_runs_and_answers_the_positions_the_config_names():
         load_config(None, overrides={"finetune.positions": ["last"]})
     with pytest.raises(StudyError, match="finetune.positions"):
         load_config(None, overrides={"finetune.positions": ["first", "end"]})
+
+
+def test_q6_answers_from_the_first_task_first_learnt_and_keeps_a_family_per_task():
+    cfg = CFG.with_values(**{"finetune.format_tasks": ("next", "topic"), "finetune.positions": ("first", "last")})
+    specs = q6.runs(cfg)
+    assert {s.task for s in specs} == {"next", "topic"} and len(specs) == 2 * (2 * 2 + 2)
+    # next at chance everywhere; on topic the last position costs 20 points
+    P = _predictions(specs, lambda s: 0.5 if s.task == "next" else (0.55 if s.format == "cls_last" and not s.frozen
+                                                                    else 0.75))
+    T = q6.analyse(_ctx(P, cfg))
+    d = _decided(q6.QUESTION, T)
+    assert set(d["family"]) == {f"Q6 {t}, {c}: last − first" for t in ("next", "topic")
+                                for c in ("fine-tuned", "frozen")}
+    by = d.set_index(["task", "condition"])
+    assert by.loc[("topic", "fine_tuned"), "decision"] == "yes"
+    assert by.loc[("topic", "frozen"), "decision"] == "no_difference"
+    a = q6.answer(T, d, cfg)
+    assert a.text.startswith("Position matters even after fine-tuning: [CLS] last loses 2")
+    assert "topic accuracy is 7" in a.text and "(next-sentence pairs were not learnt)" in a.text
+    assert a.words <= MAX_WORDS
+    ev = q6.evidence(T, d, cfg)
+    assert "**Next-sentence** (`next`" in ev and "**Topic** (`topic`" in ev and ev.count("| last (`cls_last`) |") == 2
 
 
 def test_q6_without_its_table_is_not_measured():

@@ -214,8 +214,9 @@ class FinetuneSettings:
     ``topic``), ``negatives`` where the ``next`` task's negatives take sentence 2 from
     (:data:`analyses.finetune.NEGATIVES`: ``other_topic`` as in BERT's next-sentence prediction, ``same_topic`` for
     coherence alone), ``next_poolings`` Q8's poolings on ``next`` when they differ from ``poolings`` (empty: the
-    same), ``positions`` the classification token's positions Q6 fine-tunes (``first``, ``middle``, ``last``;
-    ``first`` is the reference). ``label`` is the target of the pooling experiment of
+    same), ``format_tasks`` the shared tasks Q1 and Q6 fine-tune in each of their formats (the answer reads the
+    first one both formats learnt), ``positions`` the classification token's positions Q6 fine-tunes (``first``,
+    ``middle``, ``last``; ``first`` is the reference). ``label`` is the target of the pooling experiment of
     :func:`analyses.finetune.run_pooling_experiment` (``python -m analyses.finetune``), which reads ``preset``,
     ``poolings`` and ``seeds`` too (its presets have the same names)."""
 
@@ -228,6 +229,8 @@ class FinetuneSettings:
                                              check=_distinct)
     negatives: str = setting("other_topic", choices=_negatives)
     next_poolings: tuple[str, ...] = setting((), check=_poolings)
+    format_tasks: tuple[str, ...] = setting(("next", "topic"), nonempty=True, choices=lambda: ("next", "topic"),
+                                            check=_distinct)
     positions: tuple[str, ...] = setting(("first", "middle", "last"), nonempty=True,
                                          choices=lambda: ("first", "middle", "last"), check=_positions)
 

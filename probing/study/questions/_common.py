@@ -14,8 +14,8 @@ Both are made from a seeded subset of whole documents of the pairs corpus (``[co
 so that their caches cost less than the pairs' own.
 
 The protocol (:mod:`analyses.finetune`) fine-tunes one encoder per run on a task's fixed split. Two tasks are
-built here from the config's ``pairs`` corpus, the same for every question that declares them (Q1, Q4, Q6 and
-Q8 read ``next``; Q8 ``topic``):
+built here from the config's ``pairs`` corpus, the same for every question that declares them (Q4 reads
+``next``; Q1, Q6 and Q8 both, ``[finetune] format_tasks`` and ``pooling_tasks``):
 
 * ``next`` (:func:`next_task`): is sentence 2 the sentence that follows sentence 1 in its article? Negatives
   take sentence 2 from an article of another topic (``[finetune] negatives = "other_topic"``, as BERT's
@@ -221,6 +221,16 @@ def topic_task(cfg, corpora: dict):
 
     examples = pair_topic_examples(corpora["pairs"], seed=cfg.study.seed)
     return make_task(examples, TASK_LABELS[TOPIC], task_test_fraction(cfg), cfg.study.seed)
+
+
+def format_tasks(cfg) -> tuple[str, ...]:
+    """The shared tasks Q1 and Q6 fine-tune in each of their formats (``[finetune] format_tasks``), ``next``
+    first: their answers read the first task on which every compared format learnt."""
+    return tuple(t for t in (NEXT, TOPIC) if t in cfg.finetune.format_tasks)
+
+
+#: Each shared task's name in an answer.
+TASK_NAMES = {NEXT: "next-sentence", TOPIC: "topic"}
 
 
 def shared_tasks(cfg, corpora: dict, names=(NEXT, TOPIC)) -> dict:

@@ -9,10 +9,11 @@ Two parts, each as the asker would read it.
   and the same representations, the yardsticks: two adjacent words of sentence 1 swapped (a small edit), sentence 2
   replaced by a same-topic sentence of another article (another content), another input (100%). The comparison
   rows are (dropping [SEP]) − (swapping two words), and − (replacing sentence 2), paired per example.
-* **The fine-tuned model.** The same pair task (``next``: is sentence 2 the next sentence) fine-tuned in ``pair``
-  and in ``concat`` on the same split with the same seeds (:mod:`analyses.finetune`, the shared protocol), and
-  frozen probes in both on the same split: accuracy concat − pair, paired per test item, with a two-stage bootstrap
-  over seeds and documents.
+* **The fine-tuned model.** The same pair task fine-tuned in ``pair`` and in ``concat`` on the same split with the
+  same seeds (:mod:`analyses.finetune`, the shared protocol), and frozen probes in both on the same split: accuracy
+  concat − pair, paired per test item, with a two-stage bootstrap over seeds and documents; one family per task of
+  ``[finetune] format_tasks`` (``next``: is sentence 2 the next sentence; ``topic``: the pair's topic). The answer
+  reads the first task both formats learnt (``next`` needs more than the default preset's one epoch).
 
 The old Q1 compared [CLS]'s normalised drift with the words' and patched [CLS] from ``concat``; neither is what was
 asked, and neither is needed for the answer, so this module does not extract those caches.
@@ -27,8 +28,8 @@ from ..answers import Answer
 from ..rules import Rule, weakest
 from ..sections import Context, Job, corpus_text, safe_plot
 from ._base import Question
-from ._common import (DERIVED, NEXT, REPLACED, SWAPPED, derived_pairs, next_task, pairs_job, protocol_seeds,
-                      task_words)
+from ._common import (DERIVED, REPLACED, SWAPPED, TASK_NAMES, derived_pairs, format_tasks, pairs_job,
+                      protocol_seeds, shared_tasks, task_words)
 
 KEY = "Q1"
 ASKED = ("We fine-tune on the same task with `[CLS] s1 [SEP] s2 [SEP]` or `[CLS] s1 s2 [SEP]`: what is the "
@@ -51,7 +52,7 @@ NAMES = {"words": "word vectors (both sentences)", "s1 words": "sentence 1's wor
 COMPARISONS = (("concat", "swap_words"), ("concat", "replace_s2"))
 #: Random pairs of different examples behind each spread.
 N_PAIRS = 10000
-TASK, POOLING = "next", "cls"
+POOLING = "cls"
 
 UNIT = "points of the way to another input"
 RULES = {
@@ -60,14 +61,15 @@ RULES = {
                         "its own input than to any other"),
     "vs_replace": Rule("change of the same vectors, dropping [SEP] − replacing sentence 2", UNIT, 0.05,
                        why="the same yardstick unit as the swap"),
-    "finetuned": Rule("fine-tuned accuracy on next, concat − pair", "accuracy points", 0.02,
+    "finetuned": Rule("fine-tuned accuracy, concat − pair", "accuracy points", 0.02,
                       why="below 2 points practitioners do not change an input format"),
-    "frozen": Rule("frozen-probe accuracy on next, concat − pair", "accuracy points", 0.02,
+    "frozen": Rule("frozen-probe accuracy, concat − pair", "accuracy points", 0.02,
                    why="the same threshold as the fine-tuned models"),
 }
 FAMILIES = {"vs_swap": "Q1: dropping [SEP] − swapping two words, per representation (last layer)",
             "vs_replace": "Q1: dropping [SEP] − replacing sentence 2, per representation (last layer)",
-            "finetuned": "Q1: fine-tuned accuracy, concat − pair", "frozen": "Q1: frozen-probe accuracy, concat − pair"}
+            "finetuned": "Q1: fine-tuned accuracy on {task}, concat − pair",
+            "frozen": "Q1: frozen-probe accuracy on {task}, concat − pair"}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -79,14 +81,15 @@ def jobs(cfg, corpora: dict) -> list[Job]:
 
 
 def tasks(cfg, corpora: dict) -> dict:
-    return {TASK: next_task(cfg, corpora)}
+    return shared_tasks(cfg, corpora, format_tasks(cfg))
 
 
 def runs(cfg) -> list:
     from analyses.finetune import RunSpec
 
-    return ([RunSpec(TASK, f, POOLING, seed=s) for f in ("pair", "concat") for s in protocol_seeds(cfg)]
-            + [RunSpec(TASK, f, POOLING, frozen=True) for f in ("pair", "concat")])
+    return [spec for task in format_tasks(cfg) for spec in
+            [RunSpec(task, f, POOLING, seed=s) for f in ("pair", "concat") for s in protocol_seeds(cfg)]
+            + [RunSpec(task, f, POOLING, frozen=True) for f in ("pair", "concat")]]
 
 
 def change_table(ctx: Context) -> pd.DataFrame:
@@ -102,8 +105,9 @@ def change_table(ctx: Context) -> pd.DataFrame:
 
 
 def finetune_table(ctx: Context) -> pd.DataFrame:
-    """Accuracy concat − pair on the same test items of ``next``, fine-tuned (every training item, the seeds) and
-    frozen probes: one ``accuracy_diff`` row each (:func:`analyses.finetune.compare_runs`)."""
+    """Accuracy concat − pair on the same test items of each task of ``[finetune] format_tasks``, fine-tuned (every
+    training item, the seeds) and frozen probes: one ``accuracy_diff`` row each per task
+    (:func:`analyses.finetune.compare_runs`)."""
     from analyses.finetune import accuracy, compare_runs, majority
     from analyses.results import make_table
 
@@ -111,19 +115,19 @@ def finetune_table(ctx: Context) -> pd.DataFrame:
     if P is None or P.empty:
         return pd.DataFrame()
     full = P[P["run"].astype(str).str.contains("/nall/", regex=False)]
-    base = {"task": TASK, "pooling": POOLING, "condition": "clean"}
     records = []
-    for frozen in (False, True):
-        sel = full[full["frozen"].astype(str).str.lower() == str(frozen).lower()]
+    for task, frozen in ((t, f) for t in format_tasks(ctx.cfg) for f in (False, True)):
+        base = {"task": task, "pooling": POOLING, "condition": "clean"}
+        sel = full[(full["frozen"].astype(str).str.lower() == str(frozen).lower()) & (full["task"] == task)]
         if not {"pair", "concat"} <= set(sel["format"].astype(str)):
             continue
         kw = {"n_resamples": ctx.cfg.study.bootstrap_resamples, "seed": ctx.cfg.study.seed}
         r = compare_runs(sel, {**base, "format": "pair"}, {**base, "format": "concat"}, **kw)
-        floor = majority(sel, TASK)["value"]
+        floor = majority(sel, task)["value"]
         learnt = all(accuracy(sel, {**base, "format": f}, **kw)["ci_low"] > floor for f in ("pair", "concat"))
         records.append({"analysis": "finetune_comparison", "model": getattr(ctx.lm, "name", ""),
                         "corpus": ctx.cfg.corpus.pairs, "format": "pair", "format_b": "concat", "layer": pd.NA,
-                        "role": None, "target": TASK, "metric": "accuracy_diff", "value": r["value"],
+                        "role": None, "target": task, "metric": "accuracy_diff", "value": r["value"],
                         "ci_low": r["ci_low"], "ci_high": r["ci_high"], "n": r["n_items"], "seed": ctx.cfg.study.seed,
                         # value_a: concat, the side the difference starts from
                         "se": r["se"], "value_a": r["value_b"], "value_b": r["value_a"], "pooling": POOLING,
@@ -168,8 +172,10 @@ def rows(T: dict) -> pd.DataFrame:
     if ft is not None and len(ft):
         for _, r in ft.iterrows():
             measure = "frozen" if str(r["frozen"]).lower() == "true" else "finetuned"
-            out.append({"measure": measure, "family": FAMILIES[measure], "representation": "[CLS] pooling",
-                        "label": f"{'frozen-probe' if measure == 'frozen' else 'fine-tuned'} accuracy on next, "
+            task = str(r.get("target", "next"))
+            out.append({"measure": measure, "family": FAMILIES[measure].format(task=task), "task": task,
+                        "representation": "[CLS] pooling",
+                        "label": f"{'frozen-probe' if measure == 'frozen' else 'fine-tuned'} accuracy on {task}, "
                                  f"concat − pair", "value": r["value"], "se": r["se"], "value_a": r["value_a"],
                         "value_b": r["value_b"], "n": r["n"], "n_groups": r["n_groups"], "grouping": r["grouping"],
                         "n_resamples": r["n_resamples"]})
@@ -219,20 +225,35 @@ def answer(T: dict, decided: pd.DataFrame, cfg) -> Answer:
     text = (f"{lead}: dropping [SEP] moves last-layer word vectors {_pct(x)} of the way to another input, {cmp} "
             f"({_pct(y)}).")
     conf = [words["confidence"]]
-    ft = _row(decided, "finetuned")
     runs = T.get(FINETUNE_TABLE)
     tuned = runs[runs["frozen"].astype(str).str.lower() == "false"] if runs is not None and len(runs) else None
-    if ft is not None and tuned is not None and len(tuned) and "learnt" in tuned and not tuned["learnt"].iloc[0]:
-        t = tuned.iloc[0]  # value_a: concat, value_b: pair
-        text += (f" Fine-tuned on next-sentence pairs, the two formats did not both clear chance (pair "
+    if tuned is not None and "target" not in tuned:  # a table from before the tasks were named
+        tuned = tuned.assign(target="next")
+    ft = None
+    if tuned is not None and len(tuned):
+        # the first task (format_tasks' order) on which both formats learnt; a comparison of models at chance says
+        # nothing about the format
+        ok = tuned[tuned["learnt"].astype(bool)] if "learnt" in tuned else tuned
+        t = ok.iloc[0] if len(ok) else tuned.iloc[0]
+        rows_ = decided[(decided["measure"] == "finetuned")] if decided is not None and len(decided) else None
+        if rows_ is not None and "task" in rows_:
+            rows_ = rows_[rows_["task"] == t["target"]]
+        ft = rows_.iloc[0] if rows_ is not None and len(rows_) else None
+    name = TASK_NAMES.get(str(t["target"]), str(t["target"])) if ft is not None else ""
+    if ft is not None and not len(ok):
+        skipped = " or ".join(f"{TASK_NAMES.get(x, x)}" for x in dict.fromkeys(tuned["target"]))
+        text += (f" Fine-tuned on {skipped} pairs, the two formats did not both clear chance ({name}: pair "
                  f"{_pct(t['value_b'])}, concat {_pct(t['value_a'])}, always guessing the commoner answer "
                  f"{_pct(t['chance'])}), so this run cannot compare them.")
         conf.append("low")
     elif ft is not None and np.isfinite(ft["ci_low"]):
         rule = RULES["finetuned"]  # (+ 0.0 turns an equal accuracy's -0.0 into 0.0)
-        text += (f" Fine-tuned on next-sentence pairs, accuracy without [SEP] changes by "
-                 f"{rule.number(float(ft['value']) + 0.0, True)} points (CI {rule.number(ft['ci_low'], True)} to "
-                 f"{rule.number(ft['ci_high'], True)}): {_FT_WORDS[ft['decision']]}.")
+        missed = [TASK_NAMES.get(x, x) for x in dict.fromkeys(tuned["target"]) if x != t["target"]
+                  and x not in set(ok["target"])][:1]
+        text += (f" Fine-tuned on {name} pairs" + (f" ({missed[0]} pairs were not learnt)" if missed else "")
+                 + f", accuracy without [SEP] changes by {rule.number(float(ft['value']) + 0.0, True)} points (CI "
+                 f"{rule.number(ft['ci_low'], True)} to {rule.number(ft['ci_high'], True)}): "
+                 f"{_FT_WORDS[ft['decision']]}.")
         conf.append(ft["confidence"])
     else:
         text += " Fine-tuned accuracy was not measured in this run."
@@ -285,16 +306,18 @@ def evidence(T: dict, decided: pd.DataFrame, cfg) -> str:
                                                            for c in cols) + " |")
     ft = T.get(FINETUNE_TABLE)
     if ft is not None and len(ft):
-        parts = []
-        for _, r in ft.iterrows():
-            kind = "frozen probes" if str(r["frozen"]).lower() == "true" else (
-                f"fine-tuned models ({int(r['n_seeds'])} seed{'s' if int(r['n_seeds']) != 1 else ''})")
-            parts.append(f"{kind}: pair {_pct(r['value_b'])}, concat {_pct(r['value_a'])}")
-        r0 = ft.iloc[0]
-        lines += ["", f"**The fine-tuned model.** Accuracy on the same {int(r0['n'])} test items of the `next` task "
-                      f"({int(r0['n_groups'])} documents; [CLS] pooling, every weight trained on "
-                      f"{int(r0['n_train'])} training items, the `{cfg.finetune.preset}` preset) — "
-                      + "; ".join(parts) + "."]
+        for task, g in (ft if "target" in ft else ft.assign(target="next")).groupby("target", sort=False):
+            parts = []
+            for _, r in g.iterrows():
+                kind = "frozen probes" if str(r["frozen"]).lower() == "true" else (
+                    f"fine-tuned models ({int(r['n_seeds'])} seed{'s' if int(r['n_seeds']) != 1 else ''})")
+                parts.append(f"{kind}: pair {_pct(r['value_b'])}, concat {_pct(r['value_a'])}")
+            r0 = g.iloc[0]
+            floor = f", always guessing the commoner answer {_pct(r0['chance'])}" if "chance" in g else ""
+            lines += ["", f"**The fine-tuned model, `{task}`.** Accuracy on the same {int(r0['n'])} test items "
+                          f"({int(r0['n_groups'])} documents; [CLS] pooling, every weight trained on "
+                          f"{int(r0['n_train'])} training items, the `{cfg.finetune.preset}` preset) — "
+                          + "; ".join(parts) + floor + "."]
     return "\n".join(lines)
 
 
@@ -318,10 +341,11 @@ def notes(cfg) -> str:
             f"pairs ({corpus_text(c.pairs)} sentences): sentence 1 with two adjacent words swapped, and sentence 2 "
             f"replaced by a sentence of the same topic from an article the pairs do not hold ({c.replacements}). "
             f"The comparison rows are paired per example and corrected together per family. The fine-tuned part "
-            f"trains [CLS] pooling with every weight on `next` ({task_words(cfg, NEXT)}) in each format, seeds "
-            f"{', '.join(map(str, protocol_seeds(cfg)))}, "
-            f"on one document-grouped split, with frozen probes on the same split. It does not show how a model "
-            f"fine-tuned in one format would move its own vectors, nor other tasks than `next`.")
+            f"trains [CLS] pooling with every weight in each format on "
+            + "; ".join(f"`{t}` ({task_words(cfg, t)})" for t in format_tasks(cfg))
+            + f", seeds {', '.join(map(str, protocol_seeds(cfg)))}, on one document-grouped split per task, with "
+            f"frozen probes on the same split. It does not show how a model fine-tuned in one format would move its "
+            f"own vectors, nor other tasks.")
 
 
 QUESTION = Question(

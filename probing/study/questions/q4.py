@@ -41,7 +41,7 @@ NEGATIVES = {"same_topic": "a same-topic sentence of another article",
 #: The ordinary token at the middle [SEP]'s place: a literal ',' (role ``lit``, token choice ``lit1``).
 PAIR_WORD = "[CLS] {1} ',' <1> {2} [SEP]"
 PROBES, PAIRED, KNOCKOUT = "q4_coherence_probes", "q4_coherence_paired", "q4_knockout"
-TASK, FORMAT, POOLING = "next", "pair", "cls"
+FORMAT, POOLING = "pair", "cls"
 CONDITIONS = ("clean", "sep_knockout", "sep_knockout_control")
 
 _ACC = "accuracy points"
@@ -55,7 +55,7 @@ RULES = {
     "sep_vs_cls": Rule("is_next probe accuracy, the middle [SEP] − [CLS]", _ACC, 0.02, why=_WHY),
     "sep_beyond_baselines": Rule("is_next accuracy, baselines with the middle [SEP] − the baselines alone", _ACC, 0.02,
                                  direction=1, why=_WHY),
-    "knockout": Rule("fine-tuned next accuracy, attention to [SEP] knocked out − a control knockout", _ACC, 0.02,
+    "knockout": Rule("fine-tuned accuracy, attention to [SEP] knocked out − a control knockout", _ACC, 0.02,
                      why=_WHY),
 }
 #: The paired comparison of each measure, in words for the rows' ``label``.
@@ -79,22 +79,21 @@ def jobs(cfg, corpora: dict) -> list[Job]:
     return [Job(corpus, fmt) for corpus in CORPORA for fmt in ("pair", "single", "single2")]
 
 
-def next_task(cfg, corpora: dict):
-    """The shared ``next`` task (:func:`probing.study.questions._common.next_task`): the same task, split and runs
-    as Q1's, Q6's and Q8's, so the knocked-out evaluations are of the runs they train."""
-    from ._common import next_task as shared_next_task
-
-    return shared_next_task(cfg, corpora)
-
-
 def tasks(cfg, corpora: dict) -> dict:
-    return {TASK: next_task(cfg, corpora)}
+    from ._common import format_tasks, shared_tasks
+
+    return shared_tasks(cfg, corpora, format_tasks(cfg))
 
 
 def runs(cfg) -> list:
+    """The pair/[CLS] runs of each task of ``[finetune] format_tasks`` (Q1's and Q6's, trained once), evaluated also
+    with the knockouts: Q4 adds evaluations, not training."""
     from analyses.finetune import RunSpec
 
-    return [RunSpec(TASK, FORMAT, POOLING, seed=s, conditions=CONDITIONS) for s in cfg.finetune.seeds]
+    from ._common import format_tasks
+
+    return [RunSpec(t, FORMAT, POOLING, seed=s, conditions=CONDITIONS) for t in format_tasks(cfg)
+            for s in cfg.finetune.seeds]
 
 
 def _pair_word_cache(ctx: Context, corpus: str):
@@ -129,34 +128,50 @@ def coherence_tables(ctx: Context) -> dict[str, pd.DataFrame]:
 
 
 def knockout_table(ctx: Context) -> pd.DataFrame:
-    """Accuracy of the fine-tuned ``next`` pair/[CLS] runs under ``condition`` − under ``condition_b``, on the same
-    test items (:func:`analyses.finetune.compare_runs`): knockout − clean, control − clean, knockout − control."""
-    from analyses.finetune import compare_runs
+    """Per task of ``[finetune] format_tasks``, accuracy of the fine-tuned pair/[CLS] runs under ``condition`` −
+    under ``condition_b``, on the same test items (:func:`analyses.finetune.compare_runs`): knockout − clean,
+    control − clean, knockout − control; ``learnt``: whether the clean models cleared chance (the lower end of
+    their interval above always guessing the commoner answer, ``chance``)."""
+    from analyses.finetune import accuracy, compare_runs, majority
     from analyses.results import make_table
+
+    from ._common import format_tasks
 
     P = ctx.tables.get("finetune_predictions")
     if P is None or P.empty:
         return pd.DataFrame()
-    base = {"task": TASK, "format": FORMAT, "pooling": POOLING}
-    sel = P[(P["task"] == TASK) & (P["format"] == FORMAT) & (P["pooling"] == POOLING)
+    records = []
+    for task in format_tasks(ctx.cfg):
+        records += _knockout_records(ctx, P, task, accuracy, compare_runs, majority)
+    return make_table(records)
+
+
+def _knockout_records(ctx: Context, P: pd.DataFrame, task: str, accuracy, compare_runs, majority) -> list[dict]:
+    base = {"task": task, "format": FORMAT, "pooling": POOLING}
+    sel = P[(P["task"] == task) & (P["format"] == FORMAT) & (P["pooling"] == POOLING)
             & (P["frozen"].astype(str).str.lower() == "false") & P["seed"].isin(list(ctx.cfg.finetune.seeds))]
     if "n_train" in sel.columns:
         sel = sel[sel["n_train"].isna()] if sel["n_train"].isna().any() else sel
+        if sel["n_train"].notna().any():  # the whole split, not a learning-curve size
+            sel = sel[sel["n_train"] == sel["n_train"].max()]
     if not set(CONDITIONS) <= set(sel["condition"].astype(str)):
-        return pd.DataFrame()
+        return []
+    kw = {"n_resamples": ctx.cfg.study.bootstrap_resamples, "seed": ctx.cfg.study.seed}
+    floor = majority(sel[sel["condition"] == "clean"], task)["value"]
+    learnt = accuracy(sel, {**base, "condition": "clean"}, **kw)["ci_low"] > floor
     records = []
     pairs = (("clean", "sep_knockout"), ("clean", "sep_knockout_control"), ("sep_knockout_control", "sep_knockout"))
     for a, b in pairs:
-        r = compare_runs(sel, {**base, "condition": a}, {**base, "condition": b},
-                         n_resamples=ctx.cfg.study.bootstrap_resamples, seed=ctx.cfg.study.seed)
-        records.append({"analysis": "knockout_comparison", "model": getattr(ctx.lm, "name", ""),
-                        "corpus": ctx.cfg.corpus.pairs, "format": FORMAT, "pooling": POOLING, "target": TASK,
+        r = compare_runs(sel, {**base, "condition": a}, {**base, "condition": b}, **kw)
+        records.append({"analysis": "knockout_comparison", "model": getattr(ctx.lm, "name", ""), "chance": floor,
+                        "learnt": bool(learnt),
+                        "corpus": ctx.cfg.corpus.pairs, "format": FORMAT, "pooling": POOLING, "target": task,
                         "condition": b, "condition_b": a, "metric": "accuracy_diff", "value": r["value"],
                         "ci_low": r["ci_low"], "ci_high": r["ci_high"], "se": r["se"], "value_a": r["value_b"],
                         "value_b": r["value_a"], "n": r["n_items"], "n_seeds": r["n_seeds"],
                         "n_groups": r["n_groups"], "grouping": "document", "n_resamples": r["n_resamples"],
                         "seed": ctx.cfg.study.seed})
-    return make_table(records)
+    return records
 
 
 def analyse(ctx: Context) -> dict[str, pd.DataFrame]:
@@ -184,11 +199,15 @@ def rows(T: dict) -> pd.DataFrame:
                         "n_resamples": int(r["n_resamples"])})
     ko = T.get(KNOCKOUT)
     if ko is not None and len(ko):
-        r = ko[(ko["condition"] == "sep_knockout") & (ko["condition_b"] == "sep_knockout_control")].iloc[0]
-        out.append({"measure": "knockout", "family": "knockout", "label": "fine-tuned: [SEP] knockout − control",
-                    "layer": pd.NA, "negatives": "same_topic", "value": float(r["value"]), "se": float(r["se"]),
-                    "value_a": float(r["value_a"]), "value_b": float(r["value_b"]), "n_groups": int(r["n_groups"]),
-                    "grouping": "seed x document", "n_resamples": int(r["n_resamples"])})
+        ko = ko if "target" in ko else ko.assign(target="next")
+        for _, r in ko[(ko["condition"] == "sep_knockout") & (ko["condition_b"] == "sep_knockout_control")].iterrows():
+            task = str(r["target"])
+            out.append({"measure": "knockout", "family": f"knockout ({task})", "task": task,
+                        "label": f"fine-tuned on {task}: [SEP] knockout − control", "layer": pd.NA,
+                        "negatives": "same_topic", "value": float(r["value"]), "se": float(r["se"]),
+                        "value_a": float(r["value_a"]), "value_b": float(r["value_b"]),
+                        "n_groups": int(r["n_groups"]), "grouping": "seed x document",
+                        "n_resamples": int(r["n_resamples"])})
     return pd.DataFrame(out)
 
 
@@ -236,12 +255,30 @@ def answer(T: dict, decided: pd.DataFrame, cfg) -> Answer:
     text = (f"At layer {layer}, the middle [SEP] tells a true next sentence from a same-topic one at "
             f"{_pct(sep_acc)}; word overlap and lengths reach {_pct(text_acc)}, the sentences' cosine encoded apart "
             f"{_pct(apart_acc)}; {adds}.")
-    ko = _row(decided, "knockout")
-    if ko is not None and ko["decision"] != "not_measured":
-        v = float(ko["value"])
-        text += (f" A knockout of attention to [SEP] moves fine-tuned accuracy {_pts(v)} points against a control "
-                 f"(CI {_pts(ko['ci_low'])} to {_pts(ko['ci_high'])}).")
+    text += _knockout_words(T, decided)
     return Answer(text, beyond["confidence"])
+
+
+def _knockout_words(T: dict, decided: pd.DataFrame) -> str:
+    """The knockout's sentence: on the first task whose fine-tuned models learnt it; none where no task was
+    learnt (a knockout of a model at chance says nothing about its use of [SEP])."""
+    from ._common import TASK_NAMES
+
+    ko = T.get(KNOCKOUT)
+    rows_ = decided[decided["measure"] == "knockout"] if decided is not None and len(decided) else None
+    if ko is None or not len(ko) or rows_ is None or not len(rows_):
+        return ""
+    ko = ko if "target" in ko else ko.assign(target="next", learnt=True)
+    learnt = [t for t in dict.fromkeys(ko["target"]) if bool(ko[ko["target"] == t]["learnt"].iloc[0])]
+    if not learnt:
+        names = " or ".join(f"{TASK_NAMES.get(t, t)}" for t in dict.fromkeys(ko["target"]))
+        return f" Whether a fine-tuned model uses [SEP] is open: none learnt {names} pairs."
+    r = rows_[rows_["task"] == learnt[0]] if "task" in rows_ else rows_
+    if not len(r) or r.iloc[0]["decision"] == "not_measured":
+        return ""
+    r = r.iloc[0]
+    return (f" Knocking out attention to [SEP] moves fine-tuned {TASK_NAMES.get(learnt[0], learnt[0])} accuracy "
+            f"{_pts(float(r['value']))} points against a control (CI {_pts(r['ci_low'])} to {_pts(r['ci_high'])}).")
 
 
 def _probe_table(T: dict, layer: int) -> str:
@@ -279,12 +316,17 @@ def evidence(T: dict, decided: pd.DataFrame, cfg) -> str:
                          f"({r['verdict']}); [SEP] − [CLS] {_pts(c['value'])} points ({c['verdict']}).")
     ko = T.get(KNOCKOUT)
     if ko is not None and len(ko):
-        acc = ko[ko["condition_b"] == "clean"].set_index("condition")
-        clean = float(acc["value_b"].iloc[0])
-        parts.append(f"- Fine-tuned `next` (pair, [CLS] pooling, {int(acc['n_seeds'].iloc[0])} seed(s), "
-                     f"{int(acc['n'].iloc[0])} test items): {_pct(clean)} clean, "
-                     f"{_pct(acc.loc['sep_knockout', 'value_a'])} with attention to [SEP] knocked out in the middle "
-                     f"layers, {_pct(acc.loc['sep_knockout_control', 'value_a'])} with the control knockout.")
+        ko = ko if "target" in ko else ko.assign(target="next")
+        for task, g in ko.groupby("target", sort=False):
+            acc = g[g["condition_b"] == "clean"].set_index("condition")
+            clean = float(acc["value_b"].iloc[0])
+            floor = (f"; always guessing the commoner answer {_pct(float(g['chance'].iloc[0]))}"
+                     if "chance" in g else "")
+            parts.append(f"- Fine-tuned `{task}` (pair, [CLS] pooling, {int(acc['n_seeds'].iloc[0])} seed(s), "
+                         f"{int(acc['n'].iloc[0])} test items): {_pct(clean)} clean, "
+                         f"{_pct(acc.loc['sep_knockout', 'value_a'])} with attention to [SEP] knocked out in the "
+                         f"middle layers, {_pct(acc.loc['sep_knockout_control', 'value_a'])} with the control "
+                         f"knockout{floor}.")
     else:
         parts.append("- The fine-tuned runs were not made in this study, so the knockout is not measured.")
     return "\n".join(parts)
@@ -330,7 +372,7 @@ def notes(cfg) -> str:
             f"({cfg.study.bootstrap_resamples} resamples). The increment beyond the baselines stacks the [SEP] "
             f"probe's cross-fitted score onto word overlap, lengths and the cosine of the two sentences encoded apart "
             f"(mean-pooled last layer). A probe is a lower bound: [SEP] may hold more than a linear readout finds. "
-            f"The knockout evaluates the fine-tuned `next` pair/[CLS] runs (seeds "
+            f"The knockout evaluates the fine-tuned pair/[CLS] runs of each task of `[finetune] format_tasks` (seeds "
             f"{', '.join(map(str, cfg.finetune.seeds))}) with no token attending to any [SEP] in the middle third of "
             f"the layers, against as many random word keys knocked out; it shows whether the fine-tuned model routes "
             f"through [SEP], not what pretraining put there.")

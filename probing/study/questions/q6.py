@@ -25,8 +25,8 @@ from ..answers import Answer, not_measured
 from ..rules import LABELS, Rule, weakest
 from ..sections import Context
 from ._base import Question, Tables
-from ._common import (NEXT, budget_words, chance, diff_cell, learnt, model_name, preset_words, task_words,
-                      unit_words, protocol_preset, protocol_seeds, run_facts, shared_tasks)
+from ._common import (NEXT, TASK_NAMES, budget_words, chance, diff_cell, format_tasks, learnt, model_name,
+                      preset_words, task_words, unit_words, protocol_preset, protocol_seeds, run_facts, shared_tasks)
 
 #: The classification token's positions: format -> the word for it. The first is the reference.
 POSITIONS = {"pair": "first", "cls_mid": "middle", "cls_last": "last"}
@@ -52,15 +52,17 @@ def positions(cfg) -> dict[str, str]:
 
 
 def runs(cfg) -> list:
-    """Fine-tuned runs at each position of ``[finetune] positions`` with every seed, and a frozen probe at each."""
+    """On each task of ``[finetune] format_tasks``: fine-tuned runs at each position of ``[finetune] positions``
+    with every seed, and a frozen probe at each."""
     from analyses.finetune import RunSpec
 
-    return ([RunSpec(NEXT, f, "cls", None, s) for f in positions(cfg) for s in protocol_seeds(cfg)]
-            + [RunSpec(NEXT, f, "cls", None, frozen=True) for f in positions(cfg)])
+    return [spec for task in format_tasks(cfg) for spec in
+            [RunSpec(task, f, "cls", None, s) for f in positions(cfg) for s in protocol_seeds(cfg)]
+            + [RunSpec(task, f, "cls", None, frozen=True) for f in positions(cfg)]]
 
 
 def tasks(cfg, corpora: dict) -> dict:
-    return shared_tasks(cfg, corpora, (NEXT,))
+    return shared_tasks(cfg, corpora, format_tasks(cfg))
 
 
 def analyse(ctx: Context) -> Tables:
@@ -73,7 +75,7 @@ def analyse(ctx: Context) -> Tables:
 
 
 def rows(T: Tables) -> pd.DataFrame:
-    """Moved − first per condition (fine-tuned; frozen), each condition a family of two rows."""
+    """Moved − first per task and condition (fine-tuned; frozen), each a family of one row per moved position."""
     t = T.get(TABLE)
     if t is None or t.empty:
         return pd.DataFrame()
@@ -81,8 +83,9 @@ def rows(T: Tables) -> pd.DataFrame:
     d = d[d["format"].isin(POSITIONS)]
     out = pd.DataFrame({
         "measure": d["condition"].map(MEASURE),
-        "family": "Q6 " + d["condition"].str.replace("_", "-") + ": " + ", ".join(
+        "family": "Q6 " + d["target"] + ", " + d["condition"].str.replace("_", "-") + ": " + ", ".join(
             f"{w} − first" for f, w in POSITIONS.items() if f != REFERENCE and f in set(d["format"])),
+        "task": d["target"],
         "label": d["format"].map(POSITIONS) + " − first (" + d["condition"].str.replace("_", "-") + ")",
         "cls_position": d["format"].map(POSITIONS), "condition": d["condition"], "value": d["value"], "se": d["se"],
         "value_a": d["value_a"], "value_b": d["value_b"], "n_groups": d["n_groups"], "grouping": d["grouping"],
@@ -91,10 +94,15 @@ def rows(T: Tables) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def _accuracies(T: Tables, condition: str = "fine_tuned") -> dict[str, pd.Series]:
+def _accuracies(T: Tables, condition: str = "fine_tuned", task: str = NEXT) -> dict[str, pd.Series]:
     t = T[TABLE]
-    a = t[(t["metric"] == "accuracy") & (t["condition"] == condition)]
+    a = t[(t["metric"] == "accuracy") & (t["condition"] == condition) & (t["target"] == task)]
     return {POSITIONS[r["format"]]: r for _, r in a.iterrows() if r["format"] in POSITIONS}
+
+
+def _tasks_in(T: Tables) -> list[str]:
+    """The tasks of the table, ``next`` first."""
+    return list(dict.fromkeys(T[TABLE]["target"].dropna().astype(str)))
 
 
 def _pct(x: float) -> str:
@@ -105,16 +113,27 @@ def answer(T: Tables, decided: pd.DataFrame, cfg) -> Answer:
     preset = protocol_preset(cfg)
     if TABLE not in T or decided is None or decided.empty:
         return not_measured("fine-tuning with the classification token first and moved", preset)
-    ft = decided[decided["condition"] == "fine_tuned"]
-    acc = _accuracies(T)
+    # the first task (format_tasks' order) on which [CLS] first learnt: positions compared on models at chance say
+    # nothing about position
+    tasks = [x for x in _tasks_in(T) if "first" in _accuracies(T, task=x)]
+    if not tasks:
+        return not_measured("fine-tuning with the classification token first and moved", preset)
+    learning = [x for x in tasks if learnt(T[TABLE], _accuracies(T, task=x)["first"])]
+    task = learning[0] if learning else tasks[0]
+    ft = decided[(decided["condition"] == "fine_tuned")
+                 & ((decided["task"] == task) if "task" in decided else True)]
+    acc = _accuracies(T, task=task)
     rule = RULES["position_finetuned"]
     moved = [w for w in POSITIONS.values() if w != "first" and w in acc]
-    where = (f"next-sentence accuracy is {_pct(acc['first']['value'])} with [CLS] first, "
-             + ", ".join(f"{_pct(acc[w]['value'])} {w}" for w in moved))
+    name = TASK_NAMES.get(task, task)
+    missed = [TASK_NAMES.get(x, x) for x in tasks if x not in learning][:1]
+    where = (f"{name} accuracy is {_pct(acc['first']['value'])} with [CLS] first, "
+             + ", ".join(f"{_pct(acc[w]['value'])} {w}" for w in moved)
+             + (f" ({missed[0]} pairs were not learnt)" if learning and missed else ""))
     decisions = set(ft["decision"])
     confidence = weakest(ft["confidence"])
-    floor = chance(T[TABLE], NEXT)
-    if not learnt(T[TABLE], acc["first"]):
+    floor = chance(T[TABLE], task)
+    if not learning:
         return Answer(f"This run cannot tell: fine-tuned at this budget the model did not learn the task ({where}; "
                       f"always guessing the commoner answer scores {_pct(floor)}), so the positions were compared "
                       "on models near chance.", "low", preset)
@@ -146,18 +165,25 @@ def answer(T: Tables, decided: pd.DataFrame, cfg) -> Answer:
 def evidence(T: Tables, decided: pd.DataFrame, cfg) -> str:
     if TABLE not in T:
         return "Not measured in this run."
-    t = T[TABLE]
-    ft, fz = _accuracies(T), _accuracies(T, "frozen")
     rule = RULES["position_finetuned"]
     lines = []
-    budget = budget_words(run_facts(t, NEXT), cfg)
+    for task in _tasks_in(T):
+        lines += _evidence_task(T, decided, cfg, task, rule) + [""]
+    return "\n".join(lines).rstrip()
+
+
+def _evidence_task(T: Tables, decided: pd.DataFrame, cfg, task: str, rule: Rule) -> list[str]:
+    t = T[TABLE]
+    ft, fz = _accuracies(T, task=task), _accuracies(T, "frozen", task=task)
+    lines = [f"**{TASK_NAMES.get(task, task).capitalize()}** (`{task}`, {task_words(cfg, task)})."]
+    budget = budget_words(run_facts(t, task), cfg)
     if budget:
         lines.append(f"Fine-tuning budget per run: {budget}; the frozen probe is a logistic regression on the "
                      f"frozen encoder's classification-token state, fitted on the same training items.")
     lines += ["", "| position | fine-tuned accuracy (95% CI) | frozen probe (95% CI) | fine-tuned − first "
                   "(simultaneous CI) | decision |", "|---|---|---|---|---|"]
-    by_pos = {r["cls_position"]: r for _, r in decided.iterrows() if r["condition"] == "fine_tuned"} \
-        if decided is not None and not decided.empty else {}
+    by_pos = {r["cls_position"]: r for _, r in decided.iterrows() if r["condition"] == "fine_tuned"
+              and r.get("task", task) == task} if decided is not None and not decided.empty else {}
     for fmt, pos in positions(cfg).items():
         a, f = ft.get(pos), fz.get(pos)
         cell = lambda r: (f"{_pct(r['value'])} ({_pct(r['ci_low'])} to {_pct(r['ci_high'])})"  # noqa: E731
@@ -167,18 +193,20 @@ def evidence(T: Tables, decided: pd.DataFrame, cfg) -> str:
                 else "reference")
         lines.append(f"| {pos} (`{fmt}`) | {cell(a)} | {cell(f)} | {diff} | "
                      f"{LABELS[d['decision']] if d is not None else '–'} |")
-    chance = _majority(t)
-    if chance:
-        lines += ["", chance]
-    return "\n".join(lines)
+    floor = _majority(t, task)
+    if floor:
+        lines += ["", floor]
+    return lines
 
 
-def _majority(t: pd.DataFrame) -> str:
-    a = t[t["metric"] == "accuracy"]
+def _majority(t: pd.DataFrame, task: str) -> str:
+    a = t[(t["metric"] == "accuracy") & (t["target"] == task)]
     if a.empty:
         return ""
-    n = int(a["n"].iloc[0])
-    return f"Test items: {n} pairs, half of them coherent (chance 50%), {int(a['n_groups'].iloc[0])} article pairs."
+    n, docs, guess = int(a["n"].iloc[0]), int(a["n_groups"].iloc[0]), chance(t, task)
+    what = "half of them coherent" if task == NEXT else "each labelled with its topic"
+    return (f"Test items: {n} pairs, {what}" + (f" (always guessing the commoner answer: {_pct(guess)})"
+                                                 if guess is not None else "") + f", {docs} article pairs.")
 
 
 def figures(T: Tables, fig_dir: Path, log: Callable) -> list[Path]:
@@ -193,9 +221,12 @@ def figures(T: Tables, fig_dir: Path, log: Callable) -> list[Path]:
 
 
 def notes(cfg) -> str:
-    return (f"Task `next`: {task_words(cfg, NEXT)}, on the `pairs` corpus ({cfg.corpus.pairs}); one split for every "
-            f"run, {unit_words(cfg)} and stratified by the label. Each run fine-tunes a fresh copy of the encoder, "
-            f"every weight, with a linear head on the classification token's last-layer state ({preset_words(cfg)}); "
+    return ("Tasks on the `pairs` corpus (" + cfg.corpus.pairs + "): "
+            + "; ".join(f"`{t}`, {task_words(cfg, t)}" for t in format_tasks(cfg))
+            + " (`[finetune] format_tasks`; the answer reads the first that [CLS] first learnt); one split per "
+            f"task for every run, {unit_words(cfg)} and stratified by the label. Each run fine-tunes a fresh copy of "
+            f"the encoder, every weight, with a linear head on the classification token's last-layer state "
+            f"({preset_words(cfg)}); "
             f"positions: {', '.join(f'{w} (`{f}`)' for f, w in positions(cfg).items())} "
             "(`[finetune] positions`); only the token's position differs between the formats (the same items, seeds "
             "and batch order). Differences are paired per test item, with a two-stage bootstrap over seeds and "

@@ -26,14 +26,13 @@ from ..answers import MAX_WORDS, Answer, not_measured, word_count
 from ..rules import LABELS, Rule
 from ..sections import Context
 from ._base import Question, Tables
-from ._common import (NEXT, TOPIC, budget_words, chance, diff_cell, learnt, model_name, preset_words, task_words,
-                      unit_words, protocol_preset, protocol_seeds, run_facts, shared_tasks)
+from ._common import (NEXT, TASK_NAMES, TOPIC, budget_words, chance, diff_cell, learnt, model_name, preset_words,
+                      task_words, unit_words, protocol_preset, protocol_seeds, run_facts, shared_tasks)
 
 REFERENCE = "mean"
 #: The poolings of the learning curve: the question's two.
 PAIR = ("cls", "mean")
 TABLE = "q8_pooling"
-TASK_NAMES = {NEXT: "next-sentence", TOPIC: "topic"}
 
 RULES = {
     "pooling_finetuned": Rule("fine-tuned accuracy, pooling − mean pooling", "accuracy points", 0.02,
