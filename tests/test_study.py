@@ -172,10 +172,33 @@ def test_config_errors(tmp_path):
         load_config("seed_question")
 
 
+def test_the_full_config_runs_what_the_default_leaves_out_on_the_same_caches():
+    """seed_questions_full: the default's corpora, probes and model (so its caches are the default's), with every
+    fine-tuned setting the default leaves out for a 2-core CPU's 20 minutes, five seeds and the full preset."""
+    from analyses.finetune import merge_conditions
+    from probing.study.questions import QUESTIONS
+
+    default, full = load_config("seed_questions"), load_config("seed_questions_full")
+    for section in ("model", "corpus", "extract", "probes", "recovery"):
+        assert getattr(full, section) == getattr(default, section), section
+
+    def runs(cfg):
+        return merge_conditions([s for q in QUESTIONS.values() if q.runs is not None for s in q.runs(cfg)])
+
+    small, big = runs(default), runs(full)
+    key = lambda s: (s.task, s.format.split("=")[0], s.pooling, s.n_train)  # noqa: E731
+    assert {key(s) for s in small} < {key(s) for s in big}
+    assert {("next", "cls_mid", "cls", None), ("next", "pair", "sep1", None), ("topic", "pair", "cls", 100),
+            ("next", "concat", "cls", None)} <= {key(s) for s in big} - {key(s) for s in small}
+    assert any(s.format.startswith("bertsum") for s in big) and not any(s.format.startswith("bertsum") for s in small)
+    assert {s.seed for s in big if not s.frozen} == {0, 1, 2, 3, 4} and {s.seed for s in small if not s.frozen} == {0, 1}
+    assert (len(small), len(big)) == (30, 144) and full.finetune.preset == "full" and 4 in full.segments.ks
+
+
 def test_configs_found_by_name_from_any_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no configs/ here: the packaged ones are found by name
     assert packaged_configs() == ["clark2019_attention", "ethayarajh2019_anisotropy", "jawahar2019_probing",
-                                  "reimers2019_pooling", "seed_questions"]
+                                  "reimers2019_pooling", "seed_questions", "seed_questions_full"]
     by_name = load_config("seed_questions", quick=True)
     assert by_name == load_config("seed_questions.toml", quick=True)
     assert by_name == load_config(CONFIG_DIR / "seed_questions.toml", quick=True)
