@@ -190,7 +190,7 @@ def test_q4_asks_the_protocol_for_knockouts_merged_with_a_clean_run():
     assert [s.conditions for s in specs] == [("clean", "sep_knockout", "sep_knockout_control")] * len(specs)
     assert [(s.task, s.format, s.pooling) for s in specs] == [(t, "pair", "cls") for t in cfg.finetune.format_tasks
                                                               for _ in cfg.finetune.seeds]
-    clean = RunSpec("next", "pair", "cls", seed=specs[0].seed)
+    clean = RunSpec(specs[0].task, "pair", "cls", seed=specs[0].seed)
     merged = merge_conditions([clean, specs[0]])
     assert merged == [specs[0]]
     assert probe_layers(6) == [3, 6]

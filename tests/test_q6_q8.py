@@ -20,7 +20,7 @@ from probing.study.rules import decide
 if not hasattr(_questions, "__path__"):  # the questions package while questions.py still holds the old sections
     _questions.__path__ = [str(Path(_questions.__file__).with_suffix(""))]
 
-from probing.study.questions import _common, q6, q8  # noqa: E402
+from probing.study.questions import _common, q1, q6, q8  # noqa: E402
 
 CFG = StudyConfig().with_values(**{"study.bootstrap_resamples": 300, "finetune.seeds": (0, 1),
                                    "finetune.poolings": ("cls", "mean", "max", "sep1"),
@@ -281,11 +281,14 @@ def test_shared_tasks_are_leak_free_and_the_same_for_every_question():
     from analyses.finetune import shared_sentences
 
     corpora = _corpora()
-    cfg = load_config("seed_questions", quick=True)
+    cfg = load_config("seed_questions", quick=True).with_values(**{"finetune.format_tasks": ("next", "topic")})
     a, b = q6.tasks(cfg, corpora)["next"], q8.tasks(cfg, corpora)["next"]
     assert a == b and a.label == "is_next" and not shared_sentences(a.examples, a.test_ids)
     topic = q8.tasks(cfg, corpora)["topic"]
     assert topic.label == "topic" and all(e.labels["is_next"] == 1 for e in topic.examples)
+    assert q6.tasks(cfg, corpora)["topic"] == topic == q1.tasks(cfg, corpora)["topic"]
+    packaged = load_config("seed_questions", quick=True)  # its Q1 and Q6 on topic only (format_tasks)
+    assert set(q6.tasks(packaged, corpora)) == set(q1.tasks(packaged, corpora)) == {"topic"}
     assert _common.protocol_seeds(cfg) == cfg.finetune.seeds and _common.protocol_preset(cfg) == "quick"
 
 
