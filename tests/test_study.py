@@ -222,7 +222,7 @@ def test_configs_are_package_data():
     data = set((REPO / "probing" / "study").rglob("*.toml"))
     assert shipped == data
     assert {p for p in shipped if p.parent == CONFIG_DIR} == set(CONFIG_DIR.glob("*.toml"))
-    assert len(shipped) == 6  # the five study configs and the why study's
+    assert len(shipped) == 7  # the six study configs and the why study's
 
 
 def test_remote_code_only_with_the_command_line_flag(tmp_path):
