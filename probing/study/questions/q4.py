@@ -132,7 +132,6 @@ def knockout_table(ctx: Context) -> pd.DataFrame:
     under ``condition_b``, on the same test items (:func:`analyses.finetune.compare_runs`): knockout − clean,
     control − clean, knockout − control; ``learnt``: whether the clean models cleared chance (the lower end of
     their interval above always guessing the commoner answer, ``chance``)."""
-    from analyses.finetune import accuracy, compare_runs, majority
     from analyses.results import make_table
 
     from ._common import format_tasks
@@ -142,11 +141,14 @@ def knockout_table(ctx: Context) -> pd.DataFrame:
         return pd.DataFrame()
     records = []
     for task in format_tasks(ctx.cfg):
-        records += _knockout_records(ctx, P, task, accuracy, compare_runs, majority)
+        records += _knockout_records(ctx, P, task)
     return make_table(records)
 
 
-def _knockout_records(ctx: Context, P: pd.DataFrame, task: str, accuracy, compare_runs, majority) -> list[dict]:
+def _knockout_records(ctx: Context, P: pd.DataFrame, task: str) -> list[dict]:
+    """:func:`knockout_table`'s rows of one task (none where its runs lack a condition)."""
+    from analyses.finetune import accuracy, compare_runs, majority
+
     base = {"task": task, "format": FORMAT, "pooling": POOLING}
     sel = P[(P["task"] == task) & (P["format"] == FORMAT) & (P["pooling"] == POOLING)
             & (P["frozen"].astype(str).str.lower() == "false") & P["seed"].isin(list(ctx.cfg.finetune.seeds))]
